@@ -1,0 +1,229 @@
+r"""Linear calibrators: the baselines of Li et al. 2020 (section 4.3) and BERT-whitening.
+
+- ``none``: identity.
+- ``sn``: standard normalisation, ``(u - mu) / sigma`` per dimension.
+- ``natsv``: "nulling away the top-k singular vectors" (Mu et al. 2017, all-but-the-top):
+  centre, then remove the projection on the top-k principal directions.
+- ``sn-natsv``: ``sn`` followed by ``natsv``.
+- ``whitening``: ``(u - mu) W`` with ``W = U diag(1/sqrt(S))`` from the SVD of the covariance
+  (Su et al. 2021), optionally keeping only the first ``k`` columns (dimension reduction).
+
+Degenerate input (constant dimensions, duplicated rows, fewer rows than dimensions) gives
+zero or near-zero variances. Dividing by them would blow noise up to infinity, so scales are
+floored: ``sn`` at a small fraction of the median standard deviation, ``whitening`` at the
+smallest eigenvalue the data really has (directions the corpus does not span are scaled like
+its least-varying real direction, no more).
+
+References:
+    Li et al., "On the Sentence Embeddings from Pre-trained Language Models", EMNLP 2020.
+    Mu, Bhat and Viswanath, "All-but-the-Top: Simple and Effective Postprocessing for Word
+    Representations", ICLR 2018.
+    Su et al., "Whitening Sentence Representations for Better Semantics and Faster
+    Retrieval", arXiv:2103.15316, 2021.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from flowsearch.calibration.base import Calibrator, register
+from flowsearch.errors import FlowsearchError
+
+__all__ = ["Identity", "NullTopSingular", "StandardNormalization", "SNNullTop", "Whitening"]
+
+# sigma below this fraction of the median sigma counts as a constant dimension.
+_SN_FLOOR = 1e-3
+# Eigenvalues below this fraction of the largest are numerically zero.
+_EIG_RTOL = 1e-9
+
+
+def _sn_params(U: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mu = U.mean(axis=0)
+    sigma = U.std(axis=0)
+    positive = sigma[sigma > 0]
+    floor = _SN_FLOOR * float(np.median(positive)) if positive.size else 1.0
+    return mu, np.maximum(sigma, max(floor, 1e-30))
+
+
+def _top_directions(X: np.ndarray, k: int) -> np.ndarray:
+    """The top-k right singular vectors of centred ``X``, as columns ``(d, k)``."""
+    _, _, vt = np.linalg.svd(X, full_matrices=False)
+    return vt[:k].T.copy()
+
+
+def _check_k(k: Any, name: str, minimum: int) -> int | None:
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < minimum:
+        raise FlowsearchError(f"{name}: k must be an integer >= {minimum}, got {k!r}")
+    return int(k)
+
+
+@register("none")
+class Identity(Calibrator):
+    """No calibration: vectors pass through unchanged."""
+
+    invertible = True
+
+    def _fit(self, U: np.ndarray) -> None:
+        pass
+
+    def _transform(self, U: np.ndarray) -> np.ndarray:
+        return U
+
+    def _inverse(self, Z: np.ndarray) -> np.ndarray:
+        return Z
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"dim": np.array([self.dim_in], dtype=np.int64)}
+
+    def _load_state(self, tensors: dict[str, np.ndarray]) -> None:
+        pass
+
+
+@register("sn")
+class StandardNormalization(Calibrator):
+    r"""Standard normalisation (SN): ``(u - mu) / sigma`` per dimension.
+
+    Example:
+        >>> U = np.random.default_rng(0).normal(3.0, 2.0, size=(500, 3))
+        >>> Z = StandardNormalization().fit(U).transform(U)
+        >>> bool(np.allclose(Z.std(axis=0), 1, atol=1e-5))
+        True
+    """
+
+    invertible = True
+
+    def _fit(self, U: np.ndarray) -> None:
+        self.mu, self.sigma = _sn_params(U)
+
+    def _transform(self, U: np.ndarray) -> np.ndarray:
+        return (U - self.mu) / self.sigma
+
+    def _inverse(self, Z: np.ndarray) -> np.ndarray:
+        return Z * self.sigma + self.mu
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"mu": self.mu, "sigma": self.sigma}
+
+    def _load_state(self, tensors: dict[str, np.ndarray]) -> None:
+        self.mu, self.sigma = tensors["mu"], tensors["sigma"]
+
+
+@register("natsv")
+class NullTopSingular(Calibrator):
+    r"""Nulls away the top-``k`` singular vectors (NATSV) of the centred vectors.
+
+    Arguments:
+        k: How many leading principal directions to remove (the paper tunes 1..20 on STS-B
+            dev; its Table 5 reports k = 10 alone and k = 6 after SN).
+    """
+
+    def __init__(self, k: int = 6) -> None:
+        super().__init__(k=_check_k(k, "natsv", 1))
+
+    def _fit(self, U: np.ndarray) -> None:
+        k = self.config["k"]
+        if k >= U.shape[1]:
+            raise FlowsearchError(f"natsv: k={k} must be smaller than the dimension {U.shape[1]}")
+        self.mu = U.mean(axis=0)
+        self.directions = _top_directions(U - self.mu, k)
+
+    def _transform(self, U: np.ndarray) -> np.ndarray:
+        X = U - self.mu
+        return X - (X @ self.directions) @ self.directions.T
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"mu": self.mu, "directions": self.directions}
+
+    def _load_state(self, tensors: dict[str, np.ndarray]) -> None:
+        self.mu, self.directions = tensors["mu"], tensors["directions"]
+
+
+@register("sn-natsv")
+class SNNullTop(Calibrator):
+    """Standard normalisation, then NATSV on the normalised vectors (paper's SN + NATSV)."""
+
+    def __init__(self, k: int = 6) -> None:
+        super().__init__(k=_check_k(k, "sn-natsv", 1))
+        self._sn = StandardNormalization()
+        self._natsv = NullTopSingular(k=self.config["k"])
+
+    def _fit(self, U: np.ndarray) -> None:
+        self._sn.fit(U)
+        self._natsv.fit(self._sn._transform(U))
+
+    def _transform(self, U: np.ndarray) -> np.ndarray:
+        return self._natsv._transform(self._sn._transform(U))
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {
+            **{f"sn.{k}": v for k, v in self._sn.state().items()},
+            **{f"natsv.{k}": v for k, v in self._natsv.state().items()},
+        }
+
+    def _load_state(self, tensors: dict[str, np.ndarray]) -> None:
+        for part, prefix in ((self._sn, "sn."), (self._natsv, "natsv.")):
+            part._load_state(
+                {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+            )
+            part.dim_in = self.dim_in
+
+
+@register("whitening")
+class Whitening(Calibrator):
+    r"""BERT-whitening: ``z = (u - mu) W[:, :k]``, ``W = U diag(1/sqrt(S))``, ``USU^T = cov``.
+
+    Arguments:
+        k: Keep the first ``k`` whitened dimensions (largest variance first); ``None`` keeps
+            all of them, which makes the map invertible.
+
+    Example:
+        >>> rng = np.random.default_rng(0)
+        >>> U = rng.normal(size=(2000, 4)) @ np.diag([10.0, 1.0, 0.1, 0.01])
+        >>> Z = Whitening().fit(U).transform(U)
+        >>> bool(np.allclose(np.cov(Z.T, bias=True), np.eye(4), atol=1e-4))
+        True
+    """
+
+    def __init__(self, k: int | None = None) -> None:
+        super().__init__(k=_check_k(k, "whitening", 1))
+
+    @property  # type: ignore[override]
+    def invertible(self) -> bool:  # noqa: D401 - property
+        return self.config["k"] is None or self.config["k"] == self.dim_in
+
+    @property
+    def dim_out(self) -> int | None:
+        if self.dim_in is None:
+            return None
+        return self.config["k"] or self.dim_in
+
+    def _fit(self, U: np.ndarray) -> None:
+        k = self.config["k"]
+        if k is not None and k > U.shape[1]:
+            raise FlowsearchError(f"whitening: k={k} exceeds the dimension {U.shape[1]}")
+        self.mu = U.mean(axis=0)
+        X = U - self.mu
+        cov = X.T @ X / U.shape[0]
+        eigvecs, eigvals, _ = np.linalg.svd(cov)
+        real = eigvals > _EIG_RTOL * max(float(eigvals[0]), 1e-300)
+        floor = float(eigvals[real][-1]) if real.any() else 1.0
+        self.fit_stats = {"rank": int(real.sum()), "condition_number": float(eigvals[0] / floor)}
+        self.scales = np.sqrt(np.maximum(eigvals, floor))
+        self.rotation = eigvecs
+
+    def _transform(self, U: np.ndarray) -> np.ndarray:
+        k = self.dim_out
+        return ((U - self.mu) @ self.rotation[:, :k]) / self.scales[:k]
+
+    def _inverse(self, Z: np.ndarray) -> np.ndarray:
+        return (Z * self.scales) @ self.rotation.T + self.mu
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"mu": self.mu, "rotation": self.rotation, "scales": self.scales}
+
+    def _load_state(self, tensors: dict[str, np.ndarray]) -> None:
+        self.mu, self.rotation, self.scales = tensors["mu"], tensors["rotation"], tensors["scales"]

