@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from flowsearch.calibration import load_calibrator, make_calibrator
-from flowsearch.calibration.flow import GlowFlow
+from flowsearch.calibration.glow import GlowFlow
 from flowsearch.errors import FlowsearchError
 
 

@@ -17,13 +17,17 @@ images:
 Additive couplings and permutations are volume preserving, so the log-determinant is exactly
 the actnorms' ``sum(log s)``; ``log p(u) = log N(z; 0, I) + log|det dz/du|``.
 
-Two deliberate departures from the reference, both for robustness on real corpora:
+Three deliberate departures from the reference, all for robustness on real corpora:
 
 - data-dependent initialisation uses up to ``init_rows`` rows (default 1024) rather than one
   training batch, so the initial per-dimension statistics are not noise;
-- an actnorm's initial scale floors each dimension's standard deviation at ``1e-3`` times the
-  median one. Some encoders emit constant dimensions (all-MiniLM-L6-v2's mean vectors have
-  three fixed at about 1e-32); dividing by their zero spread is what turns a naive flow NaN.
+- input dimensions that are constant (spread below 1e-3 of the typical one) are set aside
+  with a fixed map ``(u - mu) / typical_std`` under the same standard-normal prior, and the
+  flow models the rest. all-MiniLM-L6-v2's mean vectors have three such dimensions (about
+  1e-32 for every sentence): a naive actnorm divides by their zero spread, and even a floored
+  one gives them a huge scale that the couplings' shifts then overflow within three steps;
+- likewise an actnorm keeps a neutral scale for a channel that is constant at initialisation
+  (e.g. a ReLU unit dead on the first rows).
 
 References:
     Li et al., "On the Sentence Embeddings from Pre-trained Language Models", EMNLP 2020.
@@ -41,206 +45,15 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from flowsearch.calibration.base import Calibrator, as_matrix, register
+from flowsearch.calibration.glow import LOG_2PI, STD_FLOOR, GlowFlow
 from flowsearch.errors import FlowsearchError
 
-__all__ = ["ActNorm", "AdditiveCoupling", "FlowCalibrator", "GlowFlow"]
+__all__ = ["FlowCalibrator"]
 
 LOG = logging.getLogger(__name__)
-
-_LOG_2PI = math.log(2 * math.pi)
-_STD_FLOOR = 1e-3
-
-
-def _halves(d: int) -> tuple[int, int]:
-    """How a vector of ``d`` channels splits: the kept (first) half gets the odd channel."""
-    return d - d // 2, d // 2
-
-
-class ActNorm(nn.Module):
-    r"""Per-channel affine map ``y = (x + b) * exp(logs * f)`` with data-dependent init.
-
-    ``logs`` is stored divided by ``logscale_factor`` ``f`` (3 in Glow), which speeds up its
-    optimisation. :meth:`initialize` sets ``b`` and ``logs`` so that a batch comes out with zero
-    mean and unit variance per channel.
-    """
-
-    def __init__(self, dim: int, logscale_factor: float = 3.0) -> None:
-        super().__init__()
-        self.logscale_factor = logscale_factor
-        self.bias = nn.Parameter(torch.zeros(dim))
-        self.logs = nn.Parameter(torch.zeros(dim))
-
-    @torch.no_grad()
-    def initialize(self, x: Tensor) -> None:
-        mean = x.mean(dim=0)
-        std = (x - mean).pow(2).mean(dim=0).sqrt()
-        typical = std.median()
-        typical = typical if typical > 0 else std.new_tensor(1.0)
-        # A (near-)constant channel keeps a neutral scale: blowing it up to unit variance would
-        # amplify whatever the couplings later add to it, step after step, until overflow.
-        std = torch.where(std < _STD_FLOOR * typical, typical, std)
-        self.bias.copy_(-mean)
-        self.logs.copy_(-std.log() / self.logscale_factor)
-
-    def scale_log(self) -> Tensor:
-        return self.logs * self.logscale_factor
-
-    def forward(self, x: Tensor, init: bool = False) -> tuple[Tensor, Tensor]:
-        if init:
-            self.initialize(x)
-        log_s = self.scale_log()
-        return (x + self.bias) * log_s.exp(), log_s.sum()
-
-    def inverse(self, y: Tensor) -> Tensor:
-        return y * (-self.scale_log()).exp() - self.bias
-
-
-class _ZeroLinear(nn.Module):
-    """``(W x + b) * exp(logs * 3)`` with everything zero at first: the coupling starts inert."""
-
-    def __init__(self, d_in: int, d_out: int, logscale_factor: float = 3.0) -> None:
-        super().__init__()
-        self.logscale_factor = logscale_factor
-        self.linear = nn.Linear(d_in, d_out)
-        self.logs = nn.Parameter(torch.zeros(d_out))
-        nn.init.zeros_(self.linear.weight)
-        nn.init.zeros_(self.linear.bias)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.linear(x) * (self.logs * self.logscale_factor).exp()
-
-
-class _ShiftNet(nn.Module):
-    """``g`` of the coupling: linear -> actnorm -> ReLU -> linear -> actnorm -> ReLU -> zero."""
-
-    def __init__(self, d_in: int, d_out: int, width: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(d_in, width, bias=False)
-        self.norm1 = ActNorm(width)
-        self.fc2 = nn.Linear(width, width, bias=False)
-        self.norm2 = ActNorm(width)
-        self.out = _ZeroLinear(width, d_out)
-        for fc in (self.fc1, self.fc2):
-            nn.init.normal_(fc.weight, std=0.05)
-
-    def forward(self, x: Tensor, init: bool = False) -> Tensor:
-        h, _ = self.norm1(self.fc1(x), init)
-        h, _ = self.norm2(self.fc2(h.relu()), init)
-        return self.out(h.relu())
-
-
-class AdditiveCoupling(nn.Module):
-    r"""``y1 = x1``, ``y2 = x2 + g(x1)`` (NICE); volume preserving, exactly invertible."""
-
-    def __init__(self, dim: int, width: int) -> None:
-        super().__init__()
-        self.d1, d2 = _halves(dim)
-        self.net = _ShiftNet(self.d1, d2, width) if d2 else None
-
-    def forward(self, x: Tensor, init: bool = False) -> Tensor:
-        if self.net is None:  # a single channel: nothing to condition on
-            return x
-        x1, x2 = x[:, : self.d1], x[:, self.d1 :]
-        return torch.cat([x1, x2 + self.net(x1, init)], dim=1)
-
-    def inverse(self, y: Tensor) -> Tensor:
-        if self.net is None:
-            return y
-        y1, y2 = y[:, : self.d1], y[:, self.d1 :]
-        return torch.cat([y1, y2 - self.net(y1)], dim=1)
-
-
-class _Step(nn.Module):
-    """actnorm -> permutation -> additive coupling."""
-
-    def __init__(self, dim: int, width: int, perm: Tensor) -> None:
-        super().__init__()
-        self.actnorm = ActNorm(dim)
-        self.register_buffer("perm", perm)
-        self.register_buffer("inv_perm", torch.argsort(perm))
-        self.coupling = AdditiveCoupling(dim, width)
-
-    def forward(self, x: Tensor, init: bool = False) -> tuple[Tensor, Tensor]:
-        x, logdet = self.actnorm(x, init)
-        return self.coupling(x[:, self.perm], init), logdet
-
-    def inverse(self, y: Tensor) -> Tensor:
-        return self.actnorm.inverse(self.coupling.inverse(y)[:, self.inv_perm])
-
-
-class GlowFlow(nn.Module):
-    r"""The multi-scale flow ``u -> z`` as a differentiable PyTorch module.
-
-    Arguments:
-        dim: Input dimension.
-        levels: Number of levels; ``levels - 1`` times half the channels are factored out.
-        depth: Steps per level.
-        width: Hidden width of each coupling's shift network.
-        permutation: ``reverse`` (the reference) or ``random`` (fixed, drawn from ``generator``).
-        generator: Random source for ``random`` permutations.
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        levels: int = 3,
-        depth: int = 3,
-        width: int = 32,
-        permutation: Literal["reverse", "random"] = "reverse",
-        generator: torch.Generator | None = None,
-    ) -> None:
-        super().__init__()
-        self.dim = dim
-        self.level_dims: list[int] = []
-        self.steps = nn.ModuleList()
-        d = dim
-        for _ in range(levels):
-            # Once a level is down to one channel its couplings have nothing to condition on
-            # and act as the identity; the actnorms still fit that channel's scale.
-            self.level_dims.append(d)
-            level_steps = nn.ModuleList()
-            for _ in range(depth):
-                if permutation == "reverse":
-                    perm = torch.arange(d - 1, -1, -1)
-                else:
-                    perm = torch.randperm(d, generator=generator)
-                level_steps.append(_Step(d, width, perm))
-            self.steps.append(level_steps)
-            d = _halves(d)[0]
-
-    def forward(self, u: Tensor, init: bool = False) -> tuple[Tensor, Tensor]:
-        """Returns ``z`` (same shape as ``u``) and ``log|det dz/du|`` (a scalar: actnorms only)."""
-        x, logdet, factored = u, u.new_zeros(()), []
-        last = len(self.steps) - 1
-        for level, level_steps in enumerate(self.steps):
-            for step in level_steps:
-                x, ld = step(x, init)
-                logdet = logdet + ld
-            if level < last:
-                keep = _halves(x.shape[1])[0]
-                factored.append(x[:, keep:])
-                x = x[:, :keep]
-        return torch.cat([*factored, x], dim=1), logdet
-
-    def inverse(self, z: Tensor) -> Tensor:
-        """Maps ``z`` back to ``u``, exactly undoing :meth:`forward`."""
-        sizes = [_halves(d)[1] for d in self.level_dims[:-1]]
-        parts = list(torch.split(z, [*sizes, z.shape[1] - sum(sizes)], dim=1))
-        x = parts.pop()
-        for level in range(len(self.steps) - 1, -1, -1):
-            if level < len(self.steps) - 1:
-                x = torch.cat([x, parts.pop()], dim=1)
-            for step in reversed(self.steps[level]):
-                x = step.inverse(x)
-        return x
-
-    def log_prob(self, u: Tensor) -> Tensor:
-        """``log N(z; 0, I) + log|det dz/du|`` per row."""
-        z, logdet = self(u)
-        return -0.5 * (z.pow(2).sum(dim=1) + z.shape[1] * _LOG_2PI) + logdet
 
 
 @register("flow")
@@ -388,7 +201,7 @@ class FlowCalibrator(Calibrator):
         """
         std = U.std(axis=0)
         typical = float(np.median(std)) or 1.0
-        constant = std < _STD_FLOOR * typical
+        constant = std < STD_FLOOR * typical
         if constant.all():
             raise FlowsearchError("flow: every dimension is constant; the vectors carry no signal")
         self.active = np.flatnonzero(~constant)
@@ -398,7 +211,7 @@ class FlowCalibrator(Calibrator):
 
     def _constant_log_prob(self) -> float:
         """The constant dims' share of the log-density at their mean (added during fitting)."""
-        return float(-0.5 * len(self.constant) * _LOG_2PI - np.log(self.constant_scale).sum())
+        return float(-0.5 * len(self.constant) * LOG_2PI - np.log(self.constant_scale).sum())
 
     @torch.no_grad()
     def _run(self, fn: Callable[[Tensor], Tensor], X: np.ndarray) -> np.ndarray:
@@ -439,7 +252,7 @@ class FlowCalibrator(Calibrator):
     def _log_prob(self, U: np.ndarray) -> np.ndarray:
         def rows(x: Tensor) -> Tensor:
             z, logdet = self.torch_forward(x)
-            return (-0.5 * (z.pow(2).sum(dim=1) + z.shape[1] * _LOG_2PI) + logdet)[:, None]
+            return (-0.5 * (z.pow(2).sum(dim=1) + z.shape[1] * LOG_2PI) + logdet)[:, None]
 
         return self._run(rows, U)[:, 0] if len(U) else np.empty(0)
 
