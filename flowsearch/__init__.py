@@ -1,5 +1,56 @@
-"""flowsearch: semantic search over a calibrated index (BERT-flow, Li et al. 2020)."""
+"""flowsearch: semantic search over a calibrated index (BERT-flow, Li et al. 2020).
+
+The public names are imported lazily, so ``import flowsearch`` stays fast (no torch, no faiss)::
+
+    from flowsearch import Encoder, Searcher, build_index, make_calibrator, load_calibrator
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "Encoder",
+    "FlowsearchError",
+    "Hit",
+    "Searcher",
+    "__version__",
+    "add_to_index",
+    "build_index",
+    "load_calibrator",
+    "make_calibrator",
+]
+
+_LAZY = {
+    "Encoder": "flowsearch.encoder",
+    "FlowsearchError": "flowsearch.errors",
+    "Hit": "flowsearch.searcher",
+    "Searcher": "flowsearch.searcher",
+    "add_to_index": "flowsearch.ingest",
+    "build_index": "flowsearch.ingest",
+    "load_calibrator": "flowsearch.calibration",
+    "make_calibrator": "flowsearch.calibration",
+}
+
+if TYPE_CHECKING:
+    from flowsearch.calibration import load_calibrator, make_calibrator
+    from flowsearch.encoder import Encoder
+    from flowsearch.errors import FlowsearchError
+    from flowsearch.ingest import add_to_index, build_index
+    from flowsearch.searcher import Hit, Searcher
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flowsearch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -30,7 +30,7 @@ def build_tiny_bert(path: Path, seed: int = 0, layers: int = 3) -> Path:
     vocab += list(string.ascii_lowercase + string.digits + string.punctuation)
     vocab += ["##" + c for c in string.ascii_lowercase + string.digits]
     (path / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(path / "vocab.txt"), do_lower_case=True)
+    tokenizer = BertTokenizerFast(str(path / "vocab.txt"), do_lower_case=True)
     tokenizer.save_pretrained(path)
     torch.manual_seed(seed)
     config = BertConfig(

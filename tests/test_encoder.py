@@ -143,3 +143,13 @@ def test_bundled_default_matches_sentence_transformers():
     unnormalised = sentence_transformers.SentenceTransformer(modules=[st[0], st[1]], device="cpu")
     expected = unnormalised.encode(texts, batch_size=2, convert_to_numpy=True)
     np.testing.assert_allclose(enc.encode(texts, batch_size=2), expected, atol=1e-4)
+
+
+def test_tiny_fixture_tokenises_real_words(tiny_model_dir, hf_model):
+    """Guards the fixture itself: a tokenizer that maps everything to [UNK] makes every
+    vector alike and every retrieval test meaningless."""
+    tok, _ = hf_model
+    assert tok.unk_token not in tok.tokenize("the cat and the dog")
+    U = Encoder(str(tiny_model_dir)).encode(["the cat and the dog", "piano music in the city"])
+    cos = U[0] @ U[1] / np.linalg.norm(U[0]) / np.linalg.norm(U[1])
+    assert cos < 0.99

@@ -1,0 +1,387 @@
+r"""The ``flowsearch`` command: ``index``, ``add``, ``query``, ``info``, ``eval``.
+
+Output discipline: results go to stdout (``--json``: exactly one JSON document and nothing else);
+progress bars, logs and warnings go to stderr. Bad input prints ``error: <one line>`` on stderr
+and exits with code 2, without a traceback; so do usage errors.
+
+Example:
+    $ flowsearch index data/sample.parquet --index idx
+    $ flowsearch query "how does sourdough rise?" --index idx -k 5 --json
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from flowsearch.errors import FlowsearchError
+
+__all__ = ["app", "main"]
+
+LOG = logging.getLogger(__name__)
+
+app = typer.Typer(
+    name="flowsearch",
+    help="Semantic search over a calibrated (BERT-flow) index.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+IndexDir = Annotated[
+    Path,
+    typer.Option(
+        "--index",
+        envvar="FLOWSEARCH_INDEX",
+        help="Index directory (default: $FLOWSEARCH_INDEX, else ./flowsearch_index).",
+        show_default=False,
+    ),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+DEFAULT_INDEX = Path("flowsearch_index")
+
+
+class Task(str, enum.Enum):
+    """Evaluation tasks of ``flowsearch eval``."""
+
+    sts = "sts"
+    qnli = "qnli"
+
+
+def _user_errors(func: F) -> F:
+    """Turn FlowsearchError into ``error: ...`` on stderr and exit code 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except FlowsearchError as exc:
+            message = " ".join(str(exc).split())
+            typer.echo(f"error: {message}", err=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _print_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, ensure_ascii=False, default=str) + "\n")
+
+
+def _stdout_console() -> Any:
+    from rich.console import Console
+
+    return Console(soft_wrap=False)
+
+
+@app.callback()
+def _setup(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress details.")] = False,
+) -> None:
+    """Semantic search over a calibrated (BERT-flow) index."""
+    from rich.console import Console
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=Console(stderr=True), show_path=False, show_time=False)
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(message)s",
+        handlers=[handler],
+        force=True,
+    )
+    logging.getLogger("flowsearch").setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def _print_summary(summary: dict[str, Any], verb: str) -> None:
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    secs = ", ".join(f"{k} {v:.1f}s" for k, v in summary["seconds"].items() if k != "total")
+    rows = summary.get("added", summary["rows"])
+    err.print(
+        f"[bold]{verb}[/bold] {rows:,} rows -> {summary['index']} "
+        f"(dim {summary['dim']}, {summary['space']} space via {summary['calibration']}, "
+        f"{summary['factory']}, {summary['bytes'] / 2**20:.1f} MiB) in "
+        f"{summary['seconds']['total']:.1f}s [{secs}]"
+    )
+    if summary.get("skipped"):
+        err.print(f"skipped {summary['skipped']:,} rows with a null or blank text")
+    drift = summary.get("drift")
+    if drift:
+        err.print(
+            f"drift: new rows' mean log-density {drift['mean_log_prob']:.1f} vs corpus "
+            f"{drift['corpus_mean_log_prob']:.1f} ({drift['gap_std']:+.2f} corpus std below)"
+            + (
+                "  [bold yellow]out of distribution: refit with index --overwrite[/]"
+                if drift["warn"]
+                else ""
+            )
+        )
+
+
+@app.command("index")
+@_user_errors
+def index_cmd(
+    corpus: Annotated[str, typer.Argument(help="Parquet file, directory or glob.")],
+    index: IndexDir = DEFAULT_INDEX,
+    text_column: Annotated[str, typer.Option(help="Column with the passages.")] = "text",
+    id_column: Annotated[str, typer.Option(help="Column with unique ids.")] = "id",
+    model: Annotated[str | None, typer.Option(help="Encoder model id or directory.")] = None,
+    pooling: Annotated[str, typer.Option(help="cls|mean|last2avg|first_last_avg|static")] = "mean",
+    max_length: Annotated[int | None, typer.Option(help="Tokens per passage.")] = None,
+    calibration: Annotated[str, typer.Option(help="auto|flow|whitening|sn|natsv|none")] = "auto",
+    calibrator: Annotated[Path | None, typer.Option(help="Reuse a fitted calibrator.")] = None,
+    index_factory: Annotated[str, typer.Option(help="auto or a faiss factory string.")] = "auto",
+    batch_size: Annotated[int, typer.Option(help="Texts per encoder pass.")] = 64,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing index.")] = False,
+    fit_sample: Annotated[int, typer.Option(help="Rows to fit the calibrator on.")] = 200_000,
+    strict: Annotated[bool, typer.Option(help="Refuse null/blank texts.")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Build an index from a Parquet corpus."""
+    from flowsearch.ingest import build_index
+
+    summary = build_index(
+        corpus,
+        index,
+        text_column=text_column,
+        id_column=id_column,
+        model=model,
+        pooling=pooling,
+        max_length=max_length,
+        calibration=calibration,
+        calibrator=calibrator,
+        index_factory=index_factory,
+        batch_size=batch_size,
+        overwrite=overwrite,
+        fit_sample=fit_sample,
+        strict=strict,
+    )
+    if as_json:
+        _print_json(summary)
+    else:
+        _print_summary(summary, "indexed")
+
+
+@app.command("add")
+@_user_errors
+def add_cmd(
+    corpus: Annotated[str, typer.Argument(help="Parquet file, directory or glob.")],
+    index: IndexDir = DEFAULT_INDEX,
+    text_column: Annotated[str | None, typer.Option(help="Default: the index's.")] = None,
+    id_column: Annotated[str | None, typer.Option(help="Default: the index's.")] = None,
+    batch_size: Annotated[int, typer.Option(help="Texts per encoder pass.")] = 64,
+    strict: Annotated[bool, typer.Option(help="Refuse null/blank texts.")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Append a corpus to an index (same encoder and calibrator); reports drift."""
+    from flowsearch.ingest import add_to_index
+
+    summary = add_to_index(
+        corpus,
+        index,
+        text_column=text_column,
+        id_column=id_column,
+        batch_size=batch_size,
+        strict=strict,
+    )
+    if as_json:
+        _print_json(summary)
+    else:
+        _print_summary(summary, "added")
+
+
+def _snippet(text: str, width: int = 90) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@app.command("query")
+@_user_errors
+def query_cmd(
+    text: Annotated[str, typer.Argument(help="The query.")],
+    index: IndexDir = DEFAULT_INDEX,
+    k: Annotated[int, typer.Option("-k", "--k", min=1, help="Hits to return.")] = 10,
+    as_json: AsJson = False,
+) -> None:
+    """Search an index."""
+    from flowsearch.searcher import Searcher
+
+    searcher = Searcher.open(index)
+    hits = searcher.search(text, k=k)
+    if as_json:
+        keys = ("rank", "id", "score", "text", "metadata")
+        _print_json({"query": text, "hits": [{key: getattr(h, key) for key in keys} for h in hits]})
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{text!r}: {len(hits)} hits", title_justify="left")
+    table.add_column("rank", justify="right")
+    table.add_column("score", justify="right")
+    table.add_column("id", overflow="fold")
+    table.add_column("text", overflow="ellipsis")
+    for hit in hits:
+        table.add_row(str(hit.rank), f"{hit.score:.4f}", str(hit.id), _snippet(hit.text))
+    density = searcher.manifest.get("density")
+    if hits and hits[0].log_density is not None and density:
+        gap = (density["mean_log_prob"] - hits[0].log_density) / max(density["std_log_prob"], 1e-9)
+        table.caption = (
+            f"query log-density {hits[0].log_density:.1f} "
+            f"(corpus {density['mean_log_prob']:.1f} ± {density['std_log_prob']:.1f}; "
+            f"{gap:+.1f} std below)"
+        )
+    _stdout_console().print(table)
+
+
+def _info_doc(index: Path) -> dict[str, Any]:
+    from flowsearch import store
+    from flowsearch.publish import size_on_disk
+
+    manifest = store.read_manifest(index)
+    sizes = {"total": size_on_disk(index)}
+    for part in ("shards", "calibrator", "index.faiss"):
+        path = index / part
+        sizes[part] = size_on_disk(path) if path.is_dir() else path.stat().st_size
+    return {"path": str(index.resolve()), **manifest, "bytes": sizes}
+
+
+@app.command("info")
+@_user_errors
+def info_cmd(index: IndexDir = DEFAULT_INDEX, as_json: AsJson = False) -> None:
+    """Show what an index holds: manifest, calibration decision, sizes."""
+    doc = _info_doc(index)
+    if as_json:
+        _print_json(doc)
+        return
+    from rich.table import Table
+
+    enc, cal, density = doc["encoder"], doc["calibration"], doc.get("density")
+    table = Table(show_header=False, title=doc["path"], title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        (
+            "rows",
+            f"{doc['rows']:,} ({doc.get('skipped', 0):,} skipped) in {len(doc['shards'])} shards",
+        ),
+        ("created / updated", f"{doc['created']} / {doc.get('updated') or '-'}"),
+        ("model", f"{enc['model']} (revision {enc['revision']})"),
+        ("pooling / max_length / dim", f"{enc['pooling']} / {enc['max_length']} / {enc['dim']}"),
+        ("calibration", f"{cal['name']}: {cal['calibrator']} fitted on {cal['fitted_on']}"),
+        ("searched space", f"{cal['space']} ({cal['decision']})"),
+        ("anisotropy", ", ".join(f"{k} {v:.3f}" for k, v in cal["anisotropy"].items())),
+        ("index", f"{doc['index']['factory']} {doc['index']['params']}".strip()),
+        ("size", ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in doc["bytes"].items())),
+        ("flowsearch / format", f"{doc['flowsearch_version']} / {doc['format_version']}"),
+    ]
+    if density:
+        rows.append(
+            (
+                "corpus log-density",
+                f"{density['mean_log_prob']:.1f} ± {density['std_log_prob']:.1f}",
+            )
+        )
+    for key, value in rows:
+        table.add_row(key, value)
+    _stdout_console().print(table)
+
+
+@app.command("eval")
+@_user_errors
+def eval_cmd(
+    task: Annotated[Task, typer.Argument(help="sts or qnli.")],
+    data: Annotated[
+        Path | None, typer.Option(help="Data folder (default $FLOWSEARCH_DATA).")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="Encoder model id or directory.")] = None,
+    pooling: Annotated[str, typer.Option(help="cls|mean|last2avg|first_last_avg|static")] = "mean",
+    calibration: Annotated[str, typer.Option(help="none|flow|whitening|sn|natsv|...")] = "none",
+    max_length: Annotated[int | None, typer.Option(help="Tokens per sentence.")] = None,
+    batch_size: Annotated[int, typer.Option(help="Texts per encoder pass.")] = 64,
+    tasks: Annotated[
+        str | None, typer.Option(help="sts only: comma list, e.g. STSB,SICKR (default all).")
+    ] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Evaluate an encoder + calibration on STS (Spearman) or QNLI (AUC)."""
+    from flowsearch import evaluation
+
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "pooling": pooling,
+        "calibration": calibration,
+        "max_length": max_length,
+        "data_dir": data,
+        "batch_size": batch_size,
+    }
+    if task is Task.sts:
+        names = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+        result = evaluation.run_sts(tasks=names, **kwargs)
+    else:
+        result = evaluation.run_qnli(**kwargs)
+    if as_json:
+        _print_json(result)
+        return
+    from rich.table import Table
+
+    table = Table(
+        title=f"{task.value}: {result['model']} / {result['pooling']} / {result['calibration']}",
+        title_justify="left",
+    )
+    table.add_column("task")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, metrics in result["results"].items():
+        for metric, value in metrics.items():
+            table.add_row(name, metric, f"{value:.4f}" if isinstance(value, float) else str(value))
+    if "avg" in result:
+        table.add_row("avg", "", f"{result['avg']:.4f}")
+    _stdout_console().print(table)
+
+
+def _click_errors() -> tuple[Any, Any]:
+    """(ClickException, UsageError) of the click that typer runs on (recent typers vendor it)."""
+    try:
+        from typer._click.exceptions import ClickException, UsageError
+    except ImportError:  # typer on the real click
+        from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
+    return ClickException, UsageError
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point; returns the exit code (2 for bad input or usage)."""
+    click_exception, usage_error = _click_errors()
+    try:
+        result = app(args=argv, standalone_mode=False)
+    except usage_error as exc:
+        if not exc.format_message().strip():  # bare `flowsearch`: help was printed
+            return 2
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see `{ctx.command_path if ctx else 'flowsearch'} --help`)"
+        typer.echo(f"error: {' '.join(exc.format_message().split())}{hint}", err=True)
+        return 2
+    except click_exception as exc:
+        typer.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+        return int(getattr(exc, "exit_code", 1))
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("interrupted", err=True)
+        return 130
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    return int(result) if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

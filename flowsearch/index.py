@@ -1,0 +1,217 @@
+r"""Thin wrappers over FAISS: choose a factory, build, search, save, move to GPU.
+
+Every index uses inner product on L2-normalised vectors (cosine similarity). FAISS ids are global
+row numbers, assigned in insertion order, so a hit's id is the row to fetch from the shards.
+
+``"auto"`` is exact ``Flat`` up to :data:`AUTO_FLAT_MAX_ROWS` rows; above that an
+``IVF{nlist},Flat`` whose ``nprobe`` is raised until recall@10 against exact search reaches
+:data:`AUTO_TARGET_RECALL` on a sample of the corpus's own vectors (see :func:`tune_nprobe`).
+
+Example:
+    >>> index, params = build_index(vectors, "auto")  # doctest: +SKIP
+    >>> scores, rows = search(index, queries, k=10)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from flowsearch.errors import FlowsearchError
+
+__all__ = [
+    "AUTO_FLAT_MAX_ROWS",
+    "AUTO_TARGET_RECALL",
+    "add",
+    "auto_factory",
+    "build_index",
+    "read_index",
+    "recall_at_k",
+    "search",
+    "set_params",
+    "to_gpu",
+    "tune_nprobe",
+    "write_index",
+]
+
+LOG = logging.getLogger(__name__)
+
+#: Largest corpus "auto" indexes exactly.
+AUTO_FLAT_MAX_ROWS = 100_000
+#: recall@10 against exact search that "auto" guarantees on its tuning sample.
+AUTO_TARGET_RECALL = 0.95
+
+
+def _as_f32(x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"expected a 2-D array of vectors, got shape {x.shape}")
+    return x
+
+
+def auto_factory(n_rows: int, flat_max_rows: int = AUTO_FLAT_MAX_ROWS) -> str:
+    """The factory string ``"auto"`` stands for at ``n_rows`` rows.
+
+    ``Flat`` up to ``flat_max_rows``; above, ``IVF{nlist},Flat`` with ``nlist`` the power of two
+    nearest ``4 * sqrt(n)`` (FAISS's rule of thumb), keeping at least 39 training points per list.
+    """
+    if n_rows <= flat_max_rows:
+        return "Flat"
+    nlist = 2 ** round(math.log2(4 * math.sqrt(n_rows)))
+    while nlist > 1 and nlist * 39 > n_rows:
+        nlist //= 2
+    return f"IVF{nlist},Flat"
+
+
+def recall_at_k(found: np.ndarray, truth: np.ndarray, k: int = 10) -> float:
+    """Mean share of each row of ``truth[:, :k]`` found in ``found[:, :k]`` (int64 (q, >=k))."""
+    hits = [
+        len(set(f[:k].tolist()) & set(t[:k].tolist())) for f, t in zip(found, truth, strict=True)
+    ]
+    return float(np.mean(hits) / k) if hits else 1.0
+
+
+def tune_nprobe(
+    index: faiss.Index,
+    vectors: np.ndarray,
+    target: float = AUTO_TARGET_RECALL,
+    k: int = 10,
+    n_queries: int = 256,
+    seed: int = 0,
+) -> tuple[int, float]:
+    """Smallest power-of-two ``nprobe`` whose recall@k against exact search reaches ``target``.
+
+    Queries are a seeded sample of the indexed vectors moved by random noise of norm 0.5 (they
+    are unit vectors), so a query is near the data but not one of its points: its neighbours are
+    spread over several lists, as a real query's are. Sets ``nprobe`` on ``index`` and returns
+    ``(nprobe, recall)``.
+
+    Args:
+        index: a trained, filled IVF index (or a wrapper around one).
+        vectors: float32 (n, d), the vectors that were added to ``index``, in order.
+        target: recall@k to reach.
+        k: neighbours compared.
+        n_queries: size of the query sample.
+        seed: sampling seed.
+    """
+    vectors = _as_f32(vectors)
+    ivf = faiss.extract_index_ivf(index)
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(len(vectors), size=min(n_queries, len(vectors)), replace=False)
+    noise = rng.normal(scale=0.5 / math.sqrt(vectors.shape[1]), size=(len(pick), vectors.shape[1]))
+    queries = (vectors[pick] + noise).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True) + 1e-12
+    _, truth = faiss.knn(queries, vectors, k, metric=faiss.METRIC_INNER_PRODUCT)
+    nprobe, recall = 1, 0.0
+    while True:
+        ivf.nprobe = nprobe
+        _, found = index.search(queries, k)
+        recall = recall_at_k(found, truth, k)
+        if recall >= target or nprobe >= ivf.nlist:
+            break
+        nprobe = min(nprobe * 2, ivf.nlist)
+    LOG.info("nprobe=%d gives recall@%d=%.3f on %d sample queries", nprobe, k, recall, len(pick))
+    return nprobe, recall
+
+
+def build_index(
+    vectors: np.ndarray,
+    factory: str = "auto",
+    *,
+    flat_max_rows: int = AUTO_FLAT_MAX_ROWS,
+    target_recall: float = AUTO_TARGET_RECALL,
+    train_sample: int = 262_144,
+    seed: int = 0,
+) -> tuple[faiss.Index, str, str]:
+    """Build an inner-product index over ``vectors`` and add them (ids = row numbers).
+
+    Args:
+        vectors: float32 (n, d), L2-normalised.
+        factory: ``"auto"`` or any string ``faiss.index_factory`` accepts.
+        flat_max_rows: the Flat/IVF switch for ``"auto"``.
+        target_recall: recall@10 the ``"auto"`` IVF index is tuned to.
+        train_sample: at most this many vectors (seeded sample) train an index that needs it.
+        seed: sampling seed.
+
+    Returns:
+        ``(index, factory, params)``: the resolved factory string and the search-time parameter
+        string (e.g. ``"nprobe=16"``, ``""`` if none) to record in the manifest.
+
+    Raises:
+        FlowsearchError: a factory string FAISS rejects, or one it cannot train on these vectors.
+    """
+    vectors = _as_f32(vectors)
+    n, dim = vectors.shape
+    resolved = auto_factory(n, flat_max_rows) if factory == "auto" else factory
+    try:
+        index = faiss.index_factory(dim, resolved, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+        raise FlowsearchError(
+            f"FAISS rejects index factory {resolved!r} ({first}); try 'auto' or 'Flat'"
+        ) from None
+    if not index.is_trained:
+        rng = np.random.default_rng(seed)
+        sample = vectors
+        if n > train_sample:
+            sample = vectors[np.sort(rng.choice(n, size=train_sample, replace=False))]
+        try:
+            index.train(sample)
+        except RuntimeError as exc:
+            raise FlowsearchError(
+                f"cannot train index {resolved!r} on {n} rows ({str(exc).strip()[:120]}); "
+                "use a smaller factory (e.g. fewer IVF lists) or 'auto'"
+            ) from None
+    index.add(vectors)
+    params = ""
+    if factory == "auto" and resolved != "Flat":
+        nprobe, _ = tune_nprobe(index, vectors, target=target_recall, seed=seed)
+        params = f"nprobe={nprobe}"
+    return index, resolved, params
+
+
+def set_params(index: faiss.Index, params: str) -> None:
+    """Apply a search-time parameter string such as ``"nprobe=16"`` (no-op when empty)."""
+    if params:
+        faiss.ParameterSpace().set_index_parameters(index, params)  # type: ignore[arg-type]
+
+
+def add(index: faiss.Index, vectors: np.ndarray) -> None:
+    """Append vectors; their ids continue from ``index.ntotal``."""
+    index.add(_as_f32(vectors))
+
+
+def search(index: faiss.Index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k by inner product: ``(scores float32 (q, k), rows int64 (q, k))``, -1 for no hit."""
+    queries = _as_f32(queries)
+    k = max(1, min(int(k), max(index.ntotal, 1)))
+    return index.search(queries, k)
+
+
+def to_gpu(index: faiss.Index) -> faiss.Index:
+    """The index on all GPUs when FAISS sees any (a faiss-gpu build); otherwise unchanged."""
+    if faiss.get_num_gpus() > 0:
+        LOG.info("moving index to %d GPU(s)", faiss.get_num_gpus())
+        return faiss.index_cpu_to_all_gpus(index)
+    return index
+
+
+def write_index(index: faiss.Index, path: str | Path) -> None:
+    """Save a CPU index (keep the CPU original when searching on a GPU copy)."""
+    faiss.write_index(index, str(path))
+
+
+def read_index(path: str | Path, params: str = "") -> faiss.Index:
+    """Load an index saved by :func:`write_index` and apply its search parameters."""
+    try:
+        index = faiss.read_index(str(path))
+    except RuntimeError as exc:
+        raise FlowsearchError(
+            f"cannot read FAISS index {path} ({exc}); rebuild the index"
+        ) from None
+    set_params(index, params)
+    return index

@@ -1,0 +1,195 @@
+"""The flowsearch CLI: verbs, --json purity, agreement with the API, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from corpus_helpers import (
+    model_dir_fixture,  # noqa: F401 - the `model_dir` fixture
+    sentences,
+    siblings,
+    write_corpus,
+)
+from typer.testing import CliRunner
+
+from flowsearch.cli import app, main
+from flowsearch.searcher import Searcher
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, model_dir):
+    root = tmp_path_factory.mktemp("cli")
+    corpus = write_corpus(root / "c.parquet", n=80, seed=4)
+    out = root / "idx"
+    result = runner.invoke(app, ["index", str(corpus), "--index", str(out), "--model",
+                                 str(model_dir), "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return out, json.loads(result.stdout)
+
+
+def test_index_json_summary(built):
+    out, summary = built
+    assert summary["rows"] == 80 and summary["index"] == str(out)
+    assert summary["calibration"] == "auto" and summary["factory"] == "Flat"
+
+
+def test_query_json_matches_api_and_brute_force(built):
+    out, _ = built
+    query = sentences(1, seed=21)[0]
+    result = runner.invoke(app, ["query", query, "--index", str(out), "-k", "7", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)  # stdout is exactly one JSON document
+    assert set(doc) == {"query", "hits"} and doc["query"] == query
+    assert all(set(h) == {"rank", "id", "score", "text", "metadata"} for h in doc["hits"])
+    searcher = Searcher.open(out)
+    api = searcher.search(query, k=7)
+    Z, _ = searcher.embed([query])
+    vec = searcher.search_vectors(Z, k=7)[0]
+    brute = Z[0] @ searcher.vectors().T
+    order = np.argsort(-brute, kind="stable")[:7]
+    assert [h["id"] for h in doc["hits"]] == [h.id for h in api] == [h.id for h in vec]
+    assert [h["id"] for h in doc["hits"]] == [f"d{i}" for i in order]
+    assert [h["score"] for h in doc["hits"]] == [h.score for h in api] == [h.score for h in vec]
+    np.testing.assert_allclose([h["score"] for h in doc["hits"]], brute[order], rtol=1e-5)
+    assert [h["rank"] for h in doc["hits"]] == list(range(1, 8))
+
+
+def test_query_table_and_env_default(built, tmp_path):
+    out, _ = built
+    env = {"FLOWSEARCH_INDEX": str(out), "COLUMNS": "160"}
+    result = CliRunner(env=env).invoke(app, ["query", "the cat", "-k", "3"])
+    assert result.exit_code == 0, result.output
+    assert "rank" in result.stdout and "score" in result.stdout and "d" in result.stdout
+    assert "log-density" in result.stdout
+    cwd = os.getcwd()
+    try:  # without --index or $FLOWSEARCH_INDEX: ./flowsearch_index
+        os.chdir(tmp_path)
+        result = CliRunner(env={"FLOWSEARCH_INDEX": None}).invoke(app, ["info"])
+        assert result.exit_code == 2 and "flowsearch_index" in result.stderr
+    finally:
+        os.chdir(cwd)
+
+
+def test_info(built):
+    out, _ = built
+    result = runner.invoke(app, ["info", "--index", str(out), "--json"])
+    assert result.exit_code == 0
+    doc = json.loads(result.stdout)
+    assert doc["rows"] == 80 and doc["calibration"]["space"] in ("calibrated", "encoder")
+    assert doc["bytes"]["total"] > doc["bytes"]["shards"] > 0
+    text = CliRunner(env={"COLUMNS": "160"}).invoke(app, ["info", "--index", str(out)]).stdout
+    assert "anisotropy" in text and "mean_cosine" in text and "searched space" in text
+
+
+def test_add_then_duplicate_add(built, tmp_path):
+    import shutil
+
+    out = tmp_path / "idx"
+    shutil.copytree(built[0], out)
+    extra = write_corpus(tmp_path / "extra.parquet", n=10, seed=8, id_prefix="x")
+    result = runner.invoke(app, ["add", str(extra), "--index", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["added"] == 10 and doc["rows"] == 90 and "gap_std" in doc["drift"]
+    again = runner.invoke(app, ["add", str(extra), "--index", str(out)])
+    assert again.exit_code == 2 and again.stdout == ""
+    assert again.stderr.startswith("error: 10 id(s) are already in the index")
+
+
+def _bad_cases(tmp_path, built_dir):
+    good = write_corpus(tmp_path / "good.parquet", n=5)
+    junk = tmp_path / "junk.parquet"
+    junk.write_bytes(b"not parquet at all")
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), empty)
+    dup = tmp_path / "dup.parquet"
+    pq.write_table(pa.table({"id": [1, 1, 2], "text": ["a cat", "a dog", "a sun"]}), dup)
+    blank = tmp_path / "blank.parquet"
+    pq.write_table(pa.table({"text": ["a cat", ""]}), blank)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "x.txt").write_text("x")
+    new = str(tmp_path / "new_idx")
+    return {
+        "missing file": ([str(tmp_path / "none.parquet"), "--index", new], "corpus not found"),
+        "not parquet": ([str(junk), "--index", new], "not a Parquet file"),
+        "text column": ([str(good), "--index", new, "--text-column", "body"],
+                        "(columns: id, text, topic, year)"),
+        "empty": ([str(empty), "--index", new], "no rows"),
+        "duplicate ids": ([str(dup), "--index", new], "1 id(s) occur more than once"),
+        "strict": ([str(blank), "--index", new, "--strict"], "1 row(s) have a null or blank"),
+        "foreign dir": ([str(good), "--index", str(foreign), "--overwrite"], "not a flowsearch"),
+        "exists": ([str(good), "--index", str(built_dir)], "pass --overwrite"),
+        "calibration": ([str(good), "--index", new, "--calibration", "magic"], "unknown calib"),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["missing file", "not parquet", "text column", "empty", "duplicate ids", "strict",
+     "foreign dir", "exists", "calibration"],
+)  # fmt: skip
+def test_bad_index_input(tmp_path, built, model_dir, case):
+    args, message = _bad_cases(tmp_path, built[0])[case]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = runner.invoke(app, ["index", *args, "--model", str(model_dir)])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+    assert "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+    assert siblings(built[0]) == []
+
+
+def test_usage_errors_exit_2(capsys):
+    assert main(["query"]) == 2  # missing argument
+    assert main(["query", "x", "--bogus"]) == 2
+    assert main(["eval", "nonsense"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error: ") == 3 and "Traceback" not in err
+
+
+def test_console_script_runs(built, tmp_path):
+    """The real entry point in a subprocess: JSON on stdout, nothing else; errors exit 2."""
+    out, _ = built
+    cmd = [sys.executable, "-c", "import sys; from flowsearch.cli import main; sys.exit(main())"]
+    ok = subprocess.run([*cmd, "query", "the dog", "--index", str(out), "--json", "-k", "2"],
+                        capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert len(json.loads(ok.stdout)["hits"]) == 2
+    bad = subprocess.run([*cmd, "query", "x", "--index", str(tmp_path / "missing")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().count("\n") == 0 and bad.stderr.startswith("error: no index")
+
+
+def test_eval_passes_options_and_prints_json(monkeypatch):
+    from flowsearch import evaluation
+
+    calls = {}
+
+    def fake_sts(**kwargs):
+        calls.update(kwargs)
+        return {"model": "m", "pooling": kwargs["pooling"], "calibration": "flow",
+                "max_length": 64, "results": {"STSB": {"spearman": 80.5}}, "avg": 80.5}  # fmt: skip
+
+    monkeypatch.setattr(evaluation, "run_sts", fake_sts)
+    args = ["eval", "sts", "--pooling", "cls", "--calibration", "flow", "--max-length", "64",
+            "--tasks", "STSB, SICKR", "--data", "/data", "--json"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["results"]["STSB"]["spearman"] == 80.5
+    assert calls["tasks"] == ["STSB", "SICKR"] and calls["max_length"] == 64
+    assert str(calls["data_dir"]) == "/data" and calls["pooling"] == "cls"
+    table = CliRunner(env={"COLUMNS": "120"}).invoke(app, args[:-1])
+    assert table.exit_code == 0 and "STSB" in table.stdout and "80.5000" in table.stdout

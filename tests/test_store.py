@@ -1,0 +1,119 @@
+"""Shards, row lookup and manifest of flowsearch.store, on synthetic rows."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from flowsearch import store
+from flowsearch.errors import FlowsearchError
+
+
+def _rows(n: int, dim: int = 8, start: int = 0, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    ids = [f"doc-{i}" for i in range(start, start + n)]
+    texts = [f"passage number {i}" for i in range(start, start + n)]
+    meta = pa.table({"year": pa.array(np.arange(start, start + n) % 7 + 2000)})
+    vectors = rng.normal(size=(n, dim)).astype(np.float32)
+    raw = rng.normal(size=(n, dim)).astype(np.float32)
+    return ids, texts, meta, vectors, raw
+
+
+def test_shards_are_bounded_and_typed(tmp_path):
+    writer = store.ShardWriter(tmp_path, shard_rows=40, row_group_rows=16)
+    ids, texts, meta, vectors, raw = _rows(100)
+    for lo in range(0, 100, 30):  # batches that straddle shard boundaries
+        sl = slice(lo, lo + 30)
+        writer.write(
+            store.shard_table(ids[sl], texts[sl], meta.slice(lo, 30), vectors[sl], raw[sl])
+        )
+    shards = writer.close()
+    assert [s["rows"] for s in shards] == [40, 40, 20]
+    schema = pq.read_schema(tmp_path / shards[0]["path"])
+    assert schema.names == ["id", "text", "year", "vector", "raw"]
+    assert schema.field("vector").type == pa.list_(pa.float32(), 8)
+    assert schema.field("raw").type == pa.list_(pa.float16(), 8)
+    assert pq.ParquetFile(tmp_path / shards[0]["path"]).num_row_groups == 3
+
+
+def test_rows_by_global_number_and_columns(tmp_path):
+    writer = store.ShardWriter(tmp_path, shard_rows=40, row_group_rows=16)
+    ids, texts, meta, vectors, raw = _rows(100)
+    writer.write(store.shard_table(ids, texts, meta, vectors, raw))
+    reader = store.RowReader(tmp_path, writer.close(), cache_groups=2)
+    assert len(reader) == 100
+    want = [99, 0, 41, 40, 39, 57, 0]
+    got = reader.rows(want)
+    assert [r["id"] for r in got] == [ids[i] for i in want]
+    assert [r["text"] for r in got] == [texts[i] for i in want]
+    assert got[2]["metadata"] == {"year": 41 % 7 + 2000}
+    np.testing.assert_array_equal(reader.column("vector"), vectors)
+    np.testing.assert_allclose(reader.column("raw"), raw, atol=2e-3, rtol=1e-3)
+    assert reader.column("id") == ids
+    with pytest.raises(IndexError):
+        reader.rows([100])
+
+
+def test_schema_change_starts_a_new_part(tmp_path):
+    writer = store.ShardWriter(tmp_path, shard_rows=1000)
+    ids, texts, meta, vectors, raw = _rows(10)
+    writer.write(store.shard_table(ids[:5], texts[:5], meta.slice(0, 5), vectors[:5], raw[:5]))
+    writer.write(store.shard_table(ids[5:], texts[5:], None, vectors[5:], raw[5:]))
+    shards = writer.close()
+    assert [s["rows"] for s in shards] == [5, 5]
+    rows = store.RowReader(tmp_path, shards).rows([4, 5])
+    assert rows[0]["metadata"] == {"year": 2004} and rows[1]["metadata"] == {}
+
+
+def _manifest(root, files):
+    return {
+        "format": store.FORMAT,
+        "format_version": store.FORMAT_VERSION,
+        "files": {f: store.file_record(root, f) for f in files},
+    }
+
+
+def test_manifest_roundtrip_and_verify(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"hello")
+    manifest = _manifest(tmp_path, ["a.bin"])
+    store.write_manifest(tmp_path, manifest)
+    assert store.is_index_dir(tmp_path)
+    assert store.read_manifest(tmp_path) == manifest
+    assert list(tmp_path.iterdir()) != [] and not list(tmp_path.glob(".manifest-*"))
+    store.verify_files(tmp_path, manifest, checksums=True)
+    (tmp_path / "a.bin").write_bytes(b"jello")  # same size, different content
+    with pytest.raises(FlowsearchError, match="checksum mismatch"):
+        store.verify_files(tmp_path, manifest, checksums=True)
+    (tmp_path / "a.bin").write_bytes(b"hi")
+    with pytest.raises(FlowsearchError, match="2 bytes"):
+        store.verify_files(tmp_path, manifest)
+    (tmp_path / "a.bin").unlink()
+    with pytest.raises(FlowsearchError, match="missing"):
+        store.verify_files(tmp_path, manifest)
+
+
+def test_read_manifest_refusals(tmp_path):
+    with pytest.raises(FlowsearchError, match="no index"):
+        store.read_manifest(tmp_path / "nope")
+    with pytest.raises(FlowsearchError, match="not a flowsearch index"):
+        store.read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(FlowsearchError, match="unreadable"):
+        store.read_manifest(tmp_path)
+    assert not store.is_index_dir(tmp_path)
+    newer = {"format": store.FORMAT, "format_version": store.FORMAT_VERSION + 1}
+    (tmp_path / "manifest.json").write_text(json.dumps(newer))
+    with pytest.raises(FlowsearchError, match="upgrade flowsearch"):
+        store.read_manifest(tmp_path)
+
+
+def test_sha256_matches_hashlib(tmp_path):
+    import hashlib
+
+    data = np.random.default_rng(0).bytes(3 * 2**20 + 7)
+    (tmp_path / "x").write_bytes(data)
+    assert store.sha256_file(tmp_path / "x") == hashlib.sha256(data).hexdigest()
