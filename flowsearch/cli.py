@@ -122,7 +122,7 @@ def _print_summary(summary: dict[str, Any], verb: str) -> None:
     if drift:
         err.print(
             f"drift: new rows' mean log-density {drift['mean_log_prob']:.1f} vs corpus "
-            f"{drift['corpus_mean_log_prob']:.1f} ({drift['gap_std']:+.2f} corpus std below)"
+            f"{drift['corpus_mean_log_prob']:.1f} ({drift['gap_std']:.2f} corpus std below)"
             + (
                 "  [bold yellow]out of distribution: refit with index --overwrite[/]"
                 if drift["warn"]
@@ -240,7 +240,7 @@ def query_cmd(
         table.caption = (
             f"query log-density {hits[0].log_density:.1f} "
             f"(corpus {density['mean_log_prob']:.1f} ± {density['std_log_prob']:.1f}; "
-            f"{gap:+.1f} std below)"
+            f"{gap:.1f} std below)"
         )
     _stdout_console().print(table)
 
