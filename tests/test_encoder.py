@@ -95,6 +95,27 @@ def test_default_max_length_is_model_limit(tiny_model_dir):
     assert len(enc.revision) == 16
 
 
+def test_local_model_named_by_absolute_path(tiny_model_dir, monkeypatch):
+    monkeypatch.chdir(tiny_model_dir.parent)
+    enc = Encoder(tiny_model_dir.name)
+    assert enc.model_id == str(tiny_model_dir.resolve())
+
+
+def test_hub_ids_reach_the_hub_loader(monkeypatch):
+    """``org/name`` is a hub id, not a missing directory: offline, loading it fails as such."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FlowsearchError, match="cannot load model 'no-such-org/no-such-model'"):
+        Encoder("no-such-org/no-such-model")
+    with pytest.raises(FlowsearchError, match="does not exist"):
+        Encoder("./no/such/dir")
+
+
+def test_max_length_beyond_the_model_is_refused(tiny_model_dir):
+    with pytest.raises(FlowsearchError, match="exceeds what"):
+        Encoder(str(tiny_model_dir), max_length=1000)
+    assert Encoder(str(tiny_model_dir), max_length=128).max_length == 128
+
+
 def test_shapes_for_edge_inputs(tiny_model_dir):
     enc = Encoder(str(tiny_model_dir))
     assert enc.encode([]).shape == (0, 32)

@@ -175,3 +175,14 @@ def test_random_permutation_option_and_fractional_epochs():
     cal = make_calibrator("flow", permutation="random", epochs=0.25, batch_size=50).fit(U)
     assert cal.fit_stats["steps"] == 5
     assert np.abs(cal.inverse(cal.transform(U)) - U).max() / np.abs(U).max() < 1e-4
+
+
+def test_transform_and_log_prob_in_one_pass():
+    U = cone(300, 10)
+    cal = make_calibrator("flow", width=8, levels=2).fit(U)
+    Z, lp = cal.transform_and_log_prob(U)
+    np.testing.assert_array_equal(Z, cal.transform(U))
+    np.testing.assert_allclose(lp, cal.log_prob(U), rtol=1e-12)
+    assert Z.dtype == np.float32 and lp.dtype == np.float64
+    Z0, lp0 = cal.transform_and_log_prob(np.empty((0, 10)))
+    assert Z0.shape == (0, 10) and lp0.shape == (0,)

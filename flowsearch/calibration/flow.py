@@ -249,12 +249,26 @@ class FlowCalibrator(Calibrator):
         U[:, self.constant] = Z[:, k:] * self.constant_scale + self.constant_mu
         return U
 
-    def _log_prob(self, U: np.ndarray) -> np.ndarray:
-        def rows(x: Tensor) -> Tensor:
-            z, logdet = self.torch_forward(x)
-            return (-0.5 * (z.pow(2).sum(dim=1) + z.shape[1] * LOG_2PI) + logdet)[:, None]
+    def _with_log_prob(self, x: Tensor) -> Tensor:
+        """``[z | log p(u)]`` per row: one pass through the flow for both."""
+        z, logdet = self.torch_forward(x)
+        lp = -0.5 * (z.pow(2).sum(dim=1) + z.shape[1] * LOG_2PI) + logdet
+        return torch.cat([z, lp[:, None]], dim=1)
 
-        return self._run(rows, U)[:, 0] if len(U) else np.empty(0)
+    def _log_prob(self, U: np.ndarray) -> np.ndarray:
+        return self._run(self._with_log_prob, U)[:, -1] if len(U) else np.empty(0)
+
+    def transform_and_log_prob(self, U: Any) -> tuple[np.ndarray, np.ndarray]:
+        r"""``(transform(U), log_prob(U))`` in one flow pass: float32 ``(n, d)``, float64 ``(n,)``.
+
+        The searcher needs both for every query (the vector to search with, the density to flag
+        out-of-distribution queries), and ingest for every row.
+        """
+        arr = as_matrix(U, self._need_fitted())
+        if not len(arr):
+            return np.empty((0, arr.shape[1]), np.float32), np.empty(0)
+        both = self._run(self._with_log_prob, arr)
+        return both[:, :-1].astype(np.float32), both[:, -1]
 
     def log_prob(self, U: Any) -> np.ndarray:
         r"""Log-density of each row of ``U`` under the flow (nats), float64 ``(n,)``."""
