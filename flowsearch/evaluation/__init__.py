@@ -1,0 +1,44 @@
+"""STS and QNLI evaluation: loaders, metrics, a vector cache, and the ``eval`` entry points.
+
+``run_sts`` / ``run_qnli`` are what ``flowsearch eval`` calls; :class:`EvalSession` is what the
+benchmarks use to sweep calibration settings over one encoding.
+"""
+
+from __future__ import annotations
+
+from flowsearch.evaluation.cache import VectorCache, default_cache_dir
+from flowsearch.evaluation.datasets import (
+    PairSet,
+    load_qnli,
+    load_sick,
+    load_snli_sentences,
+    load_sts_year,
+    load_stsb,
+    resolve_data_dir,
+)
+from flowsearch.evaluation.metrics import auc100, cosine_pairs, spearman100, sts_correlations
+from flowsearch.evaluation.runner import parse_tasks, run_qnli, run_sts
+from flowsearch.evaluation.session import CALIBRATIONS, STS_TASKS, EvalSession, load_task
+
+__all__ = [
+    "CALIBRATIONS",
+    "STS_TASKS",
+    "EvalSession",
+    "PairSet",
+    "VectorCache",
+    "auc100",
+    "cosine_pairs",
+    "default_cache_dir",
+    "load_qnli",
+    "load_sick",
+    "load_snli_sentences",
+    "load_sts_year",
+    "load_stsb",
+    "load_task",
+    "parse_tasks",
+    "resolve_data_dir",
+    "run_qnli",
+    "run_sts",
+    "spearman100",
+    "sts_correlations",
+]
