@@ -11,7 +11,7 @@ from flowsearch.calibration import CALIBRATORS, load_calibrator, make_calibrator
 from flowsearch.errors import FlowsearchError
 
 NAMES = sorted(CALIBRATORS)
-SMALL = {"flow": {"width": 8, "levels": 2}}
+SMALL = {"flow": {"width": 8, "levels": 2}, "whitening-flow": {"width": 8, "levels": 2}}
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def U() -> np.ndarray:
 
 
 def test_registry_names():
-    assert set(NAMES) == {"none", "flow", "whitening", "sn", "natsv", "sn-natsv"}
+    assert set(NAMES) == {"none", "flow", "whitening-flow", "whitening", "sn", "natsv", "sn-natsv"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -43,7 +43,7 @@ def test_protocol_shapes_save_and_load(name, U, tmp_path):
     np.testing.assert_array_equal(loaded.transform(U), Z)
 
 
-@pytest.mark.parametrize("name", ["none", "sn", "whitening", "flow"])
+@pytest.mark.parametrize("name", ["none", "sn", "whitening", "flow", "whitening-flow"])
 def test_invertible_ones_round_trip(name, U):
     cal = make_calibrator(name, **SMALL.get(name, {})).fit(U)
     assert cal.invertible
