@@ -40,7 +40,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import numpy as np
@@ -55,6 +56,19 @@ from flowsearch.errors import FlowsearchError
 __all__ = ["FlowCalibrator"]
 
 LOG = logging.getLogger(__name__)
+
+
+@contextmanager
+def _single_thread() -> Iterator[None]:
+    """Runs torch on one thread: the flow's ops are tiny, and several threads spend their time
+    synchronising (on a busy 2-core machine, a 10k-row fit takes 3 s on one thread and over a
+    minute on two; a query's transform 1 ms against p95 spikes of 10-70 ms)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @register("flow")
@@ -136,14 +150,8 @@ class FlowCalibrator(Calibrator):
             return GlowFlow(dim, cfg["levels"], cfg["depth"], cfg["width"], cfg["permutation"], gen)
 
     def _fit(self, U: np.ndarray) -> None:
-        # The flow's ops are tiny: one thread beats several, which spend the time synchronising
-        # (on a busy 2-core machine, 3 s single-threaded against over a minute with two).
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with _single_thread():
             self._fit_single_thread(U)
-        finally:
-            torch.set_num_threads(threads)
 
     def _fit_single_thread(self, U: np.ndarray) -> None:
         cfg = self.config
@@ -231,10 +239,17 @@ class FlowCalibrator(Calibrator):
 
     @torch.no_grad()
     def _run(self, fn: Callable[[Tensor], Tensor], X: np.ndarray) -> np.ndarray:
-        out = [
-            fn(torch.from_numpy(np.ascontiguousarray(X[i : i + 8192])))
-            for i in range(0, len(X), 8192)
-        ]
+        def chunks() -> list[Tensor]:
+            return [
+                fn(torch.from_numpy(np.ascontiguousarray(X[i : i + 8192])))
+                for i in range(0, len(X), 8192)
+            ]
+
+        if len(X) < 1024:  # a query: single-threaded is ~1 ms, two threads spike to ~50 ms
+            with _single_thread():
+                out = chunks()
+        else:
+            out = chunks()
         return torch.cat(out).numpy() if out else np.empty((0,) + X.shape[1:])
 
     def torch_forward(self, u: Tensor) -> tuple[Tensor, Tensor]:
