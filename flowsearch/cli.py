@@ -15,11 +15,13 @@ import enum
 import functools
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import numpy as np
 import typer
 
 from flowsearch.errors import FlowsearchError
@@ -76,8 +78,22 @@ def _user_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _json_safe(value: Any) -> Any:
+    """``value`` with NaN and infinite floats (not valid JSON) replaced by None."""
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
 def _print_json(doc: Any) -> None:
-    sys.stdout.write(json.dumps(doc, ensure_ascii=False, default=str) + "\n")
+    text = json.dumps(_json_safe(doc), ensure_ascii=False, default=str, allow_nan=False)
+    sys.stdout.write(text + "\n")
 
 
 def _stdout_console() -> Any:
@@ -247,9 +263,14 @@ def query_cmd(
 
 def _info_doc(index: Path) -> dict[str, Any]:
     from flowsearch import store
-    from flowsearch.publish import size_on_disk
+    from flowsearch.publish import recover, size_on_disk
 
+    recover(index)
     manifest = store.read_manifest(index)
+    store.verify_files(index, manifest)  # a missing or truncated file: a one-line error
+    for part in ("calibrator", "index.faiss"):
+        if not (index / part).exists():
+            raise FlowsearchError(f"index file missing: {index / part}; rebuild the index")
     sizes = {"total": size_on_disk(index)}
     for part in ("shards", "calibrator", "index.faiss"):
         path = index / part

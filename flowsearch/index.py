@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from pathlib import Path
 
 import faiss
@@ -29,6 +30,8 @@ __all__ = [
     "add",
     "auto_factory",
     "build_index",
+    "check_factory",
+    "num_gpus",
     "read_index",
     "recall_at_k",
     "search",
@@ -118,6 +121,47 @@ def tune_nprobe(
     return nprobe, recall
 
 
+def _reason(exc: BaseException) -> str:
+    """FAISS's message without the C++ signature and source location."""
+    lines = str(exc).strip().splitlines()
+    return re.split(r"\.(?:cpp|h):\d+: ", lines[-1])[-1][:200] if lines else type(exc).__name__
+
+
+def _make(dim: int, factory: str) -> faiss.Index:
+    try:
+        return faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as exc:
+        raise FlowsearchError(
+            f"FAISS rejects index factory {factory!r} ({_reason(exc)}); try 'auto' or 'Flat'"
+        ) from None
+
+
+def check_factory(factory: str, dim: int) -> None:
+    """Fail early (before any encoding) on a factory string FAISS rejects at dimension ``dim``.
+
+    Raises:
+        FlowsearchError: naming the factory and FAISS's reason.
+    """
+    if factory == "auto":
+        return
+    index = _make(dim, factory)
+    if isinstance(index, (faiss.IndexIDMap, faiss.IndexIDMap2)):
+        raise FlowsearchError(
+            f"index factory {factory!r}: IDMap is not supported (flowsearch assigns the ids); "
+            "drop the 'IDMap,' prefix"
+        )
+
+
+def _add(index: faiss.Index, vectors: np.ndarray, factory: str) -> None:
+    try:
+        index.add(vectors)
+    except RuntimeError as exc:
+        raise FlowsearchError(
+            f"FAISS cannot add vectors to index {factory!r} ({_reason(exc)}); "
+            "use 'auto', 'Flat' or an IVF/HNSW factory (ids are assigned by flowsearch)"
+        ) from None
+
+
 def build_index(
     vectors: np.ndarray,
     factory: str = "auto",
@@ -147,13 +191,7 @@ def build_index(
     vectors = _as_f32(vectors)
     n, dim = vectors.shape
     resolved = auto_factory(n, flat_max_rows) if factory == "auto" else factory
-    try:
-        index = faiss.index_factory(dim, resolved, faiss.METRIC_INNER_PRODUCT)
-    except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
-        raise FlowsearchError(
-            f"FAISS rejects index factory {resolved!r} ({first}); try 'auto' or 'Flat'"
-        ) from None
+    index = _make(dim, resolved)
     if not index.is_trained:
         rng = np.random.default_rng(seed)
         sample = vectors
@@ -166,7 +204,7 @@ def build_index(
                 f"cannot train index {resolved!r} on {n} rows ({str(exc).strip()[:120]}); "
                 "use a smaller factory (e.g. fewer IVF lists) or 'auto'"
             ) from None
-    index.add(vectors)
+    _add(index, vectors, resolved)
     params = ""
     if factory == "auto" and resolved != "Flat":
         nprobe, _ = tune_nprobe(index, vectors, target=target_recall, seed=seed)
@@ -182,7 +220,7 @@ def set_params(index: faiss.Index, params: str) -> None:
 
 def add(index: faiss.Index, vectors: np.ndarray) -> None:
     """Append vectors; their ids continue from ``index.ntotal``."""
-    index.add(_as_f32(vectors))
+    _add(index, _as_f32(vectors), type(index).__name__)
 
 
 def search(index: faiss.Index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -192,10 +230,15 @@ def search(index: faiss.Index, queries: np.ndarray, k: int) -> tuple[np.ndarray,
     return index.search(queries, k)
 
 
+def num_gpus() -> int:
+    """GPUs FAISS can use (0 with a CPU-only build)."""
+    return int(faiss.get_num_gpus())
+
+
 def to_gpu(index: faiss.Index) -> faiss.Index:
     """The index on all GPUs when FAISS sees any (a faiss-gpu build); otherwise unchanged."""
-    if faiss.get_num_gpus() > 0:
-        LOG.info("moving index to %d GPU(s)", faiss.get_num_gpus())
+    if num_gpus() > 0:
+        LOG.info("moving index to %d GPU(s)", num_gpus())
         return faiss.index_cpu_to_all_gpus(index)
     return index
 

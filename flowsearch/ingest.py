@@ -6,12 +6,13 @@ vectors, transform and L2-normalise, write Parquet shards, build the FAISS index
 manifest last. Everything is built in a hidden sibling directory and published by rename, so a
 crash or Ctrl-C at any moment leaves the previous index as it was and nothing that looks valid.
 
-``calibration="auto"`` always fits the flow (its density serves drift and out-of-distribution
-signals) but searches in the flow's Gaussian space only when the corpus's vectors are anisotropic
-(:func:`flowsearch.calibration.anisotropy.should_calibrate`); otherwise in the encoder's own space.
+``calibration="auto"`` always fits the flow (as ``whitening-flow``; its density serves drift and
+out-of-distribution signals) but searches in the flow's Gaussian space only when the corpus's
+vectors are anisotropic (:func:`flowsearch.calibration.anisotropy.should_calibrate`); otherwise
+in the encoder's own space.
 
 Drift: :func:`add_to_index` scores the new rows under the index's flow and warns when they are
-far out of the corpus's distribution (see :mod:`flowsearch.drift`).
+far out of the corpus's distribution (see :mod:`flowsearch.space`).
 
 Example:
     >>> build_index("data/sample.parquet", "my_index")  # doctest: +SKIP
@@ -31,21 +32,30 @@ import numpy as np
 from flowsearch import index as fx
 from flowsearch import store
 from flowsearch.corpus import CorpusPlan, scan_corpus
-from flowsearch.drift import DRIFT_WARN_STD, density, density_stats, drift_report
 from flowsearch.errors import FlowsearchError
 from flowsearch.progress import Stages
-from flowsearch.publish import file_records, link_tree, publish, scratch_dir, size_on_disk
+from flowsearch.publish import (
+    file_records,
+    link_tree,
+    publish,
+    scratch_dir,
+    size_on_disk,
+    writer_lock,
+)
+from flowsearch.space import (
+    DRIFT_WARN_STD,
+    density_stats,
+    drift_report,
+    fit_calibrator,
+    load_fitted_calibrator,
+    project,
+)
 
 __all__ = ["DRIFT_WARN_STD", "add_to_index", "build_index", "drift_report"]
 
 LOG = logging.getLogger(__name__)
 
 _CHUNK_ROWS = 2048  # texts per encoder call: enough to batch by length, small enough for progress
-
-
-def _normalise(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 def _check_target(index_dir: Path, overwrite: bool) -> None:
@@ -64,12 +74,10 @@ def _check_target(index_dir: Path, overwrite: bool) -> None:
         )
 
 
-def _source(model: str | os.PathLike[str] | None) -> str | None:
-    """How to load the model again: None (bundled), an absolute local path, or a hub id."""
-    if model is None:
-        return None
-    path = Path(model).expanduser()
-    return str(path.resolve()) if path.is_dir() else str(model)
+def _source(model: str | os.PathLike[str] | None, enc: Any) -> str | None:
+    """How to load the model again: None (bundled), else the encoder's own ``model_id`` (the
+    absolute path of a local directory, as resolved when it was loaded, or the hub id)."""
+    return None if model is None else str(enc.model_id)
 
 
 def _encode_pass(enc: Any, plan: CorpusPlan, raw_path: Path, batch_size: int, st: Stages) -> None:
@@ -80,68 +88,6 @@ def _encode_pass(enc: Any, plan: CorpusPlan, raw_path: Path, batch_size: int, st
             U = enc.encode(texts, batch_size=batch_size, progress=False)
             out.write(np.ascontiguousarray(U, dtype=np.float32).tobytes())
             advance(len(texts))
-
-
-def _fit_calibrator(
-    U: np.ndarray, calibration: str, calibrator: str | os.PathLike[str] | None, st: Stages
-) -> tuple[Any, dict[str, Any]]:
-    """Fit (or load) the calibrator and decide the searched space; returns it and its record."""
-    from flowsearch.calibration import load_calibrator, make_calibrator
-    from flowsearch.calibration.anisotropy import (
-        AUTO_STATISTIC,
-        AUTO_THRESHOLD,
-        anisotropy_stats,
-        should_calibrate,
-    )
-
-    stats = {k: float(v) for k, v in anisotropy_stats(U).items()}
-    record: dict[str, Any] = {"name": calibration, "anisotropy": stats}
-    if calibrator is not None:
-        cal = load_calibrator(calibrator)
-        if calibration not in ("auto", cal.name):
-            raise FlowsearchError(
-                f"--calibration {calibration} contradicts the {cal.name!r} calibrator in "
-                f"{calibrator}; leave --calibration out or make them agree"
-            )
-        if cal.dim_in != U.shape[1]:
-            raise FlowsearchError(
-                f"the calibrator in {calibrator} was fitted on {cal.dim_in}-d vectors, this "
-                f"encoder gives {U.shape[1]}-d; use the same model and pooling"
-            )
-        record.update(name=cal.name, fitted_on=str(Path(calibrator).resolve()), space="calibrated")
-        record["decision"] = "forced by --calibrator"
-    else:
-        name = "flow" if calibration == "auto" else calibration
-        cal = make_calibrator(name, seed=0) if name == "flow" else make_calibrator(name)
-        with st.status(f"fitting {name} on {len(U):,} rows", follow="flowsearch.calibration"):
-            cal.fit(U)
-        record["fitted_on"] = "corpus"
-        if calibration == "auto":
-            searched = bool(should_calibrate(stats))
-            record["space"] = "calibrated" if searched else "encoder"
-            record["decision"] = (
-                f"{AUTO_STATISTIC}={stats.get(AUTO_STATISTIC, float('nan')):.4f} "
-                f"{'>' if searched else '<='} {AUTO_THRESHOLD}: search in the "
-                f"{'flow' if searched else 'encoder'} space"
-            )
-            record.update(auto_statistic=AUTO_STATISTIC, auto_threshold=float(AUTO_THRESHOLD))
-            record["auto_decision"] = searched
-        else:
-            record.update(space="calibrated", decision=f"forced: --calibration {calibration}")
-    record.update(
-        calibrator=cal.name,
-        config=cal.config,
-        fit_rows=int(len(U)),
-        fit_stats=cal.fit_stats,
-        dim_out=int(cal.dim_out or U.shape[1]),
-    )
-    LOG.info("calibration: %s", record["decision"])
-    return cal, record
-
-
-def _project(cal: Any, space: str, U: np.ndarray) -> np.ndarray:
-    """Raw encoder vectors -> the searched space (normalised)."""
-    return _normalise(cal.transform(U) if space == "calibrated" else U)
 
 
 def build_index(
@@ -195,23 +141,51 @@ def build_index(
     st = Stages()
     with st.timed("scan"):
         plan = scan_corpus(corpus, text_column, id_column, strict=strict)
-    with st.timed("load model"):
-        from flowsearch.encoder import Encoder
+    with writer_lock(target):
+        _check_target(target, overwrite)  # again: another writer may have published meanwhile
+        with st.timed("load model"):
+            from flowsearch.encoder import Encoder
 
-        enc = Encoder(model, pooling=pooling, max_length=max_length)
+            enc = Encoder(model, pooling=pooling, max_length=max_length)
+            loaded = load_fitted_calibrator(calibrator, calibration, enc.dim)
+            fx.check_factory(index_factory, (loaded.dim_out if loaded else None) or enc.dim)
+        manifest = _build(
+            target,
+            plan,
+            enc,
+            st,
+            source=_source(model, enc),
+            calibration=calibration,
+            calibrator=calibrator,
+            loaded=loaded,
+            index_factory=index_factory,
+            batch_size=batch_size,
+            fit_sample=fit_sample,
+        )
+    summary = _summary(target, manifest, st, skipped=plan.skipped)
+    LOG.info("indexed %d rows into %s in %.1f s", plan.rows, target, summary["seconds"]["total"])
+    return summary
+
+
+def _build(
+    target: Path, plan: CorpusPlan, enc: Any, st: Stages, *, source: str | None, **opts: Any
+) -> dict[str, Any]:
+    """Encode, calibrate, write and publish (under the writer lock); returns the manifest."""
     with scratch_dir(target) as tmp, st.live():
         work = tmp / "_work"
         work.mkdir()
         with st.timed("encode"):
-            _encode_pass(enc, plan, work / "raw.f32", batch_size, st)
+            _encode_pass(enc, plan, work / "raw.f32", opts["batch_size"], st)
         raw = np.memmap(work / "raw.f32", dtype=np.float32, mode="r").reshape(plan.rows, enc.dim)
         with st.timed("fit"):
-            if plan.rows <= fit_sample:
+            if plan.rows <= opts["fit_sample"]:
                 U_fit = np.asarray(raw)
             else:
                 rng = np.random.default_rng(0)
-                U_fit = raw[np.sort(rng.choice(plan.rows, fit_sample, replace=False))]
-            cal, record = _fit_calibrator(U_fit, calibration, calibrator, st)
+                U_fit = raw[np.sort(rng.choice(plan.rows, opts["fit_sample"], replace=False))]
+            cal, record = fit_calibrator(
+                U_fit, opts["calibration"], opts["calibrator"], opts["loaded"], st
+            )
         with st.timed("write shards"):
             vectors = np.empty((plan.rows, record["dim_out"]), dtype=np.float32)
             lps: list[np.ndarray] = []
@@ -220,9 +194,8 @@ def build_index(
             with st.task("writing shards", total=plan.rows) as advance:
                 for ids, texts, meta in plan.batches(_CHUNK_ROWS):
                     U = np.asarray(raw[row : row + len(texts)])
-                    Z = _project(cal, record["space"], U)
+                    Z, lp = project(cal, record["space"], U)
                     vectors[row : row + len(texts)] = Z
-                    lp = density(cal, U)
                     if lp is not None:
                         lps.append(lp)
                     writer.write(store.shard_table(ids, texts, meta, Z, U))
@@ -231,7 +204,7 @@ def build_index(
             shards = writer.close()
             cal.save(tmp / "calibrator")
         with st.timed("build index"), st.status("building FAISS index"):
-            index, factory, params = fx.build_index(vectors, index_factory)
+            index, factory, params = fx.build_index(vectors, opts["index_factory"])
             fx.write_index(index, tmp / "index.faiss")
         del raw
         shutil.rmtree(work)
@@ -241,11 +214,11 @@ def build_index(
             "flowsearch_version": _version(),
             "created": store.utc_now(),
             "updated": None,
-            "encoder": {**enc.describe(), "source": _source(model)},
+            "encoder": {**enc.describe(), "source": source},
             "dim": int(record["dim_out"]),
             "calibration": record,
             "density": density_stats(np.concatenate(lps)) if lps else None,
-            "index": {"factory": factory, "requested": index_factory, "params": params},
+            "index": {"factory": factory, "requested": opts["index_factory"], "params": params},
             "columns": {
                 "text": plan.text_column,
                 "id": plan.id_column,
@@ -261,9 +234,7 @@ def build_index(
         manifest["files"] = file_records(tmp)
         store.write_manifest(tmp, manifest)
         publish(tmp, target)
-    summary = _summary(target, manifest, st, skipped=plan.skipped)
-    LOG.info("indexed %d rows into %s in %.1f s", plan.rows, target, summary["seconds"]["total"])
-    return summary
+    return manifest
 
 
 def _version() -> str:
@@ -307,21 +278,51 @@ def add_to_index(
     Raises:
         FlowsearchError: bad input, ids already in the index, or an index that fails to verify.
     """
+    target = Path(index_dir).expanduser()
+    if not target.parent.is_dir():
+        store.read_manifest(target)  # "no index at ...", without creating anything
+    st = Stages()
+    with writer_lock(target):
+        manifest, plan, drift = _add(
+            corpus, target, st, text_column, id_column, batch_size=batch_size, strict=strict
+        )
+    if drift and drift["warn"]:
+        LOG.warning(
+            "new rows look out of distribution: mean log-density %.1f vs corpus %.1f "
+            "(%.1f corpus std below, threshold %.1f); refit: `flowsearch index ... --overwrite`",
+            drift["mean_log_prob"],
+            drift["corpus_mean_log_prob"],
+            drift["gap_std"],
+            DRIFT_WARN_STD,
+        )
+    return _summary(target, manifest, st, added=plan.rows, skipped=plan.skipped, drift=drift)
+
+
+def _add(
+    corpus: str | os.PathLike[str],
+    target: Path,
+    st: Stages,
+    text_column: str | None,
+    id_column: str | None,
+    *,
+    batch_size: int,
+    strict: bool,
+) -> tuple[dict[str, Any], CorpusPlan, dict[str, Any] | None]:
+    """The body of :func:`add_to_index`, run under the writer lock: (manifest, plan, drift)."""
     import pyarrow as pa
 
     from flowsearch.calibration import load_calibrator
     from flowsearch.searcher import open_encoder
 
-    target = Path(index_dir).expanduser()
     manifest = store.read_manifest(target)
     store.verify_files(target, manifest)
     cols = manifest["columns"]
     text_column = text_column or cols["text"]
     id_column = id_column or cols["id"]
-    st = Stages()
     with st.timed("scan"):
         reader = store.RowReader(target, manifest["shards"])
         existing = reader.column("id") if id_column is not None else None
+        reader.close()
         plan = scan_corpus(
             corpus,
             text_column,
@@ -348,8 +349,7 @@ def add_to_index(
         with st.timed("encode+write"), st.task("adding", total=plan.rows) as advance:
             for ids, texts, meta in plan.batches(_CHUNK_ROWS):
                 U = enc.encode(texts, batch_size=batch_size, progress=False)
-                Z = _project(cal, space, U)
-                lp = density(cal, U)
+                Z, lp = project(cal, space, U)
                 if lp is not None:
                     lps.append(lp)
                 writer.write(store.shard_table(ids, texts, meta, Z, U))
@@ -375,13 +375,4 @@ def add_to_index(
         manifest["files"] = file_records(tmp, known=old)
         store.write_manifest(tmp, manifest)
         publish(tmp, target)
-    if drift and drift["warn"]:
-        LOG.warning(
-            "new rows look out of distribution: mean log-density %.1f vs corpus %.1f "
-            "(%.1f corpus std below, threshold %.1f); refit: `flowsearch index ... --overwrite`",
-            drift["mean_log_prob"],
-            drift["corpus_mean_log_prob"],
-            drift["gap_std"],
-            DRIFT_WARN_STD,
-        )
-    return _summary(target, manifest, st, added=plan.rows, skipped=plan.skipped, drift=drift)
+    return manifest, plan, drift

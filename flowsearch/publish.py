@@ -2,7 +2,9 @@ r"""Publishing a directory atomically: build in a hidden sibling, then swap it i
 
 A reader of ``index_dir`` sees either the old complete index or the new complete one. A build that
 dies leaves only a hidden ``.NAME.tmp-PID-*`` sibling without a manifest (never taken for an
-index, and removed by the next build once its process is gone).
+index, and removed by the next build once its process is gone); one killed between moving the old
+index aside and moving the new one in leaves ``.NAME.old-PID-*``, which the next writer renames
+back. Writers hold :func:`writer_lock` (``fcntl.flock`` on ``.NAME.lock``) for their whole run.
 
 Example:
     >>> with scratch_dir(Path("idx")) as tmp:  # doctest: +SKIP
@@ -13,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import secrets
@@ -22,8 +25,18 @@ from pathlib import Path
 from typing import Any
 
 from flowsearch import store
+from flowsearch.errors import FlowsearchError
 
-__all__ = ["file_records", "link_tree", "publish", "scratch_dir", "size_on_disk"]
+__all__ = [
+    "file_records",
+    "fsync_tree",
+    "link_tree",
+    "publish",
+    "recover",
+    "scratch_dir",
+    "size_on_disk",
+    "writer_lock",
+]
 
 LOG = logging.getLogger(__name__)
 
@@ -38,17 +51,121 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _owner_pid(path: Path) -> int | None:
+    """The pid in a scratch sibling's name ``.NAME.KIND-PID-HEX``, None if it has none."""
+    try:
+        return int(path.name.rsplit("-", 2)[-2])
+    except (ValueError, IndexError):
+        return None
+
+
+def _dead(path: Path) -> bool:
+    pid = _owner_pid(path)
+    return pid is not None and pid != os.getpid() and not _pid_alive(pid)
+
+
+def _restore_old(target: Path) -> None:
+    """Put back an index a dead process had moved aside (killed between the two renames)."""
+    if target.exists() or target.is_symlink():
+        return
+    olds = [p for p in target.parent.glob(f".{target.name}.old-*") if p.is_dir() and _dead(p)]
+    olds = [p for p in olds if store.is_index_dir(p)] or olds
+    if not olds:
+        return
+    newest = max(olds, key=lambda p: p.stat().st_mtime)
+    LOG.warning("restoring %s from %s, left by an interrupted build", target, newest.name)
+    os.rename(newest, target)
+    _fsync_dir(target.parent)
+
+
+def recover(target: Path) -> None:
+    """Put back the index an interrupted build moved aside, if ``target`` is missing for that
+    reason and no writer is busy (best effort: readers may lack write access)."""
+    target = Path(target)
+    if target.exists() or not any(target.parent.glob(f".{target.name}.old-*")):
+        return
+    with contextlib.suppress(OSError, FlowsearchError), writer_lock(target):
+        pass
+
+
 def _remove_stale(target: Path) -> None:
-    """Delete scratch siblings of ``target`` left by builds whose process has died."""
+    """Tidy scratch siblings of ``target`` left by builds whose process has died.
+
+    A ``.old-*`` copy is the previous index: when ``target`` is missing (the build died between
+    moving the old index aside and moving the new one in) it is renamed back, and it is never
+    deleted while ``target`` is absent.
+    """
+    _restore_old(target)
     for kind in ("tmp", "old"):
         for path in target.parent.glob(f".{target.name}.{kind}-*"):
-            try:
-                pid = int(path.name.rsplit("-", 2)[-2])
-            except (ValueError, IndexError):
+            if not _dead(path):
                 continue
-            if pid != os.getpid() and not _pid_alive(pid):
-                LOG.info("removing %s, left by an interrupted build", path)
-                shutil.rmtree(path, ignore_errors=True)
+            if kind == "old" and not store.is_index_dir(target):
+                LOG.warning("keeping %s: %s is not a complete index", path, target)
+                continue
+            LOG.info("removing %s, left by an interrupted build", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file and directory under ``root`` (and ``root``) to disk."""
+    root = Path(root)
+    for path in sorted(root.rglob("*"), reverse=True):  # files and subdirectories first
+        if path.is_dir():
+            _fsync_dir(path)
+        elif path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    _fsync_dir(root)
+
+
+@contextlib.contextmanager
+def writer_lock(target: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``target`` (a sibling ``.NAME.lock``) so writers do not race.
+
+    Fails at once, rather than waiting, when another process holds it. On release the lock file
+    is removed (while still locked; a taker re-checks it locked the file that is at the path).
+
+    Raises:
+        FlowsearchError: another process is writing ``target``.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    path = target.parent / f".{target.name}.lock"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise FlowsearchError(
+                f"another flowsearch process is writing {target}; wait for it to finish"
+            ) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder removed the file we locked; lock the one there now
+    try:
+        _remove_stale(target)
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
 
 
 def _sibling(target: Path, kind: str) -> Path:
@@ -73,11 +190,14 @@ def scratch_dir(target: Path) -> Iterator[Path]:
 def publish(tmp: Path, target: Path) -> None:
     """Move the finished ``tmp`` to ``target``, replacing whatever ``target`` was.
 
-    The old directory is renamed aside, the new one renamed in, then the old one deleted; if the
-    second rename fails the old one is put back.
+    Every file of ``tmp`` is flushed to disk first. The old directory is renamed aside, the new
+    one renamed in, then the old one deleted; if the second rename fails the old one is put back,
+    and if the process dies between the renames the next writer puts it back (``_remove_stale``).
     """
+    fsync_tree(tmp)
     if not target.exists():
         os.rename(tmp, target)
+        _fsync_dir(target.parent)
         return
     old = _sibling(target, "old")
     os.rename(target, old)
@@ -86,6 +206,7 @@ def publish(tmp: Path, target: Path) -> None:
     except BaseException:
         os.rename(old, target)
         raise
+    _fsync_dir(target.parent)
     shutil.rmtree(old, ignore_errors=True)
 
 

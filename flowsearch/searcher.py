@@ -23,6 +23,8 @@ import numpy as np
 from flowsearch import index as fx
 from flowsearch import store
 from flowsearch.errors import FlowsearchError
+from flowsearch.publish import recover
+from flowsearch.space import project
 
 __all__ = ["Hit", "Searcher", "open_encoder"]
 
@@ -75,6 +77,8 @@ def open_encoder(info: dict[str, Any], encoder: Any = None) -> Any:
         encoder = Encoder(source, pooling=pooling, max_length=info["max_length"])
     got = encoder.describe()
     for key in _IDENTITY:
+        if key == "model" and info.get("source") and got.get(key) == info["source"]:
+            continue  # the manifest's absolute path of a model it names by a relative one
         if got.get(key) != info.get(key):
             raise FlowsearchError(
                 f"encoder {key} {got.get(key)!r} differs from the index's {info.get(key)!r}; "
@@ -93,6 +97,8 @@ class Searcher:
         encoder: Any,
         calibrator: Any,
         index: Any,
+        *,
+        on_gpu: bool = False,
     ) -> None:
         self.root = Path(root)
         self.manifest = manifest
@@ -104,7 +110,7 @@ class Searcher:
         self._reader = store.RowReader(self.root, manifest["shards"])
         self._encode_lock = threading.Lock()  # torch modules and fast tokenizers
         self._rows_lock = threading.Lock()  # the row-group cache
-        self._gpu = index is not None and type(index).__name__.startswith("Gpu")
+        self._gpu = on_gpu  # FAISS GPU indexes are not safe to search from several threads
         self._index_lock = threading.Lock()
 
     @classmethod
@@ -132,6 +138,7 @@ class Searcher:
         from flowsearch.calibration import load_calibrator
 
         root = Path(index_dir).expanduser()
+        recover(root)
         manifest = store.read_manifest(root)
         store.verify_files(root, manifest, checksums=verify)
         encoder = open_encoder(manifest["encoder"], encoder)
@@ -148,9 +155,15 @@ class Searcher:
                 f"{root / 'index.faiss'} holds {index.ntotal} rows of dim {index.d}, the manifest "
                 f"says {manifest['rows']} of dim {manifest['dim']}; rebuild with --overwrite"
             )
-        if gpu:
+        on_gpu = gpu and fx.num_gpus() > 0
+        if on_gpu:
             index = fx.to_gpu(index)
-        return cls(root, manifest, encoder, calibrator, index)
+        return cls(root, manifest, encoder, calibrator, index, on_gpu=on_gpu)
+
+    def close(self) -> None:
+        """Release the index's shard files (an open Searcher keeps them, even once replaced)."""
+        with self._rows_lock:
+            self._reader.close()
 
     def __len__(self) -> int:
         return int(self.manifest["rows"])
@@ -162,11 +175,7 @@ class Searcher:
         """Queries -> (float32 (q, dim) in the searched space, float64 (q,) log-density or None)."""
         with self._encode_lock:
             U = self.encoder.encode(queries, progress=False)
-            Z = self.calibrator.transform(U) if self.space == "calibrated" else U
-            lp = np.asarray(self.calibrator.log_prob(U)) if self.has_density else None
-        Z = np.asarray(Z, dtype=np.float32)
-        Z /= np.maximum(np.linalg.norm(Z, axis=1, keepdims=True), 1e-12)
-        return Z, lp
+            return project(self.calibrator, self.space, U, want_density=self.has_density)
 
     @overload
     def search(self, query: str, k: int = 10) -> list[Hit]: ...
@@ -208,8 +217,9 @@ class Searcher:
         return self._search(Z, k, None)
 
     def _search(self, Z: np.ndarray, k: int, lp: np.ndarray | None) -> list[list[Hit]]:
-        if not isinstance(k, int) or k < 1:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise FlowsearchError(f"k must be a positive integer, got {k!r}")
+        k = int(k)
         if self._gpu:
             with self._index_lock:
                 scores, rows = fx.search(self.index, Z, k)

@@ -193,7 +193,8 @@ class ShardWriter:
 class RowReader:
     """Random access to shard rows by global row number (the FAISS id).
 
-    Each shard is opened memory-mapped once; a lookup decodes only the row groups holding the
+    Every shard is opened memory-mapped when the reader is made (so it keeps reading that index
+    even if the directory is republished); a lookup decodes only the row groups holding the
     requested rows (without the vector columns), with a small cache of recently decoded groups.
 
     Args:
@@ -205,26 +206,40 @@ class RowReader:
     def __init__(self, root: Path, shards: Sequence[dict[str, Any]], cache_groups: int = 64):
         self.root = Path(root)
         self.shards = list(shards)
-        self._files: list[pq.ParquetFile | None] = [None] * len(self.shards)
-        self._group_starts: list[np.ndarray | None] = [None] * len(self.shards)
+        # Every shard is opened now, not on first use: a reader keeps reading the files of the
+        # index it was opened on even after that directory is replaced (republished by rename
+        # and deleted; open files outlive their directory entry).
+        self._files: list[pq.ParquetFile] = []
+        self._group_starts: list[np.ndarray] = []
+        try:
+            for shard in self.shards:
+                handle = pq.ParquetFile(self.root / shard["path"], memory_map=True)
+                meta = handle.metadata
+                sizes = [meta.row_group(i).num_rows for i in range(handle.num_row_groups)]
+                self._files.append(handle)
+                self._group_starts.append(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
+        except (OSError, pa.ArrowException) as exc:
+            self.close()
+            raise FlowsearchError(
+                f"cannot open index shard under {self.root} ({exc}); rebuild the index"
+            ) from None
         counts = [int(s["rows"]) for s in self.shards]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._cache: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
         self._cache_groups = cache_groups
 
+    def close(self) -> None:
+        """Release the shard files (also done when the reader is garbage-collected)."""
+        for handle in self._files:
+            with contextlib.suppress(Exception):
+                handle.close()
+        self._files = []
+
     def __len__(self) -> int:
         return int(self.starts[-1])
 
     def _file(self, shard: int) -> tuple[pq.ParquetFile, np.ndarray]:
-        handle = self._files[shard]
-        if handle is None:
-            handle = pq.ParquetFile(self.root / self.shards[shard]["path"], memory_map=True)
-            sizes = [handle.metadata.row_group(i).num_rows for i in range(handle.num_row_groups)]
-            self._files[shard] = handle
-            self._group_starts[shard] = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        starts = self._group_starts[shard]
-        assert starts is not None
-        return handle, starts
+        return self._files[shard], self._group_starts[shard]
 
     def _group(self, shard: int, group: int) -> pa.Table:
         key = (shard, group)
@@ -266,10 +281,7 @@ class RowReader:
 
     def column(self, name: str) -> np.ndarray | list[Any]:
         """A whole column over all shards: ``vector``/``raw`` as float32 (n, d), else a list."""
-        parts = []
-        for shard in self.shards:
-            table = pq.read_table(self.root / shard["path"], columns=[name], memory_map=True)
-            parts.append(table.column(name))
+        parts = [handle.read(columns=[name]).column(name) for handle in self._files]
         if name in ("vector", "raw"):
             if not parts:
                 return np.zeros((0, 0), dtype=np.float32)

@@ -193,3 +193,45 @@ def test_eval_passes_options_and_prints_json(monkeypatch):
     assert str(calls["data_dir"]) == "/data" and calls["pooling"] == "cls"
     table = CliRunner(env={"COLUMNS": "120"}).invoke(app, args[:-1])
     assert table.exit_code == 0 and "STSB" in table.stdout and "80.5000" in table.stdout
+
+
+@pytest.mark.parametrize("part", ["index.faiss", "calibrator", "shards/part-00000.parquet"])
+def test_info_on_an_incomplete_index_is_one_line(built, tmp_path, part):
+    import shutil
+
+    out = tmp_path / "idx"
+    shutil.copytree(built[0], out)
+    target = out / part
+    shutil.rmtree(target) if target.is_dir() else target.unlink()
+    for args in (["info", "--index", str(out)], ["info", "--index", str(out), "--json"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and result.stdout == "", result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: index file missing")
+        assert "Traceback" not in result.output
+
+
+def test_json_output_is_valid_json_with_nan_metadata(tmp_path, model_dir):
+    from flowsearch.ingest import build_index
+
+    n = 12
+    score = [float("nan"), float("inf"), float("-inf"), *np.linspace(0, 1, n - 3)]
+    corpus = write_corpus(tmp_path / "c.parquet", n=n, seed=2, score=score)
+    out = tmp_path / "idx"
+    build_index(corpus, out, model=str(model_dir), calibration="none")
+
+    def strict_json(text):
+        def refuse(name):
+            raise ValueError(f"{name} is not JSON")
+
+        return json.loads(text, parse_constant=refuse)
+
+    result = runner.invoke(app, ["query", "the cat", "--index", str(out), "-k", str(n), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = strict_json(result.stdout)
+    by_id = {h["id"]: h["metadata"]["score"] for h in doc["hits"]}
+    assert by_id["d0"] is None and by_id["d1"] is None and by_id["d2"] is None
+    assert by_id["d3"] == 0.0 and by_id[f"d{n - 1}"] == 1.0
+    result = runner.invoke(app, ["info", "--index", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert strict_json(result.stdout)["rows"] == n

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faiss
 import numpy as np
 import pytest
 
@@ -49,16 +50,20 @@ def test_auto_ivf_reaches_target_recall():
 
 
 def test_any_factory_string_trains_when_needed(tmp_path):
-    x = _unit(2_000)
+    x = _unit(2_000, clusters=40)
+    q = _unit(50, seed=7, clusters=40)
     index, factory, _ = fx.build_index(x, "IVF16,Flat")
     assert factory == "IVF16,Flat" and index.is_trained and index.ntotal == 2_000
-    fx.set_params(index, "nprobe=16")
+    fx.set_params(index, "nprobe=1")  # written with nprobe=1 ...
     fx.write_index(index, tmp_path / "i.faiss")
-    again = fx.read_index(tmp_path / "i.faiss", "nprobe=16")
-    _, a = fx.search(index, x[:10], 3)
-    _, b = fx.search(again, x[:10], 3)
-    np.testing.assert_array_equal(a, b)
-    assert (a[:, 0] == np.arange(10)).all()
+    _, exact = fx.search(fx.build_index(x, "Flat")[0], q, 10)
+    _, one = fx.search(index, q, 10)
+    again = fx.read_index(tmp_path / "i.faiss", "nprobe=16")  # ... read with nprobe=16
+    assert faiss.extract_index_ivf(again).nprobe == 16
+    _, sixteen = fx.search(again, q, 10)
+    np.testing.assert_array_equal(sixteen, exact)  # 16 of 16 lists: exact search
+    assert fx.recall_at_k(one, exact) < 1.0  # nprobe=1 would not be
+    assert faiss.extract_index_ivf(fx.read_index(tmp_path / "i.faiss")).nprobe == 1
 
 
 def test_add_continues_row_numbers_and_k_is_clamped():
@@ -74,3 +79,20 @@ def test_bad_factory_is_a_user_error():
         fx.build_index(_unit(50), "NoSuchIndex123")
     with pytest.raises(FlowsearchError, match="cannot train"):
         fx.build_index(_unit(50), "IVF4096,Flat")
+    with pytest.raises(FlowsearchError, match="cannot add vectors.*add_with_ids"):
+        fx.build_index(_unit(50), "IDMap,Flat")
+    with pytest.raises(FlowsearchError, match="cannot add vectors"):
+        fx.add(faiss.index_factory(16, "IDMap,Flat"), _unit(5))
+
+
+@pytest.mark.parametrize(
+    ("factory", "dim", "message"),
+    [("Bogus9", 16, "rejects index factory"), ("PQ5", 16, "multiple of"),
+     ("IDMap,Flat", 16, "IDMap is not supported")],
+)  # fmt: skip
+def test_check_factory_rejects_before_any_vectors(factory, dim, message):
+    with pytest.raises(FlowsearchError, match=message) as info:
+        fx.check_factory(factory, dim)
+    assert "\n" not in str(info.value)
+    for ok in ("auto", "Flat", "IVF16,Flat", "HNSW32", "PQ4"):
+        fx.check_factory(ok, dim)

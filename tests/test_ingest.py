@@ -15,10 +15,10 @@ from corpus_helpers import (
 )
 
 from flowsearch import ingest, store
-from flowsearch.drift import DRIFT_WARN_STD, drift_report
 from flowsearch.errors import FlowsearchError
 from flowsearch.ingest import add_to_index, build_index
 from flowsearch.searcher import Searcher
+from flowsearch.space import DRIFT_WARN_STD, drift_report
 
 MANIFEST_KEYS = {
     "format", "format_version", "flowsearch_version", "created", "updated", "encoder", "dim",
@@ -53,7 +53,7 @@ def test_build_writes_a_complete_index(built, model_dir):
     assert m["columns"] == {"text": "text", "id": "id", "id_type": "string",
                             "metadata": ["topic", "year"]}  # fmt: skip
     cal = m["calibration"]
-    assert cal["name"] == "auto" and cal["calibrator"] == "flow"
+    assert cal["name"] == "auto" and cal["calibrator"] == "whitening-flow"
     # a random BERT's mean-pooled vectors are a narrow cone: auto must search the flow's space
     assert cal["anisotropy"]["mean_cosine"] > 0.5 and cal["auto_decision"] is True
     assert cal["space"] == "calibrated" and "flow" in cal["decision"]
@@ -265,7 +265,7 @@ def test_drift_report_threshold():
 
 
 def test_add_warns_on_drift(tmp_path, model_dir, corpus, monkeypatch, caplog):
-    from flowsearch import drift
+    from flowsearch import space as drift
 
     out = tmp_path / "idx"
     build_index(corpus, out, model=str(model_dir))
@@ -276,3 +276,94 @@ def test_add_warns_on_drift(tmp_path, model_dir, corpus, monkeypatch, caplog):
     assert summary["drift"]["warn"] is True
     assert "out of distribution" in caplog.text and "--overwrite" in caplog.text
     assert _manifest(out)["additions"][-1]["drift"]["warn"] is True
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _snapshot(path):
+    return {p.relative_to(path): p.read_bytes() for p in path.rglob("*") if p.is_file()}
+
+
+def test_build_killed_between_renames_gets_the_old_index_back(tmp_path, model_dir, corpus):
+    out = tmp_path / "idx"
+    build_index(corpus, out, model=str(model_dir), calibration="none")
+    before = _snapshot(out)
+    # the state a kill between `target -> .old` and `new -> target` leaves: no target, the old
+    # index aside under a dead process's name (and the finished new build in a .tmp)
+    pid = _dead_pid()
+    out.rename(tmp_path / f".idx.old-{pid}-0badf00d")
+    (tmp_path / f".idx.tmp-{pid}-0badf00d").mkdir()
+    with pytest.raises(FlowsearchError, match="rejects index factory"):
+        build_index(corpus, out, model=str(model_dir), index_factory="Bogus7", overwrite=True)
+    assert _snapshot(out) == before and siblings(out) == []
+    assert len(Searcher.open(out, verify=True).search("the cat", k=3)) == 3
+    # restored before the target is checked: without --overwrite it is not replaced
+    out.rename(tmp_path / f".idx.old-{pid}-0badf00d")
+    with pytest.raises(FlowsearchError, match="--overwrite"):
+        build_index(corpus, out, model=str(model_dir), calibration="none")
+    assert _snapshot(out) == before and siblings(out) == []
+
+
+def test_searcher_open_restores_an_index_left_aside(tmp_path, model_dir, corpus):
+    out = tmp_path / "idx"
+    build_index(corpus, out, model=str(model_dir), calibration="none")
+    out.rename(tmp_path / f".idx.old-{_dead_pid()}-0badf00d")
+    assert len(Searcher.open(out).search("the cat", k=2)) == 2 and siblings(out) == []
+
+
+def test_bad_factory_fails_before_encoding(tmp_path, model_dir, corpus, monkeypatch):
+    def no_encoding(*args, **kwargs):
+        raise AssertionError("encoded before the factory was checked")
+
+    monkeypatch.setattr(ingest, "_encode_pass", no_encoding)
+    out = tmp_path / "idx"
+    for factory, message in [("PQ5", "multiple of"), ("IDMap,Flat", "IDMap"),
+                             ("Nope3", "rejects index factory")]:  # fmt: skip
+        with pytest.raises(FlowsearchError, match=message) as info:
+            build_index(corpus, out, model=str(model_dir), index_factory=factory)
+        assert "\n" not in str(info.value)
+    assert not out.exists() and siblings(out) == []
+
+
+def test_faiss_add_failure_is_a_user_error(tmp_path, model_dir, corpus, monkeypatch):
+    monkeypatch.setattr(ingest.fx, "check_factory", lambda factory, dim: None)
+    out = tmp_path / "idx"
+    with pytest.raises(FlowsearchError, match="cannot add vectors"):
+        build_index(
+            corpus, out, model=str(model_dir), calibration="none", index_factory="IDMap,Flat"
+        )
+    assert not out.exists() and siblings(out) == []
+
+
+def test_a_second_writer_fails_fast(tmp_path, model_dir, corpus):
+    import fcntl
+
+    out = tmp_path / "idx"
+    build_index(corpus, out, model=str(model_dir), calibration="none")
+    before = _snapshot(out)
+    extra = write_corpus(tmp_path / "extra.parquet", n=5, seed=5, id_prefix="new")
+    with open(tmp_path / ".idx.lock", "w") as held:  # what a running writer holds
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(FlowsearchError, match="another flowsearch process is writing"):
+            build_index(corpus, out, model=str(model_dir), calibration="none", overwrite=True)
+        with pytest.raises(FlowsearchError, match="another flowsearch process is writing"):
+            add_to_index(extra, out)
+    (tmp_path / ".idx.lock").unlink()
+    assert _snapshot(out) == before and siblings(out) == []
+    assert add_to_index(extra, out)["added"] == 5 and siblings(out) == []
+
+
+def test_relative_model_path_is_recorded_absolute(tmp_path, model_dir, corpus, monkeypatch):
+    monkeypatch.chdir(model_dir.parent)
+    build_index(corpus, tmp_path / "idx", model=model_dir.name, calibration="none")
+    monkeypatch.chdir(tmp_path)
+    enc = _manifest(tmp_path / "idx")["encoder"]
+    assert enc["model"] == enc["source"] == str(model_dir.resolve())
+    assert len(Searcher.open("idx").search("the cat", k=2)) == 2

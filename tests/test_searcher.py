@@ -152,3 +152,84 @@ def test_other_factories_are_built_and_searched(tmp_path, model_dir, factory):
     texts = pq.read_table(corpus).column("text").to_pylist()
     hits = searcher.search(texts[:5], k=3)
     assert [h[0].id for h in hits] == [f"d{i}" for i in range(5)]
+
+
+def test_open_searcher_keeps_its_index_through_a_rebuild(tmp_path, model_dir, monkeypatch):
+    from flowsearch import store
+
+    monkeypatch.setattr(store, "SHARD_ROWS", 10)  # several shards
+    corpus = write_corpus(tmp_path / "a.parquet", n=60, seed=11)
+    table = pq.read_table(corpus)
+    out = tmp_path / "idx"
+    build_index(corpus, out, model=str(model_dir), calibration="none")
+    s = Searcher.open(out)
+    assert len(s.manifest["shards"]) == 6
+    # rebuild the same directory from the same rows in reverse order
+    pq.write_table(table.take(list(range(59, -1, -1))), tmp_path / "b.parquet")
+    build_index(tmp_path / "b.parquet", out, model=str(model_dir), calibration="none",
+                overwrite=True)  # fmt: skip
+    ids, texts = table.column("id").to_pylist(), table.column("text").to_pylist()
+    for i in (0, 7, 25, 59):
+        hit = s.search(texts[i], k=1)[0]
+        assert (hit.id, hit.text) == (ids[i], texts[i]) and hit.score > 0.999
+    fresh = Searcher.open(out)
+    assert [h.id for h in fresh.search(texts[7], k=5)] == [h.id for h in s.search(texts[7], k=5)]
+
+
+def test_numpy_integer_k(searcher):
+    hits = searcher.search("the cat", k=np.int64(4))
+    assert [h.rank for h in hits] == [1, 2, 3, 4]
+    assert len(searcher.search_vectors(searcher.embed(["the dog"])[0], k=np.int32(2))[0]) == 2
+    for bad in (True, 2.0, 0, np.int64(-1)):
+        with pytest.raises(FlowsearchError, match="k must be a positive integer"):
+            searcher.search("the cat", k=bad)
+
+
+def test_embed_takes_one_flow_pass_when_it_can(searcher, monkeypatch):
+    cal = searcher.calibrator
+    assert searcher.space == "calibrated" and searcher.has_density
+    U = searcher.encoder.encode(["the red car"], progress=False)
+    Z_want = cal.transform(U)
+    Z_want /= np.linalg.norm(Z_want, axis=1, keepdims=True)
+    lp_want = cal.log_prob(U)
+
+    def twice(*args, **kwargs):
+        raise AssertionError("a second flow pass")
+
+    monkeypatch.setattr(cal, "log_prob", twice)
+    monkeypatch.setattr(cal, "transform", twice)
+    Z, lp = searcher.embed(["the red car"])
+    assert Z.dtype == np.float32 and lp.dtype == np.float64
+    np.testing.assert_allclose(Z, Z_want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(lp, lp_want, rtol=1e-6)
+
+
+def test_index_on_gpu_is_searched_under_the_lock(index_dir, monkeypatch):
+    from flowsearch import index as fx
+
+    held: list[bool] = []
+    box: dict[str, Searcher] = {}
+
+    class Moved:  # what faiss.index_cpu_to_all_gpus returns is not always named Gpu*
+        def __init__(self, inner):
+            self.inner, self.ntotal, self.d = inner, inner.ntotal, inner.d
+
+        def search(self, q, k):
+            held.append(box["s"]._index_lock.locked())
+            return self.inner.search(q, k)
+
+    monkeypatch.setattr(fx, "num_gpus", lambda: 1)
+    monkeypatch.setattr(fx, "to_gpu", Moved)
+    box["s"] = Searcher.open(index_dir)
+    assert isinstance(box["s"].index, Moved)
+    assert len(box["s"].search("the cat", k=3)) == 3 and held == [True]
+    assert not isinstance(Searcher.open(index_dir, gpu=False).index, Moved)
+
+
+def test_open_encoder_takes_the_manifest_source_for_a_relative_model_name(index_dir):
+    from flowsearch.searcher import open_encoder
+
+    info = json.loads((index_dir / "manifest.json").read_text())["encoder"]
+    assert info["model"] == info["source"] and Path(info["source"]).is_absolute()
+    old_style = {**info, "model": "tiny-bert"}  # a relative name, as older manifests kept it
+    assert open_encoder(old_style).model_id == info["source"]

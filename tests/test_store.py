@@ -117,3 +117,32 @@ def test_sha256_matches_hashlib(tmp_path):
     data = np.random.default_rng(0).bytes(3 * 2**20 + 7)
     (tmp_path / "x").write_bytes(data)
     assert store.sha256_file(tmp_path / "x") == hashlib.sha256(data).hexdigest()
+
+
+def test_reader_keeps_the_files_it_opened_after_the_directory_is_replaced(tmp_path):
+    import shutil
+
+    root = tmp_path / "idx"
+    writer = store.ShardWriter(root, shard_rows=30, row_group_rows=8)
+    ids, texts, meta, vectors, raw = _rows(90)
+    writer.write(store.shard_table(ids, texts, meta, vectors, raw))
+    shards = writer.close()
+    reader = store.RowReader(root, shards)  # nothing read yet
+    # republish: the old directory moves aside, a new one (same layout, other rows) takes its
+    # name, the old one is deleted
+    root.rename(tmp_path / "old")
+    writer = store.ShardWriter(root, shard_rows=30, row_group_rows=8)
+    ids2, texts2, meta2, vectors2, raw2 = _rows(90, start=1000, seed=1)
+    writer.write(store.shard_table(ids2, texts2, meta2, vectors2, raw2))
+    assert writer.close() == shards
+    shutil.rmtree(tmp_path / "old")
+    want = [89, 0, 45, 31]
+    got = reader.rows(want)
+    assert [(r["id"], r["text"]) for r in got] == [(ids[i], texts[i]) for i in want]
+    assert reader.column("id") == ids
+    np.testing.assert_array_equal(reader.column("vector"), vectors)
+
+
+def test_reader_on_a_missing_shard_is_a_user_error(tmp_path):
+    with pytest.raises(FlowsearchError, match="cannot open index shard"):
+        store.RowReader(tmp_path, [{"path": "shards/part-00000.parquet", "rows": 3}])
