@@ -57,9 +57,11 @@ from flowsearch.evaluation.session import STS_TASKS  # noqa: E402
 LOG = logging.getLogger("run_sts")
 HERE = Path(__file__).resolve().parent
 
-TABLE2_CALS = ("none", "whitening", "whitening-k", "flow", "flow-nli")
-TABLE5_CALS = ("none", "sn", "natsv", "sn-natsv", "whitening", "flow")
-QNLI_CALS = ("none", "whitening", "flow", "flow-nli")
+TABLE2_CALS = ("none", "whitening", "whitening-k", "flow", "whitening-flow", "flow-nli")
+TABLE5_CALS = ("none", "sn", "natsv", "sn-natsv", "whitening", "flow", "whitening-flow")
+QNLI_CALS = ("none", "whitening", "flow", "whitening-flow", "flow-nli")
+#: Calibrators of the "when does calibration help" study (fitted on STS-B dev+test).
+STUDY_CALS = ("flow", "whitening", "whitening-flow")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -172,6 +174,8 @@ def _flow_diagnosis(U: np.ndarray, rows: dict[str, int], test: PairSet, seed: in
     flow = make_calibrator("flow", seed=seed, epochs=5).fit(white.transform(U))
     sims = cosine_pairs(flow.transform(white.transform(a)), flow.transform(white.transform(b)))
     out["whitening, then flow (5 epochs)"] = spearman100(sims, test.scores)
+    cal = make_calibrator("whitening-flow", seed=seed).fit(U)
+    out[f"whitening-flow, 1 epoch ({cal.fit_stats.get('steps')} steps)"] = score(cal)
     LOG.info("flow diagnosis: %s", out)
     return out
 
@@ -179,7 +183,7 @@ def _flow_diagnosis(U: np.ndarray, rows: dict[str, int], test: PairSet, seed: in
 def _study_row(
     name: str, U: np.ndarray, rows: dict[str, int], test: PairSet, seed: int
 ) -> dict[str, Any]:
-    """Anisotropy statistics of ``U`` beside the STS-B test gain of flow and whitening.
+    """Anisotropy statistics of ``U`` beside the STS-B test gain of every ``STUDY_CALS``.
 
     ``U`` holds the STS-B dev+test sentences (the study's fit set, the same for every setting),
     ``rows`` maps each sentence to its row.
@@ -188,8 +192,8 @@ def _study_row(
     b = U[[rows[t] for t in test.s2]]
     none = spearman100(cosine_pairs(a, b), test.scores)
     row: dict[str, Any] = {"setting": name, "none": none, **anisotropy_stats(U, seed=seed)}
-    for cal in ("flow", "whitening"):
-        c = make_calibrator(cal, seed=seed) if cal == "flow" else make_calibrator(cal)
+    for cal in STUDY_CALS:
+        c = make_calibrator(cal) if cal == "whitening" else make_calibrator(cal, seed=seed)
         c.fit(U)
         row[cal] = spearman100(cosine_pairs(c.transform(a), c.transform(b)), test.scores)
         row[f"{cal}_gain"] = row[cal] - none
@@ -306,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in (q for q in ("mean", "first_last_avg", "static") if q in poolings):
         a, b = sess[p].pair_vectors("STSB", dev)
         sims = {"raw": cosine_pairs(a, b)}
-        for cal in ("flow", "whitening"):
+        for cal in ("flow", "whitening", "whitening-flow"):
             c = sess[p].calibrator(cal, "STSB")
             sims[cal] = cosine_pairs(c.transform(a), c.transform(b))
         fig = figs / f"sts_lexical_{p}.png"
@@ -320,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in (q for q in ("mean", "first_last_avg", "static") if q in poolings):
         U = sess[p].fit_vectors("STSB")
         curves[p] = {"raw": spectrum(U)}
-        for cal in ("sn", "whitening", "flow"):
+        for cal in ("sn", "whitening", "flow", "whitening-flow"):
             curves[p][cal] = spectrum(sess[p].calibrator(cal, "STSB").transform(U))
     plot_spectra(curves, figs / "sts_spectra.png")
     res["spectra_figure"] = "figures/sts_spectra.png"

@@ -160,7 +160,7 @@ def _best_threshold(x: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
 
 
 def plot_study(rows: list[dict[str, Any]], statistic: str, threshold: float, path: Path) -> None:
-    """STS-B gain of flow and whitening against the chosen statistic, threshold drawn."""
+    """STS-B gain of flow, whitening (and whitening-flow) against the chosen statistic."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -172,6 +172,14 @@ def plot_study(rows: list[dict[str, Any]], statistic: str, threshold: float, pat
     ax.scatter(
         x, [r["whitening_gain"] for r in rows], label="whitening", marker="x", color="tab:blue"
     )
+    if all("whitening-flow_gain" in r for r in rows):
+        ax.scatter(
+            x,
+            [r["whitening-flow_gain"] for r in rows],
+            label="whitening-flow",
+            marker="+",
+            color="tab:green",
+        )
     for r, xi in zip(rows, x, strict=True):
         ax.annotate(r["setting"], (xi, r["flow_gain"]), fontsize=6, alpha=0.8)
     ax.axhline(0, color="grey", lw=0.8)

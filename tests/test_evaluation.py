@@ -306,7 +306,8 @@ def test_run_sts_json_shape_with_tiny_model(
 
 
 @pytest.mark.parametrize(
-    "calibration", ["sn", "natsv", "sn-natsv", "whitening", "whitening-k", "flow", "flow-nli"]
+    "calibration",
+    ["sn", "natsv", "sn-natsv", "whitening", "whitening-k", "flow", "whitening-flow", "flow-nli"],
 )
 def test_run_sts_every_calibration(
     calibration: str, data_dir: Path, tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory
@@ -331,6 +332,28 @@ def test_run_sts_encodes_once_per_dataset(data_dir: Path, tmp_path: Path) -> Non
     again = EvalSession(enc, data_dir, VectorCache(tmp_path))
     again.sts("SICKR", "none")
     assert enc.calls == 2  # served from disk
+
+
+def test_whitening_flow_setting_is_the_flow_behind_whitening(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    from flowsearch.evaluation import EvalSession
+
+    config = {"levels": 2, "depth": 1, "width": 8}
+    session = EvalSession(CountingEncoder(dim=8), data_dir, VectorCache(tmp_path), seed=3,
+                          flow_config=config)  # fmt: skip
+    flow = session.calibrator("flow", "SICKR")
+    wflow = session.calibrator("whitening-flow", "SICKR")
+    assert wflow is not flow and wflow.config["prewhiten"] and not flow.config["prewhiten"]
+    for key, value in {**config, "seed": 3}.items():  # same flow settings as "flow"
+        assert wflow.config[key] == flow.config[key] == value
+    assert session.calibrator("whitening-flow", "SICKR") is wflow  # fitted once per session
+    # fitted on the task's own sentences: whitened, the fit set is decorrelated
+    U = session.fit_vectors("SICKR")
+    assert wflow.fit_stats["rows"] == len(U)
+    W = wflow.whitening._transform(U[:, wflow.active])
+    np.testing.assert_allclose(np.cov(W, rowvar=False, bias=True), np.eye(W.shape[1]), atol=1e-6)
+    assert set(session.sts("SICKR", "whitening-flow")) == {"spearman"}
 
 
 def test_run_qnli_json_shape(data_dir: Path, tiny_bert: Path, tmp_path: Path) -> None:

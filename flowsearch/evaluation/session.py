@@ -14,6 +14,9 @@ Calibration settings (Li et al. 2020, sections 4.1 and 4.3; Su et al. 2021):
 - ``whitening-k``: whitening keeping ``k = min(256, dim // 2)`` dimensions (Su et al. use 256
   for BERT-base; half the dimension for smaller encoders).
 - ``flow``: the flow fitted on the evaluated set's own sentences, all splits ("flow (target)").
+- ``whitening-flow``: the same flow (same settings) behind a fixed full-rank whitening layer
+  (``make_calibrator("whitening-flow")``, not in the paper), fitted like ``flow``; the index's
+  ``calibration="auto"`` uses it.
 - ``flow-nli``: one flow fitted on SNLI sentences (dev + test: the train split is not shipped),
   applied to every task ("flow (NLI)").
 """
@@ -65,6 +68,7 @@ CALIBRATIONS: tuple[str, ...] = (
     "whitening",
     "whitening-k",
     "flow",
+    "whitening-flow",
     "flow-nli",
 )
 #: Candidate k for NATSV, chosen on STS-B dev (the paper's range).
@@ -152,7 +156,8 @@ class EvalSession:
         text: ``"raw"`` (original sentences) or ``"senteval"`` (tokenised, as the papers).
         batch_size: encoder batch size.
         seed: seed of the flows.
-        flow_config: extra keyword arguments for ``make_calibrator("flow", ...)``.
+        flow_config: extra keyword arguments for ``make_calibrator("flow", ...)`` (and for
+            ``"whitening-flow"``).
         nli_sentences: fit ``flow-nli`` on at most this many SNLI sentences (a seeded sample);
             ``None`` uses all (about 25,700).
 
@@ -271,8 +276,8 @@ class EvalSession:
             return self._fit(setting, task, {"k": self.natsv_k(setting)})
         if setting == "whitening-k":
             return self._fit("whitening", task, {"k": self.whitening_k()})
-        if setting == "flow":
-            return self._fit("flow", task, self._flow_kwargs())
+        if setting in ("flow", "whitening-flow"):
+            return self._fit(setting, task, self._flow_kwargs())
         return self._fit(setting, task, {})
 
     def _flow_kwargs(self) -> dict[str, Any]:
