@@ -41,6 +41,7 @@ SECTION = "bench_calibration"
 CALIBRATORS: list[tuple[str, dict[str, Any]]] = [
     ("flow", {}),
     ("flow", {"levels": 2}),
+    ("whitening-flow", {}),
     ("whitening", {}),
     ("whitening", {"k": 256}),
     ("sn", {}),
