@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from bench_index import synthetic_corpus, write_section
+from bench_index import synthetic_corpus
+from results_md import write_section
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

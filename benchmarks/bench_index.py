@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from results_md import write_section
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -277,18 +278,6 @@ def render(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, body: str, name: str = "bench_index") -> None:
-    """Replace (or append) the ``name`` script's marker-delimited section of RESULTS.md."""
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    text = path.read_text() if path.is_file() else "# Benchmark results\n"
-    block = f"{start}\n{body.rstrip()}\n{end}"
-    if start in text and end in text:
-        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.write_text(text)
-
-
 def main() -> None:
     """Run the benchmark and write its JSON and RESULTS.md section."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -328,7 +317,7 @@ def main() -> None:
         "corpora": results,
     }
     (args.out / "bench_index.json").write_text(json.dumps(res, indent=2) + "\n")
-    write_section(args.out / "RESULTS.md", render(res))
+    write_section(args.out / "RESULTS.md", render(res), "bench_index")
     shutil.rmtree(args.work, ignore_errors=True)
     print(f"done in {res['meta']['seconds'] / 60:.1f} min")
 

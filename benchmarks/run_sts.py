@@ -28,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from results_md import write_section  # noqa: E402
 from sts_analysis import (  # noqa: E402
     choose_rule,
     edit_distance,
@@ -39,7 +40,7 @@ from sts_analysis import (  # noqa: E402
     spectrum,
 )
 from sts_encoding import MultiPoolEncoder  # noqa: E402
-from sts_report import render, write_section  # noqa: E402
+from sts_report import render  # noqa: E402
 
 from flowsearch.calibration import make_calibrator  # noqa: E402
 from flowsearch.calibration.anisotropy import STATISTICS, anisotropy_stats  # noqa: E402
@@ -106,16 +107,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _views(model: str | None, max_length: int | None, poolings: list[str], probe: list[str]):
-    """Per-pooling encoders sharing one forward pass; falls back to separate Encoders."""
+def _views(model: str | None, max_length: int | None, poolings: list[str]):
+    """Per-pooling encoders sharing one forward pass (``Encoder.encode_poolings``)."""
     multi = MultiPoolEncoder(model, max_length, poolings)
-    diffs = multi.verify(probe)
-    LOG.info("multi-pool vs Encoder max |diff|: %s", diffs)
-    if max(diffs.values()) > 1e-4:
-        from flowsearch.encoder import Encoder
-
-        LOG.warning("falling back to one Encoder per pooling")
-        return {p: Encoder(model, pooling=p, max_length=max_length) for p in poolings}, None
     return {p: multi.view(p) for p in poolings}, multi
 
 
@@ -211,7 +205,7 @@ def _render_only(out: Path) -> int:
         plot_study(rows, rule["statistic"], rule["threshold"], out / res["study"]["figure"])
         res["study"].update(rule=rule, statistics=list(STATISTICS))
     (out / "sts_results.json").write_text(json.dumps(res, indent=1, default=float) + "\n")
-    write_section(out / "RESULTS.md", render(res))
+    write_section(out / "RESULTS.md", render(res), "sts")
     return 0
 
 
@@ -229,8 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     cache = VectorCache(args.cache) if args.cache else VectorCache()
     poolings = [p for p in args.poolings.split(",") if p]
     all_poolings = list(dict.fromkeys(poolings + (["cls"] if args.study else [])))
-    probe = load_stsb(args.data, "dev", args.text).sentences()[:48]
-    views, multi = _views(args.model, args.max_length, all_poolings, probe)
+    views, multi = _views(args.model, args.max_length, all_poolings)
     sess = {
         p: EvalSession(
             views[p],
@@ -342,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.model is None:
             for kind in ("random", "top-half-random"):
                 path = random_model_dir(cache.root / "models", kind, args.seed)
-                rviews, _ = _views(str(path), args.max_length, all_poolings, probe)
+                rviews, _ = _views(str(path), args.max_length, all_poolings)
                 if kind == "random":
                     U = cache.encode(rviews["mean"], texts, f"stsb-devtest-{args.text}")
                     res["flow_diagnosis"] = _flow_diagnosis(U, index, test, args.seed)
@@ -373,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         cold = json.loads(previous.read_text()).get("meta", {}).get("cold_run")
     res["meta"]["cold_run"] = cold
     (out / "sts_results.json").write_text(json.dumps(res, indent=1, default=float) + "\n")
-    write_section(out / "RESULTS.md", render(res))
+    write_section(out / "RESULTS.md", render(res), "sts")
     LOG.info("done in %.1f min", res["meta"]["seconds"] / 60)
     return 0
 

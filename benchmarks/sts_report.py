@@ -6,8 +6,6 @@ other sections of the same file, so only this span is ever rewritten.
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Any
 
 from sts_published import (
@@ -19,21 +17,9 @@ from sts_published import (
     SU2021,
 )
 
-__all__ = ["render", "write_section"]
+__all__ = ["render"]
 
-START, END = "<!-- sts:start -->", "<!-- sts:end -->"
 COLS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSB", "SICKR")
-
-
-def write_section(path: Path, body: str) -> None:
-    """Replaces (or appends) the marker-delimited STS section of ``path``."""
-    text = path.read_text() if path.is_file() else "# Benchmark results\n"
-    block = f"{START}\n{body.rstrip()}\n{END}"
-    if START in text and END in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.write_text(text)
 
 
 def _timing(meta: dict[str, Any]) -> str:

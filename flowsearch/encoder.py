@@ -270,10 +270,30 @@ class Encoder:
         Returns:
             A float32 array of shape ``(len(texts), dim)``, rows in input order; unnormalised.
         """
+        return self.encode_poolings(texts, (self.pooling,), batch_size, progress)[self.pooling]
+
+    def encode_poolings(
+        self,
+        texts: Sequence[str] | str,
+        poolings: Sequence[str] = POOLINGS,
+        batch_size: int = 64,
+        progress: bool | None = None,
+    ) -> dict[str, np.ndarray]:
+        r"""Several poolings of the same texts from one forward pass (for comparing them).
+
+        Returns:
+            ``{pooling: float32 (len(texts), dim)}``; each equals what an :class:`Encoder` with
+            that pooling (same model and max_length) returns from :meth:`encode`.
+        """
         texts = _checked_texts(texts)
+        for pooling in poolings:
+            if pooling not in POOLINGS:
+                raise FlowsearchError(
+                    f"unknown pooling {pooling!r}; choose from {', '.join(POOLINGS)}"
+                )
         if batch_size < 1:
             raise FlowsearchError(f"batch_size must be >= 1, got {batch_size}")
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        out = {p: np.empty((len(texts), self.dim), dtype=np.float32) for p in poolings}
         if not texts:
             return out
 
@@ -292,7 +312,9 @@ class Encoder:
         with _progress(show, len(texts)) as advance, torch.inference_mode():
             for start in range(0, len(order), batch_size):
                 rows = order[start : start + batch_size]
-                out[rows] = self._pool(self._padded([ids[i] for i in rows])).float().cpu().numpy()
+                pooled = self._pool(self._padded([ids[i] for i in rows]), poolings)
+                for pooling, vectors in pooled.items():
+                    out[pooling][rows] = vectors.float().cpu().numpy()
                 advance(len(rows))
         return out
 
@@ -309,22 +331,29 @@ class Encoder:
             mask[i, : len(r)] = 1
         return {"input_ids": input_ids.to(self.device), "attention_mask": mask.to(self.device)}
 
-    def _pool(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        need_layers = self.pooling in ("last2avg", "first_last_avg", "static")
+    def _pool(
+        self, batch: dict[str, torch.Tensor], poolings: Sequence[str]
+    ) -> dict[str, torch.Tensor]:
+        need_layers = any(p in ("last2avg", "first_last_avg", "static") for p in poolings)
         outputs = self._model(**batch, output_hidden_states=need_layers, return_dict=True)
-        mask = batch["attention_mask"].unsqueeze(-1).to(outputs.last_hidden_state.dtype)
-        if self.pooling == "cls":
-            return outputs.last_hidden_state[:, 0]
-        if self.pooling == "mean":
-            tokens = outputs.last_hidden_state
-        elif self.pooling == "last2avg":
-            tokens = (outputs.hidden_states[-1] + outputs.hidden_states[-2]) / 2
-        elif self.pooling == "first_last_avg":
-            tokens = (outputs.hidden_states[1] + outputs.hidden_states[-1]) / 2
-        else:  # static
-            tokens = outputs.hidden_states[0]
-        summed = (tokens * mask).sum(dim=1)
-        return summed / mask.sum(dim=1).clamp(min=1)
+        last = outputs.last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).to(last.dtype)
+        count = mask.sum(dim=1).clamp(min=1)
+        pooled = {}
+        for pooling in poolings:
+            if pooling == "cls":
+                pooled[pooling] = last[:, 0]
+                continue
+            if pooling == "mean":
+                tokens = last
+            elif pooling == "last2avg":
+                tokens = (outputs.hidden_states[-1] + outputs.hidden_states[-2]) / 2
+            elif pooling == "first_last_avg":
+                tokens = (outputs.hidden_states[1] + outputs.hidden_states[-1]) / 2
+            else:  # static
+                tokens = outputs.hidden_states[0]
+            pooled[pooling] = (tokens * mask).sum(dim=1) / count
+        return pooled
 
 
 def _checked_texts(texts: Sequence[str] | str) -> list[str]:

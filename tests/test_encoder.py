@@ -174,3 +174,14 @@ def test_tiny_fixture_tokenises_real_words(tiny_model_dir, hf_model):
     U = Encoder(str(tiny_model_dir)).encode(["the cat and the dog", "piano music in the city"])
     cos = U[0] @ U[1] / np.linalg.norm(U[0]) / np.linalg.norm(U[1])
     assert cos < 0.99
+
+
+def test_encode_poolings_equals_one_encoder_per_pooling(tiny_model_dir):
+    enc = Encoder(str(tiny_model_dir))
+    together = enc.encode_poolings(TEXTS, POOLINGS, batch_size=2)
+    assert set(together) == set(POOLINGS)
+    for pooling in POOLINGS:
+        alone = Encoder(str(tiny_model_dir), pooling=pooling).encode(TEXTS, batch_size=2)
+        np.testing.assert_array_equal(together[pooling], alone)
+    with pytest.raises(FlowsearchError, match="unknown pooling"):
+        enc.encode_poolings(TEXTS, ["max"])
