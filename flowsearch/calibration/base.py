@@ -86,8 +86,13 @@ class Calibrator(ABC):
     """
 
     name: ClassVar[str] = "?"
-    #: Whether :meth:`inverse` exists for this calibrator (may depend on the config).
-    invertible: ClassVar[bool] = False
+    #: Whether :meth:`inverse` exists for this calibrator class (see :attr:`invertible`).
+    _invertible: ClassVar[bool] = False
+
+    @property
+    def invertible(self) -> bool:
+        """Whether :meth:`inverse` exists (for some calibrators it depends on the config)."""
+        return self._invertible
 
     def __init__(self, **config: Any) -> None:
         self.config: dict[str, Any] = dict(config)

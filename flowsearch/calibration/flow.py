@@ -97,7 +97,7 @@ class FlowCalibrator(Calibrator):
         True
     """
 
-    invertible = True
+    _invertible = True
 
     def __init__(
         self,
@@ -161,8 +161,10 @@ class FlowCalibrator(Calibrator):
         module = self._build(d)
         X = U[:, self.active]
         if cfg["prewhiten"]:
-            self.whitening = Whitening().fit(X)
-            X = self.whitening._transform(X)
+            whitening = Whitening()
+            whitening.fit(X)
+            self.whitening = whitening
+            X = whitening._transform(X)
         data = torch.as_tensor(X, dtype=torch.float32)
         gen = torch.Generator().manual_seed(cfg["seed"] + 1)
         order = torch.randperm(n, generator=gen)

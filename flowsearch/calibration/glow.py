@@ -20,7 +20,7 @@ References:
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -132,6 +132,9 @@ class AdditiveCoupling(nn.Module):
 
 
 class _Step(nn.Module):
+    perm: Tensor
+    inv_perm: Tensor
+
     """actnorm -> permutation -> additive coupling."""
 
     def __init__(self, dim: int, width: int, perm: Tensor) -> None:
@@ -193,7 +196,7 @@ class GlowFlow(nn.Module):
         """Returns ``z`` (same shape as ``u``) and ``log|det dz/du|`` (a scalar: actnorms only)."""
         x, logdet, factored = u, u.new_zeros(()), []
         last = len(self.steps) - 1
-        for level, level_steps in enumerate(self.steps):
+        for level, level_steps in enumerate(self._levels()):
             for step in level_steps:
                 x, ld = step(x, init)
                 logdet = logdet + ld
@@ -208,12 +211,16 @@ class GlowFlow(nn.Module):
         sizes = [_halves(d)[1] for d in self.level_dims[:-1]]
         parts = list(torch.split(z, [*sizes, z.shape[1] - sum(sizes)], dim=1))
         x = parts.pop()
-        for level in range(len(self.steps) - 1, -1, -1):
-            if level < len(self.steps) - 1:
+        levels = self._levels()
+        for level in range(len(levels) - 1, -1, -1):
+            if level < len(levels) - 1:
                 x = torch.cat([x, parts.pop()], dim=1)
-            for step in reversed(self.steps[level]):
+            for step in reversed(levels[level]):
                 x = step.inverse(x)
         return x
+
+    def _levels(self) -> list[list[_Step]]:
+        return [[cast(_Step, s) for s in cast(nn.ModuleList, lv)] for lv in self.steps]
 
     def log_prob(self, u: Tensor) -> Tensor:
         """``log N(z; 0, I) + log|det dz/du|`` per row."""

@@ -65,7 +65,7 @@ def _check_k(k: Any, name: str, minimum: int) -> int | None:
 class Identity(Calibrator):
     """No calibration: vectors pass through unchanged."""
 
-    invertible = True
+    _invertible = True
 
     def _fit(self, U: np.ndarray) -> None:
         pass
@@ -94,7 +94,7 @@ class StandardNormalization(Calibrator):
         True
     """
 
-    invertible = True
+    _invertible = True
 
     def _fit(self, U: np.ndarray) -> None:
         self.mu, self.sigma = _sn_params(U)
@@ -191,8 +191,8 @@ class Whitening(Calibrator):
     def __init__(self, k: int | None = None) -> None:
         super().__init__(k=_check_k(k, "whitening", 1))
 
-    @property  # type: ignore[override]
-    def invertible(self) -> bool:  # noqa: D401 - property
+    @property
+    def invertible(self) -> bool:
         return self.config["k"] is None or self.config["k"] == self.dim_in
 
     @property
