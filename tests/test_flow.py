@@ -39,6 +39,7 @@ def test_inverse_is_exact(levels, depth, dim):
     assert rel < 1e-4
     # a bijection both ways, at full precision, even for a flow far from its fitted state
     _perturb(cal.module)
+    cal._prepare()  # the fused inference form is rebuilt after any parameter change
     G = np.random.default_rng(1).normal(size=(50, dim))
     assert np.abs(cal._transform(cal._inverse(G)) - G).max() < 1e-9
     assert np.abs(cal._inverse(cal._transform(U)) - U).max() / np.abs(U).max() < 1e-9
@@ -51,6 +52,7 @@ def test_log_prob_is_change_of_variables_with_autograd_jacobian(name):
     cal = make_calibrator(name, levels=2, depth=2, width=8).fit(U)
     assert cal.fit_stats["constant_dims"] == 1
     _perturb(cal.module, seed=3)
+    cal._prepare()
     lp = cal.log_prob(U[:5])
     assert lp.shape == (5,) and lp.dtype == np.float64
     for u, expected in zip(torch.from_numpy(U[:5]), lp):
@@ -202,3 +204,22 @@ def test_whitening_flow_starts_from_whitened_vectors(tmp_path):
     assert loaded.name == "whitening-flow"
     np.testing.assert_array_equal(loaded.transform(U), cal.transform(U))
     np.testing.assert_array_equal(loaded.log_prob(U), cal.log_prob(U))
+
+
+@pytest.mark.parametrize("name", ["flow", "whitening-flow"])
+def test_fused_inference_form_equals_the_module(name):
+    from flowsearch.calibration.glow import FusedGlow
+
+    U = cone(500, 13)
+    U[:, 4] = 1e-32
+    cal = make_calibrator(name, levels=3, depth=2, width=8).fit(U)
+    _perturb(cal.module, seed=11)  # every parameter matters, zero-initialised ones included
+    x = torch.from_numpy(U[:, cal.active])
+    with torch.no_grad():
+        z_module, ld_module = cal.module(x)
+        z_fused, ld_fused = FusedGlow(cal.module)(x)
+    np.testing.assert_allclose(z_fused.numpy(), z_module.numpy(), rtol=0, atol=1e-10)
+    assert float(ld_fused) == pytest.approx(float(ld_module), abs=1e-10)
+    cal._prepare()
+    z_full, ld_full = cal.torch_forward(torch.from_numpy(U))
+    np.testing.assert_allclose(cal._transform(U), z_full.detach().numpy(), atol=1e-10)

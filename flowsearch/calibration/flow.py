@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from flowsearch.calibration.base import Calibrator, as_matrix, register
-from flowsearch.calibration.glow import LOG_2PI, STD_FLOOR, GlowFlow
+from flowsearch.calibration.glow import LOG_2PI, STD_FLOOR, FusedGlow, GlowFlow
 from flowsearch.calibration.linear import Whitening
 from flowsearch.errors import FlowsearchError
 
@@ -200,6 +200,7 @@ class FlowCalibrator(Calibrator):
                 LOG.info("flow step %d/%d: %.4f bits/dim", step + 1, total, bits)
 
         self.module = module.eval().double()
+        self._prepare()
         lp = self._log_prob(U)
         self.fit_stats = {
             "steps": total,
@@ -260,25 +261,46 @@ class FlowCalibrator(Calibrator):
         ``z`` is the flow's output on the modelled dimensions followed by the constant ones.
         """
         assert self.module is not None, "fit first"
-        x = u[:, torch.from_numpy(self.active)]
+        return self._forward(u, self.module)
+
+    def _forward(
+        self, u: Tensor, flow: Callable[[Tensor], tuple[Tensor, Tensor]]
+    ) -> tuple[Tensor, Tensor]:
+        """The fixed maps around ``flow`` (the module, or its fused inference form)."""
+        x = u[:, self._t["active"]]
         if self.whitening is not None:
-            w = self.whitening
-            scales = torch.from_numpy(w.scales)
-            x = ((x - torch.from_numpy(w.mu)) @ torch.from_numpy(w.rotation)) / scales
-        z, logdet = self.module(x)
-        if self.whitening is not None:
-            logdet = logdet - scales.log().sum()
+            x = ((x - self._t["w_mu"]) @ self._t["w_rotation"]) / self._t["w_scales"]
+        z, logdet = flow(x)
+        logdet = logdet + self._t["fixed_logdet"]
         if len(self.constant):
-            const = torch.from_numpy(self.constant)
-            zc = (u[:, const] - torch.from_numpy(self.constant_mu)) / torch.from_numpy(
-                self.constant_scale
-            )
+            zc = (u[:, self._t["constant"]] - self._t["c_mu"]) / self._t["c_scale"]
             z = torch.cat([z, zc], dim=1)
-            logdet = logdet - torch.from_numpy(np.log(self.constant_scale)).sum()
         return z, logdet
 
+    def _prepare(self) -> None:
+        """Tensors of the fixed maps and the fused flow, built once after fitting or loading."""
+        assert self.module is not None
+        fixed = -np.log(self.constant_scale).sum()
+        t = {
+            "active": torch.from_numpy(self.active),
+            "constant": torch.from_numpy(self.constant),
+            "c_mu": torch.from_numpy(self.constant_mu),
+            "c_scale": torch.from_numpy(self.constant_scale),
+        }
+        if self.whitening is not None:
+            w = self.whitening
+            t.update(
+                w_mu=torch.from_numpy(w.mu),
+                w_rotation=torch.from_numpy(w.rotation),
+                w_scales=torch.from_numpy(w.scales),
+            )
+            fixed -= np.log(w.scales).sum()
+        t["fixed_logdet"] = torch.tensor(float(fixed), dtype=torch.float64)
+        self._t = t
+        self._fused = FusedGlow(self.module)
+
     def _transform(self, U: np.ndarray) -> np.ndarray:
-        return self._run(lambda x: self.torch_forward(x)[0], U)
+        return self._run(lambda x: self._forward(x, self._fused)[0], U)
 
     def _inverse(self, Z: np.ndarray) -> np.ndarray:
         assert self.module is not None
@@ -291,7 +313,7 @@ class FlowCalibrator(Calibrator):
 
     def _with_log_prob(self, x: Tensor) -> Tensor:
         """``[z | log p(u)]`` per row: one pass through the flow for both."""
-        z, logdet = self.torch_forward(x)
+        z, logdet = self._forward(x, self._fused)
         lp = -0.5 * (z.pow(2).sum(dim=1) + z.shape[1] * LOG_2PI) + logdet
         return torch.cat([z, lp[:, None]], dim=1)
 
@@ -347,6 +369,7 @@ class FlowCalibrator(Calibrator):
             {k[5:]: torch.from_numpy(v) for k, v in tensors.items() if k.startswith("flow.")}
         )
         self.module = module.eval().double()
+        self._prepare()
 
 
 @register("whitening-flow")

@@ -25,7 +25,7 @@ from typing import Literal, cast
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LOG_2PI", "STD_FLOOR", "ActNorm", "AdditiveCoupling", "GlowFlow"]
+__all__ = ["LOG_2PI", "STD_FLOOR", "ActNorm", "AdditiveCoupling", "FusedGlow", "GlowFlow"]
 
 LOG_2PI = math.log(2 * math.pi)
 #: A channel whose spread is below this fraction of the typical one counts as constant.
@@ -226,3 +226,65 @@ class GlowFlow(nn.Module):
         """``log N(z; 0, I) + log|det dz/du|`` per row."""
         z, logdet = self(u)
         return -0.5 * (z.pow(2).sum(dim=1) + z.shape[1] * LOG_2PI) + logdet
+
+
+# (permutation, scale, shift, kept channels, coupling's three folded affine maps or None)
+_FusedStep = tuple[Tensor, Tensor, Tensor, int, "tuple[Tensor, ...] | None"]
+
+
+class FusedGlow:
+    r"""Inference-only form of a fitted :class:`GlowFlow`: same map, about a third of the ops.
+
+    Every actnorm is folded into its neighbouring affine map (as batch norm is folded into a
+    convolution): the step's actnorm moves behind its permutation, and each coupling network
+    becomes three ``addmm`` calls. No module calls, no per-call ``exp``. A query passes through
+    the flow in well under a millisecond, beside the ~10 ms its encoding takes. Build it again
+    after any parameter change; tests hold it equal to :meth:`GlowFlow.forward`.
+    """
+
+    def __init__(self, flow: GlowFlow) -> None:
+        with torch.no_grad():
+            logdet = torch.zeros((), dtype=next(flow.parameters()).dtype)
+            self.levels: list[list[_FusedStep]] = []
+            for level in flow._levels():
+                steps: list[_FusedStep] = []
+                for step in level:
+                    norm = step.actnorm
+                    s = norm.scale_log().exp()
+                    logdet = logdet + norm.scale_log().sum()
+                    scale, shift = s[step.perm].clone(), (norm.bias * s)[step.perm].clone()
+                    net = step.coupling.net
+                    layers: tuple[Tensor, ...] | None = None
+                    if net is not None:
+                        s1, s2 = net.norm1.scale_log().exp(), net.norm2.scale_log().exp()
+                        s3 = (net.out.logs * net.out.logscale_factor).exp()
+                        layers = (
+                            (net.fc1.weight.T * s1).contiguous(),
+                            net.norm1.bias * s1,
+                            (net.fc2.weight.T * s2).contiguous(),
+                            net.norm2.bias * s2,
+                            (net.out.linear.weight.T * s3).contiguous(),
+                            net.out.linear.bias * s3,
+                        )
+                    steps.append((step.perm, scale, shift, step.coupling.d1, layers))
+                self.levels.append(steps)
+            self.logdet = logdet
+
+    def __call__(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``(z, log|det dz/du|)`` as :meth:`GlowFlow.forward` gives them."""
+        factored = []
+        last = len(self.levels) - 1
+        for level, steps in enumerate(self.levels):
+            for perm, scale, shift, d1, layers in steps:
+                x = torch.addcmul(shift, x[:, perm], scale)
+                if layers is not None:
+                    a1, c1, a2, c2, a3, c3 = layers
+                    x1 = x[:, :d1]
+                    h = torch.addmm(c1, x1, a1).relu_()
+                    h = torch.addmm(c2, h, a2).relu_()
+                    x = torch.cat([x1, x[:, d1:] + torch.addmm(c3, h, a3)], dim=1)
+            if level < last:
+                keep = _halves(x.shape[1])[0]
+                factored.append(x[:, keep:])
+                x = x[:, :keep]
+        return torch.cat([*factored, x], dim=1), self.logdet
