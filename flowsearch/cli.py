@@ -234,6 +234,7 @@ def query_cmd(
 ) -> None:
     """Search an index."""
     from flowsearch.searcher import Searcher
+    from flowsearch.space import MIN_ROWS_PER_DIM
 
     searcher = Searcher.open(index)
     hits = searcher.search(text, k=k)
@@ -253,10 +254,17 @@ def query_cmd(
     density = searcher.manifest.get("density")
     if hits and hits[0].log_density is not None and density:
         gap = (density["mean_log_prob"] - hits[0].log_density) / max(density["std_log_prob"], 1e-9)
+        rows, dim = searcher.manifest["rows"], searcher.manifest["dim"]
+        # a flow fitted on few rows per dimension puts its own rows far above anything else,
+        # so a gap in its units says nothing about the query
+        verdict = (
+            f"{gap:.1f} std below"
+            if rows >= MIN_ROWS_PER_DIM * dim
+            else f"too few rows per dimension ({rows:,} for {dim}) to judge the query by it"
+        )
         table.caption = (
             f"query log-density {hits[0].log_density:.1f} "
-            f"(corpus {density['mean_log_prob']:.1f} ± {density['std_log_prob']:.1f}; "
-            f"{gap:.1f} std below)"
+            f"(corpus {density['mean_log_prob']:.1f} ± {density['std_log_prob']:.1f}; {verdict})"
         )
     _stdout_console().print(table)
 

@@ -143,6 +143,13 @@ def load_fitted_calibrator(
     return cal
 
 
+#: ``auto`` searches a calibrated space only with at least this many rows per dimension. On
+#: STS-B, all-MiniLM-L6-v2 ``static`` (384-d), whitening fitted on 300 rows (0.8 x dim) scores
+#: 39.4 against 55.6 raw, on 1,000 rows (2.6 x dim) 55.1, on 5,385 rows (14 x dim) 70.4: below
+#: about 3 rows per dimension a calibrator overfits and costs more than the anisotropy does.
+MIN_ROWS_PER_DIM = 3
+
+
 def fit_calibrator(
     U: np.ndarray,
     calibration: str,
@@ -177,13 +184,17 @@ def fit_calibrator(
             cal.fit(U)
         record["fitted_on"] = "corpus"
         if calibration == "auto":
-            searched = bool(should_calibrate(stats))
+            anisotropic = bool(should_calibrate(stats))
+            enough = len(U) >= MIN_ROWS_PER_DIM * U.shape[1]
+            searched = anisotropic and enough
             record["space"] = "calibrated" if searched else "encoder"
             record["decision"] = (
                 f"{AUTO_STATISTIC}={stats.get(AUTO_STATISTIC, float('nan')):.4f} "
-                f"{'>' if searched else '<='} {AUTO_THRESHOLD}: search in the "
-                f"{'flow' if searched else 'encoder'} space"
-            )
+                f"{'>' if anisotropic else '<='} {AUTO_THRESHOLD}"
+                + ("" if enough or not anisotropic else
+                   f", but {len(U)} rows < {MIN_ROWS_PER_DIM} x dim {U.shape[1]}")
+                + f": search in the {'flow' if searched else 'encoder'} space"
+            )  # fmt: skip
             record.update(auto_statistic=AUTO_STATISTIC, auto_threshold=float(AUTO_THRESHOLD))
             record["auto_decision"] = searched
         else:

@@ -367,3 +367,17 @@ def test_relative_model_path_is_recorded_absolute(tmp_path, model_dir, corpus, m
     enc = _manifest(tmp_path / "idx")["encoder"]
     assert enc["model"] == enc["source"] == str(model_dir.resolve())
     assert len(Searcher.open("idx").search("the cat", k=2)) == 2
+
+
+def test_auto_keeps_encoder_space_for_too_few_rows(tmp_path, model_dir):
+    """Anisotropic, but fewer than MIN_ROWS_PER_DIM rows per dimension: a calibrator fitted
+    on so few rows overfits (measured on STS-B), so auto searches the encoder's space."""
+    from flowsearch.space import MIN_ROWS_PER_DIM
+
+    rows = MIN_ROWS_PER_DIM * 32 - 10
+    path = write_corpus(tmp_path / "small.parquet", rows)
+    build_index(path, tmp_path / "idx", model=str(model_dir))
+    cal = _manifest(tmp_path / "idx")["calibration"]
+    assert cal["anisotropy"]["mean_cosine"] > 0.5
+    assert cal["auto_decision"] is False and cal["space"] == "encoder"
+    assert f"{rows} rows < {MIN_ROWS_PER_DIM} x dim 32" in cal["decision"]
