@@ -144,6 +144,7 @@ def _print_summary(summary: dict[str, Any], verb: str) -> None:
                 if drift["warn"]
                 else ""
             )
+            + ("" if drift.get("reliable", True) else "  (corpus too small to judge drift)")
         )
 
 

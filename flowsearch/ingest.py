@@ -44,6 +44,7 @@ from flowsearch.publish import (
 )
 from flowsearch.space import (
     DRIFT_WARN_STD,
+    MIN_ROWS_PER_DIM,
     density_stats,
     drift_report,
     fit_calibrator,
@@ -360,7 +361,9 @@ def _add(
         new_shards = writer.close()
         drift = None
         if lps and manifest.get("density"):
-            drift = drift_report(np.concatenate(lps), manifest["density"])
+            fit_rows = int(manifest["calibration"].get("fit_rows", manifest["rows"]))
+            reliable = fit_rows >= MIN_ROWS_PER_DIM * int(manifest["dim"])
+            drift = drift_report(np.concatenate(lps), manifest["density"], reliable)
         manifest = dict(manifest)
         manifest["shards"] = manifest["shards"] + new_shards
         manifest["rows"] = int(manifest["rows"]) + plan.rows

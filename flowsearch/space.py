@@ -97,12 +97,16 @@ def density_stats(lp: np.ndarray) -> dict[str, float]:
     }
 
 
-def drift_report(new_log_prob: np.ndarray, corpus: dict[str, float]) -> dict[str, Any]:
+def drift_report(
+    new_log_prob: np.ndarray, corpus: dict[str, float], reliable: bool = True
+) -> dict[str, Any]:
     """How far new rows sit from the corpus under the flow.
 
     Args:
         new_log_prob: float64 (n,), the new rows' log-densities.
         corpus: the manifest's ``density`` record (mean, std, p01 of the corpus's log-densities).
+        reliable: False when the flow was fitted on fewer than :data:`MIN_ROWS_PER_DIM` rows per
+            dimension: its own rows then sit far above anything else, and no warning is raised.
 
     Returns:
         ``{"mean_log_prob", "corpus_mean_log_prob", "gap_std", "share_below_p01", "warn"}``:
@@ -117,7 +121,8 @@ def drift_report(new_log_prob: np.ndarray, corpus: dict[str, float]) -> dict[str
         "corpus_mean_log_prob": float(corpus["mean_log_prob"]),
         "gap_std": float(gap),
         "share_below_p01": float(np.mean(lp < corpus["p01"])),
-        "warn": bool(gap >= DRIFT_WARN_STD),
+        "reliable": bool(reliable),
+        "warn": bool(reliable and gap >= DRIFT_WARN_STD),
     }
 
 

@@ -243,7 +243,7 @@ def test_add_appends_rows_and_reports_drift(tmp_path, model_dir, corpus):
     assert m["files"]["index.faiss"] != first["files"]["index.faiss"]
     drift = summary["drift"]
     assert set(drift) == {"mean_log_prob", "corpus_mean_log_prob", "gap_std",
-                          "share_below_p01", "warn"}  # fmt: skip
+                          "share_below_p01", "reliable", "warn"}  # fmt: skip
     assert m["additions"][0]["rows"] == 20 and m["updated"]
     s = Searcher.open(out, verify=True)
     text = pq.read_table(extra).column("text")[3].as_py()
@@ -381,3 +381,11 @@ def test_auto_keeps_encoder_space_for_too_few_rows(tmp_path, model_dir):
     assert cal["anisotropy"]["mean_cosine"] > 0.5
     assert cal["auto_decision"] is False and cal["space"] == "encoder"
     assert f"{rows} rows < {MIN_ROWS_PER_DIM} x dim 32" in cal["decision"]
+
+
+def test_drift_is_not_judged_on_a_flow_fitted_on_too_few_rows():
+    corpus = {"mean_log_prob": 100.0, "std_log_prob": 1.0, "p01": 98.0}
+    far = np.array([50.0, 60.0])
+    assert drift_report(far, corpus)["warn"] is True
+    small = drift_report(far, corpus, reliable=False)
+    assert small["warn"] is False and small["reliable"] is False and small["gap_std"] > 30
