@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -176,21 +177,8 @@ def load_sick(
     }
     if split not in fname:
         raise FlowsearchError(f"unknown SICK split {split!r}: use one of {sorted(fname)}")
-    path = root / fname[split]
-    lines = _read_lines(path)
-    s1: list[str] = []
-    s2: list[str] = []
-    scores: list[float] = []
-    for lineno, line in enumerate(lines[1:], start=2):
-        if not line.strip():
-            continue
-        # pair_ID, sentence_A, sentence_B, relatedness_score, entailment_judgment
-        cols = _columns(line, 4, path, lineno)
-        s1.append(cols[1])
-        s2.append(cols[2])
-        scores.append(float(cols[3]))
-    name = f"SICKR-{split}"
-    return PairSet(name, s1, s2, np.asarray(scores, dtype=np.float64), [name] * len(s1))
+    # pair_ID, sentence_A, sentence_B, relatedness_score, entailment_judgment
+    return _headed_pairs(root / fname[split], f"SICKR-{split}", float)
 
 
 def load_sts_year(
@@ -235,21 +223,25 @@ def load_qnli(data_dir: str | Path | None = None, split: str = "dev") -> PairSet
 
     Only ``dev`` is labelled. Parsed by splitting on tabs: the csv module drops ~65 rows.
     """
+    # index, question, sentence, label
     path = resolve_data_dir(data_dir) / "qnli" / f"{split}.tsv"
-    lines = _read_lines(path)
+    return _headed_pairs(path, f"QNLI-{split}", lambda v: 1.0 if v.strip() == "entailment" else 0.0)
+
+
+def _headed_pairs(path: Path, name: str, score: Callable[[str], float]) -> PairSet:
+    """Pairs from a tab-separated file with a header row: texts in columns 1 and 2, the gold
+    value in column 3 (read by ``score``); blank lines skipped."""
     s1: list[str] = []
     s2: list[str] = []
-    labels: list[float] = []
-    for lineno, line in enumerate(lines[1:], start=2):
+    gold: list[float] = []
+    for lineno, line in enumerate(_read_lines(path)[1:], start=2):
         if not line.strip():
             continue
-        # index, question, sentence, label
         cols = _columns(line, 4, path, lineno)
         s1.append(cols[1])
         s2.append(cols[2])
-        labels.append(1.0 if cols[3].strip() == "entailment" else 0.0)
-    name = f"QNLI-{split}"
-    return PairSet(name, s1, s2, np.asarray(labels, dtype=np.float64), [name] * len(s1))
+        gold.append(score(cols[3]))
+    return PairSet(name, s1, s2, np.asarray(gold, dtype=np.float64), [name] * len(s1))
 
 
 def load_snli_sentences(
