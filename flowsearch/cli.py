@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import math
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -60,6 +61,26 @@ class Task(str, enum.Enum):
     qnli = "qnli"
 
 
+#: Library errors name keyword arguments (``overwrite=True``); the command line names its flags.
+_FLAG_WORDS = re.compile(
+    r"\b(overwrite|text_column|id_column|batch_size|fit_sample|calibration|calibrator|"
+    r"index_factory|max_length|pooling|model|where|mode|k)(=(?:True|[^\s;,)]*))?(?=[\s;,)]|$)"
+)
+
+
+def _as_flags(message: str) -> str:
+    """``pass overwrite=True`` -> ``pass --overwrite``; ``model=`` -> ``--model``."""
+
+    def flag(match: re.Match[str]) -> str:
+        if match.group(2) is None:
+            return match.group(0)  # the bare word, not a keyword argument
+        name = "--" + match.group(1).replace("_", "-")
+        value = match.group(2)[1:]
+        return name if value in ("True", "") else f"{name} {value}"
+
+    return _FLAG_WORDS.sub(flag, message)
+
+
 def _user_errors(func: F) -> F:
     """Turn FlowsearchError into ``error: ...`` on stderr and exit code 2."""
 
@@ -68,8 +89,8 @@ def _user_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except FlowsearchError as exc:
-            message = " ".join(str(exc).split())
-            typer.echo(f"error: {message}", err=True)
+            message = _as_flags(" ".join(str(exc).split()))
+            typer.echo(f"error: {_visible(message)}", err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
@@ -120,38 +141,58 @@ def _setup(
     logging.getLogger("flowsearch").setLevel(logging.INFO if verbose else logging.WARNING)
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _visible(text: Any) -> str:
+    """User-supplied text made safe for a terminal: control characters (ESC, ...) shown as
+    escapes instead of acting; newlines and tabs as spaces. Print it as markup-free text."""
+    text = str(text).replace("\n", " ").replace("\t", " ")
+    return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
+
+
+def _literal(text: Any) -> Any:
+    """A rich ``Text`` that prints ``text`` literally (no markup, control characters visible)."""
+    from rich.text import Text
+
+    return Text(_visible(text))
+
+
 def _print_summary(summary: dict[str, Any], verb: str) -> None:
     from rich.console import Console
+    from rich.text import Text
 
-    err = Console(stderr=True)
+    err = Console(stderr=True, highlight=False)
     secs = ", ".join(f"{k} {v:.1f}s" for k, v in summary["seconds"].items() if k != "total")
     rows = summary.get("added", summary["rows"])
-    err.print(
-        f"[bold]{verb}[/bold] {rows:,} rows -> {summary['index']} "
-        f"(dim {summary['dim']}, {summary['space']} space via {summary['calibration']}, "
-        f"{summary['factory']}, {summary['bytes'] / 2**20:.1f} MiB) in "
+    line = Text()
+    line.append(verb, style="bold")
+    line.append(
+        f" {rows:,} rows -> {_visible(summary['index'])} "
+        f"(version {summary['version']}, dim {summary['dim']}, {summary['space']} space via "
+        f"{summary['calibration']}, {summary['factory']}, {summary['bytes'] / 2**20:.1f} MiB) in "
         f"{summary['seconds']['total']:.1f}s [{secs}]"
     )
+    err.print(line)
     if summary.get("skipped"):
         err.print(f"skipped {summary['skipped']:,} rows with a null or blank text")
     drift = summary.get("drift")
-    if drift:
-        err.print(
+    if drift and drift.get("gap_std") is not None:
+        line = Text(
             f"drift: new rows' mean log-density {drift['mean_log_prob']:.1f} vs corpus "
             f"{drift['corpus_mean_log_prob']:.1f} ({drift['gap_std']:.2f} corpus std below)"
-            + (
-                "  [bold yellow]out of distribution: refit with index --overwrite[/]"
-                if drift["warn"]
-                else ""
-            )
-            + ("" if drift.get("reliable", True) else "  (corpus too small to judge drift)")
         )
+        if drift["warn"]:
+            line.append("  out of distribution: refit with recalibrate", style="bold yellow")
+        if not drift.get("reliable", True):
+            line.append("  (corpus too small to judge drift)")
+        err.print(line)
 
 
 @app.command("index")
 @_user_errors
 def index_cmd(
-    corpus: Annotated[str, typer.Argument(help="Parquet file, directory or glob.")],
+    corpus: Annotated[str, typer.Argument(help="Parquet, JSON Lines or CSV: file, dir or glob.")],
     index: IndexDir = DEFAULT_INDEX,
     text_column: Annotated[str, typer.Option(help="Column with the passages.")] = "text",
     id_column: Annotated[str, typer.Option(help="Column with unique ids.")] = "id",
@@ -167,7 +208,7 @@ def index_cmd(
     strict: Annotated[bool, typer.Option(help="Refuse null/blank texts.")] = False,
     as_json: AsJson = False,
 ) -> None:
-    """Build an index from a Parquet corpus."""
+    """Build an index from a corpus."""
     from flowsearch.ingest import build_index
 
     summary = build_index(
@@ -192,15 +233,21 @@ def index_cmd(
         _print_summary(summary, "indexed")
 
 
+ModelMoved = Annotated[
+    str | None, typer.Option("--model", help="Where the index's model directory is now.")
+]
+
+
 @app.command("add")
 @_user_errors
 def add_cmd(
-    corpus: Annotated[str, typer.Argument(help="Parquet file, directory or glob.")],
+    corpus: Annotated[str, typer.Argument(help="Parquet, JSON Lines or CSV: file, dir or glob.")],
     index: IndexDir = DEFAULT_INDEX,
     text_column: Annotated[str | None, typer.Option(help="Default: the index's.")] = None,
     id_column: Annotated[str | None, typer.Option(help="Default: the index's.")] = None,
     batch_size: Annotated[int, typer.Option(help="Texts per encoder pass.")] = 64,
     strict: Annotated[bool, typer.Option(help="Refuse null/blank texts.")] = False,
+    model: ModelMoved = None,
     as_json: AsJson = False,
 ) -> None:
     """Append a corpus to an index (same encoder and calibrator); reports drift."""
@@ -213,6 +260,7 @@ def add_cmd(
         id_column=id_column,
         batch_size=batch_size,
         strict=strict,
+        model=model,
     )
     if as_json:
         _print_json(summary)
@@ -221,8 +269,20 @@ def add_cmd(
 
 
 def _snippet(text: str, width: int = 90) -> str:
-    text = " ".join(text.split())
+    text = " ".join(_visible(text).split())
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _density_caption(report: Any) -> str | None:
+    if report.log_density is None:
+        return None
+    corpus = f"corpus {report.corpus_mean:.1f} ± {report.corpus_std:.1f}"
+    judged = (
+        f"{report.gap_std:.1f} std below: {report.verdict}"
+        if report.gap_std is not None
+        else f"{report.reason}, not judged"
+    )
+    return f"query log-density {report.log_density:.1f} ({corpus}; {judged})"
 
 
 @app.command("query")
@@ -230,101 +290,88 @@ def _snippet(text: str, width: int = 90) -> str:
 def query_cmd(
     text: Annotated[str, typer.Argument(help="The query.")],
     index: IndexDir = DEFAULT_INDEX,
-    k: Annotated[int, typer.Option("-k", "--k", min=1, help="Hits to return.")] = 10,
+    k: Annotated[int, typer.Option("-k", "--k", help="Hits to return.")] = 10,
+    model: ModelMoved = None,
     as_json: AsJson = False,
 ) -> None:
     """Search an index."""
     from flowsearch.searcher import Searcher
-    from flowsearch.space import MIN_ROWS_PER_DIM
 
-    searcher = Searcher.open(index)
-    hits = searcher.search(text, k=k)
+    searcher = Searcher.open(index, model=model)
+    result = searcher.query(text, k=k)
     if as_json:
-        keys = ("rank", "id", "score", "text", "metadata")
-        _print_json({"query": text, "hits": [{key: getattr(h, key) for key in keys} for h in hits]})
+        _print_json(result.to_dict())
         return
     from rich.table import Table
 
-    table = Table(title=f"{text!r}: {len(hits)} hits", title_justify="left")
+    table = Table(title=_literal(f"{text!r}: {len(result.hits)} hits"), title_justify="left")
     table.add_column("rank", justify="right")
     table.add_column("score", justify="right")
     table.add_column("id", overflow="fold")
     table.add_column("text", overflow="ellipsis")
-    for hit in hits:
-        table.add_row(str(hit.rank), f"{hit.score:.4f}", str(hit.id), _snippet(hit.text))
-    density = searcher.manifest.get("density")
-    if hits and hits[0].log_density is not None and density:
-        gap = (density["mean_log_prob"] - hits[0].log_density) / max(density["std_log_prob"], 1e-9)
-        rows, dim = searcher.manifest["rows"], searcher.manifest["dim"]
-        # a flow fitted on few rows per dimension puts its own rows far above anything else,
-        # so a gap in its units says nothing about the query
-        verdict = (
-            f"{gap:.1f} std below"
-            if rows >= MIN_ROWS_PER_DIM * dim
-            else f"too few rows per dimension ({rows:,} for {dim}) to judge the query by it"
+    for hit in result.hits:
+        table.add_row(
+            str(hit.rank), f"{hit.score:.4f}", _literal(hit.id), _literal(_snippet(hit.text))
         )
-        table.caption = (
-            f"query log-density {hits[0].log_density:.1f} "
-            f"(corpus {density['mean_log_prob']:.1f} ± {density['std_log_prob']:.1f}; {verdict})"
-        )
+    caption = _density_caption(result.density)
+    if caption:
+        table.caption = _literal(caption)
     _stdout_console().print(table)
-
-
-def _info_doc(index: Path) -> dict[str, Any]:
-    from flowsearch import store
-    from flowsearch.publish import recover, size_on_disk
-
-    recover(index)
-    manifest = store.read_manifest(index)
-    store.verify_files(index, manifest)  # a missing or truncated file: a one-line error
-    for part in ("calibrator", "index.faiss"):
-        if not (index / part).exists():
-            raise FlowsearchError(f"index file missing: {index / part}; rebuild the index")
-    sizes = {"total": size_on_disk(index)}
-    for part in ("shards", "calibrator", "index.faiss"):
-        path = index / part
-        sizes[part] = size_on_disk(path) if path.is_dir() else path.stat().st_size
-    return {"path": str(index.resolve()), **manifest, "bytes": sizes}
 
 
 @app.command("info")
 @_user_errors
-def info_cmd(index: IndexDir = DEFAULT_INDEX, as_json: AsJson = False) -> None:
-    """Show what an index holds: manifest, calibration decision, sizes."""
-    doc = _info_doc(index)
+def info_cmd(
+    index: IndexDir = DEFAULT_INDEX,
+    verify: Annotated[bool, typer.Option(help="Check the sha256 of every file.")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Show what an index holds: manifest, calibration decision, sizes, what was verified."""
+    from flowsearch.searcher import index_info
+
+    info = index_info(index, verify=verify)
     if as_json:
-        _print_json(doc)
+        _print_json(info.to_dict())
         return
     from rich.table import Table
 
-    enc, cal, density = doc["encoder"], doc["calibration"], doc.get("density")
-    table = Table(show_header=False, title=doc["path"], title_justify="left")
+    m = info.manifest
+    enc, cal, density = m.encoder, m.calibration, m.density
+    checked = info.verified
+    table = Table(show_header=False, title=_literal(info.path), title_justify="left")
     table.add_column(style="bold")
     table.add_column()
     rows = [
+        ("version", f"{m.version} (format {m.format_version}, flowsearch {m.flowsearch_version})"),
         (
             "rows",
-            f"{doc['rows']:,} ({doc.get('skipped', 0):,} skipped) in {len(doc['shards'])} shards",
+            f"{m.live_rows:,} live ({m.deleted:,} deleted, {m.skipped:,} skipped) "
+            f"in {len(m.shards)} shards",
         ),
-        ("created / updated", f"{doc['created']} / {doc.get('updated') or '-'}"),
-        ("model", f"{enc['model']} (revision {enc['revision']})"),
-        ("pooling / max_length / dim", f"{enc['pooling']} / {enc['max_length']} / {enc['dim']}"),
-        ("calibration", f"{cal['name']}: {cal['calibrator']} fitted on {cal['fitted_on']}"),
-        ("searched space", f"{cal['space']} ({cal['decision']})"),
-        ("anisotropy", ", ".join(f"{k} {v:.3f}" for k, v in cal["anisotropy"].items())),
-        ("index", f"{doc['index']['factory']} {doc['index']['params']}".strip()),
-        ("size", ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in doc["bytes"].items())),
-        ("flowsearch / format", f"{doc['flowsearch_version']} / {doc['format_version']}"),
+        ("created / updated", f"{m.created} / {m.updated or '-'}"),
+        ("model", f"{enc.model} (revision {enc.revision})"),
+        ("pooling / max_length / dim", f"{enc.pooling} / {enc.max_length} / {enc.dim}"),
+        ("calibration", f"{cal.name}: {cal.calibrator} fitted on {cal.fitted_on}"),
+        ("searched space", f"{cal.space} ({cal.decision})"),
+        ("anisotropy", ", ".join(f"{k} {v:.3f}" for k, v in cal.anisotropy.items())),
+        ("FAISS index", f"{m.faiss.factory} {m.faiss.params}".strip()),
+        ("size", ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in info.bytes.items())),
+        (
+            "verified",
+            f"{checked.files} files by size, {checked.hashed} by sha256"
+            + (
+                f"; {len(checked.not_hashed)} large ones not hashed (--verify)"
+                if checked.not_hashed
+                else ""
+            ),
+        ),  # fmt: skip
     ]
     if density:
         rows.append(
-            (
-                "corpus log-density",
-                f"{density['mean_log_prob']:.1f} ± {density['std_log_prob']:.1f}",
-            )
+            ("corpus log-density", f"{density.mean_log_prob:.1f} ± {density.std_log_prob:.1f}")
         )
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(key, _literal(value))
     _stdout_console().print(table)
 
 

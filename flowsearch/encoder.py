@@ -30,7 +30,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
@@ -39,7 +39,9 @@ from flowsearch.errors import FlowsearchError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEFAULT_MODEL", "POOLINGS", "Encoder", "Pooling"]
+    from flowsearch.manifest import EncoderSpec
+
+__all__ = ["DEFAULT_MODEL", "POOLINGS", "Encoder", "Pooling", "open_encoder"]
 
 LOG = logging.getLogger(__name__)
 
@@ -52,6 +54,8 @@ DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 _MAX_LENGTH_CAP = 512
 # Below this many texts no progress bar is drawn unless asked for.
 _PROGRESS_MIN_TEXTS = 2000
+# Encoder options an index records beyond model/pooling/max_length, passed again on reopening.
+_REOPEN_OPTIONS = ("backend", "quantize")
 # Bytes read from the head and tail of each weights file for the revision hash.
 _HASH_PROBE_BYTES = 1 << 20
 
@@ -420,3 +424,39 @@ class _progress:
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+def open_encoder(spec: EncoderSpec, encoder: Encoder | None = None, model: Any = None) -> Encoder:
+    """The encoder an index's manifest names, checked against it.
+
+    Args:
+        spec: the manifest's encoder record.
+        encoder: an already loaded Encoder to reuse; it must describe itself identically.
+        model: where the model is now, when its directory has moved since the index was built
+            (its content hash must still match the recorded revision).
+
+    Raises:
+        FlowsearchError: a model, revision, pooling, max_length, dim or option other than the
+            index's.
+    """
+    if encoder is None:
+        source = str(model) if model is not None else spec.source
+        options = {k: v for k, v in spec.options.items() if k in _REOPEN_OPTIONS}
+        gone = source is not None and model is None and not Path(source).exists()
+        if gone and _looks_like_path(str(source)):
+            raise FlowsearchError(
+                f"the index's model directory {source} is gone; if the model moved, pass "
+                "model= with its new place"
+            )
+        encoder = Encoder(source, pooling=spec.pooling, max_length=spec.max_length, **options)
+    got = encoder.describe()
+    relocated = model is not None or encoder.model_id == spec.source
+    for key, want in spec.identity().items():
+        if key == "model" and relocated:
+            continue  # the same weights (the revision is compared) in another place
+        if got.get(key) != want:
+            raise FlowsearchError(
+                f"encoder {key} {got.get(key)!r} differs from the index's {want!r}; "
+                "query with the index's model and pooling, or rebuild the index"
+            )
+    return encoder

@@ -1,15 +1,20 @@
-r"""Thin wrappers over FAISS: choose a factory, build, search, save, move to GPU.
+r"""The FAISS index: thin wrappers to choose a factory, train, fill, tune, search, save, use GPUs.
 
-Every index uses inner product on L2-normalised vectors (cosine similarity). FAISS ids are global
-row numbers, assigned in insertion order, so a hit's id is the row to fetch from the shards.
+Every FAISS index here uses inner product on L2-normalised vectors (cosine similarity). FAISS ids
+are global row numbers, assigned in insertion order, so a hit's id is the row to fetch from the
+shards. Building streams: train on a sample, then add chunk by chunk (:func:`new_index`,
+:func:`train`, :func:`add`), so memory does not grow with the corpus.
 
 ``"auto"`` is exact ``Flat`` up to :data:`AUTO_FLAT_MAX_ROWS` rows; above that an
 ``IVF{nlist},Flat`` whose ``nprobe`` is raised until recall@10 against exact search reaches
 :data:`AUTO_TARGET_RECALL` on a sample of the corpus's own vectors (see :func:`tune_nprobe`).
 
 Example:
-    >>> index, params = build_index(vectors, "auto")  # doctest: +SKIP
-    >>> scores, rows = search(index, queries, k=10)  # doctest: +SKIP
+    >>> x = np.eye(4, dtype=np.float32)
+    >>> index = new_index(4, "Flat")
+    >>> add(index, x)
+    >>> search(index, x[:1], k=2)[1].tolist()
+    [[0, 1]]
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import faiss
@@ -29,14 +35,16 @@ __all__ = [
     "AUTO_TARGET_RECALL",
     "add",
     "auto_factory",
-    "build_index",
     "check_factory",
+    "exact_knn",
+    "new_index",
     "num_gpus",
     "read_index",
     "recall_at_k",
     "search",
     "set_params",
     "to_gpu",
+    "train",
     "tune_nprobe",
     "write_index",
 ]
@@ -78,9 +86,31 @@ def recall_at_k(found: np.ndarray, truth: np.ndarray, k: int = 10) -> float:
     return float(np.mean(hits) / k) if hits else 1.0
 
 
+def exact_knn(
+    queries: np.ndarray, chunks: Iterable[np.ndarray], k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k by inner product over vectors given chunk by chunk (rows numbered in order):
+    ``(scores float32 (q, k), rows int64 (q, k))``. Memory is one chunk plus the results."""
+    queries = _as_f32(queries)
+    heap = faiss.ResultHeap(len(queries), k, keep_max=True)
+    start = 0
+    for chunk in chunks:
+        chunk = _as_f32(chunk)
+        if not len(chunk):
+            continue
+        scores, rows = faiss.knn(
+            queries, chunk, min(k, len(chunk)), metric=faiss.METRIC_INNER_PRODUCT
+        )
+        heap.add_result(scores, np.where(rows >= 0, rows + start, -1))
+        start += len(chunk)
+    heap.finalize()
+    return heap.D, heap.I
+
+
 def tune_nprobe(
     index: faiss.Index,
-    vectors: np.ndarray,
+    sample: np.ndarray,
+    chunks: Callable[[], Iterable[np.ndarray]],
     target: float = AUTO_TARGET_RECALL,
     k: int = 10,
     n_queries: int = 256,
@@ -88,27 +118,29 @@ def tune_nprobe(
 ) -> tuple[int, float]:
     """Smallest power-of-two ``nprobe`` whose recall@k against exact search reaches ``target``.
 
-    Queries are a seeded sample of the indexed vectors moved by random noise of norm 0.5 (they
-    are unit vectors), so a query is near the data but not one of its points: its neighbours are
-    spread over several lists, as a real query's are. Sets ``nprobe`` on ``index`` and returns
-    ``(nprobe, recall)``.
+    Queries are a seeded sample of ``sample`` (indexed vectors) moved by random noise of norm
+    0.5 (they are unit vectors), so a query is near the data but not one of its points: its
+    neighbours are spread over several lists, as a real query's are. Sets ``nprobe`` on
+    ``index`` and returns ``(nprobe, recall)``.
 
     Args:
         index: a trained, filled IVF index (or a wrapper around one).
-        vectors: float32 (n, d), the vectors that were added to ``index``, in order.
+        sample: float32 (m, d), some of the indexed vectors (to draw queries near).
+        chunks: returns an iterator over all the vectors added to ``index``, in order (for the
+            exact answers, computed chunk by chunk).
         target: recall@k to reach.
         k: neighbours compared.
         n_queries: size of the query sample.
         seed: sampling seed.
     """
-    vectors = _as_f32(vectors)
+    sample = _as_f32(sample)
     ivf = faiss.extract_index_ivf(index)
     rng = np.random.default_rng(seed)
-    pick = rng.choice(len(vectors), size=min(n_queries, len(vectors)), replace=False)
-    noise = rng.normal(scale=0.5 / math.sqrt(vectors.shape[1]), size=(len(pick), vectors.shape[1]))
-    queries = (vectors[pick] + noise).astype(np.float32)
+    pick = rng.choice(len(sample), size=min(n_queries, len(sample)), replace=False)
+    noise = rng.normal(scale=0.5 / math.sqrt(sample.shape[1]), size=(len(pick), sample.shape[1]))
+    queries = (sample[pick] + noise).astype(np.float32)
     queries /= np.linalg.norm(queries, axis=1, keepdims=True) + 1e-12
-    _, truth = faiss.knn(queries, vectors, k, metric=faiss.METRIC_INNER_PRODUCT)
+    _, truth = exact_knn(queries, chunks(), k)
     nprobe, recall = 1, 0.0
     while True:
         ivf.nprobe = nprobe
@@ -162,54 +194,37 @@ def _add(index: faiss.Index, vectors: np.ndarray, factory: str) -> None:
         ) from None
 
 
-def build_index(
-    vectors: np.ndarray,
-    factory: str = "auto",
-    *,
-    flat_max_rows: int = AUTO_FLAT_MAX_ROWS,
-    target_recall: float = AUTO_TARGET_RECALL,
-    train_sample: int = 262_144,
-    seed: int = 0,
-) -> tuple[faiss.Index, str, str]:
-    """Build an inner-product index over ``vectors`` and add them (ids = row numbers).
-
-    Args:
-        vectors: float32 (n, d), L2-normalised.
-        factory: ``"auto"`` or any string ``faiss.index_factory`` accepts.
-        flat_max_rows: the Flat/IVF switch for ``"auto"``.
-        target_recall: recall@10 the ``"auto"`` IVF index is tuned to.
-        train_sample: at most this many vectors (seeded sample) train an index that needs it.
-        seed: sampling seed.
-
-    Returns:
-        ``(index, factory, params)``: the resolved factory string and the search-time parameter
-        string (e.g. ``"nprobe=16"``, ``""`` if none) to record in the manifest.
+def new_index(dim: int, factory: str) -> faiss.Index:
+    """An empty inner-product FAISS index of ``dim`` dimensions from a resolved factory string.
 
     Raises:
-        FlowsearchError: a factory string FAISS rejects, or one it cannot train on these vectors.
+        FlowsearchError: a factory string FAISS rejects.
     """
-    vectors = _as_f32(vectors)
-    n, dim = vectors.shape
-    resolved = auto_factory(n, flat_max_rows) if factory == "auto" else factory
-    index = _make(dim, resolved)
-    if not index.is_trained:
+    return _make(dim, factory)
+
+
+def train(
+    index: faiss.Index, sample: np.ndarray, factory: str, *, max_rows: int = 262_144, seed: int = 0
+) -> None:
+    """Train ``index`` (if it needs training) on at most ``max_rows`` of ``sample`` (float32
+    (m, d), a uniform sample of the vectors to come).
+
+    Raises:
+        FlowsearchError: FAISS cannot train this factory on so few rows.
+    """
+    if index.is_trained:
+        return
+    sample = _as_f32(sample)
+    if len(sample) > max_rows:
         rng = np.random.default_rng(seed)
-        sample = vectors
-        if n > train_sample:
-            sample = vectors[np.sort(rng.choice(n, size=train_sample, replace=False))]
-        try:
-            index.train(sample)
-        except RuntimeError as exc:
-            raise FlowsearchError(
-                f"cannot train index {resolved!r} on {n} rows ({str(exc).strip()[:120]}); "
-                "use a smaller factory (e.g. fewer IVF lists) or 'auto'"
-            ) from None
-    _add(index, vectors, resolved)
-    params = ""
-    if factory == "auto" and resolved != "Flat":
-        nprobe, _ = tune_nprobe(index, vectors, target=target_recall, seed=seed)
-        params = f"nprobe={nprobe}"
-    return index, resolved, params
+        sample = sample[np.sort(rng.choice(len(sample), size=max_rows, replace=False))]
+    try:
+        index.train(sample)
+    except RuntimeError as exc:
+        raise FlowsearchError(
+            f"cannot train FAISS index {factory!r} on {len(sample)} rows ({_reason(exc)}); "
+            "use a smaller factory (e.g. fewer IVF lists) or 'auto'"
+        ) from None
 
 
 def set_params(index: faiss.Index, params: str) -> None:
@@ -218,9 +233,9 @@ def set_params(index: faiss.Index, params: str) -> None:
         faiss.ParameterSpace().set_index_parameters(index, params)  # type: ignore[arg-type]
 
 
-def add(index: faiss.Index, vectors: np.ndarray) -> None:
-    """Append vectors; their ids continue from ``index.ntotal``."""
-    _add(index, _as_f32(vectors), type(index).__name__)
+def add(index: faiss.Index, vectors: np.ndarray, factory: str | None = None) -> None:
+    """Append vectors (float32 (n, d)); their ids continue from ``index.ntotal``."""
+    _add(index, _as_f32(vectors), factory or type(index).__name__)
 
 
 def search(index: faiss.Index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

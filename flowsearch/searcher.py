@@ -1,8 +1,11 @@
-r"""Answering queries against a published index: :class:`Searcher` and its :class:`Hit`.
+r"""Answering queries against a published index: :class:`Searcher`, its :class:`Hit` and reports.
 
-``Searcher.open`` reads and verifies the manifest, then loads the encoder, the calibrator and the
-FAISS index once. A batch of queries costs one encoder call and one FAISS call; hits are joined
-to their shard rows by decoding only the row groups that hold them.
+``Searcher.open`` reads the manifest once and pins that version: its searched space (encoder
+and calibrator), its FAISS index and its shards, checked against the manifest. A batch of
+queries costs one encoder call and one FAISS call; hits are joined to their shard rows by
+decoding only the row groups that hold them. :meth:`Searcher.refresh` moves to a newer published
+version (reusing the loaded encoder); searches running meanwhile finish on the version they
+started on.
 
 Example:
     >>> s = Searcher.open("flowsearch_index")  # doctest: +SKIP
@@ -20,17 +23,18 @@ from typing import Any, overload
 
 import numpy as np
 
+from flowsearch import directory, store
 from flowsearch import index as fx
-from flowsearch import store
+from flowsearch import manifest as mf
+from flowsearch.density import QueryReport, query_report
 from flowsearch.errors import FlowsearchError
-from flowsearch.publish import recover
-from flowsearch.space import project
+from flowsearch.space import SearchSpace
 
-__all__ = ["Hit", "Searcher", "open_encoder"]
+__all__ = ["Hit", "IndexInfo", "QueryResult", "Searcher", "index_info"]
 
 LOG = logging.getLogger(__name__)
 
-_IDENTITY = ("model", "revision", "pooling", "max_length", "dim")
+FAISS_FILE = "index.faiss"
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,7 @@ class Hit:
         text: the passage.
         metadata: the corpus's other columns for this row.
         log_density: the query's log-density under the index's flow (None without a flow or
-            for :meth:`Searcher.search_vectors`); far below the corpus's mean log-density means
-            an out-of-distribution query.
+            for :meth:`Searcher.search_vectors`); see :meth:`Searcher.query` for its meaning.
     """
 
     id: Any
@@ -60,58 +63,97 @@ class Hit:
         return asdict(self)
 
 
-def open_encoder(info: dict[str, Any], encoder: Any = None) -> Any:
-    """The encoder an index's manifest names (``info`` is its ``encoder`` record).
+@dataclass(frozen=True)
+class QueryResult:
+    """A query's hits and what the index's density says about the query."""
+
+    query: str
+    hits: list[Hit]
+    density: QueryReport
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"query", "hits": [{"rank", "id", "score", "text", "metadata"}], "density"}``."""
+        keys = ("rank", "id", "score", "text", "metadata")
+        return {
+            "query": self.query,
+            "hits": [{key: getattr(h, key) for key in keys} for h in self.hits],
+            "density": self.density.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class IndexInfo:
+    """What an index version holds (its manifest), its size on disk and what was verified."""
+
+    path: str
+    manifest: mf.Manifest
+    bytes: dict[str, int]
+    verified: directory.Verification
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``info --json`` document: the manifest's fields, ``path``, ``bytes``,
+        ``verified``."""
+        return {
+            "path": self.path,
+            **mf.to_dict(self.manifest),
+            "live_rows": self.manifest.live_rows,
+            "bytes": self.bytes,
+            "verified": self.verified.to_dict(),
+        }
+
+
+def _sizes(index_dir: Path, manifest: mf.Manifest) -> dict[str, int]:
+    root = manifest.path(index_dir)
+    sizes = {"total": directory.size_on_disk(root) if manifest.root != "." else 0}
+    for part in ("shards", "calibrator", FAISS_FILE, "lexical"):
+        path = root / part
+        if path.exists():
+            sizes[part] = directory.size_on_disk(path)
+    if manifest.root == ".":
+        sizes["total"] = sum(v for k, v in sizes.items() if k != "total")
+    return sizes
+
+
+def index_info(index_dir: str | os.PathLike[str], verify: bool = False) -> IndexInfo:
+    """Describe the current version of an index without loading its model.
 
     Args:
-        info: ``{"model", "revision", "pooling", "max_length", "dim", "source"}``.
-        encoder: an already loaded Encoder to reuse; it must describe itself identically.
+        index_dir: the index directory.
+        verify: hash every file (by default sizes always, hashes of files up to 16 MiB).
 
     Raises:
-        FlowsearchError: a model, revision, pooling, max_length or dim other than the index's.
+        FlowsearchError: no index, or a file that is missing, extra or differs.
     """
-    if encoder is None:
-        from flowsearch.encoder import Encoder
+    root = Path(index_dir).expanduser()
 
-        source, pooling = info.get("source"), info["pooling"]
-        encoder = Encoder(source, pooling=pooling, max_length=info["max_length"])
-    got = encoder.describe()
-    for key in _IDENTITY:
-        if key == "model" and info.get("source") and got.get(key) == info["source"]:
-            continue  # the manifest's absolute path of a model it names by a relative one
-        if got.get(key) != info.get(key):
-            raise FlowsearchError(
-                f"encoder {key} {got.get(key)!r} differs from the index's {info.get(key)!r}; "
-                "query with the index's model and pooling, or rebuild with --overwrite"
-            )
-    return encoder
+    def describe(manifest: mf.Manifest) -> IndexInfo:
+        checked = directory.verify(root, manifest, checksums=verify)
+        return IndexInfo(str(root.resolve()), manifest, _sizes(root, manifest), checked)
+
+    return directory.open_version(root, describe)
+
+
+@dataclass(frozen=True)
+class _Version:
+    """Everything a search reads, for one pinned version."""
+
+    manifest: mf.Manifest
+    space: SearchSpace
+    faiss_index: Any
+    reader: store.RowReader
+    verified: directory.Verification
 
 
 class Searcher:
     """Searches one index directory. Use :meth:`open`; safe to share between threads."""
 
-    def __init__(
-        self,
-        root: Path,
-        manifest: dict[str, Any],
-        encoder: Any,
-        calibrator: Any,
-        index: Any,
-        *,
-        on_gpu: bool = False,
-    ) -> None:
-        self.root = Path(root)
-        self.manifest = manifest
-        self.encoder = encoder
-        self.calibrator = calibrator
-        self.index = index
-        self.space: str = manifest["calibration"]["space"]
-        self.has_density = manifest.get("density") is not None
-        self._reader = store.RowReader(self.root, manifest["shards"])
-        self._encode_lock = threading.Lock()  # torch modules and fast tokenizers
-        self._rows_lock = threading.Lock()  # the row-group cache
-        self._gpu = on_gpu  # FAISS GPU indexes are not safe to search from several threads
+    def __init__(self, index_dir: Path, version: _Version, *, gpu: bool = False) -> None:
+        self.root = Path(index_dir)
+        self._version = version
+        self._gpu = gpu  # FAISS GPU indexes are not safe to search from several threads
         self._index_lock = threading.Lock()
+        self._rows_lock = threading.Lock()  # the row-group cache of the pinned reader
+        self._refresh_lock = threading.Lock()
 
     @classmethod
     def open(
@@ -120,62 +162,85 @@ class Searcher:
         verify: bool = False,
         *,
         encoder: Any = None,
+        model: str | os.PathLike[str] | None = None,
         gpu: bool = True,
     ) -> Searcher:
-        """Open an index directory.
+        """Open an index directory at its current version.
 
         Args:
             index_dir: the index to search.
-            verify: check the sha256 of every file (by default only sizes, and the checksums of
+            verify: check the sha256 of every file (by default sizes, and the checksums of
                 files up to 16 MiB).
             encoder: reuse a loaded Encoder (must match the manifest's model, pooling, ...).
+            model: where the index's model directory is now, if it has moved since the index was
+                built (checked against the recorded content hash).
             gpu: move the FAISS index to the GPU(s) when FAISS sees any.
 
         Raises:
             FlowsearchError: no index, a missing or corrupt file, or a mismatched encoder or
                 calibrator.
         """
-        from flowsearch.calibration import load_calibrator
-
         root = Path(index_dir).expanduser()
-        recover(root)
-        manifest = store.read_manifest(root)
-        store.verify_files(root, manifest, checksums=verify)
-        encoder = open_encoder(manifest["encoder"], encoder)
-        calibrator = load_calibrator(root / "calibrator")
-        record = manifest["calibration"]
-        if calibrator.name != record["calibrator"] or calibrator.config != record["config"]:
-            raise FlowsearchError(
-                f"the calibrator in {root / 'calibrator'} ({calibrator.name}) is not the one the "
-                f"manifest names ({record['calibrator']}); rebuild the index with --overwrite"
-            )
-        index = fx.read_index(root / "index.faiss", manifest["index"]["params"])
-        if index.ntotal != manifest["rows"] or index.d != manifest["dim"]:
-            raise FlowsearchError(
-                f"{root / 'index.faiss'} holds {index.ntotal} rows of dim {index.d}, the manifest "
-                f"says {manifest['rows']} of dim {manifest['dim']}; rebuild with --overwrite"
-            )
         on_gpu = gpu and fx.num_gpus() > 0
-        if on_gpu:
-            index = fx.to_gpu(index)
-        return cls(root, manifest, encoder, calibrator, index, on_gpu=on_gpu)
+        version = directory.open_version(
+            root, lambda m: _load(root, m, verify, encoder, model, on_gpu)
+        )
+        return cls(root, version, gpu=on_gpu)
+
+    @property
+    def manifest(self) -> mf.Manifest:
+        """The pinned version's manifest."""
+        return self._version.manifest
+
+    @property
+    def encoder(self) -> Any:
+        """The encoder queries go through."""
+        return self._version.space.encoder
+
+    @property
+    def space(self) -> SearchSpace:
+        """The searched space of the pinned version."""
+        return self._version.space
+
+    def refresh(self) -> bool:
+        """Move to the index's current version if a newer one was published (cheap: the
+        encoder is reused). Returns True when the version changed."""
+        with self._refresh_lock:
+            current = self._version
+            if mf.read(self.root).version == current.manifest.version:
+                return False
+            encoder = current.space.encoder
+            self._version = directory.open_version(
+                self.root, lambda m: _load(self.root, m, False, encoder, None, self._gpu)
+            )
+            LOG.info("now on version %d of %s", self._version.manifest.version, self.root)
+            return True
 
     def close(self) -> None:
-        """Release the index's shard files (an open Searcher keeps them, even once replaced)."""
+        """Release the pinned version's shard files."""
         with self._rows_lock:
-            self._reader.close()
+            self._version.reader.close()
 
     def __len__(self) -> int:
-        return int(self.manifest["rows"])
+        return int(self.manifest.live_rows)
 
     def __repr__(self) -> str:
-        return f"Searcher({str(self.root)!r}, rows={len(self)}, space={self.space!r})"
+        m = self.manifest
+        return (
+            f"Searcher({str(self.root)!r}, version={m.version}, rows={len(self)}, "
+            f"space={m.calibration.space!r})"
+        )
+
+    def info(self) -> IndexInfo:
+        """What the pinned version holds (as ``flowsearch info``)."""
+        v = self._version
+        return IndexInfo(
+            str(self.root.resolve()), v.manifest, _sizes(self.root, v.manifest), v.verified
+        )
 
     def embed(self, queries: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
         """Queries -> (float32 (q, dim) in the searched space, float64 (q,) log-density or None)."""
-        with self._encode_lock:
-            U = self.encoder.encode(queries, progress=False)
-            return project(self.calibrator, self.space, U, want_density=self.has_density)
+        return self._version.space.embed(queries)
 
     @overload
     def search(self, query: str, k: int = 10) -> list[Hit]: ...
@@ -188,18 +253,34 @@ class Searcher:
         each), best first.
 
         Raises:
-            FlowsearchError: a query that is not a string, or k < 1.
+            FlowsearchError: a query that is not a non-blank string, or k < 1.
         """
         single = isinstance(query, str)
-        queries: list[str] = [query] if isinstance(query, str) else list(query)
-        for q in queries:
-            if not isinstance(q, str):
-                raise FlowsearchError(f"queries must be strings, got {type(q).__name__}")
+        queries = _checked_queries(query)
+        k = _checked_k(k)
         if not queries:
             return []
-        Z, lp = self.embed(queries)
-        hits = self._search(Z, k, lp)
+        version = self._version
+        Z, lp = version.space.embed(queries)
+        hits = self._search(version, Z, k, lp)
         return hits[0] if single else hits
+
+    def query(self, query: str, k: int = 10) -> QueryResult:
+        """One query's hits with the density report (what ``flowsearch query`` prints)."""
+        version = self._version
+        queries = _checked_queries(query)
+        Z, lp = version.space.embed(queries)
+        hits = self._search(version, Z, _checked_k(k), lp)[0]
+        return QueryResult(query, hits, self._report(version, None if lp is None else lp[0]))
+
+    def query_report(self, log_density: float | None) -> QueryReport:
+        """Judge a query's log-density (a hit's ``log_density``) against the corpus."""
+        return self._report(self._version, log_density)
+
+    @staticmethod
+    def _report(version: _Version, log_density: float | None) -> QueryReport:
+        m = version.manifest
+        return query_report(log_density, m.density, m.calibration.fit_rows, m.dim)
 
     def search_vectors(self, Z: np.ndarray, k: int = 10) -> list[list[Hit]]:
         """Top-``k`` hits for vectors already in the searched space.
@@ -208,27 +289,32 @@ class Searcher:
             Z: float32 (q, dim), L2-normalised, in the index's searched space (what
                 :meth:`embed` returns; the ``vector`` column of the shards).
             k: hits per query.
-        """
-        Z = np.atleast_2d(np.asarray(Z, dtype=np.float32))
-        if Z.shape[1] != self.manifest["dim"]:
-            raise FlowsearchError(
-                f"vectors have dim {Z.shape[1]}, the index searches dim {self.manifest['dim']}"
-            )
-        return self._search(Z, k, None)
 
-    def _search(self, Z: np.ndarray, k: int, lp: np.ndarray | None) -> list[list[Hit]]:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise FlowsearchError(f"k must be a positive integer, got {k!r}")
-        k = int(k)
+        Raises:
+            FlowsearchError: another dimension, or values that are not finite.
+        """
+        version = self._version
+        Z = np.atleast_2d(np.asarray(Z, dtype=np.float32))
+        if Z.ndim != 2 or Z.shape[1] != version.manifest.dim:
+            raise FlowsearchError(
+                f"vectors have shape {Z.shape}, the index searches dim {version.manifest.dim}"
+            )
+        if not np.isfinite(Z).all():
+            raise FlowsearchError("vectors hold NaN or infinite values; pass finite vectors")
+        return self._search(version, Z, _checked_k(k), None)
+
+    def _search(
+        self, version: _Version, Z: np.ndarray, k: int, lp: np.ndarray | None
+    ) -> list[list[Hit]]:
         if self._gpu:
             with self._index_lock:
-                scores, rows = fx.search(self.index, Z, k)
+                scores, rows = fx.search(version.faiss_index, Z, k)
         else:
-            scores, rows = fx.search(self.index, Z, k)
-        valid = rows[rows >= 0]
+            scores, rows = fx.search(version.faiss_index, Z, k)
+        valid = np.unique(rows[rows >= 0])
         with self._rows_lock:
-            fetched = self._reader.rows(np.unique(valid)) if valid.size else []
-        by_row = dict(zip(np.unique(valid).tolist(), fetched, strict=True))
+            fetched = version.reader.rows(valid) if valid.size else []
+        by_row = dict(zip(valid.tolist(), fetched, strict=True))
         out = []
         for qi in range(len(Z)):
             density = None if lp is None else float(lp[qi])
@@ -253,4 +339,45 @@ class Searcher:
     def vectors(self) -> np.ndarray:
         """All stored vectors of the searched space, float32 (rows, dim), in row order."""
         with self._rows_lock:
-            return np.asarray(self._reader.column("vector"), dtype=np.float32)
+            return np.asarray(self._version.reader.column("vector"), dtype=np.float32)
+
+
+def _load(
+    root: Path, manifest: mf.Manifest, verify: bool, encoder: Any, model: Any, on_gpu: bool
+) -> _Version:
+    """Open one version's files (raises FileNotFoundError if it vanished meanwhile)."""
+    checked = directory.verify(root, manifest, checksums=verify)
+    space = SearchSpace.open(root, manifest, encoder, model=model)
+    path = manifest.path(root, FAISS_FILE)
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    faiss_index = fx.read_index(path, manifest.faiss.params)
+    if faiss_index.ntotal != manifest.rows or faiss_index.d != manifest.dim:
+        raise FlowsearchError(
+            f"{path} holds {faiss_index.ntotal} rows of dim {faiss_index.d}, the manifest says "
+            f"{manifest.rows} of dim {manifest.dim}; the index is damaged, rebuild it"
+        )
+    if on_gpu:
+        faiss_index = fx.to_gpu(faiss_index)
+    reader = store.RowReader(manifest.path(root), manifest.shards)
+    return _Version(manifest, space, faiss_index, reader, checked)
+
+
+def _checked_queries(query: Any) -> list[str]:
+    queries = [query] if isinstance(query, str) else query
+    if not isinstance(queries, (list, tuple)):
+        raise FlowsearchError(
+            f"query must be a string or a list of strings, got {type(query).__name__}"
+        )
+    for q in queries:
+        if not isinstance(q, str):
+            raise FlowsearchError(f"queries must be strings, got {type(q).__name__}")
+        if not q.strip():
+            raise FlowsearchError("the query is empty; pass some text to search for")
+    return list(queries)
+
+
+def _checked_k(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise FlowsearchError(f"k must be a positive integer, got {k!r}")
+    return int(k)

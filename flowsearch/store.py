@@ -1,4 +1,4 @@
-r"""The on-disk side of an index: Parquet shards of rows, and the manifest that vouches for them.
+r"""Parquet shards: the rows of an index version, written in order and read back by position.
 
 A shard holds ``id``, ``text``, the corpus's other columns (metadata) as given, ``vector`` (a
 ``fixed_size_list<float32>``: the searched space) and ``raw`` (a ``fixed_size_list<float16>``: the
@@ -6,8 +6,8 @@ encoder's own output, kept so a calibrator can be refitted without re-encoding).
 bounded number of rows and small row groups, so one hit is joined to its row by decoding one row
 group of one memory-mapped shard, never the whole corpus.
 
-``manifest.json`` names every file with its size and sha256; it is written last (atomically), so a
-directory without one is never mistaken for an index.
+What the shards of a version are, and their checksums, is the manifest's business
+(:mod:`flowsearch.manifest`); this module only writes and reads them.
 
 Example:
     >>> writer = ShardWriter(root)  # doctest: +SKIP
@@ -19,14 +19,9 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
-import os
-import tempfile
 from collections import OrderedDict
-from collections.abc import Sequence
-from datetime import datetime, timezone
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,59 +30,25 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flowsearch.errors import FlowsearchError
+from flowsearch.manifest import Shard
 
 __all__ = [
-    "FORMAT",
-    "FORMAT_VERSION",
-    "MANIFEST_NAME",
     "RESERVED_COLUMNS",
     "ROW_GROUP_ROWS",
     "SHARD_ROWS",
     "RowReader",
     "ShardWriter",
-    "file_record",
-    "is_index_dir",
-    "read_manifest",
-    "sha256_file",
     "shard_table",
-    "utc_now",
-    "verify_files",
-    "write_manifest",
 ]
 
 LOG = logging.getLogger(__name__)
 
-FORMAT = "flowsearch-index"
-FORMAT_VERSION = 1
-MANIFEST_NAME = "manifest.json"
 #: Columns every shard has; a corpus's metadata columns may not take these names.
 RESERVED_COLUMNS = ("id", "text", "vector", "raw")
 #: Rows per shard file (about 150 MB at dim 384 with short passages).
 SHARD_ROWS = 50_000
 #: Rows per Parquet row group: the unit decoded to join one hit to its row.
 ROW_GROUP_ROWS = 1024
-#: Files at most this large are checksummed on every open; larger ones only with verify=True.
-CHEAP_CHECKSUM_BYTES = 16 * 2**20
-
-
-def utc_now() -> str:
-    """The current time as an ISO-8601 UTC string (seconds), as stored in manifests."""
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def file_record(root: Path, relpath: str) -> dict[str, Any]:
-    """``{"bytes", "sha256"}`` of ``root/relpath``, the manifest's entry for one file."""
-    path = root / relpath
-    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def _fixed_list(values: np.ndarray, dtype: type) -> pa.FixedSizeListArray:
@@ -157,6 +118,9 @@ class ShardWriter:
 
     def _open(self, schema: pa.Schema) -> None:
         relpath = f"shards/part-{self.part:05d}.parquet"
+        while (self.root / relpath).exists():  # a shard linked from the previous version
+            self.part += 1
+            relpath = f"shards/part-{self.part:05d}.parquet"
         self.part += 1
         self._writer = pq.ParquetWriter(self.root / relpath, schema, compression="zstd")
         self.shards.append({"path": relpath, "rows": 0})
@@ -184,10 +148,10 @@ class ShardWriter:
             if self._rows >= self.shard_rows:
                 self._close_current()
 
-    def close(self) -> list[dict[str, Any]]:
+    def close(self) -> list[Shard]:
         """Finish the last part; returns ``[{"path", "rows"}]`` for every part written."""
         self._close_current()
-        return [dict(s) for s in self.shards if s["rows"] > 0]
+        return [Shard(path=s["path"], rows=int(s["rows"])) for s in self.shards if s["rows"] > 0]
 
 
 class RowReader:
@@ -199,11 +163,11 @@ class RowReader:
 
     Args:
         root: the index directory.
-        shards: the manifest's ``shards`` list (``[{"path", "rows"}]``), in row order.
+        shards: the version's shards, in row order (paths relative to ``root``).
         cache_groups: how many decoded row groups to keep.
     """
 
-    def __init__(self, root: Path, shards: Sequence[dict[str, Any]], cache_groups: int = 64):
+    def __init__(self, root: Path, shards: Sequence[Shard], cache_groups: int = 64):
         self.root = Path(root)
         self.shards = list(shards)
         # Every shard is opened now, not on first use: a reader keeps reading the files of the
@@ -213,17 +177,20 @@ class RowReader:
         self._group_starts: list[np.ndarray] = []
         try:
             for shard in self.shards:
-                handle = pq.ParquetFile(self.root / shard["path"], memory_map=True)
+                handle = pq.ParquetFile(self.root / shard.path, memory_map=True)
                 meta = handle.metadata
                 sizes = [meta.row_group(i).num_rows for i in range(handle.num_row_groups)]
                 self._files.append(handle)
                 self._group_starts.append(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
+        except FileNotFoundError:
+            self.close()
+            raise  # the version was removed under us: the caller may reopen the current one
         except (OSError, pa.ArrowException) as exc:
             self.close()
             raise FlowsearchError(
                 f"cannot open index shard under {self.root} ({exc}); rebuild the index"
             ) from None
-        counts = [int(s["rows"]) for s in self.shards]
+        counts = [int(s.rows) for s in self.shards]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._cache: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
         self._cache_groups = cache_groups
@@ -281,98 +248,28 @@ class RowReader:
 
     def column(self, name: str) -> np.ndarray | list[Any]:
         """A whole column over all shards: ``vector``/``raw`` as float32 (n, d), else a list."""
-        parts = [handle.read(columns=[name]).column(name) for handle in self._files]
+        parts = list(self.column_chunks(name))
         if name in ("vector", "raw"):
             if not parts:
                 return np.zeros((0, 0), dtype=np.float32)
-            arrays = [chunk for col in parts for chunk in col.chunks]
-            dim = arrays[0].type.list_size
-            flat = [a.flatten().to_numpy(zero_copy_only=False) for a in arrays]
-            return np.concatenate(flat).astype(np.float32).reshape(-1, dim)
-        return [value for col in parts for value in col.to_pylist()]
+            return np.concatenate(parts)
+        return [value for part in parts for value in part]
+
+    def column_chunks(self, name: str) -> Iterator[Any]:
+        """A column shard by shard (memory: one shard's column): ``vector``/``raw`` as float32
+        (rows, d) arrays, other columns as lists."""
+        for handle in self._files:
+            col = handle.read(columns=[name]).column(name)
+            if name in ("vector", "raw"):
+                yield _matrix(col)
+            else:
+                yield col.to_pylist()
 
 
-def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
-    """Write ``root/manifest.json`` atomically (temp file, fsync, rename)."""
-    root = Path(root)
-    fd, tmp = tempfile.mkstemp(prefix=".manifest-", suffix=".json", dir=root)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes it private; a manifest is not secret
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(manifest, handle, indent=2, sort_keys=False)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, root / MANIFEST_NAME)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def is_index_dir(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` holds a manifest that says it is a flowsearch index."""
-    try:
-        with open(Path(path) / MANIFEST_NAME, encoding="utf-8") as handle:
-            return json.load(handle).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def read_manifest(root: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load and sanity-check ``root/manifest.json``.
-
-    Raises:
-        FlowsearchError: no index there, a corrupt manifest, or a format this version can't read.
-    """
-    root = Path(root)
-    path = root / MANIFEST_NAME
-    if not root.is_dir():
-        raise FlowsearchError(
-            f"no index at {root}: build one with `flowsearch index CORPUS.parquet --index {root}`"
-        )
-    if not path.is_file():
-        raise FlowsearchError(f"{root} is not a flowsearch index (no {MANIFEST_NAME}); rebuild it")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise FlowsearchError(f"{path} is unreadable ({exc}); rebuild the index") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise FlowsearchError(f"{path} is not a flowsearch manifest; rebuild the index")
-    version = manifest.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise FlowsearchError(
-            f"{root} has index format {version!r}, this flowsearch reads up to {FORMAT_VERSION}; "
-            "upgrade flowsearch or rebuild the index"
-        )
-    return manifest
-
-
-def verify_files(root: Path, manifest: dict[str, Any], checksums: bool = False) -> None:
-    """Check every file the manifest lists: present, right size, right sha256.
-
-    Args:
-        root: the index directory.
-        manifest: its manifest.
-        checksums: hash every file; when False only files up to 16 MiB are hashed.
-
-    Raises:
-        FlowsearchError: naming the first file that is missing or differs.
-    """
-    root = Path(root)
-    for relpath, record in manifest.get("files", {}).items():
-        path = root / relpath
-        if not path.is_file():
-            raise FlowsearchError(f"index file missing: {path}; rebuild the index with --overwrite")
-        size = path.stat().st_size
-        if size != record["bytes"]:
-            raise FlowsearchError(
-                f"index file changed: {path} has {size} bytes, manifest says {record['bytes']}; "
-                "rebuild the index with --overwrite"
-            )
-        if (checksums or size <= CHEAP_CHECKSUM_BYTES) and sha256_file(path) != record["sha256"]:
-            raise FlowsearchError(
-                f"checksum mismatch for {path}; the index is corrupt, rebuild it with --overwrite"
-            )
+def _matrix(col: pa.ChunkedArray) -> np.ndarray:
+    """A ``fixed_size_list`` column as a float32 (n, d) array."""
+    dim = col.type.list_size
+    if not col.num_chunks:
+        return np.zeros((0, dim), dtype=np.float32)
+    flat = [a.flatten().to_numpy(zero_copy_only=False) for a in col.chunks]
+    return np.concatenate(flat).astype(np.float32).reshape(-1, dim)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from flowsearch.atomic import atomic_write
 from flowsearch.errors import FlowsearchError
 
 __all__ = [
@@ -157,8 +157,8 @@ class Calibrator(ABC):
             "fit_stats": self.fit_stats,
         }
         tensors = {k: np.ascontiguousarray(v) for k, v in self.state().items()}
-        _atomic_write(path / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp))
-        _atomic_write(
+        atomic_write(path / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp))
+        atomic_write(
             path / CONFIG_FILE,
             lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=2, sort_keys=True)),
         )
@@ -238,14 +238,3 @@ def load_calibrator(directory: str | os.PathLike[str]) -> Calibrator:
     cal.fit_stats = dict(meta.get("fit_stats", {}))
     cal._load_state(tensors)
     return cal
-
-
-def _atomic_write(target: Path, write: Callable[[str], object]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
