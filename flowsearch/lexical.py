@@ -110,13 +110,11 @@ def tokenize_batch(texts: Sequence[str]) -> list[list[str]]:
             )
         folded = unicodedata.normalize("NFKC", text).casefold()
         words.append([w for w in _WORD.findall(folded) if w not in _STOPWORDS])
-    # one call per batch: the stemmer's per-call overhead dominates for short texts
-    stems = _stemmer().stemWords([w for doc in words for w in doc])
-    out, start = [], 0
-    for doc in words:
-        out.append(stems[start : start + len(doc)])
-        start += len(doc)
-    return out
+    # stem each distinct word once, in one call: words repeat a lot, and the stemmer's cost is
+    # per word it is handed
+    distinct = list({w: None for doc in words for w in doc})
+    stem = dict(zip(distinct, _stemmer().stemWords(distinct)))
+    return [[stem[w] for w in doc] for doc in words]
 
 
 def tokenize(text: str) -> list[str]:
