@@ -75,13 +75,14 @@ _PURE_MACROS = frozenset(
 # Expression node classes a predicate may contain (DuckDB's json_serialize_sql names).
 _NODE_CLASSES = frozenset(
     {"COLUMN_REF", "CONSTANT", "COMPARISON", "CONJUNCTION", "OPERATOR", "FUNCTION", "CAST"}
-    | {"CASE", "BETWEEN", "COLLATE"}
+    | {"CASE", "BETWEEN", "COLLATE", "TYPE"}
 )
 
 
 def _fail(where: str, problem: str, fix: str) -> FlowsearchError:
     shown = where if len(where) <= 80 else where[:77] + "..."
-    shown = " ".join(shown.split())  # one line, whatever the predicate holds
+    # One line whatever the predicate holds, each character kept in place (positions refer to it).
+    shown = "".join(c if c.isprintable() else " " for c in shown)
     return FlowsearchError(f"where={shown!r}: {problem}; {fix}")
 
 
@@ -159,7 +160,14 @@ class MetadataFilter:
         self._cache_lock = threading.Lock()
         table = _read_columns([Path(p) for p in shard_paths], names)
         self.ntotal = int(table.num_rows)
-        self._con = duckdb.connect(":memory:", config={"threads": int(threads)})
+        # The table plus headroom: a predicate like length(repeat(text, 10^9)) > 0 fails with
+        # an out-of-memory error instead of taking the process down.
+        limit_mb = (2 * table.nbytes) // 2**20 + 512
+        config: dict[str, str | bool | int | float | list[str]] = {
+            "threads": int(threads),
+            "memory_limit": f"{limit_mb}MB",
+        }
+        self._con = duckdb.connect(":memory:", config=config)
         try:
             self._con.register("__source", table)
             self._con.execute(f"CREATE TABLE {_TABLE} AS SELECT * FROM __source")
@@ -336,6 +344,8 @@ class MetadataFilter:
                 self._check_column(where, item.get("column_names") or [])
             elif kind == "FUNCTION":
                 self._check_function(where, item)
+            elif kind == "TYPE" and (item.get("catalog") or item.get("schema")):
+                raise _fail(where, "names a type in a schema", "use built-in types only")
             stack.extend(v for v in item.values() if isinstance(v, (dict, list)))
 
     def _check_column(self, where: str, parts: list[str]) -> None:
