@@ -38,7 +38,10 @@ __all__ = [
     "SHARD_ROWS",
     "RowReader",
     "ShardWriter",
+    "TOMBSTONES_FILE",
+    "read_tombstones",
     "shard_table",
+    "write_tombstones",
 ]
 
 LOG = logging.getLogger(__name__)
@@ -273,3 +276,37 @@ def _matrix(col: pa.ChunkedArray) -> np.ndarray:
         return np.zeros((0, dim), dtype=np.float32)
     flat = [a.flatten().to_numpy(zero_copy_only=False) for a in col.chunks]
     return np.concatenate(flat).astype(np.float32).reshape(-1, dim)
+
+
+#: Where a version lists its deleted rows (global row numbers, sorted int64, ``.npy``).
+TOMBSTONES_FILE = "tombstones.npy"
+
+
+def write_tombstones(path: Path, rows: np.ndarray) -> None:
+    """Store deleted rows (int64, sorted unique) as a ``.npy`` file (no pickle)."""
+    rows = np.unique(np.asarray(rows, dtype=np.int64))
+    with open(path, "wb") as handle:
+        np.save(handle, rows, allow_pickle=False)
+
+
+def read_tombstones(path: Path, ntotal: int) -> np.ndarray:
+    """The deleted rows of a version as a bool mask (ntotal,) (True = deleted).
+
+    Raises:
+        FlowsearchError: a file that is not an int64 row list within ``[0, ntotal)``.
+    """
+    try:
+        rows = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise FlowsearchError(f"{path} is unreadable ({exc}); the index is damaged") from None
+    if (
+        rows.dtype != np.int64
+        or rows.ndim != 1
+        or (rows.size and (rows.min() < 0 or rows.max() >= ntotal))
+    ):
+        raise FlowsearchError(f"{path} does not list rows of this index; the index is damaged")
+    mask = np.zeros(ntotal, dtype=bool)
+    mask[rows] = True
+    return mask
