@@ -195,6 +195,11 @@ class CorpusPlan:
                 yield ids, text.to_pylist(), meta
 
 
+def _row(source: Source, index: int) -> str:
+    """Where a 0-based row is, as the user counts: ``records[i]``, else row i + 1."""
+    return f"records[{index}]" if source.format == "table" else f"row {index + 1}"
+
+
 def _valid_text_mask(text: pa.ChunkedArray) -> pa.ChunkedArray:
     """True where a (string) text is present and not blank."""
     blank = pc.equal(pc.utf8_trim_whitespace(text), "")
@@ -222,7 +227,7 @@ def _text_strings(
             chunk.validate(full=True)
         except pa.ArrowInvalid as exc:
             found = _BAD_UTF8.search(str(exc))
-            where = f"row {offset + int(found.group(1)) + 1}" if found else "a row"
+            where = _row(source, offset + int(found.group(1))) if found else "a row"
             raise FlowsearchError(
                 f"{name!r} in {source.name} holds bytes that are not valid UTF-8 ({where}); "
                 "re-encode the text as UTF-8"
@@ -266,6 +271,8 @@ def _normal_ids(array: pa.Array, source: Source, name: str, first_row: int) -> p
         array, type_ = array.cast(type_.value_type), type_.value_type
     if pa.types.is_integer(type_):
         return array.cast(pa.int64())
+    if pa.types.is_null(type_):  # all missing: refused as null ids by the caller
+        return array.cast(pa.string())
     if (
         pa.types.is_string(type_)
         or pa.types.is_large_string(type_)
@@ -277,8 +284,8 @@ def _normal_ids(array: pa.Array, source: Source, name: str, first_row: int) -> p
         if not pc.all(pc.fill_null(whole, True)).as_py():
             at = pc.index(whole, False).as_py()
             raise FlowsearchError(
-                f"id {array[at].as_py()!r} in {name!r} of {source.name} (row {first_row + at + 1}) "
-                "is not a whole number; use integer or string ids"
+                f"id {array[at].as_py()!r} in {name!r} of {source.name} "
+                f"({_row(source, first_row + at)}) is not a whole number; use integer or string ids"
             )
         return array.cast(pa.int64())
     raise FlowsearchError(
@@ -383,15 +390,19 @@ def _scan_once(source: Source, text_column: str, id_column: str | None) -> _Scan
                 if name not in columns and pa.types.is_string(batch.schema.field(name).type):
                     _text_strings(pa.chunked_array([batch.column(name)]), source, name, first_row)
         if id_column is not None:
-            ids = batch.column(id_column)
-            if ids.null_count:
-                at = pc.index(pc.is_null(ids), True).as_py()
+            ids = _normal_ids(batch.column(id_column), source, id_column, first_row)
+            missing = pc.is_null(ids)
+            if pa.types.is_string(ids.type):  # "" is no id either
+                missing = pc.or_kleene(missing, pc.equal(pc.utf8_length(ids), 0))
+            count = pc.sum(missing.cast(pa.int64())).as_py() or 0
+            if count:
+                at = first_row + pc.index(missing, True).as_py()
                 raise FlowsearchError(
-                    f"{ids.null_count} row(s) of {source.name} have a null id in {id_column!r} "
-                    f"(first: row {first_row + at + 1}); fill them, or pass id_column= of a "
-                    "complete column (None numbers the rows)"
+                    f"{count} row(s) of {source.name} have a null or empty id in {id_column!r} "
+                    f"(first: {_row(source, at)}); fill them, or pass id_column= of a complete "
+                    "column (None numbers the rows)"
                 )
-            scan.ids.append(_normal_ids(ids, source, id_column, first_row).filter(keep))
+            scan.ids.append(ids.filter(keep))
     return scan
 
 

@@ -155,6 +155,8 @@ class Source:
             stream,
             read_options=pcsv.ReadOptions(block_size=self.block_size, use_threads=False),
             parse_options=pcsv.ParseOptions(delimiter="\t" if self.format == "tsv" else ","),
+            # an empty field is a missing value (as pandas reads it), not an empty string
+            convert_options=pcsv.ConvertOptions(strings_can_be_null=True),
         )
 
 
