@@ -27,7 +27,6 @@ from __future__ import annotations
 import glob
 import logging
 import os
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,13 @@ from typing import Any, Literal, TypeAlias
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flowsearch.columns import (
+    check_text_type,
+    normal_ids,
+    row_label,
+    text_strings,
+    valid_text_mask,
+)
 from flowsearch.errors import FlowsearchError
 from flowsearch.readers import MAX_BLOCK, BlockTooSmall, Source, format_of, records_table
 from flowsearch.store import RESERVED_COLUMNS
@@ -177,13 +183,13 @@ class CorpusPlan:
             for batch in source.batches(batch_rows):
                 table = pa.Table.from_batches([batch])
                 n = table.num_rows
-                text = _text_strings(table.column(self.text_column), source, self.text_column)
-                keep = _valid_text_mask(text)
+                text = text_strings(table.column(self.text_column), source, self.text_column)
+                keep = valid_text_mask(text)
                 if self.id_column is None:
                     ids: pa.Array = pa.array(range(row, row + n), type=pa.int64())
                 else:
                     column = table.column(self.id_column).combine_chunks()
-                    ids = _normal_ids(column, source, self.id_column, 0)
+                    ids = normal_ids(column, source, self.id_column, 0)
                 row += n
                 if not pc.all(keep).as_py():
                     table, ids, text = table.filter(keep), ids.filter(keep), text.filter(keep)
@@ -193,105 +199,6 @@ class CorpusPlan:
                 if meta.schema != self.metadata_schema:
                     meta = meta.cast(self.metadata_schema)
                 yield ids, text.to_pylist(), meta
-
-
-def _row(source: Source, index: int) -> str:
-    """Where a 0-based row is, as the user counts: ``records[i]``, else row i + 1."""
-    return f"records[{index}]" if source.format == "table" else f"row {index + 1}"
-
-
-def _valid_text_mask(text: pa.ChunkedArray) -> pa.ChunkedArray:
-    """True where a (string) text is present and not blank."""
-    blank = pc.equal(pc.utf8_trim_whitespace(text), "")
-    return pc.and_(pc.is_valid(text), pc.invert(pc.fill_null(blank, True)))
-
-
-_BAD_UTF8 = re.compile(r"index (\d+)")
-
-
-def _text_strings(
-    column: pa.ChunkedArray, source: Source, name: str, first_row: int = 0
-) -> pa.ChunkedArray:
-    """A text column as checked UTF-8 strings (binary that is valid UTF-8 counts as text)."""
-    type_ = column.type
-    if pa.types.is_dictionary(type_):
-        column = column.cast(type_.value_type)
-    elif pa.types.is_null(type_):
-        return column.cast(pa.string())
-    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
-        as_text = pa.string() if pa.types.is_binary(column.type) else pa.large_string()
-        column = pa.chunked_array([c.view(as_text) for c in column.chunks], as_text)
-    offset = first_row
-    for chunk in column.chunks:
-        try:
-            chunk.validate(full=True)
-        except pa.ArrowInvalid as exc:
-            found = _BAD_UTF8.search(str(exc))
-            where = _row(source, offset + int(found.group(1))) if found else "a row"
-            raise FlowsearchError(
-                f"{name!r} in {source.name} holds bytes that are not valid UTF-8 ({where}); "
-                "re-encode the text as UTF-8"
-            ) from None
-        offset += len(chunk)
-    return column.cast(pa.string())
-
-
-def _check_text_type(type_: pa.DataType, source: Source, name: str) -> None:
-    """Refuse text columns that are not text (numbers would be indexed as "3.0")."""
-    if pa.types.is_dictionary(type_):
-        type_ = type_.value_type
-    ok = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
-          pa.types.is_large_binary, pa.types.is_null)  # fmt: skip
-    if pa.types.is_string_view(type_) or any(test(type_) for test in ok):
-        return
-    if pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_):
-        what = f"numbers ({type_})"
-    elif pa.types.is_boolean(type_):
-        what = "booleans"
-    elif (
-        pa.types.is_list(type_)
-        or pa.types.is_large_list(type_)
-        or pa.types.is_fixed_size_list(type_)
-    ):
-        what = f"lists ({type_})"
-    elif pa.types.is_struct(type_) or pa.types.is_map(type_):
-        what = f"objects ({type_})"
-    else:
-        what = f"{type_} values"
-    raise FlowsearchError(
-        f"text column {name!r} in {source.name} holds {what}, not text; pass the column of "
-        "passages as text_column=, or convert this one to strings"
-    )
-
-
-def _normal_ids(array: pa.Array, source: Source, name: str, first_row: int) -> pa.Array:
-    """Ids as int64 or string (the two id types an index stores); whole floats become int64."""
-    type_ = array.type
-    if pa.types.is_dictionary(type_):
-        array, type_ = array.cast(type_.value_type), type_.value_type
-    if pa.types.is_integer(type_):
-        return array.cast(pa.int64())
-    if pa.types.is_null(type_):  # all missing: refused as null ids by the caller
-        return array.cast(pa.string())
-    if (
-        pa.types.is_string(type_)
-        or pa.types.is_large_string(type_)
-        or pa.types.is_string_view(type_)
-    ):
-        return array.cast(pa.string())
-    if pa.types.is_floating(type_):
-        whole = pc.and_(pc.is_finite(array), pc.equal(pc.floor(array), array))
-        if not pc.all(pc.fill_null(whole, True)).as_py():
-            at = pc.index(whole, False).as_py()
-            raise FlowsearchError(
-                f"id {array[at].as_py()!r} in {name!r} of {source.name} "
-                f"({_row(source, first_row + at)}) is not a whole number; use integer or string ids"
-            )
-        return array.cast(pa.int64())
-    raise FlowsearchError(
-        f"id column {name!r} in {source.name} holds {type_} values; ids must be integers or "
-        "strings (pass id_column=None to number the rows)"
-    )
 
 
 def _columns(schemas: list[pa.Schema], sources: list[Source], text_column: str,
@@ -309,7 +216,7 @@ def _columns(schemas: list[pa.Schema], sources: list[Source], text_column: str,
                 f"no id column {id_column!r} in {source.name} (columns: {', '.join(names)}); "
                 "pass id_column= (None numbers the rows)"
             )
-        _check_text_type(schema.field(text_column).type, source, text_column)
+        check_text_type(schema.field(text_column).type, source, text_column)
     if id_column == "id":  # the default: use it when there, row numbers when not
         has_id = ["id" in schema.names for schema in schemas]
         if not any(has_id):
@@ -380,17 +287,17 @@ def _scan_once(source: Source, text_column: str, id_column: str | None) -> _Scan
     for batch in source.batches(_SCAN_ROWS, wanted):
         first_row, n = scan.rows_in, batch.num_rows
         scan.rows_in += n
-        text = _text_strings(
+        text = text_strings(
             pa.chunked_array([batch.column(text_column)]), source, text_column, first_row
         )
-        keep = _valid_text_mask(text).combine_chunks()
+        keep = valid_text_mask(text).combine_chunks()
         scan.skipped += n - pc.sum(keep.cast(pa.int64())).as_py() if n else 0
         if wanted is None:  # the other columns: strings must be valid UTF-8 too
             for name in batch.schema.names:
                 if name not in columns and pa.types.is_string(batch.schema.field(name).type):
-                    _text_strings(pa.chunked_array([batch.column(name)]), source, name, first_row)
+                    text_strings(pa.chunked_array([batch.column(name)]), source, name, first_row)
         if id_column is not None:
-            ids = _normal_ids(batch.column(id_column), source, id_column, first_row)
+            ids = normal_ids(batch.column(id_column), source, id_column, first_row)
             missing = pc.is_null(ids)
             if pa.types.is_string(ids.type):  # "" is no id either
                 missing = pc.or_kleene(missing, pc.equal(pc.utf8_length(ids), 0))
@@ -399,8 +306,8 @@ def _scan_once(source: Source, text_column: str, id_column: str | None) -> _Scan
                 at = first_row + pc.index(missing, True).as_py()
                 raise FlowsearchError(
                     f"{count} row(s) of {source.name} have a null or empty id in {id_column!r} "
-                    f"(first: {_row(source, at)}); fill them, or pass id_column= of a complete "
-                    "column (None numbers the rows)"
+                    f"(first: {row_label(source, at)}); fill them, or pass id_column= of a "
+                    "complete column (None numbers the rows)"
                 )
             scan.ids.append(ids.filter(keep))
     return scan

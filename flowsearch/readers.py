@@ -192,6 +192,11 @@ def reading_error(exc: BaseException, source: Source) -> FlowsearchError:
     if isinstance(exc, (EOFError, gzip.BadGzipFile)):
         return FlowsearchError(f"{where} is a truncated or corrupt gzip file; compress it again")
     text = _line(str(exc))
+    gz = source.path is not None and source.path.suffix.lower() == ".gz"
+    if gz and any(word in text.lower() for word in ("gzip", "zlib", "compress", "inflate")):
+        return FlowsearchError(
+            f"{where} is a truncated or corrupt gzip file ({text}); compress it again"
+        )
     if source.format == "parquet":
         if "magic bytes" in text or "size is 0" in text or "Couldn't deserialize" in text:
             return FlowsearchError(
@@ -201,7 +206,10 @@ def reading_error(exc: BaseException, source: Source) -> FlowsearchError:
     if source.format == "jsonl":
         if "Empty JSON stream" in text:
             return FlowsearchError(f"{where} holds no JSON records; remove it or fill it")
-        problem = _json_problem(source._path) if source.path is not None else None
+        try:
+            problem = _json_problem(source._path) if source.path is not None else None
+        except (EOFError, OSError):  # a truncated or corrupt .gz: pyarrow's error said why
+            problem = None
         if problem:
             return FlowsearchError(f"{where}: {problem}")
         return FlowsearchError(f"cannot read {where} as JSON Lines: {text}")

@@ -191,6 +191,10 @@ def _bad(tmp_path: Path) -> dict[str, tuple[object, dict, str]]:
     _write(t / "cols" / "1.jsonl", [{"id": 1, "text": "x", "year": 1}])
     _write(t / "cols" / "2.jsonl", [{"id": 2, "text": "y"}])
     (t / "notes.txt").write_text("id,text\n1,a\n")
+    (t / "header.csv").write_text("id,text\n")
+    (t / "blank.jsonl").write_text("\n  \n")
+    packed = gzip.compress("".join(f'{{"id": {i}, "text": "w"}}\n' for i in range(9000)).encode())
+    (t / "cut.jsonl.gz").write_bytes(packed[: len(packed) // 2])
     return {
         "missing file": (t / "nope.jsonl", {}, r"corpus not found: .*nope\.jsonl"),
         "empty parquet": (t / "empty.parquet", {}, r"empty\.parquet is empty \(0 bytes\)"),
@@ -234,6 +238,9 @@ def _bad(tmp_path: Path) -> dict[str, tuple[object, dict, str]]:
         "records null id": ([{"id": 1, "text": "a"}, {"id": None, "text": "b"}], {},
                             r"of records have a null or empty id .*records\[1\]"),  # fmt: skip
         "no records": ([], {}, "empty list"),
+        "header-only csv": (t / "header.csv", {}, "the corpus has no rows; nothing to index"),
+        "blank jsonl": (t / "blank.jsonl", {}, r"blank\.jsonl holds no JSON records"),
+        "truncated gzip": (t / "cut.jsonl.gz", {}, r"cut\.jsonl\.gz is a truncated or corrupt"),
         "bad on_existing": (ROWS, {"on_existing": "merge"}, "use 'refuse' or 'replace'"),
     }  # fmt: skip
 
@@ -246,7 +253,7 @@ BAD_CASES = [
     "text column absent", "id column absent", "null id", "duplicate ids", "fractional id",
     "no supported files", "unknown format", "reserved column", "metadata types", "id kinds",
     "missing metadata", "records keys", "records types", "records not dicts", "records null id",
-    "no records", "bad on_existing",
+    "no records", "bad on_existing", "header-only csv", "blank jsonl", "truncated gzip",
 ]  # fmt: skip
 
 
@@ -257,7 +264,6 @@ def test_bad_input_is_one_line_naming_the_problem(tmp_path, case):
         plan = scan_corpus(corpus, **kwargs)
         list(plan.batches())
     assert "\n" not in str(info.value) and len(str(info.value)) < 400
-    print(f"{case}: {info.value}")
     assert info.value.__cause__ is None or isinstance(info.value.__cause__, FlowsearchError)
 
 
