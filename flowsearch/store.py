@@ -41,6 +41,7 @@ __all__ = [
     "TOMBSTONES_FILE",
     "read_tombstones",
     "shard_table",
+    "vector_column",
     "write_tombstones",
 ]
 
@@ -52,6 +53,11 @@ RESERVED_COLUMNS = ("id", "text", "vector", "raw")
 SHARD_ROWS = 50_000
 #: Rows per Parquet row group: the unit decoded to join one hit to its row.
 ROW_GROUP_ROWS = 1024
+
+
+def vector_column(values: np.ndarray) -> pa.FixedSizeListArray:
+    """The ``vector`` column (``fixed_size_list<float32>``) of a float (n, d) array."""
+    return _fixed_list(values, np.float32)
 
 
 def _fixed_list(values: np.ndarray, dtype: type) -> pa.FixedSizeListArray:
