@@ -206,6 +206,11 @@ def index_cmd(
     overwrite: Annotated[bool, typer.Option(help="Replace an existing index.")] = False,
     fit_sample: Annotated[int, typer.Option(help="Rows to fit the calibrator on.")] = 200_000,
     strict: Annotated[bool, typer.Option(help="Refuse null/blank texts.")] = False,
+    lexical: Annotated[
+        bool, typer.Option("--lexical/--no-lexical", help="Also build a BM25 index (hybrid).")
+    ] = True,
+    backend: Annotated[str, typer.Option(help="Encoder runtime: torch|onnx.")] = "torch",
+    quantize: Annotated[str | None, typer.Option(help="int8 (onnx backend only).")] = None,
     as_json: AsJson = False,
 ) -> None:
     """Build an index from a corpus."""
@@ -226,6 +231,9 @@ def index_cmd(
         overwrite=overwrite,
         fit_sample=fit_sample,
         strict=strict,
+        lexical=lexical,
+        backend=backend,
+        quantize=quantize,
     )
     if as_json:
         _print_json(summary)
@@ -291,6 +299,12 @@ def query_cmd(
     text: Annotated[str, typer.Argument(help="The query.")],
     index: IndexDir = DEFAULT_INDEX,
     k: Annotated[int, typer.Option("-k", "--k", help="Hits to return.")] = 10,
+    where: Annotated[
+        str | None, typer.Option(help='SQL filter over metadata, e.g. "year >= 2020".')
+    ] = None,
+    mode: Annotated[
+        str | None, typer.Option(help="dense|lexical|hybrid (default: hybrid if available).")
+    ] = None,
     model: ModelMoved = None,
     as_json: AsJson = False,
 ) -> None:
@@ -298,7 +312,7 @@ def query_cmd(
     from flowsearch.searcher import Searcher
 
     searcher = Searcher.open(index, model=model)
-    result = searcher.query(text, k=k)
+    result = searcher.query(text, k=k, where=where, mode=mode)
     if as_json:
         _print_json(result.to_dict())
         return
@@ -310,9 +324,13 @@ def query_cmd(
     table.add_column("id", overflow="fold")
     table.add_column("text", overflow="ellipsis")
     for hit in result.hits:
-        table.add_row(
-            str(hit.rank), f"{hit.score:.4f}", _literal(hit.id), _literal(_snippet(hit.text))
-        )
+        score = f"{hit.score:.4f}"
+        if hit.dense_score is not None or hit.lexical_score is not None:
+            parts = [
+                f"{v:.2f}" if v is not None else "-" for v in (hit.dense_score, hit.lexical_score)
+            ]
+            score += f" ({'/'.join(parts)})"
+        table.add_row(str(hit.rank), score, _literal(hit.id), _literal(_snippet(hit.text)))
     caption = _density_caption(result.density)
     if caption:
         table.caption = _literal(caption)
@@ -459,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_code)
     return int(result) if isinstance(result, int) else 0
 
+
+from flowsearch import cli_engine as _cli_engine  # noqa: E402,F401 - registers its commands
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -77,6 +77,8 @@ def build_index(
     fit_sample: int = 200_000,
     strict: bool = False,
     lexical: bool = True,
+    backend: str = "torch",
+    quantize: str | None = None,
 ) -> dict[str, Any]:
     r"""Index a corpus into ``index_dir`` (see the module docstring for the data flow).
 
@@ -97,6 +99,8 @@ def build_index(
         fit_sample: fit the calibrator on a uniform sample of at most this many rows.
         strict: refuse null or blank texts instead of skipping them.
         lexical: also build a BM25 index (``lexical/``), for ``mode="lexical"`` and ``"hybrid"``.
+        backend: the encoder's runtime, ``torch`` or ``onnx`` (extra ``onnx``).
+        quantize: ``int8`` (ONNX dynamic quantisation), or None.
 
     Returns:
         A summary: rows, skipped, dim, calibration, factory, seconds per stage, bytes on disk.
@@ -120,7 +124,10 @@ def build_index(
     with st.timed("load model"):
         from flowsearch.encoder import Encoder
 
-        enc = Encoder(model, pooling=pooling, max_length=max_length)
+        options: dict[str, Any] = {}
+        if backend != "torch" or quantize is not None:  # only encoders that have them
+            options = {"backend": backend, "quantize": quantize}
+        enc = Encoder(model, pooling=pooling, max_length=max_length, **options)
         loaded = load_fitted(calibrator, calibration, enc.dim) if calibrator is not None else None
         fx.check_factory(index_factory, (loaded.dim_out if loaded else None) or enc.dim)
     with directory.write_version(target, new=True, overwrite=overwrite) as build, st.live():
