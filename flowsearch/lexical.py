@@ -306,7 +306,9 @@ class LexicalIndex:
         live = self._live[self._rows]
         df = np.bincount(terms[live], minlength=n_terms)
         n_live = int(np.count_nonzero(self._live))
-        avg_len = float(self._lengths[self._live].mean()) if n_live else 1.0
+        # 1.0 when no live row has a term: then only dead postings exist, and they weigh 0
+        avg_len = float(self._lengths[self._live].mean()) if n_live else 0.0
+        avg_len = avg_len or 1.0
         # bm25s's idf functions take one df at a time; a corpus has few distinct dfs
         idf_of = scoring._select_idf_scorer(self.method)
         distinct, inverse = np.unique(df, return_inverse=True)
@@ -433,7 +435,9 @@ class LexicalIndex:
             "nnz": self.nnz,
         }
         (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        (directory / "vocab.json").write_text(json.dumps(self._vocab, ensure_ascii=False))
+        (directory / "vocab.json").write_text(
+            json.dumps(self._vocab, ensure_ascii=False), encoding="utf-8"
+        )
         arrays: dict[str, np.ndarray] = {
             "indptr": self._indptr,
             "postings_rows": self._rows,

@@ -265,6 +265,14 @@ def test_compact_equals_a_build_of_the_live_texts():
     _same_search(lex, fresh, QUERIES + ["unique words"], k=60)
 
 
+def test_deleting_every_row_with_terms_leaves_no_hits():
+    lex = LexicalIndex.build(["tide moon", "", "?!"])
+    with np.errstate(all="raise"):  # no division by a zero average length
+        lex.delete([0])
+    assert lex.search(["tide"], k=2)[1].tolist() == [[-1, -1]]
+    assert lex.compact().tolist() == [1, 2] and lex.vocab_size == 0
+
+
 def test_delete_refuses_rows_out_of_range():
     lex = LexicalIndex.build(_corpus(10))
     with pytest.raises(FlowsearchError, match="cannot delete row 10"):
