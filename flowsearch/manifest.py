@@ -480,15 +480,31 @@ def read(index_dir: str | os.PathLike[str]) -> Manifest:
         raw = json.loads(text)
     except ValueError as exc:
         raise FlowsearchError(f"{path} is not valid JSON ({exc}); rebuild the index") from None
+    if isinstance(raw, dict) and "checksum" in raw and raw["checksum"] != _checksum(raw):
+        raise FlowsearchError(
+            f"{path} was changed after it was written (its checksum does not match); "
+            "restore it or rebuild the index"
+        )
     try:
         return from_dict(raw)
     except FlowsearchError as exc:
         raise FlowsearchError(f"{path}: {exc}") from None
 
 
+def _checksum(raw: Mapping[str, Any]) -> str:
+    """sha256 of a manifest's canonical JSON, without its own ``checksum`` field."""
+    body = {k: v for k, v in raw.items() if k != "checksum"}
+    canonical = json.dumps(body, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def write(index_dir: str | os.PathLike[str], manifest: Manifest) -> None:
-    """Atomically replace ``index_dir/manifest.json``: this publishes ``manifest``'s version."""
-    text = json.dumps(to_dict(manifest), indent=2, ensure_ascii=False) + "\n"
+    """Atomically replace ``index_dir/manifest.json``: this publishes ``manifest``'s version.
+
+    The manifest carries a checksum of its own content, so an edit by hand is detected."""
+    raw = to_dict(manifest)
+    raw["checksum"] = _checksum(raw)
+    text = json.dumps(raw, indent=2, ensure_ascii=False) + "\n"
     atomic_write_text(Path(index_dir) / MANIFEST_NAME, text)
 
 
