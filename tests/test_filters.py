@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 
 from flowsearch import store
 from flowsearch.errors import FlowsearchError
-from flowsearch.filters import MetadataFilter, allowed_rows, filtered_search
+from flowsearch.filters import (
+    MetadataFilter,
+    _Watchdog,
+    allowed_rows,
+    filtered_search,
+    prepare_index,
+)
 
 ROWS, SHARD_ROWS, DIM = 900, 300, 16
 COLUMNS = ["year", "lang", "score", "flag", "ts", "tag"]
@@ -453,3 +459,37 @@ def test_ivf_keeps_recall_and_never_returns_fewer_than_k() -> None:
     scores, found = filtered_search(index, far_query, 10, one, exact_below=0)
     assert (found >= 0).all() and set(found[0]) <= set(one)
     np.testing.assert_allclose(scores, _truth(vectors, far_query, one, 10), atol=1e-5)
+
+
+def test_ivf_with_a_direct_map_is_exact_for_selective_filters() -> None:
+    rng = np.random.default_rng(4)
+    vectors = rng.normal(size=(3000, DIM)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(DIM), DIM, 16, faiss.METRIC_INNER_PRODUCT)
+    index.train(vectors)
+    index.add(vectors)
+    index.nprobe = 1
+    prepare_index(index)
+    rows = np.flatnonzero(rng.random(3000) < 0.05)
+    queries = rng.normal(size=(10, DIM)).astype(np.float32)
+    scores, found = filtered_search(index, queries, 10, rows)
+    np.testing.assert_allclose(scores, _truth(vectors, queries, rows, 10), atol=1e-5)
+    assert np.isin(found, rows).all()
+
+
+def test_watchdog_interrupts_only_late_cursors() -> None:
+    class Cursor:
+        interrupted = 0
+
+        def interrupt(self) -> None:
+            self.interrupted += 1
+
+    dog = _Watchdog(period=0.01)
+    late, done = Cursor(), Cursor()
+    dog.watch(late, 0.0)
+    dog.forget(dog.watch(done, 0.0))
+    for _ in range(200):
+        if late.interrupted:
+            break
+        threading.Event().wait(0.01)
+    assert late.interrupted and not done.interrupted
