@@ -505,6 +505,10 @@ def _load(
         )
     if on_gpu:
         faiss_index = fx.to_gpu(faiss_index)
+    else:
+        from flowsearch.filters import prepare_index
+
+        prepare_index(faiss_index)  # IVF: a direct map, so selective filters are exact
     deleted = None
     if manifest.tombstones is not None:
         mask = store.read_tombstones(manifest.path(root, manifest.tombstones), manifest.rows)

@@ -74,9 +74,11 @@ def test_a_failed_build_leaves_nothing_and_the_next_write_cleans_a_killed_one(in
 
 def test_one_writer_at_a_time(index, tmp_path):
     extra = write_corpus(tmp_path / "a.parquet", n=3, id_prefix="a", seed=1)
-    with directory.write_version(index):
-        with pytest.raises(FlowsearchError, match="another flowsearch process is writing"):
-            add_to_index(extra, index)
+    with (
+        directory.write_version(index),
+        pytest.raises(FlowsearchError, match="another flowsearch process is writing"),
+    ):
+        add_to_index(extra, index)
     add_to_index(extra, index)  # the lock is released with the block
 
 
