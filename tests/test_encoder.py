@@ -38,10 +38,13 @@ def _reference(hf_model, text: str, pooling: str) -> np.ndarray:
         "mean": hs[-1],
         "last2avg": (hs[-1] + hs[-2]) / 2,
         "first_last_avg": (hs[1] + hs[-1]) / 2,
-        "static": hs[0],
+        "embedding_layer": hs[0],
+        "static": model.get_input_embeddings().weight.detach()[batch["input_ids"][0, 1:-1]][None],
     }[pooling]
     if layer is None:
         return hs[-1][0, 0].numpy()
+    if layer.shape[1] == 0:  # static of an empty text: no word, a zero vector
+        return np.zeros(layer.shape[-1], dtype=np.float32)
     return layer[0].mean(dim=0).numpy()
 
 
@@ -91,6 +94,9 @@ def test_default_max_length_is_model_limit(tiny_model_dir):
         "pooling": "mean",
         "max_length": 128,
         "dim": 32,
+        "variant": None,
+        "backend": "torch",
+        "quantize": None,
     }
     assert len(enc.revision) == 16
 
@@ -183,5 +189,104 @@ def test_encode_poolings_equals_one_encoder_per_pooling(tiny_model_dir):
     for pooling in POOLINGS:
         alone = Encoder(str(tiny_model_dir), pooling=pooling).encode(TEXTS, batch_size=2)
         np.testing.assert_array_equal(together[pooling], alone)
+    # a static encoder computes the contextual poolings too (the model loads on demand)
+    static = Encoder(str(tiny_model_dir), pooling="static")
+    assert static._model is None
+    again = static.encode_poolings(TEXTS, ["mean", "static"], batch_size=2)
+    np.testing.assert_array_equal(again["mean"], together["mean"])
+    np.testing.assert_array_equal(again["static"], together["static"])
     with pytest.raises(FlowsearchError, match="unknown pooling"):
         enc.encode_poolings(TEXTS, ["max"])
+
+
+def _first_release_encode(hf_model, texts, pooling, batch_size):
+    """The first release's Encoder.encode, kept verbatim in spirit: one full forward pass with
+    every hidden state, length-sorted batches; its ``static`` is today's ``embedding_layer``."""
+    tok, model = hf_model
+    ids = tok(list(texts), truncation=True, max_length=128)["input_ids"]
+    order = np.argsort([-len(x) for x in ids], kind="stable")
+    out = np.empty((len(texts), model.config.hidden_size), dtype=np.float32)
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            width = max(len(ids[i]) for i in rows)
+            input_ids = torch.zeros((len(rows), width), dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for j, i in enumerate(rows):
+                input_ids[j, : len(ids[i])] = torch.as_tensor(ids[i])
+                mask[j, : len(ids[i])] = 1
+            outputs = model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
+            last = outputs.last_hidden_state
+            m = mask.unsqueeze(-1).to(last.dtype)
+            count = m.sum(dim=1).clamp(min=1)
+            hs = outputs.hidden_states
+            if pooling == "cls":
+                pooled = last[:, 0]
+            else:
+                tokens = {
+                    "mean": last,
+                    "last2avg": (hs[-1] + hs[-2]) / 2,
+                    "first_last_avg": (hs[1] + hs[-1]) / 2,
+                    "static": hs[0],
+                }[pooling]
+                pooled = (tokens * m).sum(dim=1) / count
+            out[rows] = pooled.float().numpy()
+    return out
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("cls", "cls"),
+        ("mean", "mean"),
+        ("last2avg", "last2avg"),
+        ("first_last_avg", "first_last_avg"),
+        ("static", "embedding_layer"),
+    ],
+)
+def test_outputs_equal_the_first_release(tiny_model_dir, hf_model, old, new):
+    """Encoding only what a pooling needs changes no bit; old ``static`` is ``embedding_layer``."""
+    expected = _first_release_encode(hf_model, TEXTS, old, batch_size=2)
+    got = Encoder(str(tiny_model_dir), pooling=new).encode(TEXTS, batch_size=2)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_each_pooling_runs_only_what_it_reads(tiny_model_dir, monkeypatch):
+    """static runs no model; embedding_layer only the embeddings; cls/mean no hidden states."""
+    calls = []
+    enc = Encoder(str(tiny_model_dir), pooling="mean")
+    model = enc._torch_model()
+    real_forward = type(model).forward
+
+    def spy(self, *args, **kwargs):
+        calls.append(kwargs.get("output_hidden_states"))
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", spy)
+    enc.encode(TEXTS[:2])
+    assert calls == [False]
+    calls.clear()
+    enc.encode_poolings(TEXTS[:2], ["embedding_layer"])
+    assert calls == []
+    enc.encode_poolings(TEXTS[:2], ["mean", "first_last_avg", "embedding_layer"])
+    assert calls == [True]
+    calls.clear()
+    static = Encoder(str(tiny_model_dir), pooling="static")
+    static.encode(TEXTS)
+    assert calls == [] and static._model is None
+
+
+def test_describe_names_backend_and_variant(tiny_model_dir):
+    static = Encoder(str(tiny_model_dir), pooling="static").describe()
+    assert static["pooling"] == "static" and static["variant"] == "raw"
+    assert static["backend"] == "torch" and static["quantize"] is None
+    layer = Encoder(str(tiny_model_dir), pooling="embedding_layer").describe()
+    assert layer["variant"] is None and layer["pooling"] == "embedding_layer"
+    with pytest.raises(FlowsearchError, match="backend 'onnx' has nothing to run"):
+        Encoder(str(tiny_model_dir), pooling="static", backend="onnx")
+    with pytest.raises(FlowsearchError, match="needs backend='onnx'"):
+        Encoder(str(tiny_model_dir), quantize="int8")
+    with pytest.raises(FlowsearchError, match="unknown backend"):
+        Encoder(str(tiny_model_dir), backend="tensorrt")
+    with pytest.raises(FlowsearchError, match="unknown static variant"):
+        Encoder(str(tiny_model_dir), pooling="static", static_variant="positions")

@@ -57,6 +57,8 @@ def _session(
     cache_dir: str | Path | None,
     encoder: SupportsEncode | None,
     seed: int,
+    backend: str = "torch",
+    quantize: str | None = None,
 ) -> EvalSession:
     if calibration not in CALIBRATIONS:
         raise FlowsearchError(
@@ -67,7 +69,9 @@ def _session(
     if encoder is None:
         from flowsearch.encoder import Encoder
 
-        encoder = Encoder(model, pooling=pooling, max_length=max_length)
+        encoder = Encoder(
+            model, pooling=pooling, max_length=max_length, backend=backend, quantize=quantize
+        )
     cache = VectorCache(cache_dir) if cache_dir is not None else None
     return EvalSession(encoder, root, cache, text=text, batch_size=batch_size, seed=seed)
 
@@ -85,6 +89,8 @@ def run_sts(
     cache_dir: str | Path | None = None,
     encoder: SupportsEncode | None = None,
     seed: int = 0,
+    backend: str = "torch",
+    quantize: str | None = None,
 ) -> dict[str, Any]:
     r"""Spearman x 100 of cosine similarity against gold on the STS tasks.
 
@@ -101,6 +107,8 @@ def run_sts(
         encoder: an already built encoder (then ``model``/``pooling``/``max_length`` are
             taken from it).
         seed: flow seed.
+        backend: encoder backend, ``"torch"`` or ``"onnx"``.
+        quantize: ``None`` or ``"int8"`` (``backend="onnx"`` only).
 
     Returns:
         ``{"model", "pooling", "calibration", "max_length", "results", "avg"}``: ``results``
@@ -119,6 +127,8 @@ def run_sts(
         cache_dir,
         encoder,
         seed,
+        backend,
+        quantize,
     )
     results = {task: session.sts(task, calibration) for task in names}
     desc = session.encoder.describe()
@@ -144,6 +154,8 @@ def run_qnli(
     cache_dir: str | Path | None = None,
     encoder: SupportsEncode | None = None,
     seed: int = 0,
+    backend: str = "torch",
+    quantize: str | None = None,
 ) -> dict[str, Any]:
     r"""AUC x 100 of cosine(question, sentence) for entailment on QNLI dev.
 
@@ -164,6 +176,8 @@ def run_qnli(
         cache_dir,
         encoder,
         seed,
+        backend,
+        quantize,
     )
     desc = session.encoder.describe()
     return {
