@@ -89,7 +89,7 @@ def check_target(index_dir: Path, overwrite: bool) -> None:
             )
         return
     ours = {LOCK_NAME, VERSIONS}
-    foreign = [p.name for p in index_dir.iterdir() if p.name not in ours]
+    foreign = [p.name for p in index_dir.iterdir() if p.name not in ours and not _manifest_tmp(p)]
     if foreign:
         raise FlowsearchError(
             f"{index_dir} exists and is not a flowsearch index (it holds {foreign[0]!r}, ...); "
@@ -119,6 +119,11 @@ def _lock(index_dir: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock; the file stays (removing it would race a new taker)
 
 
+def _manifest_tmp(path: Path) -> bool:
+    """A temporary manifest left by a writer killed inside its atomic write (``atomic.py``)."""
+    return path.name.startswith(f".{mf.MANIFEST_NAME}.tmp-")
+
+
 def _kept(index_dir: Path, current: mf.Manifest) -> set[str]:
     """Version roots a reader may still be on: the current one and the one before it."""
     keep = {current.root}
@@ -130,9 +135,13 @@ def _kept(index_dir: Path, current: mf.Manifest) -> set[str]:
 
 
 def _clean(index_dir: Path, current: mf.Manifest | None) -> None:
-    """Remove what no reader needs: dead builds, versions older than the previous one, and a
-    first-release layout once it is older than that. Called with the lock held."""
+    """Remove what no reader needs: dead builds, a killed writer's temporary manifest, versions
+    older than the previous one, and a first-release layout once it is older than that. Called
+    with the lock held."""
     keep = _kept(index_dir, current) if current is not None else set()
+    for path in index_dir.glob(f".{mf.MANIFEST_NAME}.tmp-*"):
+        LOG.info("removing %s", path)
+        path.unlink(missing_ok=True)
     versions = index_dir / VERSIONS
     if versions.is_dir():
         for path in versions.iterdir():
