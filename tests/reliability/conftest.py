@@ -134,7 +134,8 @@ def index(built, tmp_path) -> Path:
 def snapshot(index: Path) -> tuple:
     """What an index stores: the manifest's bytes and every file with its content hash."""
     index = Path(index)
-    manifest = (index / mf.MANIFEST_NAME).read_bytes() if (index / "manifest.json").exists() else b""
+    path = index / mf.MANIFEST_NAME
+    manifest = path.read_bytes() if path.exists() else b""
     files = sorted(
         (p.relative_to(index).as_posix(), hashlib.sha256(p.read_bytes()).hexdigest())
         for p in index.rglob("*")

@@ -86,8 +86,15 @@ def _commands(corpora, model_dir) -> dict[str, tuple[str, list[str]]]:
     return {
         "index": (
             "plain",
-            ["index", corpora["more"], "--model", model_dir, "--calibration", "flow",
-             "--overwrite"],
+            [
+                "index",
+                corpora["more"],
+                "--model",
+                model_dir,
+                "--calibration",
+                "flow",
+                "--overwrite",
+            ],
         ),  # fmt: skip
         "add": ("plain", ["add", corpora["more"]]),
         "upsert": ("plain", ["upsert", corpora["changed"]]),
@@ -97,7 +104,9 @@ def _commands(corpora, model_dir) -> dict[str, tuple[str, list[str]]]:
     }
 
 
-def _measure(cli, args: list[str], index: Path, base_version: int) -> list[tuple[str, float, float]]:
+def _measure(
+    cli, args: list[str], index: Path, base_version: int
+) -> list[tuple[str, float, float]]:
     """Run once to completion, polling: [(stage, first seen, last seen)] in seconds from start."""
     started = cli.start(*args, "--index", index)
     t0 = time.perf_counter()
