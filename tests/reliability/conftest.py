@@ -40,6 +40,7 @@ class ForkServer:
 
     def __init__(self, scratch: Path) -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env["OMP_NUM_THREADS"] = "1"  # see one_torch_thread
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "forkserver.py")],
@@ -52,7 +53,7 @@ class ForkServer:
         self.scratch = scratch
         self.count = 0
         self.lock = threading.Lock()
-        assert "ready" in self._ask(None)
+        self.ready = False  # it imports torch meanwhile: read its greeting on first use
 
     def _ask(self, req: dict | None) -> dict:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -72,6 +73,8 @@ class ForkServer:
             err = self.scratch / f"cmd{self.count}.err"
             req = {"run": list(map(str, args)), "out": str(out), "err": str(err)}
             req.update(cwd=str(cwd or self.scratch), env=env or {})
+            if not self.ready:
+                self.ready = "ready" in self._ask(None)
             return self._ask(req)["pid"], out, err
 
     def wait(self, started: tuple, timeout: float = 120) -> Result:
@@ -84,9 +87,20 @@ class ForkServer:
         return self.wait(self.start(*args, **kwargs))
 
     def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
+        self.proc.kill()  # nothing to flush: its children were all waited for
         self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="package", autouse=True)
+def one_torch_thread():
+    """Tiny models on a shared 2-core machine: two torch threads spend their time waiting on
+    each other (a 32-dim query took 0.75 s instead of 5 ms); run this package on one."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
