@@ -211,6 +211,20 @@ def make_calibrator(name: str, **config: Any) -> Calibrator:
         raise FlowsearchError(f"bad option for the {name!r} calibrator: {exc}") from exc
 
 
+def _refuse_strangers(path: Path) -> None:
+    """A calibrator directory holds config.json and weights.safetensors only: anything else (a
+    pickle, a torch.save file) is refused rather than ignored, so that no one is led to think
+    it was used (and none of it is ever unpickled)."""
+    for item in sorted(path.iterdir()):
+        if item.name in (CONFIG_FILE, WEIGHTS_FILE) or item.name.startswith("."):
+            continue  # .NAME.tmp-*: an interrupted atomic save
+        raise FlowsearchError(
+            f"unexpected file {item.name!r} in the calibrator directory {path}; a calibrator is "
+            f"{CONFIG_FILE} + {WEIGHTS_FILE} only (never pickle): remove it or save the "
+            "calibrator again"
+        )
+
+
 def load_calibrator(directory: str | os.PathLike[str]) -> Calibrator:
     """Loads a calibrator written by :meth:`Calibrator.save`."""
     from safetensors import SafetensorError
@@ -224,6 +238,7 @@ def load_calibrator(directory: str | os.PathLike[str]) -> Calibrator:
                 f"no saved calibrator at {path} ({required.name} missing); "
                 "pass a directory written by Calibrator.save or an index's calibrator/ folder"
             )
+    _refuse_strangers(path)
     try:
         meta = json.loads(cfg_path.read_text())
         tensors = load_file(str(weights_path))
