@@ -164,7 +164,7 @@ class FlowCalibrator(Calibrator):
             whitening = Whitening()
             whitening.fit(X)
             self.whitening = whitening
-            X = whitening._transform(X)
+            X = whitening.transform64(X)
         data = torch.as_tensor(X, dtype=torch.float32)
         gen = torch.Generator().manual_seed(cfg["seed"] + 1)
         order = torch.randperm(n, generator=gen)
@@ -307,7 +307,7 @@ class FlowCalibrator(Calibrator):
         k = len(self.active)
         U = np.empty_like(Z)
         X = self._run(self.module.inverse, Z[:, :k])
-        U[:, self.active] = X if self.whitening is None else self.whitening._inverse(X)
+        U[:, self.active] = X if self.whitening is None else self.whitening.inverse64(X)
         U[:, self.constant] = Z[:, k:] * self.constant_scale + self.constant_mu
         return U
 
@@ -359,11 +359,10 @@ class FlowCalibrator(Calibrator):
         self.active, self.constant = tensors["active"], tensors["constant"]
         self.constant_mu, self.constant_scale = tensors["constant_mu"], tensors["constant_scale"]
         if self.config.get("prewhiten"):
-            self.whitening = Whitening()
-            self.whitening.dim_in = len(self.active)
-            self.whitening._load_state(
-                {k[7:]: v for k, v in tensors.items() if k.startswith("whiten.")}
-            )
+            whiten = {k[7:]: v for k, v in tensors.items() if k.startswith("whiten.")}
+            whitening = Whitening()
+            whitening.restore(whiten, len(self.active))
+            self.whitening = whitening
         module = self._build(len(self.active))
         module.load_state_dict(
             {k[5:]: torch.from_numpy(v) for k, v in tensors.items() if k.startswith("flow.")}
