@@ -19,7 +19,7 @@ Example:
     ...                "root": "versions/v000003", "encoder": {"model": "m", "revision": "r",
     ...                "pooling": "mean", "max_length": 8, "dim": 4}, "dim": 4,
     ...                "calibration": {"name": "none", "calibrator": "none", "space": "encoder"},
-    ...                "index": {"factory": "Flat"}, "columns": {"text": "text", "id": "id"},
+    ...                "faiss": {"factory": "Flat"}, "columns": {"text": "text", "id": "id"},
     ...                "rows": 0})
     >>> m.version, m.encoder.pooling, m.calibration.space
     (3, 'mean', 'encoder')
