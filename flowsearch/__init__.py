@@ -20,8 +20,13 @@ __all__ = [
     "__version__",
     "add_to_index",
     "build_index",
+    "compact",
+    "delete",
+    "index_info",
     "load_calibrator",
     "make_calibrator",
+    "recalibrate",
+    "upsert",
 ]
 
 _LAZY = {
@@ -31,16 +36,22 @@ _LAZY = {
     "Searcher": "flowsearch.searcher",
     "add_to_index": "flowsearch.ingest",
     "build_index": "flowsearch.ingest",
+    "compact": "flowsearch.rewrite",
+    "delete": "flowsearch.rewrite",
+    "index_info": "flowsearch.searcher",
     "load_calibrator": "flowsearch.calibration",
     "make_calibrator": "flowsearch.calibration",
+    "recalibrate": "flowsearch.rewrite",
+    "upsert": "flowsearch.ingest",
 }
 
 if TYPE_CHECKING:
     from flowsearch.calibration import load_calibrator, make_calibrator
     from flowsearch.encoder import Encoder
     from flowsearch.errors import FlowsearchError
-    from flowsearch.ingest import add_to_index, build_index
-    from flowsearch.searcher import Hit, Searcher
+    from flowsearch.ingest import add_to_index, build_index, upsert
+    from flowsearch.rewrite import compact, delete, recalibrate
+    from flowsearch.searcher import Hit, Searcher, index_info
 
 
 def __getattr__(name: str) -> Any:

@@ -37,12 +37,13 @@ from flowsearch.errors import FlowsearchError
 from flowsearch.progress import Stages
 from flowsearch.space import SearchSpace
 
-__all__ = ["add_to_index", "build_index"]
+__all__ = ["add_to_index", "build_index", "live_ids", "upsert"]
 
 LOG = logging.getLogger(__name__)
 
 _CHUNK_ROWS = 2048  # texts per encoder call: enough to batch by length, small enough for progress
 FAISS_FILE = "index.faiss"
+LEXICAL_DIR = "lexical"
 
 
 def _source(model: str | os.PathLike[str] | None, enc: Any) -> str | None:
@@ -75,6 +76,7 @@ def build_index(
     overwrite: bool = False,
     fit_sample: int = 200_000,
     strict: bool = False,
+    lexical: bool = True,
 ) -> dict[str, Any]:
     r"""Index a corpus into ``index_dir`` (see the module docstring for the data flow).
 
@@ -94,6 +96,7 @@ def build_index(
         overwrite: replace an existing index at ``index_dir``.
         fit_sample: fit the calibrator on a uniform sample of at most this many rows.
         strict: refuse null or blank texts instead of skipping them.
+        lexical: also build a BM25 index (``lexical/``), for ``mode="lexical"`` and ``"hybrid"``.
 
     Returns:
         A summary: rows, skipped, dim, calibration, factory, seconds per stage, bytes on disk.
@@ -133,6 +136,7 @@ def build_index(
             index_factory=index_factory,
             batch_size=batch_size,
             fit_sample=fit_sample,
+            lexical=lexical,
         )
     summary = _summary(target, manifest, st, skipped=plan.skipped)
     LOG.info("indexed %d rows into %s in %.1f s", plan.rows, target, summary["seconds"]["total"])
@@ -160,6 +164,7 @@ def _build(
     index_factory: str,
     batch_size: int,
     fit_sample: int,
+    lexical: bool,
 ) -> mf.Manifest:
     """Encode, calibrate, write and publish (under the writer lock); returns the manifest."""
     tmp = build.path
@@ -212,6 +217,10 @@ def _build(
                 reader.close()
             params = f"nprobe={nprobe}"
         fx.write_index(faiss_index, tmp / FAISS_FILE)
+    lexical_spec = None
+    if lexical:
+        with st.timed("lexical"), st.status("building the BM25 index"):
+            lexical_spec = _build_lexical(tmp, shards)
     manifest = mf.Manifest(
         encoder=mf.EncoderSpec.from_description(enc.describe(), source),
         dim=space.dim,
@@ -225,6 +234,7 @@ def _build(
         ),
         rows=int(plan.rows),
         shards=tuple(shards),
+        lexical=lexical_spec,
         density=density_stats(np.concatenate(lps)) if lps else None,
         skipped=int(plan.skipped),
         next_auto_id=int(plan.rows_in),
@@ -232,6 +242,27 @@ def _build(
         flowsearch_version=_version(),
     )
     return build.publish(manifest)
+
+
+def _build_lexical(root: Path, shards: list[mf.Shard] | tuple[mf.Shard, ...]) -> mf.LexicalSpec:
+    """Build the BM25 index of the texts in ``shards`` (all rows, in order) under
+    ``root/lexical``."""
+    from flowsearch.lexical import LexicalIndex
+
+    reader = store.RowReader(root, shards)
+    try:
+        texts = (text for chunk in reader.column_chunks("text") for text in chunk)
+        lex = LexicalIndex.build(texts)
+    finally:
+        reader.close()
+    lex.save(root / LEXICAL_DIR)
+    return _lexical_spec(lex)
+
+
+def _lexical_spec(lex: Any) -> mf.LexicalSpec:
+    return mf.LexicalSpec(
+        path=LEXICAL_DIR, rows=lex.n_rows, params={"k1": lex.k1, "b": lex.b, "method": lex.method}
+    )
 
 
 def _version() -> str:
@@ -257,7 +288,7 @@ def _summary(target: Path, manifest: mf.Manifest, st: Stages, **extra: Any) -> d
 
 
 def add_to_index(
-    corpus: str | os.PathLike[str],
+    corpus: Any,
     index_dir: str | os.PathLike[str],
     text_column: str | None = None,
     id_column: str | None = None,
@@ -267,12 +298,12 @@ def add_to_index(
 ) -> dict[str, Any]:
     r"""Append a corpus to an existing index under its frozen encoder and calibrator.
 
-    New rows go to new shards, the FAISS index grows (trained indexes keep their training), and
-    the result is published as a new version, atomically like :func:`build_index`. Columns
-    default to the ones the index was built with.
+    New rows go to new shards, the FAISS and BM25 indexes grow (trained indexes keep their
+    training), and the result is published as a new version, atomically like
+    :func:`build_index`. Columns default to the ones the index was built with.
 
     Args:
-        corpus: a corpus file, a directory of them, or a glob.
+        corpus: a corpus file, a directory of them, a glob, a ``pa.Table`` or a list of dicts.
         index_dir: the index directory.
         text_column: default: the index's.
         id_column: default: the index's.
@@ -287,11 +318,61 @@ def add_to_index(
     Raises:
         FlowsearchError: bad input, ids already in the index, or an index that fails to verify.
     """
+    return _write("add", corpus, index_dir, text_column, id_column, batch_size, strict, model)
+
+
+def upsert(
+    index_dir: str | os.PathLike[str],
+    corpus: Any,
+    text_column: str | None = None,
+    id_column: str | None = None,
+    batch_size: int = 64,
+    strict: bool = False,
+    model: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    r"""Insert new ids and replace existing ones, under the index's frozen encoder and calibrator.
+
+    A replaced row is re-encoded and appended; its old row is deleted (never returned again,
+    dropped by :func:`~flowsearch.rewrite.compact`). Published atomically like :func:`add_to_index`,
+    with the same drift report.
+
+    Args:
+        index_dir: the index directory.
+        corpus: a corpus file, a directory of them, a glob, a ``pa.Table`` or a list of dicts
+            (records with the index's id and text columns).
+        text_column: default: the index's.
+        id_column: default: the index's.
+        batch_size: texts per encoder forward pass.
+        strict: refuse null or blank texts instead of skipping them.
+        model: where the index's model directory is now, if it has moved.
+
+    Returns:
+        A summary with ``"upserted"`` (rows written), ``"inserted"``, ``"replaced"`` and
+        ``"drift"``.
+
+    Raises:
+        FlowsearchError: bad input (duplicate ids in the batch, a missing column, ...).
+    """
+    return _write("upsert", corpus, index_dir, text_column, id_column, batch_size, strict, model)
+
+
+def _write(
+    kind: str,
+    corpus: Any,
+    index_dir: str | os.PathLike[str],
+    text_column: str | None,
+    id_column: str | None,
+    batch_size: int,
+    strict: bool,
+    model: str | os.PathLike[str] | None,
+) -> dict[str, Any]:
+    if batch_size < 1:
+        raise FlowsearchError(f"batch_size must be >= 1, got {batch_size}")
     target = Path(index_dir).expanduser()
     st = Stages()
     with directory.write_version(target) as build, st.live():
-        manifest, plan, drift = _add(
-            build, corpus, st, text_column, id_column, batch_size, strict, model
+        manifest, plan, drift, replaced = _append(
+            build, kind, corpus, st, text_column, id_column, batch_size, strict, model
         )
     if drift and drift["warn"]:
         LOG.warning(
@@ -302,20 +383,37 @@ def add_to_index(
             drift["gap_std"],
             DRIFT_WARN_STD,
         )
-    return _summary(target, manifest, st, added=plan.rows, skipped=plan.skipped, drift=drift)
+    extra: dict[str, Any] = {"added": plan.rows}
+    if kind == "upsert":
+        extra = {"upserted": plan.rows, "inserted": plan.rows - replaced, "replaced": replaced}
+    return _summary(target, manifest, st, skipped=plan.skipped, drift=drift, **extra)
 
 
-def _add(
+def live_ids(index_dir: Path, manifest: mf.Manifest) -> tuple[list[Any], np.ndarray | None]:
+    """``(ids of every row, in row order; bool mask of deleted rows or None)``."""
+    reader = store.RowReader(manifest.path(index_dir), manifest.shards)
+    try:
+        ids = list(reader.column("id"))
+    finally:
+        reader.close()
+    deleted = None
+    if manifest.tombstones is not None:
+        deleted = store.read_tombstones(manifest.path(index_dir, manifest.tombstones), len(ids))
+    return ids, deleted
+
+
+def _append(
     build: directory.VersionBuild,
-    corpus: str | os.PathLike[str],
+    kind: str,
+    corpus: Any,
     st: Stages,
     text_column: str | None,
     id_column: str | None,
     batch_size: int,
     strict: bool,
     model: str | os.PathLike[str] | None,
-) -> tuple[mf.Manifest, CorpusPlan, dict[str, Any] | None]:
-    """The body of :func:`add_to_index`, run under the writer lock: (manifest, plan, drift)."""
+) -> tuple[mf.Manifest, CorpusPlan, dict[str, Any] | None, int]:
+    """Append (``add``) or upsert under the writer lock: (manifest, plan, drift, replaced)."""
     import pyarrow as pa
 
     base = build.base
@@ -326,15 +424,15 @@ def _add(
     text_column = text_column or cols.text
     id_column = id_column or cols.id
     with st.timed("scan"):
-        reader = store.RowReader(base.path(index_dir), base.shards)
-        existing = reader.column("id") if id_column is not None else None
-        reader.close()
+        ids, deleted = live_ids(index_dir, base)
+        alive = [i for n, i in enumerate(ids) if deleted is None or not deleted[n]]
         plan = scan_corpus(
             corpus,
             text_column,
             id_column,
             strict=strict,
-            existing_ids=pa.array(existing) if existing is not None else None,
+            existing_ids=pa.array(alive) if id_column is not None else None,
+            on_existing="replace" if kind == "upsert" else "refuse",
             auto_id_start=base.next_auto_id,
         )
         if plan.id_column is None and cols.id is not None:
@@ -342,6 +440,13 @@ def _add(
                 f"the index has ids from column {cols.id!r}, the corpus has no such column; "
                 "pass id_column"
             )
+    replaced_rows = np.zeros(0, dtype=np.int64)
+    if len(plan.replaced_ids):
+        gone = set(plan.replaced_ids.to_pylist())
+        replaced_rows = np.array(
+            [n for n, i in enumerate(ids) if i in gone and (deleted is None or not deleted[n])],
+            dtype=np.int64,
+        )
     with st.timed("load model"):
         space = SearchSpace.open(index_dir, base, model=model)
     build.link("calibrator")
@@ -350,23 +455,37 @@ def _add(
     faiss_index = fx.read_index(base.path(index_dir, FAISS_FILE), base.faiss.params)
     writer = store.ShardWriter(build.path, first_part=len(base.shards))
     lps: list[np.ndarray] = []
-    with st.timed("encode+write"), st.task("adding", total=plan.rows) as advance:
-        for ids, texts, meta in plan.batches(_CHUNK_ROWS):
+    new_texts: list[str] = []
+    with st.timed("encode+write"), st.task(f"{kind}ing", total=plan.rows) as advance:
+        for batch_ids, texts, meta in plan.batches(_CHUNK_ROWS):
             U = space.encoder.encode(texts, batch_size=batch_size, progress=False)
             Z, lp = space.project(U)
             if lp is not None:
                 lps.append(lp)
-            writer.write(store.shard_table(ids, texts, meta, Z, U))
+            writer.write(store.shard_table(batch_ids, texts, meta, Z, U))
             fx.add(faiss_index, Z, base.faiss.factory)
+            if base.lexical is not None:
+                new_texts.extend(texts)
             advance(len(texts))
     with st.timed("write index"):
         fx.write_index(faiss_index, build.path / FAISS_FILE)
     new_shards = writer.close()
+    changes: dict[str, Any] = {}
+    if base.lexical is not None:
+        with st.timed("lexical"):
+            changes["lexical"] = _grow_lexical(build, base, new_texts, replaced_rows)
+    if len(replaced_rows):
+        changes.update(_tombstone(build, base, deleted, replaced_rows))
+    elif base.tombstones is not None:
+        build.link(base.tombstones)
     drift = None
     if lps and base.density is not None:
         ok = reliable(base.calibration.fit_rows, base.dim)
         drift = drift_report(np.concatenate(lps), base.density, ok)
-    record = mf.WriteRecord(kind="add", time=mf.utc_now(), rows=plan.rows, drift=drift)
+    detail = {"replaced": int(len(replaced_rows))} if kind == "upsert" else {}
+    record = mf.WriteRecord(
+        kind=kind, time=mf.utc_now(), rows=plan.rows, drift=drift, detail=detail
+    )
     manifest = mf.with_history(
         base,
         record,
@@ -374,9 +493,38 @@ def _add(
         rows=base.rows + plan.rows,
         skipped=base.skipped + plan.skipped,
         next_auto_id=plan.auto_id_start + plan.rows_in,
+        **changes,
     )
     if model is not None:  # the model moved: remember where it is now
-        manifest = replace(
-            manifest, encoder=replace(base.encoder, source=str(space.encoder.model_id))
-        )
-    return build.publish(manifest), plan, drift
+        encoder = replace(base.encoder, source=str(space.encoder.model_id))
+        manifest = replace(manifest, encoder=encoder)
+    return build.publish(manifest), plan, drift, int(len(replaced_rows))
+
+
+def _grow_lexical(
+    build: directory.VersionBuild, base: mf.Manifest, texts: list[str], dead: np.ndarray
+) -> mf.LexicalSpec:
+    """The BM25 index of ``base`` with ``texts`` appended and rows ``dead`` deleted."""
+    from flowsearch.lexical import LexicalIndex
+
+    assert base.lexical is not None
+    lex = LexicalIndex.load(base.path(build.index_dir, base.lexical.path))
+    lex.add(texts)
+    if len(dead):
+        lex.delete(dead)
+    lex.save(build.path / LEXICAL_DIR)
+    return _lexical_spec(lex)
+
+
+def _tombstone(
+    build: directory.VersionBuild,
+    base: mf.Manifest,
+    deleted: np.ndarray | None,
+    rows: np.ndarray,
+) -> dict[str, Any]:
+    """Write the version's tombstones: ``deleted`` (bool mask or None) plus ``rows``; returns the
+    manifest changes."""
+    old = np.flatnonzero(deleted) if deleted is not None else np.zeros(0, dtype=np.int64)
+    dead = np.union1d(old, rows)
+    store.write_tombstones(build.path / store.TOMBSTONES_FILE, dead)
+    return {"tombstones": store.TOMBSTONES_FILE, "deleted": int(len(dead))}

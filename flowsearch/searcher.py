@@ -30,7 +30,17 @@ from flowsearch.density import QueryReport, query_report
 from flowsearch.errors import FlowsearchError
 from flowsearch.space import SearchSpace
 
-__all__ = ["Hit", "IndexInfo", "QueryResult", "Searcher", "index_info"]
+__all__ = [
+    "HYBRID_CANDIDATES",
+    "HYBRID_WEIGHT",
+    "MODES",
+    "Hit",
+    "IndexInfo",
+    "QueryResult",
+    "Searcher",
+    "hit_dict",
+    "index_info",
+]
 
 LOG = logging.getLogger(__name__)
 
@@ -57,10 +67,21 @@ class Hit:
     text: str
     metadata: dict[str, Any] = field(default_factory=dict)
     log_density: float | None = None
+    dense_score: float | None = None
+    lexical_score: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict of the fields."""
         return asdict(self)
+
+
+#: Search modes: the encoder's side, BM25's side, or both fused.
+MODES = ("dense", "lexical", "hybrid")
+#: Weight of the dense side in hybrid's convex fusion of min-max normalised scores (Bruch et al.
+#: 2022); chosen on the development sets built from ../shared/data (benchmarks/RESULTS.md).
+HYBRID_WEIGHT = 0.5
+#: Candidates each side contributes to hybrid fusion (at least k).
+HYBRID_CANDIDATES = 100
 
 
 @dataclass(frozen=True)
@@ -73,12 +94,20 @@ class QueryResult:
 
     def to_dict(self) -> dict[str, Any]:
         """``{"query", "hits": [{"rank", "id", "score", "text", "metadata"}], "density"}``."""
-        keys = ("rank", "id", "score", "text", "metadata")
         return {
             "query": self.query,
-            "hits": [{key: getattr(h, key) for key in keys} for h in self.hits],
+            "hits": [hit_dict(h) for h in self.hits],
             "density": self.density.to_dict(),
         }
+
+
+def hit_dict(hit: Hit) -> dict[str, Any]:
+    """A hit as ``query --json`` and the HTTP API print it: rank, id, score, text, metadata,
+    and the component scores of a hybrid search."""
+    out = {key: getattr(hit, key) for key in ("rank", "id", "score", "text", "metadata")}
+    if hit.dense_score is not None or hit.lexical_score is not None:
+        out.update(dense_score=hit.dense_score, lexical_score=hit.lexical_score)
+    return out
 
 
 @dataclass(frozen=True)
@@ -133,15 +162,43 @@ def index_info(index_dir: str | os.PathLike[str], verify: bool = False) -> Index
     return directory.open_version(root, describe)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Version:
     """Everything a search reads, for one pinned version."""
 
+    root: Path
     manifest: mf.Manifest
     space: SearchSpace
     faiss_index: Any
     reader: store.RowReader
     verified: directory.Verification
+    deleted: np.ndarray | None  # bool (rows,), True for a deleted row; None when none are
+    lexical: Any  # LexicalIndex or None
+    _filter: Any = None
+    _filter_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def metadata_filter(self) -> Any:
+        """The version's :class:`~flowsearch.filters.MetadataFilter`, made on first use (it
+        loads the id, text and metadata columns)."""
+        with self._filter_lock:
+            if self._filter is None:
+                from flowsearch.filters import MetadataFilter
+
+                paths = [self.manifest.path(self.root, s.path) for s in self.manifest.shards]
+                self._filter = MetadataFilter(paths, self.manifest.columns.metadata)
+            return self._filter
+
+    def allowed(self, where: str | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """``(rows matching where or None for all, bool mask of searchable rows or None)``."""
+        from flowsearch.filters import allowed_rows
+
+        rows = self.metadata_filter().rows(where) if where and where.strip() else None
+        keep = allowed_rows(self.manifest.rows, rows, excluded=self.deleted)
+        if keep is None:
+            return rows, None
+        mask = np.zeros(self.manifest.rows, dtype=bool)
+        mask[keep] = True
+        return rows, mask
 
 
 class Searcher:
@@ -242,36 +299,99 @@ class Searcher:
         """Queries -> (float32 (q, dim) in the searched space, float64 (q,) log-density or None)."""
         return self._version.space.embed(queries)
 
-    @overload
-    def search(self, query: str, k: int = 10) -> list[Hit]: ...
+    @property
+    def default_mode(self) -> str:
+        """``hybrid`` when the index has a lexical part, else ``dense``."""
+        return "hybrid" if self._version.lexical is not None else "dense"
 
     @overload
-    def search(self, query: list[str], k: int = 10) -> list[list[Hit]]: ...
+    def search(
+        self, query: str, k: int = 10, where: str | None = None, mode: str | None = None
+    ) -> list[Hit]: ...
 
-    def search(self, query: str | list[str], k: int = 10) -> list[Hit] | list[list[Hit]]:
+    @overload
+    def search(
+        self, query: list[str], k: int = 10, where: str | None = None, mode: str | None = None
+    ) -> list[list[Hit]]: ...
+
+    def search(
+        self,
+        query: str | list[str],
+        k: int = 10,
+        where: str | None = None,
+        mode: str | None = None,
+    ) -> list[Hit] | list[list[Hit]]:
         """Top-``k`` hits for one query (a list of :class:`Hit`) or a list of queries (one list
-        each), best first.
+        each), best first. Deleted rows are never returned.
+
+        Args:
+            query: a query, or a list of them.
+            k: hits per query.
+            where: a SQL predicate over the metadata columns (evaluated by DuckDB), e.g.
+                ``"year >= 2020 AND lang = 'en'"``: a pre-filter, the top-k among matching rows.
+            mode: ``dense`` (the encoder), ``lexical`` (BM25) or ``hybrid`` (both, fused);
+                None: :attr:`default_mode`.
 
         Raises:
-            FlowsearchError: a query that is not a non-blank string, or k < 1.
+            FlowsearchError: a query that is not a non-blank string, k < 1, a bad ``where``,
+                an unknown mode or one the index cannot serve.
         """
         single = isinstance(query, str)
         queries = _checked_queries(query)
         k = _checked_k(k)
         if not queries:
             return []
-        version = self._version
-        Z, lp = version.space.embed(queries)
-        hits = self._search(version, Z, k, lp)
+        hits, _ = self._run(self._version, queries, k, where, mode)
         return hits[0] if single else hits
 
-    def query(self, query: str, k: int = 10) -> QueryResult:
+    def query(
+        self, query: str, k: int = 10, where: str | None = None, mode: str | None = None
+    ) -> QueryResult:
         """One query's hits with the density report (what ``flowsearch query`` prints)."""
         version = self._version
-        queries = _checked_queries(query)
-        Z, lp = version.space.embed(queries)
-        hits = self._search(version, Z, _checked_k(k), lp)[0]
-        return QueryResult(query, hits, self._report(version, None if lp is None else lp[0]))
+        if not isinstance(query, str):
+            raise FlowsearchError(f"query must be a string, got {type(query).__name__}")
+        hits, lp = self._run(version, _checked_queries(query), _checked_k(k), where, mode)
+        return QueryResult(query, hits[0], self._report(version, None if lp is None else lp[0]))
+
+    def _run(
+        self, version: _Version, queries: list[str], k: int, where: str | None, mode: str | None
+    ) -> tuple[list[list[Hit]], np.ndarray | None]:
+        mode = self._checked_mode(version, mode)
+        rows, mask = version.allowed(where)
+        if rows is not None and not len(rows):
+            return [[] for _ in queries], None
+        lp = None
+        dense = lexical = None
+        candidates = k if mode != "hybrid" else max(k, HYBRID_CANDIDATES)
+        if mode in ("dense", "hybrid"):
+            Z, lp = version.space.embed(queries)
+            dense = self._dense(version, Z, candidates, rows)
+        if mode in ("lexical", "hybrid"):
+            lexical = version.lexical.search(queries, candidates, allowed=mask)
+        if dense is not None and lexical is not None:
+            from flowsearch.fusion import convex
+
+            fused = convex(dense, lexical, k, weight=HYBRID_WEIGHT)
+            comps = (fused.dense_scores, fused.lexical_scores)
+            return self._hits(version, fused.scores, fused.rows, lp, comps), lp
+        side = dense if dense is not None else lexical
+        assert side is not None
+        scores, found = side
+        return self._hits(version, scores, found, lp), lp
+
+    @staticmethod
+    def _checked_mode(version: _Version, mode: str | None) -> str:
+        if mode is None:
+            return "hybrid" if version.lexical is not None else "dense"
+        if mode not in MODES:
+            raise FlowsearchError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        if mode != "dense" and version.lexical is None:
+            raise FlowsearchError(
+                f"mode {mode!r} needs a lexical index, and this index was built without one; "
+                "use mode='dense' or rebuild it with lexical=True"
+            )
+        return mode
 
     def query_report(self, log_density: float | None) -> QueryReport:
         """Judge a query's log-density (a hit's ``log_density``) against the corpus."""
@@ -301,28 +421,53 @@ class Searcher:
             )
         if not np.isfinite(Z).all():
             raise FlowsearchError("vectors hold NaN or infinite values; pass finite vectors")
-        return self._search(version, Z, _checked_k(k), None)
+        scores, rows = self._dense(version, Z, _checked_k(k), None)
+        return self._hits(version, scores, rows, None)
 
-    def _search(
-        self, version: _Version, Z: np.ndarray, k: int, lp: np.ndarray | None
-    ) -> list[list[Hit]]:
+    def _dense(
+        self, version: _Version, Z: np.ndarray, k: int, rows: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """FAISS top-k over the searchable rows (``rows`` matched by a filter, minus deleted)."""
+        if rows is None and version.deleted is None:
+            search = lambda: fx.search(version.faiss_index, Z, k)  # noqa: E731
+        else:
+            from flowsearch.filters import filtered_search
+
+            def search() -> tuple[np.ndarray, np.ndarray]:
+                return filtered_search(version.faiss_index, Z, k, rows, excluded=version.deleted)
+
         if self._gpu:
             with self._index_lock:
-                scores, rows = fx.search(version.faiss_index, Z, k)
-        else:
-            scores, rows = fx.search(version.faiss_index, Z, k)
+                return search()
+        return search()
+
+    def _hits(
+        self,
+        version: _Version,
+        scores: np.ndarray,
+        rows: np.ndarray,
+        lp: np.ndarray | None,
+        components: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> list[list[Hit]]:
         valid = np.unique(rows[rows >= 0])
         with self._rows_lock:
             fetched = version.reader.rows(valid) if valid.size else []
         by_row = dict(zip(valid.tolist(), fetched, strict=True))
         out = []
-        for qi in range(len(Z)):
+        for qi in range(len(rows)):
             density = None if lp is None else float(lp[qi])
             hits: list[Hit] = []
-            for score, row in zip(scores[qi], rows[qi], strict=True):
+            for j, (score, row) in enumerate(zip(scores[qi], rows[qi], strict=True)):
                 if row < 0:
                     continue
                 rec = by_row[int(row)]
+                parts: dict[str, float | None] = {}
+                if components is not None:
+                    d, x = float(components[0][qi, j]), float(components[1][qi, j])
+                    parts = {
+                        "dense_score": None if np.isnan(d) else d,
+                        "lexical_score": None if np.isnan(x) else x,
+                    }
                 hits.append(
                     Hit(
                         id=rec["id"],
@@ -331,6 +476,7 @@ class Searcher:
                         text=rec["text"],
                         metadata=rec["metadata"],
                         log_density=density,
+                        **parts,
                     )
                 )
             out.append(hits)
@@ -359,8 +505,25 @@ def _load(
         )
     if on_gpu:
         faiss_index = fx.to_gpu(faiss_index)
+    deleted = None
+    if manifest.tombstones is not None:
+        mask = store.read_tombstones(manifest.path(root, manifest.tombstones), manifest.rows)
+        deleted = mask if mask.any() else None
+    lexical = None
+    if manifest.lexical is not None:
+        from flowsearch.lexical import LexicalIndex
+
+        folder = manifest.path(root, manifest.lexical.path)
+        if not folder.is_dir():
+            raise FileNotFoundError(folder)
+        lexical = LexicalIndex.load(folder)
+        if lexical.n_rows != manifest.rows:
+            raise FlowsearchError(
+                f"the lexical index in {folder} has {lexical.n_rows} rows, the manifest "
+                f"{manifest.rows}; the index is damaged, rebuild it"
+            )
     reader = store.RowReader(manifest.path(root), manifest.shards)
-    return _Version(manifest, space, faiss_index, reader, checked)
+    return _Version(root, manifest, space, faiss_index, reader, checked, deleted, lexical)
 
 
 def _checked_queries(query: Any) -> list[str]:

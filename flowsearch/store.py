@@ -38,7 +38,11 @@ __all__ = [
     "SHARD_ROWS",
     "RowReader",
     "ShardWriter",
+    "TOMBSTONES_FILE",
+    "read_tombstones",
     "shard_table",
+    "vector_column",
+    "write_tombstones",
 ]
 
 LOG = logging.getLogger(__name__)
@@ -49,6 +53,11 @@ RESERVED_COLUMNS = ("id", "text", "vector", "raw")
 SHARD_ROWS = 50_000
 #: Rows per Parquet row group: the unit decoded to join one hit to its row.
 ROW_GROUP_ROWS = 1024
+
+
+def vector_column(values: np.ndarray) -> pa.FixedSizeListArray:
+    """The ``vector`` column (``fixed_size_list<float32>``) of a float (n, d) array."""
+    return _fixed_list(values, np.float32)
 
 
 def _fixed_list(values: np.ndarray, dtype: type) -> pa.FixedSizeListArray:
@@ -273,3 +282,37 @@ def _matrix(col: pa.ChunkedArray) -> np.ndarray:
         return np.zeros((0, dim), dtype=np.float32)
     flat = [a.flatten().to_numpy(zero_copy_only=False) for a in col.chunks]
     return np.concatenate(flat).astype(np.float32).reshape(-1, dim)
+
+
+#: Where a version lists its deleted rows (global row numbers, sorted int64, ``.npy``).
+TOMBSTONES_FILE = "tombstones.npy"
+
+
+def write_tombstones(path: Path, rows: np.ndarray) -> None:
+    """Store deleted rows (int64, sorted unique) as a ``.npy`` file (no pickle)."""
+    rows = np.unique(np.asarray(rows, dtype=np.int64))
+    with open(path, "wb") as handle:
+        np.save(handle, rows, allow_pickle=False)
+
+
+def read_tombstones(path: Path, ntotal: int) -> np.ndarray:
+    """The deleted rows of a version as a bool mask (ntotal,) (True = deleted).
+
+    Raises:
+        FlowsearchError: a file that is not an int64 row list within ``[0, ntotal)``.
+    """
+    try:
+        rows = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise FlowsearchError(f"{path} is unreadable ({exc}); the index is damaged") from None
+    if (
+        rows.dtype != np.int64
+        or rows.ndim != 1
+        or (rows.size and (rows.min() < 0 or rows.max() >= ntotal))
+    ):
+        raise FlowsearchError(f"{path} does not list rows of this index; the index is damaged")
+    mask = np.zeros(ntotal, dtype=bool)
+    mask[rows] = True
+    return mask

@@ -1,0 +1,361 @@
+r"""Corpus sources (Parquet, JSON Lines, CSV/TSV files, in-memory tables) as record-batch streams.
+
+What is streamed: Parquet one record batch at a time (``ParquetFile.iter_batches``); JSON Lines and
+CSV/TSV (optionally ``.gz``) through pyarrow's block readers (``pyarrow.json.open_json``,
+``pyarrow.csv.open_csv``), one block of :attr:`Source.block_size` bytes at a time. Those readers
+infer column types from the first block; when a later block disagrees (a key that first appears
+late, a column null at first, a line longer than a block), the file is read again with blocks twice
+as large, up to :data:`MAX_BLOCK` (a file needing more is refused with the line and column). Lists
+of dicts are converted to one in-memory table, after a check that names the record and key of any
+inconsistency.
+
+Every Arrow, JSON, OS and Unicode error met while reading becomes here one
+:class:`~flowsearch.errors.FlowsearchError` line naming the file (and the column and line when
+known) and the fix; no traceback reaches the caller.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.json as pjson
+import pyarrow.parquet as pq
+
+from flowsearch.errors import FlowsearchError
+
+__all__ = [
+    "FORMATS",
+    "MAX_BLOCK",
+    "BlockTooSmall",
+    "Source",
+    "format_of",
+    "records_table",
+    "reading_error",
+]
+
+#: File name suffixes read, and the format each names (``.gz`` may follow a text format).
+FORMATS: dict[str, str] = {
+    ".parquet": "parquet",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".tsv": "tsv",
+}
+#: First block size for the JSON and CSV readers (their type-inference window).
+FIRST_BLOCK = 16 << 20
+#: The largest block tried before a file is refused.
+MAX_BLOCK = 256 << 20
+
+
+class BlockTooSmall(Exception):
+    """A JSON/CSV block reader needs a larger block (long line, or types inferred too early)."""
+
+
+def format_of(path: Path) -> str | None:
+    """The format a file name says (``"parquet"``, ``"jsonl"``, ``"csv"``, ``"tsv"``), or None."""
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] == ".gz":
+        kind = FORMATS.get(suffixes[-2]) if len(suffixes) > 1 else None
+        return kind if kind not in (None, "parquet") else None
+    if suffixes:
+        return FORMATS.get(suffixes[-1])
+    return None
+
+
+@dataclass
+class Source:
+    """One part of a corpus: a file of a known format, or an in-memory table.
+
+    Attributes:
+        name: what error messages call it (the path, or ``"records"``).
+        format: ``"parquet"``, ``"jsonl"``, ``"csv"``, ``"tsv"`` or ``"table"``.
+        path: the file (None for a table).
+        table: the in-memory table (None for a file).
+        block_size: bytes per block for the JSON/CSV readers (grown by the corpus scan).
+    """
+
+    name: str
+    format: str
+    path: Path | None = None
+    table: pa.Table | None = None
+    block_size: int = FIRST_BLOCK
+
+    def schema(self) -> pa.Schema:
+        """The source's columns (for JSON/CSV, as inferred from the first block)."""
+        if self.table is not None:
+            return self.table.schema
+        try:
+            if self.format == "parquet":
+                return pq.read_schema(self._path)
+            return self._open().schema
+        except Exception as exc:  # noqa: BLE001 - mapped to one line here, the boundary
+            raise self._mapped(exc) from None
+
+    def batches(
+        self, batch_rows: int, columns: Sequence[str] | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """Record batches of at most ``batch_rows`` rows, in file order.
+
+        Args:
+            batch_rows: the most rows in one batch.
+            columns: read only these (Parquet reads no others; JSON/CSV parse whole lines anyway).
+
+        Raises:
+            FlowsearchError: the file cannot be read (one line naming it).
+            BlockTooSmall: a JSON/CSV block reader needs larger blocks (the scan retries).
+        """
+        if self.table is not None:
+            table = self.table if columns is None else self.table.select(list(columns))
+            yield from table.to_batches(max_chunksize=batch_rows)
+            return
+        try:
+            if self.format == "parquet":
+                with pq.ParquetFile(self._path) as handle:
+                    yield from handle.iter_batches(batch_size=batch_rows, columns=columns)
+                return
+            for batch in self._open():
+                if columns is not None:
+                    batch = batch.select(list(columns))
+                for start in range(0, batch.num_rows, batch_rows):
+                    yield batch.slice(start, batch_rows)
+        except (FlowsearchError, BlockTooSmall):
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped to one line here, the boundary
+            raise self._mapped(exc) from None
+
+    def _mapped(self, exc: Exception) -> Exception:
+        """BlockTooSmall when a larger block may read the file, else the one-line error."""
+        text_format = self.format in ("jsonl", "csv", "tsv")
+        if text_format and self.block_size < MAX_BLOCK and _needs_larger_block(exc, self.format):
+            return BlockTooSmall(str(exc))
+        return reading_error(exc, self)
+
+    @property
+    def _path(self) -> Path:
+        assert self.path is not None
+        return self.path
+
+    def _open(self) -> pa.RecordBatchReader:
+        stream = pa.input_stream(self._path, compression="detect")
+        if self.format == "jsonl":
+            return pjson.open_json(
+                stream, read_options=pjson.ReadOptions(block_size=self.block_size)
+            )
+        # single-threaded so that CSV errors carry the physical row number
+        return pcsv.open_csv(
+            stream,
+            read_options=pcsv.ReadOptions(block_size=self.block_size, use_threads=False),
+            parse_options=pcsv.ParseOptions(delimiter="\t" if self.format == "tsv" else ","),
+            # an empty field is a missing value (as pandas reads it), not an empty string
+            convert_options=pcsv.ConvertOptions(strings_can_be_null=True),
+        )
+
+
+def _needs_larger_block(exc: Exception, fmt: str) -> bool:
+    """Whether a JSON/CSV error comes from inferring types (or framing lines) on too little."""
+    text = str(exc)
+    if "straddl" in text:
+        return True
+    if fmt == "jsonl":
+        return "unexpected field" in text or "changed from null to" in text
+    return "CSV conversion error" in text  # the first block inferred a type a later one breaks
+
+
+def _line(text: str) -> str:
+    """An error text as one short line."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= 200 else flat[:197] + "..."
+
+
+def reading_error(exc: BaseException, source: Source) -> FlowsearchError:
+    """One line for an error met reading ``source``: what went wrong, where, and the fix."""
+    where = source.name
+    if isinstance(exc, FlowsearchError):
+        return exc
+    if isinstance(exc, PermissionError):
+        return FlowsearchError(f"cannot read {where}: permission denied; make it readable")
+    if isinstance(exc, IsADirectoryError):
+        return FlowsearchError(f"{where} is a directory, not a file; give the directory itself")
+    if isinstance(exc, FileNotFoundError):
+        return FlowsearchError(f"corpus file not found: {where}; check the path")
+    if isinstance(exc, UnicodeDecodeError):
+        return FlowsearchError(f"{where} is not valid UTF-8 (byte {exc.start}); re-encode it")
+    if isinstance(exc, (EOFError, gzip.BadGzipFile)):
+        return FlowsearchError(f"{where} is a truncated or corrupt gzip file; compress it again")
+    text = _line(str(exc))
+    gz = source.path is not None and source.path.suffix.lower() == ".gz"
+    if gz and any(word in text.lower() for word in ("gzip", "zlib", "compress", "inflate")):
+        return FlowsearchError(
+            f"{where} is a truncated or corrupt gzip file ({text}); compress it again"
+        )
+    if source.format == "parquet":
+        if "magic bytes" in text or "size is 0" in text or "Couldn't deserialize" in text:
+            return FlowsearchError(
+                f"{where} is not a Parquet file, or is truncated ({text}); write it again"
+            )
+        return FlowsearchError(f"cannot read {where}: {text}; the file is corrupt, write it again")
+    if source.format == "jsonl":
+        if "Empty JSON stream" in text:
+            return FlowsearchError(f"{where} holds no JSON records; remove it or fill it")
+        try:
+            problem = _json_problem(source._path) if source.path is not None else None
+        except (EOFError, OSError):  # a truncated or corrupt .gz: pyarrow's error said why
+            problem = None
+        if problem:
+            return FlowsearchError(f"{where}: {problem}")
+        return FlowsearchError(f"cannot read {where} as JSON Lines: {text}")
+    if source.format in ("csv", "tsv"):
+        return FlowsearchError(_csv_problem(where, text, source))
+    return FlowsearchError(f"cannot read {where}: {text}")
+
+
+_CSV_COLUMN = re.compile(r"In CSV column #(\d+): Row #(\d+): (.*)")
+_CSV_ROW = re.compile(r"CSV parse error: Row #(\d+): Expected (\d+) columns, got (\d+)")
+
+
+def _csv_problem(where: str, text: str, source: Source) -> str:
+    ragged = _CSV_ROW.search(text)
+    if ragged:
+        line, expected, got = ragged.groups()
+        return (
+            f"{where} line {line} has {got} fields, the header has {expected}; quote fields "
+            "that contain the delimiter, and give every row the same number of fields"
+        )
+    cell = _CSV_COLUMN.search(text)
+    if cell:
+        index, line, detail = cell.groups()
+        try:
+            name = source.schema().names[int(index)]
+        except (FlowsearchError, IndexError):
+            name = f"#{index}"
+        return (
+            f"{where} line {line}, column {name!r}: {detail} (its first {MAX_BLOCK >> 20} MB "
+            "had another type); give the column one type"
+        )
+    if "Empty CSV file" in text:
+        return f"{where} has no header line; write the column names on its first line"
+    return f"cannot read {where} as CSV: {text}"
+
+
+def _kind(value: Any) -> str:
+    """A JSON value's kind, as error messages name it."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (bytes, bytearray)):
+        return "bytes"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+def _json_problem(path: Path) -> str | None:
+    """The first line of a JSON Lines file that pyarrow refuses, said plainly (error path only)."""
+    opener: Any = gzip.open if path.suffix.lower() == ".gz" else open
+    first: dict[str, tuple[str, int]] = {}
+    with opener(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                return f"line {number} is not valid UTF-8 (byte {exc.start}); re-encode the file"
+            except json.JSONDecodeError as exc:
+                return (
+                    f"line {number} is not valid JSON ({exc.msg}, column {exc.colno}); fix it "
+                    "(one JSON object per line, control characters escaped)"
+                )
+            if not isinstance(record, dict):
+                what = "a JSON array" if number == 1 and isinstance(record, list) else _kind(record)
+                return (
+                    f"line {number} is {what}, not a JSON object; write one object per line "
+                    "(for a JSON array: jq -c '.[]')"
+                )
+            for key, value in record.items():
+                if value is None:
+                    continue
+                kind = _kind(value)
+                seen = first.setdefault(key, (kind, number))
+                if seen[0] != kind:
+                    return (
+                        f"key {key!r} is {kind} on line {number} but {seen[0]} on line "
+                        f"{seen[1]}; give each key one type"
+                    )
+    return None
+
+
+def records_table(records: Sequence[Any]) -> pa.Table:
+    """A list of dicts (what ``upsert`` and ``POST /upsert`` pass) as one Arrow table.
+
+    Every record must have the same keys (a value may be None) and each key one kind of value
+    (numbers may mix ints and floats).
+
+    Raises:
+        FlowsearchError: naming the record index and key that break this.
+    """
+    if not records:
+        raise FlowsearchError("no records given; pass at least one record")
+    keys: list[str] | None = None
+    kinds: dict[str, tuple[str, int]] = {}
+    for i, record in enumerate(records):
+        if not isinstance(record, Mapping):
+            raise FlowsearchError(f"records[{i}] is {_kind(record)}, not an object (dict)")
+        if keys is None:
+            keys = list(record)
+            bad = [k for k in keys if not isinstance(k, str)]
+            if bad:
+                raise FlowsearchError(f"records[0] has a non-string key {bad[0]!r}; use names")
+        elif record.keys() != set(keys):
+            missing = [k for k in keys if k not in record]
+            if missing:
+                raise FlowsearchError(
+                    f"records[{i}] lacks key {missing[0]!r} that records[0] has; give every "
+                    "record the same keys (null is fine)"
+                )
+            extra = next(k for k in record if k not in keys)
+            raise FlowsearchError(
+                f"records[{i}] has key {extra!r} that records[0] lacks; give every record the "
+                "same keys (null is fine)"
+            )
+        for key in keys:
+            value = record[key]
+            if value is None:
+                continue
+            kind = _kind(value)
+            seen = kinds.setdefault(key, (kind, i))
+            if seen[0] != kind:
+                raise FlowsearchError(
+                    f"records[{i}][{key!r}] is {kind} but records[{seen[1]}][{key!r}] is "
+                    f"{seen[0]}; give each key one type"
+                )
+    try:
+        return pa.Table.from_pylist(list(records))
+    except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
+        key = _failing_key(records, keys or [])
+        raise FlowsearchError(
+            f"records: key {key!r} cannot be stored ({_line(str(exc))}); give it one type"
+        ) from None
+
+
+def _failing_key(records: Sequence[Mapping[str, Any]], keys: list[str]) -> str:
+    for key in keys:
+        try:
+            pa.array([record[key] for record in records])
+        except (pa.ArrowException, OverflowError, TypeError, ValueError):
+            return key
+    return keys[0] if keys else "?"
