@@ -167,6 +167,11 @@ class _Service:
             return result
 
 
+# module-level, so the route signature's annotations resolve (postponed evaluation)
+_BEARER = HTTPBearer(auto_error=False, description="Authorization: Bearer KEY")
+_X_API_KEY = APIKeyHeader(name="X-API-Key", auto_error=False, description="X-API-Key: KEY")
+
+
 def _auth(api_key: str | None) -> Sequence[DependsParam]:
     """The dependency that checks the API key (none when no key is set)."""
     if api_key is None:
@@ -174,12 +179,10 @@ def _auth(api_key: str | None) -> Sequence[DependsParam]:
     if not api_key.strip():
         raise FlowsearchError("the API key is empty; pass a key or leave FLOWSEARCH_API_KEY unset")
     expected = api_key.encode("utf-8")
-    bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer KEY")
-    header = APIKeyHeader(name="X-API-Key", auto_error=False, description="X-API-Key: KEY")
 
     def check(
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-        x_api_key: Annotated[str | None, Depends(header)],
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
+        x_api_key: Annotated[str | None, Depends(_X_API_KEY)],
     ) -> None:
         given = [credentials.credentials if credentials else None, x_api_key]
         # compare every candidate (no early exit) in constant time, as bytes (any characters)
@@ -283,11 +286,12 @@ def create_app(index_dir: str | os.PathLike[str], api_key: str | None = None) ->
 
     @app.post("/delete", dependencies=guard)
     def delete(body: DeleteRequest) -> dict[str, Any]:
-        """Delete records by id -> ``{"deleted": n, "missing": [ids not found]}``."""
+        """Delete records by id -> ``{"deleted": n, "missing": [ids not found], "version"}``."""
         from flowsearch import delete as delete_ids
 
         result = service.write(lambda: delete_ids(service.index_dir, list(body.ids)))
-        return {"deleted": result.deleted, "missing": list(result.missing)}
+        deleted: dict[str, Any] = result.to_dict()
+        return deleted
 
     return app
 
