@@ -40,6 +40,7 @@ from flowsearch.server import (
     MAX_K,
     MAX_QUERIES,
     MAX_QUERY_CHARS,
+    REFRESH_SECONDS,
     DeleteRequest,
     UpsertRequest,
     create_app,
@@ -400,6 +401,20 @@ def test_concurrent_writes_are_serialized(wclient: httpx.Client, writer: Server)
 
 
 WORDS_FOR = ["cat", "dog", "bird", "fish"]
+
+
+def test_another_process_write_is_served_soon(wclient: httpx.Client, write_index: Path) -> None:
+    from flowsearch import upsert
+
+    rows = wclient.get("/health").json()["rows"]
+    text = "the blue whale sea ship"
+    upsert(write_index, [{"id": "ext1", "text": text, "topic": "sea", "year": 2001}])
+    deadline = time.monotonic() + 10 * REFRESH_SECONDS
+    while wclient.get("/health").json()["rows"] != rows + 1:
+        assert time.monotonic() < deadline, "the server never moved to the new version"
+        time.sleep(0.1)
+    hits = wclient.post("/search", json={"query": text, "k": 1}).json()["hits"]
+    assert hits[0]["id"] == "ext1"
 
 
 # --- bad requests -------------------------------------------------------------------------
