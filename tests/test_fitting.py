@@ -9,6 +9,7 @@ from flowsearch.calibration import make_calibrator
 from flowsearch.calibration.fitting import AUTO_FITS, fit_for_index, load_fitted
 from flowsearch.density import MIN_ROWS_PER_DIM
 from flowsearch.errors import FlowsearchError
+from flowsearch.manifest import AutoDecision
 
 
 def _cone(n, d=8, seed=0):
@@ -23,13 +24,13 @@ def _isotropic(n, d=8, seed=0):
 def test_auto_calibrates_an_anisotropic_corpus_with_enough_rows():
     cal, spec = fit_for_index(_cone(40 * MIN_ROWS_PER_DIM), "auto")
     assert spec.calibrated and cal.name == AUTO_FITS == spec.calibrator
-    assert spec.auto == {"statistic": "mean_cosine", "threshold": 0.33, "calibrated": True}
+    assert spec.auto == AutoDecision("mean_cosine", 0.33, True)
     assert spec.anisotropy["mean_cosine"] > 0.9 and "search in the flow space" in spec.decision
 
 
 def test_auto_keeps_the_encoder_space_when_isotropic_or_too_small():
     _, iso = fit_for_index(_isotropic(200), "auto")
-    assert iso.space == "encoder" and iso.auto["calibrated"] is False
+    assert iso.space == "encoder" and iso.auto.calibrated is False
     _, small = fit_for_index(_cone(MIN_ROWS_PER_DIM * 8 - 1), "auto")
     assert small.space == "encoder" and f"< {MIN_ROWS_PER_DIM} x dim 8" in small.decision
 
