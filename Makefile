@@ -29,8 +29,9 @@ test-slow: setup
 	HF_HUB_OFFLINE=1 FLOWSEARCH_DATA=$${FLOWSEARCH_DATA:-../shared/data} $(BIN)/python -m pytest -q -m slow
 
 lint: setup
-	$(BIN)/ruff check flowsearch tests benchmarks
-	$(BIN)/ruff format --check flowsearch tests benchmarks
+	$(BIN)/ruff check flowsearch tests benchmarks data
+	$(BIN)/ruff format --check flowsearch tests benchmarks data
+	$(BIN)/mypy flowsearch
 
 clean:
 	rm -rf $(VENV) $(INDEX) .pytest_cache .ruff_cache

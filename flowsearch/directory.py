@@ -262,24 +262,46 @@ def write_version(
         check_target(root, overwrite)
     else:
         mf.read(root)  # "no index at ...", before creating anything
+    created = not root.exists()
     with _lock(root):
-        base = mf.read(root) if mf.is_index_dir(root) else None
-        if new:
-            check_target(root, overwrite)  # again: another writer may have published meanwhile
-        elif base is None:
-            raise FlowsearchError(f"{root} is not a flowsearch index (no manifest.json)")
-        _clean(root, base)
-        (root / VERSIONS).mkdir(exist_ok=True)
-        path = root / VERSIONS / f".build-{secrets.token_hex(6)}"
-        path.mkdir()
-        build = VersionBuild(index_dir=root, path=path, base=base)
         try:
-            yield build
+            yield from _versioned(root, new, overwrite)
         finally:
-            if path.exists():
-                shutil.rmtree(path, ignore_errors=True)
-        if build.published is not None:
-            _clean(root, build.published)
+            if created and not mf.is_index_dir(root):
+                _remove_failed_first_build(root)
+
+
+def _versioned(root: Path, new: bool, overwrite: bool) -> Iterator[VersionBuild]:
+    """The body of :func:`write_version`, under the lock."""
+    base = mf.read(root) if mf.is_index_dir(root) else None
+    if new:
+        check_target(root, overwrite)  # again: another writer may have published meanwhile
+    elif base is None:
+        raise FlowsearchError(f"{root} is not a flowsearch index (no manifest.json)")
+    _clean(root, base)
+    (root / VERSIONS).mkdir(exist_ok=True)
+    path = root / VERSIONS / f".build-{secrets.token_hex(6)}"
+    path.mkdir()
+    build = VersionBuild(index_dir=root, path=path, base=base)
+    try:
+        yield build
+    finally:
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+    if build.published is not None:
+        _clean(root, build.published)
+
+
+def _remove_failed_first_build(root: Path) -> None:
+    """Leave nothing of a first build that failed: the directory this write created holds only
+    our lock file and an empty ``versions/`` (called with the lock held)."""
+    versions = root / VERSIONS
+    with contextlib.suppress(OSError):
+        versions.rmdir()
+    if {p.name for p in root.iterdir()} <= {LOCK_NAME}:
+        with contextlib.suppress(OSError):
+            (root / LOCK_NAME).unlink()
+            root.rmdir()
 
 
 def open_version(index_dir: str | os.PathLike[str], opener: Callable[[mf.Manifest], T]) -> T:

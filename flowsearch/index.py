@@ -269,7 +269,7 @@ def read_index(path: str | Path, params: str = "") -> faiss.Index:
         index = faiss.read_index(str(path))
     except RuntimeError as exc:
         raise FlowsearchError(
-            f"cannot read FAISS index {path} ({exc}); rebuild the index"
+            f"cannot read FAISS index {path} ({_reason(exc)}); rebuild the index"
         ) from None
     set_params(index, params)
     return index

@@ -19,7 +19,7 @@ Example:
     ...                "root": "versions/v000003", "encoder": {"model": "m", "revision": "r",
     ...                "pooling": "mean", "max_length": 8, "dim": 4}, "dim": 4,
     ...                "calibration": {"name": "none", "calibrator": "none", "space": "encoder"},
-    ...                "index": {"factory": "Flat"}, "columns": {"text": "text", "id": "id"},
+    ...                "faiss": {"factory": "Flat"}, "columns": {"text": "text", "id": "id"},
     ...                "rows": 0})
     >>> m.version, m.encoder.pooling, m.calibration.space
     (3, 'mean', 'encoder')
@@ -43,6 +43,7 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "AutoDecision",
     "CalibrationSpec",
     "Columns",
     "DensityStats",
@@ -164,6 +165,16 @@ class EncoderSpec:
 
 
 @dataclass(frozen=True)
+class AutoDecision:
+    """What ``calibration="auto"`` measured and decided: the statistic, its threshold, and
+    whether the calibrated space is searched."""
+
+    statistic: str
+    threshold: float
+    calibrated: bool
+
+
+@dataclass(frozen=True)
 class CalibrationSpec:
     """The calibrator and the searched space.
 
@@ -178,7 +189,7 @@ class CalibrationSpec:
         fit_rows: rows the calibrator was fitted on.
         fit_stats: the calibrator's own fit statistics.
         dim_out: dimension of the calibrator's output.
-        auto: ``{"statistic", "threshold", "calibrated"}`` when ``name == "auto"``.
+        auto: the :class:`AutoDecision` when ``name == "auto"``.
     """
 
     name: str
@@ -191,7 +202,7 @@ class CalibrationSpec:
     fit_rows: int = 0
     fit_stats: Mapping[str, Any] = field(default_factory=dict)
     dim_out: int | None = None
-    auto: Mapping[str, Any] | None = None
+    auto: AutoDecision | None = None
 
     @property
     def calibrated(self) -> bool:
@@ -390,7 +401,14 @@ def from_dict(raw: Any) -> Manifest:
                 options=dict(enc.pop("options", {}), **enc),
             ),
             dim=int(raw["dim"]),
-            calibration=CalibrationSpec(**_known(CalibrationSpec, cal)),
+            calibration=CalibrationSpec(
+                **{
+                    **_known(CalibrationSpec, cal),
+                    "auto": AutoDecision(**_known(AutoDecision, cal["auto"]))
+                    if cal.get("auto")
+                    else None,
+                }
+            ),
             faiss=FaissSpec(**_known(FaissSpec, raw["faiss"])),
             columns=Columns(
                 text=str(cols["text"]),

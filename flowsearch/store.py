@@ -158,7 +158,7 @@ class ShardWriter:
                 self._close_current()
 
     def close(self) -> list[Shard]:
-        """Finish the last part; returns ``[{"path", "rows"}]`` for every part written."""
+        """Finish the last part; returns a :class:`~flowsearch.manifest.Shard` per part written."""
         self._close_current()
         return [Shard(path=s["path"], rows=int(s["rows"])) for s in self.shards if s["rows"] > 0]
 

@@ -1,4 +1,5 @@
-"""Synthetic Parquet corpora for the index tests (words the tiny test BERT knows)."""
+"""Synthetic Parquet corpora for the index tests (words the tiny test BERT knows), and what an
+index directory should and should not hold after a write."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 _WORD_LINES = (
     "cat dog bird fish tree river sea moon sun star city town road car train ship plane",
@@ -50,50 +50,28 @@ def write_corpus(
     return path
 
 
-def siblings(path: Path) -> list[str]:
-    """Hidden scratch directories next to an index (must be none after any build)."""
-    return sorted(p.name for p in path.parent.glob(f".{path.name}.*"))
+#: What an index directory holds (format 2), besides nothing.
+INDEX_ENTRIES = {"manifest.json", ".lock", "versions"}
 
 
-def _tokenizer_works(model_dir: Path) -> bool:
-    from transformers import AutoTokenizer
-
-    return "[UNK]" not in AutoTokenizer.from_pretrained(model_dir).tokenize("the cat")
-
-
-def _build_tiny_bert(path: Path) -> Path:
-    """A tiny random BERT whose tokenizer knows :data:`WORDS` (hidden 32, 3 layers)."""
-    import string
-
-    import torch
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    path.mkdir(parents=True, exist_ok=True)
-    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "of", *WORDS]
-    tokens += list(string.ascii_lowercase + string.digits + string.punctuation)
-    tokens += ["##" + c for c in string.ascii_lowercase + string.digits]
-    vocab = {tok: i for i, tok in enumerate(dict.fromkeys(tokens))}
-    BertTokenizerFast(vocab=vocab, do_lower_case=True).save_pretrained(path)
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        intermediate_size=37,
-        max_position_embeddings=128,
-    )
-    BertModel(config).eval().save_pretrained(path)
-    return path
+def siblings(index_dir: Path) -> list[str]:
+    """Scratch a write left behind (must be none after any write, failed or not): builds under
+    ``versions/.build-*`` (or any other hidden entry there), anything in the index directory
+    that is not :data:`INDEX_ENTRIES` (a format-2 index), and hidden ``.NAME*`` entries next to
+    it (what the first release used for its scratch)."""
+    index_dir = Path(index_dir)
+    found: list[str] = []
+    versions = index_dir / "versions"
+    if versions.is_dir():
+        found += [f"versions/{p.name}" for p in versions.iterdir() if not p.name.startswith("v0")]
+    if index_dir.is_dir():
+        found += [p.name for p in index_dir.iterdir() if p.name not in INDEX_ENTRIES]
+    if index_dir.parent.is_dir():
+        found += [p.name for p in index_dir.parent.glob(f".{index_dir.name}*")]
+    return sorted(found)
 
 
-@pytest.fixture(scope="session", name="model_dir")
-def model_dir_fixture(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """conftest's tiny BERT when its tokenizer knows our words, else one built here.
-
-    (With transformers 5, ``BertTokenizerFast(vocab_file=...)`` ignores the file and maps every
-    word to [UNK], so all texts embed alike; ``vocab=dict`` works.)
-    """
-    if _tokenizer_works(tiny_model_dir):
-        return tiny_model_dir
-    return _build_tiny_bert(tmp_path_factory.mktemp("tiny-bert-words"))
+def version_dirs(index_dir: Path) -> list[str]:
+    """The version directories present, oldest first (``["v000001", ...]``)."""
+    versions = Path(index_dir) / "versions"
+    return sorted(p.name for p in versions.iterdir() if p.name.startswith("v0"))

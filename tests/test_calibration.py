@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from flowsearch.calibration import CALIBRATORS, load_calibrator, make_calibrator
+from flowsearch.calibration import load_calibrator, make_calibrator, names
 from flowsearch.errors import FlowsearchError
 
-NAMES = sorted(CALIBRATORS)
+NAMES = names()
 SMALL = {"flow": {"width": 8, "levels": 2}, "whitening-flow": {"width": 8, "levels": 2}}
 
 

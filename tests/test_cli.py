@@ -11,14 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from corpus_helpers import (
-    model_dir_fixture,  # noqa: F401 - the `model_dir` fixture
-    sentences,
-    siblings,
-    write_corpus,
-)
+from corpus_helpers import sentences, siblings, write_corpus
 from typer.testing import CliRunner
 
+from flowsearch import manifest as mf
 from flowsearch.cli import app, main
 from flowsearch.searcher import Searcher
 
@@ -38,20 +34,28 @@ def built(tmp_path_factory, model_dir):
 
 def test_index_json_summary(built):
     out, summary = built
-    assert summary["rows"] == 80 and summary["index"] == str(out)
-    assert summary["calibration"] == "auto" and summary["factory"] == "Flat"
+    m = mf.read(out)
+    assert summary["rows"] == m.rows == 80 and summary["index"] == str(out)
+    assert summary["calibration"] == m.calibration.name == "auto"
+    assert summary["factory"] == m.faiss.factory == "Flat" and summary["version"] == m.version
+    # 80 rows < 3 x dim 32: auto keeps the encoder's space (see test_calibrated_space_...)
+    assert summary["space"] == m.calibration.space == "encoder"
 
 
 def test_query_json_matches_api_and_brute_force(built):
     out, _ = built
     query = sentences(1, seed=21)[0]
-    result = runner.invoke(app, ["query", query, "--index", str(out), "-k", "7", "--json"])
+    args = ["query", query, "--index", str(out), "-k", "7", "--mode", "dense", "--json"]
+    result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)  # stdout is exactly one JSON document
-    assert set(doc) == {"query", "hits"} and doc["query"] == query
+    assert set(doc) == {"query", "hits", "density"} and doc["query"] == query
     assert all(set(h) == {"rank", "id", "score", "text", "metadata"} for h in doc["hits"])
     searcher = Searcher.open(out)
-    api = searcher.search(query, k=7)
+    result = searcher.query(query, k=7, mode="dense")
+    assert doc["density"] == json.loads(json.dumps(result.density.to_dict()))
+    assert doc["density"]["log_density"] is not None  # the flow is fitted even in encoder space
+    api = searcher.search(query, k=7, mode="dense")
     Z, _ = searcher.embed([query])
     vec = searcher.search_vectors(Z, k=7)[0]
     brute = Z[0] @ searcher.vectors().T
@@ -82,12 +86,18 @@ def test_query_table_and_env_default(built, tmp_path):
 def test_info(built):
     out, _ = built
     result = runner.invoke(app, ["info", "--index", str(out), "--json"])
-    assert result.exit_code == 0
+    assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["rows"] == 80 and doc["calibration"]["space"] in ("calibrated", "encoder")
+    m = mf.read(out)
+    manifest_doc = json.loads(json.dumps(mf.to_dict(m)))
+    assert {key: doc[key] for key in manifest_doc} == manifest_doc  # the manifest, as stored
+    assert doc["path"] == str(out.resolve()) and doc["live_rows"] == m.live_rows == 80
     assert doc["bytes"]["total"] > doc["bytes"]["shards"] > 0
+    assert doc["verified"]["files"] == len(m.files)
+    assert doc["verified"]["hashed"] + len(doc["verified"]["not_hashed"]) == len(m.files)
     text = CliRunner(env={"COLUMNS": "160"}).invoke(app, ["info", "--index", str(out)]).stdout
     assert "anisotropy" in text and "mean_cosine" in text and "searched space" in text
+    assert f"encoder ({m.calibration.decision}" in " ".join(text.split())
 
 
 def test_add_then_duplicate_add(built, tmp_path):
@@ -201,7 +211,7 @@ def test_info_on_an_incomplete_index_is_one_line(built, tmp_path, part):
 
     out = tmp_path / "idx"
     shutil.copytree(built[0], out)
-    target = out / part
+    target = mf.read(out).path(out, part)
     shutil.rmtree(target) if target.is_dir() else target.unlink()
     for args in (["info", "--index", str(out)], ["info", "--index", str(out), "--json"]):
         result = runner.invoke(app, args)
@@ -234,4 +244,129 @@ def test_json_output_is_valid_json_with_nan_metadata(tmp_path, model_dir):
     assert by_id["d3"] == 0.0 and by_id[f"d{n - 1}"] == 1.0
     result = runner.invoke(app, ["info", "--index", str(out), "--json"])
     assert result.exit_code == 0, result.output
-    assert strict_json(result.stdout)["rows"] == n
+    assert strict_json(result.stdout)["live_rows"] == n
+
+
+@pytest.fixture(scope="module")
+def whitened(tmp_path_factory, model_dir):
+    root = tmp_path_factory.mktemp("cli-white")
+    corpus = write_corpus(root / "c.parquet", n=60, seed=6)
+    out = root / "idx"
+    args = ["index", str(corpus), "--index", str(out), "--model", str(model_dir),
+            "--calibration", "whitening", "--no-lexical", "--json"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_calibrated_space_is_searched_and_verified(whitened, model_dir):
+    """Built with --calibration whitening: the query and the stored vectors are whitened, and
+    the hits are the brute-force top-k in that space (not in the encoder's)."""
+    from flowsearch.calibration import load_calibrator
+    from flowsearch.encoder import Encoder
+    from flowsearch.store import RowReader
+
+    m = mf.read(whitened)
+    assert m.calibration.calibrator == "whitening" and m.calibration.space == "calibrated"
+    cal = load_calibrator(m.path(whitened, "calibrator"))
+    reader = RowReader(m.path(whitened), m.shards)
+    raw, stored, ids = reader.column("raw"), reader.column("vector"), reader.column("id")
+
+    def unit(x):
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    np.testing.assert_allclose(stored, unit(cal.transform(raw)), atol=5e-3)  # raw is float16
+    queries = sentences(5, seed=31)
+    U = Encoder(str(model_dir)).encode(queries)
+    differs = 0
+    for query, u in zip(queries, U, strict=True):
+        result = runner.invoke(app, ["query", query, "--index", str(whitened), "-k", "8", "--json"])
+        assert result.exit_code == 0, result.output
+        hits = json.loads(result.stdout)["hits"]
+        brute = (unit(cal.transform(u[None]))[0] @ stored.T).astype(np.float64)
+        order = np.argsort(-brute, kind="stable")[:8]
+        assert [h["id"] for h in hits] == [ids[i] for i in order]
+        np.testing.assert_allclose([h["score"] for h in hits], brute[order], rtol=1e-4, atol=1e-5)
+        raw_order = np.argsort(-(unit(u[None])[0] @ unit(raw).T), kind="stable")[:8]
+        differs += [ids[i] for i in raw_order] != [h["id"] for h in hits]
+    assert differs > 0  # the encoder's own space would have ranked them otherwise
+    for args in (["--verify", "--json"], ["--verify"]):
+        result = runner.invoke(app, ["info", "--index", str(whitened), *args])
+        assert result.exit_code == 0, result.output
+    verified = json.loads(runner.invoke(app, ["info", "--index", str(whitened), "--verify",
+                                              "--json"]).stdout)["verified"]  # fmt: skip
+    assert verified == {"files": len(m.files), "hashed": len(m.files), "not_hashed": []}
+    # a corrupted file is caught by --verify
+    faiss_file = m.path(whitened, "index.faiss")
+    original = faiss_file.read_bytes()
+    try:
+        data = bytearray(original)
+        data[-1] ^= 0xFF
+        faiss_file.write_bytes(bytes(data))
+        bad = runner.invoke(app, ["info", "--index", str(whitened), "--verify"])
+        assert bad.exit_code == 2 and bad.stderr.startswith("error: checksum mismatch")
+    finally:
+        faiss_file.write_bytes(original)
+
+
+def test_user_strings_are_printed_literally(tmp_path, model_dir):
+    """Rich markup in a query or a passage is text, and an ESC sequence is shown, not obeyed."""
+    texts = ["the [bold]x[/bold] cat", "the \x1b[31mred\x1b[0m dog", "the [/] bird", "a tree"]
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": ["[b]markup[/b]", "esc", "slash", "plain"], "text": texts}),
+                   corpus)  # fmt: skip
+    out = tmp_path / "idx"
+    result = runner.invoke(app, ["index", str(corpus), "--index", str(out), "--model",
+                                 str(model_dir), "--calibration", "none"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    wide = CliRunner(env={"COLUMNS": "200"})
+    for query in ("[/]", "[bold]x[/bold]", "\x1b[2J"):
+        result = wide.invoke(app, ["query", query, "--index", str(out), "-k", "4"])
+        assert result.exit_code == 0, result.output
+        assert "Traceback" not in result.output and "\x1b" not in result.stdout
+        flat = " ".join(result.stdout.split())
+        assert "the [bold]x[/bold] cat" in flat and "[b]markup[/b]" in flat
+        assert "the \\x1b[31mred\\x1b[0m dog" in flat  # the escape, visible
+        assert "the [/] bird" in flat
+    assert "'[/]'" in " ".join(
+        wide.invoke(app, ["query", "[/]", "--index", str(out)]).stdout.split()
+    )  # the title echoes the query literally
+    doc = json.loads(runner.invoke(app, ["query", "[/]", "--index", str(out), "-k", "4",
+                                         "--json"]).stdout)  # fmt: skip
+    assert doc["query"] == "[/]"
+    assert sorted(h["text"] for h in doc["hits"]) == sorted(texts)  # JSON: the exact strings
+
+
+def test_empty_query_is_a_user_error(built):
+    out, _ = built
+    for query in ("", "   "):
+        result = runner.invoke(app, ["query", query, "--index", str(out)])
+        assert result.exit_code == 2 and result.stdout == ""
+        assert result.stderr.startswith("error: the query is empty")
+        assert "Traceback" not in result.output
+
+
+def test_moved_model_is_given_with_model(tmp_path, model_dir):
+    import shutil
+
+    first = tmp_path / "models" / "bert"
+    shutil.copytree(model_dir, first)
+    corpus = write_corpus(tmp_path / "c.parquet", n=20, seed=9)
+    out = tmp_path / "idx"
+    result = runner.invoke(app, ["index", str(corpus), "--index", str(out), "--model", str(first),
+                                 "--calibration", "none"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    query = ["query", "the cat", "--index", str(out), "-k", "3", "--json"]
+    want = json.loads(runner.invoke(app, query).stdout)["hits"]
+    moved = first.rename(tmp_path / "elsewhere")
+    lost = runner.invoke(app, query)
+    assert lost.exit_code == 2 and lost.stdout == ""
+    assert "pass --model" in lost.stderr and "model=" not in lost.stderr  # flags, not kwargs
+    found = runner.invoke(app, [*query, "--model", str(moved)])
+    assert found.exit_code == 0, found.output
+    assert json.loads(found.stdout)["hits"] == want
+    extra = write_corpus(tmp_path / "extra.parquet", n=3, seed=10, id_prefix="x")
+    added = runner.invoke(app, ["add", str(extra), "--index", str(out), "--model", str(moved)])
+    assert added.exit_code == 0, added.output
+    assert mf.read(out).encoder.source == str(moved)  # remembered: no --model needed now
+    assert runner.invoke(app, query).exit_code == 0

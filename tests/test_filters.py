@@ -62,7 +62,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert len(shards) == 3
     table = meta.append_column("id", pa.array([f"doc{i}" for i in range(ROWS)]))
     table = table.append_column("text", pa.array(texts))
-    flt = MetadataFilter([root / s["path"] for s in shards], COLUMNS)
+    flt = MetadataFilter([root / s.path for s in shards], COLUMNS)
     yield {"filter": flt, "table": table, "vectors": vectors}
     flt.close()
 

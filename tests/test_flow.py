@@ -223,3 +223,27 @@ def test_fused_inference_form_equals_the_module(name):
     cal._prepare()
     z_full, ld_full = cal.torch_forward(torch.from_numpy(U))
     np.testing.assert_allclose(cal._transform(U), z_full.detach().numpy(), atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["flow", "whitening-flow"])
+def test_small_batches_take_the_numpy_path_with_the_same_numbers(name):
+    """Queries (few rows) run the fused map in numpy; it must equal the torch path exactly
+    enough, constant dimensions included, and never touch torch's process-wide thread count."""
+    import torch
+
+    from flowsearch.calibration import flow as flow_module
+
+    rng = np.random.default_rng(3)
+    U = rng.normal(size=(600, 12)) @ rng.normal(size=(12, 12))
+    U[:, 5] = 0.25  # a constant dimension
+    cal = make_calibrator(name, seed=0, levels=2, depth=2, width=16).fit(U)
+    Q = U[:7] + rng.normal(scale=0.1, size=(7, 12))
+    threads = torch.get_num_threads()
+    z_small, lp_small = cal.transform_and_log_prob(Q)
+    assert torch.get_num_threads() == threads
+    big = np.concatenate([Q, np.repeat(Q[:1], flow_module.SMALL_BATCH, axis=0)])
+    z_big, lp_big = cal.transform_and_log_prob(big)
+    np.testing.assert_allclose(z_small, z_big[:7], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lp_small, lp_big[:7], rtol=1e-9, atol=1e-7)
+    np.testing.assert_allclose(cal.transform(Q), z_small, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(cal.log_prob(Q), lp_small, rtol=1e-12)

@@ -28,35 +28,76 @@ def test_auto_factory_switches_at_threshold():
     assert fx.auto_factory(1_000, flat_max_rows=1_000) == "Flat"
 
 
+def _filled(x: np.ndarray, factory: str) -> faiss.Index:
+    """What ingest does: an empty index, trained on (a sample of) the vectors, filled in chunks."""
+    index = fx.new_index(x.shape[1], factory)
+    fx.train(index, x, factory)
+    for lo in range(0, len(x), 700):
+        fx.add(index, x[lo : lo + 700], factory)
+    return index
+
+
+def _brute(q: np.ndarray, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    scores = q @ x.T
+    rows = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(scores, rows, 1), rows
+
+
 def test_flat_is_exact_inner_product():
     x = _unit(500)
     q = _unit(7, seed=1)
-    index, factory, params = fx.build_index(x, "auto")
-    assert (factory, params, index.ntotal) == ("Flat", "", 500)
+    assert fx.auto_factory(len(x)) == "Flat"
+    index = _filled(x, "Flat")
+    assert index.ntotal == 500 and index.is_trained
     scores, rows = fx.search(index, q, 5)
-    brute = q @ x.T
-    np.testing.assert_array_equal(rows, np.argsort(-brute, axis=1)[:, :5])
-    np.testing.assert_allclose(scores, np.take_along_axis(brute, rows, 1), rtol=1e-5)
+    want_scores, want_rows = _brute(q, x, 5)
+    np.testing.assert_array_equal(rows, want_rows)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-5)
+
+
+def test_exact_knn_over_chunks_equals_brute_force():
+    x = _unit(1_000, seed=3)
+    q = _unit(9, seed=4)
+    chunks = [x[:1], x[1:333], x[333:333], x[333:]]  # uneven, one empty, one of a single row
+    scores, rows = fx.exact_knn(q, iter(chunks), 12)
+    want_scores, want_rows = _brute(q, x, 12)
+    np.testing.assert_array_equal(rows, want_rows)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-5)
+    _, few = fx.exact_knn(q, [x[:5]], 8)  # fewer rows than k: -1 pads
+    assert (few[:, :5] >= 0).all() and (few[:, 5:] == -1).all()
 
 
 def test_auto_ivf_reaches_target_recall():
     x = _unit(6_000, dim=24, clusters=30)
-    index, factory, params = fx.build_index(x, "auto", flat_max_rows=1_000, target_recall=0.95)
-    assert factory.startswith("IVF") and params.startswith("nprobe=")
+    factory = fx.auto_factory(len(x), flat_max_rows=1_000)
+    assert factory.startswith("IVF") and factory.endswith(",Flat")
+    index = _filled(x, factory)
+    nprobe, recall = fx.tune_nprobe(index, x[::3], lambda: iter([x[:2_500], x[2_500:]]), 0.95)
+    ivf = faiss.extract_index_ivf(index)
+    assert ivf.nprobe == nprobe and 1 < nprobe < ivf.nlist and recall >= 0.95
     q = _unit(300, dim=24, seed=5, clusters=30)  # fresh queries from the same distribution
     _, found = fx.search(index, q, 10)
-    _, truth = fx.search(fx.build_index(x, "Flat")[0], q, 10)
+    _, truth = _brute(q, x, 10)
     assert fx.recall_at_k(found, truth) >= 0.93  # tuned to 0.95 on its own sample
+    ivf.nprobe = 1
+    _, one = fx.search(index, q, 10)
+    assert fx.recall_at_k(one, truth) < 0.93  # so the tuning mattered
+
+
+def test_recall_at_k():
+    truth = np.array([[1, 2, 3], [4, 5, 6]])
+    assert fx.recall_at_k(np.array([[3, 2, 1], [4, 9, 9]]), truth, k=3) == pytest.approx(4 / 6)
+    assert fx.recall_at_k(np.array([[9, 9, 1], [4, 5, 9]]), truth, k=2) == pytest.approx(2 / 4)
 
 
 def test_any_factory_string_trains_when_needed(tmp_path):
     x = _unit(2_000, clusters=40)
     q = _unit(50, seed=7, clusters=40)
-    index, factory, _ = fx.build_index(x, "IVF16,Flat")
-    assert factory == "IVF16,Flat" and index.is_trained and index.ntotal == 2_000
+    index = _filled(x, "IVF16,Flat")
+    assert index.is_trained and index.ntotal == 2_000
     fx.set_params(index, "nprobe=1")  # written with nprobe=1 ...
     fx.write_index(index, tmp_path / "i.faiss")
-    _, exact = fx.search(fx.build_index(x, "Flat")[0], q, 10)
+    _, exact = _brute(q, x, 10)
     _, one = fx.search(index, q, 10)
     again = fx.read_index(tmp_path / "i.faiss", "nprobe=16")  # ... read with nprobe=16
     assert faiss.extract_index_ivf(again).nprobe == 16
@@ -66,23 +107,39 @@ def test_any_factory_string_trains_when_needed(tmp_path):
     assert faiss.extract_index_ivf(fx.read_index(tmp_path / "i.faiss")).nprobe == 1
 
 
+def test_train_uses_at_most_max_rows(monkeypatch):
+    x = _unit(3_000, clusters=10)
+    index = fx.new_index(16, "IVF8,Flat")
+    seen: list[int] = []
+    real = index.train
+    monkeypatch.setattr(index, "train", lambda sample: (seen.append(len(sample)), real(sample)))
+    fx.train(index, x, "IVF8,Flat", max_rows=1_000)
+    assert seen == [1_000] and index.is_trained
+    flat = fx.new_index(16, "Flat")
+    fx.train(flat, x, "Flat")  # nothing to train: a no-op
+    assert flat.ntotal == 0
+
+
 def test_add_continues_row_numbers_and_k_is_clamped():
     x = _unit(30)
-    index, _, _ = fx.build_index(x[:20], "Flat")
+    index = _filled(x[:20], "Flat")
     fx.add(index, x[20:])
     scores, rows = fx.search(index, x[25:26], 100)
     assert rows.shape == (1, 30) and rows[0, 0] == 25
 
 
-def test_bad_factory_is_a_user_error():
+def test_bad_factory_is_a_user_error(tmp_path):
     with pytest.raises(FlowsearchError, match="rejects index factory"):
-        fx.build_index(_unit(50), "NoSuchIndex123")
+        fx.new_index(16, "NoSuchIndex123")
     with pytest.raises(FlowsearchError, match="cannot train"):
-        fx.build_index(_unit(50), "IVF4096,Flat")
-    with pytest.raises(FlowsearchError, match="cannot add vectors.*add_with_ids"):
-        fx.build_index(_unit(50), "IDMap,Flat")
+        fx.train(fx.new_index(16, "IVF4096,Flat"), _unit(50), "IVF4096,Flat")
+    with pytest.raises(FlowsearchError, match="cannot add vectors.*'IDMap,Flat'"):
+        _filled(_unit(50), "IDMap,Flat")
     with pytest.raises(FlowsearchError, match="cannot add vectors"):
         fx.add(faiss.index_factory(16, "IDMap,Flat"), _unit(5))
+    (tmp_path / "junk.faiss").write_bytes(b"not an index")
+    with pytest.raises(FlowsearchError, match="cannot read FAISS index"):
+        fx.read_index(tmp_path / "junk.faiss")
 
 
 @pytest.mark.parametrize(

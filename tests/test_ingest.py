@@ -2,29 +2,21 @@
 
 from __future__ import annotations
 
-import json
+import os
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from corpus_helpers import (
-    model_dir_fixture,  # noqa: F401 - the `model_dir` fixture
-    siblings,
-    write_corpus,
-)
+from corpus_helpers import siblings, version_dirs, write_corpus
 
-from flowsearch import ingest, store
+from flowsearch import directory, ingest, store
+from flowsearch import manifest as mf
+from flowsearch.density import DRIFT_WARN_STD, MIN_ROWS_PER_DIM, drift_report
 from flowsearch.errors import FlowsearchError
 from flowsearch.ingest import add_to_index, build_index
+from flowsearch.manifest import DensityStats
 from flowsearch.searcher import Searcher
-from flowsearch.space import DRIFT_WARN_STD, drift_report
-
-MANIFEST_KEYS = {
-    "format", "format_version", "flowsearch_version", "created", "updated", "encoder", "dim",
-    "calibration", "density", "index", "columns", "rows", "skipped", "next_auto_id", "shards",
-    "additions", "files",
-}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -39,45 +31,60 @@ def built(tmp_path_factory, model_dir, corpus):
     return out, summary
 
 
-def _manifest(path):
-    return json.loads((path / "manifest.json").read_text())
+def _stats(mean: float, std: float, p01: float) -> DensityStats:
+    return DensityStats(mean_log_prob=mean, std_log_prob=std, p01=p01, p05=p01, median=mean,
+                        rows=100)  # fmt: skip
 
 
 def test_build_writes_a_complete_index(built, model_dir):
     out, summary = built
-    m = _manifest(out)
-    assert set(m) >= MANIFEST_KEYS
-    assert m["rows"] == summary["rows"] == 120 and m["skipped"] == 0
-    assert m["encoder"]["model"] == str(model_dir) and m["encoder"]["dim"] == 32
-    assert m["encoder"]["pooling"] == "mean" and m["encoder"]["revision"]
-    assert m["columns"] == {"text": "text", "id": "id", "id_type": "string",
-                            "metadata": ["topic", "year"]}  # fmt: skip
-    cal = m["calibration"]
-    assert cal["name"] == "auto" and cal["calibrator"] == "whitening-flow"
-    # a random BERT's mean-pooled vectors are a narrow cone: auto must search the flow's space
-    assert cal["anisotropy"]["mean_cosine"] > 0.5 and cal["auto_decision"] is True
-    assert cal["space"] == "calibrated" and "flow" in cal["decision"]
-    assert m["density"]["std_log_prob"] > 0 and np.isfinite(m["density"]["mean_log_prob"])
-    assert m["index"] == {"factory": "Flat", "requested": "auto", "params": ""}
-    files = set(m["files"])
-    assert {"index.faiss", "calibrator/config.json", "calibrator/weights.safetensors"} <= files
-    assert "shards/part-00000.parquet" in files
-    store.verify_files(out, m, checksums=True)
-    assert summary["bytes"] > 0 and summary["seconds"]["encode"] > 0
-    assert siblings(out) == []
+    m = mf.read(out)
+    assert (m.version, m.root, m.format_version) == (1, "versions/v000001", mf.FORMAT_VERSION)
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "manifest.json", "versions"]
+    assert version_dirs(out) == ["v000001"] and siblings(out) == []
+    assert m.rows == m.live_rows == summary["rows"] == 120 and m.skipped == m.deleted == 0
+    assert m.next_auto_id == 120 and m.history == () and m.created and m.updated is None
+    assert m.encoder.model == m.encoder.source == str(model_dir) and m.encoder.dim == m.dim == 32
+    assert m.encoder.pooling == "mean" and m.encoder.revision
+    assert m.columns == mf.Columns(text="text", id="id", id_type="string",
+                                   metadata=("topic", "year"))  # fmt: skip
+    cal = m.calibration
+    assert cal.name == "auto" and cal.calibrator == "whitening-flow" and cal.fit_rows == 120
+    # a random BERT's mean-pooled vectors are a narrow cone, and 120 rows >= 3 x dim 32:
+    # auto must search the flow's space
+    assert cal.anisotropy["mean_cosine"] > 0.5 and cal.auto is not None
+    assert cal.auto.calibrated is True and cal.calibrated
+    assert cal.space == "calibrated" and "flow" in cal.decision
+    assert m.density is not None and m.density.rows == 120
+    assert m.density.std_log_prob > 0 and np.isfinite(m.density.mean_log_prob)
+    assert m.faiss == mf.FaissSpec(factory="Flat", requested="auto", params="")
+    assert m.shards == (mf.Shard("shards/part-00000.parquet", 120),)
+    version = m.path(out)
+    on_disk = {p.relative_to(version).as_posix() for p in version.rglob("*") if p.is_file()}
+    assert set(m.files) == on_disk  # every file recorded, nothing else (no scratch left)
+    assert {"index.faiss", "calibrator/config.json", "calibrator/weights.safetensors",
+            "shards/part-00000.parquet"} <= on_disk  # fmt: skip
+    checked = directory.verify(out, m, checksums=True)
+    assert checked.hashed == checked.files == len(on_disk)
+    assert summary["version"] == 1 and summary["space"] == "calibrated"
+    assert summary["bytes"] == sum(r.bytes for r in m.files.values())
 
 
 def test_stored_vectors_are_the_normalised_calibrated_raw_vectors(built):
     out, _ = built
     s = Searcher.open(out)
-    reader = store.RowReader(out, s.manifest["shards"])
+    m = s.manifest
+    reader = store.RowReader(m.path(out), m.shards)
     vec, raw = reader.column("vector"), reader.column("raw")
     np.testing.assert_allclose(np.linalg.norm(vec, axis=1), 1.0, atol=1e-5)
-    Z = s.calibrator.transform(raw)
+    Z = s.space.calibrator.transform(raw)
     Z /= np.linalg.norm(Z, axis=1, keepdims=True)
     # raw is stored as float16, so recomputing from it is close, not exact
     assert np.mean(np.sum(Z * vec, axis=1)) > 0.99
-    schema = pq.read_schema(out / s.manifest["shards"][0]["path"])
+    # ... and the raw vectors themselves would not do (the calibrated space differs)
+    unit = raw / np.linalg.norm(raw, axis=1, keepdims=True)
+    assert np.mean(np.sum(unit * vec, axis=1)) < 0.9
+    schema = pq.read_schema(m.path(out, m.shards[0].path))
     assert schema.field("vector").type == pa.list_(pa.float32(), 32)
     assert schema.field("raw").type == pa.list_(pa.float16(), 32)
 
@@ -88,10 +95,11 @@ def test_auto_keeps_encoder_space_when_isotropic(tmp_path, model_dir, corpus, mo
     monkeypatch.setattr(anisotropy, "should_calibrate", lambda stats: False)
     out = tmp_path / "idx"
     build_index(corpus, out, model=str(model_dir), fit_sample=50)
-    m = _manifest(out)
-    assert m["calibration"]["space"] == "encoder" and m["calibration"]["auto_decision"] is False
-    assert m["calibration"]["fit_rows"] == 50 and m["density"] is not None  # flow still fitted
-    reader = store.RowReader(out, m["shards"])
+    m = mf.read(out)
+    assert m.calibration.space == "encoder" and not m.calibration.calibrated
+    assert m.calibration.auto is not None and m.calibration.auto.calibrated is False
+    assert m.calibration.fit_rows == 50 and m.density is not None  # flow still fitted
+    reader = store.RowReader(m.path(out), m.shards)
     raw = reader.column("raw")
     np.testing.assert_allclose(
         reader.column("vector"), raw / np.linalg.norm(raw, axis=1, keepdims=True), atol=2e-3
@@ -101,16 +109,18 @@ def test_auto_keeps_encoder_space_when_isotropic(tmp_path, model_dir, corpus, mo
 def test_named_calibration_and_reused_calibrator(tmp_path, model_dir, corpus, built):
     out = tmp_path / "white"
     build_index(corpus, out, model=str(model_dir), calibration="whitening", id_column="id")
-    m = _manifest(out)
-    assert m["calibration"]["calibrator"] == "whitening" and m["density"] is None
+    m = mf.read(out)
+    assert m.calibration.calibrator == "whitening" and m.calibration.name == "whitening"
+    assert m.calibration.calibrated and m.calibration.auto is None and m.density is None
     reuse = tmp_path / "reuse"
-    src = built[0] / "calibrator"
+    built_m = mf.read(built[0])
+    src = built_m.path(built[0], "calibrator")
     build_index(corpus, reuse, model=str(model_dir), calibrator=src)
-    m2 = _manifest(reuse)
-    assert m2["calibration"]["fitted_on"] == str(src.resolve())
-    assert m2["calibration"]["space"] == "calibrated"
-    original = _manifest(built[0])["files"]["calibrator/weights.safetensors"]["sha256"]
-    assert m2["files"]["calibrator/weights.safetensors"]["sha256"] == original
+    m2 = mf.read(reuse)
+    assert m2.calibration.fitted_on == str(src.resolve())
+    assert m2.calibration.space == "calibrated"
+    weights = "calibrator/weights.safetensors"
+    assert m2.files[weights].sha256 == built_m.files[weights].sha256
     with pytest.raises(FlowsearchError, match="contradicts"):
         build_index(corpus, tmp_path / "x", model=str(model_dir), calibrator=src,
                     calibration="whitening")  # fmt: skip
@@ -127,9 +137,9 @@ def test_row_number_ids_directory_input_and_small_shards(tmp_path, model_dir, mo
     monkeypatch.setattr(store, "SHARD_ROWS", 25)
     out = tmp_path / "idx"
     build_index(folder, out, model=str(model_dir), text_column="body")
-    m = _manifest(out)
-    assert m["columns"]["id"] is None and m["columns"]["id_type"] == "int"
-    assert [s["rows"] for s in m["shards"]] == [25, 25, 10]
+    m = mf.read(out)
+    assert m.columns.id is None and m.columns.id_type == "int" and m.columns.text == "body"
+    assert [s.rows for s in m.shards] == [25, 25, 10] and m.next_auto_id == 60
     s = Searcher.open(out)
     second = pq.read_table(folder / "part1.parquet").column("body").to_pylist()
     hit = s.search(second[4], k=1)[0]
@@ -141,6 +151,9 @@ def test_glob_input(tmp_path, model_dir):
     write_corpus(tmp_path / "a2.parquet", n=20, seed=2, id_prefix="b")
     summary = build_index(str(tmp_path / "a*.parquet"), tmp_path / "idx", model=str(model_dir))
     assert summary["rows"] == 40
+    ids = store.RowReader(mf.read(tmp_path / "idx").path(tmp_path / "idx"),
+                          mf.read(tmp_path / "idx").shards).column("id")  # fmt: skip
+    assert sorted(ids) == sorted([f"a{i}" for i in range(20)] + [f"b{i}" for i in range(20)])
 
 
 def _bad_corpora(tmp_path):
@@ -165,13 +178,14 @@ def _bad_corpora(tmp_path):
         "strict blanks": (blank, {"strict": True}, "2 row\\(s\\) have a null or blank"),
         "reserved": (reserved, {}, "clash"),
         "bad factory": (good, {"index_factory": "Bogus77"}, "rejects index factory"),
+        "bad calibration": (good, {"calibration": "magic"}, "unknown calib"),
     }
 
 
 @pytest.mark.parametrize(
     "case",
     ["missing", "not parquet", "text column", "empty", "duplicates", "strict blanks", "reserved",
-     "bad factory"],
+     "bad factory", "bad calibration"],
 )  # fmt: skip
 def test_bad_input_writes_nothing(tmp_path, model_dir, case):
     path, kwargs, message = _bad_corpora(tmp_path)[case]
@@ -187,8 +201,10 @@ def test_blank_texts_are_skipped_and_counted(tmp_path, model_dir):
     pq.write_table(pa.table({"id": ["a", "b", "c", "d"], "text": ["cat", None, "  ", "dog"]}), path)
     summary = build_index(path, tmp_path / "idx", model=str(model_dir), calibration="none")
     assert (summary["rows"], summary["skipped"]) == (2, 2)
+    m = mf.read(tmp_path / "idx")
+    assert (m.rows, m.skipped, m.next_auto_id, m.calibration.calibrator) == (2, 2, 4, "none")
     hits = Searcher.open(tmp_path / "idx").search("dog", k=5)
-    assert sorted(h.id for h in hits) == ["a", "d"]
+    assert [h.id for h in hits] == ["d", "a"] and hits[0].score == pytest.approx(1.0, abs=1e-5)
 
 
 def test_existing_targets_are_refused(tmp_path, model_dir, corpus, built):
@@ -197,27 +213,38 @@ def test_existing_targets_are_refused(tmp_path, model_dir, corpus, built):
     (other / "precious.txt").write_text("keep me")
     with pytest.raises(FlowsearchError, match="not a flowsearch index"):
         build_index(corpus, other, model=str(model_dir), overwrite=True)
+    assert [p.name for p in other.iterdir()] == ["precious.txt"]
     assert (other / "precious.txt").read_text() == "keep me"
-    before = (built[0] / "manifest.json").read_text()
-    with pytest.raises(FlowsearchError, match="--overwrite"):
+    before = _snapshot(built[0])
+    # the library speaks in its own terms (the CLI turns this into --overwrite)
+    with pytest.raises(FlowsearchError, match="pass overwrite=True"):
         build_index(corpus, built[0], model=str(model_dir))
-    assert (built[0] / "manifest.json").read_text() == before
+    assert _snapshot(built[0]) == before
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(FlowsearchError, match="is a file"):
+        build_index(corpus, a_file, model=str(model_dir), overwrite=True)
+    assert a_file.read_text() == "x"
 
 
 @pytest.mark.parametrize("exc", [RuntimeError("disk on fire"), KeyboardInterrupt()])
 def test_crash_mid_build_leaves_previous_index(tmp_path, model_dir, corpus, monkeypatch, exc):
     out = tmp_path / "idx"
     build_index(corpus, out, model=str(model_dir), calibration="none")
-    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    before = _snapshot(out)
+    reached: list[bool] = []
 
     def boom(*args, **kwargs):
+        reached.append(True)
         raise exc
 
-    monkeypatch.setattr(ingest.fx, "build_index", boom)  # after shards and calibrator are written
+    # the FAISS file is written after the shards and the calibrator: a late failure
+    monkeypatch.setattr(ingest.fx, "write_index", boom)
     with pytest.raises(type(exc)):
         build_index(corpus, out, model=str(model_dir), overwrite=True)
-    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    assert after == before and siblings(out) == []
+    assert reached == [True]
+    assert _snapshot(out) == before and siblings(out) == [] and version_dirs(out) == ["v000001"]
+    monkeypatch.undo()
     assert len(Searcher.open(out, verify=True).search("the cat", k=3)) == 3
 
 
@@ -226,96 +253,112 @@ def test_overwrite_replaces(tmp_path, model_dir, corpus):
     build_index(corpus, out, model=str(model_dir), calibration="none")
     small = write_corpus(tmp_path / "small.parquet", n=15, seed=9)
     build_index(small, out, model=str(model_dir), calibration="none", overwrite=True)
-    assert _manifest(out)["rows"] == 15 and siblings(out) == []
+    m = mf.read(out)
+    assert (m.rows, m.version, m.root) == (15, 2, "versions/v000002") and siblings(out) == []
+    assert version_dirs(out) == ["v000001", "v000002"]  # kept for readers still on version 1
+    texts = pq.read_table(small).column("text").to_pylist()
+    assert Searcher.open(out, verify=True).search(texts[3], k=1)[0].id == "d3"
 
 
 def test_add_appends_rows_and_reports_drift(tmp_path, model_dir, corpus):
     out = tmp_path / "idx"
     build_index(corpus, out, model=str(model_dir))
-    first = _manifest(out)
+    first = mf.read(out)
     extra = write_corpus(tmp_path / "extra.parquet", n=20, seed=5, id_prefix="new")
     summary = add_to_index(extra, out)
-    m = _manifest(out)
-    assert m["rows"] == 140 and summary["added"] == 20
-    assert [s["path"] for s in m["shards"]] == [
-        "shards/part-00000.parquet", "shards/part-00001.parquet"]  # fmt: skip
-    assert m["files"]["shards/part-00000.parquet"] == first["files"]["shards/part-00000.parquet"]
-    assert m["files"]["index.faiss"] != first["files"]["index.faiss"]
+    m = mf.read(out)
+    assert m.rows == 140 and summary["added"] == 20 and summary["rows"] == 140
+    assert (m.version, m.root) == (2, "versions/v000002") and summary["version"] == 2
+    assert m.shards == (mf.Shard("shards/part-00000.parquet", 120),
+                        mf.Shard("shards/part-00001.parquet", 20))  # fmt: skip
+    # the old shard and calibrator are hard-linked from version 1, not copied or rewritten
+    for rel in ("shards/part-00000.parquet", "calibrator/weights.safetensors"):
+        assert m.files[rel] == first.files[rel]
+        assert os.path.samefile(first.path(out, rel), m.path(out, rel))
+    assert m.files["index.faiss"] != first.files["index.faiss"]
+    assert (m.encoder, m.calibration, m.density, m.columns) == (
+        first.encoder, first.calibration, first.density, first.columns)  # fmt: skip
     drift = summary["drift"]
     assert set(drift) == {"mean_log_prob", "corpus_mean_log_prob", "gap_std",
                           "share_below_p01", "reliable", "warn"}  # fmt: skip
-    assert m["additions"][0]["rows"] == 20 and m["updated"]
+    assert drift["corpus_mean_log_prob"] == pytest.approx(first.density.mean_log_prob)
+    assert drift["reliable"] is True  # 120 rows >= 3 x dim 32
+    assert len(m.history) == 1 and m.history[0].kind == "add" and m.history[0].rows == 20
+    assert m.history[0].drift == drift and m.updated == m.history[0].time
+    directory.verify(out, m, checksums=True)
     s = Searcher.open(out, verify=True)
     text = pq.read_table(extra).column("text")[3].as_py()
     assert s.search(text, k=1)[0].id == "new3"
     # ids already in the index are refused and nothing changes
-    before = (out / "manifest.json").read_text()
+    before = _snapshot(out)
     with pytest.raises(FlowsearchError, match="20 id\\(s\\) are already in the index"):
         add_to_index(extra, out)
-    assert (out / "manifest.json").read_text() == before and siblings(out) == []
+    assert _snapshot(out) == before and siblings(out) == []
+    # the next write removes version 1 (older than the previous version)
+    more = write_corpus(tmp_path / "more.parquet", n=5, seed=7, id_prefix="more")
+    add_to_index(more, out)
+    assert version_dirs(out) == ["v000002", "v000003"] and siblings(out) == []
+    m3 = mf.read(out)
+    assert m3.rows == 145 and [h.rows for h in m3.history] == [20, 5]
+    assert [h.id for h in s.search(text, k=1)] == ["new3"]  # the open searcher still answers
+    assert Searcher.open(out, verify=True).search(text, k=1)[0].id == "new3"
+
+
+def test_add_to_a_missing_index_creates_nothing(tmp_path, corpus):
+    with pytest.raises(FlowsearchError, match="no index"):
+        add_to_index(corpus, tmp_path / "idx")
+    assert not (tmp_path / "idx").exists()
 
 
 def test_drift_report_threshold():
-    corpus = {"mean_log_prob": 100.0, "std_log_prob": 10.0, "p01": 75.0}
+    corpus = _stats(100.0, 10.0, 75.0)
     near = drift_report(np.array([95.0, 99.0, 104.0]), corpus)
     assert not near["warn"] and near["gap_std"] == pytest.approx(0.06666, abs=1e-3)
     far = drift_report(np.array([70.0, 80.0, 88.0]), corpus)
     assert far["warn"] and far["gap_std"] >= DRIFT_WARN_STD
     assert far["share_below_p01"] == pytest.approx(1 / 3)
+    above = drift_report(np.array([200.0]), corpus)  # denser than the corpus is no drift
+    assert not above["warn"] and above["gap_std"] < 0
 
 
 def test_add_warns_on_drift(tmp_path, model_dir, corpus, monkeypatch, caplog):
-    from flowsearch import space as drift
+    from flowsearch import density
 
     out = tmp_path / "idx"
     build_index(corpus, out, model=str(model_dir))
-    monkeypatch.setattr(drift, "DRIFT_WARN_STD", -1e9)  # any gap counts as drift
+    monkeypatch.setattr(density, "DRIFT_WARN_STD", -1e9)  # any gap counts as drift
     extra = write_corpus(tmp_path / "extra.parquet", n=5, seed=6, id_prefix="z")
     with caplog.at_level("WARNING", logger="flowsearch.ingest"):
         summary = add_to_index(extra, out)
     assert summary["drift"]["warn"] is True
-    assert "out of distribution" in caplog.text and "--overwrite" in caplog.text
-    assert _manifest(out)["additions"][-1]["drift"]["warn"] is True
-
-
-def _dead_pid() -> int:
-    import subprocess
-    import sys
-
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
+    assert "out of distribution" in caplog.text and "recalibrate" in caplog.text
+    assert "--" not in caplog.text  # the library names no CLI flags
+    assert mf.read(out).history[-1].drift["warn"] is True
 
 
 def _snapshot(path):
     return {p.relative_to(path): p.read_bytes() for p in path.rglob("*") if p.is_file()}
 
 
-def test_build_killed_between_renames_gets_the_old_index_back(tmp_path, model_dir, corpus):
+def test_a_killed_build_is_removed_by_the_next_writer(tmp_path, model_dir, corpus):
     out = tmp_path / "idx"
     build_index(corpus, out, model=str(model_dir), calibration="none")
-    before = _snapshot(out)
-    # the state a kill between `target -> .old` and `new -> target` leaves: no target, the old
-    # index aside under a dead process's name (and the finished new build in a .tmp)
-    pid = _dead_pid()
-    out.rename(tmp_path / f".idx.old-{pid}-0badf00d")
-    (tmp_path / f".idx.tmp-{pid}-0badf00d").mkdir()
-    with pytest.raises(FlowsearchError, match="rejects index factory"):
-        build_index(corpus, out, model=str(model_dir), index_factory="Bogus7", overwrite=True)
-    assert _snapshot(out) == before and siblings(out) == []
+    before = mf.read(out)
+    # what a kill -9 mid-build leaves: a half-written build directory under versions/
+    dead = out / "versions" / ".build-0badf00d"
+    (dead / "shards").mkdir(parents=True)
+    (dead / "shards" / "part-00000.parquet").write_bytes(b"half a shard")
+    assert siblings(out) == ["versions/.build-0badf00d"]
+    # readers do not see it
     assert len(Searcher.open(out, verify=True).search("the cat", k=3)) == 3
-    # restored before the target is checked: without --overwrite it is not replaced
-    out.rename(tmp_path / f".idx.old-{pid}-0badf00d")
-    with pytest.raises(FlowsearchError, match="--overwrite"):
+    assert mf.read(out) == before
+    # a refused write (the target exists) does not touch it ...
+    with pytest.raises(FlowsearchError, match="overwrite"):
         build_index(corpus, out, model=str(model_dir), calibration="none")
-    assert _snapshot(out) == before and siblings(out) == []
-
-
-def test_searcher_open_restores_an_index_left_aside(tmp_path, model_dir, corpus):
-    out = tmp_path / "idx"
-    build_index(corpus, out, model=str(model_dir), calibration="none")
-    out.rename(tmp_path / f".idx.old-{_dead_pid()}-0badf00d")
-    assert len(Searcher.open(out).search("the cat", k=2)) == 2 and siblings(out) == []
+    # ... the next writer removes it
+    extra = write_corpus(tmp_path / "extra.parquet", n=5, seed=5, id_prefix="new")
+    add_to_index(extra, out)
+    assert siblings(out) == [] and version_dirs(out) == ["v000001", "v000002"]
 
 
 def test_bad_factory_fails_before_encoding(tmp_path, model_dir, corpus, monkeypatch):
@@ -339,7 +382,11 @@ def test_faiss_add_failure_is_a_user_error(tmp_path, model_dir, corpus, monkeypa
         build_index(
             corpus, out, model=str(model_dir), calibration="none", index_factory="IDMap,Flat"
         )
-    assert not out.exists() and siblings(out) == []
+    assert not out.exists()  # a failed first build leaves nothing, not even its directory
+    with pytest.raises(FlowsearchError, match="no index at"):
+        Searcher.open(out)
+    build_index(corpus, out, model=str(model_dir), calibration="none")
+    assert mf.read(out).rows == 120
 
 
 def test_a_second_writer_fails_fast(tmp_path, model_dir, corpus):
@@ -349,14 +396,13 @@ def test_a_second_writer_fails_fast(tmp_path, model_dir, corpus):
     build_index(corpus, out, model=str(model_dir), calibration="none")
     before = _snapshot(out)
     extra = write_corpus(tmp_path / "extra.parquet", n=5, seed=5, id_prefix="new")
-    with open(tmp_path / ".idx.lock", "w") as held:  # what a running writer holds
+    with open(out / ".lock", "a") as held:  # what a running writer holds
         fcntl.flock(held, fcntl.LOCK_EX)
         with pytest.raises(FlowsearchError, match="another flowsearch process is writing"):
             build_index(corpus, out, model=str(model_dir), calibration="none", overwrite=True)
         with pytest.raises(FlowsearchError, match="another flowsearch process is writing"):
             add_to_index(extra, out)
-    (tmp_path / ".idx.lock").unlink()
-    assert _snapshot(out) == before and siblings(out) == []
+        assert _snapshot(out) == before and siblings(out) == []
     assert add_to_index(extra, out)["added"] == 5 and siblings(out) == []
 
 
@@ -364,28 +410,26 @@ def test_relative_model_path_is_recorded_absolute(tmp_path, model_dir, corpus, m
     monkeypatch.chdir(model_dir.parent)
     build_index(corpus, tmp_path / "idx", model=model_dir.name, calibration="none")
     monkeypatch.chdir(tmp_path)
-    enc = _manifest(tmp_path / "idx")["encoder"]
-    assert enc["model"] == enc["source"] == str(model_dir.resolve())
+    enc = mf.read(tmp_path / "idx").encoder
+    assert enc.model == enc.source == str(model_dir.resolve())
     assert len(Searcher.open("idx").search("the cat", k=2)) == 2
 
 
 def test_auto_keeps_encoder_space_for_too_few_rows(tmp_path, model_dir):
     """Anisotropic, but fewer than MIN_ROWS_PER_DIM rows per dimension: a calibrator fitted
     on so few rows overfits (measured on STS-B), so auto searches the encoder's space."""
-    from flowsearch.space import MIN_ROWS_PER_DIM
-
     rows = MIN_ROWS_PER_DIM * 32 - 10
     path = write_corpus(tmp_path / "small.parquet", rows)
     build_index(path, tmp_path / "idx", model=str(model_dir))
-    cal = _manifest(tmp_path / "idx")["calibration"]
-    assert cal["anisotropy"]["mean_cosine"] > 0.5
-    assert cal["auto_decision"] is False and cal["space"] == "encoder"
-    assert f"{rows} rows < {MIN_ROWS_PER_DIM} x dim 32" in cal["decision"]
+    cal = mf.read(tmp_path / "idx").calibration
+    assert cal.anisotropy["mean_cosine"] > 0.5
+    assert cal.auto is not None and cal.auto.calibrated is False and cal.space == "encoder"
+    assert f"{rows} rows < {MIN_ROWS_PER_DIM} x dim 32" in cal.decision
 
 
 def test_drift_is_not_judged_on_a_flow_fitted_on_too_few_rows():
-    corpus = {"mean_log_prob": 100.0, "std_log_prob": 1.0, "p01": 98.0}
+    corpus = _stats(100.0, 1.0, 98.0)
     far = np.array([50.0, 60.0])
     assert drift_report(far, corpus)["warn"] is True
-    small = drift_report(far, corpus, reliable=False)
+    small = drift_report(far, corpus, is_reliable=False)
     assert small["warn"] is False and small["reliable"] is False and small["gap_std"] > 30

@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import json
-import time
+import shutil
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from corpus_helpers import (
-    model_dir_fixture,  # noqa: F401 - the `model_dir` fixture
-    sentences,
-    write_corpus,
-)
+from corpus_helpers import sentences, version_dirs, write_corpus
 
+from flowsearch import manifest as mf
 from flowsearch.encoder import Encoder
 from flowsearch.errors import FlowsearchError
 from flowsearch.ingest import build_index
-from flowsearch.searcher import Hit, Searcher
+from flowsearch.searcher import Hit, Searcher, index_info
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,7 +43,8 @@ def test_hits_are_ranked_joined_and_typed(searcher, index_dir):
     top = hits[0]
     assert isinstance(top, Hit) and top.id == "d7" and top.text == corpus[7]["text"]
     assert top.metadata == {"topic": corpus[7]["topic"], "year": corpus[7]["year"]}
-    assert top.score == pytest.approx(1.0, abs=1e-5)
+    dense = searcher.search(corpus[7]["text"], k=5, mode="dense")[0]
+    assert dense.id == "d7" and dense.score == pytest.approx(1.0, abs=1e-5)
     assert top.log_density is not None and np.isfinite(top.log_density)
     assert len({h.log_density for h in hits}) == 1  # the query's, on every hit
     assert json.loads(json.dumps(top.to_dict()))["id"] == "d7"
@@ -57,7 +56,7 @@ def test_batch_equals_singles_and_k_is_clamped(searcher):
     assert len(batch) == 4
     for q, hits in zip(queries, batch, strict=True):
         single = searcher.search(q, k=3)
-        assert [h.id for h in single] == [h.id for h in hits]
+        assert [h.id for h in single] == [h.id for h in hits] and len(hits) == 3
         np.testing.assert_allclose([h.score for h in single], [h.score for h in hits], rtol=1e-5)
     assert len(searcher.search("the cat", k=1000)) == 150
     assert searcher.search([], k=3) == []
@@ -65,13 +64,19 @@ def test_batch_equals_singles_and_k_is_clamped(searcher):
         searcher.search("the cat", k=0)
     with pytest.raises(FlowsearchError, match="strings"):
         searcher.search([1, 2], k=3)
+    for empty in ("", "   ", ["the cat", "\t\n"]):
+        with pytest.raises(FlowsearchError, match="query is empty"):
+            searcher.search(empty, k=3)
+    with pytest.raises(FlowsearchError, match="query is empty"):
+        searcher.query(" ", k=3)
 
 
 def test_search_vectors_and_brute_force_agree(searcher):
     queries = sentences(6, seed=12)
     Z, lp = searcher.embed(queries)
     assert lp is not None and lp.shape == (6,)
-    by_text = searcher.search(queries, k=10)
+    # dense: the encoder's side alone (the default, hybrid, fuses it with BM25)
+    by_text = searcher.search(queries, k=10, mode="dense")
     by_vec = searcher.search_vectors(Z, k=10)
     stored = searcher.vectors()
     brute = Z @ stored.T
@@ -98,14 +103,26 @@ def test_verify_catches_corruption(tmp_path, index_dir):
 
     copy = tmp_path / "idx"
     shutil.copytree(index_dir, copy)
+    m = mf.read(copy)
     Searcher.open(copy, verify=True)
-    shard = next((copy / "shards").glob("*.parquet"))
-    data = bytearray(shard.read_bytes())
+    shard = m.path(copy, m.shards[0].path)
+    original = shard.read_bytes()
+    data = bytearray(original)
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
     with pytest.raises(FlowsearchError, match="checksum mismatch"):
         Searcher.open(copy, verify=True)
-    (copy / "index.faiss").unlink()
+    with pytest.raises(FlowsearchError, match="checksum mismatch"):
+        Searcher.open(copy)  # a small file: hashed on every open
+    shard.write_bytes(bytes(data[:-1]))
+    with pytest.raises(FlowsearchError, match="bytes"):
+        Searcher.open(copy)
+    shard.write_bytes(original)
+    Searcher.open(copy, verify=True)
+    (m.path(copy) / "stray.txt").write_text("x")
+    with pytest.raises(FlowsearchError, match="unexpected file"):
+        Searcher.open(copy)
+    m.path(copy, "index.faiss").unlink()
     with pytest.raises(FlowsearchError, match="missing"):
         Searcher.open(copy)
 
@@ -113,24 +130,23 @@ def test_verify_catches_corruption(tmp_path, index_dir):
 def test_mismatched_encoder_or_calibrator_is_refused(tmp_path, index_dir, model_dir):
     with pytest.raises(FlowsearchError, match="pooling"):
         Searcher.open(index_dir, encoder=Encoder(str(model_dir), pooling="cls"))
-    import shutil
-
     copy = tmp_path / "idx"
     shutil.copytree(index_dir, copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["calibration"]["config"]["depth"] = 99
-    (copy / "manifest.json").write_text(json.dumps(manifest))
+    m = mf.read(copy)
+    config = {**m.calibration.config, "depth": 99}
+    mf.write(copy, replace(m, calibration=replace(m.calibration, config=config)))
     with pytest.raises(FlowsearchError, match="calibrator"):
         Searcher.open(copy)
     with pytest.raises(FlowsearchError, match="no index"):
         Searcher.open(tmp_path / "nothing")
 
 
+@pytest.mark.slow
 def test_bundled_model_finds_the_right_passage(tmp_path):
-    """End to end on the bundled all-MiniLM-L6-v2 and the shipped sample corpus."""
+    """End to end on the bundled all-MiniLM-L6-v2 and the shipped sample corpus (no timing:
+    build and query times are measured in benchmarks/)."""
     corpus = REPO / "data" / "sample.parquet"
     queries = json.loads((REPO / "tests" / "sample_queries.json").read_text())
-    start = time.perf_counter()
     build_index(corpus, tmp_path / "idx")
     searcher = Searcher.open(tmp_path / "idx", verify=True)
     results = searcher.search([q["query"] for q in queries], k=3)
@@ -140,7 +156,7 @@ def test_bundled_model_finds_the_right_passage(tmp_path):
         if hits[0].id != q["expected_id"]
     ]
     assert misses == []
-    assert len(queries) >= 5 and time.perf_counter() - start < 120
+    assert len(queries) >= 5
 
 
 @pytest.mark.parametrize("factory", ["IVF2,Flat", "HNSW8"])
@@ -148,7 +164,7 @@ def test_other_factories_are_built_and_searched(tmp_path, model_dir, factory):
     corpus = write_corpus(tmp_path / "c.parquet", n=90, seed=5)
     build_index(corpus, tmp_path / "idx", model=str(model_dir), index_factory=factory)
     searcher = Searcher.open(tmp_path / "idx")
-    assert searcher.manifest["index"]["factory"] == factory
+    assert searcher.manifest.faiss.factory == factory
     texts = pq.read_table(corpus).column("text").to_pylist()
     hits = searcher.search(texts[:5], k=3)
     assert [h[0].id for h in hits] == [f"d{i}" for i in range(5)]
@@ -163,17 +179,29 @@ def test_open_searcher_keeps_its_index_through_a_rebuild(tmp_path, model_dir, mo
     out = tmp_path / "idx"
     build_index(corpus, out, model=str(model_dir), calibration="none")
     s = Searcher.open(out)
-    assert len(s.manifest["shards"]) == 6
-    # rebuild the same directory from the same rows in reverse order
+    assert len(s.manifest.shards) == 6 and s.manifest.version == 1
+    assert s.refresh() is False  # nothing newer yet
+    # rebuild the same directory twice from the same rows in reverse order: the second
+    # rebuild deletes version 1, whose files the open searcher still reads
     pq.write_table(table.take(list(range(59, -1, -1))), tmp_path / "b.parquet")
-    build_index(tmp_path / "b.parquet", out, model=str(model_dir), calibration="none",
-                overwrite=True)  # fmt: skip
+    for _ in range(2):
+        build_index(tmp_path / "b.parquet", out, model=str(model_dir), calibration="none",
+                    overwrite=True)  # fmt: skip
+    assert version_dirs(out) == ["v000002", "v000003"]
     ids, texts = table.column("id").to_pylist(), table.column("text").to_pylist()
     for i in (0, 7, 25, 59):
-        hit = s.search(texts[i], k=1)[0]
+        hit = s.search(texts[i], k=1, mode="dense")[0]
         assert (hit.id, hit.text) == (ids[i], texts[i]) and hit.score > 0.999
+        assert s.vectors().shape == (60, 32)
     fresh = Searcher.open(out)
+    assert fresh.manifest.version == 3
     assert [h.id for h in fresh.search(texts[7], k=5)] == [h.id for h in s.search(texts[7], k=5)]
+    # the same rows, in another order: row numbers differ, ids and texts do not
+    assert np.allclose(fresh.vectors()[::-1], s.vectors(), atol=1e-6)
+    # refresh moves the old searcher to version 3 and reuses its encoder
+    encoder = s.encoder
+    assert s.refresh() is True and s.manifest.version == 3 and s.encoder is encoder
+    assert np.array_equal(s.vectors(), fresh.vectors()) and s.refresh() is False
 
 
 def test_numpy_integer_k(searcher):
@@ -186,8 +214,8 @@ def test_numpy_integer_k(searcher):
 
 
 def test_embed_takes_one_flow_pass_when_it_can(searcher, monkeypatch):
-    cal = searcher.calibrator
-    assert searcher.space == "calibrated" and searcher.has_density
+    cal = searcher.space.calibrator
+    assert searcher.manifest.calibration.calibrated and searcher.space.has_density
     U = searcher.encoder.encode(["the red car"], progress=False)
     Z_want = cal.transform(U)
     Z_want /= np.linalg.norm(Z_want, axis=1, keepdims=True)
@@ -221,15 +249,59 @@ def test_index_on_gpu_is_searched_under_the_lock(index_dir, monkeypatch):
     monkeypatch.setattr(fx, "num_gpus", lambda: 1)
     monkeypatch.setattr(fx, "to_gpu", Moved)
     box["s"] = Searcher.open(index_dir)
-    assert isinstance(box["s"].index, Moved)
     assert len(box["s"].search("the cat", k=3)) == 3 and held == [True]
-    assert not isinstance(Searcher.open(index_dir, gpu=False).index, Moved)
+    cpu = Searcher.open(index_dir, gpu=False)
+    assert len(cpu.search("the cat", k=3)) == 3 and held == [True]  # not moved, not searched
 
 
 def test_open_encoder_takes_the_manifest_source_for_a_relative_model_name(index_dir):
-    from flowsearch.searcher import open_encoder
+    from flowsearch.encoder import open_encoder
 
-    info = json.loads((index_dir / "manifest.json").read_text())["encoder"]
-    assert info["model"] == info["source"] and Path(info["source"]).is_absolute()
-    old_style = {**info, "model": "tiny-bert"}  # a relative name, as older manifests kept it
-    assert open_encoder(old_style).model_id == info["source"]
+    spec = mf.read(index_dir).encoder
+    assert spec.model == spec.source and Path(spec.source).is_absolute()
+    old_style = replace(spec, model="tiny-bert")  # a relative name, as older manifests kept it
+    assert open_encoder(old_style).model_id == spec.source
+    with pytest.raises(FlowsearchError, match="revision"):
+        open_encoder(replace(spec, revision="0" * 40))
+
+
+def test_query_result_and_info(searcher, index_dir):
+    result = searcher.query("the red car", k=4)
+    assert result.query == "the red car" and [h.rank for h in result.hits] == [1, 2, 3, 4]
+    assert [h.id for h in result.hits] == [h.id for h in searcher.search("the red car", k=4)]
+    report = result.density
+    m = searcher.manifest
+    assert report.log_density == pytest.approx(result.hits[0].log_density)
+    assert report.corpus_mean == pytest.approx(m.density.mean_log_prob)
+    gap = (m.density.mean_log_prob - report.log_density) / m.density.std_log_prob
+    assert report.gap_std == pytest.approx(gap)
+    assert report.verdict == ("out-of-distribution" if gap >= 1.0 else "in-distribution")
+    doc = json.loads(json.dumps(result.to_dict()))
+    assert set(doc) == {"query", "hits", "density"} and doc["density"]["verdict"] == report.verdict
+    info = searcher.info()
+    assert info.manifest == m and info.path == str(index_dir.resolve())
+    assert info.bytes["total"] == sum(r.bytes for r in m.files.values())
+    assert info.verified.files == len(m.files)
+    cold = index_info(index_dir, verify=True)  # no model load
+    assert cold.manifest == m and cold.verified.hashed == len(m.files)
+    assert cold.to_dict() == info.to_dict() | {"verified": cold.verified.to_dict()}
+
+
+def test_a_moved_model_is_found_with_model(tmp_path, model_dir):
+    """An index records a local model's absolute path; moved, it opens with model=."""
+    first = tmp_path / "models" / "bert"
+    shutil.copytree(model_dir, first)
+    corpus = write_corpus(tmp_path / "c.parquet", n=20, seed=8)
+    out = tmp_path / "idx"
+    build_index(corpus, out, model=str(first), calibration="none")
+    want = [h.id for h in Searcher.open(out).search("the cat", k=3)]
+    moved = first.rename(tmp_path / "elsewhere")
+    with pytest.raises(FlowsearchError, match="pass model="):
+        Searcher.open(out)
+    s = Searcher.open(out, model=moved)
+    assert [h.id for h in s.search("the cat", k=3)] == want
+    other = tmp_path / "other"
+    shutil.copytree(moved, other)
+    (other / "config.json").write_text((other / "config.json").read_text().replace("0.02", "0.03"))
+    with pytest.raises(FlowsearchError, match="revision"):
+        Searcher.open(out, model=other)  # not the same model: refused

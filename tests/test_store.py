@@ -1,8 +1,6 @@
-"""Shards, row lookup and manifest of flowsearch.store, on synthetic rows."""
+"""Shards and row lookup of flowsearch.store, on synthetic rows (the manifest: test_manifest)."""
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pyarrow as pa
@@ -11,6 +9,7 @@ import pytest
 
 from flowsearch import store
 from flowsearch.errors import FlowsearchError
+from flowsearch.manifest import Shard
 
 
 def _rows(n: int, dim: int = 8, start: int = 0, seed: int = 0):
@@ -32,12 +31,12 @@ def test_shards_are_bounded_and_typed(tmp_path):
             store.shard_table(ids[sl], texts[sl], meta.slice(lo, 30), vectors[sl], raw[sl])
         )
     shards = writer.close()
-    assert [s["rows"] for s in shards] == [40, 40, 20]
-    schema = pq.read_schema(tmp_path / shards[0]["path"])
+    assert shards == [Shard(f"shards/part-{i:05d}.parquet", n) for i, n in enumerate([40, 40, 20])]
+    schema = pq.read_schema(tmp_path / shards[0].path)
     assert schema.names == ["id", "text", "year", "vector", "raw"]
     assert schema.field("vector").type == pa.list_(pa.float32(), 8)
     assert schema.field("raw").type == pa.list_(pa.float16(), 8)
-    assert pq.ParquetFile(tmp_path / shards[0]["path"]).num_row_groups == 3
+    assert pq.ParquetFile(tmp_path / shards[0].path).num_row_groups == 3
 
 
 def test_rows_by_global_number_and_columns(tmp_path):
@@ -64,59 +63,9 @@ def test_schema_change_starts_a_new_part(tmp_path):
     writer.write(store.shard_table(ids[:5], texts[:5], meta.slice(0, 5), vectors[:5], raw[:5]))
     writer.write(store.shard_table(ids[5:], texts[5:], None, vectors[5:], raw[5:]))
     shards = writer.close()
-    assert [s["rows"] for s in shards] == [5, 5]
+    assert [s.rows for s in shards] == [5, 5]
     rows = store.RowReader(tmp_path, shards).rows([4, 5])
     assert rows[0]["metadata"] == {"year": 2004} and rows[1]["metadata"] == {}
-
-
-def _manifest(root, files):
-    return {
-        "format": store.FORMAT,
-        "format_version": store.FORMAT_VERSION,
-        "files": {f: store.file_record(root, f) for f in files},
-    }
-
-
-def test_manifest_roundtrip_and_verify(tmp_path):
-    (tmp_path / "a.bin").write_bytes(b"hello")
-    manifest = _manifest(tmp_path, ["a.bin"])
-    store.write_manifest(tmp_path, manifest)
-    assert store.is_index_dir(tmp_path)
-    assert store.read_manifest(tmp_path) == manifest
-    assert list(tmp_path.iterdir()) != [] and not list(tmp_path.glob(".manifest-*"))
-    store.verify_files(tmp_path, manifest, checksums=True)
-    (tmp_path / "a.bin").write_bytes(b"jello")  # same size, different content
-    with pytest.raises(FlowsearchError, match="checksum mismatch"):
-        store.verify_files(tmp_path, manifest, checksums=True)
-    (tmp_path / "a.bin").write_bytes(b"hi")
-    with pytest.raises(FlowsearchError, match="2 bytes"):
-        store.verify_files(tmp_path, manifest)
-    (tmp_path / "a.bin").unlink()
-    with pytest.raises(FlowsearchError, match="missing"):
-        store.verify_files(tmp_path, manifest)
-
-
-def test_read_manifest_refusals(tmp_path):
-    with pytest.raises(FlowsearchError, match="no index"):
-        store.read_manifest(tmp_path / "nope")
-    with pytest.raises(FlowsearchError, match="not a flowsearch index"):
-        store.read_manifest(tmp_path)
-    (tmp_path / "manifest.json").write_text("{not json")
-    with pytest.raises(FlowsearchError, match="unreadable"):
-        store.read_manifest(tmp_path)
-    assert not store.is_index_dir(tmp_path)
-    newer = {"format": store.FORMAT, "format_version": store.FORMAT_VERSION + 1}
-    (tmp_path / "manifest.json").write_text(json.dumps(newer))
-    with pytest.raises(FlowsearchError, match="upgrade flowsearch"):
-        store.read_manifest(tmp_path)
-
-
-def test_sha256_matches_hashlib(tmp_path):
-    import hashlib
-
-    data = np.random.default_rng(0).bytes(3 * 2**20 + 7)
-    (tmp_path / "x").write_bytes(data)
-    assert store.sha256_file(tmp_path / "x") == hashlib.sha256(data).hexdigest()
 
 
 def test_reader_keeps_the_files_it_opened_after_the_directory_is_replaced(tmp_path):
@@ -143,6 +92,34 @@ def test_reader_keeps_the_files_it_opened_after_the_directory_is_replaced(tmp_pa
     np.testing.assert_array_equal(reader.column("vector"), vectors)
 
 
-def test_reader_on_a_missing_shard_is_a_user_error(tmp_path):
+def test_first_part_continues_after_linked_shards(tmp_path):
+    """What add does: shards of the previous version are linked in, new parts follow them."""
+    ids, texts, meta, vectors, raw = _rows(30)
+    first = store.ShardWriter(tmp_path, shard_rows=20)
+    first.write(store.shard_table(ids[:20], texts[:20], meta.slice(0, 20), vectors[:20], raw[:20]))
+    old = first.close()
+    more = store.ShardWriter(tmp_path, first_part=len(old), shard_rows=20)
+    more.write(store.shard_table(ids[20:], texts[20:], meta.slice(20), vectors[20:], raw[20:]))
+    new = more.close()
+    assert [s.path for s in (*old, *new)] == [
+        "shards/part-00000.parquet",
+        "shards/part-00001.parquet",
+    ]
+    reader = store.RowReader(tmp_path, [*old, *new])
+    assert [r["id"] for r in reader.rows([29, 0, 20, 19])] == [
+        "doc-29",
+        "doc-0",
+        "doc-20",
+        "doc-19",
+    ]
+
+
+def test_reader_on_a_missing_or_broken_shard(tmp_path):
+    # a missing file is FileNotFoundError: a reader racing a writer that removed the version
+    # re-reads the manifest and retries (directory.open_version turns it into a user error)
+    with pytest.raises(FileNotFoundError):
+        store.RowReader(tmp_path, [Shard("shards/part-00000.parquet", 3)])
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "part-00000.parquet").write_bytes(b"not parquet")
     with pytest.raises(FlowsearchError, match="cannot open index shard"):
-        store.RowReader(tmp_path, [{"path": "shards/part-00000.parquet", "rows": 3}])
+        store.RowReader(tmp_path, [Shard("shards/part-00000.parquet", 3)])

@@ -6,13 +6,13 @@ All share one protocol (:class:`Calibrator`: ``fit``, ``transform``, ``inverse``
 
 from __future__ import annotations
 
-from flowsearch.calibration import flow as _flow  # noqa: F401 - registers "flow"
 from flowsearch.calibration import linear as _linear  # noqa: F401 - registers the linear ones
 from flowsearch.calibration.base import (
     CALIBRATORS,
     Calibrator,
     load_calibrator,
     make_calibrator,
+    names,
 )
 
-__all__ = ["CALIBRATORS", "Calibrator", "load_calibrator", "make_calibrator"]
+__all__ = ["CALIBRATORS", "Calibrator", "load_calibrator", "make_calibrator", "names"]

@@ -7,6 +7,7 @@ vectors (the "target" setting of Li et al. 2020) and then applied unchanged to q
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -37,6 +38,18 @@ WEIGHTS_FILE = "weights.safetensors"
 
 #: name -> calibrator class; filled by :func:`register`.
 CALIBRATORS: dict[str, type[Calibrator]] = {}
+#: Calibrators registered by a module imported on first use (the flow needs torch, which
+#: ``import flowsearch.calibration`` must not load).
+LAZY: dict[str, str] = {
+    "flow": "flowsearch.calibration.flow",
+    "whitening-flow": "flowsearch.calibration.flow",
+}
+
+
+def names() -> list[str]:
+    """Every calibrator name :func:`make_calibrator` accepts."""
+    return sorted(set(CALIBRATORS) | set(LAZY))
+
 
 C = TypeVar("C", bound="type[Calibrator]")
 
@@ -131,6 +144,23 @@ class Calibrator(ABC):
         """Maps raw vectors ``(n, d)`` to the calibrated space: float32 ``(n, dim_out)``."""
         return self._transform(as_matrix(U, self._need_fitted())).astype(np.float32)
 
+    def transform64(self, U: np.ndarray) -> np.ndarray:
+        """The fitted map at float64, unchecked: for calibrators built from others (the flow's
+        whitening front layer, SN then NATSV), which check their own input once."""
+        self._need_fitted()
+        return self._transform(np.asarray(U, dtype=np.float64))
+
+    def inverse64(self, Z: np.ndarray) -> np.ndarray:
+        """The inverse map at float64, unchecked (see :meth:`transform64`)."""
+        self._need_fitted()
+        return self._inverse(np.asarray(Z, dtype=np.float64))
+
+    def restore(self, tensors: dict[str, np.ndarray], dim_in: int) -> Calibrator:
+        """Set the fitted state from :meth:`state`'s arrays (as :func:`load_calibrator` does)."""
+        self.dim_in = int(dim_in)
+        self._load_state(tensors)
+        return self
+
     def inverse(self, Z: Any) -> np.ndarray:
         """Maps calibrated vectors back to the raw space (float32), where invertible."""
         if not self.invertible:
@@ -200,11 +230,11 @@ def make_calibrator(name: str, **config: Any) -> Calibrator:
         >>> cal.fit(np.random.default_rng(0).normal(size=(50, 4))).transform(np.ones((1, 4))).shape
         (1, 4)
     """
+    if name not in CALIBRATORS and isinstance(name, str) and name in LAZY:
+        importlib.import_module(LAZY[name])
     cls = CALIBRATORS.get(name)
     if cls is None:
-        raise FlowsearchError(
-            f"unknown calibration {name!r}; choose one of {', '.join(sorted(CALIBRATORS))}"
-        )
+        raise FlowsearchError(f"unknown calibration {name!r}; choose one of {', '.join(names())}")
     try:
         return cls(**config)
     except TypeError as exc:

@@ -27,7 +27,7 @@ import numpy as np
 
 from flowsearch.density import MIN_ROWS_PER_DIM
 from flowsearch.errors import FlowsearchError
-from flowsearch.manifest import CalibrationSpec
+from flowsearch.manifest import AutoDecision, CalibrationSpec
 
 __all__ = ["AUTO_FITS", "fit_for_index", "load_fitted"]
 
@@ -113,11 +113,9 @@ def fit_for_index(
                    f", but {len(U)} rows < {MIN_ROWS_PER_DIM} x dim {U.shape[1]}")
                 + f": search in the {'flow' if searched else 'encoder'} space"
             )  # fmt: skip
-            auto = {
-                "statistic": AUTO_STATISTIC,
-                "threshold": float(AUTO_THRESHOLD),
-                "calibrated": searched,
-            }
+            auto = AutoDecision(AUTO_STATISTIC, float(AUTO_THRESHOLD), searched)
+        elif calibration == "none":  # the identity: say so, search the encoder's own vectors
+            space, decision = "encoder", "calibration='none': the encoder's own space"
         else:
             space, decision = "calibrated", f"forced: calibration={calibration!r}"
     LOG.info("calibration: %s", decision)

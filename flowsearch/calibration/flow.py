@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from flowsearch.calibration.base import Calibrator, as_matrix, register
-from flowsearch.calibration.glow import LOG_2PI, STD_FLOOR, FusedGlow, GlowFlow
+from flowsearch.calibration.glow import LOG_2PI, STD_FLOOR, FusedGlow, GlowFlow, halves
 from flowsearch.calibration.linear import Whitening
 from flowsearch.errors import FlowsearchError
 
@@ -57,12 +57,17 @@ __all__ = ["FlowCalibrator"]
 
 LOG = logging.getLogger(__name__)
 
+#: Below this many rows the inference map runs in numpy (see ``FlowCalibrator._small``).
+SMALL_BATCH = 1024
+
 
 @contextmanager
 def _single_thread() -> Iterator[None]:
-    """Runs torch on one thread: the flow's ops are tiny, and several threads spend their time
-    synchronising (on a busy 2-core machine, a 10k-row fit takes 3 s on one thread and over a
-    minute on two; a query's transform 1 ms against p95 spikes of 10-70 ms)."""
+    """Runs torch on one thread for the block (a fit): the flow's ops are tiny, and several
+    threads spend their time synchronising (on a busy 2-core machine, a 10k-row fit takes 3 s on
+    one thread and over a minute on two). torch's setting is process-wide, so this is used only
+    around a fit (a build step, never concurrent with queries) and restored after; inference
+    never touches it (small batches run in numpy, see ``FlowCalibrator._small``)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -164,7 +169,7 @@ class FlowCalibrator(Calibrator):
             whitening = Whitening()
             whitening.fit(X)
             self.whitening = whitening
-            X = whitening._transform(X)
+            X = whitening.transform64(X)
         data = torch.as_tensor(X, dtype=torch.float32)
         gen = torch.Generator().manual_seed(cfg["seed"] + 1)
         order = torch.randperm(n, generator=gen)
@@ -248,12 +253,42 @@ class FlowCalibrator(Calibrator):
                 for i in range(0, len(X), 8192)
             ]
 
-        if len(X) < 1024:  # a query: single-threaded is ~1 ms, two threads spike to ~50 ms
-            with _single_thread():
-                out = chunks()
-        else:
-            out = chunks()
+        out = chunks()
         return torch.cat(out).numpy() if out else np.empty((0,) + X.shape[1:])
+
+    def _small(self, U: np.ndarray, with_log_prob: bool) -> np.ndarray:
+        """The fused forward map in numpy, for a few rows (queries): torch's thread pool costs
+        more than these tiny products (p95 spikes of 10-70 ms on a busy 2-core machine), and
+        switching torch to one thread per call would change process-wide state under other
+        threads. Same float64 arithmetic as the torch path (tests hold them equal)."""
+        x = U[:, self.active]
+        if self.whitening is not None:
+            w = self.whitening
+            x = ((x - w.mu) @ w.rotation) / w.scales
+        factored = []
+        levels = self._fused_np
+        for level, steps in enumerate(levels):
+            for perm, scale, shift, d1, layers in steps:
+                x = shift + x[:, perm] * scale
+                if layers is not None:
+                    a1, c1, a2, c2, a3, c3 = layers
+                    x1 = x[:, :d1]
+                    h = np.maximum(x1 @ a1 + c1, 0.0)
+                    h = np.maximum(h @ a2 + c2, 0.0)
+                    x = np.concatenate([x1, x[:, d1:] + (h @ a3 + c3)], axis=1)
+            if level < len(levels) - 1:
+                keep = halves(x.shape[1])[0]
+                factored.append(x[:, keep:])
+                x = x[:, :keep]
+        z = np.concatenate([*factored, x], axis=1)
+        if len(self.constant):
+            zc = (U[:, self.constant] - self.constant_mu) / self.constant_scale
+            z = np.concatenate([z, zc], axis=1)
+        if not with_log_prob:
+            return z
+        logdet = self._fused_logdet
+        lp = -0.5 * ((z**2).sum(axis=1) + z.shape[1] * LOG_2PI) + logdet
+        return np.concatenate([z, lp[:, None]], axis=1)
 
     def torch_forward(self, u: Tensor) -> tuple[Tensor, Tensor]:
         r"""Differentiable ``u -> (z, log|det dz/du|)`` in float64, for checks and research.
@@ -298,8 +333,24 @@ class FlowCalibrator(Calibrator):
         t["fixed_logdet"] = torch.tensor(float(fixed), dtype=torch.float64)
         self._t = t
         self._fused = FusedGlow(self.module)
+        self._fused_np = [
+            [
+                (
+                    perm.numpy(),
+                    scale.numpy(),
+                    shift.numpy(),
+                    d1,
+                    None if layers is None else tuple(a.numpy() for a in layers),
+                )
+                for perm, scale, shift, d1, layers in level
+            ]
+            for level in self._fused.levels
+        ]
+        self._fused_logdet = float(self._fused.logdet) + float(fixed)
 
     def _transform(self, U: np.ndarray) -> np.ndarray:
+        if len(U) < SMALL_BATCH:
+            return self._small(U, with_log_prob=False)
         return self._run(lambda x: self._forward(x, self._fused)[0], U)
 
     def _inverse(self, Z: np.ndarray) -> np.ndarray:
@@ -307,7 +358,7 @@ class FlowCalibrator(Calibrator):
         k = len(self.active)
         U = np.empty_like(Z)
         X = self._run(self.module.inverse, Z[:, :k])
-        U[:, self.active] = X if self.whitening is None else self.whitening._inverse(X)
+        U[:, self.active] = X if self.whitening is None else self.whitening.inverse64(X)
         U[:, self.constant] = Z[:, k:] * self.constant_scale + self.constant_mu
         return U
 
@@ -317,8 +368,14 @@ class FlowCalibrator(Calibrator):
         lp = -0.5 * (z.pow(2).sum(dim=1) + z.shape[1] * LOG_2PI) + logdet
         return torch.cat([z, lp[:, None]], dim=1)
 
+    def _both(self, U: np.ndarray) -> np.ndarray:
+        """``[z | log p(u)]`` per row."""
+        if len(U) < SMALL_BATCH:
+            return self._small(U, with_log_prob=True)
+        return self._run(self._with_log_prob, U)
+
     def _log_prob(self, U: np.ndarray) -> np.ndarray:
-        return self._run(self._with_log_prob, U)[:, -1] if len(U) else np.empty(0)
+        return self._both(U)[:, -1] if len(U) else np.empty(0)
 
     def transform_and_log_prob(self, U: Any) -> tuple[np.ndarray, np.ndarray]:
         r"""``(transform(U), log_prob(U))`` in one flow pass: float32 ``(n, d)``, float64 ``(n,)``.
@@ -329,7 +386,7 @@ class FlowCalibrator(Calibrator):
         arr = as_matrix(U, self._need_fitted())
         if not len(arr):
             return np.empty((0, arr.shape[1]), np.float32), np.empty(0)
-        both = self._run(self._with_log_prob, arr)
+        both = self._both(arr)
         return both[:, :-1].astype(np.float32), both[:, -1]
 
     def log_prob(self, U: Any) -> np.ndarray:
@@ -359,11 +416,10 @@ class FlowCalibrator(Calibrator):
         self.active, self.constant = tensors["active"], tensors["constant"]
         self.constant_mu, self.constant_scale = tensors["constant_mu"], tensors["constant_scale"]
         if self.config.get("prewhiten"):
-            self.whitening = Whitening()
-            self.whitening.dim_in = len(self.active)
-            self.whitening._load_state(
-                {k[7:]: v for k, v in tensors.items() if k.startswith("whiten.")}
-            )
+            whiten = {k[7:]: v for k, v in tensors.items() if k.startswith("whiten.")}
+            whitening = Whitening()
+            whitening.restore(whiten, len(self.active))
+            self.whitening = whitening
         module = self._build(len(self.active))
         module.load_state_dict(
             {k[5:]: torch.from_numpy(v) for k, v in tensors.items() if k.startswith("flow.")}

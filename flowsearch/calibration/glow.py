@@ -25,14 +25,14 @@ from typing import Literal, cast
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LOG_2PI", "STD_FLOOR", "ActNorm", "AdditiveCoupling", "FusedGlow", "GlowFlow"]
+__all__ = ["LOG_2PI", "STD_FLOOR", "ActNorm", "AdditiveCoupling", "FusedGlow", "GlowFlow", "halves"]
 
 LOG_2PI = math.log(2 * math.pi)
 #: A channel whose spread is below this fraction of the typical one counts as constant.
 STD_FLOOR = 1e-3
 
 
-def _halves(d: int) -> tuple[int, int]:
+def halves(d: int) -> tuple[int, int]:
     """How a vector of ``d`` channels splits: the kept (first) half gets the odd channel."""
     return d - d // 2, d // 2
 
@@ -115,7 +115,7 @@ class AdditiveCoupling(nn.Module):
 
     def __init__(self, dim: int, width: int) -> None:
         super().__init__()
-        self.d1, d2 = _halves(dim)
+        self.d1, d2 = halves(dim)
         self.net = _ShiftNet(self.d1, d2, width) if d2 else None
 
     def forward(self, x: Tensor, init: bool = False) -> Tensor:
@@ -190,7 +190,7 @@ class GlowFlow(nn.Module):
                     perm = torch.randperm(d, generator=generator)
                 level_steps.append(_Step(d, width, perm))
             self.steps.append(level_steps)
-            d = _halves(d)[0]
+            d = halves(d)[0]
 
     def forward(self, u: Tensor, init: bool = False) -> tuple[Tensor, Tensor]:
         """Returns ``z`` (same shape as ``u``) and ``log|det dz/du|`` (a scalar: actnorms only)."""
@@ -201,14 +201,14 @@ class GlowFlow(nn.Module):
                 x, ld = step(x, init)
                 logdet = logdet + ld
             if level < last:
-                keep = _halves(x.shape[1])[0]
+                keep = halves(x.shape[1])[0]
                 factored.append(x[:, keep:])
                 x = x[:, :keep]
         return torch.cat([*factored, x], dim=1), logdet
 
     def inverse(self, z: Tensor) -> Tensor:
         """Maps ``z`` back to ``u``, exactly undoing :meth:`forward`."""
-        sizes = [_halves(d)[1] for d in self.level_dims[:-1]]
+        sizes = [halves(d)[1] for d in self.level_dims[:-1]]
         parts = list(torch.split(z, [*sizes, z.shape[1] - sum(sizes)], dim=1))
         x = parts.pop()
         levels = self._levels()
@@ -284,7 +284,7 @@ class FusedGlow:
                     h = torch.addmm(c2, h, a2).relu_()
                     x = torch.cat([x1, x[:, d1:] + torch.addmm(c3, h, a3)], dim=1)
             if level < last:
-                keep = _halves(x.shape[1])[0]
+                keep = halves(x.shape[1])[0]
                 factored.append(x[:, keep:])
                 x = x[:, :keep]
         return torch.cat([*factored, x], dim=1), self.logdet

@@ -153,10 +153,10 @@ class SNNullTop(Calibrator):
 
     def _fit(self, U: np.ndarray) -> None:
         self._sn.fit(U)
-        self._natsv.fit(self._sn._transform(U))
+        self._natsv.fit(self._sn.transform64(U))
 
     def _transform(self, U: np.ndarray) -> np.ndarray:
-        return self._natsv._transform(self._sn._transform(U))
+        return self._natsv.transform64(self._sn.transform64(U))
 
     def state(self) -> dict[str, np.ndarray]:
         return {
@@ -165,11 +165,10 @@ class SNNullTop(Calibrator):
         }
 
     def _load_state(self, tensors: dict[str, np.ndarray]) -> None:
+        assert self.dim_in is not None
         for part, prefix in ((self._sn, "sn."), (self._natsv, "natsv.")):
-            part._load_state(
-                {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-            )
-            part.dim_in = self.dim_in
+            own = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+            part.restore(own, self.dim_in)
 
 
 @register("whitening")

@@ -2,8 +2,9 @@ r"""An on-disk cache of encoded sentence vectors, so a sweep over calibrators en
 
 Encoding is by far the cost of an evaluation (minutes on a CPU), while fitting and applying a
 calibrator takes seconds. Vectors are stored as ``.npy`` files keyed by everything that changes
-them: the model id and content revision, the pooling, ``max_length``, the dataset name, and a
-hash of the exact texts (so an edited data file can never be served stale vectors).
+them: the model id and content revision, the pooling, ``max_length``, any other field of the
+encoder's ``describe()`` (backend, quantisation, static variant), the dataset name, and a hash of
+the exact texts (so an edited data file can never be served stale vectors).
 
 Layout (root is ``$FLOWSEARCH_CACHE``, else ``~/.cache/flowsearch``)::
 
@@ -14,8 +15,8 @@ concurrent run never leaves a half-written file under the final name.
 
 Example:
     >>> cache = VectorCache("/tmp/fs-cache")  # doctest: +SKIP
-    >>> U = cache.encode(encoder, texts, dataset="stsb-raw")  # encodes
-    >>> U = cache.encode(encoder, texts, dataset="stsb-raw")  # reads the .npy file
+    >>> U = cache.encode(encoder, texts, dataset="stsb-raw")  # doctest: +SKIP
+    >>> U = cache.encode(encoder, texts, dataset="stsb-raw")  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -90,7 +91,14 @@ class VectorCache:
         revision = _slug(str(description.get("revision", "unknown")))[:16]
         pooling = _slug(str(description.get("pooling", "pool")))
         max_length = description.get("max_length")
-        folder = self.root / "vectors" / f"{model}-{revision}" / f"{pooling}-L{max_length}"
+        # every other field that changes the vectors (backend, quantisation, the static
+        # variant, ...) keys the folder too: int8 vectors must never be served for fp32 ones
+        core = ("model", "revision", "pooling", "max_length", "dim")
+        extra = {k: v for k, v in sorted(description.items()) if k not in core and v is not None}
+        tag = ""
+        if extra and extra != {"backend": "torch"}:
+            tag = "-" + hashlib.sha256(repr(extra).encode()).hexdigest()[:10]
+        folder = self.root / "vectors" / f"{model}-{revision}" / f"{pooling}-L{max_length}{tag}"
         return folder / f"{_slug(dataset)}-{_texts_digest(texts)}.npy"
 
     def encode(

@@ -1,0 +1,707 @@
+"""HTTP server: the real ``serve`` in a subprocess, talked to with httpx on 127.0.0.1.
+
+Two server processes for the module: a read server (with an API key, on the index the in-process
+Searcher also opens) and a write server on a copy of that index (upserts and deletes). Each is
+stopped with SIGTERM in its fixture's finalizer, which checks the exit code is 0. The property
+tests run the same app in-process (``create_app`` + TestClient), which is much faster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from corpus_helpers import sentences, write_corpus
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+with contextlib.suppress(ImportError):  # until conftest.py defines `model_dir` itself
+    from corpus_helpers import model_dir_fixture  # noqa: F401
+
+from flowsearch.cli import _json_safe
+from flowsearch.errors import FlowsearchError
+from flowsearch.ingest import build_index
+from flowsearch.searcher import Searcher
+from flowsearch.server import (
+    MAX_K,
+    MAX_QUERIES,
+    MAX_QUERY_CHARS,
+    REFRESH_SECONDS,
+    DeleteRequest,
+    UpsertRequest,
+    create_app,
+    serve,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+KEY = "s3cret-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+START_SECONDS = 90
+
+
+# --- fixtures -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
+    root = tmp_path_factory.mktemp("server")
+    corpus = write_corpus(root / "c.parquet", n=80, seed=5)
+    build_index(corpus, root / "idx", model=str(model_dir))
+    return root / "idx"
+
+
+@pytest.fixture(scope="module")
+def write_index(built: Path) -> Path:
+    """A copy of the built index that the write tests change."""
+    target = built.parent / "idx-writes"
+    shutil.copytree(built, target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def searcher(built: Path) -> Iterator[Searcher]:
+    s = Searcher.open(built)
+    yield s
+    s.close()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    """A ``serve`` subprocess on a free port of 127.0.0.1."""
+
+    def __init__(self, index_dir: Path, log: Path, api_key: str | None = None) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        code = (
+            "from flowsearch.server import serve; "
+            f"serve({str(index_dir)!r}, port={self.port}, api_key={api_key!r})"
+        )
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+        env.pop("FLOWSEARCH_API_KEY", None)
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", code], cwd=REPO, env=env, stdout=err, stderr=err
+            )
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_SECONDS
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited {self.proc.returncode}: {self.output()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.proc.kill()
+        raise AssertionError(f"server did not answer /health in {START_SECONDS}s")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> int:
+        """SIGTERM, then the exit code (killed after 30 s: a failure)."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("server ignored SIGTERM for 30 s") from None
+
+
+def _stopped_cleanly(server: Server) -> None:
+    code = server.stop()
+    out = server.output()
+    assert code == 0, f"exit code {code} after SIGTERM: {out}"
+    assert "Traceback" not in out, out
+
+
+@pytest.fixture(scope="module")
+def reader(built: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = Server(built, tmp_path_factory.mktemp("logs") / "reader.log", api_key=KEY)
+    yield server
+    _stopped_cleanly(server)
+
+
+@pytest.fixture(scope="module")
+def writer(write_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = Server(write_index, tmp_path_factory.mktemp("logs") / "writer.log")
+    yield server
+    _stopped_cleanly(server)
+
+
+@pytest.fixture(scope="module")
+def client(reader: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=reader.url, headers=AUTH, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def wclient(writer: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=writer.url, timeout=120) as c:
+        yield c
+
+
+def _plain(value: Any) -> Any:
+    """What a library result looks like after the server's JSON."""
+    return json.loads(json.dumps(_json_safe(value), default=str))
+
+
+def _ids(hits: list[dict[str, Any]]) -> list[Any]:
+    return [h["id"] for h in hits]
+
+
+# --- reads --------------------------------------------------------------------------------
+
+
+def test_health_and_info(client: httpx.Client, searcher: Searcher) -> None:
+    r = client.get("/health")
+    assert len(searcher) == 80
+    assert r.status_code == 200 and r.json() == {"status": "ok", "rows": 80}
+    info = client.get("/info").json()
+    assert info == _plain(searcher.info().to_dict())
+    assert info["live_rows"] == 80
+    assert client.get("/openapi.json").json()["paths"].keys() >= {
+        "/health",
+        "/info",
+        "/search",
+        "/upsert",
+        "/delete",
+    }
+    assert client.get("/docs").status_code == 200
+
+
+def test_single_search_is_query_json(client: httpx.Client, searcher: Searcher) -> None:
+    text = sentences(80, seed=5)[12]  # the corpus's row d12
+    r = client.post("/search", json={"query": text, "k": 5})
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc == _plain(searcher.query(text, k=5).to_dict())
+    assert doc["query"] == text and "density" in doc
+    assert [h["rank"] for h in doc["hits"]] == [1, 2, 3, 4, 5]
+    assert doc["hits"][0]["id"] == "d12" and doc["hits"][0]["text"] == text
+    assert set(doc["hits"][0]) >= {"rank", "id", "score", "text", "metadata"}
+    assert doc["hits"][0]["metadata"].keys() == {"topic", "year"}
+    default_k = client.post("/search", json={"query": text}).json()
+    assert len(default_k["hits"]) == 10
+
+
+def test_batch_search_equals_library(client: httpx.Client, searcher: Searcher) -> None:
+    queries = sentences(5, seed=21)
+    r = client.post("/search", json={"query": queries, "k": 4})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    expected = searcher.search(queries, k=4)
+    assert results == _plain([[h.to_dict() for h in hits] for hits in expected])
+    assert [len(hits) for hits in results] == [4] * 5
+    # k larger than the index: every row once
+    everything = client.post("/search", json={"query": ["the cat"], "k": MAX_K}).json()
+    assert len(everything["results"][0]) == 80
+
+
+def test_filter_and_modes_equal_library(client: httpx.Client, searcher: Searcher) -> None:
+    query, where = "the cat and the dog", "year >= 2010 AND topic <> 'cat'"
+    r = client.post("/search", json={"query": query, "k": 10, "where": where})
+    assert r.status_code == 200, r.text
+    hits = r.json()["hits"]
+    assert hits and all(
+        h["metadata"]["year"] >= 2010 and h["metadata"]["topic"] != "cat" for h in hits
+    )
+    assert hits == _plain(searcher.query(query, k=10, where=where).to_dict())["hits"]
+    for mode in ("dense", "lexical", "hybrid"):
+        body = {"query": [query, "red fish"], "k": 6, "where": "year < 2000", "mode": mode}
+        r = client.post("/search", json=body)
+        assert r.status_code == 200, (mode, r.text)
+        expected = searcher.search([query, "red fish"], k=6, where="year < 2000", mode=mode)
+        assert r.json()["results"] == _plain([[h.to_dict() for h in hs] for hs in expected])
+        assert all(h["metadata"]["year"] < 2000 for hs in r.json()["results"] for h in hs)
+
+
+def test_concurrent_queries_equal_serial(reader: Server, searcher: Searcher) -> None:
+    queries = sentences(25, seed=33)
+    modes = ["dense", "lexical", "hybrid", None, "dense"]
+
+    def body(i: int) -> dict[str, Any]:
+        return {"query": queries[i], "k": 5, "mode": modes[i % 5], "where": None}
+
+    def run(thread: int) -> list[Any]:
+        with httpx.Client(base_url=reader.url, headers=AUTH, timeout=120) as c:
+            out = []
+            for i in range(len(queries)):
+                r = c.post("/search", json=body((i + thread) % len(queries)))
+                assert r.status_code == 200, r.text
+                out.append(r.json())
+            return out
+
+    with httpx.Client(base_url=reader.url, headers=AUTH, timeout=60) as c:
+        serial = [c.post("/search", json=body(i)).json() for i in range(len(queries))]
+    with ThreadPoolExecutor(8) as pool:
+        parallel = list(pool.map(run, range(8)))
+    for thread, answers in enumerate(parallel):
+        for i, answer in enumerate(answers):
+            assert answer == serial[(i + thread) % len(queries)]
+    assert serial[0] == _plain(searcher.query(queries[0], k=5, mode="dense").to_dict())
+
+
+# --- auth ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": f"Bearer {KEY}x"},
+        {"Authorization": f"Basic {KEY}"},
+        {"Authorization": KEY},
+        {"X-API-Key": "wrong"},
+        {"X-API-Key": ""},
+        {"Authorization": "Bearer ÿé".encode("latin-1")},
+    ],
+    ids=["none", "wrong", "longer", "basic", "no-scheme", "x-wrong", "x-empty", "latin1"],
+)
+def test_wrong_or_missing_key_is_401_on_every_route(reader: Server, headers: dict) -> None:
+    calls = [
+        ("GET", "/info", None),
+        ("POST", "/search", {"query": "the cat"}),
+        ("POST", "/upsert", {"records": [{"id": "x", "text": "the cat"}]}),
+        ("POST", "/delete", {"ids": ["d1"]}),
+        ("POST", "/search", {"bad": "body"}),  # auth is checked before the body
+    ]
+    with httpx.Client(base_url=reader.url, timeout=30) as c:
+        for method, path, body in calls:
+            r = c.request(method, path, json=body, headers=headers)
+            assert r.status_code == 401, (path, r.text)
+            assert "API key" in r.json()["detail"]
+            assert r.headers["www-authenticate"] == "Bearer"
+
+
+def test_right_key_either_header_and_open_routes(reader: Server) -> None:
+    with httpx.Client(base_url=reader.url, timeout=30) as c:
+        assert c.get("/info", headers=AUTH).status_code == 200
+        assert c.get("/info", headers={"X-API-Key": KEY}).status_code == 200
+        r = c.post("/search", json={"query": "the cat", "k": 2}, headers={"X-API-Key": KEY})
+        assert r.status_code == 200 and len(r.json()["hits"]) == 2
+        # a wrong header beside the right one still gets in (either header suffices)
+        both = {"Authorization": "Bearer nope", "X-API-Key": KEY}
+        assert c.get("/info", headers=both).status_code == 200
+        # open without a key: liveness and the (static) schema
+        assert c.get("/health").json()["status"] == "ok"
+        assert c.get("/openapi.json").status_code == 200
+
+
+# --- writes -------------------------------------------------------------------------------
+
+
+def test_upsert_then_search(wclient: httpx.Client) -> None:
+    new = {"id": "n1", "text": "the piano music song guitar", "topic": "music", "year": 2024}
+    r = wclient.post("/upsert", json={"records": [new]})
+    assert r.status_code == 200, r.text
+    summary = r.json()
+    assert summary["upserted"] == 1 and summary["inserted"] == 1 and summary["replaced"] == 0
+    assert wclient.get("/health").json()["rows"] == 81
+    hits = wclient.post("/search", json={"query": new["text"], "k": 3}).json()["hits"]
+    assert hits[0]["id"] == "n1" and hits[0]["text"] == new["text"]
+    assert hits[0]["metadata"] == {"topic": "music", "year": 2024}
+    found = wclient.post("/search", json={"query": "piano", "where": "year = 2024"}).json()
+    assert _ids(found["hits"]) == ["n1"]
+
+    # replacing: the id now answers with the new text, the old text is gone for every mode
+    old_text = sentences(80, seed=5)[3]
+    replaced = {"id": "d3", "text": "the moon star sun sea ship", "topic": "sky", "year": 2025}
+    r = wclient.post("/upsert", json={"records": [replaced]})
+    assert r.status_code == 200, r.text
+    assert r.json()["replaced"] == 1 and r.json()["inserted"] == 0
+    assert wclient.get("/health").json()["rows"] == 81
+    for mode in ("dense", "lexical", "hybrid"):
+        body = {"query": [replaced["text"], old_text], "k": 81, "mode": mode}
+        new_hits, old_hits = wclient.post("/search", json=body).json()["results"]
+        assert new_hits[0]["id"] == "d3" and new_hits[0]["text"] == replaced["text"], mode
+        d3 = [h for h in old_hits if h["id"] == "d3"]
+        assert len(d3) == 1 and d3[0]["text"] == replaced["text"], mode
+        assert all(h["text"] != old_text for hs in (new_hits, old_hits) for h in hs), mode
+
+
+def test_delete_then_search(wclient: httpx.Client) -> None:
+    texts = sentences(80, seed=5)
+    rows = wclient.get("/health").json()["rows"]
+    r = wclient.post("/delete", json={"ids": ["d10", "d11", "nope", "d10"]})
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["deleted"] == 2
+    assert "nope" in doc["missing"] and "d11" not in doc["missing"]
+    assert wclient.get("/health").json()["rows"] == rows - 2
+    for mode in ("dense", "lexical", "hybrid"):
+        for where in (None, "year >= 1990"):
+            body = {"query": [texts[10], texts[11]], "k": 100, "mode": mode, "where": where}
+            results = wclient.post("/search", json=body).json()["results"]
+            assert all(h["id"] not in ("d10", "d11") for hs in results for h in hs), (mode, where)
+            if mode == "dense":  # every live row has a dense score (BM25 only matching ones)
+                assert all(len(hs) == rows - 2 for hs in results), where
+    again = wclient.post("/delete", json={"ids": ["d10"]}).json()
+    assert again["deleted"] == 0 and again["missing"] == ["d10"]
+
+
+def test_second_writer_is_409_and_nothing_changes(wclient: httpx.Client, write_index: Path) -> None:
+    from flowsearch.directory import LOCK_NAME
+
+    rows = wclient.get("/health").json()["rows"]
+    fd = os.open(write_index / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as another flowsearch process would
+        for path, body in [
+            ("/upsert", {"records": [{"id": "locked", "text": "the cat"}]}),
+            ("/delete", {"ids": ["d20"]}),
+        ]:
+            r = wclient.post(path, json=body)
+            assert r.status_code == 409, r.text
+            assert "another flowsearch process is writing" in r.json()["detail"]
+    finally:
+        os.close(fd)
+    assert wclient.get("/health").json()["rows"] == rows
+    r = wclient.post("/delete", json={"ids": ["d20"]})
+    assert r.status_code == 200 and r.json()["deleted"] == 1
+
+
+def test_concurrent_writes_are_serialized(wclient: httpx.Client, writer: Server) -> None:
+    rows = wclient.get("/health").json()["rows"]
+
+    def upsert(i: int) -> int:
+        with httpx.Client(base_url=writer.url, timeout=120) as c:
+            record = {"id": f"c{i}", "text": f"the train {WORDS_FOR[i]} road", "topic": "t"}
+            return c.post("/upsert", json={"records": [{**record, "year": 2000 + i}]}).status_code
+
+    with ThreadPoolExecutor(4) as pool:
+        codes = list(pool.map(upsert, range(4)))
+    assert codes == [200] * 4  # the in-process lock queues them; none meets the file lock
+    assert wclient.get("/health").json()["rows"] == rows + 4
+
+
+WORDS_FOR = ["cat", "dog", "bird", "fish"]
+
+
+def test_another_process_write_is_served_soon(wclient: httpx.Client, write_index: Path) -> None:
+    from flowsearch import upsert
+
+    rows = wclient.get("/health").json()["rows"]
+    text = "the blue whale sea ship"
+    upsert(write_index, [{"id": "ext1", "text": text, "topic": "sea", "year": 2001}])
+    deadline = time.monotonic() + 10 * REFRESH_SECONDS
+    while wclient.get("/health").json()["rows"] != rows + 1:
+        assert time.monotonic() < deadline, "the server never moved to the new version"
+        time.sleep(0.1)
+    hits = wclient.post("/search", json={"query": text, "k": 1}).json()["hits"]
+    assert hits[0]["id"] == "ext1"
+
+
+# --- bad requests -------------------------------------------------------------------------
+
+BAD_SEARCH: list[Any] = [
+    b"not json",
+    b"{",
+    b"",
+    b"\xff\xfe{}",
+    b'{"query": "a", "query": }',
+    [],
+    None,
+    42,
+    "the cat",
+    {},
+    {"query": 1},
+    {"query": None},
+    {"query": True},
+    {"query": {"text": "a"}},
+    {"query": [1]},
+    {"query": ["a", None]},
+    {"query": []},
+    {"query": ""},
+    {"query": "   "},
+    {"query": ["the cat", " \t\n"]},
+    {"query": "a" * (MAX_QUERY_CHARS + 1)},
+    {"query": ["a"] * (MAX_QUERIES + 1)},
+    {"query": "a", "k": 0},
+    {"query": "a", "k": -1},
+    {"query": "a", "k": 10**9},
+    {"query": "a", "k": 2**70},
+    {"query": "a", "k": 1.5},
+    {"query": "a", "k": 2.0},
+    {"query": "a", "k": "5"},
+    {"query": "a", "k": True},
+    {"query": "a", "k": None},
+    {"query": "a", "k": [5]},
+    {"query": "a", "where": 5},
+    {"query": "a", "where": ["year > 1"]},
+    {"query": "a", "where": "nosuchcolumn > 1"},
+    {"query": "a", "where": "year >"},
+    {"query": "a", "where": "1=1; DROP TABLE shards"},
+    {"query": "a", "where": "year IN (SELECT 1 FROM read_csv('/etc/passwd'))"},
+    {"query": "a", "mode": "fuzzy"},
+    {"query": "a", "mode": 1},
+    {"query": "a", "mode": ""},
+    {"query": "a", "mode": ["dense"]},
+    {"query": "a", "kk": 1},
+    {"query": "a", "records": []},
+]
+
+BAD_UPSERT: list[Any] = [
+    b"{]",
+    [],
+    {},
+    {"records": []},
+    {"records": "x"},
+    {"records": {"id": "a", "text": "b"}},
+    {"records": [1]},
+    {"records": [[]]},
+    {"records": [None]},
+    {"records": [{"id": "a"}]},
+    {"records": [{"text": "the cat"}]},
+    {"records": [{"id": "a", "text": 5}]},
+    {"records": [{"id": "a", "text": ["the", "cat"]}]},
+    {"records": [{"id": {"x": 1}, "text": "the cat"}]},
+    {"records": [{"id": "a", "text": "the cat"}, {"id": "a", "text": "the dog"}]},
+    {"records": [{"id": "a", "text": "the cat"}], "extra": 1},
+]
+
+BAD_DELETE: list[Any] = [
+    b"nope",
+    [],
+    {},
+    {"ids": []},
+    {"ids": "d1"},
+    {"ids": 1},
+    {"ids": [None]},
+    {"ids": [1.5]},
+    {"ids": [True]},
+    {"ids": [["d1"]]},
+    {"ids": [{"id": "d1"}]},
+    {"ids": [""]},
+    {"ids": [2**70]},
+    {"ids": ["d1"], "where": "1=1"},
+]
+
+
+def _post(client: httpx.Client, path: str, body: Any) -> httpx.Response:
+    if isinstance(body, bytes):
+        return client.post(path, content=body, headers={"content-type": "application/json"})
+    return client.post(path, json=body)
+
+
+def _assert_4xx(r: httpx.Response, what: Any) -> None:
+    assert 400 <= r.status_code < 500, (what, r.status_code, r.text)
+    detail = r.json()["detail"]
+    assert isinstance(detail, str) and detail and "\n" not in detail, (what, r.text)
+    assert "Traceback" not in detail
+
+
+@pytest.mark.parametrize("body", BAD_SEARCH, ids=[f"search-{i}" for i in range(len(BAD_SEARCH))])
+def test_bad_search_is_4xx_with_detail(client: httpx.Client, body: Any) -> None:
+    _assert_4xx(_post(client, "/search", body), body)
+
+
+@pytest.mark.parametrize("body", BAD_UPSERT, ids=[f"upsert-{i}" for i in range(len(BAD_UPSERT))])
+def test_bad_upsert_is_4xx_and_changes_nothing(wclient: httpx.Client, body: Any) -> None:
+    before = wclient.get("/info").json()["version"]
+    _assert_4xx(_post(wclient, "/upsert", body), body)
+    assert wclient.get("/info").json()["version"] == before
+
+
+@pytest.mark.parametrize("body", BAD_DELETE, ids=[f"delete-{i}" for i in range(len(BAD_DELETE))])
+def test_bad_delete_is_4xx_and_changes_nothing(wclient: httpx.Client, body: Any) -> None:
+    before = wclient.get("/info").json()["version"]
+    _assert_4xx(_post(wclient, "/delete", body), body)
+    assert wclient.get("/info").json()["version"] == before
+
+
+def test_bad_routes_methods_and_content(client: httpx.Client) -> None:
+    _assert_4xx(client.get("/search"), "GET /search")
+    _assert_4xx(client.post("/health"), "POST /health")
+    _assert_4xx(client.get("/nope"), "GET /nope")
+    _assert_4xx(client.delete("/delete"), "DELETE /delete")
+    r = client.post("/search", content=b'{"query": "a"}', headers={"content-type": "text/plain"})
+    assert r.status_code == 200 or 400 <= r.status_code < 500, r.text
+    # a lone surrogate (valid JSON escape, not valid Unicode) in every string field
+    for body in (
+        b'{"query": "\\ud800"}',
+        b'{"query": ["the cat", "\\udfff"]}',
+        b'{"query": "a", "where": "topic = \'\\ud800\'"}',
+    ):
+        _assert_4xx(_post(client, "/search", body), body)
+    r = client.post("/search", content=b'{"query": "a", "k": NaN}')
+    _assert_4xx(r, "k NaN")
+
+
+def test_control_characters_and_unicode_queries_answer(client: httpx.Client) -> None:
+    for query in ("the \x00 cat\x1b[31m", "日本語のテキスト", "🐈 cat", "[/] [bold]x[/bold]"):
+        r = client.post("/search", json={"query": query, "k": 3})
+        assert r.status_code == 200, (query, r.text)
+        assert r.json()["query"] == query
+
+
+def test_bad_surrogates_in_writes(wclient: httpx.Client) -> None:
+    before = wclient.get("/info").json()["version"]
+    for path, body in [
+        ("/upsert", b'{"records": [{"id": "s1", "text": "the cat \\ud800"}]}'),
+        ("/upsert", b'{"records": [{"id": "\\udfff", "text": "the cat"}]}'),
+        ("/delete", b'{"ids": ["\\ud800"]}'),
+    ]:
+        r = _post(wclient, path, body)
+        assert r.status_code != 500, (path, body, r.text)
+        if r.status_code >= 400:
+            _assert_4xx(r, body)
+    if wclient.get("/info").json()["version"] != before:  # accepted: must then be searchable
+        assert wclient.get("/health").status_code == 200
+
+
+# --- startup ------------------------------------------------------------------------------
+
+
+def test_serve_without_an_index_fails_before_binding(tmp_path: Path) -> None:
+    port = _free_port()
+    with pytest.raises(FlowsearchError) as info:
+        serve(tmp_path / "missing", port=port)
+    assert "\n" not in str(info.value)
+    with socket.socket() as sock:  # nothing was bound
+        sock.bind(("127.0.0.1", port))
+
+
+def test_empty_api_key_is_refused(built: Path) -> None:
+    with pytest.raises(FlowsearchError, match="API key is empty"):
+        create_app(built, api_key="  ")
+
+
+def test_serve_on_a_taken_port_is_one_line(built: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(FlowsearchError, match=f"cannot listen on 127.0.0.1:{port}"):
+            serve(built, port=port)
+
+
+# --- property tests of the request models (in-process) ------------------------------------
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(max_size=12)
+    | st.sampled_from(["the cat", "dense", "hybrid", "year > 2000"]),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+queries = st.one_of(
+    st.text(max_size=40),
+    st.lists(st.text(max_size=20), max_size=3),
+    st.sampled_from(["the cat", "  ", "red fish in the sea", ""]),
+    json_values,
+)
+search_bodies = st.one_of(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "query": queries,
+            "k": st.one_of(st.integers(-3, 30), st.integers(), json_values),
+            "where": st.one_of(
+                st.none(),
+                st.sampled_from(
+                    [
+                        "year >= 2000",
+                        "topic = 'cat'",
+                        "nosuch = 1",
+                        "year >",
+                        "",
+                        "1=1; DROP TABLE x",
+                        "read_csv('/etc/passwd') IS NOT NULL",
+                        "year = 'x'",
+                    ]
+                ),
+                st.text(max_size=20),
+                json_values,
+            ),
+            "mode": st.one_of(
+                st.none(), st.sampled_from(["dense", "lexical", "hybrid"]), st.text(max_size=6)
+            ),
+            "extra": json_values,
+        },
+    ),
+    json_values,
+)
+
+
+@pytest.fixture(scope="module")
+def app_client(built: Path) -> Iterator[Any]:
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(built), raise_server_exceptions=False) as c:
+        yield c
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(body=search_bodies)
+def test_random_search_bodies_never_500(app_client: Any, body: Any) -> None:
+    r = app_client.post(
+        "/search", content=json.dumps(body), headers={"content-type": "application/json"}
+    )
+    assert r.status_code != 500, (body, r.text)
+    doc = r.json()
+    if r.status_code == 200:
+        assert ("hits" in doc) if isinstance(body["query"], str) else ("results" in doc)
+    else:
+        assert 400 <= r.status_code < 500 and isinstance(doc["detail"], str), (body, r.text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.one_of(json_values, st.fixed_dictionaries({}, optional={"ids": json_values})))
+def test_delete_model_accepts_only_bounded_id_lists(body: Any) -> None:
+    from pydantic import ValidationError
+
+    try:
+        req = DeleteRequest.model_validate(body)
+    except ValidationError:
+        return
+    assert isinstance(body, dict) and set(body) == {"ids"} and body["ids"]
+    for value in req.ids:
+        assert (isinstance(value, str) and value) or (
+            type(value) is int and -(2**63) <= value < 2**63
+        )
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.one_of(json_values, st.fixed_dictionaries({}, optional={"records": json_values})))
+def test_upsert_model_accepts_only_lists_of_objects(body: Any) -> None:
+    from pydantic import ValidationError
+
+    try:
+        req = UpsertRequest.model_validate(body)
+    except ValidationError:
+        return
+    assert isinstance(body, dict) and set(body) == {"records"}
+    assert req.records and all(isinstance(r, dict) for r in req.records)
