@@ -14,10 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from corpus_helpers import (
-    model_dir_fixture,  # noqa: F401 - the `model_dir` fixture
-    write_corpus,
-)
+from corpus_helpers import write_corpus
 
 from flowsearch import manifest as mf
 
