@@ -266,6 +266,13 @@ def write_version(
     with _lock(root):
         try:
             yield from _versioned(root, new, overwrite)
+        except OSError as exc:  # disk full, permissions, ...: one line, like any bad input
+            detail = exc.strerror or str(exc)
+            where = f": {exc.filename}" if exc.filename else ""
+            raise FlowsearchError(
+                f"the write to {root} failed ({detail}{where}); the index is unchanged: free "
+                "some disk space or fix the permissions, then retry"
+            ) from None
         finally:
             if created and not mf.is_index_dir(root):
                 _remove_failed_first_build(root)

@@ -121,7 +121,7 @@ CLI_CASES = [
 
 INDEX_CASES = [  # `index` into a new directory: nothing may be created
     ("unknown model", ["index", "{corpus}", "--model", "/no/such/model"], "model"),
-    ("unknown pooling", ["index", "{corpus}", "--model", "{model}", "--pooling", "maxish"], "maxish"),
+    ("unknown pooling", ["index", "{corpus}", "--model", "{model}", "--pooling", "maxi"], "maxi"),
     ("unknown calibration", ["index", "{corpus}", "--model", "{model}", "--calibration", "x"], "x"),
     ("index onto a file", ["index", "{corpus}", "--model", "{model}", "--index", "{file:a_file}"],
      "file"),
