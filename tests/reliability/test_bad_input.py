@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -207,7 +208,10 @@ def test_markup_and_escapes_are_printed_literally(cli, model_dir, tmp_path):
     ]
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
     index = tmp_path / "idx"
-    assert cli.run("index", corpus, "--index", index, "--model", model_dir).code == 0
+    built = cli.run(
+        "index", corpus, "--index", index, "--model", model_dir, "--calibration", "flow"
+    )
+    assert built.code == 0, built.err
     result = cli.run("query", "[/]", "--index", index, "-k", "3")
     assert result.code == 0, result.err
     assert "Traceback" not in result.err
@@ -218,6 +222,12 @@ def test_markup_and_escapes_are_printed_literally(cli, model_dir, tmp_path):
     assert "[red]id[/red]" in result.out
     assert "\x1b" not in result.out and "\x07" not in result.out
     assert "\\x1b[31m" in result.out
+    # the density caption of a 3-row flow: judged unreliable, no absurd figures (-6.7e33)
+    caption = " ".join(result.out.split()[-40:])
+    assert "not judged" in caption and "too few rows" in caption, result.out
+    assert not re.search(r"\d[eE][+-]?\d", caption), caption
+    doc = json.loads(cli.run("query", "the cat", "--index", index, "--json").out)
+    assert doc["density"]["verdict"] == "not judged" and abs(doc["density"]["corpus_mean"]) < 1e4
 
 
 def test_one_megabyte_text_is_accepted(cli, model_dir, tmp_path):

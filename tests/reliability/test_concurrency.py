@@ -137,3 +137,20 @@ def test_two_writers_at_once(cli, index, corpora, encoder, tmp_path, trial):
     searcher = Searcher.open(index, verify=True, encoder=encoder)
     assert len(searcher) == rows
     searcher.close()
+
+
+def test_searches_leave_torch_threads_alone(built, encoder, monkeypatch):
+    """torch's thread count is process-wide: no search may set it (it used to be flipped to 1
+    and back around every flow call, from several threads at once)."""
+    import torch
+
+    calls: list[int] = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), real(n)))
+    searcher = Searcher.open(built, encoder=encoder)
+    assert searcher.manifest.calibration.calibrator == "flow"
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda q: searcher.search(q, k=3, mode="dense"), QUERIES * 5))
+    searcher.embed(QUERIES * 300)  # a large batch too
+    searcher.close()
+    assert calls == []

@@ -254,6 +254,37 @@ def test_first_build_killed_while_writing_its_manifest(tmp_path, model_dir, corp
     assert Searcher.open(index, verify=True).manifest.version == 1
 
 
+def test_sigterm_stops_serve_cleanly(cli, index):
+    """SIGTERM to `serve` (what a supervisor sends): exit 0, no traceback, the port released."""
+    pytest.importorskip("uvicorn")
+    import socket
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    before = mf.read(index)
+    started = cli.start("serve", "--index", index, "--port", str(port))
+    deadline = time.monotonic() + 90
+    while True:
+        assert not _is_zombie(started[0]), cli.wait(started).err
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "serve did not come up"
+        time.sleep(0.05)
+    os.kill(started[0], signal.SIGTERM)
+    result = cli.wait(started, timeout=30)
+    assert result.code == 0, result.err
+    assert "Traceback" not in result.err
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))  # free again
+    assert mf.read(index) == before
+
+
 def test_report_landed_stages():
     """Not a check: prints where the kills landed (run with -s)."""
     if LANDED:

@@ -186,3 +186,26 @@ def test_the_package_never_unpickles():
             if banned.search(line) or np_load.search(line):
                 found.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
     assert found == []
+
+
+@pytest.mark.parametrize("name", ["part-x.parquet", "garbage.parquet", "part-.parquet"])
+def test_an_odd_shard_name_is_no_traceback(cli, index, corpora, name):
+    """A shard whose name the writer would not give (a crafted, consistent manifest): reads
+    work, and a write either works or fails in one line."""
+    version = _version_dir(index)
+    path = index / "manifest.json"
+    raw = json.loads(path.read_text())
+    old = raw["shards"][0]["path"]
+    new = f"shards/{name}"
+    (version / old).rename(version / new)
+    raw["shards"][0]["path"] = new
+    raw["files"][new] = raw["files"].pop(old)
+    raw["checksum"] = mf._checksum(raw)
+    path.write_text(json.dumps(raw))
+    result = cli.run("query", "the cat", "--index", index, "--json")
+    assert result.code == 0, result.err
+    result = cli.run("add", corpora["more"], "--index", index)
+    assert "Traceback" not in result.err, result.err
+    if result.code != 0:
+        one_error_line(result)
+    Searcher.open(index, verify=True)
