@@ -84,8 +84,13 @@ class ForkServer:
         return self.wait(self.start(*args, **kwargs))
 
     def close(self) -> None:
-        self.proc.kill()  # nothing to flush: its children were all waited for
-        self.proc.wait(timeout=30)
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()  # it exits at end of input (its children were all waited for)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 @pytest.fixture(scope="package", autouse=True)

@@ -181,7 +181,7 @@ def test_sigkill_at_random_moments(command, cli, bases, corpora, model_dir, enco
         while ORDER.index(stage(index, base_version)) < ORDER.index(name):
             if _is_zombie(started[0]):
                 break
-            time.sleep(0.0005)
+            time.sleep(0.002)
         time.sleep(delay)
         os.kill(started[0], signal.SIGKILL)
         result = cli.wait(started)
