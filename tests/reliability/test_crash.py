@@ -32,7 +32,17 @@ from .conftest import answers, answers_of, leftovers
 #: kill trials per command (>= 20 in all)
 TRIALS = {"index": 6, "add": 4, "upsert": 4, "delete": 3, "compact": 3, "recalibrate": 3}
 LANDED: collections.Counter = collections.Counter()
-ORDER = ["startup", "encoding", "fitting", "shards", "faiss", "lexical", "publishing", "published"]
+ORDER = [
+    "startup",
+    "started",
+    "encoding",
+    "fitting",
+    "shards",
+    "faiss",
+    "lexical",
+    "publishing",
+    "published",
+]
 
 
 def stage(index: Path, base_version: int) -> str:
@@ -60,7 +70,7 @@ def stage(index: Path, base_version: int) -> str:
     raw = build / "_work" / "raw.f32"
     if raw.exists():
         return "fitting" if raw.stat().st_size else "encoding"
-    return "encoding"
+    return "started"  # a build directory, nothing in it yet (add/upsert: encoding)
 
 
 def _is_zombie(pid: int) -> bool:
@@ -203,6 +213,7 @@ def test_sigint_during_index(cli, bases, corpora, model_dir, encoder, tmp_path):
     old = answers_of(base, encoder)
     _, args = _commands(corpora, model_dir)["index"]
     rng = np.random.default_rng(7)
+    interrupted = 0
     for trial in range(2):
         index = tmp_path / f"int{trial}"
         shutil.copytree(base, index)
@@ -214,11 +225,13 @@ def test_sigint_during_index(cli, bases, corpora, model_dir, encoder, tmp_path):
         result = cli.wait(started)
         if result.code == 0:  # finished before the signal arrived
             continue
+        interrupted += 1
         lines = [line for line in result.err.splitlines() if line.strip()]
         assert result.code == 130, result.err
         assert lines == ["interrupted"], result.err
         assert not list((index / "versions").glob(".build-*"))  # cleaned on the way out
         _check_after(index, base_version, old, old, encoder, "interrupted")
+    assert interrupted >= 1
 
 
 def test_crash_between_version_rename_and_manifest(index, model_dir, corpora, encoder, monkeypatch):
