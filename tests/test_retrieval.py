@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -323,7 +324,7 @@ def test_run_retrieval_cleans_up_and_refuses_bad_options(tmp_path, model_dir, mo
 
 
 @pytest.mark.slow
-def test_run_retrieval_bundled_model_on_stsb_paraphrases(tmp_path):
+def test_run_retrieval_bundled_model_on_stsb_paraphrases(tmp_path, monkeypatch):
     """The bundled model finds STS-B paraphrases (a dev set built from FLOWSEARCH_DATA)."""
     data = os.environ.get("FLOWSEARCH_DATA")
     if not data:
@@ -334,6 +335,7 @@ def test_run_retrieval_bundled_model_on_stsb_paraphrases(tmp_path):
     spec = importlib.util.spec_from_file_location("make_dev_sets", script)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
     spec.loader.exec_module(module)
     module.make_dev_sets(data, tmp_path, names=["stsb-para"], max_corpus=1500)
     out = run_retrieval(
