@@ -10,10 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from corpus_helpers import (
-    model_dir_fixture,  # noqa: F401 - the `model_dir` fixture
-    sentences,
-)
+from corpus_helpers import sentences
 
 from flowsearch.errors import FlowsearchError
 from flowsearch.evaluation.beir import load_beir, passage_text, write_beir

@@ -277,19 +277,6 @@ def _modes(modes: str | Sequence[str]) -> list[str]:
     return wanted
 
 
-def _check_modes_supported(modes: list[str]) -> None:
-    """Fail before indexing when the Searcher cannot take ``mode=`` yet."""
-    import inspect
-
-    from flowsearch.searcher import Searcher
-
-    needs_mode = any(m != "dense" for m in modes)
-    if needs_mode and "mode" not in inspect.signature(Searcher.search).parameters:
-        raise FlowsearchError(
-            "this flowsearch's Searcher has no lexical or hybrid mode yet; use --mode dense"
-        )
-
-
 def run_retrieval(
     beir_dir: str | os.PathLike[str],
     modes: str | Sequence[str] = ("dense",),
@@ -334,7 +321,6 @@ def run_retrieval(
     from flowsearch.searcher import Searcher
 
     wanted = _modes(modes)
-    _check_modes_supported(wanted)
     if k < 10:
         raise FlowsearchError(f"k must be at least 10 for nDCG@10 and MRR@10, got {k}")
     if k < 100:
@@ -376,19 +362,19 @@ def run_retrieval(
             scores.pop("queries")
             results[mode] = scores
             LOG.info("%s %s: %s", dataset.name, mode, scores)
-        encoder = searcher.manifest["encoder"]
-        record = searcher.manifest["calibration"]
+        encoder = searcher.manifest.encoder
+        record = searcher.manifest.calibration
         out: dict[str, Any] = {
             "dataset": dataset.name,
             "corpus_rows": len(dataset.doc_ids),
             "indexed_rows": len(searcher),
             "skipped": summary.get("skipped", 0),
             "queries": len(dataset.queries),
-            "model": encoder.get("model"),
-            "pooling": encoder.get("pooling"),
+            "model": encoder.model,
+            "pooling": encoder.pooling,
             "calibration": calibration,
-            "calibrator": record.get("calibrator"),
-            "space": searcher.space,
+            "calibrator": record.calibrator,
+            "space": record.space,
             "k": k,
             "ignore_identical_ids": ignore_identical_ids,
             "index_dir": str(target) if (keep or index_dir is not None) else None,
