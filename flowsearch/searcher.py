@@ -190,7 +190,7 @@ class _Version:
 
     def allowed(self, where: str | None) -> tuple[np.ndarray | None, np.ndarray | None]:
         """``(rows matching where or None for all, bool mask of searchable rows or None)``."""
-        from flowsearch.filters import allowed_rows
+        from flowsearch.prefilter import allowed_rows
 
         rows = self.metadata_filter().rows(where) if where and where.strip() else None
         keep = allowed_rows(self.manifest.rows, rows, excluded=self.deleted)
@@ -431,7 +431,7 @@ class Searcher:
         if rows is None and version.deleted is None:
             search = lambda: fx.search(version.faiss_index, Z, k)  # noqa: E731
         else:
-            from flowsearch.filters import filtered_search
+            from flowsearch.prefilter import filtered_search
 
             def search() -> tuple[np.ndarray, np.ndarray]:
                 return filtered_search(version.faiss_index, Z, k, rows, excluded=version.deleted)
@@ -506,7 +506,7 @@ def _load(
     if on_gpu:
         faiss_index = fx.to_gpu(faiss_index)
     else:
-        from flowsearch.filters import prepare_index
+        from flowsearch.prefilter import prepare_index
 
         prepare_index(faiss_index)  # IVF: a direct map, so selective filters are exact
     deleted = None
