@@ -187,6 +187,10 @@ def index_cmd(
     ] = True,
     backend: Annotated[str, typer.Option(help="Encoder runtime: torch|onnx.")] = "torch",
     quantize: Annotated[str | None, typer.Option(help="int8 (onnx backend only).")] = None,
+    engine: Annotated[str, typer.Option(help="local, or ray (extra `ray`).")] = "local",
+    address: Annotated[
+        str | None, typer.Option(help="ray: the cluster to join (default: a local one).")
+    ] = None,
     as_json: AsJson = False,
 ) -> None:
     """Build an index from a corpus."""
@@ -210,6 +214,8 @@ def index_cmd(
         lexical=lexical,
         backend=backend,
         quantize=quantize,
+        engine=engine,
+        address=address,
     )
     if as_json:
         _print_json(summary)

@@ -15,9 +15,7 @@ Rows are the index's global row numbers (FAISS ids), in insertion order. A delet
 row (so row numbers keep matching FAISS ids) but is out of every statistic and never returned,
 until :meth:`~LexicalIndex.compact` drops it and renumbers the rest in order.
 
-Tokenisation (:func:`flowsearch.tokens.tokenize`, the same for documents and queries): NFKC, case folding,
-runs of letters and digits in any script, English stopwords (bm25s's ``STOPWORDS_EN``, Lucene's
-English list), Snowball English stemming (PyStemmer).
+Tokenisation is :func:`flowsearch.tokens.tokenize_batch`, the same for documents and queries.
 
 On disk (:meth:`~LexicalIndex.save`): ``config.json``, ``vocab.json`` and ``.npy`` arrays, loaded
 with ``allow_pickle=False``; nothing is ever unpickled.
