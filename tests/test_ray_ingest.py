@@ -19,7 +19,6 @@ import pytest
 pytest.importorskip("ray")
 
 from corpus_helpers import (  # noqa: E402
-    model_dir_fixture,  # noqa: F401 - the `model_dir` fixture
     write_corpus,
 )
 

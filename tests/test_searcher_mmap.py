@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from corpus_helpers import (
-    model_dir_fixture,  # noqa: F401 - the `model_dir` fixture
     write_corpus,
 )
 
