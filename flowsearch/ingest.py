@@ -534,12 +534,13 @@ def _append(
     with st.timed("write index"):
         fx.write_index(faiss_index, build.path / FAISS_FILE)
     new_shards = writer.close()
-    changes: dict[str, Any] = {}
+    lexical = base.lexical
     if base.lexical is not None:
         with st.timed("lexical"):
-            changes["lexical"] = _grow_lexical(build, base, new_texts, replaced_rows)
+            lexical = _grow_lexical(build, base, new_texts, replaced_rows)
+    tombstones, n_deleted = base.tombstones, base.deleted
     if len(replaced_rows):
-        changes.update(_tombstone(build, base, deleted, replaced_rows))
+        tombstones, n_deleted = _tombstone(build, deleted, replaced_rows)
     elif base.tombstones is not None:
         build.link(base.tombstones)
     drift = None
@@ -557,7 +558,9 @@ def _append(
         rows=base.rows + plan.rows,
         skipped=base.skipped + plan.skipped,
         next_auto_id=plan.auto_id_start + plan.rows_in,
-        **changes,
+        lexical=lexical,
+        tombstones=tombstones,
+        deleted=n_deleted,
     )
     if model is not None:  # the model moved: remember where it is now
         encoder = replace(base.encoder, source=str(space.encoder.model_id))
@@ -581,14 +584,11 @@ def _grow_lexical(
 
 
 def _tombstone(
-    build: directory.VersionBuild,
-    base: mf.Manifest,
-    deleted: np.ndarray | None,
-    rows: np.ndarray,
-) -> dict[str, Any]:
-    """Write the version's tombstones: ``deleted`` (bool mask or None) plus ``rows``; returns the
-    manifest changes."""
+    build: directory.VersionBuild, deleted: np.ndarray | None, rows: np.ndarray
+) -> tuple[str, int]:
+    """Write the version's tombstones: ``deleted`` (bool mask or None) plus ``rows``; returns
+    ``(its relative path, how many rows are deleted)``."""
     old = np.flatnonzero(deleted) if deleted is not None else np.zeros(0, dtype=np.int64)
     dead = np.union1d(old, rows)
     store.write_tombstones(build.path / store.TOMBSTONES_FILE, dead)
-    return {"tombstones": store.TOMBSTONES_FILE, "deleted": int(len(dead))}
+    return store.TOMBSTONES_FILE, int(len(dead))
