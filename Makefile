@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 INDEX  ?= demo_index
 QUERY  ?= how do octopuses hide from predators
 
-.PHONY: setup demo test test-slow lint bench clean
+.PHONY: setup demo test test-slow test-ray lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -27,6 +27,10 @@ test: setup
 # Model-quality tests on ../shared/data (set FLOWSEARCH_DATA elsewhere).
 test-slow: setup
 	HF_HUB_OFFLINE=1 FLOWSEARCH_DATA=$${FLOWSEARCH_DATA:-../shared/data} $(BIN)/python -m pytest -q -m slow
+
+# The Ray engine against the local one on a local Ray (num_cpus=2): slow, run by CI after `test`.
+test-ray: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m slow tests/test_ray_ingest.py
 
 lint: setup
 	$(BIN)/ruff check flowsearch tests benchmarks data

@@ -37,9 +37,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flowsearch.filters import (
+from flowsearch.filters import MetadataFilter
+from flowsearch.prefilter import (
     EXACT_BELOW,
-    MetadataFilter,
     _exact,
     filtered_search,
     prepare_index,

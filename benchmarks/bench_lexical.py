@@ -40,7 +40,8 @@ import bm25s
 import numpy as np
 
 from flowsearch.evaluation import datasets as ds
-from flowsearch.lexical import LexicalIndex, tokenize_batch
+from flowsearch.lexical import LexicalIndex
+from flowsearch.tokens import tokenize_batch
 
 HERE = Path(__file__).resolve().parent
 

@@ -73,7 +73,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--text", choices=("raw", "senteval"), default="raw")
     p.add_argument(
         "--poolings",
-        default="mean,first_last_avg,last2avg,static",
+        default="mean,first_last_avg,last2avg,embedding_layer",
         help="poolings with the full Table 2 (all 7 STS tasks)",
     )
     p.add_argument("--qnli-poolings", default="mean")
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     res["table6"] = {}
     dev = load_stsb(args.data, "dev", args.text)
     edit = np.array([edit_distance(a, b) for a, b in zip(dev.s1, dev.s2, strict=True)], float)
-    for p in (q for q in ("mean", "first_last_avg", "static") if q in poolings):
+    for p in (q for q in ("mean", "first_last_avg", "embedding_layer") if q in poolings):
         a, b = sess[p].pair_vectors("STSB", dev)
         sims = {"raw": cosine_pairs(a, b)}
         for cal in ("flow", "whitening", "whitening-flow"):
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     curves = {}
-    for p in (q for q in ("mean", "first_last_avg", "static") if q in poolings):
+    for p in (q for q in ("mean", "first_last_avg", "embedding_layer") if q in poolings):
         U = sess[p].fit_vectors("STSB")
         curves[p] = {"raw": spectrum(U)}
         for cal in ("sn", "whitening", "flow", "whitening-flow"):
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                     U = cache.encode(rviews["mean"], texts, f"stsb-devtest-{args.text}")
                     res["flow_diagnosis"] = _flow_diagnosis(U, index, test, args.seed)
                 for p in all_poolings:
-                    if kind == "top-half-random" and p == "static":
+                    if kind == "top-half-random" and p == "embedding_layer":
                         continue  # the embedding layer is the trained one: same row as MiniLM's
                     U = cache.encode(rviews[p], texts, f"stsb-devtest-{args.text}")
                     rows.append(_study_row(f"MiniLM-{kind} {p}", U, index, test, args.seed))

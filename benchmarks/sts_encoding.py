@@ -1,7 +1,8 @@
 r"""One forward pass, every pooling: the benchmark's way to keep the sweep under 30 minutes.
 
 Encoding dominates the cost of the STS sweep, and the five poolings (``cls``, ``mean``,
-``last2avg``, ``first_last_avg``, ``static``) all read the same forward pass's hidden states.
+``last2avg``, ``first_last_avg``, ``embedding_layer``) all read one forward pass's hidden states
+(``embedding_layer`` is the first release's ``static``: the embedding layer's output).
 :class:`MultiPoolEncoder` runs the model once per batch with ``output_hidden_states=True`` and
 pools every way; :meth:`MultiPoolEncoder.view` hands out one object per pooling that looks like
 a :class:`flowsearch.Encoder` to :class:`flowsearch.evaluation.VectorCache` (same ``describe()``,
@@ -27,7 +28,7 @@ __all__ = ["MultiPoolEncoder", "PoolingView"]
 
 LOG = logging.getLogger(__name__)
 
-ALL_POOLINGS = ("cls", "mean", "last2avg", "first_last_avg", "static")
+ALL_POOLINGS = ("cls", "mean", "last2avg", "first_last_avg", "embedding_layer")
 
 
 def _digest(texts: Sequence[str]) -> str:

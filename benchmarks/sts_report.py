@@ -82,6 +82,10 @@ def render(res: dict[str, Any]) -> str:
         "`FLOWSEARCH_DATA=../shared/data .venv/bin/python benchmarks/run_sts.py`; every number "
         "below is in `benchmarks/sts_results.json`.",
         "",
+        "`embedding_layer` below is the first release's `static` pooling (the embedding layer's "
+        "output, position embeddings included), renamed when `static` became position-free; "
+        "the figures are the ones measured then.",
+        "",
         "Calibrators are fitted without labels on the evaluated set's own sentences, all splits "
         '("target"), except `flow-nli` (fitted on SNLI dev+test sentences; the train split is '
         "not shipped). `natsv`/`sn-natsv` choose k in 1..20 on STS-B dev. `whitening-k` keeps "
@@ -201,13 +205,13 @@ def _compare(rows: list[dict[str, Any]], a: str, b: str, digits: int = 2) -> str
 
 
 def _static_trio(res: dict[str, Any]) -> str:
-    """Table 2 ``static``: flow, whitening, whitening-flow avg, and where the flow differs."""
-    rows = {c: _row(res, "static", c) for c in ("flow", "whitening", "whitening-flow")}
+    """Table 2 ``embedding_layer``: flow, whitening, whitening-flow avg, where the flow differs."""
+    rows = {c: _row(res, "embedding_layer", c) for c in ("flow", "whitening", "whitening-flow")}
     if any(r is None for r in rows.values()):
         return ""
     out = (
-        'With every split of each set as fit set (Table 2, `static`, avg "all"): '
-        + ", ".join(f"{c} {_avg(res, 'static', c):.2f}" for c in rows)
+        'With every split of each set as fit set (Table 2, `embedding_layer`, avg "all"): '
+        + ", ".join(f"{c} {_avg(res, 'embedding_layer', c):.2f}" for c in rows)
         + "."
     )
     flow, wflow = rows["flow"]["results"], rows["whitening-flow"]["results"]
@@ -221,10 +225,10 @@ def _static_trio(res: dict[str, Any]) -> str:
             + (" and behind on " + ", ".join(behind) if behind else "")
             + " (flow minus whitening-flow)"
         )
-        if _row(res, "static", "whitening-k") is not None:
+        if _row(res, "embedding_layer", "whitening-k") is not None:
             out += (
-                f"; whitening-k (avg {_avg(res, 'static', 'whitening-k'):.2f}) has the same "
-                "profile, so we read it as the flow's incomplete decorrelation acting like a "
+                f"; whitening-k (avg {_avg(res, 'embedding_layer', 'whitening-k'):.2f}) has the "
+                "same profile, so we read it as the flow's incomplete decorrelation acting like a "
                 f"partial whitening, which {' and '.join(a.split()[0] for a in ahead)} prefer, "
                 "not as a better density model"
             )
@@ -308,18 +312,18 @@ def _summary(res: dict[str, Any]) -> list[str]:
     if st:
         top = _max_wf_shift(res)
         shift = "within noise" if top is None else f"within {top:.2f} points on every figure"
-        f, w = _avg(res, "static", "flow"), _avg(res, "static", "whitening-flow")
+        f, w = _avg(res, "embedding_layer", "flow"), _avg(res, "embedding_layer", "whitening-flow")
         static_gap = "-" if f is None or w is None else f"flow {f - w:+.2f} over whitening-flow"
         L += [
             "- What to do: for an encoder trained contrastively for similarity (MiniLM `mean`, "
             "its default), search in the encoder's own space: every calibration costs STS "
             "points (SICK-R most). Calibrate when the space is anisotropic: non-contextual "
-            "`static` vectors, `cls` of a model not trained for it, untrained or partly trained "
-            "encoders, raw MLM encoders like the paper's BERT. There, whitening-flow "
+            "`embedding_layer` vectors, `cls` of a model not trained for it, untrained or partly "
+            "trained encoders, raw MLM encoders like the paper's BERT. There, whitening-flow "
             "(what `auto` picks) and plain whitening give the same STS figures "
             f"({shift}), and both beat the paper's flow on a small fit set (5,385 sentences); "
             "on the larger all-splits fit sets the paper's flow can be ahead on average "
-            f"(`static`: {static_gap}). Whitening fits in a fraction of a second; "
+            f"(`embedding_layer`: {static_gap}). Whitening fits in a fraction of a second; "
             "whitening-flow adds about the flow's fit (seconds) and keeps the "
             "flow's exact density (drift and out-of-distribution signals), not extra STS "
             "points. "
@@ -375,9 +379,9 @@ def _study(res: dict[str, Any]) -> list[str]:
         "Spearman after calibration minus raw (so the bundled rows differ a little from Table 2, "
         "whose calibrators saw all splits). `MiniLM-random`: the MiniLM architecture with fresh "
         "random weights (an untrained encoder). `MiniLM-top-half-random`: trained embeddings "
-        "and lower 3 layers, top 3 layers re-drawn (its `static` row would repeat MiniLM's and "
-        "is left out). `flow_ll`: the flow's fitted log-likelihood gain over a diagonal "
-        "Gaussian (nats/dim, constant dims dropped).",
+        "and lower 3 layers, top 3 layers re-drawn (its `embedding_layer` row would repeat "
+        "MiniLM's and is left out). `flow_ll`: the flow's fitted log-likelihood gain over a "
+        "diagonal Gaussian (nats/dim, constant dims dropped).",
         "",
     ]
     cals = [c for c in ("flow", "whitening", "whitening-flow") if f"{c}_gain" in st["rows"][0]]

@@ -11,21 +11,18 @@ Example:
 
 from __future__ import annotations
 
-import enum
 import functools
-import json
 import logging
-import math
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-import numpy as np
 import typer
 
 from flowsearch.errors import FlowsearchError
+from flowsearch.jsonable import to_json
 
 __all__ = ["app", "main"]
 
@@ -52,13 +49,6 @@ IndexDir = Annotated[
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 DEFAULT_INDEX = Path("flowsearch_index")
-
-
-class Task(str, enum.Enum):
-    """Evaluation tasks of ``flowsearch eval``."""
-
-    sts = "sts"
-    qnli = "qnli"
 
 
 #: Library errors name keyword arguments (``overwrite=True``); the command line names its flags.
@@ -99,22 +89,8 @@ def _user_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _json_safe(value: Any) -> Any:
-    """``value`` with NaN and infinite floats (not valid JSON) replaced by None."""
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
-
-
 def _print_json(doc: Any) -> None:
-    text = json.dumps(_json_safe(doc), ensure_ascii=False, default=str, allow_nan=False)
-    sys.stdout.write(text + "\n")
+    sys.stdout.write(to_json(doc) + "\n")
 
 
 def _stdout_console() -> Any:
@@ -211,6 +187,10 @@ def index_cmd(
     ] = True,
     backend: Annotated[str, typer.Option(help="Encoder runtime: torch|onnx.")] = "torch",
     quantize: Annotated[str | None, typer.Option(help="int8 (onnx backend only).")] = None,
+    engine: Annotated[str, typer.Option(help="local, or ray (extra `ray`).")] = "local",
+    address: Annotated[
+        str | None, typer.Option(help="ray: the cluster to join (default: a local one).")
+    ] = None,
     as_json: AsJson = False,
 ) -> None:
     """Build an index from a corpus."""
@@ -234,6 +214,8 @@ def index_cmd(
         lexical=lexical,
         backend=backend,
         quantize=quantize,
+        engine=engine,
+        address=address,
     )
     if as_json:
         _print_json(summary)
@@ -393,59 +375,6 @@ def info_cmd(
     _stdout_console().print(table)
 
 
-@app.command("eval")
-@_user_errors
-def eval_cmd(
-    task: Annotated[Task, typer.Argument(help="sts or qnli.")],
-    data: Annotated[
-        Path | None, typer.Option(help="Data folder (default $FLOWSEARCH_DATA).")
-    ] = None,
-    model: Annotated[str | None, typer.Option(help="Encoder model id or directory.")] = None,
-    pooling: Annotated[str, typer.Option(help="cls|mean|last2avg|first_last_avg|static")] = "mean",
-    calibration: Annotated[str, typer.Option(help="none|flow|whitening|sn|natsv|...")] = "none",
-    max_length: Annotated[int | None, typer.Option(help="Tokens per sentence.")] = None,
-    batch_size: Annotated[int, typer.Option(help="Texts per encoder pass.")] = 64,
-    tasks: Annotated[
-        str | None, typer.Option(help="sts only: comma list, e.g. STSB,SICKR (default all).")
-    ] = None,
-    as_json: AsJson = False,
-) -> None:
-    """Evaluate an encoder + calibration on STS (Spearman) or QNLI (AUC)."""
-    from flowsearch import evaluation
-
-    kwargs: dict[str, Any] = {
-        "model": model,
-        "pooling": pooling,
-        "calibration": calibration,
-        "max_length": max_length,
-        "data_dir": data,
-        "batch_size": batch_size,
-    }
-    if task is Task.sts:
-        names = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
-        result = evaluation.run_sts(tasks=names, **kwargs)
-    else:
-        result = evaluation.run_qnli(**kwargs)
-    if as_json:
-        _print_json(result)
-        return
-    from rich.table import Table
-
-    table = Table(
-        title=f"{task.value}: {result['model']} / {result['pooling']} / {result['calibration']}",
-        title_justify="left",
-    )
-    table.add_column("task")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for name, metrics in result["results"].items():
-        for metric, value in metrics.items():
-            table.add_row(name, metric, f"{value:.4f}" if isinstance(value, float) else str(value))
-    if "avg" in result:
-        table.add_row("avg", "", f"{result['avg']:.4f}")
-    _stdout_console().print(table)
-
-
 def _click_errors() -> tuple[Any, Any]:
     """(ClickException, UsageError) of the click that typer runs on (recent typers vendor it)."""
     try:
@@ -479,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 from flowsearch import cli_engine as _cli_engine  # noqa: E402,F401 - registers its commands
+from flowsearch import cli_eval as _cli_eval  # noqa: E402,F401 - registers `eval`
 
 if __name__ == "__main__":
     sys.exit(main())

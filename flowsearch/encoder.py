@@ -274,7 +274,8 @@ class Encoder:
 
             self._onnx[key] = OnnxEncoder(
                 lambda: self._torch_model(eager=True),
-                identity=f"{self.model_id}@{self.revision}",
+                # a local model is its content hash, wherever it lives; a hub id needs its name
+                identity=self.revision if self._local else f"{self.model_id}@{self.revision}",
                 outputs=key,
                 config=self._config,
                 quantize=self.quantize,

@@ -42,6 +42,8 @@ __all__ = ["add_to_index", "build_index", "live_ids", "upsert"]
 LOG = logging.getLogger(__name__)
 
 _CHUNK_ROWS = 2048  # texts per encoder call: enough to batch by length, small enough for progress
+#: Where ``build_index`` runs: this process, or a Ray cluster (:mod:`flowsearch.ray_ingest`).
+ENGINES = ("local", "ray")
 FAISS_FILE = "index.faiss"
 LEXICAL_DIR = "lexical"
 
@@ -79,6 +81,8 @@ def build_index(
     lexical: bool = True,
     backend: str = "torch",
     quantize: str | None = None,
+    engine: str = "local",
+    address: str | None = None,
 ) -> dict[str, Any]:
     r"""Index a corpus into ``index_dir`` (see the module docstring for the data flow).
 
@@ -101,6 +105,9 @@ def build_index(
         lexical: also build a BM25 index (``lexical/``), for ``mode="lexical"`` and ``"hybrid"``.
         backend: the encoder's runtime, ``torch`` or ``onnx`` (extra ``onnx``).
         quantize: ``int8`` (ONNX dynamic quantisation), or None.
+        engine: ``local`` (this process) or ``ray`` (extra ``ray``: encoding and projection on
+            a Ray cluster, see :mod:`flowsearch.ray_ingest`); both write the same index.
+        address: the Ray cluster to join (``engine="ray"``); None starts a local one.
 
     Returns:
         A summary: rows, skipped, dim, calibration, factory, seconds per stage, bytes on disk.
@@ -114,6 +121,8 @@ def build_index(
         raise FlowsearchError(f"batch_size must be >= 1, got {batch_size}")
     if fit_sample < 2:
         raise FlowsearchError(f"fit_sample must be >= 2, got {fit_sample}")
+    if engine not in ENGINES:
+        raise FlowsearchError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if calibrator is None and calibration != "auto":
         from flowsearch.calibration import make_calibrator
 
@@ -121,6 +130,11 @@ def build_index(
     st = Stages()
     with st.timed("scan"):
         plan = scan_corpus(corpus, text_column, id_column, strict=strict)
+    if engine == "ray" and not plan.files:
+        raise FlowsearchError(
+            "engine='ray' reads corpus files; write the records to Parquet first, or use "
+            "engine='local'"
+        )
     with st.timed("load model"):
         from flowsearch.encoder import Encoder
 
@@ -130,8 +144,13 @@ def build_index(
         enc = Encoder(model, pooling=pooling, max_length=max_length, **options)
         loaded = load_fitted(calibrator, calibration, enc.dim) if calibrator is not None else None
         fx.check_factory(index_factory, (loaded.dim_out if loaded else None) or enc.dim)
+    builder: Any = _build
+    if engine == "ray":  # imported only here: `ray` is an optional extra
+        from flowsearch import ray_ingest
+
+        builder = ray_ingest.builder(address, model, options)
     with directory.write_version(target, new=True, overwrite=overwrite) as build, st.live():
-        manifest = _build(
+        manifest = builder(
             build,
             plan,
             enc,
@@ -212,6 +231,44 @@ def _build(
         cal.save(tmp / "calibrator")
     del raw
     shutil.rmtree(work)
+    return _finish(
+        build,
+        plan,
+        enc,
+        st,
+        source=source,
+        space=space,
+        spec=spec,
+        faiss_index=faiss_index,
+        factory=factory,
+        index_factory=index_factory,
+        sample=sample,
+        shards=shards,
+        lps=lps,
+        lexical=lexical,
+    )
+
+
+def _finish(
+    build: directory.VersionBuild,
+    plan: CorpusPlan,
+    enc: Any,
+    st: Stages,
+    *,
+    source: str | None,
+    space: SearchSpace,
+    spec: Any,
+    faiss_index: Any,
+    factory: str,
+    index_factory: str,
+    sample: np.ndarray,
+    shards: list[mf.Shard],
+    lps: list[np.ndarray],
+    lexical: bool,
+) -> mf.Manifest:
+    """Tune and save the filled FAISS index, build BM25, write the manifest and publish (shared
+    by both engines: the shards and calibrator are already in ``build.path``)."""
+    tmp = build.path
     with st.timed("build index"), st.status("tuning the FAISS index"):
         params = ""
         if index_factory == "auto" and factory != "Flat":
@@ -477,12 +534,13 @@ def _append(
     with st.timed("write index"):
         fx.write_index(faiss_index, build.path / FAISS_FILE)
     new_shards = writer.close()
-    changes: dict[str, Any] = {}
+    lexical = base.lexical
     if base.lexical is not None:
         with st.timed("lexical"):
-            changes["lexical"] = _grow_lexical(build, base, new_texts, replaced_rows)
+            lexical = _grow_lexical(build, base, new_texts, replaced_rows)
+    tombstones, n_deleted = base.tombstones, base.deleted
     if len(replaced_rows):
-        changes.update(_tombstone(build, base, deleted, replaced_rows))
+        tombstones, n_deleted = _tombstone(build, deleted, replaced_rows)
     elif base.tombstones is not None:
         build.link(base.tombstones)
     drift = None
@@ -500,7 +558,9 @@ def _append(
         rows=base.rows + plan.rows,
         skipped=base.skipped + plan.skipped,
         next_auto_id=plan.auto_id_start + plan.rows_in,
-        **changes,
+        lexical=lexical,
+        tombstones=tombstones,
+        deleted=n_deleted,
     )
     if model is not None:  # the model moved: remember where it is now
         encoder = replace(base.encoder, source=str(space.encoder.model_id))
@@ -524,14 +584,11 @@ def _grow_lexical(
 
 
 def _tombstone(
-    build: directory.VersionBuild,
-    base: mf.Manifest,
-    deleted: np.ndarray | None,
-    rows: np.ndarray,
-) -> dict[str, Any]:
-    """Write the version's tombstones: ``deleted`` (bool mask or None) plus ``rows``; returns the
-    manifest changes."""
+    build: directory.VersionBuild, deleted: np.ndarray | None, rows: np.ndarray
+) -> tuple[str, int]:
+    """Write the version's tombstones: ``deleted`` (bool mask or None) plus ``rows``; returns
+    ``(its relative path, how many rows are deleted)``."""
     old = np.flatnonzero(deleted) if deleted is not None else np.zeros(0, dtype=np.int64)
     dead = np.union1d(old, rows)
     store.write_tombstones(build.path / store.TOMBSTONES_FILE, dead)
-    return {"tombstones": store.TOMBSTONES_FILE, "deleted": int(len(dead))}
+    return store.TOMBSTONES_FILE, int(len(dead))

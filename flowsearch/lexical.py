@@ -15,9 +15,7 @@ Rows are the index's global row numbers (FAISS ids), in insertion order. A delet
 row (so row numbers keep matching FAISS ids) but is out of every statistic and never returned,
 until :meth:`~LexicalIndex.compact` drops it and renumbers the rest in order.
 
-Tokenisation (:func:`tokenize`, the same for documents and queries): Unicode NFKC, case folding,
-runs of letters and digits in any script, English stopwords (bm25s's ``STOPWORDS_EN``, Lucene's
-English list), Snowball English stemming (PyStemmer).
+Tokenisation is :func:`flowsearch.tokens.tokenize_batch`, the same for documents and queries.
 
 On disk (:meth:`~LexicalIndex.save`): ``config.json``, ``vocab.json`` and ``.npy`` arrays, loaded
 with ``allow_pickle=False``; nothing is ever unpickled.
@@ -33,20 +31,16 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-import threading
-import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import bm25s
 import numpy as np
-import Stemmer
 from bm25s import scoring
-from bm25s.stopwords import STOPWORDS_EN
 
 from flowsearch.errors import FlowsearchError
+from flowsearch.tokens import tokenize_batch
 
 __all__ = [
     "BUILD_CHUNK",
@@ -55,8 +49,6 @@ __all__ = [
     "FORMAT_VERSION",
     "LexicalIndex",
     "Method",
-    "tokenize",
-    "tokenize_batch",
 ]
 
 LOG = logging.getLogger(__name__)
@@ -79,47 +71,6 @@ BUILD_CHUNK = 8192
 #: BM25 variants whose weights depend only on (tf, document length, df): the ones bm25s scores
 #: without a non-occurrence term (BM25L and BM25+ would score every document for every term).
 Method = Literal["lucene", "robertson", "atire"]
-
-_WORD = re.compile(r"[^\W_]+")
-_STOPWORDS = frozenset(STOPWORDS_EN)
-# A Stemmer object is not thread-safe; the server answers queries from several threads.
-_LOCAL = threading.local()
-
-
-def _stemmer() -> Any:
-    stemmer = getattr(_LOCAL, "stemmer", None)
-    if stemmer is None:
-        stemmer = _LOCAL.stemmer = Stemmer.Stemmer("english")
-    return stemmer
-
-
-def tokenize_batch(texts: Sequence[str]) -> list[list[str]]:
-    """Index terms of each text: NFKC, case-folded, letter/digit runs, no stopwords, stemmed.
-
-    The one tokeniser of documents and queries. Any script is accepted (a word the English
-    stemmer does not know passes through unchanged); empty or punctuation-only text has no terms.
-
-    Raises:
-        FlowsearchError: when an item is not a string.
-    """
-    words: list[list[str]] = []
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise FlowsearchError(
-                f"text {i} is {type(text).__name__}, not a string; give every row a text"
-            )
-        folded = unicodedata.normalize("NFKC", text).casefold()
-        words.append([w for w in _WORD.findall(folded) if w not in _STOPWORDS])
-    # stem each distinct word once, in one call: words repeat a lot, and the stemmer's cost is
-    # per word it is handed
-    distinct = list({w: None for doc in words for w in doc})
-    stem = dict(zip(distinct, _stemmer().stemWords(distinct)))
-    return [[stem[w] for w in doc] for doc in words]
-
-
-def tokenize(text: str) -> list[str]:
-    """Index terms of one text (see :func:`tokenize_batch`)."""
-    return tokenize_batch([text])[0]
 
 
 def _check_method(method: str) -> None:

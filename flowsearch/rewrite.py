@@ -112,16 +112,20 @@ def delete(index_dir: str | os.PathLike[str], ids: Sequence[Any]) -> DeleteResul
         dead = np.array(sorted(rows), dtype=np.int64)
         for part in ("calibrator", FAISS_FILE, *(s.path for s in base.shards)):
             build.link(part)
-        changes = _tombstone(build, base, deleted, dead)
+        tombstones, n_deleted = _tombstone(build, deleted, dead)
+        lexical = base.lexical
         if base.lexical is not None:
             from flowsearch.lexical import LexicalIndex
 
             lex = LexicalIndex.load(base.path(build.index_dir, base.lexical.path))
             lex.delete(dead)
             lex.save(build.path / LEXICAL_DIR)
-            changes["lexical"] = _lexical_spec(lex)
+            lexical = _lexical_spec(lex)
         record = mf.WriteRecord(kind="delete", time=mf.utc_now(), rows=len(dead))
-        published = build.publish(mf.with_history(base, record, **changes))
+        manifest = mf.with_history(
+            base, record, tombstones=tombstones, deleted=n_deleted, lexical=lexical
+        )
+        published = build.publish(manifest)
     return DeleteResult(len(dead), missing, published.version)
 
 
@@ -212,13 +216,7 @@ def _rewrite(
             reader.close()
         params = f"nprobe={nprobe}"
     fx.write_index(faiss_index, build.path / FAISS_FILE)
-    changes: dict[str, Any] = {
-        "shards": tuple(shards),
-        "rows": live,
-        "deleted": 0,
-        "tombstones": None,
-        "faiss": mf.FaissSpec(factory=factory, requested=requested, params=params),
-    }
+    lexical = base.lexical
     if base.lexical is not None:
         from flowsearch.lexical import LexicalIndex
 
@@ -227,16 +225,29 @@ def _rewrite(
             lex.delete(np.flatnonzero(deleted))
         lex.compact()
         lex.save(build.path / LEXICAL_DIR)
-        changes["lexical"] = _lexical_spec(lex)
+        lexical = _lexical_spec(lex)
+    new_calibration, density = base.calibration, base.density
     if space is not None and calibration is not None:
         space.calibrator.save(build.path / "calibrator")
-        changes.update(dim=dim, calibration=calibration)
-        changes["density"] = density_stats(np.concatenate(lps)) if lps else None
+        new_calibration = calibration
+        density = density_stats(np.concatenate(lps)) if lps else None
     else:
         build.link("calibrator")
     detail = {"dropped": base.rows - live}
     record = mf.WriteRecord(kind=kind, time=mf.utc_now(), rows=live, detail=detail)
-    return mf.with_history(base, record, **changes)
+    return mf.with_history(
+        base,
+        record,
+        shards=tuple(shards),
+        rows=live,
+        deleted=0,
+        tombstones=None,
+        faiss=mf.FaissSpec(factory=factory, requested=requested, params=params),
+        lexical=lexical,
+        dim=dim,
+        calibration=new_calibration,
+        density=density,
+    )
 
 
 def compact(index_dir: str | os.PathLike[str]) -> dict[str, Any]:

@@ -190,7 +190,7 @@ class _Version:
 
     def allowed(self, where: str | None) -> tuple[np.ndarray | None, np.ndarray | None]:
         """``(rows matching where or None for all, bool mask of searchable rows or None)``."""
-        from flowsearch.filters import allowed_rows
+        from flowsearch.prefilter import allowed_rows
 
         rows = self.metadata_filter().rows(where) if where and where.strip() else None
         keep = allowed_rows(self.manifest.rows, rows, excluded=self.deleted)
@@ -204,10 +204,13 @@ class _Version:
 class Searcher:
     """Searches one index directory. Use :meth:`open`; safe to share between threads."""
 
-    def __init__(self, index_dir: Path, version: _Version, *, gpu: bool = False) -> None:
+    def __init__(
+        self, index_dir: Path, version: _Version, *, gpu: bool = False, mmap: bool = False
+    ) -> None:
         self.root = Path(index_dir)
         self._version = version
         self._gpu = gpu  # FAISS GPU indexes are not safe to search from several threads
+        self._mmap = mmap
         self._index_lock = threading.Lock()
         self._rows_lock = threading.Lock()  # the row-group cache of the pinned reader
         self._refresh_lock = threading.Lock()
@@ -221,6 +224,7 @@ class Searcher:
         encoder: Any = None,
         model: str | os.PathLike[str] | None = None,
         gpu: bool = True,
+        mmap: bool = False,
     ) -> Searcher:
         """Open an index directory at its current version.
 
@@ -232,6 +236,11 @@ class Searcher:
             model: where the index's model directory is now, if it has moved since the index was
                 built (checked against the recorded content hash).
             gpu: move the FAISS index to the GPU(s) when FAISS sees any.
+            mmap: memory-map the FAISS index instead of reading it into RAM (IVF inverted
+                lists, ``Flat`` and the flat storage of HNSW): the OS pages in what searches
+                touch, so an index larger than RAM can be searched (an IVF search reads only
+                ``nprobe`` lists). Shard rows are always read by position for the hits only.
+                Ignored when the index goes to a GPU.
 
         Raises:
             FlowsearchError: no index, a missing or corrupt file, or a mismatched encoder or
@@ -240,9 +249,9 @@ class Searcher:
         root = Path(index_dir).expanduser()
         on_gpu = gpu and fx.num_gpus() > 0
         version = directory.open_version(
-            root, lambda m: _load(root, m, verify, encoder, model, on_gpu)
+            root, lambda m: _load(root, m, verify, encoder, model, on_gpu, mmap)
         )
-        return cls(root, version, gpu=on_gpu)
+        return cls(root, version, gpu=on_gpu, mmap=mmap)
 
     @property
     def manifest(self) -> mf.Manifest:
@@ -268,7 +277,8 @@ class Searcher:
                 return False
             encoder = current.space.encoder
             self._version = directory.open_version(
-                self.root, lambda m: _load(self.root, m, False, encoder, None, self._gpu)
+                self.root,
+                lambda m: _load(self.root, m, False, encoder, None, self._gpu, self._mmap),
             )
             LOG.info("now on version %d of %s", self._version.manifest.version, self.root)
             return True
@@ -431,7 +441,7 @@ class Searcher:
         if rows is None and version.deleted is None:
             search = lambda: fx.search(version.faiss_index, Z, k)  # noqa: E731
         else:
-            from flowsearch.filters import filtered_search
+            from flowsearch.prefilter import filtered_search
 
             def search() -> tuple[np.ndarray, np.ndarray]:
                 return filtered_search(version.faiss_index, Z, k, rows, excluded=version.deleted)
@@ -488,8 +498,34 @@ class Searcher:
             return np.asarray(self._version.reader.column("vector"), dtype=np.float32)
 
 
+def _read_faiss(path: Path, manifest: mf.Manifest, mmap: bool) -> Any:
+    """The version's FAISS index, read into RAM or memory-mapped (``mmap``)."""
+    if not mmap:
+        return fx.read_index(path, manifest.faiss.params)
+    import faiss
+
+    # IVF: IO_FLAG_MMAP maps the inverted lists. Other indexes: IO_FLAG_MMAP_IFC maps the codes
+    # of flat storage (Flat, HNSW's vectors). Combining both fails on IVF files (faiss 1.15).
+    ivf = "IVF" in manifest.faiss.factory.upper()
+    flags = faiss.IO_FLAG_MMAP if ivf else faiss.IO_FLAG_MMAP_IFC
+    try:
+        index = faiss.read_index(str(path), flags | faiss.IO_FLAG_READ_ONLY)
+    except RuntimeError as exc:
+        raise FlowsearchError(
+            f"cannot read FAISS index {path} ({exc}); rebuild the index"
+        ) from None
+    fx.set_params(index, manifest.faiss.params)
+    return index
+
+
 def _load(
-    root: Path, manifest: mf.Manifest, verify: bool, encoder: Any, model: Any, on_gpu: bool
+    root: Path,
+    manifest: mf.Manifest,
+    verify: bool,
+    encoder: Any,
+    model: Any,
+    on_gpu: bool,
+    mmap: bool = False,
 ) -> _Version:
     """Open one version's files (raises FileNotFoundError if it vanished meanwhile)."""
     checked = directory.verify(root, manifest, checksums=verify)
@@ -497,7 +533,7 @@ def _load(
     path = manifest.path(root, FAISS_FILE)
     if not path.is_file():
         raise FileNotFoundError(path)
-    faiss_index = fx.read_index(path, manifest.faiss.params)
+    faiss_index = _read_faiss(path, manifest, mmap and not on_gpu)
     if faiss_index.ntotal != manifest.rows or faiss_index.d != manifest.dim:
         raise FlowsearchError(
             f"{path} holds {faiss_index.ntotal} rows of dim {faiss_index.d}, the manifest says "
@@ -505,8 +541,8 @@ def _load(
         )
     if on_gpu:
         faiss_index = fx.to_gpu(faiss_index)
-    else:
-        from flowsearch.filters import prepare_index
+    elif not mmap:  # a direct map would read every list's ids into RAM (8 bytes per row)
+        from flowsearch.prefilter import prepare_index
 
         prepare_index(faiss_index)  # IVF: a direct map, so selective filters are exact
     deleted = None

@@ -43,8 +43,8 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from flowsearch.cli import _json_safe
 from flowsearch.errors import FlowsearchError
+from flowsearch.jsonable import json_safe
 from flowsearch.searcher import Searcher
 
 __all__ = [
@@ -111,7 +111,7 @@ class SafeJSONResponse(JSONResponse):
     anything else JSON does not know (dates, bytes) its ``str``."""
 
     def render(self, content: Any) -> bytes:
-        text = json.dumps(_json_safe(content), ensure_ascii=False, allow_nan=False, default=str)
+        text = json.dumps(json_safe(content), ensure_ascii=False, allow_nan=False, default=str)
         return text.encode("utf-8")
 
 

@@ -120,7 +120,8 @@ class ShardWriter:
         self.part = first_part
         self.shard_rows = shard_rows or SHARD_ROWS
         self.row_group_rows = min(row_group_rows or ROW_GROUP_ROWS, self.shard_rows)
-        self.shards: list[dict[str, Any]] = []
+        self._paths: list[str] = []
+        self._counts: list[int] = []
         self._writer: pq.ParquetWriter | None = None
         self._rows = 0
         (self.root / "shards").mkdir(parents=True, exist_ok=True)
@@ -132,14 +133,15 @@ class ShardWriter:
             relpath = f"shards/part-{self.part:05d}.parquet"
         self.part += 1
         self._writer = pq.ParquetWriter(self.root / relpath, schema, compression="zstd")
-        self.shards.append({"path": relpath, "rows": 0})
+        self._paths.append(relpath)
+        self._counts.append(0)
         self._rows = 0
 
     def _close_current(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-            self.shards[-1]["rows"] = self._rows
+            self._counts[-1] = self._rows
 
     def write(self, table: pa.Table) -> None:
         """Append rows, starting a new part when the current one is full or its schema differs."""
@@ -160,7 +162,7 @@ class ShardWriter:
     def close(self) -> list[Shard]:
         """Finish the last part; returns a :class:`~flowsearch.manifest.Shard` per part written."""
         self._close_current()
-        return [Shard(path=s["path"], rows=int(s["rows"])) for s in self.shards if s["rows"] > 0]
+        return [Shard(p, n) for p, n in zip(self._paths, self._counts, strict=True) if n > 0]
 
 
 class RowReader:

@@ -17,13 +17,8 @@ from hypothesis import strategies as st
 
 from flowsearch import store
 from flowsearch.errors import FlowsearchError
-from flowsearch.filters import (
-    MetadataFilter,
-    _Watchdog,
-    allowed_rows,
-    filtered_search,
-    prepare_index,
-)
+from flowsearch.filters import MetadataFilter, _Watchdog
+from flowsearch.prefilter import allowed_rows, filtered_search, prepare_index
 
 ROWS, SHARD_ROWS, DIM = 900, 300, 16
 COLUMNS = ["year", "lang", "score", "flag", "ts", "tag"]

@@ -10,7 +10,8 @@ import pytest
 
 from flowsearch import lexical
 from flowsearch.errors import FlowsearchError
-from flowsearch.lexical import FILES, LexicalIndex, tokenize, tokenize_batch
+from flowsearch.lexical import FILES, LexicalIndex
+from flowsearch.tokens import tokenize, tokenize_batch
 
 WORDS = [
     "tide",

