@@ -59,7 +59,9 @@ def load_texts(data: Path, dev_dir: Path) -> Texts:
     passages = unique_texts([t.strip() for t in qnli.s2 if t.strip()])
     dev = {name: load_beir(dev_dir / name) for name in DEV_SETS}
     questions = list(dev["qnli-dev"].queries.values())
-    off = {name.split("-")[0]: list(dev[name].queries.values()) for name in ("stsb-para", "sick-para")}
+    off = {
+        name.split("-")[0]: list(dev[name].queries.values()) for name in ("stsb-para", "sick-para")
+    }
     qnli_set = set(passages)
     rng = np.random.default_rng(0)
     foreign = {}

@@ -232,6 +232,7 @@ def _rewrite(
         space.calibrator.save(build.path / "calibrator")
         changes.update(dim=dim, calibration=calibration)
         changes["density"] = density_stats(np.concatenate(lps)) if lps else None
+        changes["held_out"] = None  # measured in the old space: not a reference any more
     else:
         build.link("calibrator")
     detail = {"dropped": base.rows - live}
