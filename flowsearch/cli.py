@@ -264,15 +264,22 @@ def _snippet(text: str, width: int = 90) -> str:
 
 
 def _density_caption(report: Any) -> str | None:
-    if report.log_density is None:
-        return None
-    corpus = f"corpus {report.corpus_mean:.1f} ± {report.corpus_std:.1f}"
-    judged = (
-        f"{report.gap_std:.1f} std below: {report.verdict}"
-        if report.gap_std is not None
-        else f"{report.reason}, not judged"
-    )
-    return f"query log-density {report.log_density:.1f} ({corpus}; {judged})"
+    """The query table's caption: the verdict and the figures it rests on (only finite ones)."""
+    parts = []
+    if report.top_score is not None:
+        where = (
+            f", percentile {report.top_score_percentile:.0f} of held-out rows"
+            if report.top_score_percentile is not None
+            else ""
+        )
+        parts.append(f"top score {report.top_score:.3f}{where}")
+    if report.log_density is not None and report.corpus_mean is not None:
+        parts.append(
+            f"log-density {report.log_density:.1f} "
+            f"(rows {report.corpus_mean:.1f} ± {report.corpus_std:.1f})"
+        )
+    verdict = report.verdict if report.reason is None else f"not judged: {report.reason}"
+    return "; ".join([verdict, *parts])
 
 
 @app.command("query")

@@ -32,7 +32,15 @@ from flowsearch import index as fx
 from flowsearch import manifest as mf
 from flowsearch.calibration.fitting import fit_for_index, load_fitted
 from flowsearch.corpus import CorpusPlan, scan_corpus
-from flowsearch.density import DRIFT_WARN_STD, density_stats, drift_report, reliable
+from flowsearch.density import (
+    DRIFT_WARN_STD,
+    best_other_score,
+    density_stats,
+    drift_report,
+    held_out_stats,
+    reliable,
+    split_fit_rows,
+)
 from flowsearch.errors import FlowsearchError
 from flowsearch.progress import Stages
 from flowsearch.space import SearchSpace
@@ -169,12 +177,27 @@ def build_index(
     return summary
 
 
-def _fit_rows(raw: np.ndarray, fit_sample: int) -> np.ndarray:
-    """All rows, or a seeded uniform sample of ``fit_sample`` of them (in row order)."""
-    if len(raw) <= fit_sample:
-        return np.asarray(raw)
-    rng = np.random.default_rng(0)
-    return np.asarray(raw[np.sort(rng.choice(len(raw), fit_sample, replace=False))])
+def _fit_rows(n: int, fit_sample: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows the calibrator fits, rows held out to judge queries and new rows against), in row
+    order: see :func:`flowsearch.density.split_fit_rows`."""
+    return split_fit_rows(n, fit_sample)
+
+
+def _held_out(
+    faiss_index: Any,
+    space: SearchSpace,
+    held_raw: np.ndarray,
+    held: np.ndarray,
+    lp: np.ndarray | None,
+) -> mf.HeldOut:
+    """Where the held-out rows (numbers ``held``, raw vectors ``held_raw``) sit: log-densities
+    (``lp``: all rows' or None) and each one's best score to another row of the finished index."""
+    if not len(held):  # a small corpus: none held out, so queries are not judged
+        return mf.HeldOut(rows=0)
+    Z = space.project(np.asarray(held_raw), want_density=False)[0]
+    scores, rows = fx.search(faiss_index, Z, 2)
+    top = best_other_score(scores, rows, held)
+    return held_out_stats(None if lp is None else lp[held], top, len(held))
 
 
 def _build(
@@ -200,7 +223,8 @@ def _build(
         _encode_pass(enc, plan, work / "raw.f32", batch_size, st)
     raw = np.memmap(work / "raw.f32", dtype=np.float32, mode="r").reshape(plan.rows, enc.dim)
     with st.timed("fit"):
-        U_fit = _fit_rows(raw, fit_sample)
+        fit_idx, held_idx = _fit_rows(plan.rows, fit_sample)
+        U_fit = np.asarray(raw[fit_idx])
         cal, spec = fit_for_index(
             U_fit,
             calibration,
@@ -229,6 +253,8 @@ def _build(
                 advance(len(texts))
         shards = writer.close()
         cal.save(tmp / "calibrator")
+    all_lp = np.concatenate(lps) if lps else None
+    held_out = _held_out(faiss_index, space, raw[held_idx], held_idx, all_lp)
     del raw
     shutil.rmtree(work)
     return _finish(
@@ -244,7 +270,8 @@ def _build(
         index_factory=index_factory,
         sample=sample,
         shards=shards,
-        lps=lps,
+        all_lp=all_lp,
+        held_out=held_out,
         lexical=lexical,
     )
 
@@ -263,11 +290,13 @@ def _finish(
     index_factory: str,
     sample: np.ndarray,
     shards: list[mf.Shard],
-    lps: list[np.ndarray],
+    all_lp: np.ndarray | None,
+    held_out: mf.HeldOut | None,
     lexical: bool,
 ) -> mf.Manifest:
     """Tune and save the filled FAISS index, build BM25, write the manifest and publish (shared
-    by both engines: the shards and calibrator are already in ``build.path``)."""
+    by both engines: the shards and calibrator are already in ``build.path``; ``all_lp`` is
+    every row's log-density, ``held_out`` where the rows left out of the fit sit)."""
     tmp = build.path
     with st.timed("build index"), st.status("tuning the FAISS index"):
         params = ""
@@ -299,7 +328,8 @@ def _finish(
         rows=int(plan.rows),
         shards=tuple(shards),
         lexical=lexical_spec,
-        density=density_stats(np.concatenate(lps)) if lps else None,
+        density=density_stats(all_lp) if all_lp is not None else None,
+        held_out=held_out,
         skipped=int(plan.skipped),
         next_auto_id=int(plan.rows_in),
         created=mf.utc_now(),
@@ -544,9 +574,11 @@ def _append(
     elif base.tombstones is not None:
         build.link(base.tombstones)
     drift = None
-    if lps and base.density is not None:
+    # judged against rows the flow did not see when the index has them
+    reference = base.held_out.density if base.held_out and base.held_out.density else base.density
+    if lps and reference is not None:
         ok = reliable(base.calibration.fit_rows, base.dim)
-        drift = drift_report(np.concatenate(lps), base.density, ok)
+        drift = drift_report(np.concatenate(lps), reference, ok)
     detail = {"replaced": int(len(replaced_rows))} if kind == "upsert" else {}
     record = mf.WriteRecord(
         kind=kind, time=mf.utc_now(), rows=plan.rows, drift=drift, detail=detail

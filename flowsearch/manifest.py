@@ -50,6 +50,7 @@ __all__ = [
     "EncoderSpec",
     "FaissSpec",
     "FileRecord",
+    "HeldOut",
     "LexicalSpec",
     "Manifest",
     "Shard",
@@ -223,6 +224,25 @@ class DensityStats:
 
 
 @dataclass(frozen=True)
+class HeldOut:
+    """Rows kept out of the calibrator's fit, and where they sit: the reference a query or a new
+    row is judged against (rows the flow was fitted on flatter it).
+
+    Attributes:
+        rows: how many rows were held out.
+        density: their log-densities under the flow (None without a flow).
+        percents: the percentiles ``top_score`` holds (ascending).
+        top_score: each held-out row's best cosine to any other row of the index, in the
+            searched space, at ``percents`` (empty when not measured).
+    """
+
+    rows: int
+    density: DensityStats | None = None
+    percents: tuple[float, ...] = ()
+    top_score: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
 class FaissSpec:
     """The FAISS index: resolved factory string, what was asked for, search parameters."""
 
@@ -294,6 +314,7 @@ class Manifest:
     shards: tuple[Shard, ...] = ()
     files: Mapping[str, FileRecord] = field(default_factory=dict)
     density: DensityStats | None = None
+    held_out: HeldOut | None = None
     lexical: LexicalSpec | None = None
     deleted: int = 0
     tombstones: str | None = None
@@ -324,6 +345,17 @@ def _density(raw: Any) -> DensityStats | None:
     if not raw:
         return None
     return DensityStats(**{f.name: raw[f.name] for f in fields(DensityStats)})
+
+
+def _held_out(raw: Any) -> HeldOut | None:
+    if not raw:
+        return None
+    return HeldOut(
+        rows=int(raw["rows"]),
+        density=_density(raw.get("density")),
+        percents=tuple(float(v) for v in raw.get("percents", ())),
+        top_score=tuple(float(v) for v in raw.get("top_score", ())),
+    )
 
 
 def _known(cls: type, raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -422,6 +454,7 @@ def from_dict(raw: Any) -> Manifest:
             shards=shards,
             files=files,
             density=_density(raw.get("density")),
+            held_out=_held_out(raw.get("held_out")),
             lexical=(
                 LexicalSpec(
                     **{

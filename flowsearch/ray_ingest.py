@@ -257,13 +257,8 @@ def _ordered_files(folder: Path) -> list[tuple[Path, int]] | None:
     return [(path, n) for _, _, path, n in spans]
 
 
-def _fit_sample(files: list[tuple[Path, int]], rows: int, fit_sample: int) -> np.ndarray:
-    """float32 (m, dim): the rows the local path fits on (all, or the same seeded sample)."""
-    if rows <= fit_sample:
-        wanted = np.arange(rows)
-    else:
-        rng = np.random.default_rng(0)  # as flowsearch.ingest._fit_rows
-        wanted = np.sort(rng.choice(rows, fit_sample, replace=False))
+def _read_rows(files: list[tuple[Path, int]], wanted: np.ndarray) -> np.ndarray:
+    """float32 (m, dim): the raw vectors of rows ``wanted`` (sorted global row numbers)."""
     parts, start = [], 0
     for path, n in files:
         lo, hi = np.searchsorted(wanted, [start, start + n])
@@ -272,7 +267,7 @@ def _fit_sample(files: list[tuple[Path, int]], rows: int, fit_sample: int) -> np
             take = pa.array(wanted[lo:hi] - start)
             parts.append(_matrix(raw.take(take)))
         start += n
-    return np.concatenate(parts)
+    return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
 
 
 def _matrix(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -352,7 +347,8 @@ def build_on_ray(
     fault_marker: str | None = None,
 ) -> mf.Manifest:
     """Encode, calibrate, write and publish on a connected Ray (see the module docstring)."""
-    from flowsearch.ingest import _finish
+    from flowsearch.density import split_fit_rows
+    from flowsearch.ingest import _finish, _held_out
 
     tmp = build.path
     raw_dir = tmp / "_work" / "raw"
@@ -397,7 +393,8 @@ def build_on_ray(
     if found != plan.rows:
         raise FlowsearchError(f"Ray encoded {found} rows, the corpus has {plan.rows}; rerun")
     with st.timed("fit"):
-        U_fit = _fit_sample(files, plan.rows, fit_sample)
+        fit_idx, held_idx = split_fit_rows(plan.rows, fit_sample)  # as the local path
+        U_fit = _read_rows(files, fit_idx)
         cal, spec = fit_for_index(
             U_fit,
             calibration,
@@ -444,6 +441,9 @@ def build_on_ray(
         if written != plan.rows:
             raise FlowsearchError(f"Ray projected {written} rows, the corpus has {plan.rows}")
         cal.save(tmp / "calibrator")
+    all_lp = np.concatenate(lps) if lps else None
+    held_raw = _read_rows(files, held_idx)
+    held_out = _held_out(faiss_index, space, held_raw, held_idx, all_lp)
     shutil.rmtree(tmp / "_work")
     return _finish(
         build,
@@ -458,6 +458,7 @@ def build_on_ray(
         index_factory=index_factory,
         sample=sample,
         shards=shards,
-        lps=lps,
+        all_lp=all_lp,
+        held_out=held_out,
         lexical=lexical,
     )

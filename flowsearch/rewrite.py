@@ -226,11 +226,12 @@ def _rewrite(
         lex.compact()
         lex.save(build.path / LEXICAL_DIR)
         lexical = _lexical_spec(lex)
-    new_calibration, density = base.calibration, base.density
+    new_calibration, density, held_out = base.calibration, base.density, base.held_out
     if space is not None and calibration is not None:
         space.calibrator.save(build.path / "calibrator")
         new_calibration = calibration
         density = density_stats(np.concatenate(lps)) if lps else None
+        held_out = None  # measured in the old space: not a reference any more
     else:
         build.link("calibrator")
     detail = {"dropped": base.rows - live}
@@ -247,6 +248,7 @@ def _rewrite(
         dim=dim,
         calibration=new_calibration,
         density=density,
+        held_out=held_out,
     )
 
 

@@ -351,7 +351,7 @@ class Searcher:
         k = _checked_k(k)
         if not queries:
             return []
-        hits, _ = self._run(self._version, queries, k, where, mode)
+        hits = self._run(self._version, queries, k, where, mode)[0]
         return hits[0] if single else hits
 
     def query(
@@ -361,22 +361,28 @@ class Searcher:
         version = self._version
         if not isinstance(query, str):
             raise FlowsearchError(f"query must be a string, got {type(query).__name__}")
-        hits, lp = self._run(version, _checked_queries(query), _checked_k(k), where, mode)
-        return QueryResult(query, hits[0], self._report(version, None if lp is None else lp[0]))
+        hits, lp, top = self._run(version, _checked_queries(query), _checked_k(k), where, mode)
+        report = self._report(
+            version, None if lp is None else lp[0], None if top is None else top[0]
+        )
+        return QueryResult(query, hits[0], report)
 
     def _run(
         self, version: _Version, queries: list[str], k: int, where: str | None, mode: str | None
-    ) -> tuple[list[list[Hit]], np.ndarray | None]:
+    ) -> tuple[list[list[Hit]], np.ndarray | None, np.ndarray | None]:
+        """(hits, query log-densities or None, best dense score over the whole index or None)."""
         mode = self._checked_mode(version, mode)
         rows, mask = version.allowed(where)
         if rows is not None and not len(rows):
-            return [[] for _ in queries], None
-        lp = None
+            return [[] for _ in queries], None, None
+        lp = top = None
         dense = lexical = None
         candidates = k if mode != "hybrid" else max(k, HYBRID_CANDIDATES)
         if mode in ("dense", "hybrid"):
             Z, lp = version.space.embed(queries)
             dense = self._dense(version, Z, candidates, rows)
+            if rows is None:  # a filter's best row is not the index's: no comparable figure
+                top = np.where(dense[1][:, 0] >= 0, dense[0][:, 0], np.nan)
         if mode in ("lexical", "hybrid"):
             lexical = version.lexical.search(queries, candidates, allowed=mask)
         if dense is not None and lexical is not None:
@@ -384,11 +390,11 @@ class Searcher:
 
             fused = convex(dense, lexical, k, weight=HYBRID_WEIGHT)
             comps = (fused.dense_scores, fused.lexical_scores)
-            return self._hits(version, fused.scores, fused.rows, lp, comps), lp
+            return self._hits(version, fused.scores, fused.rows, lp, comps), lp, top
         side = dense if dense is not None else lexical
         assert side is not None
         scores, found = side
-        return self._hits(version, scores, found, lp), lp
+        return self._hits(version, scores, found, lp), lp, top
 
     @staticmethod
     def _checked_mode(version: _Version, mode: str | None) -> str:
@@ -403,14 +409,26 @@ class Searcher:
             )
         return mode
 
-    def query_report(self, log_density: float | None) -> QueryReport:
-        """Judge a query's log-density (a hit's ``log_density``) against the corpus."""
-        return self._report(self._version, log_density)
+    def query_report(
+        self, log_density: float | None, top_score: float | None = None
+    ) -> QueryReport:
+        """Judge a query from its log-density (a hit's ``log_density``) and its best dense score
+        over the whole index (see :class:`~flowsearch.density.QueryReport`)."""
+        return self._report(self._version, log_density, top_score)
 
     @staticmethod
-    def _report(version: _Version, log_density: float | None) -> QueryReport:
+    def _report(
+        version: _Version, log_density: float | None, top_score: float | None = None
+    ) -> QueryReport:
         m = version.manifest
-        return query_report(log_density, m.density, m.calibration.fit_rows, m.dim)
+        return query_report(
+            log_density,
+            m.density,
+            m.calibration.fit_rows,
+            m.dim,
+            held_out=m.held_out,
+            top_score=top_score,
+        )
 
     def search_vectors(self, Z: np.ndarray, k: int = 10) -> list[list[Hit]]:
         """Top-``k`` hits for vectors already in the searched space.
