@@ -223,8 +223,9 @@ def render(report: dict[str, Any]) -> str:
         for name, row in section["results"].items():
             target_cell, met = _target(name, row)
             extra = f" ({row['vs_mean']:.0f}x torch mean)" if "vs_mean" in row else ""
+            rate = row["rows_per_s"]
             lines.append(
-                f"| {name}{extra} | {row['rows_per_s']:,.0f} | {row['vs_peer']:.2f}x | "
+                f"| {name}{extra} | {rate:,.{1 if rate < 100 else 0}f} | {row['vs_peer']:.2f}x | "
                 f"{target_cell} | {met} |"
             )
     lines += [
