@@ -122,22 +122,27 @@ def latency(
     """Unfiltered and filtered latencies, interleaved query by query."""
     plain: list[float] = []
     parts: dict[str, dict[str, list[float]]] = {
-        name: {"total": [], "predicate": [], "search": []} for name in SELECTIVITY
+        name: {"total": [], "predicate": [], "search": [], "repeated": []} for name in SELECTIVITY
     }
     for i, query in enumerate(queries):
         q = query[None, :]
         t_plain = timed(lambda q=q: index.search(q, K))
         for name, where in SELECTIVITY.items():
-            flt._cache.clear()  # pay the syntax-tree check on every query
+            flt._cache.clear()  # a new predicate: pay the syntax-tree check and DuckDB
+            flt._rows_cache.clear()
+            flt._rows_bytes = 0
             start = time.perf_counter()
             rows = flt.rows(where)
             mid = time.perf_counter()
             filtered_search(index, q, K, rows)
             end = time.perf_counter()
+            # the same predicate again (a tenant filter): its rows come from the version's cache
+            repeated = timed(lambda q=q, where=where: filtered_search(index, q, K, flt.rows(where)))
             if i >= warmup:
                 parts[name]["total"].append(end - start)
                 parts[name]["predicate"].append(mid - start)
                 parts[name]["search"].append(end - mid)
+                parts[name]["repeated"].append(repeated)
         if i >= warmup:
             plain.append(t_plain)
     base = percentiles(plain)
@@ -150,6 +155,8 @@ def latency(
             "p95_ratio": total["p95_ms"] / base["p95_ms"],
             "predicate_p50_ms": percentiles(series["predicate"])["p50_ms"],
             "search_p50_ms": percentiles(series["search"])["p50_ms"],
+            "repeated_p50_ms": percentiles(series["repeated"])["p50_ms"],
+            "repeated_p50_ratio": percentiles(series["repeated"])["p50_ms"] / base["p50_ms"],
             "rows": int(len(flt.rows(SELECTIVITY[name]))),
         }
     return out
@@ -229,15 +236,20 @@ def table(title: str, result: dict[str, Any]) -> list[str]:
         f"**{title}** — unfiltered p50 {base['p50_ms']:.2f} ms, p95 {base['p95_ms']:.2f} ms",
         "",
         "| selectivity | rows | filtered p50 ms | p95 ms | p50 / unfiltered | p95 / unfiltered "
-        "| predicate p50 ms | search p50 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| predicate p50 ms | search p50 ms | repeated predicate p50 ms (/ unfiltered) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in SELECTIVITY:
         r = result[name]
+        repeated = (
+            f"{r['repeated_p50_ms']:.2f} ({r['repeated_p50_ratio']:.2f}x)"
+            if "repeated_p50_ms" in r
+            else "not measured"
+        )
         lines.append(
             f"| {name} | {r['rows']:,} | {r['p50_ms']:.2f} | {r['p95_ms']:.2f} | "
             f"{r['p50_ratio']:.2f}x | {r['p95_ratio']:.2f}x | {r['predicate_p50_ms']:.2f} | "
-            f"{r['search_p50_ms']:.2f} |"
+            f"{r['search_p50_ms']:.2f} | {repeated} |"
         )
     return lines
 
@@ -247,11 +259,19 @@ def _verdict(name: str, result: dict[str, Any]) -> str:
     ratios = [result[s]["p50_ratio"] for s in SELECTIVITY]
     if max(ratios) <= TARGET_RATIO:
         return f"{name} meets it (at most {max(ratios):.2f}x)"
+    repeated = [result[s].get("repeated_p50_ratio") for s in SELECTIVITY]
+    again = ""
+    if all(r is not None for r in repeated):
+        met = "meets" if max(repeated) <= TARGET_RATIO else "still misses"
+        again = (
+            f"; a repeated predicate (rows from the version's cache) {met} it "
+            f"({min(repeated):.1f}-{max(repeated):.1f}x)"
+        )
     predicate = [result[s]["predicate_p50_ms"] for s in SELECTIVITY]
     return (
         f"{name} misses it ({min(ratios):.1f}-{max(ratios):.1f}x) because the DuckDB predicate "
         f"alone takes {min(predicate):.1f}-{max(predicate):.1f} ms at p50 against "
-        f"{result['unfiltered']['p50_ms']:.2f} ms for the whole unfiltered query"
+        f"{result['unfiltered']['p50_ms']:.2f} ms for the whole unfiltered query{again}"
     )
 
 

@@ -49,6 +49,8 @@ LOG = logging.getLogger(__name__)
 # faiss's bundled stubs lack the search-parameter and selector classes' keyword constructors.
 _faiss: Any = faiss
 
+#: Memory for the rows of recent predicates (per opened version).
+ROWS_CACHE_BYTES = 64 * 2**20
 #: Longest predicate accepted (a filter, not a program).
 MAX_WHERE_CHARS = 8192
 
@@ -195,6 +197,9 @@ class MetadataFilter:
         self.timeout = float(timeout)
         self._cache: OrderedDict[str, str | None] = OrderedDict()
         self._cache_lock = threading.Lock()
+        self._rows_cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._rows_bytes = 0
+        self._rows_lock = threading.Lock()
         table = _read_columns([Path(p) for p in shard_paths], names)
         self.ntotal = int(table.num_rows)
         # The table plus headroom: a predicate like length(repeat(text, 10^9)) > 0 fails with
@@ -446,6 +451,25 @@ class MetadataFilter:
         predicate = self.check(where)
         if predicate is None:
             return np.arange(self.ntotal, dtype=np.int64)
+        with self._rows_lock:
+            hit = self._rows_cache.get(predicate)
+            if hit is not None:
+                self._rows_cache.move_to_end(predicate)
+                return hit
+        found = self._run(predicate)
+        # a version is a snapshot, so a predicate's rows never change: keep the most recent ones
+        # (a tenant filter repeats on every query), unless they depend on the clock
+        if not any(f + "(" in predicate.lower() for f in _TIME_FUNCTIONS):
+            found.setflags(write=False)
+            with self._rows_lock:
+                self._rows_cache[predicate] = found
+                self._rows_bytes += found.nbytes
+                while self._rows_bytes > ROWS_CACHE_BYTES and self._rows_cache:
+                    self._rows_bytes -= self._rows_cache.popitem(last=False)[1].nbytes
+        return found
+
+    def _run(self, predicate: str) -> np.ndarray:
+        """Execute a checked predicate: its sorted rows."""
         cursor = self._con.cursor()
         token = _WATCHDOG.watch(cursor, self.timeout)
         try:

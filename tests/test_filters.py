@@ -488,3 +488,13 @@ def test_watchdog_interrupts_only_late_cursors() -> None:
             break
         threading.Event().wait(0.01)
     assert late.interrupted and not done.interrupted
+
+
+def test_repeated_predicates_are_answered_from_the_version_cache(corpus: dict) -> None:
+    flt = corpus["filter"]
+    first = flt.rows("year >= 2015 AND lang = 'en'")
+    again = flt.rows("year >= 2015 AND lang = 'en'")
+    assert again is first and not first.flags.writeable  # shared, so callers cannot alter it
+    clock = flt.rows("ts < now()")
+    assert flt.rows("ts < now()") is not clock  # depends on the clock: run every time
+    np.testing.assert_array_equal(flt.rows("ts < now()"), clock)
