@@ -31,7 +31,7 @@ def test_auto_factory_switches_at_threshold():
 def test_flat_is_exact_inner_product():
     x = _unit(500)
     q = _unit(7, seed=1)
-    index, factory, params = fx.build_index(x, "auto")
+    index, factory, params = fx.build(x, "auto")
     assert (factory, params, index.ntotal) == ("Flat", "", 500)
     scores, rows = fx.search(index, q, 5)
     brute = q @ x.T
@@ -41,22 +41,22 @@ def test_flat_is_exact_inner_product():
 
 def test_auto_ivf_reaches_target_recall():
     x = _unit(6_000, dim=24, clusters=30)
-    index, factory, params = fx.build_index(x, "auto", flat_max_rows=1_000, target_recall=0.95)
+    index, factory, params = fx.build(x, "auto", flat_max_rows=1_000, target_recall=0.95)
     assert factory.startswith("IVF") and params.startswith("nprobe=")
     q = _unit(300, dim=24, seed=5, clusters=30)  # fresh queries from the same distribution
     _, found = fx.search(index, q, 10)
-    _, truth = fx.search(fx.build_index(x, "Flat")[0], q, 10)
+    _, truth = fx.search(fx.build(x, "Flat")[0], q, 10)
     assert fx.recall_at_k(found, truth) >= 0.93  # tuned to 0.95 on its own sample
 
 
 def test_any_factory_string_trains_when_needed(tmp_path):
     x = _unit(2_000, clusters=40)
     q = _unit(50, seed=7, clusters=40)
-    index, factory, _ = fx.build_index(x, "IVF16,Flat")
+    index, factory, _ = fx.build(x, "IVF16,Flat")
     assert factory == "IVF16,Flat" and index.is_trained and index.ntotal == 2_000
     fx.set_params(index, "nprobe=1")  # written with nprobe=1 ...
     fx.write_index(index, tmp_path / "i.faiss")
-    _, exact = fx.search(fx.build_index(x, "Flat")[0], q, 10)
+    _, exact = fx.search(fx.build(x, "Flat")[0], q, 10)
     _, one = fx.search(index, q, 10)
     again = fx.read_index(tmp_path / "i.faiss", "nprobe=16")  # ... read with nprobe=16
     assert faiss.extract_index_ivf(again).nprobe == 16
@@ -68,7 +68,7 @@ def test_any_factory_string_trains_when_needed(tmp_path):
 
 def test_add_continues_row_numbers_and_k_is_clamped():
     x = _unit(30)
-    index, _, _ = fx.build_index(x[:20], "Flat")
+    index, _, _ = fx.build(x[:20], "Flat")
     fx.add(index, x[20:])
     scores, rows = fx.search(index, x[25:26], 100)
     assert rows.shape == (1, 30) and rows[0, 0] == 25
@@ -76,11 +76,11 @@ def test_add_continues_row_numbers_and_k_is_clamped():
 
 def test_bad_factory_is_a_user_error():
     with pytest.raises(FlowsearchError, match="rejects index factory"):
-        fx.build_index(_unit(50), "NoSuchIndex123")
+        fx.build(_unit(50), "NoSuchIndex123")
     with pytest.raises(FlowsearchError, match="cannot train"):
-        fx.build_index(_unit(50), "IVF4096,Flat")
+        fx.build(_unit(50), "IVF4096,Flat")
     with pytest.raises(FlowsearchError, match="cannot add vectors.*add_with_ids"):
-        fx.build_index(_unit(50), "IDMap,Flat")
+        fx.build(_unit(50), "IDMap,Flat")
     with pytest.raises(FlowsearchError, match="cannot add vectors"):
         fx.add(faiss.index_factory(16, "IDMap,Flat"), _unit(5))
 
