@@ -96,3 +96,39 @@ def test_check_factory_rejects_before_any_vectors(factory, dim, message):
     assert "\n" not in str(info.value)
     for ok in ("auto", "Flat", "IVF16,Flat", "HNSW32", "PQ4"):
         fx.check_factory(ok, dim)
+
+
+def test_probe_queries_are_unit_seeded_and_move_with_noise():
+    x = _unit(400, dim=32, clusters=8)
+    q = fx.probe_queries(x, 50, noise=0.5, seed=3)
+    assert q.shape == (50, 32) and q.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_array_equal(q, fx.probe_queries(x, 50, noise=0.5, seed=3))
+    near = (fx.probe_queries(x, 50, noise=0.1) @ x.T).max(axis=1)
+    far = (fx.probe_queries(x, 50, noise=1.0) @ x.T).max(axis=1)
+    assert near.mean() > far.mean() and near.min() > 0.98  # more noise: further from the data
+    assert fx.probe_queries(x[:10], 50).shape == (10, 32)  # never more queries than rows
+
+
+def test_tune_search_sets_hnsw_ef_search_and_leaves_flat_alone():
+    x = _unit(3_000, dim=24, clusters=30)
+    chunks = lambda: iter([x[:1_000], x[1_000:]])  # noqa: E731
+    hnsw = fx.new_index(24, "HNSW8")
+    fx.add(hnsw, x)
+    params, recall = fx.tune_search(hnsw, x, chunks, target=0.99)
+    name, _, value = params.partition("=")
+    assert name == "efSearch" and int(value) >= 16 and recall >= 0.99
+    assert faiss.downcast_index(hnsw).hnsw.efSearch == int(value)
+    fx.set_params(hnsw, params)  # the stored string is one ParameterSpace accepts
+    flat = fx.new_index(24, "Flat")
+    fx.add(flat, x)
+    assert fx.tune_search(flat, x, chunks) == ("", 1.0)
+    with pytest.raises(FlowsearchError, match="needs an IVF index"):
+        fx.tune_nprobe(hnsw, x, chunks)
+
+
+def test_tune_search_stops_at_the_largest_setting_when_target_is_unreachable():
+    x = _unit(2_000, dim=16, clusters=20)
+    index, _, _ = fx.build(x, "IVF16,Flat")
+    params, recall = fx.tune_search(index, x, lambda: iter([x]), target=1.01)
+    assert params == "nprobe=16" and recall == 1.0  # all lists: exact, and no endless loop
