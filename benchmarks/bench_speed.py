@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import sys
 import time
 from pathlib import Path
@@ -92,8 +93,12 @@ def stage_fit(corpus: Path) -> dict[str, Any]:
     from flowsearch import Encoder, Searcher
     from flowsearch.calibration import make_calibrator
 
+    def peak() -> float:  # this process's peak RSS so far, GB (ru_maxrss is KiB on Linux)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+
     s = Searcher.open(WORK / "static_200k")
     U = _raw(s)
+    peaks = {"raw vectors loaded": peak()}
     out: dict[str, Any] = {
         "rows": len(U),
         "dim": U.shape[1],
@@ -102,18 +107,30 @@ def stage_fit(corpus: Path) -> dict[str, Any]:
     s.close()
     for name in ("whitening-flow", "flow", "whitening"):
         cal = make_calibrator(name, seed=0)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         cal.fit(U)
         out[f"fit_s_{name}"] = time.perf_counter() - start
+        out[f"fit_cpu_s_{name}"] = time.process_time() - cpu
+        peaks[f"after fitting {name}"] = peak()
+        if name == "whitening-flow":  # what ingest does next: project the fit rows
+            for i in range(0, len(U), 65_536):
+                cal.transform(U[i : i + 65_536])
+            peaks["after projecting 200k in 64k chunks"] = peak()
+            cal.transform(U)
+            peaks["after projecting 200k at once (ingest's train sample)"] = peak()
+        del cal
+    out["peak_rss_gb"] = peaks
     texts = pq.read_table(corpus, columns=["text"]).column("text").to_pylist()
     rng = np.random.default_rng(0)
     sample = [texts[i] for i in rng.choice(len(texts), size=2_000, replace=False)]
     enc = Encoder(pooling="mean")
     enc.encode(sample[:64], progress=False)  # warm-up
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     enc.encode(sample, batch_size=64, progress=False)
     out["mean_encode_2k_s"] = time.perf_counter() - start
+    out["mean_encode_2k_cpu_s"] = time.process_time() - cpu
     out["mean_encode_200k_s_extrapolated"] = out["mean_encode_2k_s"] * len(U) / 2_000
+    out["mean_encode_200k_cpu_s_extrapolated"] = out["mean_encode_2k_cpu_s"] * len(U) / 2_000
     return out
 
 
@@ -175,7 +192,11 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=2_000)
     parser.add_argument("--million", type=int, default=1_000_000)
     parser.add_argument("--fresh", action="store_true")
-    parser.add_argument("--only", default="", help="comma-separated stages to run (others read)")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated stages to run now (the others are read from _work)",
+    )
     args = parser.parse_args()
     import pyarrow.parquet as pq
     from speed_ann_stage import stage_ann
@@ -199,10 +220,21 @@ def main() -> None:
         },
         "corpus": counts,
     }
-    results["ingest"] = _stage("ingest", fresh("ingest"), lambda: stage_ingest(corpus, small))
-    results["fit"] = _stage("fit", fresh("fit"), lambda: stage_fit(corpus))
-    results["query"] = _stage("query", fresh("query"), lambda: stage_query(queries))
-    results["ann"] = _stage("ann", fresh("ann"), lambda: stage_ann(WORK, queries, args.million))
+    stages = {
+        "ingest": lambda: stage_ingest(corpus, small),
+        "fit": lambda: stage_fit(corpus),
+        "query": lambda: stage_query(queries),
+        "ann": lambda: stage_ann(WORK, queries, args.million),
+    }
+    for name, fn in stages.items():
+        if not only or name in only:
+            results[name] = _stage(name, fresh(name), fn)
+    for name in stages:
+        path = WORK / f"stage_{name}.json"
+        if not path.exists():
+            print(f"stage {name} not run yet; no report", flush=True)
+            return
+        results[name] = json.loads(path.read_text())
     (HERE / "bench_speed.json").write_text(json.dumps(results, indent=1))
     md = write_report(results)
     (HERE / "bench_speed.md").write_text(md)

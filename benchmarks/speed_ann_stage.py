@@ -128,7 +128,7 @@ def stage_ann(work: Any, queries: list[str], million: int) -> dict[str, Any]:
             x = _project(maps[name], u1m)
             q = _project(maps[name], Uq)
             gt, flat_qps = truth(x, q)
-            r = study(x, q, gt, nlist=nlist1m, per_list=32, hnsw=hnsw_ok)
+            r = study(x, q, gt, nlist=nlist1m, per_list=32, hnsw=hnsw_ok, pq=False)
             r["types"]["Flat"]["points"] = [{"param": 0, "recall": 1.0, "qps": flat_qps}]
             r.pop("built")
             # how much of a query's exact top-10 are jittered copies, and of the same row

@@ -68,18 +68,26 @@ def write_report(res: dict[str, Any]) -> str:
     enc = fit["mean_encode_200k_s_extrapolated"]
     out += ["", "### Calibrator fit on 200k x 384 vs encoding those rows with `mean`", ""]
     out += [
-        "| calibrator | fit s (one run) | / encoding 200k rows with `mean` | target <= 10% |",
-        "|---|---:|---:|---|",
+        "| calibrator | fit wall s (one run) | / `mean` encoding, wall | fit CPU s | "
+        "/ `mean` encoding, CPU | target <= 10% |",
+        "|---|---:|---:|---:|---:|---|",
     ]
+    enc_cpu = fit["mean_encode_200k_cpu_s_extrapolated"]
     for name in ("whitening-flow", "flow", "whitening"):
-        t = fit[f"fit_s_{name}"]
+        t, tc = fit[f"fit_s_{name}"], fit[f"fit_cpu_s_{name}"]
         note = " (what `auto` fits)" if name == fit["auto_chose"] else ""
-        out.append(f"| {name}{note} | {t:.1f} | {t / enc:.1%} | {_met(t / enc <= 0.10)} |")
+        ok = max(t / enc, tc / enc_cpu) <= 0.10
+        out.append(
+            f"| {name}{note} | {t:.1f} | {t / enc:.1%} | {tc:.1f} | {tc / enc_cpu:.1%} | "
+            f"{_met(ok)} |"
+        )
     out += [
         "",
         f"Encoding with `mean`: a seeded 2,000-row sample of the corpus took "
-        f"{fit['mean_encode_2k_s']:.1f} s ({2000 / fit['mean_encode_2k_s']:.0f} rows/s); "
-        f"extrapolated linearly to 200k rows: {enc:.0f} s (not measured at 200k).",
+        f"{fit['mean_encode_2k_s']:.1f} s wall, {fit['mean_encode_2k_cpu_s']:.1f} s CPU "
+        f"({2000 / fit['mean_encode_2k_s']:.0f} rows/s); extrapolated linearly to 200k rows: "
+        f"{enc:.0f} s wall, {enc_cpu:.0f} s CPU (not measured at 200k). Both ratios are given "
+        "because the machine is shared: CPU seconds are the steadier measure.",
     ]
     out += ["", '### One query through `Searcher.search(q, k=10, mode="dense")`', ""]
     out += [
