@@ -106,7 +106,7 @@ def stage_fit(corpus: Path) -> dict[str, Any]:
     }
     s.close()
     for name in ("whitening-flow", "flow", "whitening"):
-        cal = make_calibrator(name, seed=0)
+        cal = make_calibrator(name, **({} if name == "whitening" else {"seed": 0}))
         start, cpu = time.perf_counter(), time.process_time()
         cal.fit(U)
         out[f"fit_s_{name}"] = time.perf_counter() - start
@@ -201,6 +201,7 @@ def main() -> None:
     import pyarrow.parquet as pq
     from speed_ann_stage import stage_ann
     from speed_report import write_report
+    from speed_scan import stage_scan
 
     WORK.mkdir(parents=True, exist_ok=True)
     corpus, queries, counts = corpus_and_queries(args.data, WORK, args.rows, args.queries)
@@ -224,6 +225,7 @@ def main() -> None:
         "ingest": lambda: stage_ingest(corpus, small),
         "fit": lambda: stage_fit(corpus),
         "query": lambda: stage_query(queries),
+        "scan": lambda: stage_scan(WORK, queries),
         "ann": lambda: stage_ann(WORK, queries, args.million),
     }
     for name, fn in stages.items():

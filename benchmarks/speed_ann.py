@@ -205,7 +205,7 @@ def rescored(
     for depth in depths:
         start = _now()
         if candidates is None:  # exact candidates in the other space: the idea's ceiling
-            flat = faiss.IndexFlatIP(z.shape[1])
+            flat = faiss.IndexFlatIP(cand_queries[1].shape[1])
             flat.add(cand_queries[1])
             _, cand = flat.search(cand_queries[0], depth)
             start = _now()  # do not charge the ceiling's index build

@@ -161,6 +161,9 @@ def _ann(ann: dict[str, Any]) -> list[str]:
         "HNSW efSearch 64, IVF-PQ nprobe 64) to compare spaces."
     )
     for size, by_space in ann["sizes"].items():
+        if "_skipped" in by_space:
+            out += ["", f"**{size}: not measured** ({by_space['_skipped']})."]
+            continue
         extra = ""
         if size != str(ann["rows"]):
             extra = (
@@ -184,6 +187,9 @@ def _ann(ann: dict[str, Any]) -> list[str]:
         ]
         for space, r in by_space.items():
             if space.startswith("_"):
+                continue
+            if "_skipped" in r:
+                out.append(f"| {space} | not measured ({r['_skipped']}) | | | | | |")
                 continue
             for name, t in r["types"].items():
                 pts = t["points"]

@@ -5,9 +5,9 @@ are global row numbers, assigned in insertion order, so a hit's id is the row to
 shards. Building streams: train on a sample, then add chunk by chunk (:func:`new_index`,
 :func:`train`, :func:`add`), so memory does not grow with the corpus.
 
-``"auto"`` is exact ``Flat`` up to :data:`AUTO_FLAT_MAX_ROWS` rows; above that an
-``IVF{nlist},Flat`` whose ``nprobe`` is raised until recall@10 against exact search reaches
-:data:`AUTO_TARGET_RECALL` on a sample of the corpus's own vectors (see :func:`tune_nprobe`).
+``"auto"`` is exact ``Flat`` up to :data:`AUTO_FLAT_MAX_ROWS` rows; above that ``HNSW32`` whose
+``efSearch`` is raised until recall@10 against exact search reaches :data:`AUTO_TARGET_RECALL` on
+tuning queries drawn near the corpus's own vectors (:func:`tune_search`, :func:`probe_queries`).
 
 Example:
     >>> x = np.eye(4, dtype=np.float32)
@@ -32,6 +32,7 @@ from flowsearch.errors import FlowsearchError
 
 __all__ = [
     "AUTO_FLAT_MAX_ROWS",
+    "AUTO_GRAPH_FACTORY",
     "AUTO_MAX_EF_SEARCH",
     "AUTO_QUERY_NOISE",
     "AUTO_TARGET_RECALL",
@@ -40,6 +41,7 @@ __all__ = [
     "build",
     "check_factory",
     "exact_knn",
+    "ivf_factory",
     "new_index",
     "num_gpus",
     "probe_queries",
@@ -57,8 +59,10 @@ __all__ = [
 
 LOG = logging.getLogger(__name__)
 
-#: Largest corpus "auto" indexes exactly.
+#: Largest corpus "auto" indexes exactly (Flat).
 AUTO_FLAT_MAX_ROWS = 100_000
+#: What "auto" builds above :data:`AUTO_FLAT_MAX_ROWS`.
+AUTO_GRAPH_FACTORY = "HNSW32"
 #: recall@10 against exact search that "auto" tunes for.
 AUTO_TARGET_RECALL = 0.95
 #: Norm of the noise that moves a tuning query off its row (see :func:`probe_queries`).
@@ -77,12 +81,19 @@ def _as_f32(x: np.ndarray) -> np.ndarray:
 def auto_factory(n_rows: int, flat_max_rows: int = AUTO_FLAT_MAX_ROWS) -> str:
     """The factory string ``"auto"`` stands for at ``n_rows`` rows.
 
-    ``Flat`` up to ``flat_max_rows``; above, ``IVF{nlist},Flat`` with ``nlist`` the power of two
-    nearest ``4 * sqrt(n)`` (FAISS's rule of thumb), keeping at least 39 training points per list.
+    ``Flat`` (exact) up to ``flat_max_rows``; above, ``HNSW32``, whose ``efSearch`` is then tuned
+    by :func:`tune_search`. Not IVF: on a calibrated (whitened, isotropic) space an inverted
+    file has no cluster structure to exploit, and at 200k static rows ``IVF2048,Flat`` needed
+    half its lists for recall@10 0.94 (benchmarks/bench_speed.md). HNSW needs no training, adds
+    rows one by one (streaming) and costs about 260 bytes per row beside the vectors.
     """
-    if n_rows <= flat_max_rows:
-        return "Flat"
-    nlist = 2 ** round(math.log2(4 * math.sqrt(n_rows)))
+    return "Flat" if n_rows <= flat_max_rows else AUTO_GRAPH_FACTORY
+
+
+def ivf_factory(n_rows: int) -> str:
+    """``IVF{nlist},Flat`` with ``nlist`` the power of two nearest ``4 * sqrt(n)`` (FAISS's rule
+    of thumb), keeping at least 39 training points per list (what ``auto`` chose before HNSW)."""
+    nlist = 2 ** round(math.log2(4 * math.sqrt(max(n_rows, 1))))
     while nlist > 1 and nlist * 39 > n_rows:
         nlist //= 2
     return f"IVF{nlist},Flat"
@@ -155,7 +166,7 @@ def _set_knob(index: faiss.Index, name: str, value: int) -> None:
     if name == "nprobe":
         faiss.extract_index_ivf(index).nprobe = value
     else:
-        faiss.downcast_index(index).hnsw.efSearch = value
+        faiss.downcast_index(index).hnsw.efSearch = value  # type: ignore[attr-defined]
 
 
 def tune_search(
