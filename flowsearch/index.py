@@ -5,9 +5,9 @@ are global row numbers, assigned in insertion order, so a hit's id is the row to
 shards. Building streams: train on a sample, then add chunk by chunk (:func:`new_index`,
 :func:`train`, :func:`add`), so memory does not grow with the corpus.
 
-``"auto"`` is exact ``Flat`` up to :data:`AUTO_FLAT_MAX_ROWS` rows; above that an
-``IVF{nlist},Flat`` whose ``nprobe`` is raised until recall@10 against exact search reaches
-:data:`AUTO_TARGET_RECALL` on a sample of the corpus's own vectors (see :func:`tune_nprobe`).
+``"auto"`` is exact ``Flat`` up to :data:`AUTO_FLAT_MAX_ROWS` rows; above that ``HNSW32`` whose
+``efSearch`` is raised until recall@10 against exact search reaches :data:`AUTO_TARGET_RECALL` on
+tuning queries drawn near the corpus's own vectors (:func:`tune_search`, :func:`probe_queries`).
 
 Example:
     >>> x = np.eye(4, dtype=np.float32)
@@ -32,29 +32,43 @@ from flowsearch.errors import FlowsearchError
 
 __all__ = [
     "AUTO_FLAT_MAX_ROWS",
+    "AUTO_GRAPH_FACTORY",
+    "AUTO_MAX_EF_SEARCH",
+    "AUTO_QUERY_NOISE",
     "AUTO_TARGET_RECALL",
     "add",
     "auto_factory",
+    "build",
     "check_factory",
     "exact_knn",
+    "ivf_factory",
     "new_index",
     "num_gpus",
+    "probe_queries",
     "read_index",
     "recall_at_k",
     "search",
+    "search_knob",
     "set_params",
     "to_gpu",
     "train",
     "tune_nprobe",
+    "tune_search",
     "write_index",
 ]
 
 LOG = logging.getLogger(__name__)
 
-#: Largest corpus "auto" indexes exactly.
+#: Largest corpus "auto" indexes exactly (Flat).
 AUTO_FLAT_MAX_ROWS = 100_000
-#: recall@10 against exact search that "auto" guarantees on its tuning sample.
+#: What "auto" builds above :data:`AUTO_FLAT_MAX_ROWS`.
+AUTO_GRAPH_FACTORY = "HNSW32"
+#: recall@10 against exact search that "auto" tunes for.
 AUTO_TARGET_RECALL = 0.95
+#: Norm of the noise that moves a tuning query off its row (see :func:`probe_queries`).
+AUTO_QUERY_NOISE = 0.5
+#: Largest HNSW efSearch :func:`tune_search` tries.
+AUTO_MAX_EF_SEARCH = 1024
 
 
 def _as_f32(x: np.ndarray) -> np.ndarray:
@@ -67,12 +81,19 @@ def _as_f32(x: np.ndarray) -> np.ndarray:
 def auto_factory(n_rows: int, flat_max_rows: int = AUTO_FLAT_MAX_ROWS) -> str:
     """The factory string ``"auto"`` stands for at ``n_rows`` rows.
 
-    ``Flat`` up to ``flat_max_rows``; above, ``IVF{nlist},Flat`` with ``nlist`` the power of two
-    nearest ``4 * sqrt(n)`` (FAISS's rule of thumb), keeping at least 39 training points per list.
+    ``Flat`` (exact) up to ``flat_max_rows``; above, ``HNSW32``, whose ``efSearch`` is then tuned
+    by :func:`tune_search`. Not IVF: on a calibrated (whitened, isotropic) space an inverted
+    file has no cluster structure to exploit, and at 200k static rows ``IVF2048,Flat`` needed
+    half its lists for recall@10 0.94 (benchmarks/bench_speed.md). HNSW needs no training, adds
+    rows one by one (streaming) and costs about 260 bytes per row beside the vectors.
     """
-    if n_rows <= flat_max_rows:
-        return "Flat"
-    nlist = 2 ** round(math.log2(4 * math.sqrt(n_rows)))
+    return "Flat" if n_rows <= flat_max_rows else AUTO_GRAPH_FACTORY
+
+
+def ivf_factory(n_rows: int) -> str:
+    """``IVF{nlist},Flat`` with ``nlist`` the power of two nearest ``4 * sqrt(n)`` (FAISS's rule
+    of thumb), keeping at least 39 training points per list (what ``auto`` chose before HNSW)."""
+    nlist = 2 ** round(math.log2(4 * math.sqrt(max(n_rows, 1))))
     while nlist > 1 and nlist * 39 > n_rows:
         nlist //= 2
     return f"IVF{nlist},Flat"
@@ -107,6 +128,95 @@ def exact_knn(
     return heap.D, heap.I
 
 
+def probe_queries(
+    sample: np.ndarray, n_queries: int = 256, noise: float = AUTO_QUERY_NOISE, seed: int = 0
+) -> np.ndarray:
+    """Tuning queries: a seeded sample of ``sample``'s rows (unit vectors) moved by Gaussian
+    noise of norm about ``noise``, re-normalised: float32 (min(n_queries, m), d).
+
+    A query near the data but not one of its points has its neighbours spread over several IVF
+    lists (or HNSW regions), as a real query's are; ``noise`` sets how far from the data, and
+    :data:`AUTO_QUERY_NOISE` is chosen so the recall these queries see matches real queries'.
+    """
+    sample = _as_f32(sample)
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(len(sample), size=min(n_queries, len(sample)), replace=False)
+    scale = noise / math.sqrt(sample.shape[1])
+    queries = (sample[pick] + rng.normal(scale=scale, size=(len(pick), sample.shape[1]))).astype(
+        np.float32
+    )
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True) + 1e-12
+    return queries
+
+
+def search_knob(index: faiss.Index) -> tuple[str, int] | None:
+    """The search-time parameter that trades recall for speed, with its largest useful value:
+    ``("nprobe", nlist)`` for IVF, ``("efSearch", AUTO_MAX_EF_SEARCH)`` for HNSW, None for exact
+    indexes."""
+    try:
+        return "nprobe", int(faiss.extract_index_ivf(index).nlist)
+    except RuntimeError:
+        pass
+    if isinstance(faiss.downcast_index(index), faiss.IndexHNSW):
+        return "efSearch", AUTO_MAX_EF_SEARCH
+    return None
+
+
+def _set_knob(index: faiss.Index, name: str, value: int) -> None:
+    if name == "nprobe":
+        faiss.extract_index_ivf(index).nprobe = value
+    else:
+        faiss.downcast_index(index).hnsw.efSearch = value  # type: ignore[attr-defined]
+
+
+def tune_search(
+    index: faiss.Index,
+    sample: np.ndarray,
+    chunks: Callable[[], Iterable[np.ndarray]],
+    target: float = AUTO_TARGET_RECALL,
+    k: int = 10,
+    n_queries: int = 256,
+    seed: int = 0,
+    noise: float = AUTO_QUERY_NOISE,
+) -> tuple[str, float]:
+    """Set the smallest power-of-two ``nprobe`` (IVF) or ``efSearch`` (HNSW, from 16) whose
+    recall@k against exact search reaches ``target`` on :func:`probe_queries` of ``sample``.
+
+    Returns ``(params, recall)``: the parameter string to store (``"nprobe=32"``,
+    ``"efSearch=64"``, ``""`` for an exact index) and the recall reached (the largest value's when
+    none reaches ``target``).
+
+    Args:
+        index: a trained, filled index.
+        sample: float32 (m, d), some of the indexed vectors (to draw queries near).
+        chunks: returns an iterator over all the vectors added to ``index``, in order (for the
+            exact answers, computed chunk by chunk).
+        target: recall@k to reach.
+        k: neighbours compared.
+        n_queries: size of the query sample.
+        seed: sampling seed.
+        noise: norm of the noise that moves each query off its row.
+    """
+    knob = search_knob(index)
+    if knob is None:
+        return "", 1.0
+    name, largest = knob
+    queries = probe_queries(sample, n_queries, noise=noise, seed=seed)
+    _, truth = exact_knn(queries, chunks(), k)
+    value = 1 if name == "nprobe" else 16
+    while True:
+        _set_knob(index, name, value)
+        _, found = index.search(queries, k)
+        recall = recall_at_k(found, truth, k)
+        if recall >= target or value >= largest:
+            break
+        value = min(value * 2, largest)
+    LOG.info(
+        "%s=%d gives recall@%d=%.3f on %d tuning queries", name, value, k, recall, len(queries)
+    )
+    return f"{name}={value}", recall
+
+
 def tune_nprobe(
     index: faiss.Index,
     sample: np.ndarray,
@@ -116,41 +226,13 @@ def tune_nprobe(
     n_queries: int = 256,
     seed: int = 0,
 ) -> tuple[int, float]:
-    """Smallest power-of-two ``nprobe`` whose recall@k against exact search reaches ``target``.
-
-    Queries are a seeded sample of ``sample`` (indexed vectors) moved by random noise of norm
-    0.5 (they are unit vectors), so a query is near the data but not one of its points: its
-    neighbours are spread over several lists, as a real query's are. Sets ``nprobe`` on
-    ``index`` and returns ``(nprobe, recall)``.
-
-    Args:
-        index: a trained, filled IVF index (or a wrapper around one).
-        sample: float32 (m, d), some of the indexed vectors (to draw queries near).
-        chunks: returns an iterator over all the vectors added to ``index``, in order (for the
-            exact answers, computed chunk by chunk).
-        target: recall@k to reach.
-        k: neighbours compared.
-        n_queries: size of the query sample.
-        seed: sampling seed.
-    """
-    sample = _as_f32(sample)
-    ivf = faiss.extract_index_ivf(index)
-    rng = np.random.default_rng(seed)
-    pick = rng.choice(len(sample), size=min(n_queries, len(sample)), replace=False)
-    noise = rng.normal(scale=0.5 / math.sqrt(sample.shape[1]), size=(len(pick), sample.shape[1]))
-    queries = (sample[pick] + noise).astype(np.float32)
-    queries /= np.linalg.norm(queries, axis=1, keepdims=True) + 1e-12
-    _, truth = exact_knn(queries, chunks(), k)
-    nprobe, recall = 1, 0.0
-    while True:
-        ivf.nprobe = nprobe
-        _, found = index.search(queries, k)
-        recall = recall_at_k(found, truth, k)
-        if recall >= target or nprobe >= ivf.nlist:
-            break
-        nprobe = min(nprobe * 2, ivf.nlist)
-    LOG.info("nprobe=%d gives recall@%d=%.3f on %d sample queries", nprobe, k, recall, len(pick))
-    return nprobe, recall
+    """:func:`tune_search` for an IVF index, returning ``(nprobe, recall)`` (kept for callers
+    that store ``f"nprobe={nprobe}"``; new code should store :func:`tune_search`'s string)."""
+    params, recall = tune_search(index, sample, chunks, target, k, n_queries, seed)
+    name, _, value = params.partition("=")
+    if name != "nprobe":
+        raise FlowsearchError(f"tune_nprobe needs an IVF index, got {type(index).__name__}")
+    return int(value), recall
 
 
 def _reason(exc: BaseException) -> str:
@@ -243,6 +325,35 @@ def search(index: faiss.Index, queries: np.ndarray, k: int) -> tuple[np.ndarray,
     queries = _as_f32(queries)
     k = max(1, min(int(k), max(index.ntotal, 1)))
     return index.search(queries, k)
+
+
+def build(
+    vectors: np.ndarray,
+    factory: str = "auto",
+    *,
+    flat_max_rows: int = AUTO_FLAT_MAX_ROWS,
+    target_recall: float = AUTO_TARGET_RECALL,
+    chunk_rows: int = 65_536,
+) -> tuple[faiss.Index, str, str]:
+    """An index over vectors already in memory (float32 (n, d), unit rows), built the way ingest
+    streams it: train on a sample, add chunk by chunk, tune ``auto``'s search parameter.
+
+    Returns ``(index, resolved factory, params)``; ``params`` as :func:`tune_search` gives it
+    (``""`` unless ``factory`` is ``auto`` and approximate).
+    """
+    vectors = _as_f32(vectors)
+    resolved = (
+        auto_factory(len(vectors), flat_max_rows=flat_max_rows) if factory == "auto" else factory
+    )
+    index = new_index(vectors.shape[1], resolved)
+    train(index, vectors, resolved)
+    for start in range(0, len(vectors), chunk_rows):
+        add(index, vectors[start : start + chunk_rows], resolved)
+    params = ""
+    if factory == "auto":
+        chunks = lambda: (vectors[i : i + chunk_rows] for i in range(0, len(vectors), chunk_rows))  # noqa: E731
+        params, _ = tune_search(index, vectors, chunks, target=target_recall)
+    return index, resolved, params
 
 
 def num_gpus() -> int:

@@ -303,12 +303,11 @@ def _finish(
         if index_factory == "auto" and factory != "Flat":
             reader = store.RowReader(tmp, shards)
             try:
-                nprobe, _ = fx.tune_nprobe(
+                params, _ = fx.tune_search(
                     faiss_index, sample, lambda: reader.column_chunks("vector")
                 )
             finally:
                 reader.close()
-            params = f"nprobe={nprobe}"
         fx.write_index(faiss_index, tmp / FAISS_FILE)
     lexical_spec = None
     if lexical:

@@ -211,10 +211,9 @@ def _rewrite(
     if requested == "auto" and factory != "Flat" and sample is not None:
         reader = store.RowReader(build.path, shards)
         try:
-            nprobe, _ = fx.tune_nprobe(faiss_index, sample, lambda: reader.column_chunks("vector"))
+            params, _ = fx.tune_search(faiss_index, sample, lambda: reader.column_chunks("vector"))
         finally:
             reader.close()
-        params = f"nprobe={nprobe}"
     fx.write_index(faiss_index, build.path / FAISS_FILE)
     lexical = base.lexical
     if base.lexical is not None:

@@ -21,11 +21,18 @@ def _unit(n: int, dim: int = 16, seed: int = 0, clusters: int = 0) -> np.ndarray
 
 
 def test_auto_factory_switches_at_threshold():
-    assert fx.auto_factory(100_000) == "Flat"
-    assert fx.auto_factory(100_001).startswith("IVF") and fx.auto_factory(100_001).endswith(",Flat")
-    assert fx.auto_factory(2_000, flat_max_rows=1_000) == "IVF32,Flat"  # >= 39 points per list
-    assert fx.auto_factory(1_000_000) == "IVF4096,Flat"
+    flat_max = fx.AUTO_FLAT_MAX_ROWS
+    assert fx.auto_factory(flat_max) == "Flat"
+    assert fx.auto_factory(flat_max + 1) == fx.AUTO_GRAPH_FACTORY == "HNSW32"
+    assert fx.auto_factory(1_000_000) == "HNSW32"
     assert fx.auto_factory(1_000, flat_max_rows=1_000) == "Flat"
+    assert fx.auto_factory(1_001, flat_max_rows=1_000) == "HNSW32"
+
+
+def test_ivf_factory_keeps_enough_training_points_per_list():
+    assert fx.ivf_factory(2_000) == "IVF32,Flat"  # >= 39 points per list
+    assert fx.ivf_factory(200_000) == "IVF2048,Flat"
+    assert fx.ivf_factory(1_000_000) == "IVF4096,Flat"
 
 
 def _filled(x: np.ndarray, factory: str) -> faiss.Index:
@@ -67,21 +74,14 @@ def test_exact_knn_over_chunks_equals_brute_force():
     assert (few[:, :5] >= 0).all() and (few[:, 5:] == -1).all()
 
 
-def test_auto_ivf_reaches_target_recall():
+def test_auto_graph_reaches_target_recall_on_fresh_queries():
     x = _unit(6_000, dim=24, clusters=30)
-    factory = fx.auto_factory(len(x), flat_max_rows=1_000)
-    assert factory.startswith("IVF") and factory.endswith(",Flat")
-    index = _filled(x, factory)
-    nprobe, recall = fx.tune_nprobe(index, x[::3], lambda: iter([x[:2_500], x[2_500:]]), 0.95)
-    ivf = faiss.extract_index_ivf(index)
-    assert ivf.nprobe == nprobe and 1 < nprobe < ivf.nlist and recall >= 0.95
+    index, factory, params = fx.build(x, "auto", flat_max_rows=1_000, target_recall=0.95)
+    assert factory == "HNSW32" and params.startswith("efSearch=")
     q = _unit(300, dim=24, seed=5, clusters=30)  # fresh queries from the same distribution
     _, found = fx.search(index, q, 10)
-    _, truth = _brute(q, x, 10)
-    assert fx.recall_at_k(found, truth) >= 0.93  # tuned to 0.95 on its own sample
-    ivf.nprobe = 1
-    _, one = fx.search(index, q, 10)
-    assert fx.recall_at_k(one, truth) < 0.93  # so the tuning mattered
+    _, truth = fx.search(fx.build(x, "Flat")[0], q, 10)
+    assert fx.recall_at_k(found, truth) >= 0.93  # tuned to 0.95 on its own queries
 
 
 def test_recall_at_k():
@@ -130,11 +130,11 @@ def test_add_continues_row_numbers_and_k_is_clamped():
 
 def test_bad_factory_is_a_user_error(tmp_path):
     with pytest.raises(FlowsearchError, match="rejects index factory"):
-        fx.new_index(16, "NoSuchIndex123")
+        fx.build(_unit(50), "NoSuchIndex123")
     with pytest.raises(FlowsearchError, match="cannot train"):
-        fx.train(fx.new_index(16, "IVF4096,Flat"), _unit(50), "IVF4096,Flat")
-    with pytest.raises(FlowsearchError, match="cannot add vectors.*'IDMap,Flat'"):
-        _filled(_unit(50), "IDMap,Flat")
+        fx.build(_unit(50), "IVF4096,Flat")
+    with pytest.raises(FlowsearchError, match="cannot add vectors.*add_with_ids"):
+        fx.build(_unit(50), "IDMap,Flat")
     with pytest.raises(FlowsearchError, match="cannot add vectors"):
         fx.add(faiss.index_factory(16, "IDMap,Flat"), _unit(5))
     (tmp_path / "junk.faiss").write_bytes(b"not an index")
@@ -153,3 +153,39 @@ def test_check_factory_rejects_before_any_vectors(factory, dim, message):
     assert "\n" not in str(info.value)
     for ok in ("auto", "Flat", "IVF16,Flat", "HNSW32", "PQ4"):
         fx.check_factory(ok, dim)
+
+
+def test_probe_queries_are_unit_seeded_and_move_with_noise():
+    x = _unit(400, dim=32, clusters=8)
+    q = fx.probe_queries(x, 50, noise=0.5, seed=3)
+    assert q.shape == (50, 32) and q.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_array_equal(q, fx.probe_queries(x, 50, noise=0.5, seed=3))
+    near = (fx.probe_queries(x, 50, noise=0.1) @ x.T).max(axis=1)
+    far = (fx.probe_queries(x, 50, noise=1.0) @ x.T).max(axis=1)
+    assert near.mean() > far.mean() and near.min() > 0.98  # more noise: further from the data
+    assert fx.probe_queries(x[:10], 50).shape == (10, 32)  # never more queries than rows
+
+
+def test_tune_search_sets_hnsw_ef_search_and_leaves_flat_alone():
+    x = _unit(3_000, dim=24, clusters=30)
+    chunks = lambda: iter([x[:1_000], x[1_000:]])  # noqa: E731
+    hnsw = fx.new_index(24, "HNSW8")
+    fx.add(hnsw, x)
+    params, recall = fx.tune_search(hnsw, x, chunks, target=0.99)
+    name, _, value = params.partition("=")
+    assert name == "efSearch" and int(value) >= 16 and recall >= 0.99
+    assert faiss.downcast_index(hnsw).hnsw.efSearch == int(value)
+    fx.set_params(hnsw, params)  # the stored string is one ParameterSpace accepts
+    flat = fx.new_index(24, "Flat")
+    fx.add(flat, x)
+    assert fx.tune_search(flat, x, chunks) == ("", 1.0)
+    with pytest.raises(FlowsearchError, match="needs an IVF index"):
+        fx.tune_nprobe(hnsw, x, chunks)
+
+
+def test_tune_search_stops_at_the_largest_setting_when_target_is_unreachable():
+    x = _unit(2_000, dim=16, clusters=20)
+    index, _, _ = fx.build(x, "IVF16,Flat")
+    params, recall = fx.tune_search(index, x, lambda: iter([x]), target=1.01)
+    assert params == "nprobe=16" and recall == 1.0  # all lists: exact, and no endless loop

@@ -1,0 +1,247 @@
+r"""Figures at 200k rows (performance issue): memory, fit cost, query latency, ANN on calibrated
+spaces, and the tuning of ``index_factory="auto"``.
+
+Stages (each writes ``benchmarks/_work/stage_<name>.json``, so a later stage can be rerun
+without repeating the heavy ones; ``--fresh`` reruns everything):
+
+1. corpus: 200k real texts (``speed_corpus.py`` says how) and 2,000 held-out real queries.
+2. ingest: ``flowsearch index --pooling static`` on 200k and 20k rows, ``--pooling mean`` on
+   20k rows, each in a child process (peak RSS from ``os.wait4``).
+3. fit: whitening-flow (what ``auto`` fits for static), the paper's flow and whitening on the
+   200k x 384 static raw vectors, against encoding those rows with ``mean`` (a 2k sample,
+   extrapolated linearly).
+4. query: ``Searcher.search`` latency by step at 20k / 200k (static) and 20k (mean) with the
+   peer at 20k, batch QPS, recall@10 of the ``auto`` index against exact search on real queries.
+5. ann: Flat / HNSW32 / IVF-Flat / IVF-PQ on raw, whitening and whitening-flow vectors at 200k
+   and at 1M (jittered copies, ``speed_ann.jitter``); candidates from raw re-scored in the
+   calibrated space; agreement of ``auto``'s tuning queries with real-query recall.
+
+Writes ``benchmarks/bench_speed.json`` and ``benchmarks/bench_speed.md`` (a section for
+RESULTS.md).
+
+Usage:
+    PYTHONPATH=. nice python benchmarks/bench_speed.py [--data ../shared/data] [--rows 200000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from speed_corpus import corpus_and_queries  # noqa: E402
+from speed_ingest import run_ingest  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+WORK = HERE / "_work"
+N_LATENCY = 200  # queries timed one at a time (half questions, half sentences), x rounds
+
+
+def _stage(name: str, fresh: bool, fn: Any) -> Any:
+    path = WORK / f"stage_{name}.json"
+    if path.exists() and not fresh:
+        return json.loads(path.read_text())
+    start = time.perf_counter()
+    cpu = time.process_time()
+    out = fn()
+    out["_stage_wall_s"] = time.perf_counter() - start
+    out["_stage_cpu_s"] = time.process_time() - cpu
+    out["_finished"] = time.strftime("%Y-%m-%d %H:%M")
+    out["_load"] = os.getloadavg()
+    path.write_text(json.dumps(out, indent=1, default=_jsonable))
+    return json.loads(path.read_text())
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(type(x))
+
+
+def latency_queries(queries: list[str]) -> list[str]:
+    half = len(queries) // 2
+    return queries[: N_LATENCY // 2] + queries[half : half + N_LATENCY // 2]
+
+
+def stage_ingest(corpus: Path, small: Path) -> dict[str, Any]:
+    return {
+        "static_200k": run_ingest(corpus, WORK / "static_200k", "--pooling", "static"),
+        "static_20k": run_ingest(small, WORK / "static_20k", "--pooling", "static"),
+        "mean_20k": run_ingest(small, WORK / "mean_20k", "--pooling", "mean"),
+    }
+
+
+def _raw(s: Any) -> np.ndarray:
+    return np.asarray(s._version.reader.column("raw"), dtype=np.float32)
+
+
+def stage_fit(corpus: Path) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+
+    from flowsearch import Encoder, Searcher
+    from flowsearch.calibration import make_calibrator
+
+    def peak() -> float:  # this process's peak RSS so far, GB (ru_maxrss is KiB on Linux)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+
+    s = Searcher.open(WORK / "static_200k")
+    U = _raw(s)
+    peaks = {"raw vectors loaded": peak()}
+    out: dict[str, Any] = {
+        "rows": len(U),
+        "dim": U.shape[1],
+        "auto_chose": s.manifest.calibration.name,
+    }
+    s.close()
+    for name in ("whitening-flow", "flow", "whitening"):
+        cal = make_calibrator(name, **({} if name == "whitening" else {"seed": 0}))
+        start, cpu = time.perf_counter(), time.process_time()
+        cal.fit(U)
+        out[f"fit_s_{name}"] = time.perf_counter() - start
+        out[f"fit_cpu_s_{name}"] = time.process_time() - cpu
+        peaks[f"after fitting {name}"] = peak()
+        if name == "whitening-flow":  # what ingest does next: project the fit rows
+            for i in range(0, len(U), 65_536):
+                cal.transform(U[i : i + 65_536])
+            peaks["after projecting 200k in 64k chunks"] = peak()
+            cal.transform(U)
+            peaks["after projecting 200k at once (ingest's train sample)"] = peak()
+        del cal
+    out["peak_rss_gb"] = peaks
+    texts = pq.read_table(corpus, columns=["text"]).column("text").to_pylist()
+    rng = np.random.default_rng(0)
+    sample = [texts[i] for i in rng.choice(len(texts), size=2_000, replace=False)]
+    enc = Encoder(pooling="mean")
+    enc.encode(sample[:64], progress=False)  # warm-up
+    start, cpu = time.perf_counter(), time.process_time()
+    enc.encode(sample, batch_size=64, progress=False)
+    out["mean_encode_2k_s"] = time.perf_counter() - start
+    out["mean_encode_2k_cpu_s"] = time.process_time() - cpu
+    out["mean_encode_200k_s_extrapolated"] = out["mean_encode_2k_s"] * len(U) / 2_000
+    out["mean_encode_200k_cpu_s_extrapolated"] = out["mean_encode_2k_cpu_s"] * len(U) / 2_000
+    return out
+
+
+def _peer(s: Any) -> Any:
+    """The peer's query: sentence-transformers encode + IndexFlatIP over the same (stored raw)
+    vectors + a dict from row to text."""
+    import faiss
+    from sentence_transformers import SentenceTransformer
+
+    from flowsearch.model_files import bundled_model_dir
+
+    st = SentenceTransformer(str(bundled_model_dir()), device="cpu")
+    flat = faiss.IndexFlatIP(s.manifest.dim)
+    raw = _raw(s)
+    flat.add(raw / np.linalg.norm(raw, axis=1, keepdims=True))
+    texts = dict(enumerate(s._version.reader.column("text")))
+
+    def peer(q: str) -> list[str]:
+        e = st.encode([q], normalize_embeddings=True, convert_to_numpy=True)
+        _, rows = flat.search(e.astype(np.float32), 10)
+        return [texts[int(r)] for r in rows[0]]
+
+    return peer
+
+
+def stage_query(queries: list[str]) -> dict[str, Any]:
+    from speed_query import batch_qps, latency, recall_of_index
+
+    from flowsearch import Searcher
+
+    lat_q = latency_queries(queries)
+    out: dict[str, Any] = {"latency_queries": len(lat_q), "rounds": 3, "all_queries": len(queries)}
+    for name in ("static_20k", "mean_20k", "static_200k"):
+        s = Searcher.open(WORK / name)
+        peer = _peer(s) if name == "mean_20k" else None
+        rec = recall_of_index(s, s.embed(queries)[0])
+        half = len(queries) // 2
+        out[name] = {
+            "factory": s.manifest.faiss.factory,
+            "params": s.manifest.faiss.params,
+            "space": s.manifest.calibration.space,
+            "calibration": s.manifest.calibration.name,
+            "recall": rec["recall"],
+            "recall_questions": float(rec["per_query"][:half].mean()),
+            "recall_sentences": float(rec["per_query"][half:].mean()),
+            "latency": latency(s, lat_q, rounds=3, peer=peer),
+            "batch_qps": batch_qps(s, queries),
+        }
+        s.close()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--data", type=Path, default=Path(os.environ.get("FLOWSEARCH_DATA", "../shared/data"))
+    )
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--queries", type=int, default=2_000)
+    parser.add_argument("--million", type=int, default=1_000_000)
+    parser.add_argument("--fresh", action="store_true")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated stages to run now (the others are read from _work)",
+    )
+    args = parser.parse_args()
+    import pyarrow.parquet as pq
+    from speed_ann_stage import stage_ann
+    from speed_report import write_report
+    from speed_scan import stage_scan
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    corpus, queries, counts = corpus_and_queries(args.data, WORK, args.rows, args.queries)
+    small = WORK / "corpus_20000.parquet"
+    if not small.exists():
+        pq.write_table(pq.read_table(corpus).slice(0, 20_000), small, row_group_size=16_384)
+    only = set(filter(None, args.only.split(",")))
+
+    def fresh(name: str) -> bool:
+        return args.fresh or name in only
+
+    results: dict[str, Any] = {
+        "machine": {
+            "platform": platform.machine(),
+            "cpus": os.cpu_count(),
+            "load_at_start": os.getloadavg(),
+        },
+        "corpus": counts,
+    }
+    stages = {
+        "ingest": lambda: stage_ingest(corpus, small),
+        "fit": lambda: stage_fit(corpus),
+        "query": lambda: stage_query(queries),
+        "scan": lambda: stage_scan(WORK, queries),
+        "ann": lambda: stage_ann(WORK, queries, args.million),
+    }
+    for name, fn in stages.items():
+        if not only or name in only:
+            results[name] = _stage(name, fresh(name), fn)
+    for name in stages:
+        path = WORK / f"stage_{name}.json"
+        if not path.exists():
+            print(f"stage {name} not run yet; no report", flush=True)
+            return
+        results[name] = json.loads(path.read_text())
+    (HERE / "bench_speed.json").write_text(json.dumps(results, indent=1))
+    md = write_report(results)
+    (HERE / "bench_speed.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
