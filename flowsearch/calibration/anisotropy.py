@@ -89,14 +89,15 @@ def anisotropy_stats(U: np.ndarray, seed: int = 0, max_rows: int = 20_000) -> di
     Returns:
         A dict with the keys of :data:`STATISTICS`, plain floats.
     """
-    X = np.asarray(U, dtype=np.float64)
+    X = np.asarray(U)
     if X.ndim != 2 or X.shape[0] < 2:
         raise ValueError(f"anisotropy_stats needs an (n >= 2, d) array, got shape {X.shape}")
-    if not np.isfinite(X).all():
-        raise ValueError("anisotropy_stats got non-finite values")
-    if X.shape[0] > max_rows:
+    if X.shape[0] > max_rows:  # sample before converting: no float64 copy of a large corpus
         rows = np.random.default_rng(seed).choice(X.shape[0], size=max_rows, replace=False)
         X = X[np.sort(rows)]
+    X = np.asarray(X, dtype=np.float64)
+    if not np.isfinite(X).all():
+        raise ValueError("anisotropy_stats got non-finite values")
     n, d = X.shape
 
     norms = np.linalg.norm(X, axis=1)

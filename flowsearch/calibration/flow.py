@@ -164,13 +164,21 @@ class FlowCalibrator(Calibrator):
         self._split_constant_dims(U)
         n, d = U.shape[0], len(self.active)
         module = self._build(d)
-        X = U[:, self.active]
+        every = len(self.active) == U.shape[1]
+        whitening = None
         if cfg["prewhiten"]:
             whitening = Whitening()
-            whitening.fit(X)
+            whitening.fit(U if every else U[:, self.active])
             self.whitening = whitening
-            X = whitening.transform64(X)
-        data = torch.as_tensor(X, dtype=torch.float32)
+        # the training matrix, float32, built in chunks: no float64 copy of U (memory at 200k
+        # rows: the input plus this, not three times the input)
+        data = torch.empty((n, d), dtype=torch.float32)
+        for start in range(0, n, 16_384):
+            part = U[start : start + 16_384]
+            part = part if every else part[:, self.active]
+            if whitening is not None:
+                part = whitening.transform64(part)
+            data[start : start + len(part)] = torch.from_numpy(part.astype(np.float32))
         gen = torch.Generator().manual_seed(cfg["seed"] + 1)
         order = torch.randperm(n, generator=gen)
         module.train()
@@ -227,7 +235,11 @@ class FlowCalibrator(Calibrator):
         unbounded direction. Such a dimension gets a fixed map ``(u - mu) / typical_std`` with
         a standard-normal prior; the flow models the others.
         """
-        std = U.std(axis=0)
+        mean = U.mean(axis=0)
+        square = np.zeros(U.shape[1])
+        for start in range(0, len(U), 16_384):  # centred in chunks: no (n, d) temporary
+            square += ((U[start : start + 16_384] - mean) ** 2).sum(axis=0)
+        std = np.sqrt(square / len(U))
         typical = float(np.median(std)) or 1.0
         constant = std < STD_FLOOR * typical
         if constant.all():
@@ -375,7 +387,15 @@ class FlowCalibrator(Calibrator):
         return self._run(self._with_log_prob, U)
 
     def _log_prob(self, U: np.ndarray) -> np.ndarray:
-        return self._both(U)[:, -1] if len(U) else np.empty(0)
+        if len(U) < SMALL_BATCH:
+            return self._small(U, with_log_prob=True)[:, -1] if len(U) else np.empty(0)
+        # chunk by chunk, keeping only the density (a copy: a column view would keep each
+        # chunk's whole (8192, d + 1) result alive)
+        parts = [
+            self._run(self._with_log_prob, U[i : i + 8192])[:, -1].copy()
+            for i in range(0, len(U), 8192)
+        ]
+        return np.concatenate(parts)
 
     def transform_and_log_prob(self, U: Any) -> tuple[np.ndarray, np.ndarray]:
         r"""``(transform(U), log_prob(U))`` in one flow pass: float32 ``(n, d)``, float64 ``(n,)``.

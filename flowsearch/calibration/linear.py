@@ -39,6 +39,10 @@ _SN_FLOOR = 1e-3
 _EIG_RTOL = 1e-9
 
 
+#: Rows centred at a time when whitening computes its covariance (bounds the extra memory).
+_COV_CHUNK = 16_384
+
+
 def _sn_params(U: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mu = U.mean(axis=0)
     sigma = U.std(axis=0)
@@ -205,8 +209,11 @@ class Whitening(Calibrator):
         if k is not None and k > U.shape[1]:
             raise FlowsearchError(f"whitening: k={k} exceeds the dimension {U.shape[1]}")
         self.mu = U.mean(axis=0)
-        X = U - self.mu
-        cov = X.T @ X / U.shape[0]
+        cov = np.zeros((U.shape[1], U.shape[1]))
+        for start in range(0, len(U), _COV_CHUNK):  # centred in chunks: no copy of U
+            X = U[start : start + _COV_CHUNK] - self.mu
+            cov += X.T @ X
+        cov /= U.shape[0]
         eigvecs, eigvals, _ = np.linalg.svd(cov)
         real = eigvals > _EIG_RTOL * max(float(eigvals[0]), 1e-300)
         floor = float(eigvals[real][-1]) if real.any() else 1.0
