@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flowsearch.calibration import make_calibrator
-from flowsearch.calibration.fitting import AUTO_FITS, fit_for_index, load_fitted
+from flowsearch.calibration.fitting import AUTO_FITS, AUTO_SEARCHES, fit_for_index, load_fitted
 from flowsearch.density import MIN_ROWS_PER_DIM
 from flowsearch.errors import FlowsearchError
 from flowsearch.manifest import AutoDecision
@@ -21,18 +21,64 @@ def _isotropic(n, d=8, seed=0):
     return np.random.default_rng(seed).normal(size=(n, d)).astype(np.float32)
 
 
-def test_auto_calibrates_an_anisotropic_corpus_with_enough_rows():
-    cal, spec = fit_for_index(_cone(40 * MIN_ROWS_PER_DIM), "auto")
-    assert spec.calibrated and cal.name == AUTO_FITS == spec.calibrator
+def test_auto_searches_partial_whitening_on_an_anisotropic_corpus_with_enough_rows():
+    U = _cone(40 * MIN_ROWS_PER_DIM)
+    cal, spec = fit_for_index(U, "auto")
+    name, config = AUTO_SEARCHES
+    assert (name, config) == ("gaussian", {"power": 0.25})
+    assert spec.calibrated and cal.name == name == spec.calibrator
+    assert spec.config == {"k": None, "power": 0.25} == cal.config
     assert spec.auto == AutoDecision("mean_cosine", 0.33, True)
-    assert spec.anisotropy["mean_cosine"] > 0.9 and "search in the flow space" in spec.decision
+    assert spec.anisotropy["mean_cosine"] > 0.9
+    assert "search in the gaussian space (gaussian, power=0.25)" in spec.decision
+    assert np.isfinite(cal.log_prob(U[:5])).all()  # a density for the drift and query reports
+    # the searched map is partial whitening of the corpus: the spread of the principal
+    # standard deviations is square-rooted, not flattened
+    std = cal.transform(U).std(axis=0)
+    raw = np.sqrt(np.linalg.eigvalsh(np.cov(U.T, bias=True)))
+    assert std.max() / std.min() == pytest.approx(np.sqrt(raw.max() / raw.min()), rel=1e-3)
 
 
 def test_auto_keeps_the_encoder_space_when_isotropic_or_too_small():
-    _, iso = fit_for_index(_isotropic(200), "auto")
+    cal, iso = fit_for_index(_isotropic(200), "auto")
     assert iso.space == "encoder" and iso.auto.calibrated is False
-    _, small = fit_for_index(_cone(MIN_ROWS_PER_DIM * 8 - 1), "auto")
+    # the encoder space keeps a density model for the drift and query reports
+    assert (
+        cal.name == AUTO_FITS == iso.calibrator and np.isfinite(cal.log_prob(_isotropic(5))).all()
+    )
+    assert "search in the encoder space" in iso.decision
+    cal, small = fit_for_index(_cone(MIN_ROWS_PER_DIM * 8 - 1), "auto")
     assert small.space == "encoder" and f"< {MIN_ROWS_PER_DIM} x dim 8" in small.decision
+    assert cal.name == AUTO_FITS
+
+
+def test_auto_beats_raw_and_full_whitening_on_a_synthetic_retrieval_task():
+    """Passages and their queries share a topic (8 dims) in a narrow cone; 2 strong directions
+    hold noise that differs between a query and its passage (raw cosine suffers), 6 weak ones
+    tiny noise (full whitening blows it up to the topic's scale, as it did length for static
+    vectors). Partial whitening, what auto searches, damps the first and amplifies the second
+    only half-way (log-scale): it must beat both."""
+    rng = np.random.default_rng(1)
+    n, topics = 600, 40
+    centres = rng.normal(size=(topics, 16)) * np.r_[np.zeros(2), np.ones(8), np.zeros(6)]
+    label = rng.integers(topics, size=n)
+
+    def side():
+        noise = rng.normal(size=(n, 16)) * np.r_[np.full(2, 2.0), np.full(8, 0.3), np.full(6, 0.05)]
+        return centres[label] + noise + 4.0  # the common offset makes a narrow cone
+
+    passages, queries = side(), side()
+
+    def accuracy(calibration):
+        from flowsearch.space import SearchSpace
+
+        space = SearchSpace(*fit_for_index(passages, calibration))
+        P, Q = space.project(passages, False)[0], space.project(queries, False)[0]
+        return float((label[np.argmax(Q @ P.T, axis=1)] == label).mean())
+
+    raw, full, auto = accuracy("none"), accuracy("whitening"), accuracy("auto")
+    assert full < raw - 0.05  # the failure the rule guards against
+    assert auto > raw + 0.02 and auto > full + 0.1
 
 
 def test_a_named_calibration_is_always_searched():

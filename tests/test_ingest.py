@@ -49,12 +49,12 @@ def test_build_writes_a_complete_index(built, model_dir):
     assert m.columns == mf.Columns(text="text", id="id", id_type="string",
                                    metadata=("topic", "year"))  # fmt: skip
     cal = m.calibration
-    assert cal.name == "auto" and cal.calibrator == "whitening-flow" and cal.fit_rows == 120
+    assert cal.name == "auto" and cal.calibrator == "gaussian" and cal.fit_rows == 120
     # a random BERT's mean-pooled vectors are a narrow cone, and 120 rows >= 3 x dim 32:
-    # auto must search the flow's space
+    # auto must search the partially whitened space of its Gaussian (issue 16)
     assert cal.anisotropy["mean_cosine"] > 0.5 and cal.auto is not None
-    assert cal.auto.calibrated is True and cal.calibrated
-    assert cal.space == "calibrated" and "flow" in cal.decision
+    assert cal.auto.calibrated is True and cal.calibrated and cal.config["power"] == 0.25
+    assert cal.space == "calibrated" and "gaussian space" in cal.decision
     assert m.density is not None and m.density.rows == 120
     assert m.density.std_log_prob > 0 and np.isfinite(m.density.mean_log_prob)
     assert m.faiss == mf.FaissSpec(factory="Flat", requested="auto", params="")

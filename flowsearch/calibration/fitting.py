@@ -1,11 +1,23 @@
 r"""Choosing and fitting an index's calibrator, and deciding the space it searches.
 
-``calibration="auto"`` always fits ``whitening-flow`` (its density serves the drift and query
-reports) but searches in the calibrated space only when the corpus's vectors are anisotropic
-(:func:`~flowsearch.calibration.anisotropy.should_calibrate`) and there are at least
-:data:`~flowsearch.density.MIN_ROWS_PER_DIM` rows per dimension; otherwise in the encoder's own
-space. A named calibration is fitted and always searched; a calibrator fitted elsewhere (the
-paper's "flow (NLI)" setting) is loaded and checked against the encoder.
+``calibration="auto"`` searches a calibrated space only when the corpus's vectors are
+anisotropic (:func:`~flowsearch.calibration.anisotropy.should_calibrate`) and there are at least
+:data:`~flowsearch.density.MIN_ROWS_PER_DIM` rows per dimension. Then it fits and searches
+:data:`AUTO_SEARCHES`, partial whitening with a Gaussian density
+(``make_calibrator("gaussian", power=0.25)``); otherwise it fits :data:`AUTO_FITS`
+(``whitening-flow``) and searches the encoder's own space. Either way the fitted calibrator has a
+density for the drift and query reports. A named calibration is fitted and always searched; a
+calibrator fitted elsewhere (the paper's "flow (NLI)" setting) is loaded and checked against the
+encoder.
+
+Why partial whitening (issue 16, ``benchmarks/bench_retrieval.md``): ``auto`` was set on STS,
+where both sides of a pair come from one distribution. For query -> passage search, full
+whitening (and ``whitening-flow``, which matches it) equalises every direction, including ones
+that carry little meaning, and on the dev sets it cost up to 0.01 nDCG@10 against raw static
+vectors on one set, while partial whitening (eigenvalues ``^-0.25``) was above raw on every
+set and above full whitening on average. Its density is the corpus's full-covariance Gaussian
+(:class:`~flowsearch.calibration.linear.Gaussian`) instead of the flow (issue 16 found the
+Gaussian's density at least as good a signal as the flow's).
 
 Example:
     >>> U = np.random.default_rng(0).normal(size=(200, 4))
@@ -29,14 +41,17 @@ from flowsearch.density import MIN_ROWS_PER_DIM
 from flowsearch.errors import FlowsearchError
 from flowsearch.manifest import AutoDecision, CalibrationSpec
 
-__all__ = ["AUTO_FITS", "fit_for_index", "load_fitted"]
+__all__ = ["AUTO_FITS", "AUTO_SEARCHES", "fit_for_index", "load_fitted"]
 
 LOG = logging.getLogger(__name__)
 
-#: What ``auto`` fits. Starting the flow from whitened vectors matches whitening on anisotropic
-#: corpora (the only ones auto searches calibrated), where the reference flow trails it by up to
-#: 5 STS points when fitted on few rows (benchmarks/RESULTS.md).
+#: What ``auto`` fits when it searches the encoder's space: a density model for the drift and
+#: query reports. Starting the flow from whitened vectors matches whitening, where the reference
+#: flow trails it by up to 5 STS points when fitted on few rows (benchmarks/RESULTS.md).
 AUTO_FITS = "whitening-flow"
+#: What ``auto`` fits and searches on an anisotropic corpus with enough rows: (name, config).
+#: Partial whitening, chosen on the retrieval dev sets (module docstring).
+AUTO_SEARCHES: tuple[str, dict[str, Any]] = ("gaussian", {"power": 0.25})
 _SEEDED = ("flow", "whitening-flow")
 
 
@@ -96,22 +111,29 @@ def fit_for_index(
         fitted_on = str(Path(loaded_from).resolve()) if loaded_from else "elsewhere"
         space, decision = "calibrated", "forced: a calibrator fitted elsewhere"
     else:
-        name = AUTO_FITS if calibration == "auto" else calibration
-        cal = make_calibrator(name, seed=0) if name in _SEEDED else make_calibrator(name)
+        anisotropic = bool(should_calibrate(stats))
+        enough = len(U) >= MIN_ROWS_PER_DIM * U.shape[1]
+        searched = calibration == "auto" and anisotropic and enough
+        if calibration != "auto":
+            name, config = calibration, {"seed": 0} if calibration in _SEEDED else {}
+        elif searched:
+            name, config = AUTO_SEARCHES
+        else:
+            name, config = AUTO_FITS, {"seed": 0}
+        cal = make_calibrator(name, **config)
         with status(f"fitting {name} on {len(U):,} rows") if status else contextlib.nullcontext():
             cal.fit(U)
         fitted_on = "corpus"
         if calibration == "auto":
-            anisotropic = bool(should_calibrate(stats))
-            enough = len(U) >= MIN_ROWS_PER_DIM * U.shape[1]
-            searched = anisotropic and enough
             space = "calibrated" if searched else "encoder"
+            strength = "".join(f", {k}={v}" for k, v in config.items())
             decision = (
                 f"{AUTO_STATISTIC}={stats.get(AUTO_STATISTIC, float('nan')):.4f} "
                 f"{'>' if anisotropic else '<='} {AUTO_THRESHOLD}"
                 + ("" if enough or not anisotropic else
                    f", but {len(U)} rows < {MIN_ROWS_PER_DIM} x dim {U.shape[1]}")
-                + f": search in the {'flow' if searched else 'encoder'} space"
+                + (f": search in the {name} space ({name}{strength})" if searched
+                   else ": search in the encoder space")
             )  # fmt: skip
             auto = AutoDecision(AUTO_STATISTIC, float(AUTO_THRESHOLD), searched)
         elif calibration == "none":  # the identity: say so, search the encoder's own vectors

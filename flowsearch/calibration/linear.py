@@ -6,7 +6,12 @@ r"""Linear calibrators: the baselines of Li et al. 2020 (section 4.3) and BERT-w
   centre, then remove the projection on the top-k principal directions.
 - ``sn-natsv``: ``sn`` followed by ``natsv``.
 - ``whitening``: ``(u - mu) W`` with ``W = U diag(1/sqrt(S))`` from the SVD of the covariance
-  (Su et al. 2021), optionally keeping only the first ``k`` columns (dimension reduction).
+  (Su et al. 2021), optionally keeping only the first ``k`` columns (dimension reduction), and
+  optionally at a lower *strength*: eigenvalues raised to ``-power`` instead of ``-1/2``
+  (partial whitening), and/or the covariance shrunk toward the identity,
+  ``S + shrinkage * tr(S)/d`` (Ledoit and Wolf 2004), so that directions of small variance are
+  amplified less. Full whitening equalises every direction, including ones that carry little
+  meaning (e.g. a text's length, issue 16); a weaker map keeps part of the original spectrum.
 
 Degenerate input (constant dimensions, duplicated rows, fewer rows than dimensions) gives
 zero or near-zero variances. Dividing by them would blow noise up to infinity, so scales are
@@ -20,6 +25,8 @@ References:
     Representations", ICLR 2018.
     Su et al., "Whitening Sentence Representations for Better Semantics and Faster
     Retrieval", arXiv:2103.15316, 2021.
+    Ledoit and Wolf, "A well-conditioned estimator for large-dimensional covariance matrices",
+    Journal of Multivariate Analysis, 2004.
 """
 
 from __future__ import annotations
@@ -28,10 +35,18 @@ from typing import Any
 
 import numpy as np
 
-from flowsearch.calibration.base import Calibrator, register
+from flowsearch.calibration.base import Calibrator, as_matrix, register
 from flowsearch.errors import FlowsearchError
 
-__all__ = ["Identity", "NullTopSingular", "StandardNormalization", "SNNullTop", "Whitening"]
+__all__ = [
+    "FULL_POWER",
+    "Gaussian",
+    "Identity",
+    "NullTopSingular",
+    "SNNullTop",
+    "StandardNormalization",
+    "Whitening",
+]
 
 # sigma below this fraction of the median sigma counts as a constant dimension.
 _SN_FLOOR = 1e-3
@@ -55,6 +70,28 @@ def _top_directions(X: np.ndarray, k: int) -> np.ndarray:
     """The top-k right singular vectors of centred ``X``, as columns ``(d, k)``."""
     _, _, vt = np.linalg.svd(X, full_matrices=False)
     return vt[:k].T.copy()
+
+
+#: The exponent of full whitening (eigenvalues ^ -1/2), the default strength.
+FULL_POWER = 0.5
+
+
+def _check_strength(power: Any, shrinkage: Any) -> dict[str, float]:
+    """The non-default strength options, validated (defaults stay out of the config, so a
+    calibrator saved before they existed loads with the same config as it was saved with)."""
+    out: dict[str, float] = {}
+    for name, value, low, high in (("power", power, 0.0, FULL_POWER),
+                                   ("shrinkage", shrinkage, 0.0, float("inf"))):  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+            raise FlowsearchError(f"whitening: {name} must be a number, got {value!r}")
+        if not (low <= float(value) <= high) or not np.isfinite(float(value)):
+            bound = f"in [{low}, {high}]" if np.isfinite(high) else f">= {low}"
+            raise FlowsearchError(f"whitening: {name} must be {bound}, got {value!r}")
+    if float(power) != FULL_POWER:
+        out["power"] = float(power)
+    if float(shrinkage) != 0.0:
+        out["shrinkage"] = float(shrinkage)
+    return out
 
 
 def _check_k(k: Any, name: str, minimum: int) -> int | None:
@@ -177,11 +214,22 @@ class SNNullTop(Calibrator):
 
 @register("whitening")
 class Whitening(Calibrator):
-    r"""BERT-whitening: ``z = (u - mu) W[:, :k]``, ``W = U diag(1/sqrt(S))``, ``USU^T = cov``.
+    r"""BERT-whitening: ``z = (u - mu) W[:, :k]``, ``W = U diag(S^-power)``, ``USU^T = cov``.
 
     Arguments:
         k: Keep the first ``k`` whitened dimensions (largest variance first); ``None`` keeps
             all of them, which makes the map invertible.
+        power: The strength: each principal direction is divided by its variance to this
+            power. ``0.5`` (default) is full whitening (identity covariance); ``0.25`` is
+            partial whitening (the spread of standard deviations is square-rooted); ``0``
+            only centres and rotates (cosine of the centred vectors).
+        shrinkage: ``lambda >= 0``: whiten with ``S + lambda * tr(S)/d`` instead of ``S``
+            (shrinkage toward the identity); ``0`` (default) is none. Large values tend
+            toward centring only.
+
+    Every strength is a full-rank linear map, so the calibrator stays invertible (with
+    ``k=None``). The defaults give bit for bit the map of earlier releases, and only
+    non-default strengths are written to the config.
 
     Example:
         >>> rng = np.random.default_rng(0)
@@ -189,10 +237,25 @@ class Whitening(Calibrator):
         >>> Z = Whitening().fit(U).transform(U)
         >>> bool(np.allclose(np.cov(Z.T, bias=True), np.eye(4), atol=1e-4))
         True
+        >>> Zp = Whitening(power=0.25).fit(U).transform(U)  # std devs 10 : 0.01 become ~3 : 0.1
+        >>> [round(float(s), 1) for s in Zp.std(axis=0)]
+        [3.2, 1.0, 0.3, 0.1]
     """
 
-    def __init__(self, k: int | None = None) -> None:
-        super().__init__(k=_check_k(k, "whitening", 1))
+    def __init__(
+        self, k: int | None = None, power: float = FULL_POWER, shrinkage: float = 0.0
+    ) -> None:
+        super().__init__(k=_check_k(k, "whitening", 1), **_check_strength(power, shrinkage))
+
+    @property
+    def power(self) -> float:
+        """The exponent of the eigenvalues (0.5 = full whitening)."""
+        return float(self.config.get("power", FULL_POWER))
+
+    @property
+    def shrinkage(self) -> float:
+        """The shrinkage toward the identity (0 = none)."""
+        return float(self.config.get("shrinkage", 0.0))
 
     @property
     def invertible(self) -> bool:
@@ -218,8 +281,16 @@ class Whitening(Calibrator):
         real = eigvals > _EIG_RTOL * max(float(eigvals[0]), 1e-300)
         floor = float(eigvals[real][-1]) if real.any() else 1.0
         self.fit_stats = {"rank": int(real.sum()), "condition_number": float(eigvals[0] / floor)}
-        self.scales = np.sqrt(np.maximum(eigvals, floor))
+        variances = np.maximum(eigvals, floor)
+        if self.shrinkage:
+            variances = variances + self.shrinkage * float(eigvals.mean())  # tr(cov) / d
+        # the default keeps the exact expression of earlier releases (bit-identical scales)
+        self.scales = np.sqrt(variances) if self.power == FULL_POWER else variances**self.power
         self.rotation = eigvecs
+        self._fit_variances(np.maximum(eigvals, floor))
+
+    def _fit_variances(self, variances: np.ndarray) -> None:
+        """Hook for :class:`Gaussian`: the floored principal variances of the fit."""
 
     def _transform(self, U: np.ndarray) -> np.ndarray:
         k = self.dim_out
@@ -233,3 +304,51 @@ class Whitening(Calibrator):
 
     def _load_state(self, tensors: dict[str, np.ndarray]) -> None:
         self.mu, self.rotation, self.scales = tensors["mu"], tensors["rotation"], tensors["scales"]
+
+
+@register("gaussian")
+class Gaussian(Whitening):
+    r"""A full-covariance Gaussian of the corpus: searches its whitening, scores its density.
+
+    The map is :class:`Whitening`'s (same ``k``, ``power`` and ``shrinkage``); ``log_prob`` is
+    the log-density of ``u`` under ``N(mu, cov)``, the maximum-likelihood Gaussian (principal
+    variances floored as for the map, never shrunk), whatever strength the map has. It is the
+    linear counterpart of the flow: a density for drift and query reports at the cost of one
+    matrix product, and a search space that can be weaker than full whitening.
+
+    Example:
+        >>> U = np.random.default_rng(0).normal(size=(4000, 3)) * [2.0, 1.0, 0.5]
+        >>> g = Gaussian(power=0.25).fit(U)
+        >>> exact = -0.5 * (3 * np.log(2 * np.pi) + 2 * np.log(2.0 * 1.0 * 0.5))  # at the mean
+        >>> bool(abs(g.log_prob(np.zeros((1, 3)))[0] - exact) < 0.02)
+        True
+    """
+
+    _LOG_2PI = float(np.log(2 * np.pi))
+
+    def _fit_variances(self, variances: np.ndarray) -> None:
+        self.variances = variances
+
+    def _log_prob_of_rotated(self, X: np.ndarray) -> np.ndarray:
+        maha = (X * X / self.variances).sum(axis=1)
+        const = float(np.log(self.variances).sum()) + len(self.variances) * self._LOG_2PI
+        return -0.5 * (maha + const)
+
+    def log_prob(self, U: Any) -> np.ndarray:
+        """Per-row log-density of ``U`` under the fitted Gaussian, float64 ``(n,)``."""
+        X = (as_matrix(U, self._need_fitted()) - self.mu) @ self.rotation
+        return self._log_prob_of_rotated(X)
+
+    def transform_and_log_prob(self, U: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(transform(U), log_prob(U))`` from one rotation of ``U`` (what a query needs)."""
+        X = (as_matrix(U, self._need_fitted()) - self.mu) @ self.rotation
+        k = self.dim_out
+        Z = (X[:, :k] / self.scales[:k]).astype(np.float32)
+        return Z, self._log_prob_of_rotated(X)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**super().state(), "variances": self.variances}
+
+    def _load_state(self, tensors: dict[str, np.ndarray]) -> None:
+        super()._load_state(tensors)
+        self.variances = tensors["variances"]
