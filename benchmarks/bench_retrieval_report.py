@@ -233,3 +233,6 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
                 f"{check['weight']}): product {check['product']}; this script "
                 f"{check['this_script']}.", ""]  # fmt: skip
     path.write_text("\n".join(out) + "\n")
+    from results_md import write_section
+
+    write_section(Path(__file__).with_name("RESULTS.md"), "\n".join(out), "bench_retrieval")

@@ -240,6 +240,9 @@ def main() -> None:
     (HERE / "bench_speed.json").write_text(json.dumps(results, indent=1))
     md = write_report(results)
     (HERE / "bench_speed.md").write_text(md)
+    from results_md import write_section
+
+    write_section(HERE / "RESULTS.md", md, "bench_speed")
     print(md)
 
 

@@ -24,6 +24,7 @@ import math
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
@@ -52,6 +53,7 @@ __all__ = [
     "set_params",
     "to_gpu",
     "train",
+    "training_sample",
     "tune_nprobe",
     "tune_search",
     "write_index",
@@ -283,6 +285,27 @@ def new_index(dim: int, factory: str) -> faiss.Index:
         FlowsearchError: a factory string FAISS rejects.
     """
     return _make(dim, factory)
+
+
+def training_sample(
+    index: faiss.Index,
+    rows: np.ndarray,
+    project: Callable[..., tuple[np.ndarray, Any]],
+    *,
+    max_rows: int = 262_144,
+    probe_rows: int = 4_096,
+    seed: int = 0,
+) -> np.ndarray:
+    """The vectors an index is trained and tuned on: ``project(rows)`` for at most ``max_rows``
+    of ``rows`` (float (m, d) raw vectors) when the index needs training, else for only
+    ``probe_rows`` of them (the tuning queries are drawn from these): projecting a whole fit
+    sample at once costs several copies of it in memory, for nothing when nothing is trained.
+    """
+    keep = max_rows if not index.is_trained else probe_rows
+    if len(rows) > keep:
+        pick = np.random.default_rng(seed).choice(len(rows), size=keep, replace=False)
+        rows = rows[np.sort(pick)]
+    return project(rows, want_density=False)[0]
 
 
 def train(

@@ -235,8 +235,9 @@ def _build(
         space = SearchSpace(cal, spec, enc)
         factory = fx.auto_factory(plan.rows) if index_factory == "auto" else index_factory
         faiss_index = fx.new_index(space.dim, factory)
-        sample = space.project(U_fit, want_density=False)[0]
+        sample = fx.training_sample(faiss_index, U_fit, space.project)
         fx.train(faiss_index, sample, factory)
+        del U_fit
     with st.timed("write shards"):
         lps: list[np.ndarray] = []
         writer = store.ShardWriter(tmp)

@@ -405,7 +405,7 @@ def build_on_ray(
         space = SearchSpace(cal, spec, enc)
         factory = fx.auto_factory(plan.rows) if index_factory == "auto" else index_factory
         faiss_index = fx.new_index(space.dim, factory)
-        sample = space.project(U_fit, want_density=False)[0]
+        sample = fx.training_sample(faiss_index, U_fit, space.project)
         fx.train(faiss_index, sample, factory)
         del U_fit
     id_type = pa.int64() if plan.id_type == "int" else pa.string()

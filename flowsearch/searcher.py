@@ -33,6 +33,7 @@ from flowsearch.space import SearchSpace
 __all__ = [
     "HYBRID_CANDIDATES",
     "HYBRID_WEIGHT",
+    "HYBRID_WEIGHT_STATIC",
     "MODES",
     "Hit",
     "IndexInfo",
@@ -82,6 +83,10 @@ MODES = ("dense", "lexical", "hybrid")
 #: bundled model's ``mean`` (0.5 fell 0.024 short on one), and no worse than 0.5 on the
 #: asymmetric set (benchmarks/bench_retrieval.md).
 HYBRID_WEIGHT = 0.6
+#: Dense weight for ``static`` poolings (a table lookup, Model2Vec included): their dense side
+#: trails BM25 on question -> passage search; 0.3 is within 0.003 nDCG@10 of each dev set's best
+#: weight, where 0.6 falls below BM25 alone on QNLI (benchmarks/RESULTS.md, bench_retrieval).
+HYBRID_WEIGHT_STATIC = 0.3
 #: Candidates each side contributes to hybrid fusion (at least k).
 HYBRID_CANDIDATES = 100
 
@@ -390,7 +395,10 @@ class Searcher:
         if dense is not None and lexical is not None:
             from flowsearch.fusion import convex
 
-            fused = convex(dense, lexical, k, weight=HYBRID_WEIGHT)
+            static = version.manifest.encoder.pooling == "static"
+            fused = convex(
+                dense, lexical, k, weight=HYBRID_WEIGHT_STATIC if static else HYBRID_WEIGHT
+            )
             comps = (fused.dense_scores, fused.lexical_scores)
             return self._hits(version, fused.scores, fused.rows, lp, comps), lp, top
         side = dense if dense is not None else lexical

@@ -238,12 +238,12 @@ class _FakeSearcher:
         return [[_Hit(d, 1.0 - i / 10) for i, d in enumerate(self.ids[:k])] for _ in queries]
 
 
-def test_search_run_batches_and_passes_mode_only_when_not_dense():
+def test_search_run_batches_and_always_passes_the_mode():
     fake = _FakeSearcher([1, "q2", "d3", "d4"])
     queries = {f"q{i}": f"text {i}" for i in range(5)}
     run = search_run(fake, queries, k=3, batch_size=2)
     assert [c[0] for c in fake.calls] == [2, 2, 1]
-    assert all(c[2] == {} for c in fake.calls)  # dense: no mode= keyword
+    assert all(c[2] == {"mode": "dense"} for c in fake.calls)  # never the Searcher's default
     assert run["q0"] == {"1": 1.0, "q2": 0.9, "d3": 0.8}  # ids as strings
     fake.calls.clear()
     run = search_run(fake, {"q2": "x"}, k=3, mode="hybrid", ignore_identical_ids=True)

@@ -185,8 +185,8 @@ def search_run(
         searcher: an open :class:`flowsearch.Searcher` (or anything with its ``search``).
         queries: query id -> text.
         k: hits kept per query.
-        mode: ``"dense"`` (passed on only when another mode is asked for, so a Searcher
-            without modes works), ``"lexical"`` or ``"hybrid"``.
+        mode: ``"dense"``, ``"lexical"`` or ``"hybrid"``, always passed on (the Searcher's own
+            default is hybrid when the index has a lexical part).
         batch_size: queries per ``search`` call.
         ignore_identical_ids: fetch one hit more and drop the query's own id, so ``k`` remain
             (as BEIR's exact search does).
@@ -194,7 +194,7 @@ def search_run(
     Returns:
         query id -> {doc id (as str): score}.
     """
-    extra = {} if mode == "dense" else {"mode": mode}
+    extra = {"mode": mode}
     fetch = k + 1 if ignore_identical_ids else k
     ids = list(queries)
     run: dict[str, dict[str, float]] = {}
