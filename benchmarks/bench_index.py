@@ -212,7 +212,8 @@ def bench_corpus(
         fs_rate, peer_rate = n / fs_secs[0], peer_n / float(np.mean(peer_secs))
     searcher = Searcher.open(work / f"idx-{name}")
     if peer_n != n:  # the peer searches as many rows as flowsearch: the same model's vectors
-        reader = RowReader(work / f"idx-{name}", searcher.manifest["shards"])
+        m = searcher.manifest
+        reader = RowReader(m.path(work / f"idx-{name}"), m.shards)
         raw = reader.column("raw")
         table = pq.read_table(path, columns=["id", "text"])
         peer.use_vectors(
@@ -234,7 +235,7 @@ def bench_corpus(
             "load_after_each_run": loads,
         },
         "query": bench_queries(searcher, peer, queries, args.repeats),
-        "space": searcher.manifest["calibration"]["space"],
+        "space": searcher.manifest.calibration.space,
         "index_bytes": summary["bytes"],
     }
     print(json.dumps(result, indent=1), flush=True)
