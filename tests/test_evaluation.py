@@ -374,7 +374,9 @@ def test_runner_errors_name_the_problem(data_dir: Path, tmp_path: Path) -> None:
 
 # -- against the real data and model (slow) ---------------------------------------------------
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED_DATA = Path(
+    os.environ.get("FLOWSEARCH_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
+)
 
 
 @pytest.mark.slow
@@ -397,3 +399,20 @@ def test_real_files_have_the_documented_sizes() -> None:
     assert sizes == {12: 3108, 13: 1500, 14: 3750, 15: 3000, 16: 1186}
     qnli = load_qnli(SHARED_DATA)
     assert len(qnli) == 5463 and int(qnli.scores.sum()) == 2702
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED_DATA / "stsb").is_dir(), reason="needs ../shared/data")
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_onnx_backends_keep_stsb_within_half_a_point(tmp_path, quantize) -> None:
+    """Issue 10's quality bound: every ONNX backend offered scores STS-B test within 0.5
+    Spearman points of the torch path (bundled model, mean pooling; torch gives 82.03)."""
+    pytest.importorskip("onnxruntime")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    cache = tmp_path / "cache"  # vectors of each backend encoded afresh
+    torch_out = run_sts(data_dir=SHARED_DATA, tasks=["STSB"], cache_dir=cache)
+    onnx_out = run_sts(
+        data_dir=SHARED_DATA, tasks=["STSB"], cache_dir=cache, backend="onnx", quantize=quantize
+    )
+    gap = onnx_out["results"]["STSB"]["spearman"] - torch_out["results"]["STSB"]["spearman"]
+    assert abs(gap) <= 0.5, gap
