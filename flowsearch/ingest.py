@@ -183,6 +183,34 @@ def _fit_rows(n: int, fit_sample: int) -> tuple[np.ndarray, np.ndarray]:
     return split_fit_rows(n, fit_sample)
 
 
+def _fit_space(
+    U_fit: np.ndarray,
+    enc: Any,
+    rows: int,
+    st: Stages,
+    calibration: str,
+    loaded: Any,
+    loaded_from: str | os.PathLike[str] | None,
+    index_factory: str,
+) -> tuple[Any, mf.CalibrationSpec, SearchSpace, Any, str, np.ndarray]:
+    """Fit the calibrator on the raw fit rows, make the searched space and the empty FAISS index,
+    trained on a projected sample (both engines): ``(calibrator, spec, space, faiss index,
+    resolved factory, the projected sample tuning draws its queries from)``."""
+    cal, spec = fit_for_index(
+        U_fit,
+        calibration,
+        loaded=loaded,
+        loaded_from=loaded_from,
+        status=lambda what: st.status(what, follow="flowsearch.calibration"),
+    )
+    space = SearchSpace(cal, spec, enc)
+    factory = fx.auto_factory(rows) if index_factory == "auto" else index_factory
+    faiss_index = fx.new_index(space.dim, factory)
+    sample = fx.training_sample(faiss_index, U_fit, space.project)
+    fx.train(faiss_index, sample, factory)
+    return cal, spec, space, faiss_index, factory, sample
+
+
 def _held_out(
     faiss_index: Any,
     space: SearchSpace,
@@ -225,18 +253,9 @@ def _build(
     with st.timed("fit"):
         fit_idx, held_idx = _fit_rows(plan.rows, fit_sample)
         U_fit = np.asarray(raw[fit_idx])
-        cal, spec = fit_for_index(
-            U_fit,
-            calibration,
-            loaded=loaded,
-            loaded_from=loaded_from,
-            status=lambda what: st.status(what, follow="flowsearch.calibration"),
+        cal, spec, space, faiss_index, factory, sample = _fit_space(
+            U_fit, enc, plan.rows, st, calibration, loaded, loaded_from, index_factory
         )
-        space = SearchSpace(cal, spec, enc)
-        factory = fx.auto_factory(plan.rows) if index_factory == "auto" else index_factory
-        faiss_index = fx.new_index(space.dim, factory)
-        sample = fx.training_sample(faiss_index, U_fit, space.project)
-        fx.train(faiss_index, sample, factory)
         del U_fit
     with st.timed("write shards"):
         lps: list[np.ndarray] = []

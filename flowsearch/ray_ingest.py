@@ -52,7 +52,6 @@ import pyarrow.parquet as pq
 from flowsearch import directory, store
 from flowsearch import index as fx
 from flowsearch import manifest as mf
-from flowsearch.calibration.fitting import fit_for_index
 from flowsearch.corpus import CorpusPlan
 from flowsearch.errors import FlowsearchError
 from flowsearch.progress import Stages
@@ -348,7 +347,7 @@ def build_on_ray(
 ) -> mf.Manifest:
     """Encode, calibrate, write and publish on a connected Ray (see the module docstring)."""
     from flowsearch.density import split_fit_rows
-    from flowsearch.ingest import _finish, _held_out
+    from flowsearch.ingest import _finish, _fit_space, _held_out
 
     tmp = build.path
     raw_dir = tmp / "_work" / "raw"
@@ -395,18 +394,9 @@ def build_on_ray(
     with st.timed("fit"):
         fit_idx, held_idx = split_fit_rows(plan.rows, fit_sample)  # as the local path
         U_fit = _read_rows(files, fit_idx)
-        cal, spec = fit_for_index(
-            U_fit,
-            calibration,
-            loaded=loaded,
-            loaded_from=loaded_from,
-            status=lambda what: st.status(what, follow="flowsearch.calibration"),
+        cal, spec, space, faiss_index, factory, sample = _fit_space(
+            U_fit, enc, plan.rows, st, calibration, loaded, loaded_from, index_factory
         )
-        space = SearchSpace(cal, spec, enc)
-        factory = fx.auto_factory(plan.rows) if index_factory == "auto" else index_factory
-        faiss_index = fx.new_index(space.dim, factory)
-        sample = fx.training_sample(faiss_index, U_fit, space.project)
-        fx.train(faiss_index, sample, factory)
         del U_fit
     id_type = pa.int64() if plan.id_type == "int" else pa.string()
     with st.timed("write shards"), st.status("projecting on Ray, writing shards"):
