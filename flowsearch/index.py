@@ -54,7 +54,6 @@ __all__ = [
     "to_gpu",
     "train",
     "training_sample",
-    "tune_nprobe",
     "tune_search",
     "write_index",
 ]
@@ -217,24 +216,6 @@ def tune_search(
         "%s=%d gives recall@%d=%.3f on %d tuning queries", name, value, k, recall, len(queries)
     )
     return f"{name}={value}", recall
-
-
-def tune_nprobe(
-    index: faiss.Index,
-    sample: np.ndarray,
-    chunks: Callable[[], Iterable[np.ndarray]],
-    target: float = AUTO_TARGET_RECALL,
-    k: int = 10,
-    n_queries: int = 256,
-    seed: int = 0,
-) -> tuple[int, float]:
-    """:func:`tune_search` for an IVF index, returning ``(nprobe, recall)`` (kept for callers
-    that store ``f"nprobe={nprobe}"``; new code should store :func:`tune_search`'s string)."""
-    params, recall = tune_search(index, sample, chunks, target, k, n_queries, seed)
-    name, _, value = params.partition("=")
-    if name != "nprobe":
-        raise FlowsearchError(f"tune_nprobe needs an IVF index, got {type(index).__name__}")
-    return int(value), recall
 
 
 def _reason(exc: BaseException) -> str:

@@ -180,8 +180,6 @@ def test_tune_search_sets_hnsw_ef_search_and_leaves_flat_alone():
     flat = fx.new_index(24, "Flat")
     fx.add(flat, x)
     assert fx.tune_search(flat, x, chunks) == ("", 1.0)
-    with pytest.raises(FlowsearchError, match="needs an IVF index"):
-        fx.tune_nprobe(hnsw, x, chunks)
 
 
 def test_tune_search_stops_at_the_largest_setting_when_target_is_unreachable():
