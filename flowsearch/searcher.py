@@ -291,9 +291,14 @@ class Searcher:
             return True
 
     def close(self) -> None:
-        """Release the pinned version's shard files."""
+        """Release the pinned version's shard files and its filter database."""
         with self._rows_lock:
-            self._version.reader.close()
+            version = self._version
+            version.reader.close()
+            with version._filter_lock:
+                if version._filter is not None:
+                    version._filter.close()
+                    version._filter = None
 
     def __len__(self) -> int:
         return int(self.manifest.live_rows)
