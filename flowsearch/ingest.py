@@ -192,10 +192,10 @@ def _fit_space(
     loaded: Any,
     loaded_from: str | os.PathLike[str] | None,
     index_factory: str,
-) -> tuple[Any, mf.CalibrationSpec, SearchSpace, Any, str, np.ndarray]:
+) -> tuple[SearchSpace, Any, str, np.ndarray]:
     """Fit the calibrator on the raw fit rows, make the searched space and the empty FAISS index,
-    trained on a projected sample (both engines): ``(calibrator, spec, space, faiss index,
-    resolved factory, the projected sample tuning draws its queries from)``."""
+    trained on a projected sample (both engines): ``(space, faiss index, resolved factory, the
+    projected sample tuning draws its queries from)``; the calibrator is ``space.calibrator``."""
     cal, spec = fit_for_index(
         U_fit,
         calibration,
@@ -208,7 +208,7 @@ def _fit_space(
     faiss_index = fx.new_index(space.dim, factory)
     sample = fx.training_sample(faiss_index, U_fit, space.project)
     fx.train(faiss_index, sample, factory)
-    return cal, spec, space, faiss_index, factory, sample
+    return space, faiss_index, factory, sample
 
 
 def _held_out(
@@ -253,7 +253,7 @@ def _build(
     with st.timed("fit"):
         fit_idx, held_idx = _fit_rows(plan.rows, fit_sample)
         U_fit = np.asarray(raw[fit_idx])
-        cal, spec, space, faiss_index, factory, sample = _fit_space(
+        space, faiss_index, factory, sample = _fit_space(
             U_fit, enc, plan.rows, st, calibration, loaded, loaded_from, index_factory
         )
         del U_fit
@@ -272,9 +272,8 @@ def _build(
                 row += len(texts)
                 advance(len(texts))
         shards = writer.close()
-        cal.save(tmp / "calibrator")
-    all_lp = np.concatenate(lps) if lps else None
-    held_out = _held_out(faiss_index, space, raw[held_idx], held_idx, all_lp)
+        space.calibrator.save(tmp / "calibrator")
+    held_raw = np.asarray(raw[held_idx])
     del raw
     shutil.rmtree(work)
     return _finish(
@@ -284,14 +283,13 @@ def _build(
         st,
         source=source,
         space=space,
-        spec=spec,
         faiss_index=faiss_index,
         factory=factory,
         index_factory=index_factory,
         sample=sample,
         shards=shards,
-        all_lp=all_lp,
-        held_out=held_out,
+        lps=lps,
+        held=(held_idx, held_raw),
         lexical=lexical,
     )
 
@@ -304,20 +302,22 @@ def _finish(
     *,
     source: str | None,
     space: SearchSpace,
-    spec: Any,
     faiss_index: Any,
     factory: str,
     index_factory: str,
     sample: np.ndarray,
     shards: list[mf.Shard],
-    all_lp: np.ndarray | None,
-    held_out: mf.HeldOut | None,
+    lps: list[np.ndarray],
+    held: tuple[np.ndarray, np.ndarray],
     lexical: bool,
 ) -> mf.Manifest:
-    """Tune and save the filled FAISS index, build BM25, write the manifest and publish (shared
-    by both engines: the shards and calibrator are already in ``build.path``; ``all_lp`` is
-    every row's log-density, ``held_out`` where the rows left out of the fit sit)."""
+    """Tune and save the filled FAISS index, place the held-out rows, build BM25, write the
+    manifest and publish (shared by both engines: the shards and calibrator are already in
+    ``build.path``; ``lps`` are the rows' log-densities in row order, ``held`` the held-out
+    rows' numbers and raw vectors)."""
     tmp = build.path
+    all_lp = np.concatenate(lps) if lps else None
+    held_out = _held_out(faiss_index, space, held[1], held[0], all_lp)
     with st.timed("build index"), st.status("tuning the FAISS index"):
         params = ""
         if index_factory == "auto" and factory != "Flat":
@@ -336,7 +336,7 @@ def _finish(
     manifest = mf.Manifest(
         encoder=mf.EncoderSpec.from_description(enc.describe(), source),
         dim=space.dim,
-        calibration=spec,
+        calibration=space.spec,
         faiss=mf.FaissSpec(factory=factory, requested=index_factory, params=params),
         columns=mf.Columns(
             text=plan.text_column,

@@ -347,7 +347,7 @@ def build_on_ray(
 ) -> mf.Manifest:
     """Encode, calibrate, write and publish on a connected Ray (see the module docstring)."""
     from flowsearch.density import split_fit_rows
-    from flowsearch.ingest import _finish, _fit_space, _held_out
+    from flowsearch.ingest import _finish, _fit_space
 
     tmp = build.path
     raw_dir = tmp / "_work" / "raw"
@@ -394,7 +394,7 @@ def build_on_ray(
     with st.timed("fit"):
         fit_idx, held_idx = split_fit_rows(plan.rows, fit_sample)  # as the local path
         U_fit = _read_rows(files, fit_idx)
-        cal, spec, space, faiss_index, factory, sample = _fit_space(
+        space, faiss_index, factory, sample = _fit_space(
             U_fit, enc, plan.rows, st, calibration, loaded, loaded_from, index_factory
         )
         del U_fit
@@ -405,8 +405,8 @@ def build_on_ray(
             batch_size=CHUNK_ROWS,
             batch_format="pyarrow",
             fn_kwargs={
-                "calibrator": _calibrator_bytes(cal),
-                "spec": spec,
+                "calibrator": _calibrator_bytes(space.calibrator),
+                "spec": space.spec,
                 "id_type": id_type,
                 "metadata_schema": plan.metadata_schema,
             },
@@ -430,10 +430,8 @@ def build_on_ray(
         shards = writer.close()
         if written != plan.rows:
             raise FlowsearchError(f"Ray projected {written} rows, the corpus has {plan.rows}")
-        cal.save(tmp / "calibrator")
-    all_lp = np.concatenate(lps) if lps else None
+        space.calibrator.save(tmp / "calibrator")
     held_raw = _read_rows(files, held_idx)
-    held_out = _held_out(faiss_index, space, held_raw, held_idx, all_lp)
     shutil.rmtree(tmp / "_work")
     return _finish(
         build,
@@ -442,13 +440,12 @@ def build_on_ray(
         st,
         source=source,
         space=space,
-        spec=spec,
         faiss_index=faiss_index,
         factory=factory,
         index_factory=index_factory,
         sample=sample,
         shards=shards,
-        all_lp=all_lp,
-        held_out=held_out,
+        lps=lps,
+        held=(held_idx, held_raw),
         lexical=lexical,
     )
