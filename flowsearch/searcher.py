@@ -195,17 +195,18 @@ class _Version:
                 self._filter = MetadataFilter(paths, self.manifest.columns.metadata)
             return self._filter
 
-    def allowed(self, where: str | None) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """``(rows matching where or None for all, bool mask of searchable rows or None)``."""
-        from flowsearch.prefilter import allowed_rows
+    def matching(self, where: str | None) -> np.ndarray | None:
+        """Sorted rows a ``where`` predicate matches; None when there is no predicate."""
+        return self.metadata_filter().rows(where) if where and where.strip() else None
 
-        rows = self.metadata_filter().rows(where) if where and where.strip() else None
-        keep = allowed_rows(self.manifest.rows, rows, excluded=self.deleted)
-        if keep is None:
-            return rows, None
+    def row_mask(self, rows: np.ndarray | None) -> np.ndarray | None:
+        """``rows`` as a bool mask for the BM25 side (None: every row). Deleted rows need no
+        mask there: the BM25 index drops them itself on every delete and upsert."""
+        if rows is None:
+            return None
         mask = np.zeros(self.manifest.rows, dtype=bool)
-        mask[keep] = True
-        return rows, mask
+        mask[rows] = True
+        return mask
 
 
 class Searcher:
@@ -384,7 +385,7 @@ class Searcher:
     ) -> tuple[list[list[Hit]], np.ndarray | None, np.ndarray | None]:
         """(hits, query log-densities or None, best dense score over the whole index or None)."""
         mode = self._checked_mode(version, mode)
-        rows, mask = version.allowed(where)
+        rows = version.matching(where)
         if rows is not None and not len(rows):
             return [[] for _ in queries], None, None
         lp = top = None
@@ -396,7 +397,7 @@ class Searcher:
             if rows is None:  # a filter's best row is not the index's: no comparable figure
                 top = np.where(dense[1][:, 0] >= 0, dense[0][:, 0], np.nan)
         if mode in ("lexical", "hybrid"):
-            lexical = version.lexical.search(queries, candidates, allowed=mask)
+            lexical = version.lexical.search(queries, candidates, allowed=version.row_mask(rows))
         if dense is not None and lexical is not None:
             from flowsearch.fusion import convex
 
