@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -47,11 +46,11 @@ from flowsearch.model_files import (
     revision,
     transformer_dir,
 )
+from flowsearch.pooling import LAYERS_READ, padded, pool_numpy, pool_torch
+from flowsearch.progress import Stages
 from flowsearch.static import STATIC_VARIANTS, StaticTable, is_model2vec_dir
 
 if TYPE_CHECKING:
-    import torch
-
     from flowsearch.manifest import EncoderSpec
     from flowsearch.onnx_backend import OnnxEncoder
 
@@ -79,14 +78,6 @@ QUANTIZATIONS: tuple[str, ...] = get_args(Quantize)
 #: The name manifests record for ``model=None``: the bundled all-MiniLM-L6-v2 weights.
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
-# Intermediate hidden states each pooling reads beside the last layer (onnx_backend's names).
-_NEEDS: dict[str, tuple[str, ...]] = {
-    "cls": (),
-    "mean": (),
-    "last2avg": ("penultimate_layer",),
-    "first_last_avg": ("first_layer",),
-    "embedding_layer": ("embedding_output",),
-}
 _MAX_LENGTH_CAP = 512
 # Below this many texts no progress bar is drawn unless asked for.
 _PROGRESS_MIN_TEXTS = 2000
@@ -199,7 +190,7 @@ class Encoder:
         if pooling == "static":
             self._static_table()
         elif backend == "onnx":
-            self._onnx_encoder(_NEEDS[pooling])
+            self._onnx_encoder(LAYERS_READ[pooling])
             self._model = None  # the session holds the weights now; reloaded only to re-export
 
     def _init_model2vec(self, root: Path, max_length: int | None) -> None:
@@ -390,7 +381,8 @@ class Encoder:
         if not texts:
             return out
         show = progress if progress is not None else len(texts) >= _PROGRESS_MIN_TEXTS
-        with _progress(show, len(texts)) as advance:
+        stages = Stages(show=show)
+        with stages.live(), stages.task("encoding", total=len(texts)) as advance:
             if "static" in out:
                 table = self._static_table()
                 for start in range(0, len(texts), _STATIC_CHUNK):
@@ -442,56 +434,24 @@ class Encoder:
         )["input_ids"]
         order = np.argsort([-len(x) for x in ids], kind="stable")
         pad_id = self._tokenizer.pad_token_id or 0
-        needs = tuple(sorted({n for p in poolings for n in _NEEDS[p]}))
+        needs = tuple(sorted({n for p in poolings for n in LAYERS_READ[p]}))
         onnx = self._onnx_encoder(needs) if self.backend == "onnx" else None
         with torch.inference_mode():
             for start in range(0, len(order), batch_size):
                 rows = order[start : start + batch_size]
-                input_ids, mask = _padded([ids[i] for i in rows], pad_id)
+                input_ids, mask = padded([ids[i] for i in rows], pad_id)
                 if onnx is not None:
-                    pooled = _pool_numpy(onnx.run(input_ids, mask), mask, poolings)
+                    pooled = pool_numpy(onnx.run(input_ids, mask), mask, poolings)
                 else:
                     batch = {
                         "input_ids": torch.from_numpy(input_ids).to(self.device),
                         "attention_mask": torch.from_numpy(mask).to(self.device),
                     }
-                    pooled = {
-                        p: v.float().cpu().numpy() for p, v in self._pool(batch, poolings).items()
-                    }
+                    tensors = pool_torch(self._torch_model(), batch, poolings)
+                    pooled = {p: v.float().cpu().numpy() for p, v in tensors.items()}
                 for pooling, vectors in pooled.items():
                     out[pooling][rows] = vectors
                 advance(len(rows))
-
-    def _pool(
-        self, batch: dict[str, torch.Tensor], poolings: Sequence[str]
-    ) -> dict[str, torch.Tensor]:
-        model = self._torch_model()
-        mask = batch["attention_mask"].unsqueeze(-1)
-        if all(p == "embedding_layer" for p in poolings) and hasattr(model, "embeddings"):
-            # the embedding layer's output is hidden_states[0]: no transformer layer runs
-            tokens = model.embeddings(input_ids=batch["input_ids"])
-            mask = mask.to(tokens.dtype)
-            return {"embedding_layer": (tokens * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)}
-        need_layers = any(_NEEDS[p] for p in poolings)
-        outputs = model(**batch, output_hidden_states=need_layers, return_dict=True)
-        last = outputs.last_hidden_state
-        mask = mask.to(last.dtype)
-        count = mask.sum(dim=1).clamp(min=1)
-        pooled = {}
-        for pooling in poolings:
-            if pooling == "cls":
-                pooled[pooling] = last[:, 0]
-                continue
-            if pooling == "mean":
-                tokens = last
-            elif pooling == "last2avg":
-                tokens = (outputs.hidden_states[-1] + outputs.hidden_states[-2]) / 2
-            elif pooling == "first_last_avg":
-                tokens = (outputs.hidden_states[1] + outputs.hidden_states[-1]) / 2
-            else:  # embedding_layer
-                tokens = outputs.hidden_states[0]
-            pooled[pooling] = (tokens * mask).sum(dim=1) / count
-        return pooled
 
 
 def _check_options(
@@ -520,40 +480,6 @@ def _check_options(
         )
 
 
-def _padded(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pads token ids to the batch's longest row: int64 ``(ids, mask)``, both (n, width)."""
-    width = max(len(r) for r in rows)
-    input_ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(rows), width), dtype=np.int64)
-    for i, r in enumerate(rows):
-        input_ids[i, : len(r)] = r
-        mask[i, : len(r)] = 1
-    return input_ids, mask
-
-
-def _pool_numpy(
-    outputs: dict[str, np.ndarray], mask: np.ndarray, poolings: Sequence[str]
-) -> dict[str, np.ndarray]:
-    """The poolings of an ONNX graph's outputs (same definitions as :meth:`Encoder._pool`)."""
-    last = outputs["last_hidden_state"]
-    weights = mask[:, :, None].astype(np.float32)
-    count = np.maximum(weights.sum(axis=1), 1.0)
-    layers = {
-        "mean": lambda: last,
-        "last2avg": lambda: (last + outputs["penultimate_layer"]) / 2,
-        "first_last_avg": lambda: (outputs["first_layer"] + last) / 2,
-        "embedding_layer": lambda: outputs["embedding_output"],
-    }
-    pooled = {}
-    for pooling in poolings:
-        if pooling == "cls":
-            pooled[pooling] = np.ascontiguousarray(last[:, 0], dtype=np.float32)
-        else:
-            tokens = layers[pooling]()
-            pooled[pooling] = ((tokens * weights).sum(axis=1) / count).astype(np.float32)
-    return pooled
-
-
 def _checked_texts(texts: Sequence[str] | str) -> list[str]:
     if isinstance(texts, str):
         return [texts]
@@ -572,52 +498,6 @@ def _checked_texts(texts: Sequence[str] | str) -> list[str]:
                 "drop or convert non-text entries first"
             )
     return items
-
-
-class _progress:
-    """A rich progress bar on stderr, or a no-op when not wanted."""
-
-    def __init__(self, show: bool, total: int) -> None:
-        self._show = show
-        self._total = total
-        self._bar = None
-
-    def __enter__(self):
-        if not self._show:
-            return lambda n: None
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        self._bar = Progress(
-            TextColumn("encoding"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"),
-            TimeRemainingColumn(),
-            console=Console(file=sys.stderr),
-            transient=True,
-        )
-        self._bar.start()
-        bar = self._bar
-        task = bar.add_task("encode", total=self._total, rate="")
-
-        def advance(n: int) -> None:
-            bar.advance(task, n)
-            speed = bar.tasks[task].speed
-            if speed:
-                bar.update(task, rate=f"{speed:,.0f} rows/s")
-
-        return advance
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
 
 
 def open_encoder(spec: EncoderSpec, encoder: Encoder | None = None, model: Any = None) -> Encoder:
