@@ -34,7 +34,7 @@ _LAZY = {
     "FlowsearchError": "flowsearch.errors",
     "Hit": "flowsearch.searcher",
     "Searcher": "flowsearch.searcher",
-    "add_to_index": "flowsearch.ingest",
+    "add_to_index": "flowsearch.append",
     "build_index": "flowsearch.ingest",
     "compact": "flowsearch.rewrite",
     "delete": "flowsearch.rewrite",
@@ -42,14 +42,15 @@ _LAZY = {
     "load_calibrator": "flowsearch.calibration",
     "make_calibrator": "flowsearch.calibration",
     "recalibrate": "flowsearch.rewrite",
-    "upsert": "flowsearch.ingest",
+    "upsert": "flowsearch.append",
 }
 
 if TYPE_CHECKING:
+    from flowsearch.append import add_to_index, upsert
     from flowsearch.calibration import load_calibrator, make_calibrator
     from flowsearch.encoder import Encoder
     from flowsearch.errors import FlowsearchError
-    from flowsearch.ingest import add_to_index, build_index, upsert
+    from flowsearch.ingest import build_index
     from flowsearch.rewrite import compact, delete, recalibrate
     from flowsearch.searcher import Hit, Searcher, index_info
 

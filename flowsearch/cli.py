@@ -241,7 +241,7 @@ def add_cmd(
     as_json: AsJson = False,
 ) -> None:
     """Append a corpus to an index (same encoder and calibrator); reports drift."""
-    from flowsearch.ingest import add_to_index
+    from flowsearch.append import add_to_index
 
     summary = add_to_index(
         corpus,

@@ -45,7 +45,7 @@ def upsert_cmd(
     as_json: AsJson = False,
 ) -> None:
     """Insert new ids and replace existing ones (re-encoded under the frozen calibrator)."""
-    from flowsearch.ingest import upsert
+    from flowsearch.append import upsert
 
     summary = upsert(
         index,

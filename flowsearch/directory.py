@@ -57,7 +57,7 @@ LOG = logging.getLogger(__name__)
 LOCK_NAME = ".lock"
 VERSIONS = "versions"
 #: What a first-release index kept in the index directory itself.
-LEGACY_ENTRIES = ("calibrator", "shards", "index.faiss")
+LEGACY_ENTRIES = (mf.CALIBRATOR_DIR, mf.SHARDS_DIR, mf.FAISS_FILE)
 #: Files at most this large are checksummed on every open; larger ones only with verify=True.
 CHEAP_CHECKSUM_BYTES = 16 * 2**20
 _OPEN_RETRIES = 3

@@ -40,6 +40,7 @@ import numpy as np
 from bm25s import scoring
 
 from flowsearch.errors import FlowsearchError
+from flowsearch.manifest import LEXICAL_DIR, LexicalSpec
 from flowsearch.tokens import tokenize_batch
 
 __all__ = [
@@ -362,6 +363,12 @@ class LexicalIndex:
         return found.astype(np.int64), total.astype(np.float32)
 
     # -- files -----------------------------------------------------------------------------
+
+    def save_version(self, version_dir: Path) -> LexicalSpec:
+        """Save into a version directory's lexical part; returns the manifest's record of it."""
+        self.save(version_dir / LEXICAL_DIR)
+        params = {"k1": self.k1, "b": self.b, "method": self.method}
+        return LexicalSpec(path=LEXICAL_DIR, rows=self.n_rows, params=params)
 
     def save(self, directory: str | Path) -> None:
         """Write :data:`FILES` into ``directory`` (created if needed): JSON and plain ``.npy``.

@@ -40,9 +40,14 @@ from flowsearch.atomic import atomic_write_text
 from flowsearch.errors import FlowsearchError
 
 __all__ = [
+    "CALIBRATOR_DIR",
+    "FAISS_FILE",
     "FORMAT",
     "FORMAT_VERSION",
+    "LEXICAL_DIR",
     "MANIFEST_NAME",
+    "SHARDS_DIR",
+    "TOMBSTONES_FILE",
     "AutoDecision",
     "CalibrationSpec",
     "Columns",
@@ -71,6 +76,14 @@ FORMAT = "flowsearch-index"
 #: 1: first release (files in the index directory); 2: version directories, tombstones, lexical.
 FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
+
+# The parts of a version directory; the paths a manifest records are relative to it.
+CALIBRATOR_DIR = "calibrator"
+SHARDS_DIR = "shards"
+FAISS_FILE = "index.faiss"
+LEXICAL_DIR = "lexical"
+#: Deleted rows (global row numbers, sorted int64, ``.npy``).
+TOMBSTONES_FILE = "tombstones.npy"
 
 
 def utc_now() -> str:

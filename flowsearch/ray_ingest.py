@@ -430,7 +430,7 @@ def build_on_ray(
         shards = writer.close()
         if written != plan.rows:
             raise FlowsearchError(f"Ray projected {written} rows, the corpus has {plan.rows}")
-        space.calibrator.save(tmp / "calibrator")
+        space.calibrator.save(tmp / mf.CALIBRATOR_DIR)
     held_raw = _read_rows(files, held_idx)
     shutil.rmtree(tmp / "_work")
     return _finish(

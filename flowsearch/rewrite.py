@@ -35,7 +35,6 @@ from flowsearch import manifest as mf
 from flowsearch.calibration.fitting import fit_for_index, load_fitted
 from flowsearch.density import density_stats
 from flowsearch.errors import FlowsearchError
-from flowsearch.ingest import FAISS_FILE, LEXICAL_DIR, _lexical_spec, _tombstone, live_ids
 from flowsearch.progress import Stages
 from flowsearch.space import SearchSpace
 
@@ -94,7 +93,7 @@ def delete(index_dir: str | os.PathLike[str], ids: Sequence[Any]) -> DeleteResul
         base = build.base
         assert base is not None
         directory.verify(build.index_dir, base)
-        stored, deleted = live_ids(build.index_dir, base)
+        stored, deleted = store.live_ids(build.index_dir, base)
         where: dict[Any, int] = {}
         for n, value in enumerate(stored):
             if deleted is None or not deleted[n]:
@@ -110,17 +109,16 @@ def delete(index_dir: str | os.PathLike[str], ids: Sequence[Any]) -> DeleteResul
         if not rows:
             return DeleteResult(0, missing, base.version)
         dead = np.array(sorted(rows), dtype=np.int64)
-        for part in ("calibrator", FAISS_FILE, *(s.path for s in base.shards)):
+        for part in (mf.CALIBRATOR_DIR, mf.FAISS_FILE, *(s.path for s in base.shards)):
             build.link(part)
-        tombstones, n_deleted = _tombstone(build, deleted, dead)
+        tombstones, n_deleted = store.write_deleted(build.path, deleted, dead)
         lexical = base.lexical
         if base.lexical is not None:
             from flowsearch.lexical import LexicalIndex
 
             lex = LexicalIndex.load(base.path(build.index_dir, base.lexical.path))
             lex.delete(dead)
-            lex.save(build.path / LEXICAL_DIR)
-            lexical = _lexical_spec(lex)
+            lexical = lex.save_version(build.path)
         record = mf.WriteRecord(kind="delete", time=mf.utc_now(), rows=len(dead))
         manifest = mf.with_history(
             base, record, tombstones=tombstones, deleted=n_deleted, lexical=lexical
@@ -175,7 +173,7 @@ def _rewrite(
     base = build.base
     assert base is not None
     index_dir = build.index_dir
-    _, deleted = live_ids(index_dir, base)
+    _, deleted = store.live_ids(index_dir, base)
     live = base.rows - (int(deleted.sum()) if deleted is not None else 0)
     if live == 0:
         raise FlowsearchError("every row is deleted; build a new index instead")
@@ -214,7 +212,7 @@ def _rewrite(
             params, _ = fx.tune_search(faiss_index, sample, lambda: reader.column_chunks("vector"))
         finally:
             reader.close()
-    fx.write_index(faiss_index, build.path / FAISS_FILE)
+    fx.write_index(faiss_index, build.path / mf.FAISS_FILE)
     lexical = base.lexical
     if base.lexical is not None:
         from flowsearch.lexical import LexicalIndex
@@ -223,16 +221,15 @@ def _rewrite(
         if deleted is not None:
             lex.delete(np.flatnonzero(deleted))
         lex.compact()
-        lex.save(build.path / LEXICAL_DIR)
-        lexical = _lexical_spec(lex)
+        lexical = lex.save_version(build.path)
     new_calibration, density, held_out = base.calibration, base.density, base.held_out
     if space is not None and calibration is not None:
-        space.calibrator.save(build.path / "calibrator")
+        space.calibrator.save(build.path / mf.CALIBRATOR_DIR)
         new_calibration = calibration
         density = density_stats(np.concatenate(lps)) if lps else None
         held_out = None  # measured in the old space: not a reference any more
     else:
-        build.link("calibrator")
+        build.link(mf.CALIBRATOR_DIR)
     detail = {"dropped": base.rows - live}
     record = mf.WriteRecord(kind=kind, time=mf.utc_now(), rows=live, detail=detail)
     return mf.with_history(
@@ -318,7 +315,7 @@ def recalibrate(
         assert base is not None
         directory.verify(root, base)
         loaded = load_fitted(calibrator, calibration, base.encoder.dim) if calibrator else None
-        _, deleted = live_ids(root, base)
+        _, deleted = store.live_ids(root, base)
         with st.timed("fit"):
             U = _sample(root, base, deleted, "raw", fit_sample)
             cal, spec = fit_for_index(U, calibration, loaded=loaded, loaded_from=calibrator)

@@ -45,8 +45,6 @@ __all__ = [
 
 LOG = logging.getLogger(__name__)
 
-FAISS_FILE = "index.faiss"
-
 
 @dataclass(frozen=True)
 class Hit:
@@ -141,7 +139,7 @@ class IndexInfo:
 def _sizes(index_dir: Path, manifest: mf.Manifest) -> dict[str, int]:
     root = manifest.path(index_dir)
     sizes = {"total": directory.size_on_disk(root) if manifest.root != "." else 0}
-    for part in ("shards", "calibrator", FAISS_FILE, "lexical"):
+    for part in (mf.SHARDS_DIR, mf.CALIBRATOR_DIR, mf.FAISS_FILE, mf.LEXICAL_DIR):
         path = root / part
         if path.exists():
             sizes[part] = directory.size_on_disk(path)
@@ -564,7 +562,7 @@ def _load(
     """Open one version's files (raises FileNotFoundError if it vanished meanwhile)."""
     checked = directory.verify(root, manifest, checksums=verify)
     space = SearchSpace.open(root, manifest, encoder, model=model)
-    path = manifest.path(root, FAISS_FILE)
+    path = manifest.path(root, mf.FAISS_FILE)
     if not path.is_file():
         raise FileNotFoundError(path)
     faiss_index = _read_faiss(path, manifest, mmap and not on_gpu)

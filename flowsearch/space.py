@@ -25,11 +25,9 @@ from typing import Any
 import numpy as np
 
 from flowsearch.errors import FlowsearchError
-from flowsearch.manifest import CalibrationSpec, Manifest
+from flowsearch.manifest import CALIBRATOR_DIR, CalibrationSpec, Manifest
 
 __all__ = ["SearchSpace", "normalise"]
-
-CALIBRATOR_DIR = "calibrator"
 
 
 def normalise(x: np.ndarray) -> np.ndarray:

@@ -29,8 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from flowsearch import manifest as mf
 from flowsearch.errors import FlowsearchError
-from flowsearch.manifest import Shard
+from flowsearch.manifest import SHARDS_DIR, TOMBSTONES_FILE, Shard
 
 __all__ = [
     "RESERVED_COLUMNS",
@@ -38,10 +39,11 @@ __all__ = [
     "SHARD_ROWS",
     "RowReader",
     "ShardWriter",
-    "TOMBSTONES_FILE",
+    "live_ids",
     "read_tombstones",
     "shard_table",
     "vector_column",
+    "write_deleted",
     "write_tombstones",
 ]
 
@@ -124,13 +126,13 @@ class ShardWriter:
         self._counts: list[int] = []
         self._writer: pq.ParquetWriter | None = None
         self._rows = 0
-        (self.root / "shards").mkdir(parents=True, exist_ok=True)
+        (self.root / SHARDS_DIR).mkdir(parents=True, exist_ok=True)
 
     def _open(self, schema: pa.Schema) -> None:
-        relpath = f"shards/part-{self.part:05d}.parquet"
+        relpath = f"{SHARDS_DIR}/part-{self.part:05d}.parquet"
         while (self.root / relpath).exists():  # a shard linked from the previous version
             self.part += 1
-            relpath = f"shards/part-{self.part:05d}.parquet"
+            relpath = f"{SHARDS_DIR}/part-{self.part:05d}.parquet"
         self.part += 1
         self._writer = pq.ParquetWriter(self.root / relpath, schema, compression="zstd")
         self._paths.append(relpath)
@@ -286,10 +288,6 @@ def _matrix(col: pa.ChunkedArray) -> np.ndarray:
     return np.concatenate(flat).astype(np.float32).reshape(-1, dim)
 
 
-#: Where a version lists its deleted rows (global row numbers, sorted int64, ``.npy``).
-TOMBSTONES_FILE = "tombstones.npy"
-
-
 def write_tombstones(path: Path, rows: np.ndarray) -> None:
     """Store deleted rows (int64, sorted unique) as a ``.npy`` file (no pickle)."""
     rows = np.unique(np.asarray(rows, dtype=np.int64))
@@ -318,3 +316,30 @@ def read_tombstones(path: Path, ntotal: int) -> np.ndarray:
     mask = np.zeros(ntotal, dtype=bool)
     mask[rows] = True
     return mask
+
+
+def live_ids(index_dir: Path, manifest: mf.Manifest) -> tuple[list[Any], np.ndarray | None]:
+    """``(ids of every row, in row order; bool mask of deleted rows or None)`` of a version."""
+    reader = RowReader(manifest.path(index_dir), manifest.shards)
+    try:
+        ids = list(reader.column("id"))
+    finally:
+        reader.close()
+    deleted = None
+    if manifest.tombstones is not None:
+        deleted = read_tombstones(manifest.path(index_dir, manifest.tombstones), len(ids))
+    return ids, deleted
+
+
+def write_deleted(
+    version_dir: Path, deleted: np.ndarray | None, rows: np.ndarray
+) -> tuple[str, int]:
+    """Write a version's tombstones: ``deleted`` (bool mask or None) plus ``rows``.
+
+    Returns:
+        ``(the file's path relative to the version, how many rows are deleted)``.
+    """
+    old = np.flatnonzero(deleted) if deleted is not None else np.zeros(0, dtype=np.int64)
+    dead = np.union1d(old, rows)
+    write_tombstones(version_dir / TOMBSTONES_FILE, dead)
+    return TOMBSTONES_FILE, int(len(dead))

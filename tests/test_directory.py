@@ -11,8 +11,9 @@ from corpus_helpers import write_corpus
 
 from flowsearch import directory
 from flowsearch import manifest as mf
+from flowsearch.append import add_to_index
 from flowsearch.errors import FlowsearchError
-from flowsearch.ingest import add_to_index, build_index
+from flowsearch.ingest import build_index
 from flowsearch.rewrite import delete
 from flowsearch.searcher import Searcher, index_info
 

@@ -11,8 +11,9 @@ from corpus_helpers import sentences, write_corpus
 
 from flowsearch import manifest as mf
 from flowsearch import store
+from flowsearch.append import upsert
 from flowsearch.errors import FlowsearchError
-from flowsearch.ingest import build_index, upsert
+from flowsearch.ingest import build_index
 from flowsearch.rewrite import compact, delete, recalibrate
 from flowsearch.searcher import Searcher
 

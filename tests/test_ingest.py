@@ -1,8 +1,6 @@
-"""build_index / add_to_index: what lands on disk, calibration choices, refusals, atomicity."""
+"""build_index: what lands on disk, calibration choices, refusals, atomicity."""
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 import pyarrow as pa
@@ -12,9 +10,10 @@ from corpus_helpers import siblings, version_dirs, write_corpus
 
 from flowsearch import directory, ingest, store
 from flowsearch import manifest as mf
+from flowsearch.append import add_to_index
 from flowsearch.density import DRIFT_WARN_STD, MIN_ROWS_PER_DIM, drift_report
 from flowsearch.errors import FlowsearchError
-from flowsearch.ingest import add_to_index, build_index
+from flowsearch.ingest import build_index
 from flowsearch.manifest import DensityStats
 from flowsearch.searcher import Searcher
 
@@ -260,56 +259,6 @@ def test_overwrite_replaces(tmp_path, model_dir, corpus):
     assert Searcher.open(out, verify=True).search(texts[3], k=1)[0].id == "d3"
 
 
-def test_add_appends_rows_and_reports_drift(tmp_path, model_dir, corpus):
-    out = tmp_path / "idx"
-    build_index(corpus, out, model=str(model_dir))
-    first = mf.read(out)
-    extra = write_corpus(tmp_path / "extra.parquet", n=20, seed=5, id_prefix="new")
-    summary = add_to_index(extra, out)
-    m = mf.read(out)
-    assert m.rows == 140 and summary["added"] == 20 and summary["rows"] == 140
-    assert (m.version, m.root) == (2, "versions/v000002") and summary["version"] == 2
-    assert m.shards == (mf.Shard("shards/part-00000.parquet", 120),
-                        mf.Shard("shards/part-00001.parquet", 20))  # fmt: skip
-    # the old shard and calibrator are hard-linked from version 1, not copied or rewritten
-    for rel in ("shards/part-00000.parquet", "calibrator/weights.safetensors"):
-        assert m.files[rel] == first.files[rel]
-        assert os.path.samefile(first.path(out, rel), m.path(out, rel))
-    assert m.files["index.faiss"] != first.files["index.faiss"]
-    assert (m.encoder, m.calibration, m.density, m.columns) == (
-        first.encoder, first.calibration, first.density, first.columns)  # fmt: skip
-    drift = summary["drift"]
-    assert set(drift) == {"mean_log_prob", "corpus_mean_log_prob", "gap_std",
-                          "share_below_p01", "reliable", "warn"}  # fmt: skip
-    assert drift["corpus_mean_log_prob"] == pytest.approx(first.density.mean_log_prob)
-    assert drift["reliable"] is True  # 120 rows >= 3 x dim 32
-    assert len(m.history) == 1 and m.history[0].kind == "add" and m.history[0].rows == 20
-    assert m.history[0].drift == drift and m.updated == m.history[0].time
-    directory.verify(out, m, checksums=True)
-    s = Searcher.open(out, verify=True)
-    text = pq.read_table(extra).column("text")[3].as_py()
-    assert s.search(text, k=1)[0].id == "new3"
-    # ids already in the index are refused and nothing changes
-    before = _snapshot(out)
-    with pytest.raises(FlowsearchError, match="20 id\\(s\\) are already in the index"):
-        add_to_index(extra, out)
-    assert _snapshot(out) == before and siblings(out) == []
-    # the next write removes version 1 (older than the previous version)
-    more = write_corpus(tmp_path / "more.parquet", n=5, seed=7, id_prefix="more")
-    add_to_index(more, out)
-    assert version_dirs(out) == ["v000002", "v000003"] and siblings(out) == []
-    m3 = mf.read(out)
-    assert m3.rows == 145 and [h.rows for h in m3.history] == [20, 5]
-    assert [h.id for h in s.search(text, k=1)] == ["new3"]  # the open searcher still answers
-    assert Searcher.open(out, verify=True).search(text, k=1)[0].id == "new3"
-
-
-def test_add_to_a_missing_index_creates_nothing(tmp_path, corpus):
-    with pytest.raises(FlowsearchError, match="no index"):
-        add_to_index(corpus, tmp_path / "idx")
-    assert not (tmp_path / "idx").exists()
-
-
 def test_drift_report_threshold():
     corpus = _stats(100.0, 10.0, 75.0)
     near = drift_report(np.array([95.0, 99.0, 104.0]), corpus)
@@ -319,21 +268,6 @@ def test_drift_report_threshold():
     assert far["share_below_p01"] == pytest.approx(1 / 3)
     above = drift_report(np.array([200.0]), corpus)  # denser than the corpus is no drift
     assert not above["warn"] and above["gap_std"] < 0
-
-
-def test_add_warns_on_drift(tmp_path, model_dir, corpus, monkeypatch, caplog):
-    from flowsearch import density
-
-    out = tmp_path / "idx"
-    build_index(corpus, out, model=str(model_dir))
-    monkeypatch.setattr(density, "DRIFT_WARN_STD", -1e9)  # any gap counts as drift
-    extra = write_corpus(tmp_path / "extra.parquet", n=5, seed=6, id_prefix="z")
-    with caplog.at_level("WARNING", logger="flowsearch.ingest"):
-        summary = add_to_index(extra, out)
-    assert summary["drift"]["warn"] is True
-    assert "out of distribution" in caplog.text and "recalibrate" in caplog.text
-    assert "--" not in caplog.text  # the library names no CLI flags
-    assert mf.read(out).history[-1].drift["warn"] is True
 
 
 def _snapshot(path):

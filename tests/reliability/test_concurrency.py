@@ -11,7 +11,7 @@ import pytest
 from corpus_helpers import sentences, write_corpus
 
 from flowsearch import manifest as mf
-from flowsearch.ingest import add_to_index, upsert
+from flowsearch.append import add_to_index, upsert
 from flowsearch.rewrite import delete
 from flowsearch.searcher import Searcher
 
