@@ -38,7 +38,7 @@ _LAZY = {
     "build_index": "flowsearch.ingest",
     "compact": "flowsearch.rewrite",
     "delete": "flowsearch.rewrite",
-    "index_info": "flowsearch.searcher",
+    "index_info": "flowsearch.version",
     "load_calibrator": "flowsearch.calibration",
     "make_calibrator": "flowsearch.calibration",
     "recalibrate": "flowsearch.rewrite",
@@ -52,7 +52,8 @@ if TYPE_CHECKING:
     from flowsearch.errors import FlowsearchError
     from flowsearch.ingest import build_index
     from flowsearch.rewrite import compact, delete, recalibrate
-    from flowsearch.searcher import Hit, Searcher, index_info
+    from flowsearch.searcher import Hit, Searcher
+    from flowsearch.version import index_info
 
 
 def __getattr__(name: str) -> Any:

@@ -334,7 +334,7 @@ def info_cmd(
     as_json: AsJson = False,
 ) -> None:
     """Show what an index holds: manifest, calibration decision, sizes, what was verified."""
-    from flowsearch.searcher import index_info
+    from flowsearch.version import index_info
 
     info = index_info(index, verify=verify)
     if as_json:

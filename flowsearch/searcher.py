@@ -23,12 +23,14 @@ from typing import Any, overload
 
 import numpy as np
 
-from flowsearch import directory, store
+from flowsearch import directory
 from flowsearch import index as fx
 from flowsearch import manifest as mf
 from flowsearch.density import QueryReport, query_report
 from flowsearch.errors import FlowsearchError
 from flowsearch.space import SearchSpace
+from flowsearch.version import IndexInfo, Version, sizes
+from flowsearch.version import load as load_version
 
 __all__ = [
     "HYBRID_CANDIDATES",
@@ -36,11 +38,9 @@ __all__ = [
     "HYBRID_WEIGHT_STATIC",
     "MODES",
     "Hit",
-    "IndexInfo",
     "QueryResult",
     "Searcher",
     "hit_dict",
-    "index_info",
 ]
 
 LOG = logging.getLogger(__name__)
@@ -115,103 +115,11 @@ def hit_dict(hit: Hit) -> dict[str, Any]:
     return out
 
 
-@dataclass(frozen=True)
-class IndexInfo:
-    """What an index version holds (its manifest), its size on disk and what was verified."""
-
-    path: str
-    manifest: mf.Manifest
-    bytes: dict[str, int]
-    verified: directory.Verification
-
-    def to_dict(self) -> dict[str, Any]:
-        """The ``info --json`` document: the manifest's fields, ``path``, ``bytes``,
-        ``verified``."""
-        return {
-            "path": self.path,
-            **mf.to_dict(self.manifest),
-            "live_rows": self.manifest.live_rows,
-            "bytes": self.bytes,
-            "verified": self.verified.to_dict(),
-        }
-
-
-def _sizes(index_dir: Path, manifest: mf.Manifest) -> dict[str, int]:
-    root = manifest.path(index_dir)
-    sizes = {"total": directory.size_on_disk(root) if manifest.root != "." else 0}
-    for part in (mf.SHARDS_DIR, mf.CALIBRATOR_DIR, mf.FAISS_FILE, mf.LEXICAL_DIR):
-        path = root / part
-        if path.exists():
-            sizes[part] = directory.size_on_disk(path)
-    if manifest.root == ".":
-        sizes["total"] = sum(v for k, v in sizes.items() if k != "total")
-    return sizes
-
-
-def index_info(index_dir: str | os.PathLike[str], verify: bool = False) -> IndexInfo:
-    """Describe the current version of an index without loading its model.
-
-    Args:
-        index_dir: the index directory.
-        verify: hash every file (by default sizes always, hashes of files up to 16 MiB).
-
-    Raises:
-        FlowsearchError: no index, or a file that is missing, extra or differs.
-    """
-    root = Path(index_dir).expanduser()
-
-    def describe(manifest: mf.Manifest) -> IndexInfo:
-        checked = directory.verify(root, manifest, checksums=verify)
-        return IndexInfo(str(root.resolve()), manifest, _sizes(root, manifest), checked)
-
-    return directory.open_version(root, describe)
-
-
-@dataclass
-class _Version:
-    """Everything a search reads, for one pinned version."""
-
-    root: Path
-    manifest: mf.Manifest
-    space: SearchSpace
-    faiss_index: Any
-    reader: store.RowReader
-    verified: directory.Verification
-    deleted: np.ndarray | None  # bool (rows,), True for a deleted row; None when none are
-    lexical: Any  # LexicalIndex or None
-    _filter: Any = None
-    _filter_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def metadata_filter(self) -> Any:
-        """The version's :class:`~flowsearch.filters.MetadataFilter`, made on first use (it
-        loads the id, text and metadata columns)."""
-        with self._filter_lock:
-            if self._filter is None:
-                from flowsearch.filters import MetadataFilter
-
-                paths = [self.manifest.path(self.root, s.path) for s in self.manifest.shards]
-                self._filter = MetadataFilter(paths, self.manifest.columns.metadata)
-            return self._filter
-
-    def matching(self, where: str | None) -> np.ndarray | None:
-        """Sorted rows a ``where`` predicate matches; None when there is no predicate."""
-        return self.metadata_filter().rows(where) if where and where.strip() else None
-
-    def row_mask(self, rows: np.ndarray | None) -> np.ndarray | None:
-        """``rows`` as a bool mask for the BM25 side (None: every row). Deleted rows need no
-        mask there: the BM25 index drops them itself on every delete and upsert."""
-        if rows is None:
-            return None
-        mask = np.zeros(self.manifest.rows, dtype=bool)
-        mask[rows] = True
-        return mask
-
-
 class Searcher:
     """Searches one index directory. Use :meth:`open`; safe to share between threads."""
 
     def __init__(
-        self, index_dir: Path, version: _Version, *, gpu: bool = False, mmap: bool = False
+        self, index_dir: Path, version: Version, *, gpu: bool = False, mmap: bool = False
     ) -> None:
         self.root = Path(index_dir)
         self._version = version
@@ -255,7 +163,7 @@ class Searcher:
         root = Path(index_dir).expanduser()
         on_gpu = gpu and fx.num_gpus() > 0
         version = directory.open_version(
-            root, lambda m: _load(root, m, verify, encoder, model, on_gpu, mmap)
+            root, lambda m: load_version(root, m, verify, encoder, model, on_gpu, mmap)
         )
         return cls(root, version, gpu=on_gpu, mmap=mmap)
 
@@ -284,7 +192,7 @@ class Searcher:
             encoder = current.space.encoder
             self._version = directory.open_version(
                 self.root,
-                lambda m: _load(self.root, m, False, encoder, None, self._gpu, self._mmap),
+                lambda m: load_version(self.root, m, False, encoder, None, self._gpu, self._mmap),
             )
             LOG.info("now on version %d of %s", self._version.manifest.version, self.root)
             return True
@@ -313,7 +221,7 @@ class Searcher:
         """What the pinned version holds (as ``flowsearch info``)."""
         v = self._version
         return IndexInfo(
-            str(self.root.resolve()), v.manifest, _sizes(self.root, v.manifest), v.verified
+            str(self.root.resolve()), v.manifest, sizes(self.root, v.manifest), v.verified
         )
 
     def embed(self, queries: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
@@ -379,7 +287,7 @@ class Searcher:
         return QueryResult(query, hits[0], report)
 
     def _run(
-        self, version: _Version, queries: list[str], k: int, where: str | None, mode: str | None
+        self, version: Version, queries: list[str], k: int, where: str | None, mode: str | None
     ) -> tuple[list[list[Hit]], np.ndarray | None, np.ndarray | None]:
         """(hits, query log-densities or None, best dense score over the whole index or None)."""
         mode = self._checked_mode(version, mode)
@@ -411,7 +319,7 @@ class Searcher:
         return self._hits(version, scores, found, lp), lp, top
 
     @staticmethod
-    def _checked_mode(version: _Version, mode: str | None) -> str:
+    def _checked_mode(version: Version, mode: str | None) -> str:
         if mode is None:
             return "hybrid" if version.lexical is not None else "dense"
         if mode not in MODES:
@@ -432,7 +340,7 @@ class Searcher:
 
     @staticmethod
     def _report(
-        version: _Version, log_density: float | None, top_score: float | None = None
+        version: Version, log_density: float | None, top_score: float | None = None
     ) -> QueryReport:
         m = version.manifest
         return query_report(
@@ -467,7 +375,7 @@ class Searcher:
         return self._hits(version, scores, rows, None)
 
     def _dense(
-        self, version: _Version, Z: np.ndarray, k: int, rows: np.ndarray | None
+        self, version: Version, Z: np.ndarray, k: int, rows: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray]:
         """FAISS top-k over the searchable rows (``rows`` matched by a filter, minus deleted)."""
         if rows is None and version.deleted is None:
@@ -485,7 +393,7 @@ class Searcher:
 
     def _hits(
         self,
-        version: _Version,
+        version: Version,
         scores: np.ndarray,
         rows: np.ndarray,
         lp: np.ndarray | None,
@@ -528,74 +436,6 @@ class Searcher:
         """All stored vectors of the searched space, float32 (rows, dim), in row order."""
         with self._rows_lock:
             return np.asarray(self._version.reader.column("vector"), dtype=np.float32)
-
-
-def _read_faiss(path: Path, manifest: mf.Manifest, mmap: bool) -> Any:
-    """The version's FAISS index, read into RAM or memory-mapped (``mmap``)."""
-    if not mmap:
-        return fx.read_index(path, manifest.faiss.params)
-    import faiss
-
-    # IVF: IO_FLAG_MMAP maps the inverted lists. Other indexes: IO_FLAG_MMAP_IFC maps the codes
-    # of flat storage (Flat, HNSW's vectors). Combining both fails on IVF files (faiss 1.15).
-    ivf = "IVF" in manifest.faiss.factory.upper()
-    flags = faiss.IO_FLAG_MMAP if ivf else faiss.IO_FLAG_MMAP_IFC
-    try:
-        index = faiss.read_index(str(path), flags | faiss.IO_FLAG_READ_ONLY)
-    except RuntimeError as exc:
-        raise FlowsearchError(
-            f"cannot read FAISS index {path} ({exc}); rebuild the index"
-        ) from None
-    fx.set_params(index, manifest.faiss.params)
-    return index
-
-
-def _load(
-    root: Path,
-    manifest: mf.Manifest,
-    verify: bool,
-    encoder: Any,
-    model: Any,
-    on_gpu: bool,
-    mmap: bool = False,
-) -> _Version:
-    """Open one version's files (raises FileNotFoundError if it vanished meanwhile)."""
-    checked = directory.verify(root, manifest, checksums=verify)
-    space = SearchSpace.open(root, manifest, encoder, model=model)
-    path = manifest.path(root, mf.FAISS_FILE)
-    if not path.is_file():
-        raise FileNotFoundError(path)
-    faiss_index = _read_faiss(path, manifest, mmap and not on_gpu)
-    if faiss_index.ntotal != manifest.rows or faiss_index.d != manifest.dim:
-        raise FlowsearchError(
-            f"{path} holds {faiss_index.ntotal} rows of dim {faiss_index.d}, the manifest says "
-            f"{manifest.rows} of dim {manifest.dim}; the index is damaged, rebuild it"
-        )
-    if on_gpu:
-        faiss_index = fx.to_gpu(faiss_index)
-    elif not mmap:  # a direct map would read every list's ids into RAM (8 bytes per row)
-        from flowsearch.prefilter import prepare_index
-
-        prepare_index(faiss_index)  # IVF: a direct map, so selective filters are exact
-    deleted = None
-    if manifest.tombstones is not None:
-        mask = store.read_tombstones(manifest.path(root, manifest.tombstones), manifest.rows)
-        deleted = mask if mask.any() else None
-    lexical = None
-    if manifest.lexical is not None:
-        from flowsearch.lexical import LexicalIndex
-
-        folder = manifest.path(root, manifest.lexical.path)
-        if not folder.is_dir():
-            raise FileNotFoundError(folder)
-        lexical = LexicalIndex.load(folder)
-        if lexical.n_rows != manifest.rows:
-            raise FlowsearchError(
-                f"the lexical index in {folder} has {lexical.n_rows} rows, the manifest "
-                f"{manifest.rows}; the index is damaged, rebuild it"
-            )
-    reader = store.RowReader(manifest.path(root), manifest.shards)
-    return _Version(root, manifest, space, faiss_index, reader, checked, deleted, lexical)
 
 
 def _checked_queries(query: Any) -> list[str]:

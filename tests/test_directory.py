@@ -15,7 +15,8 @@ from flowsearch.append import add_to_index
 from flowsearch.errors import FlowsearchError
 from flowsearch.ingest import build_index
 from flowsearch.rewrite import delete
-from flowsearch.searcher import Searcher, index_info
+from flowsearch.searcher import Searcher
+from flowsearch.version import index_info
 
 
 @pytest.fixture()

@@ -17,7 +17,8 @@ from flowsearch import manifest as mf
 from flowsearch.encoder import Encoder
 from flowsearch.errors import FlowsearchError
 from flowsearch.ingest import build_index
-from flowsearch.searcher import Hit, Searcher, index_info
+from flowsearch.searcher import Hit, Searcher
+from flowsearch.version import index_info
 
 REPO = Path(__file__).resolve().parents[1]
 
