@@ -7,7 +7,13 @@ shards. Building streams: train on a sample, then add chunk by chunk (:func:`new
 
 ``"auto"`` is exact ``Flat`` up to :data:`AUTO_FLAT_MAX_ROWS` rows; above that ``HNSW32`` whose
 ``efSearch`` is raised until recall@10 against exact search reaches :data:`AUTO_TARGET_RECALL` on
-tuning queries drawn near the corpus's own vectors (:func:`tune_search`, :func:`probe_queries`).
+tuning queries drawn near the corpus's own vectors (:func:`tune_search`, :func:`probe_queries`);
+above :data:`AUTO_GRAPH_MAX_ROWS`, IVF-PQ with an exact re-rank (:func:`large_factory`,
+``IVF{nlist},PQ{m},RFlat``): the PQ codes pick ``k * k_factor`` candidates from ``nprobe`` lists
+and their full-precision vectors re-rank them; both knobs are tuned the same way. The
+full-precision vectors sit at the end of ``index.faiss`` and are memory-mapped by
+``Searcher.open(..., mmap=True)`` (:func:`mmap_flags`), so serving needs RAM only for the PQ
+codes (m + 8 bytes per row).
 
 Example:
     >>> x = np.eye(4, dtype=np.float32)
@@ -34,7 +40,9 @@ from flowsearch.errors import FlowsearchError
 __all__ = [
     "AUTO_FLAT_MAX_ROWS",
     "AUTO_GRAPH_FACTORY",
+    "AUTO_GRAPH_MAX_ROWS",
     "AUTO_MAX_EF_SEARCH",
+    "AUTO_MAX_K_FACTOR",
     "AUTO_QUERY_NOISE",
     "AUTO_TARGET_RECALL",
     "add",
@@ -43,11 +51,14 @@ __all__ = [
     "check_factory",
     "exact_knn",
     "ivf_factory",
+    "large_factory",
+    "mmap_flags",
     "new_index",
     "num_gpus",
     "probe_queries",
     "read_index",
     "recall_at_k",
+    "refined",
     "search",
     "search_knob",
     "set_params",
@@ -70,6 +81,18 @@ AUTO_TARGET_RECALL = 0.95
 AUTO_QUERY_NOISE = 0.5
 #: Largest HNSW efSearch :func:`tune_search` tries.
 AUTO_MAX_EF_SEARCH = 1024
+#: Largest corpus "auto" indexes with :data:`AUTO_GRAPH_FACTORY`; above, IVF-PQ with an exact
+#: re-rank (:func:`large_factory`). HNSW32 holds every vector plus its graph in RAM, at build and
+#: at serving: ~1.8 KB per row at dim 384, ~3.3 KB at 768, so 2M rows are 3.7 / 6.6 GB, the most
+#: that fits beside the encoder, BM25 and the page cache on a 16 GB machine; IVF-PQ serves from
+#: m + 8 bytes per row (56 at 384) with the re-rank vectors memory-mapped (docs/SCALE.md).
+AUTO_GRAPH_MAX_ROWS = 2_000_000
+#: Largest re-rank depth (``k_factor``: candidates per wanted hit) :func:`tune_search` tries.
+AUTO_MAX_K_FACTOR = 64
+#: IVF training: k-means on at most this many sample rows per list (FAISS warns below 39)...
+IVF_TRAIN_PER_LIST = 64
+#: ... for this many iterations (FAISS's default is 25): training stays a bounded cost.
+IVF_TRAIN_ITERATIONS = 10
 
 
 def _as_f32(x: np.ndarray) -> np.ndarray:
@@ -79,16 +102,78 @@ def _as_f32(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def auto_factory(n_rows: int, flat_max_rows: int = AUTO_FLAT_MAX_ROWS) -> str:
-    """The factory string ``"auto"`` stands for at ``n_rows`` rows.
+def auto_factory(
+    n_rows: int,
+    flat_max_rows: int | None = None,
+    *,
+    graph_max_rows: int | None = None,
+    dim: int | None = None,
+) -> str:
+    """The factory string ``"auto"`` stands for at ``n_rows`` rows of ``dim`` dimensions.
 
-    ``Flat`` (exact) up to ``flat_max_rows``; above, ``HNSW32``, whose ``efSearch`` is then tuned
-    by :func:`tune_search`. Not IVF: on a calibrated (whitened, isotropic) space an inverted
-    file has no cluster structure to exploit, and at 200k static rows ``IVF2048,Flat`` needed
-    half its lists for recall@10 0.94 (benchmarks/bench_speed.md). HNSW needs no training, adds
-    rows one by one (streaming) and costs about 260 bytes per row beside the vectors.
+    ``Flat`` (exact) up to ``flat_max_rows`` (default :data:`AUTO_FLAT_MAX_ROWS`); above,
+    ``HNSW32``, whose ``efSearch`` is then tuned by :func:`tune_search`. Not IVF at that size: on
+    a calibrated (whitened, isotropic) space an inverted file has no cluster structure to
+    exploit, and at 200k static rows ``IVF2048,Flat`` needed half its lists for recall@10 0.94
+    (benchmarks/bench_speed.md). HNSW needs no training, adds rows one by one (streaming) and
+    costs about 260 bytes per row beside the vectors. Above ``graph_max_rows`` (default
+    :data:`AUTO_GRAPH_MAX_ROWS`) the vectors no longer belong in RAM: :func:`large_factory`.
+    The defaults are read at call time (tests lower them).
+
+    Raises:
+        ValueError: ``dim`` missing when the large factory is chosen.
     """
-    return "Flat" if n_rows <= flat_max_rows else AUTO_GRAPH_FACTORY
+    flat_max = AUTO_FLAT_MAX_ROWS if flat_max_rows is None else flat_max_rows
+    graph_max = AUTO_GRAPH_MAX_ROWS if graph_max_rows is None else graph_max_rows
+    if n_rows <= flat_max:
+        return "Flat"
+    if n_rows <= graph_max:
+        return AUTO_GRAPH_FACTORY
+    if dim is None:
+        raise ValueError("auto_factory needs dim above graph_max_rows (for the PQ code size)")
+    return large_factory(n_rows, dim)
+
+
+def _pq_subquantizers(dim: int) -> int:
+    """Sub-quantizers of the large factory's PQ: about one per 8 dimensions (48 at 384), the
+    largest such count that divides ``dim``."""
+    m = max(1, dim // 8)
+    while dim % m:
+        m -= 1
+    return m
+
+
+def large_factory(n_rows: int, dim: int) -> str:
+    """``IVF{nlist},PQ{m},RFlat``: IVF-PQ whose candidates are re-ranked exactly.
+
+    ``nlist`` is the power of two nearest ``sqrt(n)``, with at least 39 training rows per list;
+    ``m`` is :func:`_pq_subquantizers` (codes of ``m`` bytes). ``RFlat`` keeps the
+    full-precision vectors (4 * dim bytes per row) for the re-rank, in the same file: on disk,
+    memory-mapped when searching (:func:`mmap_flags`). Bare PQ is unusable for recall@10 on
+    these spaces (0.55-0.61 at 200k, benchmarks/bench_speed.md); the re-rank wins it back.
+    """
+    nlist = 2 ** round(math.log2(math.sqrt(max(n_rows, 1))))
+    while nlist > 1 and nlist * 39 > n_rows:
+        nlist //= 2
+    return f"IVF{nlist},PQ{_pq_subquantizers(dim)},RFlat"
+
+
+def refined(factory: str) -> bool:
+    """Whether a factory string ends in an exact re-rank (``,RFlat`` or ``,Refine(...)``)."""
+    return bool(re.search(r"(^|,)\s*(RFlat|Refine\()", factory))
+
+
+def mmap_flags(factory: str) -> int:
+    """The FAISS read flags that memory-map an index of ``factory`` (faiss 1.15).
+
+    ``IO_FLAG_MMAP_IFC`` maps flat code arrays: ``Flat``, HNSW's vectors, and, for an IVF index
+    with a re-rank, both the re-rank vectors and the inverted lists (measured: anonymous RSS
+    unchanged after opening a 54 MB ``IVF256,PQ16,RFlat``). A plain IVF index needs
+    ``IO_FLAG_MMAP`` for its lists; combining both flags fails on IVF files.
+    """
+    ivf = "IVF" in factory.upper()
+    flags = faiss.IO_FLAG_MMAP if ivf and not refined(factory) else faiss.IO_FLAG_MMAP_IFC
+    return int(flags) | int(faiss.IO_FLAG_READ_ONLY)
 
 
 def ivf_factory(n_rows: int) -> str:
@@ -166,8 +251,32 @@ def search_knob(index: faiss.Index) -> tuple[str, int] | None:
 def _set_knob(index: faiss.Index, name: str, value: int) -> None:
     if name == "nprobe":
         faiss.extract_index_ivf(index).nprobe = value
+    elif name == "k_factor_rf":
+        faiss.downcast_index(index).k_factor = value  # type: ignore[attr-defined]
     else:
         faiss.downcast_index(index).hnsw.efSearch = value  # type: ignore[attr-defined]
+
+
+def _smallest(
+    index: faiss.Index,
+    name: str,
+    first: int,
+    largest: int,
+    queries: np.ndarray,
+    truth: np.ndarray,
+    target: float,
+    k: int,
+) -> tuple[int, float]:
+    """The smallest power-of-two multiple of ``first`` for knob ``name`` whose recall@k reaches
+    ``target`` (``largest`` and its recall when none does); the knob is left set to it."""
+    value = first
+    while True:
+        _set_knob(index, name, value)
+        _, found = index.search(queries, k)
+        recall = recall_at_k(found, truth, k)
+        if recall >= target or value >= largest:
+            return value, recall
+        value = min(value * 2, largest)
 
 
 def tune_search(
@@ -183,9 +292,13 @@ def tune_search(
     """Set the smallest power-of-two ``nprobe`` (IVF) or ``efSearch`` (HNSW, from 16) whose
     recall@k against exact search reaches ``target`` on :func:`probe_queries` of ``sample``.
 
+    An index with an exact re-rank (:func:`refined`) has a second knob, the re-rank depth
+    ``k_factor``: ``nprobe`` is chosen with the deepest re-rank (:data:`AUTO_MAX_K_FACTOR`), then
+    the smallest ``k_factor`` that still reaches ``target`` at that ``nprobe``.
+
     Returns ``(params, recall)``: the parameter string to store (``"nprobe=32"``,
-    ``"efSearch=64"``, ``""`` for an exact index) and the recall reached (the largest value's when
-    none reaches ``target``).
+    ``"efSearch=64"``, ``"nprobe=64,k_factor_rf=16"``, ``""`` for an exact index) and the recall
+    reached (the largest value's when none reaches ``target``).
 
     Args:
         index: a trained, filled index.
@@ -204,18 +317,19 @@ def tune_search(
     name, largest = knob
     queries = probe_queries(sample, n_queries, noise=noise, seed=seed)
     _, truth = exact_knn(queries, chunks(), k)
-    value = 1 if name == "nprobe" else 16
-    while True:
-        _set_knob(index, name, value)
-        _, found = index.search(queries, k)
-        recall = recall_at_k(found, truth, k)
-        if recall >= target or value >= largest:
-            break
-        value = min(value * 2, largest)
-    LOG.info(
-        "%s=%d gives recall@%d=%.3f on %d tuning queries", name, value, k, recall, len(queries)
-    )
-    return f"{name}={value}", recall
+    rerank = isinstance(faiss.downcast_index(index), faiss.IndexRefine)
+    if rerank:
+        _set_knob(index, "k_factor_rf", AUTO_MAX_K_FACTOR)
+    first = 1 if name == "nprobe" else 16
+    value, recall = _smallest(index, name, first, largest, queries, truth, target, k)
+    params = f"{name}={value}"
+    if rerank:
+        depth, recall = _smallest(
+            index, "k_factor_rf", 1, AUTO_MAX_K_FACTOR, queries, truth, min(target, recall), k
+        )
+        params += f",k_factor_rf={depth}"
+    LOG.info("%s gives recall@%d=%.3f on %d tuning queries", params, k, recall, len(queries))
+    return params, recall
 
 
 def _reason(exc: BaseException) -> str:
@@ -295,12 +409,30 @@ def train(
     """Train ``index`` (if it needs training) on at most ``max_rows`` of ``sample`` (float32
     (m, d), a uniform sample of the vectors to come).
 
+    IVF indexes train on at most :data:`IVF_TRAIN_PER_LIST` rows per list (10,000 at least, for
+    a PQ's 256 centroids per sub-quantizer) for :data:`IVF_TRAIN_ITERATIONS` k-means iterations:
+    at 1M rows FAISS's defaults (256 rows per list, 25 iterations) did not finish in 6 CPU-minutes.
+    The PQ's k-means (256 centroids per sub-quantizer) gets the same bounds: at most 16,384
+    residuals, 10 iterations. IVF-PQ skips FAISS's polysemous training (re-ordering the PQ codes
+    for Hamming-distance filtering, which flowsearch never turns on): on 8,000 rows it made
+    training 10x slower.
+
     Raises:
         FlowsearchError: FAISS cannot train this factory on so few rows.
     """
     if index.is_trained:
         return
     sample = _as_f32(sample)
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:  # k-means costs rows x lists x dim per iteration: bound both factors
+        max_rows = min(max_rows, max(IVF_TRAIN_PER_LIST * int(ivf.nlist), 10_000))
+        ivf.cp.niter = IVF_TRAIN_ITERATIONS
+        ivfpq: Any = faiss.downcast_index(ivf)
+        if isinstance(ivfpq, faiss.IndexIVFPQ):
+            # FAISS's default; nothing here searches with it, and it was 90% of training time
+            ivfpq.do_polysemous_training = False  # type: ignore[attr-defined]
+            ivfpq.pq.cp.niter = IVF_TRAIN_ITERATIONS  # the PQ's k-means: 256 centroids per
+            ivfpq.pq.cp.max_points_per_centroid = IVF_TRAIN_PER_LIST  # sub-quantizer
     if len(sample) > max_rows:
         rng = np.random.default_rng(seed)
         sample = sample[np.sort(rng.choice(len(sample), size=max_rows, replace=False))]
@@ -335,7 +467,8 @@ def build(
     vectors: np.ndarray,
     factory: str = "auto",
     *,
-    flat_max_rows: int = AUTO_FLAT_MAX_ROWS,
+    flat_max_rows: int | None = None,
+    graph_max_rows: int | None = None,
     target_recall: float = AUTO_TARGET_RECALL,
     chunk_rows: int = 65_536,
 ) -> tuple[faiss.Index, str, str]:
@@ -346,9 +479,11 @@ def build(
     (``""`` unless ``factory`` is ``auto`` and approximate).
     """
     vectors = _as_f32(vectors)
-    resolved = (
-        auto_factory(len(vectors), flat_max_rows=flat_max_rows) if factory == "auto" else factory
-    )
+    resolved = factory
+    if factory == "auto":
+        resolved = auto_factory(
+            len(vectors), flat_max_rows, graph_max_rows=graph_max_rows, dim=vectors.shape[1]
+        )
     index = new_index(vectors.shape[1], resolved)
     train(index, vectors, resolved)
     for start in range(0, len(vectors), chunk_rows):
@@ -378,10 +513,20 @@ def write_index(index: faiss.Index, path: str | Path) -> None:
     faiss.write_index(index, str(path))
 
 
-def read_index(path: str | Path, params: str = "") -> faiss.Index:
-    """Load an index saved by :func:`write_index` and apply its search parameters."""
+def read_index(path: str | Path, params: str = "", *, mmap: str | None = None) -> faiss.Index:
+    """Load an index saved by :func:`write_index` and apply its search parameters.
+
+    Args:
+        path: the index file.
+        params: search parameters (:func:`set_params`).
+        mmap: the index's factory string to memory-map it (read-only, :func:`mmap_flags`);
+            None reads it into RAM.
+    """
     try:
-        index = faiss.read_index(str(path))
+        if mmap is None:
+            index = faiss.read_index(str(path))
+        else:
+            index = faiss.read_index(str(path), mmap_flags(mmap))
     except RuntimeError as exc:
         raise FlowsearchError(
             f"cannot read FAISS index {path} ({_reason(exc)}); rebuild the index"

@@ -181,7 +181,7 @@ def _rewrite(
         raise FlowsearchError("every row is deleted; build a new index instead")
     dim = space.dim if space is not None else base.dim
     requested = base.faiss.requested
-    factory = fx.auto_factory(live) if requested == "auto" else base.faiss.factory
+    factory = fx.auto_factory(live, dim=dim) if requested == "auto" else base.faiss.factory
     faiss_index = fx.new_index(dim, factory)
     sample = None
     if not faiss_index.is_trained or (requested == "auto" and factory != "Flat"):
