@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -46,13 +47,17 @@ __all__ = [
     "AUTO_QUERY_NOISE",
     "AUTO_RERANK_MISS_SHARE",
     "AUTO_TARGET_RECALL",
+    "IVF_DATA_FILE",
     "add",
     "auto_factory",
     "build",
     "check_factory",
     "exact_knn",
     "ivf_factory",
+    "fill_part",
     "large_factory",
+    "merge_on_disk",
+    "mergeable",
     "mmap_flags",
     "new_index",
     "num_gpus",
@@ -71,6 +76,9 @@ __all__ = [
 ]
 
 LOG = logging.getLogger(__name__)
+
+# faiss's bundled stubs lack the inverted-list classes' SWIG attributes.
+_faiss: Any = faiss
 
 #: Largest corpus "auto" indexes exactly (Flat).
 AUTO_FLAT_MAX_ROWS = 100_000
@@ -524,14 +532,26 @@ def write_index(index: faiss.Index, path: str | Path) -> None:
 def read_index(path: str | Path, params: str = "", *, mmap: str | None = None) -> faiss.Index:
     """Load an index saved by :func:`write_index` and apply its search parameters.
 
+    An IVF index whose inverted lists were merged on disk (:func:`merge_on_disk`, a
+    :data:`IVF_DATA_FILE` beside ``path``) finds that file in ``path``'s directory wherever the
+    directory has moved (``IO_FLAG_ONDISK_SAME_DIR``), read-only: its lists stay on disk when
+    ``mmap`` is given, and are copied into RAM otherwise (so adding rows never writes into a
+    published version's file).
+
     Args:
         path: the index file.
         params: search parameters (:func:`set_params`).
         mmap: the index's factory string to memory-map it (read-only, :func:`mmap_flags`);
             None reads it into RAM.
     """
+    on_disk = Path(path).with_name(IVF_DATA_FILE).is_file()
     try:
-        if mmap is None:
+        if on_disk:
+            flags = faiss.IO_FLAG_ONDISK_SAME_DIR | faiss.IO_FLAG_READ_ONLY
+            index = faiss.read_index(str(path), flags)
+            if mmap is None:
+                _lists_to_ram(index)
+        elif mmap is None:
             index = faiss.read_index(str(path))
         else:
             index = faiss.read_index(str(path), mmap_flags(mmap))
@@ -541,3 +561,68 @@ def read_index(path: str | Path, params: str = "", *, mmap: str | None = None) -
         ) from None
     set_params(index, params)
     return index
+
+
+# --- IVF lists filled in parts and merged on disk (the Ray engine) -----------------------------
+
+#: The inverted lists of an index merged on disk, beside ``index.faiss`` in the version directory.
+IVF_DATA_FILE = "index.ivfdata"
+
+
+def mergeable(index: faiss.Index) -> bool:
+    """Whether parts of ``index`` filled separately can be merged on disk (:func:`merge_on_disk`):
+    IVF-family indexes, with or without a pre-transform, but not with a re-rank (its full vectors
+    are a flat array inside the index file, not inverted lists)."""
+    return faiss.try_extract_index_ivf(index) is not None and not isinstance(
+        faiss.downcast_index(index), faiss.IndexRefine
+    )
+
+
+def fill_part(trained: bytes | np.ndarray, vectors: np.ndarray, first_row: int, path: Path) -> int:
+    """Add ``vectors`` (rows ``first_row`` on, as their ids) to a copy of the trained, empty index
+    serialised in ``trained`` (``faiss.serialize_index``) and write it to ``path`` atomically (a
+    retried task overwrites it whole). Returns the rows added."""
+    index = faiss.deserialize_index(np.frombuffer(trained, dtype=np.uint8))
+    vectors = _as_f32(vectors)
+    index.add_with_ids(vectors, np.arange(first_row, first_row + len(vectors), dtype=np.int64))
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp-{os.getpid()}")
+    faiss.write_index(index, str(tmp))
+    os.replace(tmp, path)
+    return len(vectors)
+
+
+def merge_on_disk(trained: faiss.Index, parts: list[Path], data_path: Path) -> faiss.Index:
+    """``trained`` (a trained, empty IVF-family index) holding the rows of every part (files
+    written by :func:`fill_part`, in row order), its inverted lists in one file, ``data_path``
+    (:data:`IVF_DATA_FILE`, beside the ``index.faiss`` it is written to: see :func:`read_index`).
+
+    Memory: the parts are memory-mapped one list at a time by FAISS's
+    ``OnDiskInvertedLists.merge_from_multiple``; nothing holds the whole index.
+    """
+    ivf = faiss.extract_index_ivf(trained)
+    if trained.ntotal:
+        raise ValueError("merge_on_disk needs an empty index")
+    opened = [faiss.read_index(str(p), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY) for p in parts]
+    lists = _faiss.InvertedListsPtrVector()
+    for part in opened:  # the parts stay referenced (``opened``) while FAISS reads their lists
+        lists.push_back(faiss.extract_index_ivf(part).invlists)
+    merged = _faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(data_path))
+    total = merged.merge_from_multiple(lists.data(), lists.size(), False, False)
+    del opened
+    ivf.replace_invlists(merged, True)
+    merged.this.disown()  # owned by the index now
+    ivf.ntotal = trained.ntotal = total
+    return trained
+
+
+def _lists_to_ram(index: faiss.Index) -> None:
+    """Replace an IVF index's on-disk inverted lists by a copy in RAM."""
+    ivf = faiss.extract_index_ivf(index)
+    disk: Any = ivf.invlists
+    ram = _faiss.ArrayInvertedLists(ivf.nlist, ivf.code_size)
+    for number in range(ivf.nlist):
+        size = disk.list_size(number)
+        if size:
+            ram.add_entries(number, size, disk.get_ids(number), disk.get_codes(number))
+    ivf.replace_invlists(ram, True)
+    ram.this.disown()

@@ -110,7 +110,8 @@ def delete(index_dir: str | os.PathLike[str], ids: Sequence[Any]) -> DeleteResul
         if not rows:
             return DeleteResult(0, missing, base.version)
         dead = np.array(sorted(rows), dtype=np.int64)
-        for part in ("calibrator", FAISS_FILE, *(s.path for s in base.shards)):
+        on_disk = (fx.IVF_DATA_FILE,) if fx.IVF_DATA_FILE in base.files else ()
+        for part in ("calibrator", FAISS_FILE, *on_disk, *(s.path for s in base.shards)):
             build.link(part)
         tombstones, n_deleted = _tombstone(build, deleted, dead)
         lexical = base.lexical
