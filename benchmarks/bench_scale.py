@@ -1,10 +1,26 @@
-"""Figures for docs/SCALE.md: encoder rows/s on this machine, FAISS memory and QPS at 1M.
+"""Figures for docs/SCALE.md: encoder rows/s, and ``auto``'s IVF-PQ path at 1M real-ish vectors.
 
-Writes benchmarks/bench_scale.json. Small on purpose (the machine is 2 shared cores): encoders
-are timed on a few hundred passages, HNSW on 200k vectors (its memory per row is exact; its
-build time is what stops a 1M run here).
+Writes benchmarks/bench_scale.json and the ``bench_scale`` section of benchmarks/RESULTS.md.
 
-    python benchmarks/bench_scale.py [--rows 1000000]
+The 1M vectors: the 200k real sentences of ``benchmarks/_work/corpus_200000.parquet`` (built by
+``speed_corpus.py``) encoded with the bundled model's ``static`` pooling, plus four jittered
+copies of every row (``speed_ann.jitter``: noise shaped by the data's covariance, half the median
+distance to a row's 10th neighbour), all projected into the space ``calibration="auto"`` fits on
+the 200k real rows (what ingest searches). Queries: the corpus file's 2,000 real queries (1,000
+QNLI questions, 1,000 held-out sentences). Truth: exact top-10 (``Flat``) in the same space.
+
+Stages (each cached in ``benchmarks/_work/scale``; ``build`` and ``serve`` run in child
+processes so their RSS is theirs alone):
+
+- ``prepare``: encode, calibrate, jitter, project; exact truth (timed: Flat's batch QPS).
+- ``build``: what ingest does with ``index_factory="auto"`` past ``AUTO_GRAPH_MAX_ROWS``, at
+  1M (:mod:`flowsearch.index`: train on a bounded sample, add in chunks, tune ``nprobe`` and
+  ``k_factor`` on probe queries, write): seconds per step, peak RSS, bytes on disk.
+- ``serve``: open the index memory-mapped as ``Searcher.open(mmap=True)`` does, RSS after open
+  and after 1,000 single queries, p50 latency, batch QPS, recall@10 vs Flat on the 2,000 real
+  queries, and a recall grid over ``nprobe`` x ``k_factor`` (500 queries).
+
+    python benchmarks/bench_scale.py [--stage all|prepare|build|serve] [--encoders]
 """
 
 from __future__ import annotations
@@ -12,18 +28,50 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE))
+WORK = HERE / "_work" / "scale"
+CORPUS = HERE / "_work" / "corpus_200000.parquet"
+OUT = HERE / "bench_scale.json"
+COPIES = 4  # 200k real rows + 4 jittered copies of each = 1M
+CHUNK = 65_536
 
 
-def _rss_mb() -> float:
-    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+def _status() -> dict[str, float]:
+    """Current and peak RSS, and its anonymous (heap) and file-backed (mapped) parts, in MB."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    names = {"rss": "VmRSS", "peak_rss": "VmHWM", "anon": "RssAnon", "file": "RssFile"}
+    return {k: int(fields[v].split()[0]) / 1024 for k, v in names.items()}
+
+
+class _PeakAnon:
+    """Samples the anonymous RSS every 0.1 s in a thread: its peak (VmHWM counts mapped files)."""
+
+    def __enter__(self) -> _PeakAnon:
+        self.peak = _status()["anon"]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self.peak = max(self.peak, _status()["anon"])
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _status()["anon"])
 
 
 def encoders(n: int) -> dict[str, float]:
@@ -67,82 +115,256 @@ def encoders(n: int) -> dict[str, float]:
     return out
 
 
-def faiss_figures(rows: int, dim: int = 384) -> dict[str, dict[str, float]]:
+# --- prepare -----------------------------------------------------------------------------------
+
+
+def prepare() -> dict[str, Any]:
     import faiss
+    import pyarrow.parquet as pq
+    from speed_ann import jitter, jitter_scale
+
+    from flowsearch import index as fx
+    from flowsearch.calibration.fitting import fit_for_index
+    from flowsearch.encoder import Encoder
+    from flowsearch.space import SearchSpace
 
     faiss.omp_set_num_threads(2)
-    rng = np.random.default_rng(0)
-    # clustered data (a Gaussian mixture), so IVF lists are realistic, not uniform noise
-    centers = rng.normal(size=(1000, dim)).astype(np.float32)
-    x = np.empty((rows, dim), dtype=np.float32)
-    for s in range(0, rows, 100_000):
-        k = min(100_000, rows - s)
-        x[s : s + k] = centers[rng.integers(0, 1000, k)] + 0.7 * rng.normal(size=(k, dim))
-    faiss.normalize_L2(x)
-    q = x[rng.choice(rows, 200, replace=False)] + 0.05 * rng.normal(size=(200, dim)).astype(
-        np.float32
-    )
-    faiss.normalize_L2(q)
-    flat = faiss.IndexFlatIP(dim)
-    flat.add(x)
-    truth = flat.search(q, 10)[1]
-    results: dict[str, dict[str, float]] = {}
-
-    def measure(name: str, index: faiss.Index, n: int, build_s: float) -> None:
-        path = f"/tmp/bench_scale_{os.getpid()}.faiss"
-        faiss.write_index(index, path)
-        size = os.path.getsize(path)
-        os.remove(path)
+    WORK.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {}
+    raw, raw_q = WORK / "raw_200k.npy", WORK / "raw_queries.npy"
+    if not raw.exists() or not raw_q.exists():
+        texts = pq.read_table(CORPUS, columns=["text"]).column("text").to_pylist()
+        queries = json.loads(CORPUS.with_suffix(".json").read_text())["queries"]
+        enc = Encoder(None, pooling="static")
         t = time.perf_counter()
-        _, found = index.search(q, 10)
-        qps = len(q) / (time.perf_counter() - t)
-        tr = truth if n == rows else faiss.IndexFlatIP(dim)
-        if n != rows:
-            tr.add(x[:n])
-            tr = tr.search(q, 10)[1]
-        recall = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, tr)]))
-        results[name] = {
-            "rows": n,
-            "bytes": size,
-            "bytes_per_row": size / n,
-            "qps_2_threads": qps,
-            "recall@10": recall,
-            "build_s": build_s,
-        }
-        print(name, results[name], flush=True)
-
-    measure("Flat", flat, rows, 0.0)
-    for factory, nprobe in (("IVF4096,PQ64", 32), ("OPQ64,IVF4096,PQ64", 32)):
-        t = time.perf_counter()
-        ix = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
-        ix.train(x[rng.choice(rows, min(rows, 150_000), replace=False)])
-        ix.add(x)
-        faiss.extract_index_ivf(ix).nprobe = nprobe
-        measure(f"{factory} nprobe={nprobe}", ix, rows, time.perf_counter() - t)
-    n_h = min(rows, 200_000)
+        U = enc.encode(texts, batch_size=256, progress=False).astype(np.float32)
+        out["encode_200k_s"] = time.perf_counter() - t
+        np.save(raw_q, enc.encode(queries, batch_size=256, progress=False).astype(np.float32))
+        np.save(raw, U)
+    U, Uq = np.load(raw), np.load(raw_q)
     t = time.perf_counter()
-    hnsw = faiss.index_factory(dim, "HNSW32", faiss.METRIC_INNER_PRODUCT)
-    hnsw.add(x[:n_h])
-    hnsw.hnsw.efSearch = 64
-    measure("HNSW32 efSearch=64", hnsw, n_h, time.perf_counter() - t)
-    return results
+    cal, spec = fit_for_index(U, "auto")
+    space = SearchSpace(cal, spec)
+    out["calibration"] = {"name": spec.calibrator, "space": spec.space, "fit_s": 0.0}
+    out["calibration"]["fit_s"] = time.perf_counter() - t
+    scale = jitter_scale(U)
+    u1m = jitter(U, COPIES, scale)
+    out["jitter_scale"] = scale
+    Z = np.lib.format.open_memmap(WORK / "z_1m.npy", "w+", np.float32, u1m.shape)
+    for start in range(0, len(u1m), CHUNK):
+        Z[start : start + CHUNK] = space.project(u1m[start : start + CHUNK], want_density=False)[0]
+    Z.flush()
+    del u1m
+    Zq = space.project(Uq, want_density=False)[0]
+    np.save(WORK / "z_queries.npy", Zq)
+    t = time.perf_counter()
+    _, truth = fx.exact_knn(Zq, (Z[i : i + CHUNK] for i in range(0, len(Z), CHUNK)), 10)
+    out["flat_batch_qps"] = len(Zq) / (time.perf_counter() - t)
+    out["top10_jittered_share"] = float((truth >= len(U)).mean())
+    np.save(WORK / "truth.npy", truth)
+    out["rows"], out["dim"], out["queries"] = int(len(Z)), int(Z.shape[1]), int(len(Zq))
+    (WORK / "prepare.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+# --- build -------------------------------------------------------------------------------------
+
+
+def build() -> dict[str, Any]:
+    import faiss
+
+    from flowsearch import index as fx
+
+    faiss.omp_set_num_threads(2)
+    Z = np.load(WORK / "z_1m.npy", mmap_mode="r")
+    chunks = lambda: (np.asarray(Z[i : i + CHUNK]) for i in range(0, len(Z), CHUNK))  # noqa: E731
+    seconds: dict[str, float] = {}
+    with _PeakAnon() as peak:
+        # what auto builds past AUTO_GRAPH_MAX_ROWS (2M), measured at 1M
+        factory = fx.auto_factory(len(Z), graph_max_rows=len(Z) - 1, dim=Z.shape[1])
+        t = time.perf_counter()
+        index = fx.new_index(Z.shape[1], factory)
+        # as ingest.training_sample: a seeded uniform sample, then train() bounds it further
+        pick = np.sort(np.random.default_rng(0).choice(len(Z), size=262_144, replace=False))
+        sample = np.asarray(Z[pick])
+        fx.train(index, sample, factory)
+        seconds["train"] = time.perf_counter() - t
+        print(factory, "trained", seconds, flush=True)
+        t = time.perf_counter()
+        for part in chunks():
+            fx.add(index, part, factory)
+        seconds["add"] = time.perf_counter() - t
+        print("added", seconds, flush=True)
+        t = time.perf_counter()
+        params, tuned = fx.tune_search(index, sample, chunks)
+        seconds["tune"] = time.perf_counter() - t
+        print("tuned", params, tuned, seconds, flush=True)
+        t = time.perf_counter()
+        fx.write_index(index, WORK / "index.faiss")
+        seconds["write"] = time.perf_counter() - t
+    out = {
+        "factory": factory,
+        "params": params,
+        "tuning_recall@10": tuned,
+        "seconds": seconds,
+        "build_s": sum(seconds.values()),
+        "peak_anon_mb": peak.peak,
+        "peak_rss_mb": _status()["peak_rss"],
+        "index_bytes": (WORK / "index.faiss").stat().st_size,
+        "train_rows": min(len(sample), fx.IVF_TRAIN_PER_LIST * _nlist(factory)),
+    }
+    (WORK / "build.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+def _nlist(factory: str) -> int:
+    return int(factory.split(",")[0][3:])
+
+
+# --- serve -------------------------------------------------------------------------------------
+
+
+def serve() -> dict[str, Any]:
+    import faiss
+
+    from flowsearch import index as fx
+
+    faiss.omp_set_num_threads(2)
+    built = json.loads((WORK / "build.json").read_text())
+    Zq, truth = np.load(WORK / "z_queries.npy"), np.load(WORK / "truth.npy")
+    out: dict[str, Any] = {"before_open": _status()}
+    t = time.perf_counter()
+    index = fx.read_index(WORK / "index.faiss", built["params"], mmap=built["factory"])
+    out["open_s"] = time.perf_counter() - t
+    out["after_open"] = _status()
+    lat = []
+    for q in Zq[:1000]:
+        t = time.perf_counter()
+        fx.search(index, q[None], 10)
+        lat.append(time.perf_counter() - t)
+    out["after_1000_queries"] = _status()
+    out["single_query_p50_ms"] = 1000 * float(np.median(lat))
+    out["single_query_qps"] = len(lat) / float(np.sum(lat))
+    t = time.perf_counter()
+    _, found = fx.search(index, Zq, 10)
+    out["batch_qps"] = len(Zq) / (time.perf_counter() - t)
+    out["recall@10"] = fx.recall_at_k(found, truth, 10)
+    half = len(Zq) // 2  # the corpus file lists 1,000 questions, then 1,000 held-out sentences
+    out["recall@10_questions"] = fx.recall_at_k(found[:half], truth[:half], 10)
+    out["recall@10_sentences"] = fx.recall_at_k(found[half:], truth[half:], 10)
+    out["after_batch"] = _status()
+    grid = {}
+    ivf = faiss.extract_index_ivf(index)
+    refine = faiss.downcast_index(index)
+    for nprobe in (16, 64, 256, 512):
+        for k_factor in (1, 4, 16, 64):
+            ivf.nprobe, refine.k_factor = nprobe, k_factor
+            t = time.perf_counter()
+            _, got = index.search(Zq[:500], 10)
+            grid[f"nprobe={nprobe},k_factor={k_factor}"] = {
+                "recall@10": fx.recall_at_k(got, truth[:500], 10),
+                "batch_qps": 500 / (time.perf_counter() - t),
+            }
+    out["grid_500_queries"] = grid
+    out["after_grid"] = _status()
+    (WORK / "serve.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+# --- driver ------------------------------------------------------------------------------------
+
+
+def _child(stage: str) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+    subprocess.run([sys.executable, __file__, "--stage", stage, "--child"], check=True, env=env)
+    return json.loads((WORK / f"{stage}.json").read_text())
+
+
+def _mb(x: float) -> str:
+    return f"{x:,.0f} MB"
+
+
+def report(out: dict[str, Any]) -> str:
+    p, b, s = out["prepare"], out["build"], out["serve"]
+    load = out["load"]
+    lines = [
+        "## Scale: `auto`'s IVF-PQ path at 1M (`benchmarks/bench_scale.py`)",
+        "",
+        f"{p['rows']:,} vectors of dim {p['dim']}: the 200k real sentences encoded with `static`, "
+        f"plus {COPIES} jittered copies of each (scale {p['jitter_scale']:.4f}), projected into "
+        f"the space `auto` fits ({p['calibration']['name']}, space {p['calibration']['space']}); "
+        f"{p['queries']:,} real queries; truth = exact top-10 (Flat). "
+        f"{100 * p['top10_jittered_share']:.0f}% of the true top-10 are jittered copies. "
+        f"x86_64, 2 cores shared with other jobs, load average {load['start']} at the start, "
+        f"{load['end']} at the end.",
+        "",
+        "| figure | measured |",
+        "|---|---:|",
+        f"| factory `auto` chose / tuned params | `{b['factory']}` / `{b['params']}` |",
+        f"| build: train / add / tune / write (s) | {b['seconds']['train']:.0f} / "
+        f"{b['seconds']['add']:.0f} / {b['seconds']['tune']:.0f} / {b['seconds']['write']:.0f} |",
+        f"| training rows (k-means and PQ) | {b['train_rows']:,} |",
+        f"| build peak RSS / peak anonymous RSS | {_mb(b['peak_rss_mb'])} / "
+        f"{_mb(b['peak_anon_mb'])} |",
+        f"| index.faiss on disk | {b['index_bytes'] / 2**20:,.0f} MiB |",
+        f"| anonymous RSS after mmap open / after 1,000 queries | "
+        f"{_mb(s['after_open']['anon'] - s['before_open']['anon'])} / "
+        f"{_mb(s['after_1000_queries']['anon'] - s['before_open']['anon'])} (above the process "
+        "before opening) |",
+        f"| mapped file RSS after 1,000 queries | "
+        f"{_mb(s['after_1000_queries']['file'] - s['before_open']['file'])} |",
+        f"| single-query p50 / batch QPS (2 threads) | {s['single_query_p50_ms']:.2f} ms / "
+        f"{s['batch_qps']:,.0f} |",
+        f"| Flat (exact) batch QPS, same queries | {p['flat_batch_qps']:,.1f} |",
+        f"| recall@10 vs Flat, 2,000 real queries (questions / sentences) | "
+        f"**{s['recall@10']:.3f}** ({s['recall@10_questions']:.3f} / "
+        f"{s['recall@10_sentences']:.3f}) |",
+        f"| recall@10 on the tuning (probe) queries | {b['tuning_recall@10']:.3f} |",
+        "",
+        "recall@10 (batch QPS) by `nprobe` x `k_factor`, first 500 queries:",
+        "",
+        "| nprobe | k_factor 1 | 4 | 16 | 64 |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for nprobe in (16, 64, 256, 512):
+        cells = []
+        for kf in (1, 4, 16, 64):
+            g = s["grid_500_queries"][f"nprobe={nprobe},k_factor={kf}"]
+            cells.append(f"{g['recall@10']:.3f} ({g['batch_qps']:,.0f})")
+        lines.append(f"| {nprobe} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--stage", default="all", choices=["all", "prepare", "build", "serve"])
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--encoders", action="store_true", help="re-measure encoder rows/s")
     parser.add_argument("--passages", type=int, default=256)
     args = parser.parse_args()
-    load = os.getloadavg()
-    out = {
-        "machine": f"{os.uname().machine} {os.cpu_count()} cores",
-        "load_at_start": [round(v, 1) for v in load],
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "encoders": encoders(args.passages),
-    }
-    print(out["encoders"], flush=True)
-    out["faiss"] = faiss_figures(args.rows)
-    (HERE / "bench_scale.json").write_text(json.dumps(out, indent=1) + "\n")
+    if args.child:
+        {"prepare": prepare, "build": build, "serve": serve}[args.stage]()
+        return
+    out: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() else {}
+    out.pop("faiss", None)  # the Gaussian-mixture figures of the first version
+    out.pop("partial", None)
+    start = [round(v, 1) for v in os.getloadavg()]
+    if args.encoders:
+        out["encoders"] = encoders(args.passages)
+        out["encoders_load_at_start"] = start
+    stages = ["prepare", "build", "serve"] if args.stage == "all" else [args.stage]
+    ivf = out.setdefault("ivfpq_1m", {})
+    for stage in stages:
+        ivf[stage] = _child(stage)
+        print(stage, json.dumps(ivf[stage])[:400], flush=True)
+    ivf["load"] = {"start": start, "end": [round(v, 1) for v in os.getloadavg()]}
+    ivf["date"] = time.strftime("%Y-%m-%d %H:%M")
+    out["machine"] = f"{os.uname().machine} {os.cpu_count()} cores"
+    OUT.write_text(json.dumps(out, indent=1) + "\n")
+    if all(k in ivf for k in ("prepare", "build", "serve")):
+        from results_md import write_section
+
+        write_section(HERE / "RESULTS.md", report(ivf), "bench_scale")
 
 
 if __name__ == "__main__":

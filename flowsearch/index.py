@@ -7,7 +7,13 @@ shards. Building streams: train on a sample, then add chunk by chunk (:func:`new
 
 ``"auto"`` is exact ``Flat`` up to :data:`AUTO_FLAT_MAX_ROWS` rows; above that ``HNSW32`` whose
 ``efSearch`` is raised until recall@10 against exact search reaches :data:`AUTO_TARGET_RECALL` on
-tuning queries drawn near the corpus's own vectors (:func:`tune_search`, :func:`probe_queries`).
+tuning queries drawn near the corpus's own vectors (:func:`tune_search`, :func:`probe_queries`);
+above :data:`AUTO_GRAPH_MAX_ROWS`, IVF-PQ with an exact re-rank (:func:`large_factory`,
+``IVF{nlist},PQ{m},RFlat``): the PQ codes pick ``k * k_factor`` candidates from ``nprobe`` lists
+and their full-precision vectors re-rank them; both knobs are tuned the same way. The
+full-precision vectors sit at the end of ``index.faiss`` and are memory-mapped by
+``Searcher.open(..., mmap=True)`` (:func:`mmap_flags`), so serving needs RAM only for the PQ
+codes (m + 8 bytes per row).
 
 Example:
     >>> x = np.eye(4, dtype=np.float32)
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -30,12 +37,16 @@ import faiss
 import numpy as np
 
 from flowsearch.errors import FlowsearchError
+from flowsearch.manifest import IVF_DATA_FILE
 
 __all__ = [
     "AUTO_FLAT_MAX_ROWS",
     "AUTO_GRAPH_FACTORY",
+    "AUTO_GRAPH_MAX_ROWS",
     "AUTO_MAX_EF_SEARCH",
+    "AUTO_MAX_K_FACTOR",
     "AUTO_QUERY_NOISE",
+    "AUTO_RERANK_MISS_SHARE",
     "AUTO_TARGET_RECALL",
     "add",
     "auto_factory",
@@ -43,11 +54,17 @@ __all__ = [
     "check_factory",
     "exact_knn",
     "ivf_factory",
+    "fill_part",
+    "large_factory",
+    "merge_on_disk",
+    "mergeable",
+    "mmap_flags",
     "new_index",
     "num_gpus",
     "probe_queries",
     "read_index",
     "recall_at_k",
+    "refined",
     "search",
     "search_knob",
     "set_params",
@@ -60,6 +77,9 @@ __all__ = [
 
 LOG = logging.getLogger(__name__)
 
+# faiss's bundled stubs lack the inverted-list classes' SWIG attributes.
+_faiss: Any = faiss
+
 #: Largest corpus "auto" indexes exactly (Flat).
 AUTO_FLAT_MAX_ROWS = 100_000
 #: What "auto" builds above :data:`AUTO_FLAT_MAX_ROWS`.
@@ -70,6 +90,23 @@ AUTO_TARGET_RECALL = 0.95
 AUTO_QUERY_NOISE = 0.5
 #: Largest HNSW efSearch :func:`tune_search` tries.
 AUTO_MAX_EF_SEARCH = 1024
+#: Largest corpus "auto" indexes with :data:`AUTO_GRAPH_FACTORY`; above, IVF-PQ with an exact
+#: re-rank (:func:`large_factory`). HNSW32 holds every vector plus its graph in RAM, at build and
+#: at serving: ~1.8 KB per row at dim 384, ~3.3 KB at 768, so 2M rows are 3.7 / 6.6 GB, the most
+#: that fits beside the encoder, BM25 and the page cache on a 16 GB machine; IVF-PQ serves from
+#: m + 8 bytes per row (56 at 384) with the re-rank vectors memory-mapped (docs/SCALE.md).
+AUTO_GRAPH_MAX_ROWS = 2_000_000
+#: Largest re-rank depth (``k_factor``: candidates per wanted hit) :func:`tune_search` tries.
+AUTO_MAX_K_FACTOR = 64
+#: An index with a re-rank is tuned until its probe queries miss this share of what the target
+#: allows (0.98 for 0.95): at 1M real-ish rows (benchmarks/bench_scale.py) real queries' recall@10
+#: was 0.02-0.03 below the probe queries' at every setting (0.931 where probes saw 0.953, 0.958
+#: where they saw 0.982); more probe noise did not close the gap (0.959 at noise 1.1).
+AUTO_RERANK_MISS_SHARE = 0.4
+#: IVF training: k-means on at most this many sample rows per list (FAISS warns below 39)...
+IVF_TRAIN_PER_LIST = 64
+#: ... for this many iterations (FAISS's default is 25): training stays a bounded cost.
+IVF_TRAIN_ITERATIONS = 10
 
 
 def _as_f32(x: np.ndarray) -> np.ndarray:
@@ -79,16 +116,78 @@ def _as_f32(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def auto_factory(n_rows: int, flat_max_rows: int = AUTO_FLAT_MAX_ROWS) -> str:
-    """The factory string ``"auto"`` stands for at ``n_rows`` rows.
+def auto_factory(
+    n_rows: int,
+    flat_max_rows: int | None = None,
+    *,
+    graph_max_rows: int | None = None,
+    dim: int | None = None,
+) -> str:
+    """The factory string ``"auto"`` stands for at ``n_rows`` rows of ``dim`` dimensions.
 
-    ``Flat`` (exact) up to ``flat_max_rows``; above, ``HNSW32``, whose ``efSearch`` is then tuned
-    by :func:`tune_search`. Not IVF: on a calibrated (whitened, isotropic) space an inverted
-    file has no cluster structure to exploit, and at 200k static rows ``IVF2048,Flat`` needed
-    half its lists for recall@10 0.94 (benchmarks/bench_speed.md). HNSW needs no training, adds
-    rows one by one (streaming) and costs about 260 bytes per row beside the vectors.
+    ``Flat`` (exact) up to ``flat_max_rows`` (default :data:`AUTO_FLAT_MAX_ROWS`); above,
+    ``HNSW32``, whose ``efSearch`` is then tuned by :func:`tune_search`. Not IVF at that size: on
+    a calibrated (whitened, isotropic) space an inverted file has no cluster structure to
+    exploit, and at 200k static rows ``IVF2048,Flat`` needed half its lists for recall@10 0.94
+    (benchmarks/bench_speed.md). HNSW needs no training, adds rows one by one (streaming) and
+    costs about 260 bytes per row beside the vectors. Above ``graph_max_rows`` (default
+    :data:`AUTO_GRAPH_MAX_ROWS`) the vectors no longer belong in RAM: :func:`large_factory`.
+    The defaults are read at call time (tests lower them).
+
+    Raises:
+        ValueError: ``dim`` missing when the large factory is chosen.
     """
-    return "Flat" if n_rows <= flat_max_rows else AUTO_GRAPH_FACTORY
+    flat_max = AUTO_FLAT_MAX_ROWS if flat_max_rows is None else flat_max_rows
+    graph_max = AUTO_GRAPH_MAX_ROWS if graph_max_rows is None else graph_max_rows
+    if n_rows <= flat_max:
+        return "Flat"
+    if n_rows <= graph_max:
+        return AUTO_GRAPH_FACTORY
+    if dim is None:
+        raise ValueError("auto_factory needs dim above graph_max_rows (for the PQ code size)")
+    return large_factory(n_rows, dim)
+
+
+def _pq_subquantizers(dim: int) -> int:
+    """Sub-quantizers of the large factory's PQ: about one per 8 dimensions (48 at 384), the
+    largest such count that divides ``dim``."""
+    m = max(1, dim // 8)
+    while dim % m:
+        m -= 1
+    return m
+
+
+def large_factory(n_rows: int, dim: int) -> str:
+    """``IVF{nlist},PQ{m},RFlat``: IVF-PQ whose candidates are re-ranked exactly.
+
+    ``nlist`` is the power of two nearest ``sqrt(n)``, with at least 39 training rows per list;
+    ``m`` is :func:`_pq_subquantizers` (codes of ``m`` bytes). ``RFlat`` keeps the
+    full-precision vectors (4 * dim bytes per row) for the re-rank, in the same file: on disk,
+    memory-mapped when searching (:func:`mmap_flags`). Bare PQ is unusable for recall@10 on
+    these spaces (0.55-0.61 at 200k, benchmarks/bench_speed.md); the re-rank wins it back.
+    """
+    nlist = 2 ** round(math.log2(math.sqrt(max(n_rows, 1))))
+    while nlist > 1 and nlist * 39 > n_rows:
+        nlist //= 2
+    return f"IVF{nlist},PQ{_pq_subquantizers(dim)},RFlat"
+
+
+def refined(factory: str) -> bool:
+    """Whether a factory string ends in an exact re-rank (``,RFlat`` or ``,Refine(...)``)."""
+    return bool(re.search(r"(^|,)\s*(RFlat|Refine\()", factory))
+
+
+def mmap_flags(factory: str) -> int:
+    """The FAISS read flags that memory-map an index of ``factory`` (faiss 1.15).
+
+    ``IO_FLAG_MMAP_IFC`` maps flat code arrays: ``Flat``, HNSW's vectors, and, for an IVF index
+    with a re-rank, both the re-rank vectors and the inverted lists (measured: anonymous RSS
+    unchanged after opening a 54 MB ``IVF256,PQ16,RFlat``). A plain IVF index needs
+    ``IO_FLAG_MMAP`` for its lists; combining both flags fails on IVF files.
+    """
+    ivf = "IVF" in factory.upper()
+    flags = faiss.IO_FLAG_MMAP if ivf and not refined(factory) else faiss.IO_FLAG_MMAP_IFC
+    return int(flags) | int(faiss.IO_FLAG_READ_ONLY)
 
 
 def ivf_factory(n_rows: int) -> str:
@@ -166,8 +265,32 @@ def search_knob(index: faiss.Index) -> tuple[str, int] | None:
 def _set_knob(index: faiss.Index, name: str, value: int) -> None:
     if name == "nprobe":
         faiss.extract_index_ivf(index).nprobe = value
+    elif name == "k_factor_rf":
+        faiss.downcast_index(index).k_factor = value  # type: ignore[attr-defined]
     else:
         faiss.downcast_index(index).hnsw.efSearch = value  # type: ignore[attr-defined]
+
+
+def _smallest(
+    index: faiss.Index,
+    name: str,
+    first: int,
+    largest: int,
+    queries: np.ndarray,
+    truth: np.ndarray,
+    target: float,
+    k: int,
+) -> tuple[int, float]:
+    """The smallest power-of-two multiple of ``first`` for knob ``name`` whose recall@k reaches
+    ``target`` (``largest`` and its recall when none does); the knob is left set to it."""
+    value = first
+    while True:
+        _set_knob(index, name, value)
+        _, found = index.search(queries, k)
+        recall = recall_at_k(found, truth, k)
+        if recall >= target or value >= largest:
+            return value, recall
+        value = min(value * 2, largest)
 
 
 def tune_search(
@@ -183,9 +306,16 @@ def tune_search(
     """Set the smallest power-of-two ``nprobe`` (IVF) or ``efSearch`` (HNSW, from 16) whose
     recall@k against exact search reaches ``target`` on :func:`probe_queries` of ``sample``.
 
+    An index with an exact re-rank (:func:`refined`) has a second knob, the re-rank depth
+    ``k_factor``: ``nprobe`` is chosen with the deepest re-rank (:data:`AUTO_MAX_K_FACTOR`), then
+    twice the smallest ``k_factor`` that still reaches the target at that ``nprobe``; the target
+    is raised for it (:data:`AUTO_RERANK_MISS_SHARE`: probe queries flatter IVF-PQ). Twice: at
+    1M rows and the ``nprobe`` tuning picks, re-ranking 4x more candidates cost 4% of the QPS
+    (scanning the lists dominates) and is where real queries' recall kept rising.
+
     Returns ``(params, recall)``: the parameter string to store (``"nprobe=32"``,
-    ``"efSearch=64"``, ``""`` for an exact index) and the recall reached (the largest value's when
-    none reaches ``target``).
+    ``"efSearch=64"``, ``"nprobe=64,k_factor_rf=16"``, ``""`` for an exact index) and the recall
+    reached (the largest value's when none reaches ``target``).
 
     Args:
         index: a trained, filled index.
@@ -204,18 +334,23 @@ def tune_search(
     name, largest = knob
     queries = probe_queries(sample, n_queries, noise=noise, seed=seed)
     _, truth = exact_knn(queries, chunks(), k)
-    value = 1 if name == "nprobe" else 16
-    while True:
-        _set_knob(index, name, value)
-        _, found = index.search(queries, k)
-        recall = recall_at_k(found, truth, k)
-        if recall >= target or value >= largest:
-            break
-        value = min(value * 2, largest)
-    LOG.info(
-        "%s=%d gives recall@%d=%.3f on %d tuning queries", name, value, k, recall, len(queries)
-    )
-    return f"{name}={value}", recall
+    rerank = isinstance(faiss.downcast_index(index), faiss.IndexRefine)
+    if rerank:
+        _set_knob(index, "k_factor_rf", AUTO_MAX_K_FACTOR)
+        target = 1.0 - (1.0 - target) * AUTO_RERANK_MISS_SHARE
+    first = 1 if name == "nprobe" else 16
+    value, recall = _smallest(index, name, first, largest, queries, truth, target, k)
+    params = f"{name}={value}"
+    if rerank:
+        depth, _ = _smallest(
+            index, "k_factor_rf", 1, AUTO_MAX_K_FACTOR, queries, truth, min(target, recall), k
+        )
+        depth = min(2 * depth, AUTO_MAX_K_FACTOR)  # twice as deep: nearly free (see below)
+        _set_knob(index, "k_factor_rf", depth)
+        recall = recall_at_k(index.search(queries, k)[1], truth, k)
+        params += f",k_factor_rf={depth}"
+    LOG.info("%s gives recall@%d=%.3f on %d tuning queries", params, k, recall, len(queries))
+    return params, recall
 
 
 def _reason(exc: BaseException) -> str:
@@ -295,12 +430,30 @@ def train(
     """Train ``index`` (if it needs training) on at most ``max_rows`` of ``sample`` (float32
     (m, d), a uniform sample of the vectors to come).
 
+    IVF indexes train on at most :data:`IVF_TRAIN_PER_LIST` rows per list (10,000 at least, for
+    a PQ's 256 centroids per sub-quantizer) for :data:`IVF_TRAIN_ITERATIONS` k-means iterations:
+    at 1M rows FAISS's defaults (256 rows per list, 25 iterations) did not finish in 6 CPU-minutes.
+    The PQ's k-means (256 centroids per sub-quantizer) gets the same bounds: at most 16,384
+    residuals, 10 iterations. IVF-PQ skips FAISS's polysemous training (re-ordering the PQ codes
+    for Hamming-distance filtering, which flowsearch never turns on): on 8,000 rows it made
+    training 10x slower.
+
     Raises:
         FlowsearchError: FAISS cannot train this factory on so few rows.
     """
     if index.is_trained:
         return
     sample = _as_f32(sample)
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:  # k-means costs rows x lists x dim per iteration: bound both factors
+        max_rows = min(max_rows, max(IVF_TRAIN_PER_LIST * int(ivf.nlist), 10_000))
+        ivf.cp.niter = IVF_TRAIN_ITERATIONS
+        ivfpq: Any = faiss.downcast_index(ivf)
+        if isinstance(ivfpq, faiss.IndexIVFPQ):
+            # FAISS's default; nothing here searches with it, and it was 90% of training time
+            ivfpq.do_polysemous_training = False  # type: ignore[attr-defined]
+            ivfpq.pq.cp.niter = IVF_TRAIN_ITERATIONS  # the PQ's k-means: 256 centroids per
+            ivfpq.pq.cp.max_points_per_centroid = IVF_TRAIN_PER_LIST  # sub-quantizer
     if len(sample) > max_rows:
         rng = np.random.default_rng(seed)
         sample = sample[np.sort(rng.choice(len(sample), size=max_rows, replace=False))]
@@ -335,7 +488,8 @@ def build(
     vectors: np.ndarray,
     factory: str = "auto",
     *,
-    flat_max_rows: int = AUTO_FLAT_MAX_ROWS,
+    flat_max_rows: int | None = None,
+    graph_max_rows: int | None = None,
     target_recall: float = AUTO_TARGET_RECALL,
     chunk_rows: int = 65_536,
 ) -> tuple[faiss.Index, str, str]:
@@ -346,9 +500,11 @@ def build(
     (``""`` unless ``factory`` is ``auto`` and approximate).
     """
     vectors = _as_f32(vectors)
-    resolved = (
-        auto_factory(len(vectors), flat_max_rows=flat_max_rows) if factory == "auto" else factory
-    )
+    resolved = factory
+    if factory == "auto":
+        resolved = auto_factory(
+            len(vectors), flat_max_rows, graph_max_rows=graph_max_rows, dim=vectors.shape[1]
+        )
     index = new_index(vectors.shape[1], resolved)
     train(index, vectors, resolved)
     for start in range(0, len(vectors), chunk_rows):
@@ -378,13 +534,97 @@ def write_index(index: faiss.Index, path: str | Path) -> None:
     faiss.write_index(index, str(path))
 
 
-def read_index(path: str | Path, params: str = "") -> faiss.Index:
-    """Load an index saved by :func:`write_index` and apply its search parameters."""
+def read_index(path: str | Path, params: str = "", *, mmap: str | None = None) -> faiss.Index:
+    """Load an index saved by :func:`write_index` and apply its search parameters.
+
+    An IVF index whose inverted lists were merged on disk (:func:`merge_on_disk`, a
+    :data:`IVF_DATA_FILE` beside ``path``) finds that file in ``path``'s directory wherever the
+    directory has moved (``IO_FLAG_ONDISK_SAME_DIR``), read-only: its lists stay on disk when
+    ``mmap`` is given, and are copied into RAM otherwise (so adding rows never writes into a
+    published version's file).
+
+    Args:
+        path: the index file.
+        params: search parameters (:func:`set_params`).
+        mmap: the index's factory string to memory-map it (read-only, :func:`mmap_flags`);
+            None reads it into RAM.
+    """
+    on_disk = Path(path).with_name(IVF_DATA_FILE).is_file()
     try:
-        index = faiss.read_index(str(path))
+        if on_disk:
+            flags = faiss.IO_FLAG_ONDISK_SAME_DIR | faiss.IO_FLAG_READ_ONLY
+            index = faiss.read_index(str(path), flags)
+            if mmap is None:
+                _lists_to_ram(index)
+        elif mmap is None:
+            index = faiss.read_index(str(path))
+        else:
+            index = faiss.read_index(str(path), mmap_flags(mmap))
     except RuntimeError as exc:
         raise FlowsearchError(
             f"cannot read FAISS index {path} ({_reason(exc)}); rebuild the index"
         ) from None
     set_params(index, params)
     return index
+
+
+# --- IVF lists filled in parts and merged on disk (the Ray engine) -----------------------------
+
+
+def mergeable(index: faiss.Index) -> bool:
+    """Whether parts of ``index`` filled separately can be merged on disk (:func:`merge_on_disk`):
+    IVF-family indexes, with or without a pre-transform, but not with a re-rank (its full vectors
+    are a flat array inside the index file, not inverted lists)."""
+    return faiss.try_extract_index_ivf(index) is not None and not isinstance(
+        faiss.downcast_index(index), faiss.IndexRefine
+    )
+
+
+def fill_part(trained: bytes | np.ndarray, vectors: np.ndarray, first_row: int, path: Path) -> int:
+    """Add ``vectors`` (rows ``first_row`` on, as their ids) to a copy of the trained, empty index
+    serialised in ``trained`` (``faiss.serialize_index``) and write it to ``path`` atomically (a
+    retried task overwrites it whole). Returns the rows added."""
+    index = faiss.deserialize_index(np.frombuffer(trained, dtype=np.uint8))
+    vectors = _as_f32(vectors)
+    index.add_with_ids(vectors, np.arange(first_row, first_row + len(vectors), dtype=np.int64))
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp-{os.getpid()}")
+    faiss.write_index(index, str(tmp))
+    os.replace(tmp, path)
+    return len(vectors)
+
+
+def merge_on_disk(trained: faiss.Index, parts: list[Path], data_path: Path) -> faiss.Index:
+    """``trained`` (a trained, empty IVF-family index) holding the rows of every part (files
+    written by :func:`fill_part`, in row order), its inverted lists in one file, ``data_path``
+    (:data:`IVF_DATA_FILE`, beside the ``index.faiss`` it is written to: see :func:`read_index`).
+
+    Memory: the parts are memory-mapped one list at a time by FAISS's
+    ``OnDiskInvertedLists.merge_from_multiple``; nothing holds the whole index.
+    """
+    ivf = faiss.extract_index_ivf(trained)
+    if trained.ntotal:
+        raise ValueError("merge_on_disk needs an empty index")
+    opened = [faiss.read_index(str(p), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY) for p in parts]
+    lists = _faiss.InvertedListsPtrVector()
+    for part in opened:  # the parts stay referenced (``opened``) while FAISS reads their lists
+        lists.push_back(faiss.extract_index_ivf(part).invlists)
+    merged = _faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(data_path))
+    total = merged.merge_from_multiple(lists.data(), lists.size(), False, False)
+    del opened
+    ivf.replace_invlists(merged, True)
+    merged.this.disown()  # owned by the index now
+    ivf.ntotal = trained.ntotal = total
+    return trained
+
+
+def _lists_to_ram(index: faiss.Index) -> None:
+    """Replace an IVF index's on-disk inverted lists by a copy in RAM."""
+    ivf = faiss.extract_index_ivf(index)
+    disk: Any = ivf.invlists
+    ram = _faiss.ArrayInvertedLists(ivf.nlist, ivf.code_size)
+    for number in range(ivf.nlist):
+        size = disk.list_size(number)
+        if size:
+            ram.add_entries(number, size, disk.get_ids(number), disk.get_codes(number))
+    ivf.replace_invlists(ram, True)
+    ram.this.disown()

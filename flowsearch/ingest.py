@@ -197,7 +197,7 @@ def _fit_space(
         status=lambda what: st.status(what, follow="flowsearch.calibration"),
     )
     space = SearchSpace(cal, spec, enc)
-    factory = fx.auto_factory(rows) if index_factory == "auto" else index_factory
+    factory = fx.auto_factory(rows, dim=space.dim) if index_factory == "auto" else index_factory
     faiss_index = fx.new_index(space.dim, factory)
     sample = fx.training_sample(faiss_index, U_fit, space.project)
     fx.train(faiss_index, sample, factory)

@@ -43,6 +43,7 @@ __all__ = [
     "CALIBRATOR_DIR",
     "FAISS_FILE",
     "FORMAT",
+    "IVF_DATA_FILE",
     "FORMAT_VERSION",
     "LEXICAL_DIR",
     "MANIFEST_NAME",
@@ -82,6 +83,8 @@ CALIBRATOR_DIR = "calibrator"
 SHARDS_DIR = "shards"
 FAISS_FILE = "index.faiss"
 LEXICAL_DIR = "lexical"
+#: An IVF index's inverted lists merged on disk (the Ray engine), beside ``index.faiss``.
+IVF_DATA_FILE = "index.ivfdata"
 #: Deleted rows (global row numbers, sorted int64, ``.npy``).
 TOMBSTONES_FILE = "tombstones.npy"
 

@@ -87,17 +87,26 @@ def prepare_index(index: faiss.Index) -> faiss.Index:
     instead of through the probed lists. Call once when the index is opened, before searching
     from several threads (it modifies the index). Other indexes are returned unchanged.
     """
+    if _refine(index) is not None:  # it reconstructs from its re-rank vectors
+        return index
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None and ivf.direct_map.no():
         ivf.make_direct_map()
     return index
 
 
+def _refine(index: faiss.Index) -> Any:
+    """The index as an ``IndexRefine`` (an approximate index plus an exact re-rank), or None."""
+    refine = faiss.downcast_index(index)
+    return refine if isinstance(refine, faiss.IndexRefine) else None
+
+
 def search_params(index: faiss.Index, rows: np.ndarray) -> Any:
     """FAISS search parameters selecting ``rows`` (a bitmap), keeping the index's own knobs.
 
-    An IVF index keeps its ``nprobe``/``max_codes``, an HNSW index its ``efSearch``. The bitmap
-    (``ntotal / 8`` bytes) measured faster than ``IDSelectorBatch`` at every selectivity.
+    An IVF index keeps its ``nprobe``/``max_codes``, an HNSW index its ``efSearch``, an index
+    with an exact re-rank (``IndexRefine``) its ``k_factor`` and its base index's knobs. The
+    bitmap (``ntotal / 8`` bytes) measured faster than ``IDSelectorBatch`` at every selectivity.
 
     Args:
         index: the FAISS index to search.
@@ -109,9 +118,17 @@ def search_params(index: faiss.Index, rows: np.ndarray) -> Any:
     else:
         bitmap = np.zeros(index.ntotal, dtype=bool)
         bitmap[rows] = True
+    params: Any
+    refine = _refine(index)
+    if refine is not None:  # the selector goes to the base index; the re-rank sees its picks
+        base = search_params(faiss.downcast_index(refine.base_index), bitmap)
+        params = _faiss.IndexRefineSearchParameters(
+            k_factor=refine.k_factor, base_index_params=base
+        )
+        params.referenced_objects = [base]
+        return params
     packed = np.packbits(bitmap, bitorder="little")
     selector = _faiss.IDSelectorBitmap(packed)
-    params: Any
     ivf = faiss.try_extract_index_ivf(index)
     hnsw = faiss.downcast_index(index)
     if ivf is not None:
@@ -131,7 +148,7 @@ def _exact(
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """Brute force over the vectors of ``rows``; None when the index cannot reconstruct them."""
     ivf = faiss.try_extract_index_ivf(index)
-    if ivf is not None and ivf.direct_map.no():
+    if ivf is not None and ivf.direct_map.no() and _refine(index) is None:
         return None  # an IVF index reconstructs only with a direct map (make_direct_map)
     try:
         vectors = index.reconstruct_batch(rows)
@@ -221,8 +238,9 @@ def _exhaustive(
     params = search_params(index, rows)
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
-        params.nprobe = ivf.nlist
-        params.max_codes = 0
+        inner = params.base_index_params if _refine(index) is not None else params
+        inner.nprobe = ivf.nlist
+        inner.max_codes = 0
     elif isinstance(params, _faiss.SearchParametersHNSW):
         params.efSearch = max(params.efSearch, 4 * k, 256)
     return index.search(queries, k, params=params)

@@ -19,13 +19,20 @@ per-row steps spread over a Ray cluster:
    (:class:`~flowsearch.space.SearchSpace`, the calibrator shipped to them as bytes) and assemble
    shard rows (:func:`~flowsearch.store.shard_table`).
 4. **Write** (driver). Projected batches arrive in row order and are written to the shards and
-   added to the FAISS index batch by batch; the BM25 index, the manifest, checksums and the atomic
-   publish are the local path's own code.
+   (all but IVF-family indexes) added to the FAISS index batch by batch; the BM25 index, the
+   manifest, checksums and the atomic publish are the local path's own code.
+5. **IVF lists** (Ray tasks, IVF-family factories without a re-rank). One task per shard adds
+   the shard's vectors, with their global row numbers as ids, to a copy of the trained empty
+   index and writes it (:func:`flowsearch.index.fill_part`); the driver merges the parts' lists
+   on disk into ``index.ivfdata`` beside ``index.faiss`` (:func:`flowsearch.index.merge_on_disk`),
+   which readers find in the version's own directory (``IO_FLAG_ONDISK_SAME_DIR``: the index
+   directory stays relocatable); the manifest checksums it like every file.
 
 No step holds the corpus's vectors on the driver: it sees one batch at a time, the fit sample,
-and the FAISS index itself (for ``Flat`` that is the vectors: choose an IVF factory past RAM, see
-``docs/SCALE.md``). Rows keep the local path's order (``preserve_order`` plus the sort key,
-checked on every batch), so ids, rows and FAISS ids match a local build of the same corpus.
+and, for factories that are not IVF, the FAISS index itself (for ``Flat`` that is the vectors;
+for ``auto``'s ``IVF...,PQ...,RFlat`` its re-rank vectors: see ``docs/SCALE.md``). Rows keep
+the local path's order (``preserve_order`` plus the sort key, checked on every batch), so ids,
+rows and FAISS ids match a local build of the same corpus.
 
 Example:
     >>> build_index("corpus/", "idx", engine="ray", address="auto")  # doctest: +SKIP
@@ -322,6 +329,38 @@ def _calibrator_bytes(cal: Any) -> dict[str, bytes]:
         return {p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file()}
 
 
+# --- stage 3 for IVF indexes: per-shard inverted lists, merged on disk -----------------------
+
+
+def _fill_shard(trained: Any, shard_path: str, first_row: int, part: str) -> int:
+    """Ray task: a copy of the trained index filled with one shard's vectors (their global row
+    numbers as ids), written to ``part``."""
+    vectors = _matrix(pq.read_table(shard_path, columns=["vector"]).column("vector"))
+    return fx.fill_part(trained, vectors, first_row, Path(part))
+
+
+def _fill_on_ray(ray: Any, index: Any, root: Path, shards: list[mf.Shard]) -> Any:
+    """``index`` (trained, empty, IVF-family) filled with every shard's rows: one Ray task per
+    shard fills a copy, the driver merges their lists into ``root/index.ivfdata``
+    (:func:`flowsearch.index.merge_on_disk`). The driver never holds the lists in RAM."""
+    import faiss
+
+    folder = root / "_work" / "ivf"
+    folder.mkdir(parents=True)
+    trained = ray.put(faiss.serialize_index(index))
+    task = ray.remote(num_cpus=1)(_fill_shard)
+    refs, parts, start = [], [], 0
+    for number, shard in enumerate(shards):
+        part = folder / f"part-{number:05d}.faiss"
+        refs.append(task.remote(trained, str(root / shard.path), start, str(part)))
+        parts.append(part)
+        start += shard.rows
+    added = sum(ray.get(refs))
+    if added != start:
+        raise FlowsearchError(f"Ray filled the IVF lists with {added} rows of {start}; rerun")
+    return fx.merge_on_disk(index, parts, root / mf.IVF_DATA_FILE)
+
+
 # --- the whole build -------------------------------------------------------------------------
 
 
@@ -415,6 +454,7 @@ def build_on_ray(
         writer = store.ShardWriter(tmp)
         lps: list[np.ndarray] = []
         last, written = -1, 0
+        on_disk = fx.mergeable(faiss_index)  # IVF: filled per shard on Ray, merged on disk
         for table in projected.iter_batches(batch_format="pyarrow", batch_size=None):
             keys = table.column(ROW).to_numpy()
             if len(keys) and (keys[0] <= last or np.any(np.diff(keys) <= 0)):
@@ -425,12 +465,16 @@ def build_on_ray(
                 lps.append(lp.to_numpy())
             shard = table.drop_columns([ROW, LOG_PROB])
             writer.write(shard)
-            fx.add(faiss_index, _matrix(shard.column("vector")), factory)
+            if not on_disk:
+                fx.add(faiss_index, _matrix(shard.column("vector")), factory)
             written += shard.num_rows
         shards = writer.close()
         if written != plan.rows:
             raise FlowsearchError(f"Ray projected {written} rows, the corpus has {plan.rows}")
         space.calibrator.save(tmp / mf.CALIBRATOR_DIR)
+    if on_disk:
+        with st.timed("fill IVF"), st.status("filling IVF lists on Ray, merging them on disk"):
+            faiss_index = _fill_on_ray(ray, faiss_index, tmp, shards)
     held_raw = _read_rows(files, held_idx)
     shutil.rmtree(tmp / "_work")
     return _finish(

@@ -109,7 +109,8 @@ def delete(index_dir: str | os.PathLike[str], ids: Sequence[Any]) -> DeleteResul
         if not rows:
             return DeleteResult(0, missing, base.version)
         dead = np.array(sorted(rows), dtype=np.int64)
-        for part in (mf.CALIBRATOR_DIR, mf.FAISS_FILE, *(s.path for s in base.shards)):
+        on_disk = (mf.IVF_DATA_FILE,) if mf.IVF_DATA_FILE in base.files else ()
+        for part in (mf.CALIBRATOR_DIR, mf.FAISS_FILE, *on_disk, *(s.path for s in base.shards)):
             build.link(part)
         tombstones, n_deleted = store.write_deleted(build.path, deleted, dead)
         lexical = base.lexical
@@ -179,7 +180,7 @@ def _rewrite(
         raise FlowsearchError("every row is deleted; build a new index instead")
     dim = space.dim if space is not None else base.dim
     requested = base.faiss.requested
-    factory = fx.auto_factory(live) if requested == "auto" else base.faiss.factory
+    factory = fx.auto_factory(live, dim=dim) if requested == "auto" else base.faiss.factory
     faiss_index = fx.new_index(dim, factory)
     sample = None
     if not faiss_index.is_trained or (requested == "auto" and factory != "Flat"):

@@ -122,23 +122,9 @@ class Version:
 
 
 def _read_faiss(path: Path, manifest: mf.Manifest, mmap: bool) -> Any:
-    """The version's FAISS index, read into RAM or memory-mapped (``mmap``)."""
-    if not mmap:
-        return fx.read_index(path, manifest.faiss.params)
-    import faiss
-
-    # IVF: IO_FLAG_MMAP maps the inverted lists. Other indexes: IO_FLAG_MMAP_IFC maps the codes
-    # of flat storage (Flat, HNSW's vectors). Combining both fails on IVF files (faiss 1.15).
-    ivf = "IVF" in manifest.faiss.factory.upper()
-    flags = faiss.IO_FLAG_MMAP if ivf else faiss.IO_FLAG_MMAP_IFC
-    try:
-        index = faiss.read_index(str(path), flags | faiss.IO_FLAG_READ_ONLY)
-    except RuntimeError as exc:
-        raise FlowsearchError(
-            f"cannot read FAISS index {path} ({exc}); rebuild the index"
-        ) from None
-    fx.set_params(index, manifest.faiss.params)
-    return index
+    """The version's FAISS index, read into RAM or memory-mapped (``mmap``, see
+    :func:`flowsearch.index.mmap_flags`)."""
+    return fx.read_index(path, manifest.faiss.params, mmap=manifest.faiss.factory if mmap else None)
 
 
 def load(

@@ -29,6 +29,20 @@ def test_auto_factory_switches_at_threshold():
     assert fx.auto_factory(1_001, flat_max_rows=1_000) == "HNSW32"
 
 
+def test_auto_factory_picks_ivf_pq_with_rerank_past_the_graph_threshold():
+    graph_max = fx.AUTO_GRAPH_MAX_ROWS
+    assert fx.auto_factory(graph_max, dim=384) == "HNSW32"
+    assert fx.auto_factory(graph_max + 1, dim=384) == fx.large_factory(graph_max + 1, 384)
+    assert fx.large_factory(1_000_000, 384) == "IVF1024,PQ48,RFlat"
+    assert fx.large_factory(100_000_000, 768) == "IVF8192,PQ96,RFlat"
+    assert fx.large_factory(1_000, 100) == "IVF16,PQ10,RFlat"  # m divides dim; >= 39 rows a list
+    assert fx.auto_factory(5_000, 1_000, graph_max_rows=2_000, dim=32) == "IVF64,PQ4,RFlat"
+    with pytest.raises(ValueError, match="needs dim"):
+        fx.auto_factory(graph_max + 1)
+    assert fx.refined("IVF64,PQ4,RFlat") and fx.refined("IVF64,PQ4,Refine(Flat)")
+    assert not fx.refined("IVF64,PQ4") and not fx.refined("HNSW32")
+
+
 def test_ivf_factory_keeps_enough_training_points_per_list():
     assert fx.ivf_factory(2_000) == "IVF32,Flat"  # >= 39 points per list
     assert fx.ivf_factory(200_000) == "IVF2048,Flat"
@@ -187,3 +201,57 @@ def test_tune_search_stops_at_the_largest_setting_when_target_is_unreachable():
     index, _, _ = fx.build(x, "IVF16,Flat")
     params, recall = fx.tune_search(index, x, lambda: iter([x]), target=1.01)
     assert params == "nprobe=16" and recall == 1.0  # all lists: exact, and no endless loop
+
+
+def _large(x: np.ndarray) -> tuple[faiss.Index, str, str]:
+    """``auto`` past lowered thresholds: the IVF-PQ path with its exact re-rank."""
+    return fx.build(x, "auto", flat_max_rows=500, graph_max_rows=1_000, target_recall=0.95)
+
+
+def test_large_path_reranks_to_the_target_recall_where_bare_pq_cannot():
+    x = _unit(12_000, dim=32, clusters=60)
+    index, factory, params = _large(x)
+    assert factory == "IVF128,PQ4,RFlat"
+    assert isinstance(index, faiss.IndexRefineFlat) and index.ntotal == len(x)
+    assert params.startswith("nprobe=") and ",k_factor_rf=" in params
+    q = _unit(300, dim=32, seed=9, clusters=60)  # fresh queries from the same distribution
+    _, truth = _brute(q, x, 10)
+    _, found = fx.search(index, q, 10)
+    assert fx.recall_at_k(found, truth) >= 0.93  # tuned to 0.95 on its own queries
+    faiss.downcast_index(index).k_factor = 1  # the PQ codes' own ranking: far from it
+    _, bare = fx.search(index, q, 10)
+    assert fx.recall_at_k(bare, truth) < 0.8
+
+
+def test_ivf_training_is_bounded(monkeypatch):
+    x = _unit(12_000, dim=32, clusters=20)
+    index = fx.new_index(32, "IVF16,PQ4,RFlat")
+    seen: list[int] = []
+    real = index.train
+    monkeypatch.setattr(index, "train", lambda sample: (seen.append(len(sample)), real(sample)))
+    fx.train(index, x, "IVF16,PQ4,RFlat")
+    assert seen == [10_000]  # max(64 rows per list, 10,000), not the 12,000 given
+    ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
+    assert ivf.cp.niter == fx.IVF_TRAIN_ITERATIONS == ivf.pq.cp.niter
+    assert not ivf.do_polysemous_training
+
+
+def test_large_path_memory_maps_and_prefilters(tmp_path):
+    from flowsearch.prefilter import filtered_search, prepare_index
+
+    x = _unit(6_000, dim=32, clusters=40)
+    index, factory, params = _large(x)
+    fx.write_index(index, tmp_path / "i.faiss")
+    mapped = fx.read_index(tmp_path / "i.faiss", params, mmap=factory)
+    prepare_index(mapped)  # no direct map needed: it reconstructs from the re-rank vectors
+    q = _unit(40, dim=32, seed=3, clusters=40)
+    np.testing.assert_array_equal(fx.search(mapped, q, 10)[1], fx.search(index, q, 10)[1])
+    dead = np.zeros(len(x), dtype=bool)
+    dead[::2] = True
+    for exact_below in (10, 100_000):  # through the FAISS selector, and by brute force
+        scores, rows = filtered_search(mapped, q, 10, excluded=dead, exact_below=exact_below)
+        assert (rows >= 0).all() and not dead[rows].any()
+    few = np.arange(0, len(x), 97)
+    _, rows = filtered_search(mapped, q, 5, rows=few)  # selective: exact over their vectors
+    _, want = _brute(q, x[few], 5)
+    np.testing.assert_array_equal(rows, few[want])

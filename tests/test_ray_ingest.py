@@ -152,3 +152,60 @@ def test_local_build_never_imports_ray(tmp_path: Path, model_dir: Path, repo_roo
         [sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+IVF_FACTORY = "IVF8,Flat"
+
+
+@pytest.fixture(scope="module")
+def built_ivf(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> dict[str, Any]:
+    """An IVF index built by both engines, with shards of 60 rows: on Ray, each shard's rows go
+    into their own copy of the trained index and the parts are merged on disk."""
+    from flowsearch import store
+
+    tmp = tmp_path_factory.mktemp("ray-ivf")
+    corpus = write_corpus(tmp / "corpus.parquet", n=ROWS + 30)
+    options = dict(model=str(model_dir), calibration="none", index_factory=IVF_FACTORY)
+    patch = pytest.MonkeyPatch()
+    patch.setattr(store, "SHARD_ROWS", 60)  # 4 shards: 4 parts to merge
+    try:
+        build_index(corpus, tmp / "local", **options)
+        with ray_ingest.ray_session():
+            build_index(corpus, tmp / "ray", engine="ray", **options)
+    finally:
+        patch.undo()
+    return {"tmp": tmp}
+
+
+@pytest.mark.slow
+def test_ivf_lists_are_merged_on_disk_and_answer_like_the_local_build(
+    built_ivf: dict[str, Any],
+) -> None:
+    import shutil
+
+    tmp = built_ivf["tmp"]
+    local, ray = mf.read(tmp / "local"), mf.read(tmp / "ray")
+    assert len(ray.shards) == 4 and ray.faiss.factory == IVF_FACTORY
+    assert mf.IVF_DATA_FILE in ray.files and mf.IVF_DATA_FILE not in local.files
+    moved = Path(shutil.copytree(tmp / "ray", tmp / "moved"))  # the directory is relocatable
+    a = Searcher.open(tmp / "local", gpu=False)
+    for where, mmap in ((tmp / "ray", False), (tmp / "ray", True), (moved, True)):
+        b = Searcher.open(where, verify=True, gpu=False, mmap=mmap, encoder=a.encoder)
+        for hits_a, hits_b in zip(
+            a.search(QUERIES, k=10, mode="dense"), b.search(QUERIES, k=10, mode="dense")
+        ):
+            assert [h.id for h in hits_b] == [h.id for h in hits_a]
+            np.testing.assert_allclose(
+                [h.score for h in hits_b], [h.score for h in hits_a], atol=1e-5
+            )
+        b.close()
+    # later writes keep working: delete links the lists file, add copies the lists into RAM
+    from flowsearch import add_to_index, delete
+
+    assert delete(moved, ["d3"]).deleted == 1
+    add_to_index(write_corpus(tmp / "more.parquet", n=20, seed=4, id_prefix="m"), moved)
+    s = Searcher.open(moved, verify=True, gpu=False)
+    assert len(s) == ROWS + 30 - 1 + 20
+    assert "d3" not in {h.id for hits in s.search(QUERIES, k=50, mode="dense") for h in hits}
+    # the first merged version is untouched by the writes after it
+    Searcher.open(tmp / "ray", verify=True, gpu=False)
