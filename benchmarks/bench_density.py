@@ -101,12 +101,12 @@ def auroc(pos: np.ndarray, neg: np.ndarray) -> float:
 class Signals:
     """Every signal's function of raw vectors, fitted on the index's fit rows."""
 
-    def __init__(self, fit: np.ndarray, index_raw: np.ndarray) -> None:
+    def __init__(self, fit: np.ndarray, index_raw: np.ndarray, pooling: str | None = None) -> None:
         t0 = time.perf_counter()
         self.wflow = make_calibrator("whitening-flow", seed=0).fit(fit)
         self.flow = make_calibrator("flow", seed=0).fit(fit)
         self.white = make_calibrator("whitening").fit(fit)
-        cal, spec = fit_for_index(fit, "auto")
+        cal, spec = fit_for_index(fit, "auto", pooling=pooling)
         self.space = SearchSpace(cal, spec)
         self.space_name = spec.space
         self.index = self.space.project(index_raw, want_density=False)[0]
@@ -139,7 +139,7 @@ def study(pooling: str, texts: Texts, store: VectorStore, enc: Any) -> dict[str,
     P = store.get(passages)
     held_texts = [passages[i] for i in held_rows]
     snip = snippets(held_texts)
-    sig = Signals(P[fit_rows], P)
+    sig = Signals(P[fit_rows], P, pooling)
     fit_index = sig.index[fit_rows]
     groups: dict[str, list[str]] = {
         "questions (QNLI)": texts.questions,
@@ -267,7 +267,7 @@ def fusion(pooling: str, texts: Texts, store: VectorStore) -> dict[str, Any]:
         qids = list(ds.queries)
         Q = store.get([ds.queries[q] for q in qids])
         fit_rows, held_rows = split_rows(len(C))
-        cal, spec = fit_for_index(C[fit_rows], "auto")
+        cal, spec = fit_for_index(C[fit_rows], "auto", pooling=pooling)
         space = SearchSpace(cal, spec)
         Zc = space.project(C, want_density=False)[0]
         Zq, lp = space.project(Q)
