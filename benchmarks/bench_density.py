@@ -101,12 +101,12 @@ def auroc(pos: np.ndarray, neg: np.ndarray) -> float:
 class Signals:
     """Every signal's function of raw vectors, fitted on the index's fit rows."""
 
-    def __init__(self, fit: np.ndarray, index_raw: np.ndarray) -> None:
+    def __init__(self, fit: np.ndarray, index_raw: np.ndarray, pooling: str | None = None) -> None:
         t0 = time.perf_counter()
         self.wflow = make_calibrator("whitening-flow", seed=0).fit(fit)
         self.flow = make_calibrator("flow", seed=0).fit(fit)
         self.white = make_calibrator("whitening").fit(fit)
-        cal, spec = fit_for_index(fit, "auto")
+        cal, spec = fit_for_index(fit, "auto", pooling=pooling)
         self.space = SearchSpace(cal, spec)
         self.space_name = spec.space
         self.index = self.space.project(index_raw, want_density=False)[0]
@@ -139,7 +139,7 @@ def study(pooling: str, texts: Texts, store: VectorStore, enc: Any) -> dict[str,
     P = store.get(passages)
     held_texts = [passages[i] for i in held_rows]
     snip = snippets(held_texts)
-    sig = Signals(P[fit_rows], P)
+    sig = Signals(P[fit_rows], P, pooling)
     fit_index = sig.index[fit_rows]
     groups: dict[str, list[str]] = {
         "questions (QNLI)": texts.questions,
@@ -267,7 +267,7 @@ def fusion(pooling: str, texts: Texts, store: VectorStore) -> dict[str, Any]:
         qids = list(ds.queries)
         Q = store.get([ds.queries[q] for q in qids])
         fit_rows, held_rows = split_rows(len(C))
-        cal, spec = fit_for_index(C[fit_rows], "auto")
+        cal, spec = fit_for_index(C[fit_rows], "auto", pooling=pooling)
         space = SearchSpace(cal, spec)
         Zc = space.project(C, want_density=False)[0]
         Zq, lp = space.project(Q)
@@ -365,36 +365,71 @@ def fusion(pooling: str, texts: Texts, store: VectorStore) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 # report
 
-FINDINGS = """### What this shows (run of 2026-11-23)
+
+def findings(res: dict[str, Any]) -> str:
+    """The section's summary, every figure read from the results (``mean`` and ``static``)."""
+    m, st = res["poolings"]["mean"], res["poolings"]["static"]
+    Q, P = ("queries: QNLI questions vs STS-B/SICK sentences",
+            "passages: held-out QNLI vs STS-B/SICK/SNLI")  # fmt: skip
+    WF, FP, GA = DENSITIES
+    LA = f"{WF}, length-adjusted"
+    VERDICT = "max cosine < p5 of held-out passages"
+    FA, CAUGHT = "questions (false alarms)", "off-domain queries (detected)"
+
+    def a(r: dict[str, Any], sig: str, case: str) -> str:
+        return f"{r['study']['auroc'][sig][case]:.2f}"
+
+    def sp(r: dict[str, Any], key: str) -> str:
+        return f"{r['study']['length_spearman'][WF][key]:+.2f}"
+
+    def fusion_gain(r: dict[str, Any]) -> tuple[str, float, str, float]:
+        rows = r["fusion"]["test_half_ndcg10"]
+        fixed = [k for k in rows if k.startswith("fixed") and "best fixed" in k][0]
+        base = rows[[k for k in rows if k.startswith("fixed 0.5")][0]]["macro"]
+        lean = max(rows[k]["macro"] for k in rows if k.startswith("lean"))
+        return fixed.split()[1], rows[fixed]["macro"] - base, "", lean - rows[fixed]["macro"]
+
+    mw, m_fixed, _, m_lean = fusion_gain(m)
+    sw, s_fixed, _, s_lean = fusion_gain(st)
+    mg, sg = m["study"]["groups"], st["study"]["groups"]
+    mr, sr = m["study"]["rules"], st["study"]["rules"]
+    old = "today: flow fitted on all rows, 1 std below their mean"
+    return f"""### What this shows
 
 - **The flow does not beat the Gaussian.** With `mean` (the default), the whitening-flow `auto`
-  fits and a plain Gaussian give the same AUROC (queries 0.81 / 0.81, passages 0.97 / 0.97); the
-  paper's flow is worse on queries (0.72). With `static`, the paper's flow is ahead on queries
-  (0.71 vs 0.64) and equal on passages (0.96).
-- **The density tracks length.** Spearman of log-density with token count: +0.76 (`mean`) and
-  +0.89 (`static`) over all texts, +0.83/+0.84 within held-out passages. A 10-word window cut
-  from an in-domain passage sits far below the passages (`mean` median -44 vs +262 nats).
-  Removing a line in log(tokens) helps the queries (0.81 -> 0.87) and costs the passages
-  (0.97 -> 0.90): part of what separated foreign passages was that they are shorter.
-- **The neighbour signals win for queries.** `mean`: max cosine to the index 0.99 (queries),
-  0.98 (passages); the 10th neighbour 0.98 / 0.98. `static`: max cosine 0.84 for queries but
-  0.71 for passages, where the densities (0.96) are better.
-- **Today's verdict was wrong**: judged against rows the flow saw, 1 std below their mean, it
-  flags 94% of in-domain questions. The product now judges a query's best dense score against
-  held-out rows' best scores (below their 5th percentile): with `mean` 2% false alarms, 86% of
-  off-domain queries caught; with `static` 1% false alarms but only 7% caught (its signal is
-  weak for short queries).
+  fits and a plain Gaussian give AUROC {a(m, WF, Q)} / {a(m, GA, Q)} on queries and
+  {a(m, WF, P)} / {a(m, GA, P)} on passages; the paper's flow {a(m, FP, Q)} on queries. With
+  `static`: the paper's flow {a(st, FP, Q)} vs {a(st, WF, Q)} on queries, {a(st, FP, P)} vs
+  {a(st, WF, P)} on passages.
+- **The density tracks length.** Spearman of log-density with token count:
+  {sp(m, "all texts pooled")} (`mean`) and {sp(st, "all texts pooled")} (`static`) over all
+  texts, {sp(m, "held-out passages")} / {sp(st, "held-out passages")} within held-out passages.
+  A 10-word window cut from an in-domain passage sits far below the passages (`mean` median
+  {mg["snippets"][WF]:.0f} vs {mg["held-out passages"][WF]:+.0f} nats). Removing a line in
+  log(tokens): queries {a(m, WF, Q)} -> {a(m, LA, Q)}, passages {a(m, WF, P)} ->
+  {a(m, LA, P)} (`mean`).
+- **The neighbour signals win for queries.** `mean`: max cosine to the index
+  {a(m, "max cosine", Q)} (queries), {a(m, "max cosine", P)} (passages). `static`: max cosine
+  {a(st, "max cosine", Q)} for queries, {a(st, "max cosine", P)} for passages, where the
+  densities ({a(st, WF, P)}) are better.
+- **The old verdict was wrong**: judged against rows the flow saw, 1 std below their mean, it
+  flags {mr[old][FA]:.0%} of in-domain questions. The product judges a query's best dense score
+  against held-out rows' best scores (below their 5th percentile): with `mean`
+  {mr[VERDICT][FA]:.0%} false alarms, {mr[VERDICT][CAUGHT]:.0%} of off-domain queries caught;
+  with `static` {sr[VERDICT][FA]:.0%} false alarms, {sr[VERDICT][CAUGHT]:.0%} caught (in-domain
+  questions' median best score {sg["questions (QNLI)"]["max cosine"]:.2f} against
+  {sg["off: stsb"]["max cosine"]:.2f} for STS-B sentences: a narrow gap).
 - **Density-aware fusion does not earn a default.** Leaning lexical for unfamiliar queries
-  moves macro nDCG@10 by +0.0007 (`mean`) and +0.0002 (`static`) over the best fixed weight on
-  the test half: noise. The fixed weight matters more (`mean` 0.7: +0.008 over 0.5; `static`
-  0.3: +0.009) - for whoever tunes `HYBRID_WEIGHT`."""
+  moves macro nDCG@10 by {m_lean:+.4f} (`mean`) and {s_lean:+.4f} (`static`) over the best fixed
+  weight on the test half. The fixed weight matters more (`mean` {mw}: {m_fixed:+.4f} over 0.5;
+  `static` {sw}: {s_fixed:+.4f})."""
 
 
 def markdown(res: dict[str, Any]) -> str:
     lines = ["## Density: out-of-distribution study (`benchmarks/bench_density.py`)", ""]
     lines.append(res["setup"])
     lines.append("")
-    lines += [FINDINGS, ""]
+    lines += [findings(res), ""]
     for pooling, r in res["poolings"].items():
         s = r["study"]
         cases = list(next(iter(s["auroc"].values())))
@@ -440,6 +475,17 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_results(res: dict[str, Any]) -> None:
+    """This study's section of benchmarks/RESULTS.md."""
+    from results_md import write_section
+
+    regen = (
+        "Regenerate with `PYTHONPATH=. python benchmarks/bench_density.py` (after "
+        "`make_dev_sets.py ... --max-corpus 3000`); figures in `benchmarks/bench_density.json`."
+    )
+    write_section(HERE / "RESULTS.md", markdown(res) + regen, "bench_density")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", default=os.environ.get("FLOWSEARCH_DATA", "../shared/data"))
@@ -482,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     (HERE / "bench_density.json").write_text(json.dumps(res, indent=2) + "\n")
     (HERE / "bench_density.md").write_text(markdown(res))
+    write_results(res)
     print(markdown(res))
     return 0
 

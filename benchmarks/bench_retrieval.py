@@ -34,6 +34,7 @@ import argparse
 import inspect
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -231,6 +232,11 @@ def make_encoder(label: str, m2v: Path | None) -> Any:
     return Encoder(pooling=label)
 
 
+def pooling_of(label: str) -> str:
+    """The encoder pooling behind a label (Model2Vec and the static variants are ``static``)."""
+    return "static" if label.startswith("static:") or label == "model2vec" else label
+
+
 def distil_model2vec(target: Path) -> Path | None:
     """A Model2Vec model distilled from the bundled model (its defaults), or None if impossible."""
     if (target / "model.safetensors").is_file():
@@ -253,7 +259,7 @@ def distil_model2vec(target: Path) -> Path | None:
 def auto_dense(study: Study, ds: DevSet, label: str) -> tuple[Any, dict[str, Any]]:
     """Dense search with ``calibration="auto"`` as an index would build it."""
     Uc, _ = study.split(ds, label)
-    cal, spec = fit_for_index(Uc, "auto")
+    cal, spec = fit_for_index(Uc, "auto", pooling=pooling_of(label))
     chosen = spec.calibrator if spec.calibrated else "none"
     cfg = {k: v for k, v in spec.config.items() if k in ("power", "shrinkage")}
     hits = study.dense(ds, label, "auto", cal, spec, chosen=chosen, chosen_config=cfg,
@@ -264,7 +270,9 @@ def auto_dense(study: Study, ds: DevSet, label: str) -> tuple[Any, dict[str, Any
 def speed(texts: list[str], m2v: Path | None) -> dict[str, Any]:
     """Encoding rows per CPU second and per wall second, static vs mean, same texts, uncached."""
     chars = round(float(np.mean([len(t) for t in texts])), 1)
-    out: dict[str, Any] = {"texts": len(texts), "mean_chars": chars}
+    out: dict[str, Any] = {"texts": len(texts), "mean_chars": chars,
+                           "load_average": round(os.getloadavg()[0], 2),
+                           "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}  # fmt: skip
     labels = ["static:raw", "mean"] + (["model2vec"] if m2v else [])
     for label in labels:
         enc = make_encoder(label, m2v)
@@ -281,26 +289,24 @@ def speed(texts: list[str], m2v: Path | None) -> dict[str, Any]:
 
 
 def product_check(ds_dir: Path, label: str, study: Study, ds: DevSet) -> dict[str, Any]:
-    """One configuration through build_index + Searcher, beside this script's own figures.
-
-    ``run_retrieval``'s ``dense`` mode is not compared: ``search_run`` passes no mode for it,
-    so on an index with a lexical part the Searcher answers in its default mode, hybrid.
-    """
+    """One configuration through build_index + Searcher, beside this script's own figures
+    (lexical and hybrid; hybrid at the weight the Searcher uses for the pooling)."""
     from flowsearch.evaluation.retrieval import run_retrieval
-    from flowsearch.searcher import HYBRID_WEIGHT
+    from flowsearch.searcher import HYBRID_WEIGHT, HYBRID_WEIGHT_STATIC
 
     pooling, _, variant = label.partition(":")
     if variant not in ("", "raw"):
         return {}
     result = run_retrieval(ds_dir, pooling=pooling, calibration="none", modes=["lexical", "hybrid"],
                            ignore_identical_ids=ds.ignore_identical)  # fmt: skip
+    weight = HYBRID_WEIGHT_STATIC if pooling == "static" else HYBRID_WEIGHT  # as the Searcher
     mine = {
         "lexical": study.find(set=ds.name, mode="lexical")[-1],
         "hybrid": study.find(
-            set=ds.name, encoder=label, calibration="none", mode="hybrid", weight=HYBRID_WEIGHT
+            set=ds.name, encoder=label, calibration="none", mode="hybrid", weight=weight
         )[-1],  # fmt: skip
     }
-    return {"set": ds.name, "encoder": label, "calibration": "none", "weight": HYBRID_WEIGHT,
+    return {"set": ds.name, "encoder": label, "calibration": "none", "weight": weight,
             "product": {m: {k: round(v, 4) for k, v in result["results"][m].items()}
                         for m in ("lexical", "hybrid")},
             "this_script": {m: {k: r[k] for k in METRICS} for m, r in mine.items()}}  # fmt: skip
@@ -329,7 +335,7 @@ def sts_check(
             row[cal_label] = round(
                 spearman100(cosine_pairs(cal.transform(a), cal.transform(b)), gold), 2
             )
-        cal, spec = fit_for_index(fit, "auto")
+        cal, spec = fit_for_index(fit, "auto", pooling=pooling_of(label))
         pa, pb = project(cal, spec, a), project(cal, spec, b)
         row["auto"] = round(spearman100(cosine_pairs(pa, pb), gold), 2)
         row["auto_searches"] = spec.calibrator if spec.calibrated else "none"

@@ -193,7 +193,11 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
         body = [[f"`{k}`", f"{v['rows_per_cpu_s']:,.0f}", f"{v['rows_per_wall_s']:,.0f}"]
                 for k, v in sp.items() if isinstance(v, dict)]  # fmt: skip
         out += [f"Encoding speed on {sp['texts']:,} QNLI passages (mean {sp['mean_chars']} "
-                f"characters), uncached, on a shared 2-core machine: static / mean = "
+                f"characters), uncached, on a shared 2-core machine"
+                + (f" (load average {sp['load_average']})" if "load_average" in sp else "")
+                + (f", OMP_NUM_THREADS={sp['omp_num_threads']}" if "omp_num_threads" in sp
+                   else "")
+                + ": static / mean = "
                 f"**{sp['static_over_mean_cpu']}x** per CPU second.", "",
                 *_table(["encoder", "rows / CPU s", "rows / wall s"], body)]  # fmt: skip
     tier = [

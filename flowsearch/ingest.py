@@ -195,6 +195,7 @@ def _fit_space(
         loaded=loaded,
         loaded_from=loaded_from,
         status=lambda what: st.status(what, follow="flowsearch.calibration"),
+        pooling=enc.pooling,
     )
     space = SearchSpace(cal, spec, enc)
     factory = fx.auto_factory(rows, dim=space.dim) if index_factory == "auto" else index_factory

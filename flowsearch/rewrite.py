@@ -319,7 +319,13 @@ def recalibrate(
         _, deleted = store.live_ids(root, base)
         with st.timed("fit"):
             U = _sample(root, base, deleted, "raw", fit_sample)
-            cal, spec = fit_for_index(U, calibration, loaded=loaded, loaded_from=calibrator)
+            cal, spec = fit_for_index(
+                U,
+                calibration,
+                loaded=loaded,
+                loaded_from=calibrator,
+                pooling=base.encoder.pooling,
+            )
         space = SearchSpace(cal, spec)
         with st.timed("rewrite"):
             manifest = _rewrite(build, "recalibrate", space, spec, st)

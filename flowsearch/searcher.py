@@ -82,8 +82,9 @@ MODES = ("dense", "lexical", "hybrid")
 #: asymmetric set (benchmarks/bench_retrieval.md).
 HYBRID_WEIGHT = 0.6
 #: Dense weight for ``static`` poolings (a table lookup, Model2Vec included): their dense side
-#: trails BM25 on question -> passage search; 0.3 is within 0.003 nDCG@10 of each dev set's best
-#: weight, where 0.6 falls below BM25 alone on QNLI (benchmarks/RESULTS.md, bench_retrieval).
+#: trails BM25 on question -> passage search; 0.3 is within 0.004 nDCG@10 of each dev set's best
+#: weight for the token table (0.003 for Model2Vec, whose own best is 0.4), where 0.6 falls below
+#: BM25 alone on QNLI (benchmarks/RESULTS.md, bench_retrieval).
 HYBRID_WEIGHT_STATIC = 0.3
 #: Candidates each side contributes to hybrid fusion (at least k).
 HYBRID_CANDIDATES = 100

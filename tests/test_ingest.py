@@ -367,3 +367,22 @@ def test_drift_is_not_judged_on_a_flow_fitted_on_too_few_rows():
     assert drift_report(far, corpus)["warn"] is True
     small = drift_report(far, corpus, is_reliable=False)
     assert small["warn"] is False and small["reliable"] is False and small["gap_std"] > 30
+
+
+def test_auto_calibrates_a_static_pooling_below_the_threshold(tmp_path, model_dir, corpus,
+                                                              monkeypatch):  # fmt: skip
+    """build_index passes the encoder's pooling to auto: a static table lookup is calibrated
+    even when the statistic says isotropic (the Model2Vec case, issue 16)."""
+    from flowsearch.calibration import anisotropy
+
+    monkeypatch.setattr(anisotropy, "should_calibrate", lambda stats: False)
+    out = tmp_path / "idx"
+    build_index(corpus, out, model=str(model_dir), pooling="static")
+    cal = mf.read(out).calibration
+    assert cal.space == "calibrated" and cal.calibrator == "gaussian"
+    assert "non-contextual" in cal.decision and cal.auto is not None and cal.auto.calibrated
+    from flowsearch.rewrite import recalibrate
+
+    recalibrate(out)  # refitting decides the same way
+    again = mf.read(out).calibration
+    assert again.space == "calibrated" and "non-contextual" in again.decision

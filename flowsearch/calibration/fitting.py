@@ -1,7 +1,9 @@
 r"""Choosing and fitting an index's calibrator, and deciding the space it searches.
 
 ``calibration="auto"`` searches a calibrated space only when the corpus's vectors are
-anisotropic (:func:`~flowsearch.calibration.anisotropy.should_calibrate`) and there are at least
+anisotropic (:func:`~flowsearch.calibration.anisotropy.should_calibrate`) or come from a
+non-contextual pooling (:data:`AUTO_CALIBRATES_POOLINGS`: ``static``, a transformer's token table
+or a Model2Vec model, and ``embedding_layer``), and there are at least
 :data:`~flowsearch.density.MIN_ROWS_PER_DIM` rows per dimension. Then it fits and searches
 :data:`AUTO_SEARCHES`, partial whitening with a Gaussian density
 (``make_calibrator("gaussian", power=0.25)``); otherwise it fits :data:`AUTO_FITS`
@@ -18,6 +20,17 @@ vectors on one set, while partial whitening (eigenvalues ``^-0.25``) was above r
 set and above full whitening on average. Its density is the corpus's full-covariance Gaussian
 (:class:`~flowsearch.calibration.linear.Gaussian`) instead of the flow (issue 16 found the
 Gaussian's density at least as good a signal as the flow's).
+
+Why non-contextual poolings by their kind (issue 16, ``benchmarks/bench_retrieval_auto.md``): a
+Model2Vec model's vectors have a mean cosine of 0.15-0.28 on the dev sets (it is PCA-reduced and
+unit-normalised), under the 0.33 threshold, yet partial whitening was never worse than raw on a
+dev set and gained on average, as for the transformer's own token table. ``embedding_layer``
+sits on the threshold on STS-B's sentences (0.329 on the test fit, 0.327 on the stsb-para dev
+set), where the statistic kept it raw though partial whitening gained on both. A
+lower threshold would also separate Model2Vec from the contrastive ``mean`` (0.02-0.06; which
+calibration costs up to 0.05 nDCG@10 even partially), but the STS study that set 0.33 has a
+contextual pooling at 0.29 that calibration hurts (MiniLM ``first_last_avg``); the kind of
+encoder separates them without that conflict. Contextual poolings keep the statistic's rule.
 
 Example:
     >>> U = np.random.default_rng(0).normal(size=(200, 4))
@@ -41,7 +54,7 @@ from flowsearch.density import MIN_ROWS_PER_DIM
 from flowsearch.errors import FlowsearchError
 from flowsearch.manifest import AutoDecision, CalibrationSpec
 
-__all__ = ["AUTO_FITS", "AUTO_SEARCHES", "fit_for_index", "load_fitted"]
+__all__ = ["AUTO_CALIBRATES_POOLINGS", "AUTO_FITS", "AUTO_SEARCHES", "fit_for_index", "load_fitted"]
 
 LOG = logging.getLogger(__name__)
 
@@ -52,6 +65,11 @@ AUTO_FITS = "whitening-flow"
 #: What ``auto`` fits and searches on an anisotropic corpus with enough rows: (name, config).
 #: Partial whitening, chosen on the retrieval dev sets (module docstring).
 AUTO_SEARCHES: tuple[str, dict[str, Any]] = ("gaussian", {"power": 0.25})
+#: Poolings ``auto`` calibrates whatever their anisotropy statistic: the non-contextual ones, means
+#: of token vectors that no attention layer has mixed (``static``: a transformer's token table or
+#: a Model2Vec model; ``embedding_layer``: the embedding layer's outputs). See the module
+#: docstring for the measurements.
+AUTO_CALIBRATES_POOLINGS: frozenset[str] = frozenset({"static", "embedding_layer"})
 _SEEDED = ("flow", "whitening-flow")
 
 
@@ -83,6 +101,7 @@ def fit_for_index(
     loaded: Any = None,
     loaded_from: str | os.PathLike[str] | None = None,
     status: Callable[[str], contextlib.AbstractContextManager[Any]] | None = None,
+    pooling: str | None = None,
 ) -> tuple[Any, CalibrationSpec]:
     """Fit the calibrator on raw vectors ``U`` (float32 (n, dim)) and decide the searched space.
 
@@ -92,6 +111,8 @@ def fit_for_index(
         loaded: a calibrator fitted before (see :func:`load_fitted`), used instead of fitting.
         loaded_from: where ``loaded`` was read from (recorded).
         status: a context manager factory showing a status line while fitting.
+        pooling: the encoder's pooling: ``auto`` calibrates the non-contextual ones
+            (:data:`AUTO_CALIBRATES_POOLINGS`) whatever their statistic.
 
     Returns:
         ``(calibrator, spec)``.
@@ -112,8 +133,10 @@ def fit_for_index(
         space, decision = "calibrated", "forced: a calibrator fitted elsewhere"
     else:
         anisotropic = bool(should_calibrate(stats))
+        by_kind = pooling in AUTO_CALIBRATES_POOLINGS
+        kind_only = by_kind and not anisotropic
         enough = len(U) >= MIN_ROWS_PER_DIM * U.shape[1]
-        searched = calibration == "auto" and anisotropic and enough
+        searched = calibration == "auto" and (anisotropic or by_kind) and enough
         if calibration != "auto":
             name, config = calibration, {"seed": 0} if calibration in _SEEDED else {}
         elif searched:
@@ -130,7 +153,8 @@ def fit_for_index(
             decision = (
                 f"{AUTO_STATISTIC}={stats.get(AUTO_STATISTIC, float('nan')):.4f} "
                 f"{'>' if anisotropic else '<='} {AUTO_THRESHOLD}"
-                + ("" if enough or not anisotropic else
+                + (f", but pooling {pooling!r} is non-contextual" if kind_only else "")
+                + ("" if enough or not (anisotropic or by_kind) else
                    f", but {len(U)} rows < {MIN_ROWS_PER_DIM} x dim {U.shape[1]}")
                 + (f": search in the {name} space ({name}{strength})" if searched
                    else ": search in the encoder space")

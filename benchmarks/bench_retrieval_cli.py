@@ -1,0 +1,150 @@
+r"""The dev sets through the shipped command, ``flowsearch eval retrieval``, with its defaults.
+
+Usage::
+
+    PYTHONPATH=. HF_HUB_OFFLINE=1 python benchmarks/bench_retrieval_cli.py [--data DIR]
+        [--max-corpus N] [--m2v DIR] [--tiers mean,static,model2vec]
+
+Each (dev set, tier) is one run of ``flowsearch eval retrieval DIR --mode all --json`` in a
+subprocess (symmetric sets add ``--ignore-identical-ids``, as their ``dataset.json`` says), so
+the figures are the product's: ``build_index`` with ``calibration="auto"`` and the default index,
+then ``Searcher.search`` per mode (hybrid is the Searcher's default mode and fusion weight).
+Tiers: ``mean`` (the defaults: bundled model, mean pooling), ``static`` (``--pooling static``),
+``model2vec`` (``--model DIR --pooling static``, a Model2Vec model distilled from the bundled
+model by ``bench_retrieval.py``). Writes ``benchmarks/bench_retrieval_cli.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from results_md import write_section  # noqa: E402
+
+LOG = logging.getLogger("bench_retrieval_cli")
+SETS = ("qnli-dev", "stsb-para", "sick-para", "snli-entail")
+MODES = ("dense", "lexical", "hybrid")
+
+
+def tier_options(tier: str, m2v: str) -> list[str]:
+    if tier == "mean":
+        return []
+    if tier == "static":
+        return ["--pooling", "static"]
+    if tier == "model2vec":
+        return ["--model", m2v, "--pooling", "static"]
+    raise ValueError(f"unknown tier {tier!r}")
+
+
+def run_one(ds_dir: Path, tier: str, m2v: str) -> dict[str, Any]:
+    info = json.loads((ds_dir / "dataset.json").read_text())
+    cmd = [sys.executable, "-c", "from flowsearch.cli import main; main()", "eval", "retrieval",
+           str(ds_dir), "--mode", "all", "--json", *tier_options(tier, m2v)]  # fmt: skip
+    if info["ignore_identical_ids"]:
+        cmd.append("--ignore-identical-ids")
+    load = round(os.getloadavg()[0], 2)
+    started = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    out = json.loads(done.stdout)
+    out["tier"] = tier
+    out["command"] = "flowsearch " + " ".join(cmd[3:])
+    out["wall_seconds"] = round(time.perf_counter() - started, 1)
+    out["load_average"] = [load, round(os.getloadavg()[0], 2)]
+    LOG.info("%s %s: %s", ds_dir.name, tier, out["results"])
+    return out
+
+
+def findings(runs: list[dict[str, Any]]) -> list[str]:
+    """Hybrid (the default mode) against each side alone, per tier, read from the runs."""
+    out = []
+    for tier in dict.fromkeys(r["tier"] for r in runs):
+        mine = [r for r in runs if r["tier"] == tier]
+        nd = {m: [r["results"][m]["ndcg@10"] for r in mine] for m in MODES}
+        vs_lex = min(h - x for h, x in zip(nd["hybrid"], nd["lexical"], strict=True))
+        vs_dense = min(h - x for h, x in zip(nd["hybrid"], nd["dense"], strict=True))
+        out.append(f"- `{tier}`: hybrid minus BM25 alone is {vs_lex:+.3f} nDCG@10 on its worst "
+                   f"set, hybrid minus dense {vs_dense:+.3f} on its worst.")  # fmt: skip
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    runs = report["runs"]
+    loads = [x for r in runs for x in r["load_average"]]
+    lines = [
+        "## The dev sets through `flowsearch eval retrieval` (`benchmarks/bench_retrieval_cli.py`)",
+        "",
+        f"Dev sets at most {report['max_corpus']:,} passages (`make_dev_sets.py`); one "
+        "`flowsearch eval retrieval DIR --mode all --json` per (set, tier) with the shipped "
+        "defaults (`calibration auto`, default index; hybrid is the Searcher's default mode). "
+        f"Load average {min(loads):.1f}-{max(loads):.1f} on 2 shared cores. Cells: nDCG@10 / "
+        "recall@100 / MRR@10.",
+        "",
+        "| tier | `auto` searches | mode | " + " | ".join(SETS) + " | mean nDCG@10 |",
+        "|---|---|---|" + "---|" * len(SETS) + "---:|",
+    ]
+    for tier in dict.fromkeys(r["tier"] for r in runs):
+        mine = {r["dataset"]: r for r in runs if r["tier"] == tier}
+        spaces = sorted({f"{r['calibrator']} ({r['space']})" for r in mine.values()})
+        for mode in MODES:
+            cells, nd = [], []
+            for s in SETS:
+                res = mine.get(s, {}).get("results", {}).get(mode)
+                if res is None:
+                    cells.append("")
+                    continue
+                nd.append(res["ndcg@10"])
+                cells.append(f"{res['ndcg@10']:.3f} / {res['recall@100']:.2f} / "
+                             f"{res['mrr@10']:.3f}")  # fmt: skip
+            mean = f"{sum(nd) / len(nd):.3f}" if nd else ""
+            lines.append(f"| `{tier}` | {', '.join(spaces)} | {mode} | " + " | ".join(cells)
+                         + f" | {mean} |")  # fmt: skip
+    commands = {r["command"].replace(str(HERE), "benchmarks") for r in runs
+                if r["dataset"] == SETS[0]}  # fmt: skip
+    lines += ["", *findings(runs)]
+    lines += ["", "Commands: " + "; ".join(f"`{c}`" for c in sorted(commands))]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=str(HERE.parent.parent / "shared" / "data"))
+    parser.add_argument("--max-corpus", type=int, default=6000)
+    parser.add_argument("--m2v", default=str(HERE / "_work" / "m2v_minilm"))
+    parser.add_argument("--tiers", default="mean,static,model2vec")
+    parser.add_argument("--out", default=str(HERE / "bench_retrieval_cli"))
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args(argv)
+    if args.report_only:
+        report = json.loads(Path(args.out + ".json").read_text())
+        Path(args.out + ".md").write_text(markdown(report))
+        write_section(HERE / "RESULTS.md", markdown(report), "bench_retrieval_cli")
+        return 0
+    from make_dev_sets import make_dev_sets
+
+    root = HERE / "_work" / f"dev_sets_{args.max_corpus}"
+    make_dev_sets(args.data, root, list(SETS), args.max_corpus)
+    report: dict[str, Any] = {"max_corpus": args.max_corpus, "runs": []}
+    for tier in args.tiers.split(","):
+        for s in SETS:
+            report["runs"].append(run_one(root / s, tier, args.m2v))
+            Path(args.out + ".json").write_text(json.dumps(report, indent=1) + "\n")
+    Path(args.out + ".md").write_text(markdown(report))
+    write_section(HERE / "RESULTS.md", markdown(report), "bench_retrieval_cli")
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(message)s")  # fmt: skip
+    sys.exit(main())
