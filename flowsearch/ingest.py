@@ -40,7 +40,7 @@ from flowsearch.errors import FlowsearchError
 from flowsearch.progress import Stages
 from flowsearch.space import SearchSpace
 
-__all__ = ["CHUNK_ROWS", "build_index", "summary"]
+__all__ = ["CHUNK_ROWS", "build_index", "finish_version", "fit_space", "summary"]
 
 LOG = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ def _fit_rows(n: int, fit_sample: int) -> tuple[np.ndarray, np.ndarray]:
     return split_fit_rows(n, fit_sample)
 
 
-def _fit_space(
+def fit_space(
     U_fit: np.ndarray,
     enc: Any,
     rows: int,
@@ -247,7 +247,7 @@ def _build(
     with st.timed("fit"):
         fit_idx, held_idx = _fit_rows(plan.rows, fit_sample)
         U_fit = np.asarray(raw[fit_idx])
-        space, faiss_index, factory, sample = _fit_space(
+        space, faiss_index, factory, sample = fit_space(
             U_fit, enc, plan.rows, st, calibration, loaded, loaded_from, index_factory
         )
         del U_fit
@@ -270,7 +270,7 @@ def _build(
     held_raw = np.asarray(raw[held_idx])
     del raw
     shutil.rmtree(work)
-    return _finish(
+    return finish_version(
         build,
         plan,
         enc,
@@ -288,7 +288,7 @@ def _build(
     )
 
 
-def _finish(
+def finish_version(
     build: directory.VersionBuild,
     plan: CorpusPlan,
     enc: Any,

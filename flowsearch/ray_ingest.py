@@ -386,7 +386,7 @@ def build_on_ray(
 ) -> mf.Manifest:
     """Encode, calibrate, write and publish on a connected Ray (see the module docstring)."""
     from flowsearch.density import split_fit_rows
-    from flowsearch.ingest import _finish, _fit_space
+    from flowsearch.ingest import finish_version, fit_space
 
     tmp = build.path
     raw_dir = tmp / "_work" / "raw"
@@ -433,7 +433,7 @@ def build_on_ray(
     with st.timed("fit"):
         fit_idx, held_idx = split_fit_rows(plan.rows, fit_sample)  # as the local path
         U_fit = _read_rows(files, fit_idx)
-        space, faiss_index, factory, sample = _fit_space(
+        space, faiss_index, factory, sample = fit_space(
             U_fit, enc, plan.rows, st, calibration, loaded, loaded_from, index_factory
         )
         del U_fit
@@ -477,7 +477,7 @@ def build_on_ray(
             faiss_index = _fill_on_ray(ray, faiss_index, tmp, shards)
     held_raw = _read_rows(files, held_idx)
     shutil.rmtree(tmp / "_work")
-    return _finish(
+    return finish_version(
         build,
         plan,
         enc,
