@@ -36,7 +36,6 @@ Token counts are word pieces of the bundled model's tokenizer for every pooling.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -50,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_density import auroc, snippets  # noqa: E402
 from density_data import VectorStore, load_texts, token_counts  # noqa: E402
-from results_md import write_section  # noqa: E402
+from results_md import publish  # noqa: E402
 
 from flowsearch.calibration.fitting import fit_for_index  # noqa: E402
 from flowsearch.density import OOD_PERCENTILE, best_other_score, split_fit_rows  # noqa: E402
@@ -253,9 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.report_only:
-        res = json.loads(Path(args.out + ".json").read_text())
-        Path(args.out + ".md").write_text(markdown(res))
-        write_section(HERE / "RESULTS.md", markdown(res), "bench_density_length")
+        publish(args.out, markdown, "bench_density_length", None)
         return 0
     from flowsearch.encoder import Encoder
 
@@ -297,10 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         + f" sentences (foreign passages). {res['seconds']:.0f} s; load average "
         f"{load[0]} at the start, {res['load_average'][1][0]} at the end (2 shared cores)."
     )
-    Path(args.out + ".json").write_text(json.dumps(res, indent=1) + "\n")
-    Path(args.out + ".md").write_text(markdown(res))
-    write_section(HERE / "RESULTS.md", markdown(res), "bench_density_length")
-    print(markdown(res))
+    print(publish(args.out, markdown, "bench_density_length", res))
     return 0
 
 

@@ -29,7 +29,6 @@ followed by a capital), to say whether fitting on passages' sentences can be mea
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
@@ -58,7 +57,7 @@ from bench_retrieval import (  # noqa: E402
     project,
     score_run,
 )
-from results_md import write_section  # noqa: E402
+from results_md import publish  # noqa: E402
 
 from flowsearch.calibration.anisotropy import STATISTICS, anisotropy_stats  # noqa: E402
 from flowsearch.calibration.fitting import fit_for_index  # noqa: E402
@@ -202,9 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true", help="re-render the .md")
     args = parser.parse_args(argv)
     if args.report_only:
-        report = json.loads(Path(args.out + ".json").read_text())
-        Path(args.out + ".md").write_text(render(report))
-        write_section(HERE / "RESULTS.md", render(report), "bench_retrieval_auto")
+        publish(args.out, render, "bench_retrieval_auto", None)
         return 0
     from make_dev_sets import make_dev_sets
 
@@ -229,9 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 report["fit"].append(part_b(ds, label, U, lexical_hits(ds)))
     report["load_average_end"] = load_average()
     report["seconds"] = round(time.perf_counter() - started, 1)
-    Path(args.out + ".json").write_text(json.dumps(report, indent=1) + "\n")
-    Path(args.out + ".md").write_text(render(report))
-    write_section(HERE / "RESULTS.md", render(report), "bench_retrieval_auto")
+    publish(args.out, render, "bench_retrieval_auto", report)
     return 0
 
 

@@ -20,6 +20,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -30,7 +31,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from results_md import write_section  # noqa: E402
+from results_md import publish  # noqa: E402
 
 LOG = logging.getLogger("bench_retrieval_cli")
 SETS = ("qnli-dev", "stsb-para", "sick-para", "snli-entail")
@@ -109,7 +110,8 @@ def markdown(report: dict[str, Any]) -> str:
             mean = f"{sum(nd) / len(nd):.3f}" if nd else ""
             lines.append(f"| `{tier}` | {', '.join(spaces)} | {mode} | " + " | ".join(cells)
                          + f" | {mean} |")  # fmt: skip
-    commands = {r["command"].replace(str(HERE), "benchmarks") for r in runs
+    # paths as seen from the repository (the run may have been in another checkout)
+    commands = {re.sub(r"\S*/benchmarks/", "benchmarks/", r["command"]) for r in runs
                 if r["dataset"] == SETS[0]}  # fmt: skip
     lines += ["", *findings(runs)]
     lines += ["", "Commands: " + "; ".join(f"`{c}`" for c in sorted(commands))]
@@ -126,9 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     if args.report_only:
-        report = json.loads(Path(args.out + ".json").read_text())
-        Path(args.out + ".md").write_text(markdown(report))
-        write_section(HERE / "RESULTS.md", markdown(report), "bench_retrieval_cli")
+        publish(args.out, markdown, "bench_retrieval_cli", None)
         return 0
     from make_dev_sets import make_dev_sets
 
@@ -139,8 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for s in SETS:
             report["runs"].append(run_one(root / s, tier, args.m2v))
             Path(args.out + ".json").write_text(json.dumps(report, indent=1) + "\n")
-    Path(args.out + ".md").write_text(markdown(report))
-    write_section(HERE / "RESULTS.md", markdown(report), "bench_retrieval_cli")
+    publish(args.out, markdown, "bench_retrieval_cli", report)
     return 0
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-__all__ = ["write_section"]
+__all__ = ["publish", "write_section"]
 
 
 def write_section(path: Path, body: str, name: str) -> None:
@@ -18,3 +21,18 @@ def write_section(path: Path, body: str, name: str) -> None:
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text)
+
+
+def publish(
+    out: str, render: Callable[[dict[str, Any]], str], section: str, report: dict[str, Any] | None
+) -> str:
+    """Write a run's ``out.json`` (unless ``report`` is None: re-render the stored one), its
+    ``out.md`` and its section of RESULTS.md (beside this file); returns the markdown."""
+    if report is None:
+        report = json.loads(Path(out + ".json").read_text())
+    else:
+        Path(out + ".json").write_text(json.dumps(report, indent=1) + "\n")
+    body = render(report)
+    Path(out + ".md").write_text(body)
+    write_section(Path(__file__).with_name("RESULTS.md"), body, section)
+    return body
