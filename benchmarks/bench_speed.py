@@ -202,7 +202,7 @@ def _faiss_200k(queries: list[str]) -> dict[str, Any]:
     def step(q: str) -> Any:
         return _one_faiss_thread(lambda: fx.search(index, Z[q][None], 10))
 
-    return {"faiss 200k (static index's HNSW32)": step}
+    return {"faiss 200k (static 200k index's HNSW32)": step}
 
 
 def stage_query(queries: list[str]) -> dict[str, Any]:

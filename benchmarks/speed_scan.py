@@ -108,7 +108,7 @@ def stage_scan(work: Path, queries: list[str]) -> dict[str, Any]:
         del flat
     out["static_200k"] = knob_curves(s, zq, x)
     s.close()
-    if (work / "mean_200k").exists():
+    if (work / "mean_200k" / "manifest.json").exists():
         s = Searcher.open(work / "mean_200k")
         out["mean_200k"] = knob_curves(s, s.embed(queries)[0], s.vectors())
         s.close()
