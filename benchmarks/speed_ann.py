@@ -4,8 +4,9 @@ For one set of unit vectors (one searched space) and its real queries: exact tru
 then ``HNSW32``, ``IVF{nlist},Flat`` and ``IVF{nlist},PQ48`` (bare, and with an exact re-rank of
 4k candidates, ``IndexRefineFlat``), each at a sweep of its search parameter: build seconds,
 serialized bytes, recall@10 against ``Flat`` in the same space, batch QPS (all queries in one
-call) and single-query p50. Also the re-scoring idea of issue 16: candidates from an index on
-another space's vectors, re-scored exactly in this one.
+call) and single-query p50 (one OpenMP thread, as ``Searcher`` runs one query). Also the
+re-scoring idea of issue 16: candidates from an index on another space's vectors, re-scored
+exactly in this one.
 
 Everything here is plain FAISS; the IVF quantizer is trained once per vector set and shared by
 IVF-Flat and IVF-PQ (their build times count it once each: each reports what it would cost alone).
@@ -46,6 +47,16 @@ def truth(x: np.ndarray, q: np.ndarray, k: int = 10) -> tuple[np.ndarray, float]
 
 
 def _p50_ms(index: faiss.Index, q: np.ndarray, k: int) -> float:
+    """Single-query p50 ms on one OpenMP thread (as ``Searcher`` runs one query)."""
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        return _p50_ms_here(index, q, k)
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
+def _p50_ms_here(index: faiss.Index, q: np.ndarray, k: int) -> float:
     sub = q[:_LATENCY_QUERIES]
     for row in sub[:10]:
         index.search(row[None], k)
@@ -191,7 +202,7 @@ def study(
 
 def rescored(
     candidates: faiss.Index | None,
-    cand_queries: np.ndarray,
+    cand_queries: Any,
     z: np.ndarray,
     zq: np.ndarray,
     gt: np.ndarray,
@@ -200,23 +211,47 @@ def rescored(
 ) -> list[dict[str, float]]:
     """Candidates (top ``depth``) from ``candidates`` searched with ``cand_queries`` (another
     space, e.g. raw), re-scored exactly with this space's vectors ``z`` / queries ``zq``;
-    recall@k against ``gt`` (exact top-k in this space) and batch QPS of both steps."""
+    recall@k against ``gt`` (exact top-k in this space), batch QPS of both steps (all queries in
+    one call) and single-query p50 ms of both steps (the first 200 queries, one at a time).
+
+    ``candidates=None``: exact candidates, ``cand_queries`` = (queries, vectors) of the other
+    space (the idea's ceiling; the Flat index's build is not charged)."""
+    if candidates is None:
+        flat = faiss.IndexFlatIP(cand_queries[1].shape[1])
+        flat.add(cand_queries[1])
+        index, cq = flat, cand_queries[0]
+    else:
+        index, cq = candidates, cand_queries
+
+    def run(qc: np.ndarray, qz: np.ndarray, depth: int) -> np.ndarray:
+        _, cand = index.search(qc, depth)
+        scores = np.einsum("qd,qcd->qc", qz, z[np.maximum(cand, 0)])
+        scores[cand < 0] = -np.inf
+        return np.take_along_axis(cand, np.argsort(-scores, axis=1)[:, :k], axis=1)
+
     points = []
     for depth in depths:
         start = _now()
-        if candidates is None:  # exact candidates in the other space: the idea's ceiling
-            flat = faiss.IndexFlatIP(cand_queries[1].shape[1])
-            flat.add(cand_queries[1])
-            _, cand = flat.search(cand_queries[0], depth)
-            start = _now()  # do not charge the ceiling's index build
-            _, cand = flat.search(cand_queries[0], depth)
-        else:
-            _, cand = candidates.search(cand_queries, depth)
-        scores = np.einsum("qd,qcd->qc", zq, z[np.maximum(cand, 0)])
-        scores[cand < 0] = -np.inf
-        top = np.take_along_axis(cand, np.argsort(-scores, axis=1)[:, :k], axis=1)
+        top = run(cq, zq, depth)
         qps = len(zq) / (_now() - start)
-        points.append({"depth": depth, "recall": fx.recall_at_k(top, gt, k), "qps": qps})
+        before = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(1)  # one query on one OpenMP thread, as Searcher runs it
+        for i in range(10):  # warm-up
+            run(cq[i : i + 1], zq[i : i + 1], depth)
+        times = []
+        for i in range(min(_LATENCY_QUERIES, len(zq))):
+            start = _now()
+            run(cq[i : i + 1], zq[i : i + 1], depth)
+            times.append(_now() - start)
+        faiss.omp_set_num_threads(before)
+        points.append(
+            {
+                "depth": depth,
+                "recall": fx.recall_at_k(top, gt, k),
+                "qps": qps,
+                "p50_ms": float(np.median(times) * 1e3),
+            }
+        )
     return points
 
 

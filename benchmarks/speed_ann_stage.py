@@ -1,10 +1,16 @@
 r"""The ANN stage of ``bench_speed.py``: index types per space at 200k and 1M, re-scoring, and how
 well ``auto``'s tuning queries predict real-query recall.
 
-Spaces, all from the static 200k index: ``raw`` (the stored encoder vectors, normalised),
-``whitening`` (fitted here on those raw vectors) and ``whitening-flow`` (the index's own searched
-vectors: what ``auto`` chose). Queries: the 2,000 held-out real queries, encoded by the index's
-encoder and projected into each space.
+Spaces, all from the static 200k index: ``raw`` (the stored encoder vectors, normalised), the
+space the index's manifest says it searched (``s.manifest.calibration``: for static, ``auto``
+fits partial whitening, ``gaussian`` with ``power`` 0.25; the index's own searched vectors and
+its own fitted calibrator, read from the index, never assumed), and full ``whitening`` (fitted
+here on the raw vectors). ``whitening-flow`` (fitted here) only with
+``BENCH_SPEED_WHITENING_FLOW=1``. Queries: the 2,000 held-out real queries, encoded by the
+index's encoder and projected into each space.
+
+Re-scoring: candidates from an index on the raw vectors (exact, IVF-Flat, HNSW32), re-scored
+exactly in the index's searched space, against exact search in that space.
 
 1M: the 200k raw vectors and 4 jittered copies of each (``speed_ann.jitter``), then each space's
 own map (the same fitted calibrators) applied to all 1M.
@@ -29,7 +35,7 @@ from flowsearch.space import normalise
 __all__ = ["stage_ann"]
 
 PROXY_NOISES = (0.25, 0.5, 0.75, 1.0)
-HNSW_1M_MAX_200K_BUILD_S = 60.0  # skip HNSW at 1M when 200k took longer (CPU budget)
+HNSW_1M_MAX_200K_BUILD_S = 150.0  # skip HNSW at 1M when 200k took longer (CPU budget)
 
 
 def _project(fn: Any, u: np.ndarray, chunk: int = 65_536) -> np.ndarray:
@@ -68,60 +74,73 @@ def proxy_agreement(
     return {"nprobe": probes, "curves": curves}
 
 
+def _label(spec: Any) -> str:
+    """A space's name from the manifest's calibration spec: calibrator and its strength."""
+    extra = "".join(f" {k}={v}" for k, v in spec.config.items() if k in ("power", "shrinkage"))
+    return f"{spec.calibrator}{extra}"
+
+
 def stage_ann(work: Any, queries: list[str], million: int) -> dict[str, Any]:
     s = Searcher.open(work / "static_200k")
     U = np.asarray(s._version.reader.column("raw"), dtype=np.float32)
     Uq = s.space.encoder.encode(queries, progress=False)
-    assert s.manifest.calibration.calibrated, "expected auto to calibrate static vectors"
-    wf = s.space.calibrator
-    white = make_calibrator("whitening").fit(U)
-    # whitening last: it ties with whitening-flow on every STS figure, so it is the one to drop
-    # when the time box runs out
-    maps = {"raw": lambda u: u, "whitening-flow": wf.transform, "whitening": white.transform}
+    spec = s.manifest.calibration
+    own = _label(spec) + (" (index)" if spec.calibrated else " (index, encoder space)")
+    own_fn = s.space.calibrator.transform if spec.calibrated else (lambda u: u)
+    maps: dict[str, Any] = {"raw": lambda u: u, own: own_fn}
+    if spec.calibrator != "whitening" or spec.config.get("power", 0.5) != 0.5:
+        maps["whitening"] = make_calibrator("whitening").fit(U).transform
+    if os.environ.get("BENCH_SPEED_WHITENING_FLOW") == "1":
+        maps["whitening-flow"] = make_calibrator("whitening-flow", seed=0).fit(U).transform
     n = len(U)
     nlist = fx.ivf_factory(n).split(",")[0]
-    out: dict[str, Any] = {"rows": n, "queries": len(queries), "sizes": {}}
+    out: dict[str, Any] = {
+        "rows": n,
+        "queries": len(queries),
+        "index_space": own,
+        "index_calibration": {"calibrator": spec.calibrator, "config": spec.config,
+                              "space": spec.space, "decision": spec.decision},
+        "sizes": {},
+    }  # fmt: skip
     res200: dict[str, Any] = {}
     keep: dict[str, Any] = {}
     vecs: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     deadline = float(os.environ.get("BENCH_SPEED_DEADLINE", "inf"))  # epoch seconds
     partial = work / "stage_ann.partial.json"
     for name, fn in maps.items():
-        if name == "whitening" and time.time() > deadline - 600:
+        if name not in ("raw", own) and time.time() > deadline - 1800:
             res200[name] = {"_skipped": "time box"}
             continue
         start = time.perf_counter()
-        x = s.vectors() if name == "whitening-flow" else _project(fn, U)
+        load = os.getloadavg()
+        x = s.vectors() if name == own else _project(fn, U)
         q = _project(fn, Uq)
         gt, flat_qps = truth(x, q)
-        r = study(x, q, gt, nlist=int(nlist[3:]), keep=name in ("raw", "whitening-flow"))
+        r = study(x, q, gt, nlist=int(nlist[3:]), keep=name in ("raw", own))
         r["types"]["Flat"]["points"] = [{"param": 0, "recall": 1.0, "qps": flat_qps}]
         keep[name] = r.pop("built")
-        res200[name] = {**r, "wall_s": time.perf_counter() - start}
+        res200[name] = {**r, "wall_s": time.perf_counter() - start, "load": [load, os.getloadavg()]}
         vecs[name] = (x, q, gt)
         print(f"ann 200k {name}: {time.perf_counter() - start:.0f}s", flush=True)
         partial.write_text(json.dumps(res200, default=float))
     out["sizes"][str(n)] = res200
 
-    # candidates from raw (or PCA-64 of raw), re-scored exactly in whitening-flow space
+    # candidates from raw vectors, re-scored exactly in the index's searched space
     xr, qr, _ = vecs["raw"]
-    z, zq, gtz = vecs["whitening-flow"]
+    z, zq, gtz = vecs[own]
     resc: dict[str, Any] = {"exact raw (ceiling)": rescored(None, (qr, xr), z, zq, gtz)}
     ivf_raw = keep["raw"]["IVF"]
     for p in (16, 32, 64):
         faiss.extract_index_ivf(ivf_raw).nprobe = p
         resc[f"raw {nlist},Flat nprobe {p}"] = rescored(ivf_raw, qr, z, zq, gtz)
-    keep["raw"]["HNSW32"].hnsw.efSearch = 128
-    resc["raw HNSW32 efSearch 128"] = rescored(keep["raw"]["HNSW32"], qr, z, zq, gtz)
-    pca = faiss.PCAMatrix(xr.shape[1], 64)
-    pca.train(xr[:: max(1, n // 50_000)])
-    resc["exact PCA-64 of raw"] = rescored(
-        None, (normalise(pca.apply(qr)), normalise(pca.apply(xr))), z, zq, gtz
-    )
-    out["rescored_in_whitening_flow"] = resc
+    for ef in (64, 128, 256):
+        keep["raw"]["HNSW32"].hnsw.efSearch = ef
+        resc[f"raw HNSW32 efSearch {ef}"] = rescored(keep["raw"]["HNSW32"], qr, z, zq, gtz)
+    out["rescored"] = {"space": own, "load": os.getloadavg(), "candidates": resc}
+    partial.write_text(json.dumps({**res200, "_rescored": resc}, default=float))
     out["proxy"] = {
         name: proxy_agreement(keep[name]["IVF"], vecs[name][0], _ivf_points(res200[name]))
-        for name in ("raw", "whitening-flow")
+        for name in ("raw", own)
     }
     del keep, vecs, xr, z
 
@@ -135,17 +154,22 @@ def stage_ann(work: Any, queries: list[str], million: int) -> dict[str, Any]:
         hnsw_ok = res200["raw"]["types"]["HNSW32"]["build_s"] <= HNSW_1M_MAX_200K_BUILD_S
         nlist1m = int(fx.ivf_factory(len(u1m)).split(",")[0][3:])
         res1m: dict[str, Any] = {"_jitter_scale": scale, "_copies": copies, "_hnsw": hnsw_ok}
-        for name in ("raw", "whitening-flow"):
+        for name in ("raw", own):
+            if time.time() > deadline:
+                res1m[name] = {"_skipped": "time box"}
+                continue
             start = time.perf_counter()
+            load = os.getloadavg()
             x = _project(maps[name], u1m)
             q = _project(maps[name], Uq)
             gt, flat_qps = truth(x, q)
             r = study(x, q, gt, nlist=nlist1m, per_list=32, hnsw=hnsw_ok, pq=False)
             r["types"]["Flat"]["points"] = [{"param": 0, "recall": 1.0, "qps": flat_qps}]
             r.pop("built")
-            # how much of a query's exact top-10 are jittered copies, and of the same row
+            # how much of a query's exact top-10 are jittered copies
             r["top10_jittered_share"] = float((gt >= n).mean())
-            res1m[name] = {**r, "wall_s": time.perf_counter() - start}
+            res1m[name] = {**r, "wall_s": time.perf_counter() - start,
+                           "load": [load, os.getloadavg()]}  # fmt: skip
             del x
             print(f"ann 1M {name}: {time.perf_counter() - start:.0f}s", flush=True)
         out["sizes"][str(len(u1m))] = res1m

@@ -4,16 +4,23 @@ One query at a time, every step timed inside the same loop iteration on the same
 share the machine's state): the whole ``Searcher.search(q, k=10, mode="dense")``, then its pieces
 called directly: ``space.encoder.encode([q])`` (the encoder), ``space.project(raw,
 want_density=False)`` (calibrator + normalise), ``space.project(raw)`` minus that (the flow's
-log-density), the FAISS search, and the Parquet join (``RowReader.rows``). The pieces use the
-Searcher's pinned version (``_version``): a benchmark may look inside.
+log-density), the FAISS search (on one OpenMP thread, as ``Searcher`` runs a single query, and
+again with FAISS's default thread count, for comparison), and the Parquet join
+(``RowReader.rows``, with the reader's row-group cache put back as the search found it, so
+the join is not timed warm from the search's own reads). The pieces use the Searcher's pinned
+version (``_version``): a benchmark may look inside.
 
 The peer (sentence-transformers ``encode`` + ``faiss.IndexFlatIP`` + a dict from row to text) is
-timed in the same iteration when given.
+timed in a second pass of each round, alternating with ``Searcher.search`` query by query (which
+goes first flips each query), so neither model starts on caches the other filled more often.
+Besides each step's p50 / p95, the paired ratios ``search/encoder`` (main pass) and
+``search/peer`` (``search beside peer`` / ``peer``, second pass) are summarised the same way.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +28,7 @@ import numpy as np
 
 from flowsearch import Searcher
 from flowsearch import index as fx
+from flowsearch.searcher import _one_faiss_thread
 
 __all__ = ["latency", "recall_of_index", "batch_qps"]
 
@@ -32,9 +40,14 @@ def _ms(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def latency(
-    s: Searcher, queries: list[str], rounds: int = 3, peer: Callable[[str], Any] | None = None
+    s: Searcher,
+    queries: list[str],
+    rounds: int = 3,
+    peer: Callable[[str], Any] | None = None,
+    extra: dict[str, Callable[[str], Any]] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """p50 / p95 ms of each step over ``rounds`` x ``queries`` (after a warm-up)."""
+    """p50 / p95 ms of each step over ``rounds`` x ``queries`` (after a warm-up); ``extra``:
+    more named steps, each timed on the same query in the same iteration."""
     v = s._version
     steps: dict[str, list[float]] = {}
 
@@ -47,24 +60,60 @@ def latency(
             peer(q)
     for _ in range(rounds):
         for q in queries:
+            # the join below must meet the row-group cache as the search met it, not warmed by it
+            cache = OrderedDict(v.reader._cache)
             note("search", _ms(lambda q=q: s.search(q, k=10, mode="dense"))[1])
             raw, ms = _ms(lambda q=q: s.space.encoder.encode([q], progress=False))
             note("encoder", ms)
             (Z, _), ms = _ms(lambda raw=raw: s.space.project(raw, want_density=False))
             note("calibrator", ms)
             note("calibrator+density", _ms(lambda raw=raw: s.space.project(raw))[1])
-            (_, rows), ms = _ms(lambda Z=Z: fx.search(v.faiss_index, Z, 10))
-            note("faiss", ms)
+            (_, rows), ms = _ms(
+                lambda Z=Z: _one_faiss_thread(lambda: fx.search(v.faiss_index, Z, 10))
+            )
+            note("faiss", ms)  # as Searcher runs one query: FAISS on the calling thread alone
+            note("faiss, all OpenMP threads", _ms(lambda Z=Z: fx.search(v.faiss_index, Z, 10))[1])
             valid = np.unique(rows[rows >= 0])
+            v.reader._cache = cache
             note("join", _ms(lambda valid=valid: v.reader.rows(valid))[1])
-            if peer is not None:
-                note("peer", _ms(lambda q=q: peer(q))[1])
+            for name, fn in (extra or {}).items():
+                note(name, _ms(lambda q=q, fn=fn: fn(q))[1])
+        if peer is None:
+            continue
+        # the peer in its own pass: its model between ours would leave our search to start on
+        # caches the peer filled, and the encoder step (run right after it) would not pay that;
+        # here ours and the peer's alternate who goes first, query by query
+        for i, q in enumerate(queries):
+            pair = [("search beside peer", lambda q=q: s.search(q, k=10, mode="dense")),
+                    ("peer", lambda q=q: peer(q))]  # fmt: skip
+            for name, fn in pair if i % 2 else pair[::-1]:
+                note(name, _ms(fn)[1])
     out = {
         name: {"p50": float(np.percentile(t, 50)), "p95": float(np.percentile(t, 95))}
         for name, t in steps.items()
     }
     dens = np.asarray(steps["calibrator+density"]) - np.asarray(steps["calibrator"])
     out["density"] = {"p50": float(np.percentile(dens, 50)), "p95": float(np.percentile(dens, 95))}
+    # paired: each query's search time over its own encoder (and peer) time, same iteration
+    search = np.asarray(steps["search"])
+    for name in extra or {}:  # search with its FAISS step swapped for the extra one, per query
+        swapped = search - np.asarray(steps["faiss"]) + np.asarray(steps[name])
+        r = swapped / np.asarray(steps["encoder"])
+        out[f"search with {name}"] = {
+            "p50": float(np.percentile(swapped, 50)),
+            "p95": float(np.percentile(swapped, 95)),
+        }
+        out[f"search with {name}/encoder"] = {
+            "p50": float(np.percentile(r, 50)),
+            "p95": float(np.percentile(r, 95)),
+        }
+    for other, mine in (("encoder", "search"), ("peer", "search beside peer")):
+        if other in steps:
+            r = np.asarray(steps[mine]) / np.asarray(steps[other])
+            out[f"search/{other}"] = {
+                "p50": float(np.percentile(r, 50)),
+                "p95": float(np.percentile(r, 95)),
+            }
     return out
 
 

@@ -1,9 +1,14 @@
-r"""Cheap figures from the static 200k index as ingest built it (no new training): exact ``Flat``
-single-query latency by corpus size (prefixes of the stored vectors), and the ingest-built IVF's
-recall@10 by ``nprobe`` on real queries beside ``auto``'s tuning queries (noisy self-queries)."""
+r"""Cheap figures from the 200k indexes as ingest built them (no new training): exact ``Flat``
+single-query latency by corpus size (prefixes of the stored vectors: where ``auto`` should stop
+scanning), and the ingest-built approximate index's recall@10 and single-query p50 by its search
+parameter (``efSearch`` for HNSW, ``nprobe`` for IVF: whatever ``auto`` built, read from the
+index) on real queries, beside ``auto``'s tuning queries (noisy self-queries,
+``index.probe_queries``) at several noise norms: does the proxy ``auto`` tunes on predict real
+recall?"""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -16,11 +21,22 @@ from flowsearch import index as fx
 
 __all__ = ["stage_scan"]
 
-SIZES = (10_000, 20_000, 50_000, 100_000, 200_000)
+SIZES = (10_000, 20_000, 50_000, 100_000, 150_000, 200_000)
 NOISES = (0.25, 0.5, 1.0)
+EFS = (16, 32, 64, 128, 256, 512, 1024)
 
 
 def _p50_ms(index: faiss.Index, q: np.ndarray, k: int = 10) -> float:
+    """Single-query p50 ms on one OpenMP thread (as ``Searcher`` runs one query)."""
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        return _p50_ms_here(index, q, k)
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
+def _p50_ms_here(index: faiss.Index, q: np.ndarray, k: int = 10) -> float:
     for row in q[:5]:
         index.search(row[None], k)
     times = []
@@ -31,40 +47,70 @@ def _p50_ms(index: faiss.Index, q: np.ndarray, k: int = 10) -> float:
     return float(np.median(times) * 1e3)
 
 
-def stage_scan(work: Path, queries: list[str]) -> dict[str, Any]:
-    s = Searcher.open(work / "static_200k")
-    x = s.vectors()
-    zq = s.embed(queries)[0]
-    out: dict[str, Any] = {"flat_p50_ms": {}}
-    for n in SIZES:
-        flat = faiss.IndexFlatIP(x.shape[1])
-        flat.add(x[:n])
-        out["flat_p50_ms"][n] = _p50_ms(flat, zq[:100])
-        del flat
+def _set(index: faiss.Index, knob: str, value: int) -> None:
+    if knob == "nprobe":
+        faiss.extract_index_ivf(index).nprobe = value
+    else:
+        faiss.downcast_index(index).hnsw.efSearch = value
+
+
+def knob_curves(s: Searcher, zq: np.ndarray, x: np.ndarray, n_lat: int = 200) -> dict[str, Any]:
+    """recall@10 and p50 by the index's search parameter, real vs tuning queries."""
     index = s._version.faiss_index
-    ivf = faiss.extract_index_ivf(index)
+    knob = fx.search_knob(index)
+    if knob is None:
+        return {"factory": s.manifest.faiss.factory, "_skipped": "exact index: nothing to tune"}
+    name, largest = knob
+    values = [v for v in (EFS if name == "efSearch" else (8, 16, 32, 64, 128, 256, 512, 1024))]
+    values = [v for v in values if v <= largest]
     gt = fx.exact_knn(zq, [x], 10)[1]
-    half = len(queries) // 2
-    probes = [p for p in (8, 16, 32, 64, 128, 256, 512, 1024) if p <= ivf.nlist]
+    half = len(zq) // 2
     curves: dict[str, list[float]] = {"real": [], "real questions": [], "real sentences": []}
     p50: list[float] = []
-    for p in probes:
-        ivf.nprobe = p
+    for v in values:
+        _set(index, name, v)
         found = index.search(zq, 10)[1]
         curves["real"].append(fx.recall_at_k(found, gt))
         curves["real questions"].append(fx.recall_at_k(found[:half], gt[:half]))
         curves["real sentences"].append(fx.recall_at_k(found[half:], gt[half:]))
-        p50.append(_p50_ms(index, zq[:100]))
+        p50.append(_p50_ms(index, zq[:n_lat]))
     for noise in NOISES:
         pq = fx.probe_queries(x, 256, noise=noise, seed=0)
         pgt = fx.exact_knn(pq, [x], 10)[1]
-        curves[f"tuning queries, noise {noise}"] = []
-        for p in probes:
-            ivf.nprobe = p
-            curves[f"tuning queries, noise {noise}"].append(
-                fx.recall_at_k(index.search(pq, 10)[1], pgt)
-            )
-    out["ivf"] = {"factory": s.manifest.faiss.factory, "params": s.manifest.faiss.params,
-                  "nprobe": probes, "curves": curves, "p50_ms": p50}  # fmt: skip
+        curve = []
+        for v in values:
+            _set(index, name, v)
+            curve.append(fx.recall_at_k(index.search(pq, 10)[1], pgt))
+        curves[f"tuning queries, noise {noise}"] = curve
+    fx.set_params(index, s.manifest.faiss.params)  # back to what auto chose
+    return {
+        "factory": s.manifest.faiss.factory,
+        "params": s.manifest.faiss.params,
+        "calibrator": s.manifest.calibration.calibrator,
+        "space": s.manifest.calibration.space,
+        "knob": name,
+        "values": values,
+        "curves": curves,
+        "p50_ms": p50,
+        "auto_noise": fx.AUTO_QUERY_NOISE,
+    }
+
+
+def stage_scan(work: Path, queries: list[str]) -> dict[str, Any]:
+    s = Searcher.open(work / "static_200k")
+    x = s.vectors()
+    zq = s.embed(queries)[0]
+    out: dict[str, Any] = {"flat_p50_ms": {}, "load_start": os.getloadavg()}
+    for n in SIZES:
+        flat = faiss.IndexFlatIP(x.shape[1])
+        flat.add(x[:n])
+        out["flat_p50_ms"][n] = _p50_ms(flat, zq[:200])
+        del flat
+    out["static_200k"] = knob_curves(s, zq, x)
     s.close()
+    if (work / "mean_200k" / "manifest.json").exists():
+        s = Searcher.open(work / "mean_200k")
+        out["mean_200k"] = knob_curves(s, s.embed(queries)[0], s.vectors())
+        s.close()
+    out["load_end"] = os.getloadavg()
     return out
