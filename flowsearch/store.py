@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -35,6 +36,7 @@ from flowsearch.manifest import SHARDS_DIR, TOMBSTONES_FILE, Shard
 
 __all__ = [
     "RESERVED_COLUMNS",
+    "ROW_CACHE_BYTES",
     "ROW_GROUP_ROWS",
     "SHARD_ROWS",
     "RowReader",
@@ -55,6 +57,8 @@ RESERVED_COLUMNS = ("id", "text", "vector", "raw")
 SHARD_ROWS = 50_000
 #: Rows per Parquet row group: the unit decoded to join one hit to its row.
 ROW_GROUP_ROWS = 1024
+#: Bytes (Arrow size) of decoded row groups (ids, texts, metadata) a reader keeps for the join.
+ROW_CACHE_BYTES = 128 * 2**20
 
 
 def vector_column(values: np.ndarray) -> pa.FixedSizeListArray:
@@ -172,15 +176,20 @@ class RowReader:
 
     Every shard is opened memory-mapped when the reader is made (so it keeps reading that index
     even if the directory is republished); a lookup decodes only the row groups holding the
-    requested rows (without the vector columns), with a small cache of recently decoded groups.
+    requested rows (without the vector columns), and keeps recently decoded groups up to a byte
+    budget. Single queries hit row groups at random, so a budget that holds the decoded id, text
+    and metadata of a whole index of a few hundred thousand rows (what the peer keeps in a dict)
+    turns the join into a lookup once warm (``benchmarks/bench_speed.md``: the join was the largest
+    step beside the encoder at 200k rows with a 64-group cache).
 
     Args:
         root: the index directory.
         shards: the version's shards, in row order (paths relative to ``root``).
-        cache_groups: how many decoded row groups to keep.
+        cache_bytes: how many bytes of decoded row groups to keep, counted as their Arrow size
+            (the Python objects kept take a few times more); least recently used out.
     """
 
-    def __init__(self, root: Path, shards: Sequence[Shard], cache_groups: int = 64):
+    def __init__(self, root: Path, shards: Sequence[Shard], cache_bytes: int | None = None):
         self.root = Path(root)
         self.shards = list(shards)
         # Every shard is opened now, not on first use: a reader keeps reading the files of the
@@ -205,8 +214,10 @@ class RowReader:
             ) from None
         counts = [int(s.rows) for s in self.shards]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self._cache: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
-        self._cache_groups = cache_groups
+        # (shard, group) -> (its Arrow size, its columns as Python lists)
+        self._cache: OrderedDict[tuple[int, int], tuple[int, dict[str, list[Any]]]] = OrderedDict()
+        self._cache_bytes = ROW_CACHE_BYTES if cache_bytes is None else cache_bytes
+        self._cached = 0  # bytes in the cache
 
     def close(self) -> None:
         """Release the shard files (also done when the reader is garbage-collected)."""
@@ -221,19 +232,22 @@ class RowReader:
     def _file(self, shard: int) -> tuple[pq.ParquetFile, np.ndarray]:
         return self._files[shard], self._group_starts[shard]
 
-    def _group(self, shard: int, group: int) -> pa.Table:
+    def _group(self, shard: int, group: int) -> dict[str, list[Any]]:
+        """A row group's id, text and metadata columns as Python lists (decoded once, cached)."""
         key = (shard, group)
-        table = self._cache.get(key)
-        if table is not None:
+        cached = self._cache.get(key)
+        if cached is not None:
             self._cache.move_to_end(key)
-            return table
+            return cached[1]
         handle, _ = self._file(shard)
         names = [n for n in handle.schema_arrow.names if n not in ("vector", "raw")]
         table = handle.read_row_group(group, columns=names)
-        self._cache[key] = table
-        if len(self._cache) > self._cache_groups:
-            self._cache.popitem(last=False)
-        return table
+        columns = {name: table.column(name).to_pylist() for name in names}
+        self._cache[key] = (table.nbytes, columns)
+        self._cached += table.nbytes
+        while self._cached > self._cache_bytes and len(self._cache) > 1:
+            self._cached -= self._cache.popitem(last=False)[1][0]
+        return columns
 
     def rows(self, rows: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
         """Rows at global positions ``rows`` as ``{"id", "text", "metadata"}``, in that order."""
@@ -249,13 +263,14 @@ class RowReader:
             group_of = np.searchsorted(gstarts, local, side="right") - 1
             for group in np.unique(group_of):
                 sel = pos[group_of == group]
-                table = self._group(int(shard), int(group))
-                idx = pa.array(rows[sel] - self.starts[shard] - gstarts[group])
-                for i, record in zip(sel, table.take(idx).to_pylist(), strict=True):
+                columns = self._group(int(shard), int(group))
+                meta = [name for name in columns if name not in ("id", "text")]
+                for i, at in zip(sel, rows[sel] - self.starts[shard] - gstarts[group], strict=True):
                     out[i] = {
-                        "id": record.pop("id"),
-                        "text": record.pop("text"),
-                        "metadata": record,
+                        "id": columns["id"][at],
+                        "text": columns["text"][at],
+                        # the caller owns what it gets: list/struct values are copied
+                        "metadata": {name: _own(columns[name][at]) for name in meta},
                     }
         return out  # type: ignore[return-value]
 
@@ -343,3 +358,8 @@ def write_deleted(
     dead = np.union1d(old, rows)
     write_tombstones(version_dir / TOMBSTONES_FILE, dead)
     return TOMBSTONES_FILE, int(len(dead))
+
+
+def _own(value: Any) -> Any:
+    """``value``, copied when mutable (a list or struct metadata value the cache shares)."""
+    return copy.deepcopy(value) if isinstance(value, (list, dict)) else value

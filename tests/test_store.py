@@ -43,7 +43,7 @@ def test_rows_by_global_number_and_columns(tmp_path):
     writer = store.ShardWriter(tmp_path, shard_rows=40, row_group_rows=16)
     ids, texts, meta, vectors, raw = _rows(100)
     writer.write(store.shard_table(ids, texts, meta, vectors, raw))
-    reader = store.RowReader(tmp_path, writer.close(), cache_groups=2)
+    reader = store.RowReader(tmp_path, writer.close(), cache_bytes=1)  # keeps one group
     assert len(reader) == 100
     want = [99, 0, 41, 40, 39, 57, 0]
     got = reader.rows(want)
@@ -55,6 +55,39 @@ def test_rows_by_global_number_and_columns(tmp_path):
     assert reader.column("id") == ids
     with pytest.raises(IndexError):
         reader.rows([100])
+
+
+def test_the_row_cache_keeps_to_its_byte_budget(tmp_path):
+    writer = store.ShardWriter(tmp_path, shard_rows=40, row_group_rows=8)
+    ids, texts, meta, vectors, raw = _rows(80)
+    writer.write(store.shard_table(ids, texts, meta, vectors, raw))
+    shards = writer.close()
+    whole = store.RowReader(tmp_path, shards)  # the default budget holds every group here
+    assert [r["id"] for r in whole.rows(range(80))] == ids
+    sizes = [size for size, _ in whole._cache.values()]
+    assert len(sizes) == 10 and whole._cached == sum(sizes)
+    budget = 3 * min(sizes)
+    small = store.RowReader(tmp_path, shards, cache_bytes=budget)
+    for start in range(0, 80, 8):
+        assert [r["id"] for r in small.rows(range(start, start + 8))] == ids[start : start + 8]
+        assert small._cached <= budget and 1 <= len(small._cache) <= 3
+    assert list(small._cache)[-1] == (1, 4) and (0, 0) not in small._cache  # least recent out
+
+
+def test_rows_from_the_cache_are_the_callers_own(tmp_path):
+    writer = store.ShardWriter(tmp_path)
+    table = store.shard_table(
+        ["a", "b"], ["x", "y"], pa.table({"tags": [["p", "q"], ["r"]]}),
+        np.eye(2, 4, dtype=np.float32), np.eye(2, 4, dtype=np.float32),
+    )  # fmt: skip
+    writer.write(table)
+    reader = store.RowReader(tmp_path, writer.close())
+    first = reader.rows([0])[0]
+    first["metadata"]["tags"].append("mutated")
+    assert reader.rows([0, 1]) == [
+        {"id": "a", "text": "x", "metadata": {"tags": ["p", "q"]}},
+        {"id": "b", "text": "y", "metadata": {"tags": ["r"]}},
+    ]
 
 
 def test_schema_change_starts_a_new_part(tmp_path):
