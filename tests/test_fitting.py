@@ -52,6 +52,20 @@ def test_auto_keeps_the_encoder_space_when_isotropic_or_too_small():
     assert cal.name == AUTO_FITS
 
 
+def test_a_density_only_flow_is_fitted_on_a_sample(monkeypatch):
+    from flowsearch.calibration import fitting
+
+    monkeypatch.setattr(fitting, "DENSITY_FIT_ROWS", 150)
+    cal, iso = fit_for_index(_isotropic(400), "auto")
+    assert iso.space == "encoder" and iso.fit_rows == 150 and cal.name == AUTO_FITS
+    assert iso.anisotropy == fit_for_index(_isotropic(400), "none")[1].anisotropy  # all rows
+    # a searched space is fitted on every row: the sample is for the density alone
+    _, cone = fit_for_index(_cone(400), "auto")
+    assert cone.space == "calibrated" and cone.fit_rows == 400
+    _, named = fit_for_index(_isotropic(400), "whitening-flow")
+    assert named.fit_rows == 400
+
+
 def test_auto_beats_raw_and_full_whitening_on_a_synthetic_retrieval_task():
     """Passages and their queries share a topic (8 dims) in a narrow cone; 2 strong directions
     hold noise that differs between a query and its passage (raw cosine suffers), 6 weak ones

@@ -54,7 +54,14 @@ from flowsearch.density import MIN_ROWS_PER_DIM
 from flowsearch.errors import FlowsearchError
 from flowsearch.manifest import AutoDecision, CalibrationSpec
 
-__all__ = ["AUTO_CALIBRATES_POOLINGS", "AUTO_FITS", "AUTO_SEARCHES", "fit_for_index", "load_fitted"]
+__all__ = [
+    "AUTO_CALIBRATES_POOLINGS",
+    "AUTO_FITS",
+    "AUTO_SEARCHES",
+    "DENSITY_FIT_ROWS",
+    "fit_for_index",
+    "load_fitted",
+]
 
 LOG = logging.getLogger(__name__)
 
@@ -70,6 +77,11 @@ AUTO_SEARCHES: tuple[str, dict[str, Any]] = ("gaussian", {"power": 0.25})
 #: a Model2Vec model; ``embedding_layer``: the embedding layer's outputs). See the module
 #: docstring for the measurements.
 AUTO_CALIBRATES_POOLINGS: frozenset[str] = frozenset({"static", "embedding_layer"})
+#: When ``auto`` keeps the encoder's space, the flow it fits serves only the density (drift
+#: reports, ``Hit.log_density``), so it is fitted on at most this many of the fit rows (a seeded
+#: uniform sample; ~130 rows per dimension at 384). Fitting it on 200k rows added 0.84 GB to the
+#: ingest's peak memory, on 50k nothing above the vectors themselves (benchmarks/bench_speed.md).
+DENSITY_FIT_ROWS = 50_000
 _SEEDED = ("flow", "whitening-flow")
 
 
@@ -143,6 +155,9 @@ def fit_for_index(
             name, config = AUTO_SEARCHES
         else:
             name, config = AUTO_FITS, {"seed": 0}
+            if len(U) > DENSITY_FIT_ROWS:  # a density only: a sample is enough
+                pick = np.random.default_rng(0).choice(len(U), DENSITY_FIT_ROWS, replace=False)
+                U = U[np.sort(pick)]
         cal = make_calibrator(name, **config)
         with status(f"fitting {name} on {len(U):,} rows") if status else contextlib.nullcontext():
             cal.fit(U)
