@@ -7,8 +7,9 @@ or a Model2Vec model, and ``embedding_layer``), and there are at least
 :data:`~flowsearch.density.MIN_ROWS_PER_DIM` rows per dimension. Then it fits and searches
 :data:`AUTO_SEARCHES`, partial whitening with a Gaussian density
 (``make_calibrator("gaussian", power=0.25)``); otherwise it fits :data:`AUTO_FITS`
-(``whitening-flow``) and searches the encoder's own space. Either way the fitted calibrator has a
-density for the drift and query reports. A named calibration is fitted and always searched; a
+(``whitening-flow``, on at most :data:`DENSITY_FIT_ROWS` of the rows: it serves the density
+alone) and searches the encoder's own space. Either way the fitted calibrator has a density for
+the drift and query reports. A named calibration is fitted and always searched; a
 calibrator fitted elsewhere (the paper's "flow (NLI)" setting) is loaded and checked against the
 encoder.
 
