@@ -193,14 +193,13 @@ def _faiss_200k(queries: list[str]) -> dict[str, Any]:
     in one iteration. Both are 384-d unit vectors; HNSW's cost follows efSearch and dim."""
     from flowsearch import Searcher
     from flowsearch import index as fx
-    from flowsearch.searcher import _one_faiss_thread
 
     s200 = Searcher.open(WORK / "static_200k")
     Z = dict(zip(queries, s200.embed(queries)[0], strict=True))
     index = s200._version.faiss_index
 
     def step(q: str) -> Any:
-        return _one_faiss_thread(lambda: fx.search(index, Z[q][None], 10))
+        return fx.single_threaded(lambda: fx.search(index, Z[q][None], 10))
 
     return {"faiss 200k (static 200k index's HNSW32)": step}
 

@@ -48,12 +48,7 @@ def truth(x: np.ndarray, q: np.ndarray, k: int = 10) -> tuple[np.ndarray, float]
 
 def _p50_ms(index: faiss.Index, q: np.ndarray, k: int) -> float:
     """Single-query p50 ms on one OpenMP thread (as ``Searcher`` runs one query)."""
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    try:
-        return _p50_ms_here(index, q, k)
-    finally:
-        faiss.omp_set_num_threads(before)
+    return fx.single_threaded(lambda: _p50_ms_here(index, q, k))
 
 
 def _p50_ms_here(index: faiss.Index, q: np.ndarray, k: int) -> float:
@@ -234,16 +229,18 @@ def rescored(
         start = _now()
         top = run(cq, zq, depth)
         qps = len(zq) / (_now() - start)
-        before = faiss.omp_get_max_threads()
-        faiss.omp_set_num_threads(1)  # one query on one OpenMP thread, as Searcher runs it
-        for i in range(10):  # warm-up
-            run(cq[i : i + 1], zq[i : i + 1], depth)
-        times = []
-        for i in range(min(_LATENCY_QUERIES, len(zq))):
-            start = _now()
-            run(cq[i : i + 1], zq[i : i + 1], depth)
-            times.append(_now() - start)
-        faiss.omp_set_num_threads(before)
+
+        def single(depth: int = depth) -> list[float]:
+            for i in range(10):  # warm-up
+                run(cq[i : i + 1], zq[i : i + 1], depth)
+            times = []
+            for i in range(min(_LATENCY_QUERIES, len(zq))):
+                start = _now()
+                run(cq[i : i + 1], zq[i : i + 1], depth)
+                times.append(_now() - start)
+            return times
+
+        times = fx.single_threaded(single)  # one query on one thread, as Searcher runs it
         points.append(
             {
                 "depth": depth,

@@ -28,7 +28,6 @@ import numpy as np
 
 from flowsearch import Searcher
 from flowsearch import index as fx
-from flowsearch.searcher import _one_faiss_thread
 
 __all__ = ["latency", "recall_of_index", "batch_qps"]
 
@@ -69,7 +68,7 @@ def latency(
             note("calibrator", ms)
             note("calibrator+density", _ms(lambda raw=raw: s.space.project(raw))[1])
             (_, rows), ms = _ms(
-                lambda Z=Z: _one_faiss_thread(lambda: fx.search(v.faiss_index, Z, 10))
+                lambda Z=Z: fx.single_threaded(lambda: fx.search(v.faiss_index, Z, 10))
             )
             note("faiss", ms)  # as Searcher runs one query: FAISS on the calling thread alone
             note("faiss, all OpenMP threads", _ms(lambda Z=Z: fx.search(v.faiss_index, Z, 10))[1])

@@ -28,12 +28,7 @@ EFS = (16, 32, 64, 128, 256, 512, 1024)
 
 def _p50_ms(index: faiss.Index, q: np.ndarray, k: int = 10) -> float:
     """Single-query p50 ms on one OpenMP thread (as ``Searcher`` runs one query)."""
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    try:
-        return _p50_ms_here(index, q, k)
-    finally:
-        faiss.omp_set_num_threads(before)
+    return fx.single_threaded(lambda: _p50_ms_here(index, q, k))
 
 
 def _p50_ms_here(index: faiss.Index, q: np.ndarray, k: int = 10) -> float:

@@ -48,6 +48,7 @@ __all__ = [
     "AUTO_QUERY_NOISE",
     "AUTO_RERANK_MISS_SHARE",
     "AUTO_TARGET_RECALL",
+    "ONE_THREAD_MAX_QUERIES",
     "add",
     "auto_factory",
     "build",
@@ -68,6 +69,7 @@ __all__ = [
     "search",
     "search_knob",
     "set_params",
+    "single_threaded",
     "to_gpu",
     "train",
     "training_sample",
@@ -475,6 +477,25 @@ def set_params(index: faiss.Index, params: str) -> None:
 def add(index: faiss.Index, vectors: np.ndarray, factory: str | None = None) -> None:
     """Append vectors (float32 (n, d)); their ids continue from ``index.ntotal``."""
     _add(index, _as_f32(vectors), factory or type(index).__name__)
+
+
+#: Batches up to this many queries search FAISS on the calling thread alone. FAISS's CPU
+#: indexes (Flat, HNSW, IVF) split a search by query, so one query gains nothing from more
+#: OpenMP threads, and on a busy machine waking them costs tens of ms: a single query on a 20k
+#: Flat took ~60-75 ms with 2 threads and ~1.3 ms with 1 at load average 12.5
+#: (benchmarks/bench_speed.md).
+ONE_THREAD_MAX_QUERIES = 1
+
+
+def single_threaded(fn: Callable[[], Any]) -> Any:
+    """Run ``fn()`` with FAISS's OpenMP limited to one thread (a per-thread setting in OpenMP,
+    so other threads' searches keep theirs), then restore the previous limit."""
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        return fn()
+    finally:
+        faiss.omp_set_num_threads(before)
 
 
 def search(index: faiss.Index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -390,8 +390,8 @@ class Searcher:
         if self._gpu:
             with self._index_lock:
                 return search()
-        if len(Z) <= _ONE_THREAD_MAX_QUERIES:
-            return _one_faiss_thread(search)
+        if len(Z) <= fx.ONE_THREAD_MAX_QUERIES:
+            return fx.single_threaded(search)
         return search()
 
     def _hits(
@@ -453,27 +453,6 @@ def _checked_queries(query: Any) -> list[str]:
         if not q.strip():
             raise FlowsearchError("the query is empty; pass some text to search for")
     return list(queries)
-
-
-#: Batches up to this many queries search FAISS on the calling thread alone. FAISS's CPU
-#: indexes (Flat, HNSW, IVF) split a search by query, so one query gains nothing from more
-#: OpenMP threads, and on a busy machine waking them costs tens of ms: a single query on a 20k
-#: Flat took ~60-75 ms with 2 threads and ~1.3 ms with 1 at load average 12.5
-#: (benchmarks/bench_speed.md).
-_ONE_THREAD_MAX_QUERIES = 1
-
-
-def _one_faiss_thread(search: Any) -> Any:
-    """Run ``search()`` with FAISS's OpenMP limited to one thread (a per-thread setting in
-    OpenMP, so other threads' searches keep theirs), then restore the previous limit."""
-    import faiss
-
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    try:
-        return search()
-    finally:
-        faiss.omp_set_num_threads(before)
 
 
 def _checked_k(k: Any) -> int:

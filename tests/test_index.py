@@ -255,3 +255,18 @@ def test_large_path_memory_maps_and_prefilters(tmp_path):
     _, rows = filtered_search(mapped, q, 5, rows=few)  # selective: exact over their vectors
     _, want = _brute(q, x[few], 5)
     np.testing.assert_array_equal(rows, few[want])
+
+
+def test_single_threaded_runs_on_one_thread_and_restores_the_limit():
+    import faiss
+
+    before = faiss.omp_get_max_threads()
+    assert fx.single_threaded(faiss.omp_get_max_threads) == 1
+    assert faiss.omp_get_max_threads() == before
+
+    def fails():
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        fx.single_threaded(fails)
+    assert faiss.omp_get_max_threads() == before
