@@ -24,7 +24,8 @@ STS-B, SICK and SNLI sentences.
    in-domain questions (false alarms) and off-domain queries (detections). References: held-out
    passages; "snippets" (a 4-12 word window of each held-out passage: a query-side reference the
    corpus itself provides).
-4. **Density-aware fusion** - on the four dev sets, convex fusion (``flowsearch.fusion.convex``)
+4. **Density-aware fusion** - on the four dev sets, convex fusion
+(``flowsearch.search.fusion.convex``)
    with a per-query dense weight that leans lexical for unfamiliar queries, against fixed weights;
    parameters chosen on even-numbered queries, scored (nDCG@10) on odd-numbered ones.
 """
@@ -49,9 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from density_data import Texts, VectorStore, load_texts, token_counts  # noqa: E402
 
 from flowsearch.calibration import make_calibrator  # noqa: E402
-from flowsearch.calibration.fitting import fit_for_index  # noqa: E402
 from flowsearch.evaluation.metrics import auc100  # noqa: E402
-from flowsearch.space import SearchSpace  # noqa: E402
+from flowsearch.space.fitting import fit_for_index  # noqa: E402
+from flowsearch.space.search_space import SearchSpace  # noqa: E402
 
 LOG = logging.getLogger("bench_density")
 HERE = Path(__file__).resolve().parent
@@ -258,8 +259,8 @@ def study(pooling: str, texts: Texts, store: VectorStore, enc: Any) -> dict[str,
 
 def fusion(pooling: str, texts: Texts, store: VectorStore) -> dict[str, Any]:
     from flowsearch.evaluation.retrieval import drop_identical_ids, ndcg_at_k
-    from flowsearch.fusion import convex
-    from flowsearch.lexical import LexicalIndex
+    from flowsearch.lexical.bm25 import LexicalIndex
+    from flowsearch.search.fusion import convex
 
     per_set = {}
     for name, ds in texts.dev.items():
@@ -495,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fusion", default="mean,static", help="poolings to run the fusion study on")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    from flowsearch.encoder import Encoder
+    from flowsearch.encode.encoder import Encoder
 
     t0 = time.perf_counter()
     texts = load_texts(Path(args.data), Path(args.dev))

@@ -13,12 +13,12 @@ Writes ``benchmarks/bench_density_length.json`` and ``.md``. The texts are
 questions as in-domain queries, STS-B and SICK sentences as off-domain queries, and STS-B, SICK
 and SNLI sentences as foreign passages. It reuses that study's vector store.
 
-The index is built as the product builds it: :func:`flowsearch.density.split_fit_rows` holds 10%
-of the passages out, ``auto`` (:func:`~flowsearch.calibration.fitting.fit_for_index`, with the
+The index is built as the product builds it: :func:`flowsearch.space.reference.split_fit_rows` holds
+10% of the passages out, ``auto`` (:func:`~flowsearch.space.fitting.fit_for_index`, with the
 encoder's pooling) is fitted on the rest, every passage is projected into the searched space, and
 each held-out row's best score to another row is its reference value
-(:func:`~flowsearch.density.best_other_score`). A query's value is its best score over the whole
-index; a foreign passage's likewise. Rules (flagged = out of distribution):
+(:func:`~flowsearch.space.reference.best_other_score`). A query's value is its best score over the
+whole index; a foreign passage's likewise. Rules (flagged = out of distribution):
 
 - ``product``: below the 5th percentile of all held-out rows (what ``query_report`` does).
 - ``by length, nearest N``: below the 5th percentile of the N held-out rows closest to the
@@ -51,9 +51,9 @@ from bench_density import auroc, snippets  # noqa: E402
 from density_data import VectorStore, load_texts, token_counts  # noqa: E402
 from results_md import publish  # noqa: E402
 
-from flowsearch.calibration.fitting import fit_for_index  # noqa: E402
-from flowsearch.density import OOD_PERCENTILE, best_other_score, split_fit_rows  # noqa: E402
-from flowsearch.space import SearchSpace  # noqa: E402
+from flowsearch.space.fitting import fit_for_index  # noqa: E402
+from flowsearch.space.reference import OOD_PERCENTILE, best_other_score, split_fit_rows  # noqa: E402
+from flowsearch.space.search_space import SearchSpace  # noqa: E402
 
 LOG = logging.getLogger("bench_density_length")
 NEAREST = (50, 100, 200)
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         publish(args.out, markdown, "bench_density_length", None)
         return 0
-    from flowsearch.encoder import Encoder
+    from flowsearch.encode.encoder import Encoder
 
     t0 = time.perf_counter()
     load = [round(x, 2) for x in os.getloadavg()]

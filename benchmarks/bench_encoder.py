@@ -91,7 +91,7 @@ def contenders_for(model_dir: str, with_static: bool) -> dict[str, Callable[[lis
     """The peer and our encoders on one model, built (and ONNX exports cached) before timing."""
     from sentence_transformers import SentenceTransformer
 
-    from flowsearch.encoder import Encoder
+    from flowsearch.encode.encoder import Encoder
 
     peer = SentenceTransformer(model_dir, device="cpu")
     ours = {

@@ -42,14 +42,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from results_md import write_section
 
-from flowsearch.filters import MetadataFilter
-from flowsearch.prefilter import (
+from flowsearch.ann.prefilter import (
     EXACT_BELOW,
     _exact,
     filtered_search,
     prepare_index,
     search_params,
 )
+from flowsearch.search.filters import MetadataFilter
 
 ROOT = Path(__file__).resolve().parents[1]
 DIM, SHARD_ROWS, K = 384, 50_000, 10

@@ -179,7 +179,7 @@ def bench_corpus(
     name: str, path: Path, work: Path, peer: Peer, queries: list[str], args: argparse.Namespace
 ) -> dict[str, Any]:
     from flowsearch import Searcher, build_index
-    from flowsearch.store import RowReader
+    from flowsearch.storage.rows import RowReader
 
     n = pq.ParquetFile(path).metadata.num_rows
     peer_rows = None

@@ -42,8 +42,8 @@ import numpy as np
 from results_md import write_section
 
 from flowsearch.evaluation import datasets as ds
-from flowsearch.lexical import LexicalIndex
-from flowsearch.tokens import tokenize_batch
+from flowsearch.lexical.bm25 import LexicalIndex
+from flowsearch.lexical.tokens import tokenize_batch
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -15,10 +15,11 @@ Writes ``benchmarks/bench_retrieval.json`` (every measured row) and
 
 Method. Every (set, encoder) is encoded once; each calibrator is fitted on the corpus's raw
 vectors (the "target" setting) and queries are projected by the library's
-:class:`~flowsearch.space.SearchSpace` (L2-normalised). Dense search is exact (inner product over
-every passage, top 100); lexical search is the product's :class:`~flowsearch.lexical.LexicalIndex`
-(stemmed BM25); hybrid is :func:`flowsearch.fusion.convex` (or ``rrf``) over 100 candidates a side,
-as ``Searcher.search`` does. Symmetric sets fetch one hit more and drop the query's own id
+:class:`~flowsearch.space.search_space.SearchSpace` (L2-normalised). Dense search is exact (inner
+product over every passage, top 100); lexical search is the product's
+:class:`~flowsearch.lexical.bm25.LexicalIndex` (stemmed BM25); hybrid is
+:func:`flowsearch.search.fusion.convex` (or ``rrf``) over 100 candidates a side, as
+``Searcher.search`` does. Symmetric sets fetch one hit more and drop the query's own id
 (``ignore_identical_ids``). Metrics are :func:`flowsearch.evaluation.retrieval.retrieval_scores`
 (nDCG@10, recall@100, MRR@10). One configuration is re-run through the full product path
 (:func:`~flowsearch.evaluation.retrieval.run_retrieval`: build_index + Searcher) as a check.
@@ -48,13 +49,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # make_dev_sets
 
 from flowsearch.calibration import make_calibrator  # noqa: E402
-from flowsearch.calibration.fitting import fit_for_index  # noqa: E402
 from flowsearch.evaluation.beir import load_beir  # noqa: E402
 from flowsearch.evaluation.cache import VectorCache  # noqa: E402
 from flowsearch.evaluation.retrieval import retrieval_scores  # noqa: E402
-from flowsearch.fusion import convex, rrf  # noqa: E402
-from flowsearch.manifest import CalibrationSpec  # noqa: E402
-from flowsearch.space import SearchSpace  # noqa: E402
+from flowsearch.search.fusion import convex, rrf  # noqa: E402
+from flowsearch.space.fitting import fit_for_index  # noqa: E402
+from flowsearch.space.search_space import SearchSpace  # noqa: E402
+from flowsearch.storage.manifest import CalibrationSpec  # noqa: E402
 
 LOG = logging.getLogger("bench_retrieval")
 
@@ -186,7 +187,7 @@ class Study:
 
     def lexical_hits(self, ds: DevSet) -> tuple[np.ndarray, np.ndarray]:
         if ds.name not in self.lexical:
-            from flowsearch.lexical import LexicalIndex
+            from flowsearch.lexical.bm25 import LexicalIndex
 
             lex = LexicalIndex.build(ds.texts[: ds.n_corpus])
             queries = [ds.texts[r] for r in ds.query_rows]
@@ -223,7 +224,7 @@ class Study:
 
 
 def make_encoder(label: str, m2v: Path | None) -> Any:
-    from flowsearch.encoder import Encoder
+    from flowsearch.encode.encoder import Encoder
 
     if label.startswith("static:"):
         return Encoder(pooling="static", static_variant=label.split(":", 1)[1])
@@ -244,7 +245,7 @@ def distil_model2vec(target: Path) -> Path | None:
     try:
         from model2vec.distill import distill
 
-        from flowsearch.model_files import bundled_model_dir
+        from flowsearch.encode.model_files import bundled_model_dir
 
         started = time.process_time()
         model = distill(model_name=str(bundled_model_dir()))
@@ -292,7 +293,7 @@ def product_check(ds_dir: Path, label: str, study: Study, ds: DevSet) -> dict[st
     """One configuration through build_index + Searcher, beside this script's own figures
     (lexical and hybrid; hybrid at the weight the Searcher uses for the pooling)."""
     from flowsearch.evaluation.retrieval import run_retrieval
-    from flowsearch.searcher import HYBRID_WEIGHT, HYBRID_WEIGHT_STATIC
+    from flowsearch.search.searcher import HYBRID_WEIGHT, HYBRID_WEIGHT_STATIC
 
     pooling, _, variant = label.partition(":")
     if variant not in ("", "raw"):
@@ -375,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for ds in sets:
             for cal_label, (name, cfg) in BASE_CALS.items():
                 study.dense(ds, label, cal_label, *fit_named(name, cfg, study.split(ds, label)[0]))
-    from flowsearch.encoder import Encoder
+    from flowsearch.encode.encoder import Encoder
 
     variant = inspect.signature(Encoder).parameters["static_variant"].default
     default_variant = f"static:{variant}"

@@ -13,7 +13,7 @@ Model2Vec model (``--m2v``, distilled from the bundled model when missing).
 Part A (the ``auto`` rule). For each (dev set, encoder): the corpus's anisotropy statistics
 (:func:`~flowsearch.calibration.anisotropy.anisotropy_stats`) and exact dense nDCG@10 of the raw
 vectors, partial whitening (``power=0.25``, what ``auto`` searches), full whitening, and of what
-``auto`` decides (:func:`~flowsearch.calibration.fitting.fit_for_index` with the encoder's
+``auto`` decides (:func:`~flowsearch.space.fitting.fit_for_index` with the encoder's
 pooling, as ``build_index`` calls it). Calibrators are fitted on the corpus's raw vectors.
 
 Part B (fitting on queries). Queries are split by position (even: "fit half", odd: "test
@@ -60,9 +60,9 @@ from bench_retrieval import (  # noqa: E402
 from results_md import publish  # noqa: E402
 
 from flowsearch.calibration.anisotropy import STATISTICS, anisotropy_stats  # noqa: E402
-from flowsearch.calibration.fitting import fit_for_index  # noqa: E402
 from flowsearch.evaluation.cache import VectorCache  # noqa: E402
 from flowsearch.evaluation.retrieval import ndcg_at_k  # noqa: E402
+from flowsearch.space.fitting import fit_for_index  # noqa: E402
 
 LOG = logging.getLogger("bench_retrieval_auto")
 
@@ -133,8 +133,8 @@ def paired_ci(delta: np.ndarray, seed: int = 0, draws: int = 2000) -> list[float
 def part_b(ds: DevSet, label: str, U: np.ndarray, lexical: Any) -> dict[str, Any]:
     """Fitting on passages vs passages + half the queries, scored on the other half; dense and
     hybrid (the static weight, as the Searcher fuses)."""
-    from flowsearch.fusion import convex
-    from flowsearch.searcher import HYBRID_WEIGHT_STATIC
+    from flowsearch.search.fusion import convex
+    from flowsearch.search.searcher import HYBRID_WEIGHT_STATIC
 
     Uc = U[: ds.n_corpus]
     positions = np.arange(len(ds.query_ids))
@@ -177,7 +177,7 @@ _LEXICAL: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 def lexical_hits(ds: DevSet) -> tuple[np.ndarray, np.ndarray]:
     """BM25's top 101 for every query of ``ds`` (the product's LexicalIndex), computed once."""
     if ds.name not in _LEXICAL:
-        from flowsearch.lexical import LexicalIndex
+        from flowsearch.lexical.bm25 import LexicalIndex
 
         lex = LexicalIndex.build(ds.texts[: ds.n_corpus])
         _LEXICAL[ds.name] = lex.search([ds.texts[r] for r in ds.query_rows], 101)

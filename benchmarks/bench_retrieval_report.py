@@ -210,7 +210,7 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
         ("mean", "none"),
     ]
     out += ["Dense:", "", *_dense_table(rows, tier)]
-    from flowsearch.searcher import HYBRID_WEIGHT
+    from flowsearch.search.searcher import HYBRID_WEIGHT
 
     body = []
     weights = sorted({HYBRID_WEIGHT, STATIC_WEIGHT})

@@ -14,8 +14,8 @@ processes so their RSS is theirs alone):
 
 - ``prepare``: encode, calibrate, jitter, project; exact truth (timed: Flat's batch QPS).
 - ``build``: what ingest does with ``index_factory="auto"`` past ``AUTO_GRAPH_MAX_ROWS``, at
-  1M (:mod:`flowsearch.index`: train on a bounded sample, add in chunks, tune ``nprobe`` and
-  ``k_factor`` on probe queries, write): seconds per step, peak RSS, bytes on disk.
+  1M (:mod:`flowsearch.ann.faiss_index`: train on a bounded sample, add in chunks, tune ``nprobe``
+  and ``k_factor`` on probe queries, write): seconds per step, peak RSS, bytes on disk.
 - ``serve``: open the index memory-mapped as ``Searcher.open(mmap=True)`` does, RSS after open
   and after 1,000 single queries, p50 latency, batch QPS, recall@10 vs Flat on the 2,000 real
   queries, and a recall grid over ``nprobe`` x ``k_factor`` (500 queries).
@@ -79,7 +79,7 @@ def encoders(n: int) -> dict[str, float]:
     from corpus_helpers import sentences
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
-    from flowsearch.encoder import Encoder
+    from flowsearch.encode.encoder import Encoder
 
     torch.set_num_threads(2)
     rng = np.random.default_rng(0)
@@ -123,10 +123,10 @@ def prepare() -> dict[str, Any]:
     import pyarrow.parquet as pq
     from speed_ann import jitter, jitter_scale
 
-    from flowsearch import index as fx
-    from flowsearch.calibration.fitting import fit_for_index
-    from flowsearch.encoder import Encoder
-    from flowsearch.space import SearchSpace
+    from flowsearch.ann import faiss_index as fx
+    from flowsearch.encode.encoder import Encoder
+    from flowsearch.space.fitting import fit_for_index
+    from flowsearch.space.search_space import SearchSpace
 
     faiss.omp_set_num_threads(2)
     WORK.mkdir(parents=True, exist_ok=True)
@@ -173,7 +173,7 @@ def prepare() -> dict[str, Any]:
 def build() -> dict[str, Any]:
     import faiss
 
-    from flowsearch import index as fx
+    from flowsearch.ann import faiss_index as fx
 
     faiss.omp_set_num_threads(2)
     Z = np.load(WORK / "z_1m.npy", mmap_mode="r")
@@ -227,7 +227,7 @@ def _nlist(factory: str) -> int:
 def serve() -> dict[str, Any]:
     import faiss
 
-    from flowsearch import index as fx
+    from flowsearch.ann import faiss_index as fx
 
     faiss.omp_set_num_threads(2)
     built = json.loads((WORK / "build.json").read_text())

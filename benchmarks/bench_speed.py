@@ -170,7 +170,7 @@ def _peer(s: Any) -> Any:
     import faiss
     from sentence_transformers import SentenceTransformer
 
-    from flowsearch.model_files import bundled_model_dir
+    from flowsearch.encode.model_files import bundled_model_dir
 
     st = SentenceTransformer(str(bundled_model_dir()), device="cpu")
     flat = faiss.IndexFlatIP(s.manifest.dim)
@@ -192,7 +192,7 @@ def _faiss_200k(queries: list[str]) -> dict[str, Any]:
     it) for the same query, so a 200k search with the ``mean`` encoder can be composed per query
     in one iteration. Both are 384-d unit vectors; HNSW's cost follows efSearch and dim."""
     from flowsearch import Searcher
-    from flowsearch import index as fx
+    from flowsearch.ann import faiss_index as fx
 
     s200 = Searcher.open(WORK / "static_200k")
     Z = dict(zip(queries, s200.embed(queries)[0], strict=True))

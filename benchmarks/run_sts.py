@@ -126,7 +126,7 @@ def _flow_ll_gain(U: np.ndarray, seed: int) -> float:
 
 def _stsb_variants(args: argparse.Namespace, cache: VectorCache) -> dict[str, float]:
     """STS-B test, ``none``/``mean``, under other text variants and max_length values."""
-    from flowsearch.encoder import Encoder
+    from flowsearch.encode.encoder import Encoder
 
     out = {}
     for text, max_length in (("raw", 128), ("raw", 64), ("senteval", None), ("senteval", 64)):

@@ -23,7 +23,7 @@ import faiss
 import numpy as np
 from faiss.contrib.ivf_tools import add_preassigned
 
-from flowsearch import index as fx
+from flowsearch.ann import faiss_index as fx
 
 __all__ = ["IVF_NPROBES", "HNSW_EFS", "jitter", "rescored", "study", "truth"]
 

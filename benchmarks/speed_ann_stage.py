@@ -28,9 +28,9 @@ import numpy as np
 from speed_ann import IVF_NPROBES, jitter, jitter_scale, rescored, study, truth
 
 from flowsearch import Searcher
-from flowsearch import index as fx
+from flowsearch.ann import faiss_index as fx
 from flowsearch.calibration import make_calibrator
-from flowsearch.space import normalise
+from flowsearch.space.search_space import normalise
 
 __all__ = ["stage_ann"]
 

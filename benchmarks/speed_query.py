@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from flowsearch import Searcher
-from flowsearch import index as fx
+from flowsearch.ann import faiss_index as fx
 
 __all__ = ["latency", "recall_of_index", "batch_qps"]
 

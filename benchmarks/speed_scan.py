@@ -17,7 +17,7 @@ import faiss
 import numpy as np
 
 from flowsearch import Searcher
-from flowsearch import index as fx
+from flowsearch.ann import faiss_index as fx
 
 __all__ = ["stage_scan"]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from flowsearch.encoder import Encoder
+from flowsearch.encode.encoder import Encoder
 
 __all__ = ["MultiPoolEncoder", "PoolingView"]
 

@@ -30,30 +30,30 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Encoder": "flowsearch.encoder",
+    "Encoder": "flowsearch.encode.encoder",
     "FlowsearchError": "flowsearch.errors",
-    "Hit": "flowsearch.searcher",
-    "Searcher": "flowsearch.searcher",
-    "add_to_index": "flowsearch.append",
-    "build_index": "flowsearch.ingest",
-    "compact": "flowsearch.rewrite",
-    "delete": "flowsearch.rewrite",
-    "index_info": "flowsearch.version",
+    "Hit": "flowsearch.search.searcher",
+    "Searcher": "flowsearch.search.searcher",
+    "add_to_index": "flowsearch.writes.upsert",
+    "build_index": "flowsearch.writes.build",
+    "compact": "flowsearch.writes.rewrite",
+    "delete": "flowsearch.writes.rewrite",
+    "index_info": "flowsearch.search.version",
     "load_calibrator": "flowsearch.calibration",
     "make_calibrator": "flowsearch.calibration",
-    "recalibrate": "flowsearch.rewrite",
-    "upsert": "flowsearch.append",
+    "recalibrate": "flowsearch.writes.rewrite",
+    "upsert": "flowsearch.writes.upsert",
 }
 
 if TYPE_CHECKING:
-    from flowsearch.append import add_to_index, upsert
     from flowsearch.calibration import load_calibrator, make_calibrator
-    from flowsearch.encoder import Encoder
+    from flowsearch.encode.encoder import Encoder
     from flowsearch.errors import FlowsearchError
-    from flowsearch.ingest import build_index
-    from flowsearch.rewrite import compact, delete, recalibrate
-    from flowsearch.searcher import Hit, Searcher
-    from flowsearch.version import index_info
+    from flowsearch.search.searcher import Hit, Searcher
+    from flowsearch.search.version import index_info
+    from flowsearch.writes.build import build_index
+    from flowsearch.writes.rewrite import compact, delete, recalibrate
+    from flowsearch.writes.upsert import add_to_index, upsert
 
 
 def __getattr__(name: str) -> Any:

@@ -8,12 +8,12 @@ import pyarrow.parquet as pq
 import pytest
 from corpus_helpers import siblings, version_dirs, write_corpus
 
-from flowsearch import directory
-from flowsearch import manifest as mf
-from flowsearch.append import add_to_index
 from flowsearch.errors import FlowsearchError
-from flowsearch.ingest import build_index
-from flowsearch.searcher import Searcher
+from flowsearch.search.searcher import Searcher
+from flowsearch.storage import directory as directory
+from flowsearch.storage import manifest as mf
+from flowsearch.writes.build import build_index
+from flowsearch.writes.upsert import add_to_index
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +76,13 @@ def test_add_to_a_missing_index_creates_nothing(tmp_path, corpus):
 
 
 def test_add_warns_on_drift(tmp_path, model_dir, corpus, monkeypatch, caplog):
-    from flowsearch import density
+    from flowsearch.space import reference as density
 
     out = tmp_path / "idx"
     build_index(corpus, out, model=str(model_dir))
     monkeypatch.setattr(density, "DRIFT_WARN_STD", -1e9)  # any gap counts as drift
     extra = write_corpus(tmp_path / "extra.parquet", n=5, seed=6, id_prefix="z")
-    with caplog.at_level("WARNING", logger="flowsearch.append"):
+    with caplog.at_level("WARNING", logger="flowsearch.writes.upsert"):
         summary = add_to_index(extra, out)
     assert summary["drift"]["warn"] is True
     assert "out of distribution" in caplog.text and "recalibrate" in caplog.text

@@ -14,9 +14,9 @@ import pytest
 from corpus_helpers import sentences, siblings, write_corpus
 from typer.testing import CliRunner
 
-from flowsearch import manifest as mf
 from flowsearch.cli import app, main
-from flowsearch.searcher import Searcher
+from flowsearch.search.searcher import Searcher
+from flowsearch.storage import manifest as mf
 
 runner = CliRunner()
 
@@ -224,7 +224,7 @@ def test_info_on_an_incomplete_index_is_one_line(built, tmp_path, part):
 
 
 def test_json_output_is_valid_json_with_nan_metadata(tmp_path, model_dir):
-    from flowsearch.ingest import build_index
+    from flowsearch.writes.build import build_index
 
     n = 12
     score = [float("nan"), float("inf"), float("-inf"), *np.linspace(0, 1, n - 3)]
@@ -265,8 +265,8 @@ def test_calibrated_space_is_searched_and_verified(whitened, model_dir):
     """Built with --calibration whitening: the query and the stored vectors are whitened, and
     the hits are the brute-force top-k in that space (not in the encoder's)."""
     from flowsearch.calibration import load_calibrator
-    from flowsearch.encoder import Encoder
-    from flowsearch.store import RowReader
+    from flowsearch.encode.encoder import Encoder
+    from flowsearch.storage.rows import RowReader
 
     m = mf.read(whitened)
     assert m.calibration.calibrator == "whitening" and m.calibration.space == "calibrated"

@@ -12,9 +12,9 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from flowsearch import readers
-from flowsearch.corpus import CorpusPlan, resolve_files, scan_corpus
 from flowsearch.errors import FlowsearchError
+from flowsearch.storage import readers as readers
+from flowsearch.storage.corpus import CorpusPlan, resolve_files, scan_corpus
 
 ROWS = [
     {"id": "a", "text": "the cat", "year": 2001},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flowsearch.density import (
+from flowsearch.space.reference import (
     DRIFT_WARN_STD,
     MAX_HELD_OUT,
     MIN_HELD_OUT,
@@ -18,7 +18,7 @@ from flowsearch.density import (
     reliable,
     split_fit_rows,
 )
-from flowsearch.manifest import DensityStats, HeldOut, from_dict, to_dict
+from flowsearch.storage.manifest import DensityStats, HeldOut, from_dict, to_dict
 
 CORPUS = DensityStats(100.0, 10.0, 75.0, 80.0, 100.0, 1000)
 
@@ -141,7 +141,7 @@ def test_nothing_non_finite_or_absurd_is_shown(lp, corpus, fit_rows):
 
 
 def test_caption_shows_only_finite_figures():
-    from flowsearch.cli import _density_caption
+    from flowsearch.cli.app import _density_caption
 
     rep = query_report(-6.7e33, DensityStats(-6e26, 3.5e13, 0, 0, 0, 3), 3, 32, held_out=_held(),
                        top_score=0.41)  # fmt: skip

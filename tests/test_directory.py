@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from corpus_helpers import write_corpus
 
-from flowsearch import directory
-from flowsearch import manifest as mf
-from flowsearch.append import add_to_index
 from flowsearch.errors import FlowsearchError
-from flowsearch.ingest import build_index
-from flowsearch.rewrite import delete
-from flowsearch.searcher import Searcher
-from flowsearch.version import index_info
+from flowsearch.search.searcher import Searcher
+from flowsearch.search.version import index_info
+from flowsearch.storage import directory as directory
+from flowsearch.storage import manifest as mf
+from flowsearch.writes.build import build_index
+from flowsearch.writes.rewrite import delete
+from flowsearch.writes.upsert import add_to_index
 
 
 @pytest.fixture()

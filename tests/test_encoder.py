@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from flowsearch.encoder import POOLINGS, Encoder
+from flowsearch.encode.encoder import POOLINGS, Encoder
 from flowsearch.errors import FlowsearchError
 
 TEXTS = [

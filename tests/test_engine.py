@@ -9,13 +9,13 @@ import pyarrow.parquet as pq
 import pytest
 from corpus_helpers import sentences, write_corpus
 
-from flowsearch import manifest as mf
-from flowsearch import store
-from flowsearch.append import upsert
 from flowsearch.errors import FlowsearchError
-from flowsearch.ingest import build_index
-from flowsearch.rewrite import compact, delete, recalibrate
-from flowsearch.searcher import Searcher
+from flowsearch.search.searcher import Searcher
+from flowsearch.storage import manifest as mf
+from flowsearch.storage import rows as store
+from flowsearch.writes.build import build_index
+from flowsearch.writes.rewrite import compact, delete, recalibrate
+from flowsearch.writes.upsert import upsert
 
 MODES = ("dense", "lexical", "hybrid")
 
@@ -98,7 +98,7 @@ def test_compact_drops_dead_rows_and_keeps_answers(index):
 
 def test_recalibrate_refits_on_stored_raw_vectors(index):
     from flowsearch.calibration import make_calibrator
-    from flowsearch.space import normalise
+    from flowsearch.space.search_space import normalise
 
     result = recalibrate(index, calibration="sn")
     assert result["calibration"] == "sn" and result["space"] == "calibrated"

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flowsearch import store
+from flowsearch.ann.prefilter import allowed_rows, filtered_search, prepare_index
 from flowsearch.errors import FlowsearchError
-from flowsearch.filters import MetadataFilter, _Watchdog
-from flowsearch.prefilter import allowed_rows, filtered_search, prepare_index
+from flowsearch.search.filters import MetadataFilter, _Watchdog
+from flowsearch.storage import rows as store
 
 ROWS, SHARD_ROWS, DIM = 900, 300, 16
 COLUMNS = ["year", "lang", "score", "flag", "ts", "tag"]

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from flowsearch.calibration import make_calibrator
-from flowsearch.calibration.fitting import AUTO_FITS, AUTO_SEARCHES, fit_for_index, load_fitted
-from flowsearch.density import MIN_ROWS_PER_DIM
 from flowsearch.errors import FlowsearchError
-from flowsearch.manifest import AutoDecision
+from flowsearch.space.fitting import AUTO_FITS, AUTO_SEARCHES, fit_for_index, load_fitted
+from flowsearch.space.reference import MIN_ROWS_PER_DIM
+from flowsearch.storage.manifest import AutoDecision
 
 
 def _cone(n, d=8, seed=0):
@@ -53,7 +53,7 @@ def test_auto_keeps_the_encoder_space_when_isotropic_or_too_small():
 
 
 def test_a_density_only_flow_is_fitted_on_a_sample(monkeypatch):
-    from flowsearch.calibration import fitting
+    from flowsearch.space import fitting
 
     monkeypatch.setattr(fitting, "DENSITY_FIT_ROWS", 150)
     cal, iso = fit_for_index(_isotropic(400), "auto")
@@ -84,7 +84,7 @@ def test_auto_beats_raw_and_full_whitening_on_a_synthetic_retrieval_task():
     passages, queries = side(), side()
 
     def accuracy(calibration):
-        from flowsearch.space import SearchSpace
+        from flowsearch.space.search_space import SearchSpace
 
         space = SearchSpace(*fit_for_index(passages, calibration))
         P, Q = space.project(passages, False)[0], space.project(queries, False)[0]
@@ -115,7 +115,7 @@ def test_a_calibrator_fitted_elsewhere(tmp_path):
 def test_auto_calibrates_a_non_contextual_pooling_whatever_its_mean_cosine(pooling):
     """Model2Vec's mean cosine sits under the threshold, yet partial whitening helps it on every
     dev set (issue 16): auto calibrates non-contextual poolings by their kind."""
-    from flowsearch.calibration.fitting import AUTO_CALIBRATES_POOLINGS
+    from flowsearch.space.fitting import AUTO_CALIBRATES_POOLINGS
 
     assert pooling in AUTO_CALIBRATES_POOLINGS
     U = _isotropic(40 * MIN_ROWS_PER_DIM)

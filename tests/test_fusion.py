@@ -1,11 +1,12 @@
-"""flowsearch.fusion: convex and reciprocal-rank fusion on hand-computed and random candidates."""
+"""flowsearch.search.fusion: convex and reciprocal-rank fusion on hand-computed and random
+candidates."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from flowsearch.fusion import FusedHits, convex, rrf
+from flowsearch.search.fusion import FusedHits, convex, rrf
 
 
 def _hits(*queries: list[tuple[int, float]], width: int | None = None):

@@ -1,4 +1,4 @@
-"""FAISS wrappers of flowsearch.index on synthetic vectors."""
+"""FAISS wrappers of flowsearch.ann.faiss_index on synthetic vectors."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import faiss
 import numpy as np
 import pytest
 
-from flowsearch import index as fx
+from flowsearch.ann import faiss_index as fx
 from flowsearch.errors import FlowsearchError
 
 
@@ -237,7 +237,7 @@ def test_ivf_training_is_bounded(monkeypatch):
 
 
 def test_large_path_memory_maps_and_prefilters(tmp_path):
-    from flowsearch.prefilter import filtered_search, prepare_index
+    from flowsearch.ann.prefilter import filtered_search, prepare_index
 
     x = _unit(6_000, dim=32, clusters=40)
     index, factory, params = _large(x)

@@ -8,14 +8,16 @@ import pyarrow.parquet as pq
 import pytest
 from corpus_helpers import siblings, version_dirs, write_corpus
 
-from flowsearch import directory, ingest, store
-from flowsearch import manifest as mf
-from flowsearch.append import add_to_index
-from flowsearch.density import DRIFT_WARN_STD, MIN_ROWS_PER_DIM, drift_report
 from flowsearch.errors import FlowsearchError
-from flowsearch.ingest import build_index
-from flowsearch.manifest import DensityStats
-from flowsearch.searcher import Searcher
+from flowsearch.search.searcher import Searcher
+from flowsearch.space.reference import DRIFT_WARN_STD, MIN_ROWS_PER_DIM, drift_report
+from flowsearch.storage import directory as directory
+from flowsearch.storage import manifest as mf
+from flowsearch.storage import rows as store
+from flowsearch.storage.manifest import DensityStats
+from flowsearch.writes import build as ingest
+from flowsearch.writes.build import build_index
+from flowsearch.writes.upsert import add_to_index
 
 
 @pytest.fixture(scope="module")
@@ -381,7 +383,7 @@ def test_auto_calibrates_a_static_pooling_below_the_threshold(tmp_path, model_di
     cal = mf.read(out).calibration
     assert cal.space == "calibrated" and cal.calibrator == "gaussian"
     assert "non-contextual" in cal.decision and cal.auto is not None and cal.auto.calibrated
-    from flowsearch.rewrite import recalibrate
+    from flowsearch.writes.rewrite import recalibrate
 
     recalibrate(out)  # refitting decides the same way
     again = mf.read(out).calibration

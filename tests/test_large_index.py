@@ -16,8 +16,8 @@ import pytest
 from corpus_helpers import sentences, write_corpus
 
 from flowsearch import Searcher, build_index, compact, delete, upsert
-from flowsearch import index as fx
-from flowsearch.append import add_to_index
+from flowsearch.ann import faiss_index as fx
+from flowsearch.writes.upsert import add_to_index
 
 ROWS = 1_500
 
@@ -48,7 +48,7 @@ def _recall(s: Searcher, queries: list[str], k: int = 10) -> float:
 
 def _ids(s: Searcher) -> list[Any]:
     """The id of every row in row order, None for a deleted one."""
-    from flowsearch.store import live_ids
+    from flowsearch.storage.rows import live_ids
 
     ids, deleted = live_ids(s.root, s.manifest)
     return [None if deleted is not None and deleted[n] else i for n, i in enumerate(ids)]

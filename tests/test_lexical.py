@@ -1,4 +1,4 @@
-"""flowsearch.lexical: tokenisation, exact BM25 against bm25s, filters, writes and files."""
+"""flowsearch.lexical.bm25: tokenisation, exact BM25 against bm25s, filters, writes and files."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import bm25s
 import numpy as np
 import pytest
 
-from flowsearch import lexical
 from flowsearch.errors import FlowsearchError
-from flowsearch.lexical import FILES, LexicalIndex
-from flowsearch.tokens import tokenize, tokenize_batch
+from flowsearch.lexical import bm25 as lexical
+from flowsearch.lexical.bm25 import FILES, LexicalIndex
+from flowsearch.lexical.tokens import tokenize, tokenize_batch
 
 WORDS = [
     "tide",

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowsearch import manifest as mf
 from flowsearch.errors import FlowsearchError
+from flowsearch.storage import manifest as mf
 
 ASSETS = Path(__file__).parent / "assets"
 

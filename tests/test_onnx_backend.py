@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flowsearch.encoder import POOLINGS, Encoder
+from flowsearch.encode.encoder import POOLINGS, Encoder
 from flowsearch.errors import FlowsearchError
 
 pytest.importorskip("onnxruntime")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModel
 
-from flowsearch.pooling import LAYERS_READ, padded, pool_numpy, pool_torch
+from flowsearch.encode.pooling import LAYERS_READ, padded, pool_numpy, pool_torch
 
 POOLED = tuple(LAYERS_READ)
 

@@ -22,13 +22,10 @@ from corpus_helpers import (  # noqa: E402
     write_corpus,
 )
 
-from flowsearch import (  # noqa: E402
-    Searcher,
-    build_index,
-    ray_ingest,  # noqa: E402
-)
-from flowsearch import manifest as mf  # noqa: E402
+from flowsearch import Searcher, build_index  # noqa: E402
 from flowsearch.errors import FlowsearchError  # noqa: E402
+from flowsearch.storage import manifest as mf  # noqa: E402
+from flowsearch.writes import ray_engine as ray_ingest  # noqa: E402
 
 ROWS = 200
 QUERIES = ["the cat and the dog", "red car on the road", "music piano song", "old book page"]
@@ -143,7 +140,7 @@ def test_bad_input_fails_before_ray(tmp_path: Path, model_dir: Path) -> None:
 def test_local_build_never_imports_ray(tmp_path: Path, model_dir: Path, repo_root: Path) -> None:
     corpus = write_corpus(tmp_path / "c.parquet", n=20)
     code = (
-        "import sys, flowsearch.ingest as ingest\n"
+        "import sys, flowsearch.writes.build as ingest\n"
         f"ingest.build_index({str(corpus)!r}, {str(tmp_path / 'idx')!r}, "
         f"model={str(model_dir)!r})\n"
         "assert 'ray' not in sys.modules, 'ray was imported'\n"
@@ -161,7 +158,7 @@ IVF_FACTORY = "IVF8,Flat"
 def built_ivf(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> dict[str, Any]:
     """An IVF index built by both engines, with shards of 60 rows: on Ray, each shard's rows go
     into their own copy of the trained index and the parts are merged on disk."""
-    from flowsearch import store
+    from flowsearch.storage import rows as store
 
     tmp = tmp_path_factory.mktemp("ray-ivf")
     corpus = write_corpus(tmp / "corpus.parquet", n=ROWS + 30)

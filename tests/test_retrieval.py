@@ -269,7 +269,7 @@ def _synthetic_beir(root: Path, n_docs: int = 30) -> Path:
 
 
 def test_run_retrieval_dense_end_to_end(tmp_path, model_dir, monkeypatch):
-    from flowsearch.searcher import Searcher
+    from flowsearch.search.searcher import Searcher
 
     beir_dir = _synthetic_beir(tmp_path / "synthetic")
     scratch = tmp_path / "tmp"

@@ -13,12 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 from corpus_helpers import sentences, version_dirs, write_corpus
 
-from flowsearch import manifest as mf
-from flowsearch.encoder import Encoder
+from flowsearch.encode.encoder import Encoder
 from flowsearch.errors import FlowsearchError
-from flowsearch.ingest import build_index
-from flowsearch.searcher import Hit, Searcher
-from flowsearch.version import index_info
+from flowsearch.search.searcher import Hit, Searcher
+from flowsearch.search.version import index_info
+from flowsearch.storage import manifest as mf
+from flowsearch.writes.build import build_index
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -176,7 +176,7 @@ def test_other_factories_are_built_and_searched(tmp_path, model_dir, factory):
 
 
 def test_open_searcher_keeps_its_index_through_a_rebuild(tmp_path, model_dir, monkeypatch):
-    from flowsearch import store
+    from flowsearch.storage import rows as store
 
     monkeypatch.setattr(store, "SHARD_ROWS", 10)  # several shards
     corpus = write_corpus(tmp_path / "a.parquet", n=60, seed=11)
@@ -238,7 +238,7 @@ def test_embed_takes_one_flow_pass_when_it_can(searcher, monkeypatch):
 
 
 def test_index_on_gpu_is_searched_under_the_lock(index_dir, monkeypatch):
-    from flowsearch import index as fx
+    from flowsearch.ann import faiss_index as fx
 
     held: list[bool] = []
     box: dict[str, Searcher] = {}
@@ -260,7 +260,7 @@ def test_index_on_gpu_is_searched_under_the_lock(index_dir, monkeypatch):
 
 
 def test_open_encoder_takes_the_manifest_source_for_a_relative_model_name(index_dir):
-    from flowsearch.encoder import open_encoder
+    from flowsearch.encode.encoder import open_encoder
 
     spec = mf.read(index_dir).encoder
     assert spec.model == spec.source and Path(spec.source).is_absolute()

@@ -29,9 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flowsearch.errors import FlowsearchError
-from flowsearch.ingest import build_index
 from flowsearch.jsonable import json_safe
-from flowsearch.searcher import Searcher
+from flowsearch.search.searcher import Searcher
 from flowsearch.server import (
     MAX_K,
     MAX_QUERIES,
@@ -42,6 +41,7 @@ from flowsearch.server import (
     create_app,
     serve,
 )
+from flowsearch.writes.build import build_index
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "s3cret-key"
@@ -362,7 +362,7 @@ def test_delete_then_search(wclient: httpx.Client) -> None:
 
 
 def test_second_writer_is_409_and_nothing_changes(wclient: httpx.Client, write_index: Path) -> None:
-    from flowsearch.directory import LOCK_NAME
+    from flowsearch.storage.directory import LOCK_NAME
 
     rows = wclient.get("/health").json()["rows"]
     fd = os.open(write_index / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)

@@ -7,8 +7,8 @@ import pytest
 
 from flowsearch.calibration import make_calibrator
 from flowsearch.errors import FlowsearchError
-from flowsearch.manifest import CalibrationSpec
-from flowsearch.space import SearchSpace, normalise
+from flowsearch.space.search_space import SearchSpace, normalise
+from flowsearch.storage.manifest import CalibrationSpec
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from flowsearch.encoder import Encoder
+from flowsearch.encode.encoder import Encoder
+from flowsearch.encode.static import STATIC_VARIANTS, is_model2vec_dir, mean_of_rows
 from flowsearch.errors import FlowsearchError
-from flowsearch.static import STATIC_VARIANTS, is_model2vec_dir, mean_of_rows
 
 TEXTS = ["the cat sat on the mat", "a big dog runs to the river", "tea", ""]
 

@@ -1,4 +1,5 @@
-"""Shards and row lookup of flowsearch.store, on synthetic rows (the manifest: test_manifest)."""
+"""Shards and row lookup of flowsearch.storage.rows, on synthetic rows (the manifest:
+test_manifest)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flowsearch import store
 from flowsearch.errors import FlowsearchError
-from flowsearch.manifest import Shard
+from flowsearch.storage import rows as store
+from flowsearch.storage.manifest import Shard
 
 
 def _rows(n: int, dim: int = 8, start: int = 0, seed: int = 0):

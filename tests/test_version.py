@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from corpus_helpers import write_corpus
 
-from flowsearch import manifest as mf
 from flowsearch.errors import FlowsearchError
-from flowsearch.ingest import build_index
-from flowsearch.rewrite import delete
-from flowsearch.version import index_info, load, sizes
+from flowsearch.search.version import index_info, load, sizes
+from flowsearch.storage import manifest as mf
+from flowsearch.writes.build import build_index
+from flowsearch.writes.rewrite import delete
 
 
 @pytest.fixture(scope="module")

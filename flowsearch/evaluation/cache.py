@@ -38,7 +38,7 @@ LOG = logging.getLogger(__name__)
 
 
 class SupportsEncode(Protocol):
-    """What the cache needs of an encoder: :class:`flowsearch.encoder.Encoder` fits."""
+    """What the cache needs of an encoder: :class:`flowsearch.encode.encoder.Encoder` fits."""
 
     def describe(self) -> dict[str, Any]: ...
 

@@ -246,7 +246,7 @@ def write_corpus_parquet(dataset: BeirDataset, path: str | os.PathLike[str]) -> 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from flowsearch.store import RESERVED_COLUMNS
+    from flowsearch.storage.rows import RESERVED_COLUMNS
 
     table = pa.table(
         {
@@ -317,8 +317,8 @@ def run_retrieval(
     Raises:
         FlowsearchError: a bad directory or file, an unknown mode or calibration, k < 10.
     """
-    from flowsearch.ingest import build_index
-    from flowsearch.searcher import Searcher
+    from flowsearch.search.searcher import Searcher
+    from flowsearch.writes.build import build_index
 
     wanted = _modes(modes)
     if k < 10:

@@ -67,7 +67,7 @@ def _session(
     # Check the data folder before loading a model: a missing folder is the common mistake.
     root = resolve_data_dir(data_dir)
     if encoder is None:
-        from flowsearch.encoder import Encoder
+        from flowsearch.encode.encoder import Encoder
 
         encoder = Encoder(
             model, pooling=pooling, max_length=max_length, backend=backend, quantize=quantize

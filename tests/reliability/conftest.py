@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from corpus_helpers import write_corpus
 
-from flowsearch import manifest as mf
+from flowsearch.storage import manifest as mf
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -125,7 +125,7 @@ def corpora(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def built(tmp_path_factory, model_dir, corpora) -> Path:
     """A calibrated (flow) index of 60 rows with a lexical part; never modified."""
-    from flowsearch.ingest import build_index
+    from flowsearch.writes.build import build_index
 
     out = tmp_path_factory.mktemp("built") / "idx"
     build_index(corpora["base"], out, model=str(model_dir), calibration="flow")
@@ -134,7 +134,7 @@ def built(tmp_path_factory, model_dir, corpora) -> Path:
 
 @pytest.fixture(scope="session")
 def encoder(model_dir):
-    from flowsearch.encoder import Encoder
+    from flowsearch.encode.encoder import Encoder
 
     return Encoder(str(model_dir))
 
@@ -185,7 +185,7 @@ def one_error_line(result: Result) -> None:
 
 def answers_of(index: Path, encoder, verify: bool = False, **kwargs) -> list:
     """:func:`answers` of a freshly opened (and closed) Searcher on ``index``."""
-    from flowsearch.searcher import Searcher
+    from flowsearch.search.searcher import Searcher
 
     searcher = Searcher.open(index, verify=verify, encoder=encoder)
     try:

@@ -33,10 +33,10 @@ def _preload() -> None:
     from transformers import AutoModel, AutoTokenizer, BertModel  # noqa: F401
 
     import flowsearch.cli  # noqa: F401
-    import flowsearch.ingest  # noqa: F401
-    import flowsearch.lexical  # noqa: F401
-    import flowsearch.rewrite  # noqa: F401
-    import flowsearch.searcher  # noqa: F401
+    import flowsearch.lexical.bm25  # noqa: F401
+    import flowsearch.search.searcher  # noqa: F401
+    import flowsearch.writes.build  # noqa: F401
+    import flowsearch.writes.rewrite  # noqa: F401
 
 
 def _child(req: dict) -> None:

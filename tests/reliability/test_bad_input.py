@@ -19,7 +19,7 @@ from corpus_helpers import sentences
 
 from flowsearch import make_calibrator
 from flowsearch.errors import FlowsearchError
-from flowsearch.searcher import Searcher
+from flowsearch.search.searcher import Searcher
 
 from .conftest import one_error_line, snapshot
 
@@ -377,8 +377,9 @@ def test_read_only_index_directory(idx, monkeypatch):
 
 def test_disk_full_mid_build(idx, monkeypatch, capsys):
     """ENOSPC while a version's shard is written: one line, nothing changed, no build left."""
-    from flowsearch import store, upsert
+    from flowsearch import upsert
     from flowsearch.cli import main
+    from flowsearch.storage import rows as store
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from corpus_helpers import sentences, write_corpus
 
-from flowsearch import manifest as mf
-from flowsearch.append import add_to_index, upsert
-from flowsearch.rewrite import delete
-from flowsearch.searcher import Searcher
+from flowsearch.search.searcher import Searcher
+from flowsearch.storage import manifest as mf
+from flowsearch.writes.rewrite import delete
+from flowsearch.writes.upsert import add_to_index, upsert
 
 from .conftest import QUERIES
 

@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flowsearch import directory
-from flowsearch import manifest as mf
 from flowsearch.errors import FlowsearchError
-from flowsearch.ingest import build_index
-from flowsearch.rewrite import delete
-from flowsearch.searcher import Searcher
+from flowsearch.search.searcher import Searcher
+from flowsearch.storage import directory as directory
+from flowsearch.storage import manifest as mf
+from flowsearch.writes.build import build_index
+from flowsearch.writes.rewrite import delete
 
 from .conftest import answers, answers_of, leftovers
 

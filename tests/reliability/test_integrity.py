@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from flowsearch import load_calibrator, make_calibrator
-from flowsearch import manifest as mf
 from flowsearch.errors import FlowsearchError
-from flowsearch.searcher import Searcher
+from flowsearch.search.searcher import Searcher
+from flowsearch.storage import manifest as mf
 
 from .conftest import REPO, one_error_line
 

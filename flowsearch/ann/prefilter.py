@@ -1,0 +1,246 @@
+r"""Searching only the rows a filter kept: a FAISS pre-filter that returns the true top-k.
+
+:func:`filtered_search` takes the rows a ``where`` predicate matched
+(:meth:`flowsearch.search.filters.MetadataFilter.rows`) and the deleted rows to skip, and searches
+only the rest: up to :data:`EXACT_BELOW` searchable rows by brute force over their own vectors
+(exact for any index), more through FAISS with an ID-selector bitmap (:func:`search_params`), so the
+answer is the top-k among matching rows, never a post-filtered top-k. An approximate index that
+found fewer than k of them is searched again exhaustively.
+
+Example:
+    >>> import faiss
+    >>> index = faiss.IndexFlatIP(2)
+    >>> index.add(np.eye(2, dtype=np.float32))
+    >>> filtered_search(index, np.ones((1, 2), np.float32), 2, np.array([1]))[1].tolist()
+    [[1, -1]]
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import faiss
+import numpy as np
+
+__all__ = ["EXACT_BELOW", "allowed_rows", "filtered_search", "prepare_index", "search_params"]
+
+LOG = logging.getLogger(__name__)
+
+# faiss's bundled stubs lack the search-parameter and selector classes' keyword constructors.
+_faiss: Any = faiss
+
+#: At most this many searchable rows are searched by brute force over just their vectors: exact
+#: for any index that can reconstruct them, and faster than a FAISS ID selector up to at least
+#: 16k of 200k rows (bench_filters); the gathered copy is at most 16k x dim float32 (24 MB at 384).
+EXACT_BELOW = 16_384
+
+
+def _keep_mask(
+    ntotal: int, rows: np.ndarray | None, excluded: np.ndarray | None
+) -> np.ndarray | None:
+    """bool (ntotal,): searchable rows; None when nothing is filtered or excluded."""
+    if excluded is not None:
+        excluded = np.asarray(excluded)
+        if excluded.dtype == np.bool_:
+            if excluded.shape != (ntotal,):
+                raise ValueError(f"excluded mask has shape {excluded.shape}, index has {ntotal}")
+            if not excluded.any():
+                excluded = None
+        elif excluded.size == 0:
+            excluded = None
+    if rows is not None and len(rows) == ntotal:
+        rows = None  # sorted unique rows covering the index: no filter
+    if rows is None and excluded is None:
+        return None
+    if rows is None:
+        keep = np.ones(ntotal, dtype=bool)
+    else:
+        keep = np.zeros(ntotal, dtype=bool)
+        keep[np.asarray(rows, dtype=np.int64)] = True
+    if excluded is not None:
+        keep[excluded] = False  # a bool mask or row numbers index the same way
+    return keep
+
+
+def allowed_rows(
+    ntotal: int, rows: np.ndarray | None = None, excluded: np.ndarray | None = None
+) -> np.ndarray | None:
+    """The searchable rows: ``rows`` (all when None) minus ``excluded``.
+
+    Args:
+        ntotal: rows in the index.
+        rows: int64 (m,) sorted unique row numbers a filter matched, or None for every row.
+        excluded: deleted rows, as a bool mask (ntotal,) or int row numbers; None for none.
+
+    Returns:
+        Sorted unique int64 rows, or None when nothing is filtered or excluded (search all).
+    """
+    keep = _keep_mask(ntotal, rows, excluded)
+    return None if keep is None else np.flatnonzero(keep).astype(np.int64)
+
+
+def prepare_index(index: faiss.Index) -> faiss.Index:
+    """Let an IVF index reconstruct rows (a direct map, 8 bytes per row), in place.
+
+    Then a selective filter on it is searched exactly by brute force over the matching rows
+    instead of through the probed lists. Call once when the index is opened, before searching
+    from several threads (it modifies the index). Other indexes are returned unchanged.
+    """
+    if _refine(index) is not None:  # it reconstructs from its re-rank vectors
+        return index
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None and ivf.direct_map.no():
+        ivf.make_direct_map()
+    return index
+
+
+def _refine(index: faiss.Index) -> Any:
+    """The index as an ``IndexRefine`` (an approximate index plus an exact re-rank), or None."""
+    refine = faiss.downcast_index(index)
+    return refine if isinstance(refine, faiss.IndexRefine) else None
+
+
+def search_params(index: faiss.Index, rows: np.ndarray) -> Any:
+    """FAISS search parameters selecting ``rows`` (a bitmap), keeping the index's own knobs.
+
+    An IVF index keeps its ``nprobe``/``max_codes``, an HNSW index its ``efSearch``, an index
+    with an exact re-rank (``IndexRefine``) its ``k_factor`` and its base index's knobs. The
+    bitmap (``ntotal / 8`` bytes) measured faster than ``IDSelectorBatch`` at every selectivity.
+
+    Args:
+        index: the FAISS index to search.
+        rows: int64 row numbers to search, or a bool mask of shape (ntotal,).
+    """
+    rows = np.asarray(rows)
+    if rows.dtype == np.bool_ and rows.shape == (index.ntotal,):
+        bitmap = rows
+    else:
+        bitmap = np.zeros(index.ntotal, dtype=bool)
+        bitmap[rows] = True
+    params: Any
+    refine = _refine(index)
+    if refine is not None:  # the selector goes to the base index; the re-rank sees its picks
+        base = search_params(faiss.downcast_index(refine.base_index), bitmap)
+        params = _faiss.IndexRefineSearchParameters(
+            k_factor=refine.k_factor, base_index_params=base
+        )
+        params.referenced_objects = [base]
+        return params
+    packed = np.packbits(bitmap, bitorder="little")
+    selector = _faiss.IDSelectorBitmap(packed)
+    ivf = faiss.try_extract_index_ivf(index)
+    hnsw = faiss.downcast_index(index)
+    if ivf is not None:
+        params = _faiss.SearchParametersIVF(sel=selector, nprobe=ivf.nprobe)
+        params.max_codes = ivf.max_codes
+    elif isinstance(hnsw, faiss.IndexHNSW):
+        params = _faiss.SearchParametersHNSW(sel=selector, efSearch=hnsw.hnsw.efSearch)
+    else:
+        params = _faiss.SearchParameters(sel=selector)
+    # The parameters hold raw pointers: keep the selector and its bitmap alive with them.
+    params.referenced_objects = [selector, packed]
+    return params
+
+
+def _exact(
+    index: faiss.Index, queries: np.ndarray, k: int, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Brute force over the vectors of ``rows``; None when the index cannot reconstruct them."""
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None and ivf.direct_map.no() and _refine(index) is None:
+        return None  # an IVF index reconstructs only with a direct map (make_direct_map)
+    try:
+        vectors = index.reconstruct_batch(rows)
+    except RuntimeError:  # e.g. IVF without a direct map
+        return None
+    scores, local = faiss.knn(queries, vectors, min(k, len(rows)), metric=index.metric_type)
+    if index.metric_type == faiss.METRIC_INNER_PRODUCT:
+        scores = scores.astype(np.float32)
+    found = np.where(local >= 0, rows[np.maximum(local, 0)], -1)
+    return scores, found
+
+
+def _pad(
+    scores: np.ndarray, found: np.ndarray, k: int, fill: float
+) -> tuple[np.ndarray, np.ndarray]:
+    if found.shape[1] >= k:
+        return scores, found
+    extra = k - found.shape[1]
+    pad_s = np.full((len(found), extra), fill, dtype=np.float32)
+    pad_i = np.full((len(found), extra), -1, dtype=np.int64)
+    return np.hstack([scores, pad_s]), np.hstack([found, pad_i])
+
+
+def filtered_search(
+    index: faiss.Index,
+    queries: np.ndarray,
+    k: int,
+    rows: np.ndarray | None = None,
+    *,
+    excluded: np.ndarray | None = None,
+    exact_below: int = EXACT_BELOW,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k among the searchable rows only (a pre-filter), shaped like ``index.search``.
+
+    Up to ``exact_below`` searchable rows are searched by brute force over their own vectors
+    (exact for every index type); more go through FAISS with an ID selector. For a Flat index
+    every answer is the exact top-k among the searchable rows; for an ANN index a query that
+    found fewer than ``min(k, searchable)`` hits (its probed lists or graph neighbourhood held too
+    few matching rows) is searched again exhaustively, so it never returns fewer than k hits
+    when k rows are searchable.
+
+    Args:
+        index: a CPU FAISS index whose ids are global row numbers.
+        queries: float32 (q, d).
+        k: hits per query.
+        rows: int64 row numbers a filter matched (:meth:`MetadataFilter.rows`); None: all.
+        excluded: deleted rows never to return, bool mask (ntotal,) or int64 row numbers.
+        exact_below: the brute-force/selector switch.
+
+    Returns:
+        ``(scores float32 (q, k), rows int64 (q, k))``, best first; -1 rows (and the metric's
+        worst score) pad when fewer than k rows are searchable.
+    """
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    k = max(1, int(k))
+    ip = index.metric_type == faiss.METRIC_INNER_PRODUCT
+    fill = float(-np.finfo(np.float32).max if ip else np.finfo(np.float32).max)
+    mask = _keep_mask(index.ntotal, rows, excluded)
+    if mask is None:
+        scores, found = index.search(queries, min(k, max(index.ntotal, 1)))
+        return _pad(scores, found, k, fill)
+    count = int(np.count_nonzero(mask))
+    if count == 0:
+        empty = np.zeros((len(queries), 0), dtype=np.float32)
+        return _pad(empty, empty.astype(np.int64), k, fill)
+    if count <= exact_below:
+        result = _exact(index, queries, k, np.flatnonzero(mask).astype(np.int64))
+        if result is not None:
+            return _pad(*result, k, fill)
+    kk = min(k, count)
+    scores, found = index.search(queries, kk, params=search_params(index, mask))
+    short = np.flatnonzero((found >= 0).sum(axis=1) < kk)
+    if len(short):
+        LOG.debug("%d filtered queries short of %d hits: exhaustive search", len(short), kk)
+        again = _exhaustive(index, queries[short], kk, mask)
+        scores[short], found[short] = again
+    return _pad(scores, found, k, fill)
+
+
+def _exhaustive(
+    index: faiss.Index, queries: np.ndarray, k: int, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every searchable row (bool mask) considered: brute force, or IVF probing all its lists."""
+    result = _exact(index, queries, k, np.flatnonzero(rows).astype(np.int64))
+    if result is not None:
+        return result
+    params = search_params(index, rows)
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        inner = params.base_index_params if _refine(index) is not None else params
+        inner.nprobe = ivf.nlist
+        inner.max_codes = 0
+    elif isinstance(params, _faiss.SearchParametersHNSW):
+        params.efSearch = max(params.efSearch, 4 * k, 256)
+    return index.search(queries, k, params=params)

@@ -1,0 +1,197 @@
+r"""Choosing and fitting an index's calibrator, and deciding the space it searches.
+
+``calibration="auto"`` searches a calibrated space only when the corpus's vectors are
+anisotropic (:func:`~flowsearch.calibration.anisotropy.should_calibrate`) or come from a
+non-contextual pooling (:data:`AUTO_CALIBRATES_POOLINGS`: ``static``, a transformer's token table
+or a Model2Vec model, and ``embedding_layer``), and there are at least
+:data:`~flowsearch.space.reference.MIN_ROWS_PER_DIM` rows per dimension. Then it fits and searches
+:data:`AUTO_SEARCHES`, partial whitening with a Gaussian density
+(``make_calibrator("gaussian", power=0.25)``); otherwise it fits :data:`AUTO_FITS`
+(``whitening-flow``, on at most :data:`DENSITY_FIT_ROWS` of the rows: it serves the density
+alone) and searches the encoder's own space. Either way the fitted calibrator has a density for
+the drift and query reports. A named calibration is fitted and always searched; a
+calibrator fitted elsewhere (the paper's "flow (NLI)" setting) is loaded and checked against the
+encoder.
+
+Why partial whitening (issue 16, ``benchmarks/bench_retrieval.md``): ``auto`` was set on STS,
+where both sides of a pair come from one distribution. For query -> passage search, full
+whitening (and ``whitening-flow``, which matches it) equalises every direction, including ones
+that carry little meaning, and on the dev sets it cost up to 0.01 nDCG@10 against raw static
+vectors on one set, while partial whitening (eigenvalues ``^-0.25``) was above raw on every
+set and above full whitening on average. Its density is the corpus's full-covariance Gaussian
+(:class:`~flowsearch.calibration.linear.Gaussian`) instead of the flow (issue 16 found the
+Gaussian's density at least as good a signal as the flow's).
+
+Why non-contextual poolings by their kind (issue 16, ``benchmarks/bench_retrieval_auto.md``): a
+Model2Vec model's vectors have a mean cosine of 0.15-0.28 on the dev sets (it is PCA-reduced and
+unit-normalised), under the 0.33 threshold, yet partial whitening was never worse than raw on a
+dev set and gained on average, as for the transformer's own token table. ``embedding_layer``
+sits on the threshold on STS-B's sentences (0.329 on the test fit, 0.327 on the stsb-para dev
+set), where the statistic kept it raw though partial whitening gained on both. A
+lower threshold would also separate Model2Vec from the contrastive ``mean`` (0.02-0.06; which
+calibration costs up to 0.05 nDCG@10 even partially), but the STS study that set 0.33 has a
+contextual pooling at 0.29 that calibration hurts (MiniLM ``first_last_avg``); the kind of
+encoder separates them without that conflict. Contextual poolings keep the statistic's rule.
+
+Example:
+    >>> U = np.random.default_rng(0).normal(size=(200, 4))
+    >>> cal, spec = fit_for_index(U, "whitening")
+    >>> spec.space, spec.calibrator, spec.fit_rows
+    ('calibrated', 'whitening', 200)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flowsearch.errors import FlowsearchError
+from flowsearch.space.reference import MIN_ROWS_PER_DIM
+from flowsearch.storage.manifest import AutoDecision, CalibrationSpec
+
+__all__ = [
+    "AUTO_CALIBRATES_POOLINGS",
+    "AUTO_FITS",
+    "AUTO_SEARCHES",
+    "DENSITY_FIT_ROWS",
+    "fit_for_index",
+    "load_fitted",
+]
+
+LOG = logging.getLogger(__name__)
+
+#: What ``auto`` fits when it searches the encoder's space: a density model for the drift and
+#: query reports. Starting the flow from whitened vectors matches whitening, where the reference
+#: flow trails it by up to 5 STS points when fitted on few rows (benchmarks/RESULTS.md).
+AUTO_FITS = "whitening-flow"
+#: What ``auto`` fits and searches on an anisotropic corpus with enough rows: (name, config).
+#: Partial whitening, chosen on the retrieval dev sets (module docstring).
+AUTO_SEARCHES: tuple[str, dict[str, Any]] = ("gaussian", {"power": 0.25})
+#: Poolings ``auto`` calibrates whatever their anisotropy statistic: the non-contextual ones, means
+#: of token vectors that no attention layer has mixed (``static``: a transformer's token table or
+#: a Model2Vec model; ``embedding_layer``: the embedding layer's outputs). See the module
+#: docstring for the measurements.
+AUTO_CALIBRATES_POOLINGS: frozenset[str] = frozenset({"static", "embedding_layer"})
+#: When ``auto`` keeps the encoder's space, the flow it fits serves only the density (drift
+#: reports, ``Hit.log_density``), so it is fitted on at most this many of the fit rows (a seeded
+#: uniform sample; ~130 rows per dimension at 384). Fitting it on 200k rows added 0.84 GB to the
+#: ingest's peak memory, on 50k nothing above the vectors themselves (benchmarks/bench_speed.md).
+DENSITY_FIT_ROWS = 50_000
+_SEEDED = ("flow", "whitening-flow")
+
+
+def load_fitted(calibrator: str | os.PathLike[str], calibration: str, dim: int) -> Any:
+    """A calibrator fitted before, checked against the requested name and the encoder's dim.
+
+    Raises:
+        FlowsearchError: an unreadable calibrator, a contradicting ``calibration``, another dim.
+    """
+    from flowsearch.calibration import load_calibrator
+
+    cal = load_calibrator(calibrator)
+    if calibration not in ("auto", cal.name):
+        raise FlowsearchError(
+            f"calibration={calibration!r} contradicts the {cal.name!r} calibrator in "
+            f"{calibrator}; leave calibration out or make them agree"
+        )
+    if cal.dim_in != dim:
+        raise FlowsearchError(
+            f"the calibrator in {calibrator} was fitted on {cal.dim_in}-d vectors, this "
+            f"encoder gives {dim}-d; use the same model and pooling"
+        )
+    return cal
+
+
+def fit_for_index(
+    U: np.ndarray,
+    calibration: str,
+    loaded: Any = None,
+    loaded_from: str | os.PathLike[str] | None = None,
+    status: Callable[[str], contextlib.AbstractContextManager[Any]] | None = None,
+    pooling: str | None = None,
+) -> tuple[Any, CalibrationSpec]:
+    """Fit the calibrator on raw vectors ``U`` (float32 (n, dim)) and decide the searched space.
+
+    Args:
+        U: the corpus's raw vectors (or a uniform sample of them).
+        calibration: ``auto``, a calibrator name, or ``none``.
+        loaded: a calibrator fitted before (see :func:`load_fitted`), used instead of fitting.
+        loaded_from: where ``loaded`` was read from (recorded).
+        status: a context manager factory showing a status line while fitting.
+        pooling: the encoder's pooling: ``auto`` calibrates the non-contextual ones
+            (:data:`AUTO_CALIBRATES_POOLINGS`) whatever their statistic.
+
+    Returns:
+        ``(calibrator, spec)``.
+    """
+    from flowsearch.calibration import make_calibrator
+    from flowsearch.calibration.anisotropy import (
+        AUTO_STATISTIC,
+        AUTO_THRESHOLD,
+        anisotropy_stats,
+        should_calibrate,
+    )
+
+    stats = {k: float(v) for k, v in anisotropy_stats(U).items()}
+    auto = None
+    if loaded is not None:
+        cal = loaded
+        fitted_on = str(Path(loaded_from).resolve()) if loaded_from else "elsewhere"
+        space, decision = "calibrated", "forced: a calibrator fitted elsewhere"
+    else:
+        anisotropic = bool(should_calibrate(stats))
+        by_kind = pooling in AUTO_CALIBRATES_POOLINGS
+        kind_only = by_kind and not anisotropic
+        enough = len(U) >= MIN_ROWS_PER_DIM * U.shape[1]
+        searched = calibration == "auto" and (anisotropic or by_kind) and enough
+        if calibration != "auto":
+            name, config = calibration, {"seed": 0} if calibration in _SEEDED else {}
+        elif searched:
+            name, config = AUTO_SEARCHES
+        else:
+            name, config = AUTO_FITS, {"seed": 0}
+            if len(U) > DENSITY_FIT_ROWS:  # a density only: a sample is enough
+                pick = np.random.default_rng(0).choice(len(U), DENSITY_FIT_ROWS, replace=False)
+                U = U[np.sort(pick)]
+        cal = make_calibrator(name, **config)
+        with status(f"fitting {name} on {len(U):,} rows") if status else contextlib.nullcontext():
+            cal.fit(U)
+        fitted_on = "corpus"
+        if calibration == "auto":
+            space = "calibrated" if searched else "encoder"
+            strength = "".join(f", {k}={v}" for k, v in config.items())
+            decision = (
+                f"{AUTO_STATISTIC}={stats.get(AUTO_STATISTIC, float('nan')):.4f} "
+                f"{'>' if anisotropic else '<='} {AUTO_THRESHOLD}"
+                + (f", but pooling {pooling!r} is non-contextual" if kind_only else "")
+                + ("" if enough or not (anisotropic or by_kind) else
+                   f", but {len(U)} rows < {MIN_ROWS_PER_DIM} x dim {U.shape[1]}")
+                + (f": search in the {name} space ({name}{strength})" if searched
+                   else ": search in the encoder space")
+            )  # fmt: skip
+            auto = AutoDecision(AUTO_STATISTIC, float(AUTO_THRESHOLD), searched)
+        elif calibration == "none":  # the identity: say so, search the encoder's own vectors
+            space, decision = "encoder", "calibration='none': the encoder's own space"
+        else:
+            space, decision = "calibrated", f"forced: calibration={calibration!r}"
+    LOG.info("calibration: %s", decision)
+    spec = CalibrationSpec(
+        name=calibration if loaded is None else cal.name,
+        calibrator=cal.name,
+        space=space,
+        config=dict(cal.config),
+        decision=decision,
+        anisotropy=stats,
+        fitted_on=fitted_on,
+        fit_rows=int(len(U)),
+        fit_stats=dict(cal.fit_stats),
+        dim_out=int(cal.dim_out or U.shape[1]),
+        auto=auto,
+    )
+    return cal, spec

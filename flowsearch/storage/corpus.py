@@ -1,0 +1,452 @@
+r"""Reading a corpus for indexing: find its parts, check them, stream their rows.
+
+A corpus is a Parquet, JSON Lines (``.jsonl``, ``.ndjson``, ``.json``) or CSV/TSV file (the text
+formats optionally ``.gz``), a directory of them (searched recursively; formats may mix when the
+columns agree; hidden and ``_``-prefixed files are ignored, as pyarrow's datasets do), a glob, a
+list of those, or records in memory (a ``pa.Table`` or a list of dicts, what ``upsert`` and
+``POST /upsert`` pass). Checking reads every row's id and text (and, for JSON and CSV, parses
+every line), so every bad-input error (a missing column, a wrong type, duplicate ids, an empty
+corpus, a corrupt file, ...) is raised before anything is encoded or written. Rows are then
+streamed in record batches (see :mod:`flowsearch.storage.readers` for what is streamed), file by
+file in sorted path order, so the same corpus always yields the same row order.
+
+Decisions: a text column of numbers, lists, structs or dates is refused (it would index "3.0");
+binary text is accepted when it is valid UTF-8; invalid UTF-8 is refused naming the column and
+row. Float ids are normalised to integers when every one is whole, refused otherwise. A metadata
+column whose type differs across files is unified by pyarrow's permissive promotion (null takes
+the other type, numbers widen: int32 + int64 -> int64, int + float -> float64) and refused,
+naming the column and files, when that fails (a string in one file, a number in another).
+
+Example:
+    >>> plan = scan_corpus("data/sample.parquet")  # doctest: +SKIP
+    >>> for ids, texts, metadata in plan.batches(4096): ...  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeAlias
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flowsearch.errors import FlowsearchError
+from flowsearch.storage.columns import (
+    check_text_type,
+    normal_ids,
+    row_label,
+    text_strings,
+    valid_text_mask,
+)
+from flowsearch.storage.readers import MAX_BLOCK, BlockTooSmall, Source, format_of, records_table
+from flowsearch.storage.rows import RESERVED_COLUMNS
+
+__all__ = ["Corpus", "CorpusPlan", "resolve_files", "scan_corpus"]
+
+LOG = logging.getLogger(__name__)
+
+_SCAN_ROWS = 65_536
+_PathLike: TypeAlias = "str | os.PathLike[str]"
+#: What ``scan_corpus`` takes: path(s), or records in memory.
+Corpus: TypeAlias = "_PathLike | Sequence[_PathLike] | pa.Table | Sequence[Mapping[str, Any]]"
+_SUPPORTED = "Parquet, JSON Lines or CSV"
+
+
+def _wanted(path: Path, root: Path) -> bool:
+    parts = path.relative_to(root).parts if path.is_relative_to(root) else (path.name,)
+    hidden = any(part.startswith((".", "_")) for part in parts)
+    return not hidden and path.is_file() and format_of(path) is not None
+
+
+def resolve_files(corpus: _PathLike | Sequence[_PathLike]) -> list[Path]:
+    """The corpus files a path argument names (file, directory, glob, or a list of those).
+
+    Directories and globs keep the files of a supported format, sorted; a file named directly
+    must have one (or be Parquet by its content). A file named twice is read once.
+
+    Raises:
+        FlowsearchError: nothing there, or a file of no supported format.
+    """
+    items = [corpus] if isinstance(corpus, (str, os.PathLike)) else list(corpus)
+    files: list[Path] = []
+    for item in items:
+        path = Path(item).expanduser()
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if _wanted(p, path))
+            if not found:
+                raise FlowsearchError(
+                    f"no {_SUPPORTED} files in directory {path}; point at a corpus"
+                )
+            files.extend(found)
+        elif path.is_file():
+            if format_of(path) is None and not _looks_parquet(path):
+                raise FlowsearchError(
+                    f"{path}: unknown corpus format {''.join(path.suffixes) or '(no suffix)'!r}; "
+                    "use .parquet, .jsonl, .json, .csv or .tsv (text formats may end in .gz)"
+                )
+            files.append(path)
+        elif glob.has_magic(str(item)):
+            matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
+            found = [p for p in matches if p.is_file() and format_of(p) is not None]
+            if not found:
+                raise FlowsearchError(f"no {_SUPPORTED} files match {item!s}; check the pattern")
+            files.extend(found)
+        else:
+            raise FlowsearchError(
+                f"corpus not found: {path}; give a {_SUPPORTED} file, a directory or a glob"
+            )
+    return list(dict.fromkeys(files))
+
+
+def _looks_parquet(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == b"PAR1"
+    except OSError:
+        return False
+
+
+def _sources(corpus: Corpus) -> list[Source]:
+    """The corpus as sources: files of known formats, or one in-memory table."""
+    if isinstance(corpus, pa.Table):
+        return [Source("records", "table", table=corpus)]
+    if isinstance(corpus, (str, os.PathLike)):
+        items: list[Any] = [corpus]
+    elif isinstance(corpus, Sequence):
+        items = list(corpus)
+    else:
+        raise FlowsearchError(
+            f"a corpus is a path, a list of paths, a pyarrow Table or a list of dicts, "
+            f"not {type(corpus).__name__}"
+        )
+    if not items:
+        raise FlowsearchError("the corpus is an empty list; give paths or records")
+    if any(isinstance(item, Mapping) for item in items):
+        return [Source("records", "table", table=records_table(items))]
+    bad = next((x for x in items if not isinstance(x, (str, os.PathLike))), None)
+    if bad is not None:
+        raise FlowsearchError(f"a corpus list holds paths or dicts, not {type(bad).__name__}")
+    sources = []
+    for path in resolve_files(items):
+        fmt = format_of(path) or "parquet"
+        if path.stat().st_size == 0:
+            raise FlowsearchError(f"{path} is empty (0 bytes); remove it or write it again")
+        sources.append(Source(str(path), fmt, path=path))
+    return sources
+
+
+@dataclass
+class CorpusPlan:
+    """A checked corpus, ready to stream.
+
+    Attributes:
+        files: the corpus files, in reading order (empty for records in memory).
+        text_column: the column holding the passages.
+        id_column: the id column, or None when ids are row numbers (``auto_id_start`` + row).
+        id_type: ``"int"`` or ``"string"``.
+        rows_in: rows in the corpus.
+        rows: rows that will be indexed (texts neither null nor blank).
+        skipped: rows skipped for a null or blank text.
+        metadata_columns: the other columns, in the first file's order.
+        auto_id_start: first row-number id when ``id_column`` is None.
+        metadata_schema: the metadata columns' types, unified over all files.
+        replaced_ids: ids that replace rows already in the index (``on_existing="replace"``),
+            as int64 or string; empty otherwise.
+    """
+
+    files: list[Path]
+    text_column: str
+    id_column: str | None
+    id_type: str
+    rows_in: int
+    rows: int
+    skipped: int
+    metadata_columns: list[str] = field(default_factory=list)
+    auto_id_start: int = 0
+    metadata_schema: pa.Schema = field(default_factory=lambda: pa.schema([]))
+    replaced_ids: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))
+    sources: list[Source] = field(default_factory=list, repr=False)
+
+    def batches(self, batch_rows: int = 4096) -> Iterator[tuple[pa.Array, list[str], pa.Table]]:
+        """Yield ``(ids, texts, metadata)`` for the rows to index, in corpus order.
+
+        ``ids`` is an int64 or string array, ``texts`` a list of str, ``metadata`` a table of
+        :attr:`metadata_columns` typed as :attr:`metadata_schema`; at most ``batch_rows`` rows.
+        """
+        row = self.auto_id_start
+        for source in self.sources:
+            for batch in source.batches(batch_rows):
+                table = pa.Table.from_batches([batch])
+                n = table.num_rows
+                text = text_strings(table.column(self.text_column), source, self.text_column)
+                keep = valid_text_mask(text)
+                if self.id_column is None:
+                    ids: pa.Array = pa.array(range(row, row + n), type=pa.int64())
+                else:
+                    column = table.column(self.id_column).combine_chunks()
+                    ids = normal_ids(column, source, self.id_column, 0)
+                row += n
+                if not pc.all(keep).as_py():
+                    table, ids, text = table.filter(keep), ids.filter(keep), text.filter(keep)
+                if table.num_rows == 0:
+                    continue
+                meta = table.select(self.metadata_columns)
+                if meta.schema != self.metadata_schema:
+                    meta = meta.cast(self.metadata_schema)
+                yield ids, text.to_pylist(), meta
+
+
+def _columns(schemas: list[pa.Schema], sources: list[Source], text_column: str,
+             id_column: str | None) -> str | None:  # fmt: skip
+    """Check the text and id columns are there; the id column to use (None: row numbers)."""
+    for schema, source in zip(schemas, sources):
+        names = schema.names
+        if text_column not in names:
+            raise FlowsearchError(
+                f"no text column {text_column!r} in {source.name} (columns: {', '.join(names)}); "
+                "pass text_column="
+            )
+        if id_column is not None and id_column != "id" and id_column not in names:
+            raise FlowsearchError(
+                f"no id column {id_column!r} in {source.name} (columns: {', '.join(names)}); "
+                "pass id_column= (None numbers the rows)"
+            )
+        check_text_type(schema.field(text_column).type, source, text_column)
+    if id_column == "id":  # the default: use it when there, row numbers when not
+        has_id = ["id" in schema.names for schema in schemas]
+        if not any(has_id):
+            return None
+        if not all(has_id):
+            missing = sources[has_id.index(False)].name
+            raise FlowsearchError(f"{missing} has no 'id' column but other files do; add it")
+    return id_column
+
+
+def _metadata_schema(
+    schemas: list[pa.Schema], sources: list[Source], names: list[str]
+) -> pa.Schema:
+    """The metadata columns' types, unified across files (see the module docstring)."""
+    for schema, source in zip(schemas, sources):
+        missing = [c for c in names if c not in schema.names]
+        if missing:
+            raise FlowsearchError(
+                f"{source.name} has no column {missing[0]!r} that {sources[0].name} has; give "
+                "every file the same columns (null values are fine)"
+            )
+    parts = [pa.schema([schema.field(c) for c in names]) for schema in schemas]
+    try:
+        return pa.unify_schemas(parts, promote_options="permissive")
+    except (pa.ArrowException, ValueError, TypeError):
+        pass
+    for column in names:
+        typed = [(p.field(column).type, s.name) for p, s in zip(parts, sources)]
+        typed = [(t, name) for t, name in typed if not pa.types.is_null(t)]
+        try:
+            pa.unify_schemas(
+                [pa.schema([(column, t)]) for t, _ in typed], promote_options="permissive"
+            )
+        except (pa.ArrowException, ValueError, TypeError):
+            (t1, f1), (t2, f2) = next((a, b) for a in typed for b in typed if a[0] != b[0])
+            raise FlowsearchError(
+                f"column {column!r} is {t1} in {f1} but {t2} in {f2}; give it one type in "
+                "every file"
+            ) from None
+    raise FlowsearchError("the files' columns cannot be combined; give them the same types")
+
+
+@dataclass
+class _Scan:
+    """What one source's check pass found."""
+
+    rows_in: int = 0
+    skipped: int = 0
+    ids: list[pa.Array] = field(default_factory=list)
+
+
+def _scan_source(source: Source, text_column: str, id_column: str | None) -> _Scan:
+    """Read a source's ids and texts once, checking them; grows JSON/CSV blocks when needed."""
+    while True:
+        try:
+            return _scan_once(source, text_column, id_column)
+        except BlockTooSmall:
+            source.block_size = min(source.block_size * 2, MAX_BLOCK)
+            LOG.debug("re-reading %s with %d-byte blocks", source.name, source.block_size)
+
+
+def _scan_once(source: Source, text_column: str, id_column: str | None) -> _Scan:
+    scan = _Scan()
+    # Parquet reads only these two columns; JSON and CSV parse whole lines anyway, and reading
+    # every column surfaces any conversion error now, before encoding starts.
+    columns = [text_column] + ([id_column] if id_column is not None else [])
+    wanted = columns if source.format == "parquet" else None
+    for batch in source.batches(_SCAN_ROWS, wanted):
+        first_row, n = scan.rows_in, batch.num_rows
+        scan.rows_in += n
+        text = text_strings(
+            pa.chunked_array([batch.column(text_column)]), source, text_column, first_row
+        )
+        keep = valid_text_mask(text).combine_chunks()
+        scan.skipped += n - pc.sum(keep.cast(pa.int64())).as_py() if n else 0
+        if wanted is None:  # the other columns: strings must be valid UTF-8 too
+            for name in batch.schema.names:
+                if name not in columns and pa.types.is_string(batch.schema.field(name).type):
+                    text_strings(pa.chunked_array([batch.column(name)]), source, name, first_row)
+        if id_column is not None:
+            ids = normal_ids(batch.column(id_column), source, id_column, first_row)
+            missing = pc.is_null(ids)
+            if pa.types.is_string(ids.type):  # "" is no id either
+                missing = pc.or_kleene(missing, pc.equal(pc.utf8_length(ids), 0))
+            count = pc.sum(missing.cast(pa.int64())).as_py() or 0
+            if count:
+                at = first_row + pc.index(missing, True).as_py()
+                raise FlowsearchError(
+                    f"{count} row(s) of {source.name} have a null or empty id in {id_column!r} "
+                    f"(first: {row_label(source, at)}); fill them, or pass id_column= of a "
+                    "complete column (None numbers the rows)"
+                )
+            scan.ids.append(ids.filter(keep))
+    return scan
+
+
+def scan_corpus(
+    corpus: Corpus,
+    text_column: str = "text",
+    id_column: str | None = "id",
+    *,
+    strict: bool = False,
+    existing_ids: pa.Array | None = None,
+    on_existing: Literal["refuse", "replace"] = "refuse",
+    auto_id_start: int = 0,
+) -> CorpusPlan:
+    """Check a corpus without encoding it: every bad-input error is raised here.
+
+    Args:
+        corpus: a Parquet, JSON Lines or CSV file, directory or glob, a list of them, a
+            ``pa.Table``, or a list of dicts (records; every one with the same keys).
+        text_column: column with the passages.
+        id_column: column with unique ids; when it is the default ``"id"`` and absent, row
+            numbers are the ids. None always uses row numbers.
+        strict: refuse null or blank texts instead of skipping them.
+        existing_ids: ids already in the index.
+        on_existing: ``"refuse"`` any overlap with ``existing_ids`` (``add``), or ``"replace"``:
+            the overlap becomes :attr:`CorpusPlan.replaced_ids` (``upsert``).
+        auto_id_start: first row-number id.
+
+    Returns:
+        The plan; :meth:`CorpusPlan.batches` streams its rows.
+
+    Raises:
+        FlowsearchError: one line naming the file (column, row) and the fix, for a missing or
+            unreadable file, an unsupported or corrupt one, a missing column, a text column that
+            is not text, reserved column names, null, fractional or duplicate ids, ids already in
+            the index (``"refuse"``), null or blank texts under ``strict``, or no rows to index.
+    """
+    if on_existing not in ("refuse", "replace"):
+        raise FlowsearchError(f"on_existing={on_existing!r}; use 'refuse' or 'replace'")
+    sources = _sources(corpus)
+    schemas = []
+    for source in sources:
+        while True:
+            try:
+                schemas.append(source.schema())
+                break
+            except BlockTooSmall:
+                source.block_size = min(source.block_size * 2, MAX_BLOCK)
+    id_column = _columns(schemas, sources, text_column, id_column)
+    metadata = [c for c in schemas[0].names if c not in (text_column, id_column)]
+    clash = [c for c in metadata if c in RESERVED_COLUMNS]
+    if clash:
+        raise FlowsearchError(
+            f"column(s) {', '.join(repr(c) for c in clash)} clash with the index's own columns "
+            f"({', '.join(RESERVED_COLUMNS)}); rename or drop them"
+        )
+    meta_schema = _metadata_schema(schemas, sources, metadata)
+
+    rows_in = skipped = 0
+    id_chunks: list[pa.Array] = []
+    id_kinds: dict[str, str] = {}
+    for source in sources:
+        scan = _scan_source(source, text_column, id_column)
+        rows_in, skipped = rows_in + scan.rows_in, skipped + scan.skipped
+        id_chunks.extend(scan.ids)
+        if scan.ids:
+            id_kinds.setdefault(_kind(scan.ids[0].type), source.name)
+    if len(id_kinds) > 1:
+        (k1, f1), (k2, f2) = id_kinds.items()
+        raise FlowsearchError(
+            f"ids in {id_column!r} are {k1}s in {f1} but {k2}s in {f2}; give them one type"
+        )
+    if skipped and strict:
+        raise FlowsearchError(
+            f"{skipped} row(s) have a null or blank {text_column!r}; drop them, or pass "
+            "strict=False to skip them"
+        )
+    rows = rows_in - skipped
+    if rows == 0:
+        what = "has no rows" if rows_in == 0 else f"has no non-blank {text_column!r} values"
+        raise FlowsearchError(f"the corpus {what}; nothing to index")
+
+    id_type = "int"
+    replaced: pa.Array = pa.array([], pa.string())
+    if id_column is not None:
+        all_ids = pa.chunked_array(id_chunks).combine_chunks()
+        id_type = "int" if pa.types.is_integer(all_ids.type) else "string"
+        replaced = pa.array([], all_ids.type)
+        _refuse_duplicates(all_ids, id_column)
+        if existing_ids is not None and len(existing_ids):
+            replaced = _overlap(all_ids, existing_ids, id_column, on_existing)
+    if skipped:
+        LOG.warning("skipping %d row(s) with a null or blank %r", skipped, text_column)
+    return CorpusPlan(
+        files=[s.path for s in sources if s.path is not None],
+        text_column=text_column,
+        id_column=id_column,
+        id_type=id_type,
+        rows_in=rows_in,
+        rows=rows,
+        skipped=skipped,
+        metadata_columns=metadata,
+        auto_id_start=auto_id_start,
+        metadata_schema=meta_schema,
+        replaced_ids=replaced,
+        sources=sources,
+    )
+
+
+def _refuse_duplicates(ids: pa.Array, id_column: str) -> None:
+    if len(pc.unique(ids)) != len(ids):
+        counts = pc.value_counts(ids)
+        dup = pc.filter(counts, pc.greater(counts.field("counts"), 1))
+        example = dup.field("values")[0].as_py()
+        raise FlowsearchError(
+            f"{len(dup)} id(s) occur more than once in {id_column!r} (e.g. {example!r}); "
+            "ids must be unique"
+        )
+
+
+def _overlap(ids: pa.Array, existing_ids: pa.Array, id_column: str, on_existing: str) -> pa.Array:
+    """The ids already in the index (refused unless ``on_existing="replace"``)."""
+    existing = existing_ids.cast(pa.int64() if pa.types.is_integer(existing_ids.type) else
+                                 pa.string())  # fmt: skip
+    if _kind(existing.type) != _kind(ids.type):
+        raise FlowsearchError(
+            f"the index has {_kind(existing.type)} ids, this corpus has {_kind(ids.type)} ids "
+            f"in {id_column!r}; convert them to match"
+        )
+    taken = pc.filter(ids, pc.is_in(ids, value_set=existing))
+    if len(taken) and on_existing == "refuse":
+        raise FlowsearchError(
+            f"{len(taken)} id(s) are already in the index (e.g. {taken[0].as_py()!r}); remove "
+            "them from the corpus, upsert them to replace those rows, or rebuild with "
+            "overwrite=True"
+        )
+    return taken
+
+
+def _kind(type_: Any) -> str:
+    return "integer" if pa.types.is_integer(type_) else "string"
