@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from flowsearch._version import __version__
 
 __all__ = [
     "Encoder",
@@ -36,12 +36,12 @@ _LAZY = {
     "Searcher": "flowsearch.search.searcher",
     "add_to_index": "flowsearch.writes.upsert",
     "build_index": "flowsearch.writes.build",
-    "compact": "flowsearch.writes.rewrite",
-    "delete": "flowsearch.writes.rewrite",
+    "compact": "flowsearch.writes.compact",
+    "delete": "flowsearch.writes.delete",
     "index_info": "flowsearch.search.version",
     "load_calibrator": "flowsearch.calibration",
     "make_calibrator": "flowsearch.calibration",
-    "recalibrate": "flowsearch.writes.rewrite",
+    "recalibrate": "flowsearch.writes.compact",
     "upsert": "flowsearch.writes.upsert",
 }
 
@@ -52,7 +52,8 @@ if TYPE_CHECKING:
     from flowsearch.search.searcher import Hit, Searcher
     from flowsearch.search.version import index_info
     from flowsearch.writes.build import build_index
-    from flowsearch.writes.rewrite import compact, delete, recalibrate
+    from flowsearch.writes.compact import compact, recalibrate
+    from flowsearch.writes.delete import delete
     from flowsearch.writes.upsert import add_to_index, upsert
 
 

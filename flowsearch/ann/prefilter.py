@@ -2,7 +2,7 @@ r"""Searching only the rows a filter kept: a FAISS pre-filter that returns the t
 
 :func:`filtered_search` takes the rows a ``where`` predicate matched
 (:meth:`flowsearch.search.filters.MetadataFilter.rows`) and the deleted rows to skip, and searches
-only the rest: up to :data:`EXACT_BELOW` searchable rows by brute force over their own vectors
+only the rest: up to ``Settings.exact_below`` searchable rows by brute force over their own vectors
 (exact for any index), more through FAISS with an ID-selector bitmap (:func:`search_params`), so the
 answer is the top-k among matching rows, never a post-filtered top-k. An approximate index that
 found fewer than k of them is searched again exhaustively.
@@ -23,17 +23,14 @@ from typing import Any
 import faiss
 import numpy as np
 
-__all__ = ["EXACT_BELOW", "allowed_rows", "filtered_search", "prepare_index", "search_params"]
+from flowsearch.settings import current
+
+__all__ = ["allowed_rows", "filtered_search", "prepare_index", "search_params"]
 
 LOG = logging.getLogger(__name__)
 
 # faiss's bundled stubs lack the search-parameter and selector classes' keyword constructors.
 _faiss: Any = faiss
-
-#: At most this many searchable rows are searched by brute force over just their vectors: exact
-#: for any index that can reconstruct them, and faster than a FAISS ID selector up to at least
-#: 16k of 200k rows (bench_filters); the gathered copy is at most 16k x dim float32 (24 MB at 384).
-EXACT_BELOW = 16_384
 
 
 def _keep_mask(
@@ -179,7 +176,7 @@ def filtered_search(
     rows: np.ndarray | None = None,
     *,
     excluded: np.ndarray | None = None,
-    exact_below: int = EXACT_BELOW,
+    exact_below: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-k among the searchable rows only (a pre-filter), shaped like ``index.search``.
 
@@ -191,19 +188,21 @@ def filtered_search(
     when k rows are searchable.
 
     Args:
-        index: a CPU FAISS index whose ids are global row numbers.
+        index: a CPU FAISS index whose ids are its rows (a segment's local rows).
         queries: float32 (q, d).
         k: hits per query.
         rows: int64 row numbers a filter matched (:meth:`MetadataFilter.rows`); None: all.
         excluded: deleted rows never to return, bool mask (ntotal,) or int64 row numbers.
-        exact_below: the brute-force/selector switch.
+        exact_below: the brute-force/selector switch (default ``Settings.exact_below``).
 
     Returns:
-        ``(scores float32 (q, k), rows int64 (q, k))``, best first; -1 rows (and the metric's
-        worst score) pad when fewer than k rows are searchable.
+        ``(scores float32 (q, k'), rows int64 (q, k'))`` with ``k' = min(k, ntotal)`` (memory
+        grows with the rows, never with a huge k), best first; -1 rows (and the metric's worst
+        score) pad when fewer than k' rows are searchable.
     """
     queries = np.ascontiguousarray(queries, dtype=np.float32)
-    k = max(1, int(k))
+    exact_below = current().exact_below if exact_below is None else exact_below
+    k = max(1, min(int(k), max(index.ntotal, 1)))
     ip = index.metric_type == faiss.METRIC_INNER_PRODUCT
     fill = float(-np.finfo(np.float32).max if ip else np.finfo(np.float32).max)
     mask = _keep_mask(index.ntotal, rows, excluded)

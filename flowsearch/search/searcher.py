@@ -1,11 +1,12 @@
-r"""Answering queries against a published index: :class:`Searcher`, its :class:`Hit` and reports.
+r"""Answering queries against a published index: :class:`Searcher`.
 
 ``Searcher.open`` reads the manifest once and pins that version: its searched space (encoder
-and calibrator), its FAISS index and its shards, checked against the manifest. A batch of
-queries costs one encoder call and one FAISS call; hits are joined to their shard rows by
-decoding only the row groups that hold them. :meth:`Searcher.refresh` moves to a newer published
-version (reusing the loaded encoder); searches running meanwhile finish on the version they
-started on.
+and calibrator), and its segments, opened and checked against the manifest. It keeps answering
+from that version — every mode and ``where`` — however many writes happen meanwhile, until
+:meth:`Searcher.refresh` moves it to the newest one (reusing the encoder and every segment the
+two versions share). A batch of queries costs one encoder call; each segment is searched with
+its own vector index and the answers merged (:mod:`flowsearch.search.dense`); hits are joined
+to their rows by decoding only the row groups that hold them.
 
 Example:
     >>> s = Searcher.open("flowsearch_index")  # doctest: +SKIP
@@ -17,118 +18,55 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
 import numpy as np
 
-from flowsearch.ann import faiss_index as fx
-from flowsearch.errors import FlowsearchError
-from flowsearch.search.version import IndexInfo, Version, sizes
-from flowsearch.search.version import load as load_version
-from flowsearch.space.reference import QueryReport, query_report
+from flowsearch.ann import io as ann_io
+from flowsearch.errors import BadInput
+from flowsearch.search import dense
+from flowsearch.search.results import Hit, QueryResult
+from flowsearch.search.version import IndexInfo, Opened, Version, load, open_current, sizes
+from flowsearch.settings import current
 from flowsearch.space.search_space import SearchSpace
-from flowsearch.storage import directory as directory
 from flowsearch.storage import manifest as mf
+from flowsearch.storage.layout import MANIFEST_NAME
 
-__all__ = [
-    "HYBRID_CANDIDATES",
-    "HYBRID_WEIGHT",
-    "HYBRID_WEIGHT_STATIC",
-    "MODES",
-    "Hit",
-    "QueryResult",
-    "Searcher",
-    "hit_dict",
-]
+__all__ = ["HYBRID_WEIGHT", "HYBRID_WEIGHT_STATIC", "MODES", "Hit", "QueryResult", "Searcher"]
 
 LOG = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class Hit:
-    """One search result.
-
-    Attributes:
-        id: the row's id (int or str, as indexed).
-        score: inner product of the normalised query and row vectors (cosine similarity).
-        rank: 1-based position in the hit list.
-        text: the passage.
-        metadata: the corpus's other columns for this row.
-        log_density: the query's log-density under the index's flow (None without a flow or
-            for :meth:`Searcher.search_vectors`); see :meth:`Searcher.query` for its meaning.
-    """
-
-    id: Any
-    score: float
-    rank: int
-    text: str
-    metadata: dict[str, Any] = field(default_factory=dict)
-    log_density: float | None = None
-    dense_score: float | None = None
-    lexical_score: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict of the fields."""
-        return asdict(self)
-
-
 #: Search modes: the encoder's side, BM25's side, or both fused.
 MODES = ("dense", "lexical", "hybrid")
-#: Weight of the dense side in hybrid's convex fusion of min-max normalised scores (Bruch et al.
-#: 2022), for transformer poolings: within 0.01 nDCG@10 of each dev set's best weight for the
-#: bundled model's ``mean`` (0.5 fell 0.024 short on one), and no worse than 0.5 on the
-#: asymmetric set (benchmarks/bench_retrieval.md).
+#: Weight of the dense side in hybrid's convex fusion for transformer poolings
+#: (benchmarks/bench_retrieval.md).
 HYBRID_WEIGHT = 0.6
-#: Dense weight for ``static`` poolings (a table lookup, Model2Vec included): their dense side
-#: trails BM25 on question -> passage search; 0.3 is within 0.004 nDCG@10 of each dev set's best
-#: weight for the token table (0.003 for Model2Vec, whose own best is 0.4), where 0.6 falls below
-#: BM25 alone on QNLI (benchmarks/RESULTS.md, bench_retrieval).
+#: Dense weight for ``static`` poolings (a table lookup, Model2Vec included).
 HYBRID_WEIGHT_STATIC = 0.3
-#: Candidates each side contributes to hybrid fusion (at least k).
-HYBRID_CANDIDATES = 100
 
 
-@dataclass(frozen=True)
-class QueryResult:
-    """A query's hits and what the index's density says about the query."""
-
-    query: str
-    hits: list[Hit]
-    density: QueryReport
-
-    def to_dict(self) -> dict[str, Any]:
-        """``{"query", "hits": [{"rank", "id", "score", "text", "metadata"}], "density"}``."""
-        return {
-            "query": self.query,
-            "hits": [hit_dict(h) for h in self.hits],
-            "density": self.density.to_dict(),
-        }
-
-
-def hit_dict(hit: Hit) -> dict[str, Any]:
-    """A hit as ``query --json`` and the HTTP API print it: rank, id, score, text, metadata,
-    and the component scores of a hybrid search."""
-    out = {key: getattr(hit, key) for key in ("rank", "id", "score", "text", "metadata")}
-    if hit.dense_score is not None or hit.lexical_score is not None:
-        out.update(dense_score=hit.dense_score, lexical_score=hit.lexical_score)
-    return out
+def _stat(root: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(root / MANIFEST_NAME)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 class Searcher:
     """Searches one index directory. Use :meth:`open`; safe to share between threads."""
 
-    def __init__(
-        self, index_dir: Path, version: Version, *, gpu: bool = False, mmap: bool = False
-    ) -> None:
+    def __init__(self, index_dir: Path, version: Version, opened: Opened, **options: Any) -> None:
         self.root = Path(index_dir)
         self._version = version
-        self._gpu = gpu  # FAISS GPU indexes are not safe to search from several threads
-        self._mmap = mmap
-        self._index_lock = threading.Lock()
-        self._rows_lock = threading.Lock()  # the row-group cache of the pinned reader
+        self._opened = opened
+        self._options = options  # gpu, mmap: how segments are opened
+        self._stat = _stat(self.root)
+        self._gpu_lock = threading.Lock()  # FAISS GPU indexes are not thread-safe
         self._refresh_lock = threading.Lock()
+        self._filters: Any = None
+        self._filters_lock = threading.Lock()
 
     @classmethod
     def open(
@@ -146,27 +84,37 @@ class Searcher:
         Args:
             index_dir: the index to search.
             verify: check the sha256 of every file (by default sizes, and the checksums of
-                files up to 16 MiB).
+                files up to ``Settings.cheap_checksum_bytes``).
             encoder: reuse a loaded Encoder (must match the manifest's model, pooling, ...).
-            model: where the index's model directory is now, if it has moved since the index was
-                built (checked against the recorded content hash).
-            gpu: move the FAISS index to the GPU(s) when FAISS sees any.
-            mmap: memory-map the FAISS index instead of reading it into RAM (IVF inverted
-                lists, ``Flat`` and the flat storage of HNSW): the OS pages in what searches
-                touch, so an index larger than RAM can be searched (an IVF search reads only
-                ``nprobe`` lists). Shard rows are always read by position for the hits only.
-                Ignored when the index goes to a GPU.
+            model: where the index's model directory is now, if it has moved since the index
+                was built (checked against the recorded content hash).
+            gpu: move the vector indexes to the GPU(s) when FAISS sees any.
+            mmap: memory-map the vector indexes instead of reading them into RAM.
 
         Raises:
-            FlowsearchError: no index, a missing or corrupt file, or a mismatched encoder or
-                calibrator.
+            NotFound: no index there.
+            IndexDamaged: a missing or corrupt file.
+            BadInput: a mismatched encoder or calibrator.
         """
         root = Path(index_dir).expanduser()
-        on_gpu = gpu and fx.num_gpus() > 0
-        version = directory.open_version(
-            root, lambda m: load_version(root, m, verify, encoder, model, on_gpu, mmap)
+        on_gpu = gpu and ann_io.num_gpus() > 0
+        opened = Opened()
+        version = open_current(
+            root,
+            lambda m: load(
+                root,
+                m,
+                opened,
+                verify_all=verify,
+                encoder=encoder,
+                model=model,
+                gpu=on_gpu,
+                mmap=mmap,
+            ),
         )
-        return cls(root, version, gpu=on_gpu, mmap=mmap)
+        return cls(root, version, opened, gpu=on_gpu, mmap=mmap)
+
+    # -- the pinned version ----------------------------------------------------------------
 
     @property
     def manifest(self) -> mf.Manifest:
@@ -183,46 +131,62 @@ class Searcher:
         """The searched space of the pinned version."""
         return self._version.space
 
+    @property
+    def version(self) -> Version:
+        """The pinned version (what a search reads)."""
+        return self._version
+
     def refresh(self) -> bool:
-        """Move to the index's current version if a newer one was published (cheap: the
-        encoder is reused). Returns True when the version changed."""
+        """Move to the index's current version if a newer one was published. Cheap when none
+        was (one ``stat``); otherwise it opens only what the new version adds. Returns True
+        when the version changed."""
         with self._refresh_lock:
-            current = self._version
-            if mf.read(self.root).version == current.manifest.version:
+            stat = _stat(self.root)
+            if stat == self._stat:
                 return False
-            encoder = current.space.encoder
-            self._version = directory.open_version(
+            current_version = self._version
+            manifest = mf.read(self.root)
+            self._stat = stat
+            if manifest.version == current_version.manifest.version:
+                return False
+            encoder = current_version.space.encoder
+            self._version = open_current(
                 self.root,
-                lambda m: load_version(self.root, m, False, encoder, None, self._gpu, self._mmap),
+                lambda m: load(self.root, m, self._opened, encoder=encoder, **self._options),
             )
+            self._opened.keep_only(self._version.manifest)  # dropped readers close when unused
             LOG.info("now on version %d of %s", self._version.manifest.version, self.root)
             return True
 
     def close(self) -> None:
-        """Release the pinned version's shard files and its filter database."""
-        with self._rows_lock:
-            version = self._version
-            version.reader.close()
-            with version._filter_lock:
-                if version._filter is not None:
-                    version._filter.close()
-                    version._filter = None
+        """Release the pinned version's files and the filter database."""
+        with self._opened.lock:
+            for reader in self._opened.segments.values():
+                reader.close()
+            self._opened.segments.clear()
+        with self._filters_lock:
+            if self._filters is not None:
+                self._filters.close()
+                self._filters = None
 
     def __len__(self) -> int:
-        return int(self.manifest.live_rows)
+        return int(self.manifest.n_live)
 
     def __repr__(self) -> str:
         m = self.manifest
         return (
-            f"Searcher({str(self.root)!r}, version={m.version}, rows={len(self)}, "
-            f"space={m.calibration.space!r})"
+            f"Searcher({str(self.root)!r}, version={m.version}, n_live={len(self)}, "
+            f"segments={len(m.segments)}, space={m.calibration.space!r})"
         )
 
     def info(self) -> IndexInfo:
         """What the pinned version holds (as ``flowsearch info``)."""
         v = self._version
         return IndexInfo(
-            str(self.root.resolve()), v.manifest, sizes(self.root, v.manifest), v.verified
+            path=str(self.root.resolve()),
+            manifest=v.manifest,
+            bytes=sizes(self.root, v.manifest),
+            verified=v.verified,
         )
 
     def embed(self, queries: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
@@ -231,8 +195,10 @@ class Searcher:
 
     @property
     def default_mode(self) -> str:
-        """``hybrid`` when the index has a lexical part, else ``dense``."""
+        """``hybrid`` when the index has a lexical side, else ``dense``."""
         return "hybrid" if self._version.lexical is not None else "dense"
+
+    # -- searching -------------------------------------------------------------------------
 
     @overload
     def search(
@@ -252,7 +218,8 @@ class Searcher:
         mode: str | None = None,
     ) -> list[Hit] | list[list[Hit]]:
         """Top-``k`` hits for one query (a list of :class:`Hit`) or a list of queries (one list
-        each), best first. Deleted rows are never returned.
+        each), best first. Deleted rows are never returned; ``k`` above the number of rows is
+        the number of rows.
 
         Args:
             query: a query, or a list of them.
@@ -263,8 +230,8 @@ class Searcher:
                 None: :attr:`default_mode`.
 
         Raises:
-            FlowsearchError: a query that is not a non-blank string, k < 1, a bad ``where``,
-                an unknown mode or one the index cannot serve.
+            BadInput: a query that is not a non-blank string, k < 1, a bad ``where``, an unknown
+                mode or one the index cannot serve.
         """
         single = isinstance(query, str)
         queries = _checked_queries(query)
@@ -277,72 +244,106 @@ class Searcher:
     def query(
         self, query: str, k: int = 10, where: str | None = None, mode: str | None = None
     ) -> QueryResult:
-        """One query's hits with the density report (what ``flowsearch query`` prints)."""
-        version = self._version
+        """One query's hits with its report (what ``flowsearch query`` prints)."""
         if not isinstance(query, str):
-            raise FlowsearchError(f"query must be a string, got {type(query).__name__}")
-        hits, lp, top = self._run(version, _checked_queries(query), _checked_k(k), where, mode)
-        report = self._report(
-            version, None if lp is None else lp[0], None if top is None else top[0]
-        )
-        return QueryResult(query, hits[0], report)
+            raise BadInput(f"query must be a string, got {type(query).__name__}", param="query")
+        return self.query_many([query], k, where, mode)[0]
+
+    def query_many(
+        self, queries: list[str], k: int = 10, where: str | None = None, mode: str | None = None
+    ) -> list[QueryResult]:
+        """Several queries' results, each with its report (one encoder call for all)."""
+        version = self._version
+        queries = _checked_queries(queries)
+        hits, lp, top = self._run(version, queries, _checked_k(k), where, mode)
+        out = []
+        for i, text in enumerate(queries):
+            report = self._report(
+                version, None if lp is None else float(lp[i]), None if top is None else top[i]
+            )
+            out.append(QueryResult(query=text, hits=hits[i], report=report))
+        return out
+
+    def _matching(self, version: Version, where: str | None) -> np.ndarray | None:
+        """Sorted global rows a ``where`` predicate matches; None without one."""
+        if where is None:
+            return None
+        if not isinstance(where, str):
+            raise BadInput(f"where must be a SQL string, got {type(where).__name__}", param="where")
+        if not where.strip():
+            return None
+        with self._filters_lock:
+            if self._filters is None:
+                from flowsearch.search.filters import MetadataFilter
+
+                self._filters = MetadataFilter()
+        matched: np.ndarray = version.metadata_filter(self._filters).rows(where)
+        return matched
 
     def _run(
         self, version: Version, queries: list[str], k: int, where: str | None, mode: str | None
     ) -> tuple[list[list[Hit]], np.ndarray | None, np.ndarray | None]:
         """(hits, query log-densities or None, best dense score over the whole index or None)."""
-        mode = self._checked_mode(version, mode)
-        rows = version.matching(where)
+        mode = _checked_mode(version, mode)
+        rows = self._matching(version, where)
         if rows is not None and not len(rows):
             return [[] for _ in queries], None, None
+        k = min(k, max(version.manifest.n_live, 1))
         lp = top = None
-        dense = lexical = None
-        candidates = k if mode != "hybrid" else max(k, HYBRID_CANDIDATES)
+        dense_hits = lexical_hits = None
+        candidates = k if mode != "hybrid" else max(k, current().hybrid_candidates)
         if mode in ("dense", "hybrid"):
             Z, lp = version.space.embed(queries)
-            dense = self._dense(version, Z, candidates, rows)
-            if rows is None:  # a filter's best row is not the index's: no comparable figure
-                top = np.where(dense[1][:, 0] >= 0, dense[0][:, 0], np.nan)
+            dense_hits = self._dense(version, Z, candidates, rows)
+            if rows is None and dense_hits[0].shape[1]:  # a filter's best row is not the index's
+                top = np.where(dense_hits[1][:, 0] >= 0, dense_hits[0][:, 0], np.nan)
         if mode in ("lexical", "hybrid"):
-            lexical = version.lexical.search(queries, candidates, allowed=version.row_mask(rows))
-        if dense is not None and lexical is not None:
+            allowed = None
+            if rows is not None:
+                allowed = np.zeros(version.n_rows, dtype=bool)
+                allowed[rows] = True
+            lexical_hits = version.lexical.search(queries, candidates, allowed=allowed)
+        if dense_hits is not None and lexical_hits is not None:
             from flowsearch.search.fusion import convex
 
             static = version.manifest.encoder.pooling == "static"
-            fused = convex(
-                dense, lexical, k, weight=HYBRID_WEIGHT_STATIC if static else HYBRID_WEIGHT
-            )
-            comps = (fused.dense_scores, fused.lexical_scores)
-            return self._hits(version, fused.scores, fused.rows, lp, comps), lp, top
-        side = dense if dense is not None else lexical
-        assert side is not None
-        scores, found = side
-        return self._hits(version, scores, found, lp), lp, top
+            weight = HYBRID_WEIGHT_STATIC if static else HYBRID_WEIGHT
+            fused = convex(dense_hits, lexical_hits, k, weight=weight)
+            parts = (fused.dense_scores, fused.lexical_scores)
+            return _hits(version, fused.scores, fused.rows, parts), lp, top
+        if dense_hits is not None:
+            parts = (dense_hits[0], np.full_like(dense_hits[0], np.nan))
+            return _hits(version, *dense_hits, parts), lp, top
+        assert lexical_hits is not None
+        parts = (np.full_like(lexical_hits[0], np.nan), lexical_hits[0])
+        return _hits(version, *lexical_hits, parts), lp, top
 
-    @staticmethod
-    def _checked_mode(version: Version, mode: str | None) -> str:
-        if mode is None:
-            return "hybrid" if version.lexical is not None else "dense"
-        if mode not in MODES:
-            raise FlowsearchError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-        if mode != "dense" and version.lexical is None:
-            raise FlowsearchError(
-                f"mode {mode!r} needs a lexical index, and this index was built without one; "
-                "use mode='dense' or rebuild it with lexical=True"
-            )
-        return mode
+    def _dense(
+        self, version: Version, Z: np.ndarray, k: int, rows: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k over every segment's searchable rows (``rows`` a filter kept, minus deleted)."""
 
-    def query_report(
-        self, log_density: float | None, top_score: float | None = None
-    ) -> QueryReport:
-        """Judge a query from its log-density (a hit's ``log_density``) and its best dense score
-        over the whole index (see :class:`~flowsearch.space.reference.QueryReport`)."""
+        def run() -> tuple[np.ndarray, np.ndarray]:
+            return dense.search_segments(
+                version.segments, version.deleted, version.offsets, Z, k, version.split(rows)
+            )
+
+        if self._options.get("gpu"):
+            with self._gpu_lock:
+                return run()
+        if len(Z) <= current().one_thread_max_queries:
+            result: tuple[np.ndarray, np.ndarray] = ann_io.single_threaded(run)
+            return result
+        return run()
+
+    def query_report(self, log_density: float | None, top_score: float | None = None) -> Any:
+        """Judge a query from its log-density and its best dense score over the whole index."""
         return self._report(self._version, log_density, top_score)
 
     @staticmethod
-    def _report(
-        version: Version, log_density: float | None, top_score: float | None = None
-    ) -> QueryReport:
+    def _report(version: Version, log_density: float | None, top_score: float | None) -> Any:
+        from flowsearch.space.reference import query_report
+
         m = version.manifest
         return query_report(
             log_density,
@@ -354,108 +355,104 @@ class Searcher:
         )
 
     def search_vectors(self, Z: np.ndarray, k: int = 10) -> list[list[Hit]]:
-        """Top-``k`` hits for vectors already in the searched space.
-
-        Args:
-            Z: float32 (q, dim), L2-normalised, in the index's searched space (what
-                :meth:`embed` returns; the ``vector`` column of the shards).
-            k: hits per query.
+        """Top-``k`` hits for vectors already in the searched space (float32 (q, dim),
+        L2-normalised; what :meth:`embed` returns).
 
         Raises:
-            FlowsearchError: another dimension, or values that are not finite.
+            BadInput: another dimension, or values that are not finite.
         """
         version = self._version
         Z = np.atleast_2d(np.asarray(Z, dtype=np.float32))
         if Z.ndim != 2 or Z.shape[1] != version.manifest.dim:
-            raise FlowsearchError(
+            raise BadInput(
                 f"vectors have shape {Z.shape}, the index searches dim {version.manifest.dim}"
             )
         if not np.isfinite(Z).all():
-            raise FlowsearchError("vectors hold NaN or infinite values; pass finite vectors")
-        scores, rows = self._dense(version, Z, _checked_k(k), None)
-        return self._hits(version, scores, rows, None)
-
-    def _dense(
-        self, version: Version, Z: np.ndarray, k: int, rows: np.ndarray | None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """FAISS top-k over the searchable rows (``rows`` matched by a filter, minus deleted)."""
-        if rows is None and version.deleted is None:
-            search = lambda: fx.search(version.faiss_index, Z, k)  # noqa: E731
-        else:
-            from flowsearch.ann.prefilter import filtered_search
-
-            def search() -> tuple[np.ndarray, np.ndarray]:
-                return filtered_search(version.faiss_index, Z, k, rows, excluded=version.deleted)
-
-        if self._gpu:
-            with self._index_lock:
-                return search()
-        if len(Z) <= fx.ONE_THREAD_MAX_QUERIES:
-            return fx.single_threaded(search)
-        return search()
-
-    def _hits(
-        self,
-        version: Version,
-        scores: np.ndarray,
-        rows: np.ndarray,
-        lp: np.ndarray | None,
-        components: tuple[np.ndarray, np.ndarray] | None = None,
-    ) -> list[list[Hit]]:
-        valid = np.unique(rows[rows >= 0])
-        with self._rows_lock:
-            fetched = version.reader.rows(valid) if valid.size else []
-        by_row = dict(zip(valid.tolist(), fetched, strict=True))
-        out = []
-        for qi in range(len(rows)):
-            density = None if lp is None else float(lp[qi])
-            hits: list[Hit] = []
-            for j, (score, row) in enumerate(zip(scores[qi], rows[qi], strict=True)):
-                if row < 0:
-                    continue
-                rec = by_row[int(row)]
-                parts: dict[str, float | None] = {}
-                if components is not None:
-                    d, x = float(components[0][qi, j]), float(components[1][qi, j])
-                    parts = {
-                        "dense_score": None if np.isnan(d) else d,
-                        "lexical_score": None if np.isnan(x) else x,
-                    }
-                hits.append(
-                    Hit(
-                        id=rec["id"],
-                        score=float(score),
-                        rank=len(hits) + 1,
-                        text=rec["text"],
-                        metadata=rec["metadata"],
-                        log_density=density,
-                        **parts,
-                    )
-                )
-            out.append(hits)
-        return out
+            raise BadInput("vectors hold NaN or infinite values", "pass finite vectors")
+        k = min(_checked_k(k), max(version.manifest.n_live, 1))
+        scores, found = self._dense(version, Z, k, None)
+        return _hits(version, scores, found, (scores, np.full_like(scores, np.nan)))
 
     def vectors(self) -> np.ndarray:
-        """All stored vectors of the searched space, float32 (rows, dim), in row order."""
-        with self._rows_lock:
-            return np.asarray(self._version.reader.column("vector"), dtype=np.float32)
+        """Every stored vector of the searched space, float32 (rows, dim), in global row
+        order (deleted rows included)."""
+        parts = [seg.rows.vectors("vector") for seg in self._version.segments]
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return np.zeros((0, self.manifest.dim), dtype=np.float32)
+        return np.concatenate(parts).astype(np.float32, copy=False)
+
+
+def _hits(
+    version: Version,
+    scores: np.ndarray,
+    rows: np.ndarray,
+    parts: tuple[np.ndarray, np.ndarray],
+) -> list[list[Hit]]:
+    """Hits for global ``rows`` (q, k) with their scores and component scores."""
+    valid = np.unique(rows[rows >= 0])
+    by_row: dict[int, dict[str, Any]] = {}
+    if valid.size:
+        seg_of, local = version.locate(valid)
+        for s in np.unique(seg_of):
+            pick = np.flatnonzero(seg_of == s)
+            fetched = version.segments[int(s)].rows.rows(local[pick])
+            by_row.update(zip(valid[pick].tolist(), fetched, strict=True))
+    columns = version.manifest.metadata_columns
+    out = []
+    for qi in range(len(rows)):
+        hits: list[Hit] = []
+        for j, row in enumerate(rows[qi]):
+            if row < 0:
+                continue
+            rec = by_row[int(row)]
+            d, x = float(parts[0][qi, j]), float(parts[1][qi, j])
+            meta = rec["metadata"]
+            hits.append(
+                Hit.model_construct(
+                    id=rec["id"],
+                    score=float(scores[qi, j]),
+                    rank=len(hits) + 1,
+                    text=rec["text"],
+                    metadata={c: meta.get(c) for c in columns} if columns else dict(meta),
+                    dense_score=None if np.isnan(d) else d,
+                    lexical_score=None if np.isnan(x) else x,
+                )
+            )
+        out.append(hits)
+    return out
+
+
+def _checked_mode(version: Version, mode: str | None) -> str:
+    if mode is None:
+        return "hybrid" if version.lexical is not None else "dense"
+    if mode not in MODES:
+        raise BadInput(f"unknown mode {mode!r}", f"choose one of {', '.join(MODES)}", param="mode")
+    if mode != "dense" and version.lexical is None:
+        raise BadInput(
+            f"mode {mode!r} needs a lexical index, and this index was built without one",
+            "use {mode='dense'} or rebuild it with a lexical side",
+            param="mode",
+        )
+    return mode
 
 
 def _checked_queries(query: Any) -> list[str]:
     queries = [query] if isinstance(query, str) else query
     if not isinstance(queries, (list, tuple)):
-        raise FlowsearchError(
-            f"query must be a string or a list of strings, got {type(query).__name__}"
+        raise BadInput(
+            f"query must be a string or a list of strings, got {type(query).__name__}",
+            param="query",
         )
     for q in queries:
         if not isinstance(q, str):
-            raise FlowsearchError(f"queries must be strings, got {type(q).__name__}")
+            raise BadInput(f"queries must be strings, got {type(q).__name__}", param="query")
         if not q.strip():
-            raise FlowsearchError("the query is empty; pass some text to search for")
+            raise BadInput("the query is empty", "pass some text to search for", param="query")
     return list(queries)
 
 
 def _checked_k(k: Any) -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise FlowsearchError(f"k must be a positive integer, got {k!r}")
+        raise BadInput(f"k must be a positive integer, got {k!r}", param="k")
     return int(k)

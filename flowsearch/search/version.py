@@ -1,66 +1,94 @@
-r"""One version of an index: described (:func:`index_info`) or opened for searching (:func:`load`).
+r"""One version of an index: opened for searching (:class:`Version`), or described.
 
 A :class:`Version` is everything a search reads, pinned together: the manifest, the searched
-space (encoder and calibrator), the FAISS index (in RAM, memory-mapped, or on the GPU), the
-shard reader, the tombstones, the BM25 index and, made on first use, the metadata filter.
-:func:`load` opens the files one manifest names and checks them against it;
-:class:`~flowsearch.search.searcher.Searcher` pins one and swaps it on refresh.
+space (encoder and calibrator), the open segments with their offsets in the version's global
+row order, each segment's deleted rows, the version's BM25 side and, made on first use, its
+metadata filter. :func:`load` opens a manifest's files, reusing the segments, calibrator and
+deletion masks an earlier version of the same searcher already opened (a :class:`Opened`
+cache), so a refresh after a small write costs what the write added.
 
 Example:
-    >>> index_info("flowsearch_index").manifest.rows  # doctest: +SKIP
+    >>> index_info("flowsearch_index").manifest.n_rows  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
-from flowsearch.ann import faiss_index as fx
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import IndexDamaged
+from flowsearch.search.segment import SegmentReader, read_deleted
 from flowsearch.space.search_space import SearchSpace
-from flowsearch.storage import directory as directory
 from flowsearch.storage import manifest as mf
-from flowsearch.storage import rows as store
+from flowsearch.storage.rows import RowCache
+from flowsearch.storage.verify import Verification, size_on_disk, verify
 
-__all__ = ["IndexInfo", "Version", "index_info", "load", "sizes"]
+__all__ = ["IndexInfo", "Opened", "Version", "index_info", "load", "open_current", "sizes"]
+
+LOG = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_OPEN_RETRIES = 3
 
 
-@dataclass(frozen=True)
-class IndexInfo:
+class IndexInfo(BaseModel):
     """What an index version holds (its manifest), its size on disk and what was verified."""
 
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
     path: str
     manifest: mf.Manifest
     bytes: dict[str, int]
-    verified: directory.Verification
+    verified: Verification
 
     def to_dict(self) -> dict[str, Any]:
         """The ``info --json`` document: the manifest's fields, ``path``, ``bytes``,
         ``verified``."""
         return {
             "path": self.path,
-            **mf.to_dict(self.manifest),
-            "live_rows": self.manifest.live_rows,
+            **self.manifest.to_json_dict(),
+            "n_rows": self.manifest.n_rows,
+            "n_live": self.manifest.n_live,
+            "n_deleted": self.manifest.n_deleted,
             "bytes": self.bytes,
             "verified": self.verified.to_dict(),
         }
 
 
 def sizes(index_dir: Path, manifest: mf.Manifest) -> dict[str, int]:
-    root = manifest.path(index_dir)
-    sizes = {"total": directory.size_on_disk(root) if manifest.root != "." else 0}
-    for part in (mf.SHARDS_DIR, mf.CALIBRATOR_DIR, mf.FAISS_FILE, mf.LEXICAL_DIR):
-        path = root / part
-        if path.exists():
-            sizes[part] = directory.size_on_disk(path)
-    if manifest.root == ".":
-        sizes["total"] = sum(v for k, v in sizes.items() if k != "total")
-    return sizes
+    """Bytes on disk of the version's segments, calibrator and total."""
+    root = Path(index_dir)
+    out = {"segments": 0, "calibrator": size_on_disk(root / manifest.calibration.path)}
+    for seg in manifest.segments:
+        out["segments"] += sum(r.bytes for r in seg.files.values())
+    out["total"] = out["segments"] + out["calibrator"]
+    return out
+
+
+def open_current(index_dir: Path, opener: Callable[[mf.Manifest], T]) -> T:
+    """Read the current manifest and call ``opener(manifest)`` to open that version's files;
+    if they vanish meanwhile (two writes published and cleaned up), read it again and retry.
+
+    Raises:
+        IndexDamaged: a file still missing after retrying with the current version.
+    """
+    last: Exception | None = None
+    for _ in range(_OPEN_RETRIES):
+        manifest = mf.read(index_dir)
+        try:
+            return opener(manifest)
+        except FileNotFoundError as exc:
+            last = exc
+            if mf.read(index_dir).version == manifest.version:
+                break
+    raise IndexDamaged(f"index file missing under {index_dir} ({last})", "rebuild the index")
 
 
 def index_info(index_dir: str | os.PathLike[str], verify: bool = False) -> IndexInfo:
@@ -68,109 +96,168 @@ def index_info(index_dir: str | os.PathLike[str], verify: bool = False) -> Index
 
     Args:
         index_dir: the index directory.
-        verify: hash every file (by default sizes always, hashes of files up to 16 MiB).
+        verify: hash every file and check the history log (by default: sizes, and hashes of
+            files up to ``Settings.cheap_checksum_bytes``).
 
     Raises:
-        FlowsearchError: no index, or a file that is missing, extra or differs.
+        NotFound: no index there.
+        IndexDamaged: a file that is missing, extra or differs.
     """
     root = Path(index_dir).expanduser()
 
     def describe(manifest: mf.Manifest) -> IndexInfo:
-        checked = directory.verify(root, manifest, checksums=verify)
-        return IndexInfo(str(root.resolve()), manifest, sizes(root, manifest), checked)
+        from flowsearch.storage.verify import verify as check
 
-    return directory.open_version(root, describe)
+        checked = check(root, manifest, checksums=verify)
+        return IndexInfo(
+            path=str(root.resolve()),
+            manifest=manifest,
+            bytes=sizes(root, manifest),
+            verified=checked,
+        )
+
+    return open_current(root, describe)
+
+
+@dataclass
+class Opened:
+    """What a searcher has opened, reused across its versions: segment readers by (name,
+    directory), deletion masks by file, the calibrator's space by directory, the row cache."""
+
+    cache: RowCache = field(default_factory=RowCache)
+    segments: dict[tuple[str, str], SegmentReader] = field(default_factory=dict)
+    deleted: dict[tuple[str, str, str | None], np.ndarray | None] = field(default_factory=dict)
+    spaces: dict[str, SearchSpace] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def keep_only(self, manifest: mf.Manifest) -> list[SegmentReader]:
+        """Forget what ``manifest`` does not use; returns the segment readers forgotten (the
+        caller closes them once no search runs on an older version)."""
+        used = {(s.name, s.dir) for s in manifest.segments}
+        gone = [r for key, r in self.segments.items() if key not in used]
+        self.segments = {k: r for k, r in self.segments.items() if k in used}
+        dels = {(s.name, s.dir, s.deletions) for s in manifest.segments}
+        self.deleted = {k: v for k, v in self.deleted.items() if k in dels}
+        self.spaces = {k: v for k, v in self.spaces.items() if k == manifest.calibration.path}
+        return gone
 
 
 @dataclass
 class Version:
-    """Everything a search reads, for one pinned version."""
+    """Everything a search reads, for one pinned version.
+
+    Attributes:
+        offsets: int64 (segments + 1,): segment ``i`` holds global rows
+            ``offsets[i] .. offsets[i+1] - 1``.
+        deleted: per segment, its deleted rows as a bool mask, or None.
+        lexical: the version's BM25 side over all segments, or None.
+    """
 
     root: Path
     manifest: mf.Manifest
     space: SearchSpace
-    faiss_index: Any
-    reader: store.RowReader
-    verified: directory.Verification
-    deleted: np.ndarray | None  # bool (rows,), True for a deleted row; None when none are
-    lexical: Any  # LexicalIndex or None
+    segments: list[SegmentReader]
+    offsets: np.ndarray
+    deleted: list[np.ndarray | None]
+    verified: Verification
+    lexical: Any = None
     _filter: Any = None
     _filter_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def metadata_filter(self) -> Any:
-        """The version's :class:`~flowsearch.search.filters.MetadataFilter`, made on first use (it
-        loads the id, text and metadata columns)."""
+    @property
+    def n_rows(self) -> int:
+        return int(self.offsets[-1])
+
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Global rows -> (segment index, local row), int64 arrays."""
+        rows = np.asarray(rows, dtype=np.int64)
+        seg = np.searchsorted(self.offsets, rows, side="right") - 1
+        return seg, rows - self.offsets[seg]
+
+    def split(self, rows: np.ndarray | None) -> list[np.ndarray | None]:
+        """Sorted global rows -> per segment sorted local rows (None in: None for all)."""
+        if rows is None:
+            return [None] * len(self.segments)
+        cuts = np.searchsorted(rows, self.offsets)
+        return [rows[cuts[i] : cuts[i + 1]] - self.offsets[i] for i in range(len(self.segments))]
+
+    def metadata_filter(self, opened_filter: Any) -> Any:
+        """The version's filter (made on first use from the searcher's filter database)."""
         with self._filter_lock:
             if self._filter is None:
-                from flowsearch.search.filters import MetadataFilter
+                from flowsearch.search.filters import SegmentRef
+                from flowsearch.storage.schema import type_of
 
-                paths = [self.manifest.path(self.root, s.path) for s in self.manifest.shards]
-                self._filter = MetadataFilter(paths, self.manifest.columns.metadata)
+                refs = [
+                    SegmentRef(
+                        name=f"{seg.record.name}@{seg.record.dir}",
+                        offset=int(self.offsets[i]),
+                        n_rows=seg.n_rows,
+                        load=seg.filter_table,
+                    )
+                    for i, seg in enumerate(self.segments)
+                ]
+                schema = [(c.name, type_of(c)) for c in self.manifest.schema_]
+                self._filter = opened_filter.version(refs, schema)
             return self._filter
-
-    def matching(self, where: str | None) -> np.ndarray | None:
-        """Sorted rows a ``where`` predicate matches; None when there is no predicate."""
-        return self.metadata_filter().rows(where) if where and where.strip() else None
-
-    def row_mask(self, rows: np.ndarray | None) -> np.ndarray | None:
-        """``rows`` as a bool mask for the BM25 side (None: every row). Deleted rows need no
-        mask there: the BM25 index drops them itself on every delete and upsert."""
-        if rows is None:
-            return None
-        mask = np.zeros(self.manifest.rows, dtype=bool)
-        mask[rows] = True
-        return mask
-
-
-def _read_faiss(path: Path, manifest: mf.Manifest, mmap: bool) -> Any:
-    """The version's FAISS index, read into RAM or memory-mapped (``mmap``, see
-    :func:`flowsearch.ann.faiss_index.mmap_flags`)."""
-    return fx.read_index(path, manifest.faiss.params, mmap=manifest.faiss.factory if mmap else None)
 
 
 def load(
     root: Path,
     manifest: mf.Manifest,
-    verify: bool,
-    encoder: Any,
-    model: Any,
-    on_gpu: bool,
+    opened: Opened,
+    *,
+    verify_all: bool = False,
+    encoder: Any = None,
+    model: Any = None,
+    gpu: bool = False,
     mmap: bool = False,
 ) -> Version:
-    """Open one version's files (raises FileNotFoundError if it vanished meanwhile)."""
-    checked = directory.verify(root, manifest, checksums=verify)
-    space = SearchSpace.open(root, manifest, encoder, model=model)
-    path = manifest.path(root, mf.FAISS_FILE)
-    if not path.is_file():
-        raise FileNotFoundError(path)
-    faiss_index = _read_faiss(path, manifest, mmap and not on_gpu)
-    if faiss_index.ntotal != manifest.rows or faiss_index.d != manifest.dim:
-        raise FlowsearchError(
-            f"{path} holds {faiss_index.ntotal} rows of dim {faiss_index.d}, the manifest says "
-            f"{manifest.rows} of dim {manifest.dim}; the index is damaged, rebuild it"
+    """Open one version's files, reusing what ``opened`` holds (raises FileNotFoundError if
+    a file vanished meanwhile: see :func:`open_current`)."""
+    with opened.lock:
+        fresh = [s.name for s in manifest.segments if (s.name, s.dir) not in opened.segments]
+        new_space = manifest.calibration.path not in opened.spaces
+        checked = verify(
+            root,
+            manifest,
+            checksums=verify_all,
+            segments=None if verify_all else fresh,
+            calibrator=verify_all or new_space,
         )
-    if on_gpu:
-        faiss_index = fx.to_gpu(faiss_index)
-    elif not mmap:  # a direct map would read every list's ids into RAM (8 bytes per row)
-        from flowsearch.ann.prefilter import prepare_index
-
-        prepare_index(faiss_index)  # IVF: a direct map, so selective filters are exact
-    deleted = None
-    if manifest.tombstones is not None:
-        mask = store.read_tombstones(manifest.path(root, manifest.tombstones), manifest.rows)
-        deleted = mask if mask.any() else None
+        if new_space:
+            opened.spaces[manifest.calibration.path] = SearchSpace.open(
+                root, manifest, encoder, model=model
+            )
+        space = opened.spaces[manifest.calibration.path]
+        if space.spec != manifest.calibration:
+            space = SearchSpace(space.calibrator, manifest.calibration, space.encoder)
+        readers, masks = [], []
+        for seg in manifest.segments:
+            key = (seg.name, seg.dir)
+            if key not in opened.segments:
+                opened.segments[key] = SegmentReader.open(
+                    root, seg, dim=manifest.dim, cache=opened.cache, mmap=mmap, gpu=gpu
+                )
+            readers.append(opened.segments[key])
+            dkey = (seg.name, seg.dir, seg.deletions)
+            if dkey not in opened.deleted:
+                opened.deleted[dkey] = read_deleted(root / seg.dir, seg)
+            masks.append(opened.deleted[dkey])
+    counts = [s.n_rows for s in manifest.segments]
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     lexical = None
     if manifest.lexical is not None:
-        from flowsearch.lexical.bm25 import LexicalIndex
+        if any(r.postings is None for r in readers):
+            raise IndexDamaged("a segment lacks its postings", "rebuild the index")
+        from flowsearch.lexical.bm25 import Bm25
 
-        folder = manifest.path(root, manifest.lexical.path)
-        if not folder.is_dir():
-            raise FileNotFoundError(folder)
-        lexical = LexicalIndex.load(folder)
-        if lexical.n_rows != manifest.rows:
-            raise FlowsearchError(
-                f"the lexical index in {folder} has {lexical.n_rows} rows, the manifest "
-                f"{manifest.rows}; the index is damaged, rebuild it"
-            )
-    reader = store.RowReader(manifest.path(root), manifest.shards)
-    return Version(root, manifest, space, faiss_index, reader, checked, deleted, lexical)
+        lexical = Bm25(
+            [(r.postings, m) for r, m in zip(readers, masks)],
+            **_bm25_params(manifest.lexical.params),
+        )
+    return Version(root, manifest, space, readers, offsets, masks, checked, lexical)
+
+
+def _bm25_params(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: params[k] for k in ("k1", "b", "method") if k in params}

@@ -175,7 +175,9 @@ def fit_for_index(
                 + (f": search in the {name} space ({name}{strength})" if searched
                    else ": search in the encoder space")
             )  # fmt: skip
-            auto = AutoDecision(AUTO_STATISTIC, float(AUTO_THRESHOLD), searched)
+            auto = AutoDecision(
+                statistic=AUTO_STATISTIC, threshold=float(AUTO_THRESHOLD), calibrated=searched
+            )
         elif calibration == "none":  # the identity: say so, search the encoder's own vectors
             space, decision = "encoder", "calibration='none': the encoder's own space"
         else:

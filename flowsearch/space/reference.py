@@ -19,7 +19,8 @@ and from a flow fitted on at least :data:`MIN_ROWS_PER_DIM` rows per dimension (
 puts its own rows at 658 ± 1.8 nats, a 3-row one at -6e26); otherwise it is not shown.
 
 Example:
-    >>> corpus = DensityStats(100.0, 10.0, 75.0, 80.0, 100.0, 1000)
+    >>> corpus = DensityStats(mean_log_prob=100.0, std_log_prob=10.0, p01=75.0, p05=80.0,
+    ...                       median=100.0, rows=1000)
     >>> drift_report(np.array([70.0, 80.0]), corpus)["warn"]
     True
 """

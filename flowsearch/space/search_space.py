@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from flowsearch.errors import FlowsearchError
-from flowsearch.storage.manifest import CALIBRATOR_DIR, CalibrationSpec, Manifest
+from flowsearch.storage.manifest import CalibrationSpec, Manifest
 
 __all__ = ["SearchSpace", "normalise"]
 
@@ -68,7 +68,7 @@ class SearchSpace:
         from flowsearch.calibration import load_calibrator
         from flowsearch.encode.encoder import open_encoder
 
-        folder = manifest.path(index_dir, CALIBRATOR_DIR)
+        folder = Path(index_dir) / manifest.calibration.path
         if not folder.is_dir():
             raise FileNotFoundError(folder)
         calibrator = load_calibrator(folder)

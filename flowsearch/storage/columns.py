@@ -65,8 +65,13 @@ def check_text_type(type_: pa.DataType, source: Source, name: str) -> None:
     """Refuse text columns that are not text (numbers would be indexed as "3.0")."""
     if pa.types.is_dictionary(type_):
         type_ = type_.value_type
-    ok = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
-          pa.types.is_large_binary, pa.types.is_null)  # fmt: skip
+    ok = (
+        pa.types.is_string,
+        pa.types.is_large_string,
+        pa.types.is_binary,
+        pa.types.is_large_binary,
+        pa.types.is_null,
+    )
     if pa.types.is_string_view(type_) or any(test(type_) for test in ok):
         return
     if pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_):

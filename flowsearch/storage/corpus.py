@@ -35,7 +35,7 @@ from typing import Any, Literal, TypeAlias
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import BadInput, FlowsearchError
 from flowsearch.storage.columns import (
     check_text_type,
     normal_ids,
@@ -43,6 +43,7 @@ from flowsearch.storage.columns import (
     text_strings,
     valid_text_mask,
 )
+from flowsearch.storage.manifest import SchemaColumn
 from flowsearch.storage.readers import MAX_BLOCK, BlockTooSmall, Source, format_of, records_table
 from flowsearch.storage.rows import RESERVED_COLUMNS
 
@@ -171,6 +172,7 @@ class CorpusPlan:
     metadata_schema: pa.Schema = field(default_factory=lambda: pa.schema([]))
     replaced_ids: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))
     sources: list[Source] = field(default_factory=list, repr=False)
+    ids_as: str | None = None
 
     def batches(self, batch_rows: int = 4096) -> Iterator[tuple[pa.Array, list[str], pa.Table]]:
         """Yield ``(ids, texts, metadata)`` for the rows to index, in corpus order.
@@ -190,6 +192,8 @@ class CorpusPlan:
                 else:
                     column = table.column(self.id_column).combine_chunks()
                     ids = normal_ids(column, source, self.id_column, 0)
+                    if self.ids_as == "string" and not pa.types.is_string(ids.type):
+                        ids = ids.cast(pa.string())
                 row += n
                 if not pc.all(keep).as_py():
                     table, ids, text = table.filter(keep), ids.filter(keep), text.filter(keep)
@@ -201,8 +205,9 @@ class CorpusPlan:
                 yield ids, text.to_pylist(), meta
 
 
-def _columns(schemas: list[pa.Schema], sources: list[Source], text_column: str,
-             id_column: str | None) -> str | None:  # fmt: skip
+def _columns(
+    schemas: list[pa.Schema], sources: list[Source], text_column: str, id_column: str | None
+) -> str | None:
     """Check the text and id columns are there; the id column to use (None: row numbers)."""
     for schema, source in zip(schemas, sources):
         names = schema.names
@@ -268,22 +273,37 @@ class _Scan:
     ids: list[pa.Array] = field(default_factory=list)
 
 
-def _scan_source(source: Source, text_column: str, id_column: str | None) -> _Scan:
+def _scan_source(
+    source: Source, text_column: str, id_column: str | None, check: _Check | None = None
+) -> _Scan:
     """Read a source's ids and texts once, checking them; grows JSON/CSV blocks when needed."""
     while True:
         try:
-            return _scan_once(source, text_column, id_column)
+            return _scan_once(source, text_column, id_column, check)
         except BlockTooSmall:
             source.block_size = min(source.block_size * 2, MAX_BLOCK)
             LOG.debug("re-reading %s with %d-byte blocks", source.name, source.block_size)
 
 
-def _scan_once(source: Source, text_column: str, id_column: str | None) -> _Scan:
+@dataclass
+class _Check:
+    """What a write into an existing index checks every row against: its schema and id type."""
+
+    schema: Sequence[SchemaColumn]
+    metadata: list[str]
+    id_type: str
+    auto_id_start: int
+
+
+def _scan_once(
+    source: Source, text_column: str, id_column: str | None, check: _Check | None = None
+) -> _Scan:
     scan = _Scan()
-    # Parquet reads only these two columns; JSON and CSV parse whole lines anyway, and reading
-    # every column surfaces any conversion error now, before encoding starts.
+    # Parquet reads only these two columns (and the metadata when a write must check it);
+    # JSON and CSV parse whole lines anyway, and reading every column surfaces any conversion
+    # error now, before encoding starts.
     columns = [text_column] + ([id_column] if id_column is not None else [])
-    wanted = columns if source.format == "parquet" else None
+    wanted = columns if source.format == "parquet" and check is None else None
     for batch in source.batches(_SCAN_ROWS, wanted):
         first_row, n = scan.rows_in, batch.num_rows
         scan.rows_in += n
@@ -310,6 +330,18 @@ def _scan_once(source: Source, text_column: str, id_column: str | None) -> _Scan
                     "complete column (None numbers the rows)"
                 )
             scan.ids.append(ids.filter(keep))
+        if check is not None and check.metadata:
+            from flowsearch.storage.schema import conform
+
+            row_ids = (
+                ids
+                if id_column is not None
+                else pa.array(
+                    range(check.auto_id_start + first_row, check.auto_id_start + first_row + n),
+                    pa.int64(),
+                )
+            )
+            conform(pa.Table.from_batches([batch]).select(check.metadata), check.schema, row_ids)
     return scan
 
 
@@ -322,6 +354,8 @@ def scan_corpus(
     existing_ids: pa.Array | None = None,
     on_existing: Literal["refuse", "replace"] = "refuse",
     auto_id_start: int = 0,
+    schema: Sequence[SchemaColumn] | None = None,
+    id_type: str | None = None,
 ) -> CorpusPlan:
     """Check a corpus without encoding it: every bad-input error is raised here.
 
@@ -336,6 +370,11 @@ def scan_corpus(
         on_existing: ``"refuse"`` any overlap with ``existing_ids`` (``add``), or ``"replace"``:
             the overlap becomes :attr:`CorpusPlan.replaced_ids` (``upsert``).
         auto_id_start: first row-number id.
+        schema: the index's metadata schema, for a write into an existing index: every value
+            must cast losslessly to its column's type (:func:`flowsearch.storage.schema.conform`);
+            the plan's metadata are cast to it, new columns keep their own type.
+        id_type: the index's id type (``"int"`` or ``"string"``): integer ids go into a string
+            index as their decimal text; string ids into an integer index are refused.
 
     Returns:
         The plan; :meth:`CorpusPlan.batches` streams its rows.
@@ -366,12 +405,16 @@ def scan_corpus(
             f"({', '.join(RESERVED_COLUMNS)}); rename or drop them"
         )
     meta_schema = _metadata_schema(schemas, sources, metadata)
+    check = None
+    if schema is not None:
+        check = _Check(schema, metadata, id_type or "int", auto_id_start)
+        meta_schema = _target_schema(meta_schema, schema)
 
     rows_in = skipped = 0
     id_chunks: list[pa.Array] = []
     id_kinds: dict[str, str] = {}
     for source in sources:
-        scan = _scan_source(source, text_column, id_column)
+        scan = _scan_source(source, text_column, id_column, check)
         rows_in, skipped = rows_in + scan.rows_in, skipped + scan.skipped
         id_chunks.extend(scan.ids)
         if scan.ids:
@@ -396,6 +439,8 @@ def scan_corpus(
     if id_column is not None:
         all_ids = pa.chunked_array(id_chunks).combine_chunks()
         id_type = "int" if pa.types.is_integer(all_ids.type) else "string"
+        if check is not None and id_type != check.id_type:
+            all_ids, id_type = _index_ids(all_ids, check.id_type, id_column), check.id_type
         replaced = pa.array([], all_ids.type)
         _refuse_duplicates(all_ids, id_column)
         if existing_ids is not None and len(existing_ids):
@@ -415,6 +460,27 @@ def scan_corpus(
         metadata_schema=meta_schema,
         replaced_ids=replaced,
         sources=sources,
+        ids_as=id_type if id_column is not None else None,
+    )
+
+
+def _target_schema(corpus: pa.Schema, schema: Sequence[SchemaColumn]) -> pa.Schema:
+    """The corpus's metadata schema with the index's types for the columns it knows."""
+    from flowsearch.storage.schema import type_of
+
+    known = {c.name: type_of(c) for c in schema}
+    return pa.schema([pa.field(f.name, known.get(f.name, f.type)) for f in corpus])
+
+
+def _index_ids(ids: pa.Array, index_type: str, id_column: str) -> pa.Array:
+    """Ids of the corpus in the index's id type (see :func:`scan_corpus`'s ``id_type``)."""
+    if index_type == "string":
+        return ids.cast(pa.string())
+    example = ids[0].as_py() if len(ids) else None
+    raise BadInput(
+        f"the index has integer ids, this corpus has string ids in {id_column!r} "
+        f"(e.g. {example!r})",
+        f"give {id_column!r} integer values, or rebuild the index with string ids",
     )
 
 
@@ -431,8 +497,9 @@ def _refuse_duplicates(ids: pa.Array, id_column: str) -> None:
 
 def _overlap(ids: pa.Array, existing_ids: pa.Array, id_column: str, on_existing: str) -> pa.Array:
     """The ids already in the index (refused unless ``on_existing="replace"``)."""
-    existing = existing_ids.cast(pa.int64() if pa.types.is_integer(existing_ids.type) else
-                                 pa.string())  # fmt: skip
+    existing = existing_ids.cast(
+        pa.int64() if pa.types.is_integer(existing_ids.type) else pa.string()
+    )
     if _kind(existing.type) != _kind(ids.type):
         raise FlowsearchError(
             f"the index has {_kind(existing.type)} ids, this corpus has {_kind(ids.type)} ids "

@@ -1,227 +1,214 @@
-r"""Parquet shards: the rows of an index version, written in order and read back by position.
+r"""A segment's rows: Parquet parts written in order, read back by local row number.
 
-A shard holds ``id``, ``text``, the corpus's other columns (metadata) as given, ``vector`` (a
-``fixed_size_list<float32>``: the searched space) and ``raw`` (a ``fixed_size_list<float16>``: the
-encoder's own output, kept so a calibrator can be refitted without re-encoding). Shards have a
-bounded number of rows and small row groups, so one hit is joined to its row by decoding one row
-group of one memory-mapped shard, never the whole corpus.
+A part holds ``id``, ``text``, the segment's metadata columns, ``vector`` (a
+``fixed_size_list<float32>``: the searched space) and ``raw`` (a ``fixed_size_list<float16>``:
+the encoder's own output, kept so a calibrator can be refitted without re-encoding). Parts have
+at most ``Settings.part_rows`` rows, in row groups of ``Settings.row_group_rows`` (the unit a
+hit's join decodes).
 
-What the shards of a version are, and their checksums, is the manifest's business
-(:mod:`flowsearch.storage.manifest`); this module only writes and reads them.
+:class:`RowReader` opens every part of a segment when it is made (memory-mapped): it keeps
+reading them after a later write's cleanup unlinked them (an open file outlives its directory
+entry), which is how a pinned reader keeps its version. Decoded row groups are kept in a cache
+shared by the readers of one searcher, bounded in bytes.
 
 Example:
-    >>> writer = ShardWriter(root)  # doctest: +SKIP
-    >>> writer.write(shard_table(ids, texts, None, vectors, raw))  # doctest: +SKIP
-    >>> shards = writer.close()  # doctest: +SKIP
-    >>> RowReader(root, shards).rows([3, 0])  # doctest: +SKIP
+    >>> writer = PartWriter(segment_dir)  # doctest: +SKIP
+    >>> writer.write(rows_table(ids, texts, None, vectors, raw))  # doctest: +SKIP
+    >>> parts = writer.close()  # doctest: +SKIP
+    >>> RowReader(segment_dir, parts).rows([3, 0])  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import logging
-from collections import OrderedDict
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import cachetools
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flowsearch.errors import FlowsearchError
-from flowsearch.storage import manifest as mf
-from flowsearch.storage.manifest import SHARDS_DIR, TOMBSTONES_FILE, Shard
+from flowsearch.errors import IndexDamaged
+from flowsearch.settings import current
+from flowsearch.storage.layout import part_file
+from flowsearch.storage.manifest import PartRecord
 
 __all__ = [
     "RESERVED_COLUMNS",
-    "ROW_CACHE_BYTES",
-    "ROW_GROUP_ROWS",
-    "SHARD_ROWS",
+    "VECTOR_COLUMNS",
+    "PartWriter",
+    "RowCache",
     "RowReader",
-    "ShardWriter",
-    "live_ids",
-    "read_tombstones",
-    "shard_table",
+    "matrix",
+    "rows_table",
     "vector_column",
-    "write_deleted",
-    "write_tombstones",
 ]
 
-LOG = logging.getLogger(__name__)
-
-#: Columns every shard has; a corpus's metadata columns may not take these names.
+#: Columns every part has; a corpus's metadata columns may not take these names.
 RESERVED_COLUMNS = ("id", "text", "vector", "raw")
-#: Rows per shard file (about 150 MB at dim 384 with short passages).
-SHARD_ROWS = 50_000
-#: Rows per Parquet row group: the unit decoded to join one hit to its row.
-ROW_GROUP_ROWS = 1024
-#: Bytes (Arrow size) of decoded row groups (ids, texts, metadata) a reader keeps for the join.
-ROW_CACHE_BYTES = 128 * 2**20
+#: The vector columns (never loaded to join a hit or to filter).
+VECTOR_COLUMNS = ("vector", "raw")
 
 
-def vector_column(values: np.ndarray) -> pa.FixedSizeListArray:
-    """The ``vector`` column (``fixed_size_list<float32>``) of a float (n, d) array."""
-    return _fixed_list(values, np.float32)
-
-
-def _fixed_list(values: np.ndarray, dtype: type) -> pa.FixedSizeListArray:
+def vector_column(values: np.ndarray, dtype: type = np.float32) -> pa.FixedSizeListArray:
     """A ``fixed_size_list<dtype>`` column from a 2-D array of shape (n, dim)."""
     values = np.ascontiguousarray(values, dtype=dtype)
-    flat = pa.array(values.reshape(-1))
-    return pa.FixedSizeListArray.from_arrays(flat, values.shape[1])
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
 
 
-def shard_table(
+def matrix(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A ``fixed_size_list`` column as a float32 (n, d) array."""
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+    dim = col.type.list_size
+    flat = [c.flatten().to_numpy(zero_copy_only=False) for c in chunks if len(c)]
+    if not flat:
+        return np.zeros((0, dim), dtype=np.float32)
+    return np.concatenate(flat).astype(np.float32).reshape(-1, dim)
+
+
+def rows_table(
     ids: pa.Array | Sequence[Any],
     texts: pa.Array | Sequence[str],
     metadata: pa.Table | None,
     vectors: np.ndarray,
     raw: np.ndarray,
 ) -> pa.Table:
-    """Assemble the rows of a shard.
-
-    Args:
-        ids: row ids, int64 or string, length n.
-        texts: the passages, length n.
-        metadata: the corpus's other columns (n rows) or None.
-        vectors: float32 (n, d) in the searched space (L2-normalised).
-        raw: (n, dim) encoder output, stored as float16.
-
-    Returns:
-        A table with columns id, text, metadata..., vector, raw.
-    """
-    columns: dict[str, pa.Array] = {
+    """Assemble rows: ``id``, ``text``, metadata..., ``vector`` (float32 (n, d), unit rows in
+    the searched space), ``raw`` ((n, dim) encoder output, stored as float16)."""
+    columns: dict[str, Any] = {
         "id": ids if isinstance(ids, (pa.Array, pa.ChunkedArray)) else pa.array(ids),
         "text": texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else pa.array(texts),
     }
     if metadata is not None:
         for name in metadata.column_names:
             columns[name] = metadata.column(name)
-    columns["vector"] = _fixed_list(vectors, np.float32)
-    columns["raw"] = _fixed_list(raw, np.float16)
+    columns["vector"] = vector_column(vectors, np.float32)
+    columns["raw"] = vector_column(raw, np.float16)
     return pa.table(columns)
 
 
-class ShardWriter:
-    """Writes shard tables to ``root/shards/part-NNNNN.parquet``, at most ``shard_rows`` each.
+class PartWriter:
+    """Writes row tables to ``directory/rows-NNNNN.parquet``, at most ``part_rows`` each.
 
     Args:
-        root: the index directory being built.
-        first_part: number of the first part file (``add`` continues after the existing ones).
-        shard_rows: row bound per file (default :data:`SHARD_ROWS`).
-        row_group_rows: rows per Parquet row group (default :data:`ROW_GROUP_ROWS`).
+        directory: the segment's directory (being staged).
+        part_rows: row bound per part (default ``Settings.part_rows``).
+        row_group_rows: rows per Parquet row group (default ``Settings.row_group_rows``).
     """
 
     def __init__(
-        self,
-        root: Path,
-        *,
-        first_part: int = 0,
-        shard_rows: int | None = None,
-        row_group_rows: int | None = None,
+        self, directory: Path, *, part_rows: int | None = None, row_group_rows: int | None = None
     ) -> None:
-        self.root = Path(root)
-        self.part = first_part
-        self.shard_rows = shard_rows or SHARD_ROWS
-        self.row_group_rows = min(row_group_rows or ROW_GROUP_ROWS, self.shard_rows)
-        self._paths: list[str] = []
-        self._counts: list[int] = []
+        self.directory = Path(directory)
+        self.part_rows = part_rows or current().part_rows
+        self.row_group_rows = min(row_group_rows or current().row_group_rows, self.part_rows)
+        self._parts: list[PartRecord] = []
         self._writer: pq.ParquetWriter | None = None
-        self._rows = 0
-        (self.root / SHARDS_DIR).mkdir(parents=True, exist_ok=True)
+        self._path = ""
+        self._n = 0
+        self.directory.mkdir(parents=True, exist_ok=True)
 
     def _open(self, schema: pa.Schema) -> None:
-        relpath = f"{SHARDS_DIR}/part-{self.part:05d}.parquet"
-        while (self.root / relpath).exists():  # a shard linked from the previous version
-            self.part += 1
-            relpath = f"{SHARDS_DIR}/part-{self.part:05d}.parquet"
-        self.part += 1
-        self._writer = pq.ParquetWriter(self.root / relpath, schema, compression="zstd")
-        self._paths.append(relpath)
-        self._counts.append(0)
-        self._rows = 0
+        self._path = part_file(len(self._parts))
+        self._writer = pq.ParquetWriter(self.directory / self._path, schema, compression="zstd")
+        self._n = 0
 
     def _close_current(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-            self._counts[-1] = self._rows
+            self._parts.append(PartRecord(path=self._path, n_rows=self._n))
 
     def write(self, table: pa.Table) -> None:
-        """Append rows, starting a new part when the current one is full or its schema differs."""
+        """Append rows (every table of one segment must have the same schema)."""
         start = 0
         while start < table.num_rows:
-            if self._writer is not None and not self._writer.schema.equals(table.schema):
-                self._close_current()
             if self._writer is None:
                 self._open(table.schema)
-            take = min(table.num_rows - start, self.shard_rows - self._rows)
             assert self._writer is not None
+            take = min(table.num_rows - start, self.part_rows - self._n)
             self._writer.write_table(table.slice(start, take), row_group_size=self.row_group_rows)
-            self._rows += take
+            self._n += take
             start += take
-            if self._rows >= self.shard_rows:
+            if self._n >= self.part_rows:
                 self._close_current()
 
-    def close(self) -> list[Shard]:
-        """Finish the last part; returns a :class:`~flowsearch.storage.manifest.Shard` per part
-        written."""
+    def close(self) -> tuple[PartRecord, ...]:
+        """Finish the last part; the parts written, in row order."""
         self._close_current()
-        return [Shard(p, n) for p, n in zip(self._paths, self._counts, strict=True) if n > 0]
+        return tuple(p for p in self._parts if p.n_rows > 0)
+
+
+class RowCache:
+    """Decoded row groups (id, text, metadata as Python lists), least recently used out,
+    bounded by their Arrow size in bytes; shared by the readers of one searcher."""
+
+    def __init__(self, max_bytes: int | None = None) -> None:
+        size = current().row_cache_bytes if max_bytes is None else max_bytes
+        self._cache: cachetools.LRUCache[tuple[Any, ...], tuple[int, dict[str, list[Any]]]]
+        self._cache = cachetools.LRUCache(maxsize=max(size, 1), getsizeof=lambda v: max(v[0], 1))
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[Any, ...]) -> dict[str, list[Any]] | None:
+        with self._lock:
+            hit = self._cache.get(key)
+        return None if hit is None else hit[1]
+
+    def put(self, key: tuple[Any, ...], size: int, columns: dict[str, list[Any]]) -> None:
+        with self._lock, contextlib.suppress(ValueError):  # larger than the whole cache
+            self._cache[key] = (size, columns)
 
 
 class RowReader:
-    """Random access to shard rows by global row number (the FAISS id).
-
-    Every shard is opened memory-mapped when the reader is made (so it keeps reading that index
-    even if the directory is republished); a lookup decodes only the row groups holding the
-    requested rows (without the vector columns), and keeps recently decoded groups up to a byte
-    budget. Single queries hit row groups at random, so a budget that holds the decoded id, text
-    and metadata of a whole index of a few hundred thousand rows (what the peer keeps in a dict)
-    turns the join into a lookup once warm (``benchmarks/bench_speed.md``: the join was the largest
-    step beside the encoder at 200k rows with a 64-group cache).
+    """Random access to one segment's rows by local row number.
 
     Args:
-        root: the index directory.
-        shards: the version's shards, in row order (paths relative to ``root``).
-        cache_bytes: how many bytes of decoded row groups to keep, counted as their Arrow size
-            (the Python objects kept take a few times more); least recently used out.
+        directory: the segment's directory.
+        parts: its Parquet parts, in row order.
+        cache: the decoded-row-group cache to use (a private one by default).
+
+    Raises:
+        FileNotFoundError: a part vanished (a version removed meanwhile: the caller may retry
+            with the current one).
+        IndexDamaged: a part that is not Parquet.
     """
 
-    def __init__(self, root: Path, shards: Sequence[Shard], cache_bytes: int | None = None):
-        self.root = Path(root)
-        self.shards = list(shards)
-        # Every shard is opened now, not on first use: a reader keeps reading the files of the
-        # index it was opened on even after that directory is replaced (republished by rename
-        # and deleted; open files outlive their directory entry).
+    def __init__(
+        self, directory: Path, parts: Sequence[PartRecord], cache: RowCache | None = None
+    ) -> None:
+        self.directory = Path(directory)
+        self.parts = tuple(parts)
+        self._cache = cache if cache is not None else RowCache()
         self._files: list[pq.ParquetFile] = []
         self._group_starts: list[np.ndarray] = []
         try:
-            for shard in self.shards:
-                handle = pq.ParquetFile(self.root / shard.path, memory_map=True)
+            for part in self.parts:
+                handle = pq.ParquetFile(self.directory / part.path, memory_map=True)
                 meta = handle.metadata
                 sizes = [meta.row_group(i).num_rows for i in range(handle.num_row_groups)]
                 self._files.append(handle)
                 self._group_starts.append(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
         except FileNotFoundError:
             self.close()
-            raise  # the version was removed under us: the caller may reopen the current one
+            raise
         except (OSError, pa.ArrowException) as exc:
             self.close()
-            raise FlowsearchError(
-                f"cannot open index shard under {self.root} ({exc}); rebuild the index"
+            raise IndexDamaged(
+                f"cannot open the rows of {self.directory} ({exc})", "rebuild the index"
             ) from None
-        counts = [int(s.rows) for s in self.shards]
+        counts = [p.n_rows for p in self.parts]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        # (shard, group) -> (its Arrow size, its columns as Python lists)
-        self._cache: OrderedDict[tuple[int, int], tuple[int, dict[str, list[Any]]]] = OrderedDict()
-        self._cache_bytes = ROW_CACHE_BYTES if cache_bytes is None else cache_bytes
-        self._cached = 0  # bytes in the cache
+        self.schema = self._files[0].schema_arrow if self._files else pa.schema([])
+        self.metadata_columns = tuple(
+            n for n in self.schema.names if n not in ("id", "text", *VECTOR_COLUMNS)
+        )
 
     def close(self) -> None:
-        """Release the shard files (also done when the reader is garbage-collected)."""
+        """Release the part files (also done when the reader is garbage-collected)."""
         for handle in self._files:
             with contextlib.suppress(Exception):
                 handle.close()
@@ -230,135 +217,64 @@ class RowReader:
     def __len__(self) -> int:
         return int(self.starts[-1])
 
-    def _file(self, shard: int) -> tuple[pq.ParquetFile, np.ndarray]:
-        return self._files[shard], self._group_starts[shard]
-
-    def _group(self, shard: int, group: int) -> dict[str, list[Any]]:
-        """A row group's id, text and metadata columns as Python lists (decoded once, cached)."""
-        key = (shard, group)
+    def _group(self, part: int, group: int) -> dict[str, list[Any]]:
+        key = (str(self.directory), part, group)
         cached = self._cache.get(key)
         if cached is not None:
-            self._cache.move_to_end(key)
-            return cached[1]
-        handle, _ = self._file(shard)
-        names = [n for n in handle.schema_arrow.names if n not in ("vector", "raw")]
-        table = handle.read_row_group(group, columns=names)
+            return cached
+        names = ["id", "text", *self.metadata_columns]
+        table = self._files[part].read_row_group(group, columns=names)
         columns = {name: table.column(name).to_pylist() for name in names}
-        self._cache[key] = (table.nbytes, columns)
-        self._cached += table.nbytes
-        while self._cached > self._cache_bytes and len(self._cache) > 1:
-            self._cached -= self._cache.popitem(last=False)[1][0]
+        self._cache.put(key, table.nbytes, columns)
         return columns
 
     def rows(self, rows: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
-        """Rows at global positions ``rows`` as ``{"id", "text", "metadata"}``, in that order."""
+        """Rows at local positions ``rows`` as ``{"id", "text", "metadata"}``, in that order."""
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
             raise IndexError(f"row out of range 0..{len(self) - 1}")
         out: list[dict[str, Any] | None] = [None] * len(rows)
-        shard_of = np.searchsorted(self.starts, rows, side="right") - 1
-        for shard in np.unique(shard_of):
-            _, gstarts = self._file(int(shard))
-            pos = np.flatnonzero(shard_of == shard)
-            local = rows[pos] - self.starts[shard]
+        part_of = np.searchsorted(self.starts, rows, side="right") - 1
+        for part in np.unique(part_of):
+            gstarts = self._group_starts[int(part)]
+            pos = np.flatnonzero(part_of == part)
+            local = rows[pos] - self.starts[part]
             group_of = np.searchsorted(gstarts, local, side="right") - 1
             for group in np.unique(group_of):
                 sel = pos[group_of == group]
-                columns = self._group(int(shard), int(group))
-                meta = [name for name in columns if name not in ("id", "text")]
-                for i, at in zip(sel, rows[sel] - self.starts[shard] - gstarts[group], strict=True):
+                columns = self._group(int(part), int(group))
+                for i, at in zip(sel, rows[sel] - self.starts[part] - gstarts[group], strict=True):
                     out[i] = {
                         "id": columns["id"][at],
                         "text": columns["text"][at],
                         # the caller owns what it gets: list/struct values are copied
-                        "metadata": {name: _own(columns[name][at]) for name in meta},
+                        "metadata": {n: _own(columns[n][at]) for n in self.metadata_columns},
                     }
         return out  # type: ignore[return-value]
 
-    def column(self, name: str) -> np.ndarray | list[Any]:
-        """A whole column over all shards: ``vector``/``raw`` as float32 (n, d), else a list."""
-        parts = list(self.column_chunks(name))
-        if name in ("vector", "raw"):
-            if not parts:
-                return np.zeros((0, 0), dtype=np.float32)
-            return np.concatenate(parts)
-        return [value for part in parts for value in part]
-
     def column_chunks(self, name: str) -> Iterator[Any]:
-        """A column shard by shard (memory: one shard's column): ``vector``/``raw`` as float32
-        (rows, d) arrays, other columns as lists."""
+        """A column part by part: ``vector``/``raw`` as float32 (n, d), others as lists."""
         for handle in self._files:
             col = handle.read(columns=[name]).column(name)
-            if name in ("vector", "raw"):
-                yield _matrix(col)
-            else:
-                yield col.to_pylist()
+            yield matrix(col) if name in VECTOR_COLUMNS else col.to_pylist()
 
+    def vectors(self, name: str = "vector") -> np.ndarray:
+        """A vector column over the whole segment, float32 (n, d)."""
+        parts = list(self.column_chunks(name))
+        return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
 
-def _matrix(col: pa.ChunkedArray) -> np.ndarray:
-    """A ``fixed_size_list`` column as a float32 (n, d) array."""
-    dim = col.type.list_size
-    if not col.num_chunks:
-        return np.zeros((0, dim), dtype=np.float32)
-    flat = [a.flatten().to_numpy(zero_copy_only=False) for a in col.chunks]
-    return np.concatenate(flat).astype(np.float32).reshape(-1, dim)
+    def table(self, columns: Sequence[str] | None = None) -> pa.Table:
+        """The segment's rows as one table (all but the vector columns by default)."""
+        names = list(columns) if columns is not None else ["id", "text", *self.metadata_columns]
+        tables = [handle.read(columns=names) for handle in self._files]
+        if not tables:
+            return self.schema.empty_table().select(names)
+        return pa.concat_tables(tables)
 
-
-def write_tombstones(path: Path, rows: np.ndarray) -> None:
-    """Store deleted rows (int64, sorted unique) as a ``.npy`` file (no pickle)."""
-    rows = np.unique(np.asarray(rows, dtype=np.int64))
-    with open(path, "wb") as handle:
-        np.save(handle, rows, allow_pickle=False)
-
-
-def read_tombstones(path: Path, ntotal: int) -> np.ndarray:
-    """The deleted rows of a version as a bool mask (ntotal,) (True = deleted).
-
-    Raises:
-        FlowsearchError: a file that is not an int64 row list within ``[0, ntotal)``.
-    """
-    try:
-        rows = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError) as exc:
-        raise FlowsearchError(f"{path} is unreadable ({exc}); the index is damaged") from None
-    if (
-        rows.dtype != np.int64
-        or rows.ndim != 1
-        or (rows.size and (rows.min() < 0 or rows.max() >= ntotal))
-    ):
-        raise FlowsearchError(f"{path} does not list rows of this index; the index is damaged")
-    mask = np.zeros(ntotal, dtype=bool)
-    mask[rows] = True
-    return mask
-
-
-def live_ids(index_dir: Path, manifest: mf.Manifest) -> tuple[list[Any], np.ndarray | None]:
-    """``(ids of every row, in row order; bool mask of deleted rows or None)`` of a version."""
-    reader = RowReader(manifest.path(index_dir), manifest.shards)
-    try:
-        ids = list(reader.column("id"))
-    finally:
-        reader.close()
-    deleted = None
-    if manifest.tombstones is not None:
-        deleted = read_tombstones(manifest.path(index_dir, manifest.tombstones), len(ids))
-    return ids, deleted
-
-
-def write_deleted(
-    version_dir: Path, deleted: np.ndarray | None, rows: np.ndarray
-) -> tuple[str, int]:
-    """Write a version's tombstones: ``deleted`` (bool mask or None) plus ``rows``.
-
-    Returns:
-        ``(the file's path relative to the version, how many rows are deleted)``.
-    """
-    old = np.flatnonzero(deleted) if deleted is not None else np.zeros(0, dtype=np.int64)
-    dead = np.union1d(old, rows)
-    write_tombstones(version_dir / TOMBSTONES_FILE, dead)
-    return TOMBSTONES_FILE, int(len(dead))
+    def batches(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
+        """The segment's rows part by part (all columns by default)."""
+        for handle in self._files:
+            yield handle.read(columns=list(columns) if columns is not None else None)
 
 
 def _own(value: Any) -> Any:

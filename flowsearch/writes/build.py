@@ -1,16 +1,16 @@
-r"""Corpus in, calibrated index out: :func:`build_index` (growing it:
-:mod:`flowsearch.writes.upsert`).
+r"""Corpus in, calibrated index out: :func:`build_index`.
 
 The data flow is one direction: stream the corpus's record batches, encode them (raw float32
-vectors cached in a scratch file), fit the calibrator on (a uniform sample of) the corpus's own
-vectors (:mod:`flowsearch.space.fitting`), project into the searched space
-(:class:`~flowsearch.space.search_space.SearchSpace`), write Parquet shards and fill the FAISS index
-chunk by chunk (memory does not grow with the corpus), then publish the version
-(:mod:`flowsearch.storage.directory`): a crash or Ctrl-C at any moment leaves the previous version
-as it was and nothing that looks valid.
+vectors cached in a scratch file), fit the calibrator on a uniform sample of the corpus's own
+vectors (:func:`~flowsearch.space.fitting.fit_for_index`), project every row into the searched
+space (:class:`~flowsearch.space.search_space.SearchSpace`), and write one segment — Parquet
+parts, its vector index filled chunk by chunk, its postings and keys
+(:class:`~flowsearch.writes.segments.SegmentBuilder`) — then publish the version through the
+version writer (:mod:`flowsearch.storage.writer`): a crash or Ctrl-C at any moment leaves the
+previous version as it was. Memory does not grow with the corpus beyond the vector index.
 
-The corpus's density statistics and held-out rows are recorded for the query verdict and for the
-drift check of later writes (:mod:`flowsearch.space.reference`).
+Rows held out of the calibrator's fit give the reference queries and new rows are judged
+against (:mod:`flowsearch.space.reference`).
 
 Example:
     >>> build_index("data/sample.parquet", "my_index")  # doctest: +SKIP
@@ -20,54 +20,58 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from flowsearch.ann import faiss_index as fx
-from flowsearch.errors import FlowsearchError
+from flowsearch.ann.factory import check_factory
+from flowsearch.errors import BadInput
 from flowsearch.progress import Stages
-from flowsearch.space.fitting import fit_for_index, load_fitted
+from flowsearch.space.fitting import load_fitted
 from flowsearch.space.reference import (
-    best_other_score,
-    density_stats,
-    held_out_stats,
     split_fit_rows,
 )
-from flowsearch.space.search_space import SearchSpace
-from flowsearch.storage import directory as directory
 from flowsearch.storage import manifest as mf
-from flowsearch.storage import rows as store
 from flowsearch.storage.corpus import CorpusPlan, scan_corpus
+from flowsearch.storage.rows import rows_table
+from flowsearch.storage.writer import Writer, check_target, open_writer
+from flowsearch.writes.engine import CHUNK_ROWS, finish_build, fit_space
+from flowsearch.writes.results import WriteResult, result_of
+from flowsearch.writes.segments import SegmentBuilder
 
-__all__ = ["CHUNK_ROWS", "build_index", "finish_version", "fit_space", "summary"]
+__all__ = ["ENGINES", "build_index"]
 
 LOG = logging.getLogger(__name__)
 
-CHUNK_ROWS = 2048  # texts per encoder call: enough to batch by length, small enough for progress
 #: Where ``build_index`` runs: this process, or a Ray cluster (:mod:`flowsearch.writes.ray_engine`).
 ENGINES = ("local", "ray")
 
 
 def _source(model: str | os.PathLike[str] | None, enc: Any) -> str | None:
-    """How to load the model again: None (bundled), else the encoder's own ``model_id`` (the
-    absolute path of a local directory, as resolved when it was loaded, or the hub id)."""
+    """How to load the model again: None (bundled), else the encoder's own ``model_id``."""
     return None if model is None else str(enc.model_id)
 
 
-def _encode_pass(enc: Any, plan: CorpusPlan, raw_path: Path, batch_size: int, st: Stages) -> None:
-    """Encode every row to float32, appended to ``raw_path`` (rows in corpus order)."""
-    with st.task("encoding", total=plan.rows) as advance, open(raw_path, "wb") as out:
-        for _ids, texts, _ in plan.batches(CHUNK_ROWS):
-            U = enc.encode(texts, batch_size=batch_size, progress=False)
-            out.write(np.ascontiguousarray(U, dtype=np.float32).tobytes())
-            advance(len(texts))
+def _checked_options(
+    batch_size: int, fit_sample: int, engine: str, calibration: str, calibrator: Any
+) -> None:
+    if batch_size < 1:
+        raise BadInput(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
+    if fit_sample < 2:
+        raise BadInput(f"fit_sample must be >= 2, got {fit_sample}", param="fit_sample")
+    if engine not in ENGINES:
+        raise BadInput(
+            f"unknown engine {engine!r}", f"choose one of {', '.join(ENGINES)}", param="engine"
+        )
+    if calibrator is None and calibration != "auto":
+        from flowsearch.calibration import make_calibrator
+
+        make_calibrator(calibration)  # an unknown name fails here, before any encoding
 
 
 def build_index(
-    corpus: str | os.PathLike[str],
+    corpus: Any,
     index_dir: str | os.PathLike[str],
     text_column: str = "text",
     id_column: str | None = "id",
@@ -86,17 +90,18 @@ def build_index(
     quantize: str | None = None,
     engine: str = "local",
     address: str | None = None,
-) -> dict[str, Any]:
+    wait: float | None = None,
+) -> WriteResult:
     r"""Index a corpus into ``index_dir`` (see the module docstring for the data flow).
 
     Args:
-        corpus: a corpus file, a directory of them, or a glob.
+        corpus: a corpus file, a directory of them, a glob, a list of paths or of records.
         index_dir: the index directory to publish into.
         text_column: column with the passages.
         id_column: column with unique ids (row numbers when the default ``"id"`` is absent).
         model: encoder model id or directory; None is the bundled all-MiniLM-L6-v2.
         pooling: encoder pooling (``mean``, ``cls``, ``last2avg``, ``first_last_avg``,
-            ``static``, ...).
+            ``static``, ``embedding_layer``).
         max_length: tokens per passage; None takes the model's limit.
         calibration: ``auto`` (default), a calibrator name (``flow``, ``whitening``, ...), ``none``.
         calibrator: directory of a calibrator fitted before, used instead of fitting one.
@@ -105,38 +110,30 @@ def build_index(
         overwrite: replace an existing index at ``index_dir``.
         fit_sample: fit the calibrator on a uniform sample of at most this many rows.
         strict: refuse null or blank texts instead of skipping them.
-        lexical: also build a BM25 index (``lexical/``), for ``mode="lexical"`` and ``"hybrid"``.
+        lexical: also build BM25 postings, for ``mode="lexical"`` and ``"hybrid"``.
         backend: the encoder's runtime, ``torch`` or ``onnx`` (extra ``onnx``).
         quantize: ``int8`` (ONNX dynamic quantisation), or None.
-        engine: ``local`` (this process) or ``ray`` (extra ``ray``: encoding and projection on
-            a Ray cluster, see :mod:`flowsearch.writes.ray_engine`); both write the same index.
+        engine: ``local`` (this process) or ``ray`` (extra ``ray``).
         address: the Ray cluster to join (``engine="ray"``); None starts a local one.
+        wait: seconds to wait for another writer (None: refuse at once).
 
     Returns:
-        A summary: rows, skipped, dim, calibration, factory, seconds per stage, bytes on disk.
+        A :class:`~flowsearch.writes.results.WriteResult` (``kind="build"``).
 
     Raises:
         FlowsearchError: bad input (nothing is written).
     """
     target = Path(index_dir).expanduser()
-    directory.check_target(target, overwrite)
-    if batch_size < 1:
-        raise FlowsearchError(f"batch_size must be >= 1, got {batch_size}")
-    if fit_sample < 2:
-        raise FlowsearchError(f"fit_sample must be >= 2, got {fit_sample}")
-    if engine not in ENGINES:
-        raise FlowsearchError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
-    if calibrator is None and calibration != "auto":
-        from flowsearch.calibration import make_calibrator
-
-        make_calibrator(calibration)  # an unknown name fails here, before any encoding
+    check_target(target, overwrite)
+    _checked_options(batch_size, fit_sample, engine, calibration, calibrator)
     st = Stages()
     with st.timed("scan"):
         plan = scan_corpus(corpus, text_column, id_column, strict=strict)
     if engine == "ray" and not plan.files:
-        raise FlowsearchError(
-            "engine='ray' reads corpus files; write the records to Parquet first, or use "
-            "engine='local'"
+        raise BadInput(
+            "engine='ray' reads corpus files",
+            "write the records to Parquet first, or use {engine='local'}",
+            param="engine",
         )
     with st.timed("load model"):
         from flowsearch.encode.encoder import Encoder
@@ -146,86 +143,40 @@ def build_index(
             options = {"backend": backend, "quantize": quantize}
         enc = Encoder(model, pooling=pooling, max_length=max_length, **options)
         loaded = load_fitted(calibrator, calibration, enc.dim) if calibrator is not None else None
-        fx.check_factory(index_factory, (loaded.dim_out if loaded else None) or enc.dim)
+        check_factory(index_factory, (loaded.dim_out if loaded else None) or enc.dim)
     builder: Any = _build
     if engine == "ray":  # imported only here: `ray` is an optional extra
-        from flowsearch.writes import ray_engine as ray_ingest
+        from flowsearch.writes import ray_engine
 
-        builder = ray_ingest.builder(address, model, options)
-    with directory.write_version(target, new=True, overwrite=overwrite) as build, st.live():
-        manifest = builder(
-            build,
-            plan,
-            enc,
-            st,
-            source=_source(model, enc),
-            calibration=calibration,
-            loaded=loaded,
-            loaded_from=calibrator,
-            index_factory=index_factory,
-            batch_size=batch_size,
-            fit_sample=fit_sample,
-            lexical=lexical,
-        )
-    out = summary(target, manifest, st, skipped=plan.skipped)
-    LOG.info("indexed %d rows into %s in %.1f s", plan.rows, target, out["seconds"]["total"])
+        builder = ray_engine.builder(address, model, options)
+    kwargs = dict(
+        source=_source(model, enc),
+        calibration=calibration,
+        loaded=loaded,
+        loaded_from=calibrator,
+        index_factory=index_factory,
+        batch_size=batch_size,
+        fit_sample=fit_sample,
+        lexical=lexical,
+    )
+    with open_writer(target, new=True, overwrite=overwrite, wait=wait) as writer, st.live():
+        manifest = builder(writer, plan, enc, st, **kwargs)
+    out = result_of("build", target, manifest, st, n_written=plan.rows, n_skipped=plan.skipped)
+    LOG.info("indexed %d rows into %s in %.1f s", plan.rows, target, out.seconds["total"])
     return out
 
 
-def _fit_rows(n: int, fit_sample: int) -> tuple[np.ndarray, np.ndarray]:
-    """(rows the calibrator fits, rows held out to judge queries and new rows against), in row
-    order: see :func:`flowsearch.space.reference.split_fit_rows`."""
-    return split_fit_rows(n, fit_sample)
-
-
-def fit_space(
-    U_fit: np.ndarray,
-    enc: Any,
-    rows: int,
-    st: Stages,
-    calibration: str,
-    loaded: Any,
-    loaded_from: str | os.PathLike[str] | None,
-    index_factory: str,
-) -> tuple[SearchSpace, Any, str, np.ndarray]:
-    """Fit the calibrator on the raw fit rows, make the searched space and the empty FAISS index,
-    trained on a projected sample (both engines): ``(space, faiss index, resolved factory, the
-    projected sample tuning draws its queries from)``; the calibrator is ``space.calibrator``."""
-    cal, spec = fit_for_index(
-        U_fit,
-        calibration,
-        loaded=loaded,
-        loaded_from=loaded_from,
-        status=lambda what: st.status(what, follow="flowsearch.calibration"),
-        pooling=enc.pooling,
-    )
-    space = SearchSpace(cal, spec, enc)
-    factory = fx.auto_factory(rows, dim=space.dim) if index_factory == "auto" else index_factory
-    faiss_index = fx.new_index(space.dim, factory)
-    sample = fx.training_sample(faiss_index, U_fit, space.project)
-    fx.train(faiss_index, sample, factory)
-    return space, faiss_index, factory, sample
-
-
-def _held_out(
-    faiss_index: Any,
-    space: SearchSpace,
-    held_raw: np.ndarray,
-    held: np.ndarray,
-    lp: np.ndarray | None,
-) -> mf.HeldOut:
-    """Where the held-out rows (numbers ``held``, raw vectors ``held_raw``) sit: log-densities
-    (``lp``: all rows' or None) and each one's best score to another row of the finished index."""
-    if not len(held):  # a small corpus: none held out, so queries are not judged
-        return mf.HeldOut(rows=0)
-    Z = space.project(np.asarray(held_raw), want_density=False)[0]
-    scores, rows = fx.search(faiss_index, Z, 2)
-    top = best_other_score(scores, rows, held)
-    return held_out_stats(None if lp is None else lp[held], top, len(held))
+def _encode_pass(enc: Any, plan: CorpusPlan, raw_path: Path, batch_size: int, st: Stages) -> None:
+    """Encode every row to float32, appended to ``raw_path`` (rows in corpus order)."""
+    with st.task("encoding", total=plan.rows) as advance, open(raw_path, "wb") as out:
+        for _ids, texts, _ in plan.batches(CHUNK_ROWS):
+            U = enc.encode(texts, batch_size=batch_size, progress=False)
+            out.write(np.ascontiguousarray(U, dtype=np.float32).tobytes())
+            advance(len(texts))
 
 
 def _build(
-    build: directory.VersionBuild,
+    writer: Writer,
     plan: CorpusPlan,
     enc: Any,
     st: Stages,
@@ -233,157 +184,61 @@ def _build(
     source: str | None,
     calibration: str,
     loaded: Any,
-    loaded_from: str | os.PathLike[str] | None,
+    loaded_from: Any,
     index_factory: str,
     batch_size: int,
     fit_sample: int,
     lexical: bool,
 ) -> mf.Manifest:
-    """Encode, calibrate, write and publish (under the writer lock); returns the manifest."""
-    tmp = build.path
-    work = tmp / "_work"
-    work.mkdir()
+    """Encode, calibrate, write the segment and publish (under the writer lock)."""
+    work = writer.stage()
     with st.timed("encode"):
         _encode_pass(enc, plan, work / "raw.f32", batch_size, st)
     raw = np.memmap(work / "raw.f32", dtype=np.float32, mode="r").reshape(plan.rows, enc.dim)
     with st.timed("fit"):
-        fit_idx, held_idx = _fit_rows(plan.rows, fit_sample)
-        U_fit = np.asarray(raw[fit_idx])
-        space, faiss_index, factory, sample = fit_space(
-            U_fit, enc, plan.rows, st, calibration, loaded, loaded_from, index_factory
+        fit_idx, held_idx = split_fit_rows(plan.rows, fit_sample)
+        space, index, factory = fit_space(
+            np.asarray(raw[fit_idx]),
+            enc,
+            plan.rows,
+            st,
+            calibration,
+            loaded,
+            loaded_from,
+            index_factory,
         )
-        del U_fit
-    with st.timed("write shards"):
-        lps: list[np.ndarray] = []
-        writer = store.ShardWriter(tmp)
+    builder = SegmentBuilder(
+        writer,
+        dim=space.dim,
+        n_rows=plan.rows,
+        requested=index_factory,
+        lexical=lexical,
+        strict_factory=True,
+        index=index,
+        factory=factory,
+    )
+    lps: list[np.ndarray] = []
+    with st.timed("write segment"), st.task("writing rows", total=plan.rows) as advance:
         row = 0
-        with st.task("writing shards", total=plan.rows) as advance:
-            for ids, texts, meta in plan.batches(CHUNK_ROWS):
-                U = np.asarray(raw[row : row + len(texts)])
-                Z, lp = space.project(U)
-                if lp is not None:
-                    lps.append(lp)
-                writer.write(store.shard_table(ids, texts, meta, Z, U))
-                fx.add(faiss_index, Z, factory)
-                row += len(texts)
-                advance(len(texts))
-        shards = writer.close()
-        space.calibrator.save(tmp / mf.CALIBRATOR_DIR)
+        for ids, texts, meta in plan.batches(CHUNK_ROWS):
+            U = np.asarray(raw[row : row + len(texts)])
+            Z, lp = space.project(U)
+            if lp is not None:
+                lps.append(lp)
+            builder.add(rows_table(ids, texts, meta, Z, U), Z)
+            row += len(texts)
+            advance(len(texts))
     held_raw = np.asarray(raw[held_idx])
     del raw
-    shutil.rmtree(work)
-    return finish_version(
-        build,
-        plan,
+    return finish_build(
+        writer,
+        builder,
+        space,
         enc,
-        st,
+        plan,
+        lps,
+        (held_idx, held_raw),
         source=source,
-        space=space,
-        faiss_index=faiss_index,
-        factory=factory,
         index_factory=index_factory,
-        sample=sample,
-        shards=shards,
-        lps=lps,
-        held=(held_idx, held_raw),
         lexical=lexical,
     )
-
-
-def finish_version(
-    build: directory.VersionBuild,
-    plan: CorpusPlan,
-    enc: Any,
-    st: Stages,
-    *,
-    source: str | None,
-    space: SearchSpace,
-    faiss_index: Any,
-    factory: str,
-    index_factory: str,
-    sample: np.ndarray,
-    shards: list[mf.Shard],
-    lps: list[np.ndarray],
-    held: tuple[np.ndarray, np.ndarray],
-    lexical: bool,
-) -> mf.Manifest:
-    """Tune and save the filled FAISS index, place the held-out rows, build BM25, write the
-    manifest and publish (shared by both engines: the shards and calibrator are already in
-    ``build.path``; ``lps`` are the rows' log-densities in row order, ``held`` the held-out
-    rows' numbers and raw vectors)."""
-    tmp = build.path
-    all_lp = np.concatenate(lps) if lps else None
-    held_out = _held_out(faiss_index, space, held[1], held[0], all_lp)
-    with st.timed("build index"), st.status("tuning the FAISS index"):
-        params = ""
-        if index_factory == "auto" and factory != "Flat":
-            reader = store.RowReader(tmp, shards)
-            try:
-                params, _ = fx.tune_search(
-                    faiss_index, sample, lambda: reader.column_chunks("vector")
-                )
-            finally:
-                reader.close()
-        fx.write_index(faiss_index, tmp / mf.FAISS_FILE)
-    lexical_spec = None
-    if lexical:
-        with st.timed("lexical"), st.status("building the BM25 index"):
-            lexical_spec = _build_lexical(tmp, shards)
-    manifest = mf.Manifest(
-        encoder=mf.EncoderSpec.from_description(enc.describe(), source),
-        dim=space.dim,
-        calibration=space.spec,
-        faiss=mf.FaissSpec(factory=factory, requested=index_factory, params=params),
-        columns=mf.Columns(
-            text=plan.text_column,
-            id=plan.id_column,
-            id_type=plan.id_type,
-            metadata=tuple(plan.metadata_columns),
-        ),
-        rows=int(plan.rows),
-        shards=tuple(shards),
-        lexical=lexical_spec,
-        density=density_stats(all_lp) if all_lp is not None else None,
-        held_out=held_out,
-        skipped=int(plan.skipped),
-        next_auto_id=int(plan.rows_in),
-        created=mf.utc_now(),
-        flowsearch_version=_version(),
-    )
-    return build.publish(manifest)
-
-
-def _build_lexical(root: Path, shards: list[mf.Shard] | tuple[mf.Shard, ...]) -> mf.LexicalSpec:
-    """Build the BM25 index of the texts in ``shards`` (all rows, in order) under
-    ``root/lexical``."""
-    from flowsearch.lexical.bm25 import LexicalIndex
-
-    reader = store.RowReader(root, shards)
-    try:
-        texts = (text for chunk in reader.column_chunks("text") for text in chunk)
-        lex = LexicalIndex.build(texts)
-    finally:
-        reader.close()
-    return lex.save_version(root)
-
-
-def _version() -> str:
-    from flowsearch import __version__
-
-    return __version__
-
-
-def summary(target: Path, manifest: mf.Manifest, st: Stages, **extra: Any) -> dict[str, Any]:
-    total = sum(st.seconds.values())
-    return {
-        "index": str(target),
-        "version": manifest.version,
-        "rows": manifest.live_rows,
-        "dim": manifest.dim,
-        "calibration": manifest.calibration.name,
-        "space": manifest.calibration.space,
-        "factory": manifest.faiss.factory,
-        "seconds": {**{k: round(v, 3) for k, v in st.seconds.items()}, "total": round(total, 3)},
-        "bytes": directory.size_on_disk(manifest.path(target)),
-        **extra,
-    }

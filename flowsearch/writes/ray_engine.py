@@ -11,21 +11,22 @@ expensive per-row steps spread over a Ray cluster:
    actors (``ActorPoolStrategy``: one per GPU when the cluster has GPUs, CPU actors otherwise;
    each builds its :class:`~flowsearch.encode.encoder.Encoder` once, and is restarted and its batch
    retried if its process dies) adds the raw vectors; the rows are written as Parquet to a scratch
-   directory inside the version being built (``_work/raw``).
+   directory the version writer staged.
 2. **Fit** (driver). The calibrator is fitted on the same seeded uniform sample of rows the
    local path takes (:func:`~flowsearch.space.fitting.fit_for_index`); only the sample's
    vectors are read, file by file.
 3. **Project** (Ray Data). Tasks map the raw vectors into the searched space
    (:class:`~flowsearch.space.search_space.SearchSpace`, the calibrator shipped to them as bytes)
-   and assemble shard rows (:func:`~flowsearch.storage.rows.shard_table`).
-4. **Write** (driver). Projected batches arrive in row order and are written to the shards and
-   (all but IVF-family indexes) added to the FAISS index batch by batch; the BM25 index, the
-   manifest, checksums and the atomic publish are the local path's own code.
-5. **IVF lists** (Ray tasks, IVF-family factories without a re-rank). One task per shard adds
-   the shard's vectors, with their global row numbers as ids, to a copy of the trained empty
-   index and writes it (:func:`flowsearch.ann.faiss_index.fill_part`); the driver merges the parts'
-   lists on disk into ``index.ivfdata`` beside ``index.faiss``
-   (:func:`flowsearch.ann.faiss_index.merge_on_disk`), which readers find in the version's own
+   and assemble rows (:func:`~flowsearch.storage.rows.rows_table`).
+4. **Write** (driver). Projected batches arrive in row order and go to the build's one segment
+   (:class:`~flowsearch.writes.segments.SegmentBuilder`: Parquet parts, and, for all but
+   IVF-family indexes, its vector index batch by batch); the postings, keys, manifest and the
+   atomic publish are the local path's own code (:mod:`flowsearch.writes.engine`).
+5. **IVF lists** (Ray tasks, IVF-family factories without a re-rank). One task per Parquet part
+   adds the part's vectors, with their rows as ids, to a copy of the trained empty index and
+   writes it (:func:`flowsearch.ann.ondisk.fill_part`); the driver merges the copies' lists on
+   disk into ``ann.ivfdata`` beside the segment's ``ann.faiss``
+   (:func:`flowsearch.ann.ondisk.merge_on_disk`), which readers find in the segment's own
    directory (``IO_FLAG_ONDISK_SAME_DIR``: the index directory stays relocatable); the manifest
    checksums it like every file.
 
@@ -57,14 +58,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flowsearch.ann import faiss_index as fx
+from flowsearch.ann import ondisk
 from flowsearch.errors import FlowsearchError
 from flowsearch.progress import Stages
+from flowsearch.space.reference import split_fit_rows
 from flowsearch.space.search_space import SearchSpace
-from flowsearch.storage import directory as directory
 from flowsearch.storage import manifest as mf
-from flowsearch.storage import rows as store
 from flowsearch.storage.corpus import CorpusPlan
+from flowsearch.storage.layout import ANN_DATA_FILE
+from flowsearch.storage.rows import rows_table, vector_column
+from flowsearch.storage.writer import Writer
+from flowsearch.writes.engine import CHUNK_ROWS, finish_build, fit_space
+from flowsearch.writes.segments import SegmentBuilder
 
 __all__ = ["LOCAL_CPUS", "EncoderActor", "build_on_ray", "builder", "ray_session"]
 
@@ -72,8 +77,6 @@ LOG = logging.getLogger(__name__)
 
 #: CPUs of the local Ray started when no address is given (join a bigger one with ``address``).
 LOCAL_CPUS = 2
-#: Rows per read block and per encoder-actor call (as the local path's chunks).
-CHUNK_ROWS = 2048
 # Internal columns: names no corpus column can take (metadata may not start with "__flowsearch").
 ROW = "__flowsearch_row"
 LOG_PROB = "__flowsearch_lp"
@@ -138,7 +141,7 @@ def builder(
     options: dict[str, Any],
     **extra: Any,
 ) -> Callable[..., mf.Manifest]:
-    """The Ray engine's stand-in for :func:`flowsearch.writes.build._build` (same arguments).
+    """The Ray engine's stand-in for the local build (same arguments).
 
     Args:
         address: the Ray cluster (None: a local one).
@@ -148,12 +151,10 @@ def builder(
         extra: more keyword arguments of :func:`build_on_ray` (``actors``, ``fault_marker``).
     """
 
-    def build(
-        build: directory.VersionBuild, plan: CorpusPlan, enc: Any, st: Stages, **kwargs: Any
-    ) -> mf.Manifest:
+    def build(writer: Writer, plan: CorpusPlan, enc: Any, st: Stages, **kwargs: Any) -> mf.Manifest:
         with ray_session(address) as ray, _data_context(ray):
             return build_on_ray(
-                ray, build, plan, enc, st, model=model, encoder_options=options, **kwargs, **extra
+                ray, writer, plan, enc, st, model=model, encoder_options=options, **kwargs, **extra
             )
 
     return build
@@ -231,7 +232,7 @@ class EncoderActor:
             os._exit(1)  # a crash mid-run, not an exception: Ray must restart the process
         texts = table.column("text").to_pylist()
         U = self.encoder.encode(texts, batch_size=self.batch_size, progress=False)
-        return table.append_column("raw", store.vector_column(U))
+        return table.append_column("raw", vector_column(U))
 
 
 def _actors(ray: Any, requested: int | None) -> tuple[int, dict[str, Any]]:
@@ -312,14 +313,14 @@ def _project(
     id_type: pa.DataType,
     metadata_schema: pa.Schema,
 ) -> pa.Table:
-    """Ray task: raw rows -> shard rows (:func:`store.shard_table`) plus key and log-density."""
+    """Ray task: raw rows -> segment rows (:func:`rows_table`) plus key and log-density."""
     space = _worker_space(calibrator, spec)
     U = _matrix(table.column("raw"))
     Z, lp = space.project(U)
     meta = table.select(metadata_schema.names).cast(metadata_schema)
     ids = table.column("id").combine_chunks().cast(id_type)
     texts = table.column("text").combine_chunks().cast(pa.string())
-    out = store.shard_table(ids, texts, meta, Z, U)
+    out = rows_table(ids, texts, meta, Z, U)
     out = out.append_column(ROW, table.column(ROW))
     values = pa.array(lp, pa.float64()) if lp is not None else pa.nulls(len(U), pa.float64())
     return out.append_column(LOG_PROB, values)
@@ -334,41 +335,139 @@ def _calibrator_bytes(cal: Any) -> dict[str, bytes]:
 # --- stage 3 for IVF indexes: per-shard inverted lists, merged on disk -----------------------
 
 
-def _fill_shard(trained: Any, shard_path: str, first_row: int, part: str) -> int:
-    """Ray task: a copy of the trained index filled with one shard's vectors (their global row
-    numbers as ids), written to ``part``."""
-    vectors = _matrix(pq.read_table(shard_path, columns=["vector"]).column("vector"))
-    return fx.fill_part(trained, vectors, first_row, Path(part))
+def _fill_shard(trained: Any, part_path: str, first_row: int, out: str) -> int:
+    """Ray task: a copy of the trained index filled with one Parquet part's vectors (their
+    local rows as ids), written to ``out``."""
+    vectors = _matrix(pq.read_table(part_path, columns=["vector"]).column("vector"))
+    return ondisk.fill_part(trained, vectors, first_row, Path(out))
 
 
-def _fill_on_ray(ray: Any, index: Any, root: Path, shards: list[mf.Shard]) -> Any:
-    """``index`` (trained, empty, IVF-family) filled with every shard's rows: one Ray task per
-    shard fills a copy, the driver merges their lists into ``root/index.ivfdata``
-    (:func:`flowsearch.ann.faiss_index.merge_on_disk`). The driver never holds the lists in RAM."""
+def _fill_on_ray(
+    ray: Any, index: Any, folder: Path, parts: tuple[mf.PartRecord, ...], scratch: Path
+) -> Any:
+    """``index`` (trained, empty, IVF-family) filled with every part's rows: one Ray task per
+    part fills a copy, the driver merges their lists into ``folder/ann.ivfdata``
+    (:func:`flowsearch.ann.ondisk.merge_on_disk`). The driver never holds the lists in RAM."""
     import faiss
 
-    folder = root / "_work" / "ivf"
-    folder.mkdir(parents=True)
+    work = scratch / "ivf"
+    work.mkdir(parents=True)
     trained = ray.put(faiss.serialize_index(index))
     task = ray.remote(num_cpus=1)(_fill_shard)
-    refs, parts, start = [], [], 0
-    for number, shard in enumerate(shards):
-        part = folder / f"part-{number:05d}.faiss"
-        refs.append(task.remote(trained, str(root / shard.path), start, str(part)))
-        parts.append(part)
-        start += shard.rows
+    refs, outs, start = [], [], 0
+    for number, part in enumerate(parts):
+        out = work / f"part-{number:05d}.faiss"
+        refs.append(task.remote(trained, str(folder / part.path), start, str(out)))
+        outs.append(out)
+        start += part.n_rows
     added = sum(ray.get(refs))
     if added != start:
         raise FlowsearchError(f"Ray filled the IVF lists with {added} rows of {start}; rerun")
-    return fx.merge_on_disk(index, parts, root / mf.IVF_DATA_FILE)
+    return ondisk.merge_on_disk(index, outs, folder / ANN_DATA_FILE)
 
 
 # --- the whole build -------------------------------------------------------------------------
 
 
+def _encode_on_ray(
+    ray: Any,
+    plan: CorpusPlan,
+    enc: Any,
+    raw_dir: Path,
+    *,
+    model: Any,
+    options: dict[str, Any],
+    batch_size: int,
+    actors: int | None,
+    fault_marker: str | None,
+) -> list[tuple[Path, int]]:
+    """Stage 1: read and encode every row on Ray into Parquet files in ``raw_dir``; returns
+    them in row order with their row counts."""
+    n_actors, resources = _actors(ray, actors)
+    plans = _file_plans(plan)
+    items = ray.data.from_items([{"file": i} for i in range(len(plans))])
+    rows = items.map_batches(_read_files, batch_size=1, fn_kwargs={"plans": plans}, num_cpus=0.5)
+    encoded = rows.map_batches(
+        EncoderActor,
+        batch_size=CHUNK_ROWS,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=n_actors),
+        fn_constructor_kwargs={
+            "model": None if model is None else str(model),
+            "pooling": enc.pooling,
+            "max_length": enc.max_length,
+            "options": options,
+            "batch_size": batch_size,
+            "threads": int(resources["num_cpus"]),
+            "fault_marker": fault_marker,
+        },
+        # Ray Data restarts a dead actor and retries its batch by default (max_restarts=-1,
+        # max_task_retries=-1 for actor pools), which is what a crashed encoder needs.
+        **resources,
+    )
+    encoded.write_parquet(str(raw_dir))
+    files = _ordered_files(raw_dir)
+    if files is None:  # key ranges interleave: sort once, then read in file order
+        LOG.info("raw vectors out of order; sorting them")
+        sorted_dir = raw_dir.with_name("sorted")
+        ray.data.read_parquet(str(raw_dir)).sort(ROW).write_parquet(str(sorted_dir))
+        shutil.rmtree(raw_dir)
+        files = _ordered_files(sorted_dir)
+        if files is None:
+            raise FlowsearchError("Ray returned the encoded rows out of order; please report")
+    found = sum(n for _, n in files)
+    if found != plan.rows:
+        raise FlowsearchError(f"Ray encoded {found} rows, the corpus has {plan.rows}; rerun")
+    return files
+
+
+def _project_on_ray(
+    ray: Any,
+    files: list[tuple[Path, int]],
+    space: SearchSpace,
+    plan: CorpusPlan,
+    builder: SegmentBuilder,
+    on_disk: bool,
+) -> list[np.ndarray]:
+    """Stage 2: project on Ray; the driver writes the rows in order to the segment (and adds
+    the vectors to its index unless IVF lists are filled on Ray). Returns the log-densities."""
+    id_type = pa.int64() if plan.id_type == "int" else pa.string()
+    projected = ray.data.read_parquet([str(p) for p, _ in files]).map_batches(
+        _project,
+        batch_size=CHUNK_ROWS,
+        batch_format="pyarrow",
+        fn_kwargs={
+            "calibrator": _calibrator_bytes(space.calibrator),
+            "spec": space.spec,
+            "id_type": id_type,
+            "metadata_schema": plan.metadata_schema,
+        },
+        num_cpus=1,
+    )
+    lps: list[np.ndarray] = []
+    last, written = -1, 0
+    for table in projected.iter_batches(batch_format="pyarrow", batch_size=None):
+        keys = table.column(ROW).to_numpy()
+        if len(keys) and (keys[0] <= last or np.any(np.diff(keys) <= 0)):
+            raise FlowsearchError("Ray returned the projected rows out of order; please report")
+        last = int(keys[-1]) if len(keys) else last
+        lp = table.column(LOG_PROB)
+        if len(lp) and lp.null_count == 0:  # a density model gave every row its value
+            lps.append(lp.to_numpy())
+        rows = table.drop_columns([ROW, LOG_PROB])
+        if on_disk:
+            builder.write_rows(rows)
+        else:
+            builder.add(rows, _matrix(rows.column("vector")))
+        written += rows.num_rows
+    if written != plan.rows:
+        raise FlowsearchError(f"Ray projected {written} rows, the corpus has {plan.rows}")
+    return lps
+
+
 def build_on_ray(
     ray: Any,
-    build: directory.VersionBuild,
+    writer: Writer,
     plan: CorpusPlan,
     enc: Any,
     st: Stages,
@@ -387,111 +486,61 @@ def build_on_ray(
     fault_marker: str | None = None,
 ) -> mf.Manifest:
     """Encode, calibrate, write and publish on a connected Ray (see the module docstring)."""
-    from flowsearch.space.reference import split_fit_rows
-    from flowsearch.writes.build import finish_version, fit_space
-
-    tmp = build.path
-    raw_dir = tmp / "_work" / "raw"
-    raw_dir.mkdir(parents=True)
-    n_actors, actor_resources = _actors(ray, actors)
-    with st.timed("encode"), st.status(f"encoding on Ray ({n_actors} encoder actors)"):
-        plans = _file_plans(plan)
-        items = ray.data.from_items([{"file": i} for i in range(len(plans))])
-        rows = items.map_batches(
-            _read_files, batch_size=1, fn_kwargs={"plans": plans}, num_cpus=0.5
+    scratch = writer.stage()
+    with st.timed("encode"), st.status("encoding on Ray"):
+        files = _encode_on_ray(
+            ray,
+            plan,
+            enc,
+            scratch / "raw",
+            model=model,
+            options=encoder_options,
+            batch_size=batch_size,
+            actors=actors,
+            fault_marker=fault_marker,
         )
-        encoded = rows.map_batches(
-            EncoderActor,
-            batch_size=CHUNK_ROWS,
-            batch_format="pyarrow",
-            compute=ray.data.ActorPoolStrategy(size=n_actors),
-            fn_constructor_kwargs={
-                "model": None if model is None else str(model),
-                "pooling": enc.pooling,
-                "max_length": enc.max_length,
-                "options": encoder_options,
-                "batch_size": batch_size,
-                "threads": int(actor_resources["num_cpus"]),
-                "fault_marker": fault_marker,
-            },
-            # Ray Data restarts a dead actor and retries its batch by default (max_restarts=-1,
-            # max_task_retries=-1 for actor pools), which is what a crashed encoder needs.
-            **actor_resources,
-        )
-        encoded.write_parquet(str(raw_dir))
-    files = _ordered_files(raw_dir)
-    if files is None:  # key ranges interleave: sort once, then read in file order
-        LOG.info("raw vectors out of order; sorting them")
-        sorted_dir = tmp / "_work" / "sorted"
-        ray.data.read_parquet(str(raw_dir)).sort(ROW).write_parquet(str(sorted_dir))
-        shutil.rmtree(raw_dir)
-        raw_dir = sorted_dir
-        files = _ordered_files(raw_dir)
-        if files is None:
-            raise FlowsearchError("Ray returned the encoded rows out of order; please report")
-    found = sum(n for _, n in files)
-    if found != plan.rows:
-        raise FlowsearchError(f"Ray encoded {found} rows, the corpus has {plan.rows}; rerun")
     with st.timed("fit"):
         fit_idx, held_idx = split_fit_rows(plan.rows, fit_sample)  # as the local path
-        U_fit = _read_rows(files, fit_idx)
-        space, faiss_index, factory, sample = fit_space(
-            U_fit, enc, plan.rows, st, calibration, loaded, loaded_from, index_factory
+        space, index, factory = fit_space(
+            _read_rows(files, fit_idx),
+            enc,
+            plan.rows,
+            st,
+            calibration,
+            loaded,
+            loaded_from,
+            index_factory,
         )
-        del U_fit
-    id_type = pa.int64() if plan.id_type == "int" else pa.string()
-    with st.timed("write shards"), st.status("projecting on Ray, writing shards"):
-        projected = ray.data.read_parquet([str(p) for p, _ in files]).map_batches(
-            _project,
-            batch_size=CHUNK_ROWS,
-            batch_format="pyarrow",
-            fn_kwargs={
-                "calibrator": _calibrator_bytes(space.calibrator),
-                "spec": space.spec,
-                "id_type": id_type,
-                "metadata_schema": plan.metadata_schema,
-            },
-            num_cpus=1,
-        )
-        writer = store.ShardWriter(tmp)
-        lps: list[np.ndarray] = []
-        last, written = -1, 0
-        on_disk = fx.mergeable(faiss_index)  # IVF: filled per shard on Ray, merged on disk
-        for table in projected.iter_batches(batch_format="pyarrow", batch_size=None):
-            keys = table.column(ROW).to_numpy()
-            if len(keys) and (keys[0] <= last or np.any(np.diff(keys) <= 0)):
-                raise FlowsearchError("Ray returned the projected rows out of order; please report")
-            last = int(keys[-1]) if len(keys) else last
-            lp = table.column(LOG_PROB)
-            if len(lp) and lp.null_count == 0:  # a density model gave every row its value
-                lps.append(lp.to_numpy())
-            shard = table.drop_columns([ROW, LOG_PROB])
-            writer.write(shard)
-            if not on_disk:
-                fx.add(faiss_index, _matrix(shard.column("vector")), factory)
-            written += shard.num_rows
-        shards = writer.close()
-        if written != plan.rows:
-            raise FlowsearchError(f"Ray projected {written} rows, the corpus has {plan.rows}")
-        space.calibrator.save(tmp / mf.CALIBRATOR_DIR)
+    builder = SegmentBuilder(
+        writer,
+        dim=space.dim,
+        n_rows=plan.rows,
+        requested=index_factory,
+        lexical=lexical,
+        strict_factory=True,
+        index=index,
+        factory=factory,
+    )
+    on_disk = ondisk.mergeable(index)  # IVF: filled per part on Ray, merged on disk
+    with st.timed("write segment"), st.status("projecting on Ray, writing the segment"):
+        lps = _project_on_ray(ray, files, space, plan, builder, on_disk)
     if on_disk:
         with st.timed("fill IVF"), st.status("filling IVF lists on Ray, merging them on disk"):
-            faiss_index = _fill_on_ray(ray, faiss_index, tmp, shards)
+            parts = builder.close_parts()
+            builder.use_index(
+                _fill_on_ray(ray, index, builder.stage, parts, scratch), data=ANN_DATA_FILE
+            )
     held_raw = _read_rows(files, held_idx)
-    shutil.rmtree(tmp / "_work")
-    return finish_version(
-        build,
-        plan,
+    shutil.rmtree(scratch)
+    return finish_build(
+        writer,
+        builder,
+        space,
         enc,
-        st,
+        plan,
+        lps,
+        (held_idx, held_raw),
         source=source,
-        space=space,
-        faiss_index=faiss_index,
-        factory=factory,
         index_factory=index_factory,
-        sample=sample,
-        shards=shards,
-        lps=lps,
-        held=(held_idx, held_raw),
         lexical=lexical,
     )

@@ -1,76 +1,55 @@
-r"""Growing an index under its frozen encoder and calibrator: :func:`add_to_index`, :func:`upsert`.
+r"""Growing an index under its frozen encoder and calibrator: upsert and add.
 
-New rows are encoded by the index's own encoder, projected by its own calibrator (never refitted
-here: :func:`~flowsearch.writes.rewrite.recalibrate` does that), written to new shards and added to
-the FAISS and BM25 indexes; the old shards and calibrator are linked into the new version, which is
-published atomically (:mod:`flowsearch.storage.directory`). An upsert's replaced rows are
-tombstoned.
+A write of new rows costs what it writes: the rows are encoded by the index's own encoder
+(reused when the caller holds one, as the server does), projected by its own calibrator (never
+refitted here: :func:`~flowsearch.writes.recalibrate.recalibrate` does that) and written as one
+new segment (:class:`~flowsearch.writes.segments.SegmentBuilder`); an upsert's replaced rows
+are found through the segments' id keys and get deletion files. Nothing else is read or
+rewritten, but for the merges the size-tiered policy asks of small segments
+(:mod:`flowsearch.writes.merge`). The version is published atomically by the version writer.
 
-Drift: the new rows are scored under the index's flow and compared with the corpus
-(:func:`flowsearch.space.reference.drift_report`); far-off rows log a warning to recalibrate.
+Records are checked against the index's schema before anything is written: a value that
+cannot be cast losslessly to its column's type is refused naming the id, the column, the
+expected and the given type; a new column is added (null for older rows).
+
+Drift: the new rows are compared with the corpus's reference
+(:func:`flowsearch.space.reference.drift_report`).
 
 Example:
-    >>> add_to_index("more.parquet", "my_index")["drift"]["gap_std"]  # doctest: +SKIP
+    >>> upsert("my_index", [{"id": "doc-1", "text": "new text"}]).n_inserted  # doctest: +SKIP
+    1
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import replace
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
-from flowsearch.ann import faiss_index as fx
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import BadInput
 from flowsearch.progress import Stages
-from flowsearch.space.reference import DRIFT_WARN_STD, drift_report, reliable
+from flowsearch.space.reference import drift_report, reliable
 from flowsearch.space.search_space import SearchSpace
-from flowsearch.storage import directory as directory
 from flowsearch.storage import manifest as mf
-from flowsearch.storage import rows as store
+from flowsearch.storage import schema as schema_mod
 from flowsearch.storage.corpus import CorpusPlan, scan_corpus
-from flowsearch.writes.build import CHUNK_ROWS, summary
+from flowsearch.storage.lookup import find_live
+from flowsearch.storage.rows import rows_table
+from flowsearch.storage.verify import verify
+from flowsearch.storage.writer import Writer, open_writer
+from flowsearch.writes.engine import CHUNK_ROWS
+from flowsearch.writes.merge import merge, plan_merges
+from flowsearch.writes.results import WriteResult, result_of
+from flowsearch.writes.segments import SegmentBuilder
 
 __all__ = ["add_to_index", "upsert"]
 
 LOG = logging.getLogger(__name__)
-
-
-def add_to_index(
-    corpus: Any,
-    index_dir: str | os.PathLike[str],
-    text_column: str | None = None,
-    id_column: str | None = None,
-    batch_size: int = 64,
-    strict: bool = False,
-    model: str | os.PathLike[str] | None = None,
-) -> dict[str, Any]:
-    r"""Append a corpus to an existing index under its frozen encoder and calibrator.
-
-    New rows go to new shards, the FAISS and BM25 indexes grow (trained indexes keep their
-    training), and the result is published as a new version, atomically like
-    :func:`build_index`. Columns default to the ones the index was built with.
-
-    Args:
-        corpus: a corpus file, a directory of them, a glob, a ``pa.Table`` or a list of dicts.
-        index_dir: the index directory.
-        text_column: default: the index's.
-        id_column: default: the index's.
-        batch_size: texts per encoder forward pass.
-        strict: refuse null or blank texts instead of skipping them.
-        model: where the index's model directory is now, if it has moved.
-
-    Returns:
-        A summary, with ``"drift"`` (see :func:`~flowsearch.space.reference.drift_report`; None
-        without a flow).
-
-    Raises:
-        FlowsearchError: bad input, ids already in the index, or an index that fails to verify.
-    """
-    return _write("add", corpus, index_dir, text_column, id_column, batch_size, strict, model)
 
 
 def upsert(
@@ -81,179 +60,274 @@ def upsert(
     batch_size: int = 64,
     strict: bool = False,
     model: str | os.PathLike[str] | None = None,
-) -> dict[str, Any]:
+    *,
+    encoder: Any = None,
+    wait: float | None = None,
+    merge_segments: bool = True,
+) -> WriteResult:
     r"""Insert new ids and replace existing ones, under the index's frozen encoder and calibrator.
 
-    A replaced row is re-encoded and appended; its old row is deleted (never returned again,
-    dropped by :func:`~flowsearch.writes.rewrite.compact`). Published atomically like
-    :func:`add_to_index`, with the same drift report.
+    A replaced row is re-encoded and written to the new segment; its old row is deleted (never
+    returned again; dropped when its segment is merged or compacted). An id may appear once per
+    call (a batch naming an id twice is refused).
 
     Args:
         index_dir: the index directory.
         corpus: a corpus file, a directory of them, a glob, a ``pa.Table`` or a list of dicts
-            (records with the index's id and text columns).
+            (records with the index's id and text columns, and any metadata).
         text_column: default: the index's.
         id_column: default: the index's.
         batch_size: texts per encoder forward pass.
         strict: refuse null or blank texts instead of skipping them.
         model: where the index's model directory is now, if it has moved.
+        encoder: a loaded Encoder to reuse (must match the index's).
+        wait: seconds to wait for another writer (None: refuse at once).
+        merge_segments: let the write merge small segments (the size-tiered policy).
 
     Returns:
-        A summary with ``"upserted"`` (rows written), ``"inserted"``, ``"replaced"`` and
-        ``"drift"``.
+        A :class:`WriteResult` with ``n_written``, ``n_inserted``, ``n_replaced`` and ``drift``.
 
     Raises:
-        FlowsearchError: bad input (duplicate ids in the batch, a missing column, ...).
+        FlowsearchError: bad input (a type conflict, a repeated id, a missing column, ...);
+            nothing is written.
     """
-    return _write("upsert", corpus, index_dir, text_column, id_column, batch_size, strict, model)
+    return _write(
+        "upsert",
+        index_dir,
+        corpus,
+        text_column,
+        id_column,
+        batch_size,
+        strict,
+        model,
+        encoder,
+        wait,
+        merge_segments,
+    )
+
+
+def add_to_index(
+    index_dir: str | os.PathLike[str],
+    corpus: Any,
+    text_column: str | None = None,
+    id_column: str | None = None,
+    batch_size: int = 64,
+    strict: bool = False,
+    model: str | os.PathLike[str] | None = None,
+    *,
+    encoder: Any = None,
+    wait: float | None = None,
+    merge_segments: bool = True,
+) -> WriteResult:
+    r"""Append rows whose ids are new (an id already in the index is refused: use
+    :func:`upsert` to replace). Same arguments and result as :func:`upsert`.
+
+    The second release took ``add_to_index(corpus, index_dir)``: that order still works (the
+    argument that is an index directory is taken as the index) with a DeprecationWarning.
+    """
+    index_dir, corpus = _index_first(index_dir, corpus)
+    return _write(
+        "add",
+        index_dir,
+        corpus,
+        text_column,
+        id_column,
+        batch_size,
+        strict,
+        model,
+        encoder,
+        wait,
+        merge_segments,
+    )
+
+
+def _index_first(first: Any, second: Any) -> tuple[Any, Any]:
+    if (
+        not mf.is_index_dir(first)
+        and isinstance(second, (str, os.PathLike))
+        and (mf.is_index_dir(second))
+    ):
+        warnings.warn(
+            "add_to_index(corpus, index_dir) is deprecated; call add_to_index(index_dir, corpus)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return second, first
+    return first, second
 
 
 def _write(
     kind: str,
+    index_dir: Any,
     corpus: Any,
-    index_dir: str | os.PathLike[str],
     text_column: str | None,
     id_column: str | None,
     batch_size: int,
     strict: bool,
-    model: str | os.PathLike[str] | None,
-) -> dict[str, Any]:
-    if batch_size < 1:
-        raise FlowsearchError(f"batch_size must be >= 1, got {batch_size}")
+    model: Any,
+    encoder: Any,
+    wait: float | None,
+    merge_segments: bool,
+) -> WriteResult:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise BadInput(
+            f"batch_size must be an integer >= 1, got {batch_size!r}", param="batch_size"
+        )
     target = Path(index_dir).expanduser()
     st = Stages()
-    with directory.write_version(target) as build, st.live():
-        manifest, plan, drift, replaced = _append(
-            build, kind, corpus, st, text_column, id_column, batch_size, strict, model
-        )
-    if drift and drift["warn"]:
-        LOG.warning(
-            "new rows look out of distribution: mean log-density %.1f vs corpus %.1f "
-            "(%.1f corpus std below, threshold %.1f); refit the calibrator (recalibrate)",
-            drift["mean_log_prob"],
-            drift["corpus_mean_log_prob"],
-            drift["gap_std"],
-            DRIFT_WARN_STD,
-        )
-    extra: dict[str, Any] = {"added": plan.rows}
-    if kind == "upsert":
-        extra = {"upserted": plan.rows, "inserted": plan.rows - replaced, "replaced": replaced}
-    return summary(target, manifest, st, skipped=plan.skipped, drift=drift, **extra)
+    with open_writer(target, wait=wait) as writer, st.live():
+        base = writer.base
+        assert base is not None
+        verify(target, base)
+        with st.timed("scan"):
+            plan = _plan(kind, base, corpus, text_column, id_column, strict)
+            replaced = _replaced(writer, plan, kind)
+        with st.timed("load model"):
+            space = SearchSpace.open(target, base, encoder, model=model)
+        record, lps = _write_segment(writer, base, plan, space, batch_size, st)
+        for name, rows in replaced.items():
+            writer.delete_rows(name, rows)
+        new_schema = schema_mod.merged(base.schema_, plan.metadata_schema)
+        merged = _merge(writer, base, new_schema) if merge_segments else 0
+        drift = _drift(base, lps)
+        n_replaced = int(sum(len(r) for r in replaced.values()))
+        changes: dict[str, Any] = {
+            "skipped": base.skipped + plan.skipped,
+            "next_auto_id": plan.auto_id_start + plan.rows_in,
+            "schema_": new_schema,
+        }
+        if model is not None:  # the model moved: remember where it is now
+            source = str(space.encoder.model_id)
+            changes["encoder"] = base.encoder.model_copy(update={"source": source})
+        detail = {
+            "segment": record.name,
+            "inserted": plan.rows - n_replaced,
+            "replaced": n_replaced,
+            "merged": merged,
+            "drift": drift,
+        }
+        manifest = writer.publish(kind=kind, n_rows=plan.rows, detail=detail, **changes)
+    if drift and drift.get("warn"):
+        LOG.warning("the new rows look unlike the corpus; refit the calibrator (recalibrate)")
+    return result_of(
+        kind,
+        target,
+        manifest,
+        st,
+        n_written=plan.rows,
+        n_inserted=plan.rows - n_replaced,
+        n_replaced=n_replaced,
+        n_skipped=plan.skipped,
+        merged=merged,
+        drift=drift,
+        factory=record.ann.factory,
+    )
 
 
-def _append(
-    build: directory.VersionBuild,
+def _plan(
     kind: str,
+    base: mf.Manifest,
     corpus: Any,
-    st: Stages,
     text_column: str | None,
     id_column: str | None,
-    batch_size: int,
     strict: bool,
-    model: str | os.PathLike[str] | None,
-) -> tuple[mf.Manifest, CorpusPlan, dict[str, Any] | None, int]:
-    """Append (``add``) or upsert under the writer lock: (manifest, plan, drift, replaced)."""
-    import pyarrow as pa
-
-    base = build.base
-    assert base is not None
-    index_dir = build.index_dir
-    directory.verify(index_dir, base)
+) -> CorpusPlan:
     cols = base.columns
-    text_column = text_column or cols.text
-    id_column = id_column or cols.id
-    with st.timed("scan"):
-        ids, deleted = store.live_ids(index_dir, base)
-        alive = [i for n, i in enumerate(ids) if deleted is None or not deleted[n]]
-        plan = scan_corpus(
-            corpus,
-            text_column,
-            id_column,
-            strict=strict,
-            existing_ids=pa.array(alive) if id_column is not None else None,
-            on_existing="replace" if kind == "upsert" else "refuse",
-            auto_id_start=base.next_auto_id,
+    plan = scan_corpus(
+        corpus,
+        text_column or cols.text,
+        id_column or cols.id,
+        strict=strict,
+        auto_id_start=base.next_auto_id,
+        schema=base.schema_,
+        id_type=cols.id_type,
+    )
+    if plan.id_column is None and cols.id is not None:
+        raise BadInput(
+            f"the index has ids from column {cols.id!r}, the corpus has no such column",
+            "add the column, or pass {id_column=...}",
+            param="id_column",
         )
-        if plan.id_column is None and cols.id is not None:
-            raise FlowsearchError(
-                f"the index has ids from column {cols.id!r}, the corpus has no such column; "
-                "pass id_column"
-            )
-    replaced_rows = np.zeros(0, dtype=np.int64)
-    if len(plan.replaced_ids):
-        gone = set(plan.replaced_ids.to_pylist())
-        replaced_rows = np.array(
-            [n for n, i in enumerate(ids) if i in gone and (deleted is None or not deleted[n])],
-            dtype=np.int64,
+    return plan
+
+
+def _plan_ids(plan: CorpusPlan) -> pa.Array | None:
+    if plan.id_column is None:
+        return None
+    chunks = [ids for ids, _, _ in plan.batches(65_536)]
+    return pa.chunked_array(chunks).combine_chunks() if chunks else None
+
+
+def _replaced(writer: Writer, plan: CorpusPlan, kind: str) -> dict[str, np.ndarray]:
+    """Per segment, the live local rows this write replaces (``add``: refused instead)."""
+    ids = _plan_ids(plan)
+    if ids is None or not len(ids):
+        return {}
+    found = find_live(writer.segments, writer.segment_path, ids)
+    if found and kind == "add":
+        example = ids[found[0][0]].as_py()
+        raise BadInput(
+            f"{len(found)} id(s) are already in the index (e.g. {example!r})",
+            "remove them from the corpus, or upsert them to replace those rows",
         )
-    with st.timed("load model"):
-        space = SearchSpace.open(index_dir, base, model=model)
-    build.link(mf.CALIBRATOR_DIR)
-    for shard in base.shards:
-        build.link(shard.path)
-    faiss_index = fx.read_index(base.path(index_dir, mf.FAISS_FILE), base.faiss.params)
-    writer = store.ShardWriter(build.path, first_part=len(base.shards))
+    out: dict[str, list[int]] = {}
+    for _, name, row in found:
+        out.setdefault(name, []).append(row)
+    return {name: np.array(sorted(rows), dtype=np.int64) for name, rows in out.items()}
+
+
+def _write_segment(
+    writer: Writer,
+    base: mf.Manifest,
+    plan: CorpusPlan,
+    space: SearchSpace,
+    batch_size: int,
+    st: Stages,
+) -> tuple[mf.SegmentRecord, list[np.ndarray]]:
+    """Encode, project and write the new rows as one segment."""
+    builder = SegmentBuilder(
+        writer,
+        dim=base.dim,
+        n_rows=plan.rows,
+        requested=base.ann_requested,
+        lexical=base.lexical is not None,
+    )
     lps: list[np.ndarray] = []
-    new_texts: list[str] = []
-    with st.timed("encode+write"), st.task(f"{kind}ing", total=plan.rows) as advance:
-        for batch_ids, texts, meta in plan.batches(CHUNK_ROWS):
+    with st.timed("encode+write"), st.task("writing rows", total=plan.rows) as advance:
+        for ids, texts, meta in plan.batches(CHUNK_ROWS):
             U = space.encoder.encode(texts, batch_size=batch_size, progress=False)
             Z, lp = space.project(U)
             if lp is not None:
                 lps.append(lp)
-            writer.write(store.shard_table(batch_ids, texts, meta, Z, U))
-            fx.add(faiss_index, Z, base.faiss.factory)
-            if base.lexical is not None:
-                new_texts.extend(texts)
+            builder.add(rows_table(ids, texts, meta, Z, U), Z)
             advance(len(texts))
-    with st.timed("write index"):
-        fx.write_index(faiss_index, build.path / mf.FAISS_FILE)
-    new_shards = writer.close()
-    lexical = base.lexical
-    if base.lexical is not None:
-        with st.timed("lexical"):
-            lexical = _grow_lexical(build, base, new_texts, replaced_rows)
-    tombstones, n_deleted = base.tombstones, base.deleted
-    if len(replaced_rows):
-        tombstones, n_deleted = store.write_deleted(build.path, deleted, replaced_rows)
-    elif base.tombstones is not None:
-        build.link(base.tombstones)
-    drift = None
-    # judged against rows the flow did not see when the index has them
-    reference = base.held_out.density if base.held_out and base.held_out.density else base.density
-    if lps and reference is not None:
-        ok = reliable(base.calibration.fit_rows, base.dim)
-        drift = drift_report(np.concatenate(lps), reference, ok)
-    detail = {"replaced": int(len(replaced_rows))} if kind == "upsert" else {}
-    record = mf.WriteRecord(
-        kind=kind, time=mf.utc_now(), rows=plan.rows, drift=drift, detail=detail
-    )
-    manifest = mf.with_history(
-        base,
-        record,
-        shards=(*base.shards, *new_shards),
-        rows=base.rows + plan.rows,
-        skipped=base.skipped + plan.skipped,
-        next_auto_id=plan.auto_id_start + plan.rows_in,
-        lexical=lexical,
-        tombstones=tombstones,
-        deleted=n_deleted,
-    )
-    if model is not None:  # the model moved: remember where it is now
-        encoder = replace(base.encoder, source=str(space.encoder.model_id))
-        manifest = replace(manifest, encoder=encoder)
-    return build.publish(manifest), plan, drift, int(len(replaced_rows))
+    with st.timed("index"):
+        record = builder.finish()
+    return record, lps
 
 
-def _grow_lexical(
-    build: directory.VersionBuild, base: mf.Manifest, texts: list[str], dead: np.ndarray
-) -> mf.LexicalSpec:
-    """The BM25 index of ``base`` with ``texts`` appended and rows ``dead`` deleted."""
-    from flowsearch.lexical.bm25 import LexicalIndex
+def _merge(writer: Writer, base: mf.Manifest, schema: tuple[mf.SchemaColumn, ...]) -> int:
+    """Run the size-tiered policy on small segments; returns how many segments it merged."""
+    from flowsearch.settings import current
 
-    assert base.lexical is not None
-    lex = LexicalIndex.load(base.path(build.index_dir, base.lexical.path))
-    lex.add(texts)
-    if len(dead):
-        lex.delete(dead)
-    return lex.save_version(build.path)
+    merged = 0
+    for names in plan_merges(writer.segments, max_rows=current().write_merge_max_rows):
+        merge(
+            writer,
+            names,
+            dim=base.dim,
+            requested=base.ann_requested,
+            lexical=base.lexical is not None,
+            schema=schema,
+        )
+        merged += len(names)
+    return merged
+
+
+def _drift(base: mf.Manifest, lps: list[np.ndarray]) -> dict[str, Any] | None:
+    held = base.held_out
+    reference = held.density if held and held.density else base.density
+    if not lps or reference is None:
+        return None
+    ok = reliable(base.calibration.fit_rows, base.dim)
+    return drift_report(np.concatenate(lps), reference, ok)

@@ -1,0 +1,319 @@
+r"""Building a vector index: train on a sample, add chunk by chunk, tune the search knob.
+
+Building streams: train on a sample, then add vectors chunk by chunk, so memory does not grow
+with the segment beyond the index itself. ``auto``'s approximate indexes are then tuned: the
+search knob (HNSW ``efSearch``, IVF ``nprobe``, a re-rank's ``k_factor``) is raised until
+recall@10 against exact search reaches ``Settings.target_recall`` on probe queries drawn near
+the segment's own vectors (:func:`probe_queries`, :func:`tune_search`).
+
+Example:
+    >>> x = np.eye(4, dtype=np.float32)
+    >>> index, factory, params = build(x, "auto")
+    >>> factory, index.search(x[:1], 2)[1].tolist()
+    ('Flat', [[0, 1]])
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import faiss
+import numpy as np
+
+from flowsearch.ann.factory import auto_factory, new_index, reason
+from flowsearch.errors import BadInput
+from flowsearch.settings import current
+
+__all__ = [
+    "add",
+    "as_f32",
+    "build",
+    "exact_knn",
+    "probe_queries",
+    "recall_at_k",
+    "search_knob",
+    "train",
+    "training_sample",
+    "tune_search",
+]
+
+LOG = logging.getLogger(__name__)
+
+
+def as_f32(x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"expected a 2-D array of vectors, got shape {x.shape}")
+    return x
+
+
+def _add(index: faiss.Index, vectors: np.ndarray, factory: str) -> None:
+    try:
+        index.add(vectors)
+    except RuntimeError as exc:
+        raise BadInput(
+            f"FAISS cannot add vectors to index {factory!r} ({reason(exc)}); "
+            "use 'auto', 'Flat' or an IVF/HNSW factory (ids are assigned by flowsearch)"
+        ) from None
+
+
+def training_sample(
+    index: faiss.Index,
+    rows: np.ndarray,
+    project: Callable[..., tuple[np.ndarray, Any]],
+    *,
+    max_rows: int = 262_144,
+    probe_rows: int = 4_096,
+    seed: int = 0,
+) -> np.ndarray:
+    """The vectors an index is trained and tuned on: ``project(rows)`` for at most ``max_rows``
+    of ``rows`` (float (m, d) raw vectors) when the index needs training, else for only
+    ``probe_rows`` of them (the tuning queries are drawn from these): projecting a whole fit
+    sample at once costs several copies of it in memory, for nothing when nothing is trained.
+    """
+    keep = max_rows if not index.is_trained else probe_rows
+    if len(rows) > keep:
+        pick = np.random.default_rng(seed).choice(len(rows), size=keep, replace=False)
+        rows = rows[np.sort(pick)]
+    return project(rows, want_density=False)[0]
+
+
+def train(
+    index: faiss.Index, sample: np.ndarray, factory: str, *, max_rows: int = 262_144, seed: int = 0
+) -> None:
+    """Train ``index`` (if it needs training) on at most ``max_rows`` of ``sample`` (float32
+    (m, d), a uniform sample of the vectors to come).
+
+    IVF indexes train on at most ``Settings.ivf_train_per_list`` rows per list (10,000 at
+    least, for a PQ's 256 centroids per sub-quantizer) for ``Settings.ivf_train_iterations``
+    k-means iterations: at 1M rows FAISS's defaults (256 rows per list, 25 iterations) did not
+    finish in 6 CPU-minutes.
+    The PQ's k-means (256 centroids per sub-quantizer) gets the same bounds: at most 16,384
+    residuals, 10 iterations. IVF-PQ skips FAISS's polysemous training (re-ordering the PQ codes
+    for Hamming-distance filtering, which flowsearch never turns on): on 8,000 rows it made
+    training 10x slower.
+
+    Raises:
+        BadInput: FAISS cannot train this factory on so few rows.
+    """
+    if index.is_trained:
+        return
+    sample = as_f32(sample)
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:  # k-means costs rows x lists x dim per iteration: bound both factors
+        max_rows = min(max_rows, max(current().ivf_train_per_list * int(ivf.nlist), 10_000))
+        ivf.cp.niter = current().ivf_train_iterations
+        ivfpq: Any = faiss.downcast_index(ivf)
+        if isinstance(ivfpq, faiss.IndexIVFPQ):
+            # FAISS's default; nothing here searches with it, and it was 90% of training time
+            ivfpq.do_polysemous_training = False  # type: ignore[attr-defined]
+            ivfpq.pq.cp.niter = (
+                current().ivf_train_iterations
+            )  # the PQ's k-means: 256 centroids per
+            ivfpq.pq.cp.max_points_per_centroid = current().ivf_train_per_list  # sub-quantizer
+    if len(sample) > max_rows:
+        rng = np.random.default_rng(seed)
+        sample = sample[np.sort(rng.choice(len(sample), size=max_rows, replace=False))]
+    try:
+        index.train(sample)
+    except RuntimeError as exc:
+        raise BadInput(
+            f"cannot train FAISS index {factory!r} on {len(sample)} rows ({reason(exc)}); "
+            "use a smaller factory (e.g. fewer IVF lists) or 'auto'"
+        ) from None
+
+
+def add(index: faiss.Index, vectors: np.ndarray, factory: str | None = None) -> None:
+    """Append vectors (float32 (n, d)); their ids continue from ``index.ntotal``."""
+    _add(index, as_f32(vectors), factory or type(index).__name__)
+
+
+def build(
+    vectors: np.ndarray,
+    factory: str = "auto",
+    *,
+    flat_max_rows: int | None = None,
+    graph_max_rows: int | None = None,
+    target_recall: float | None = None,
+    chunk_rows: int = 65_536,
+) -> tuple[faiss.Index, str, str]:
+    """An index over vectors already in memory (float32 (n, d), unit rows), built the way ingest
+    streams it: train on a sample, add chunk by chunk, tune ``auto``'s search parameter.
+
+    Returns ``(index, resolved factory, params)``; ``params`` as :func:`tune_search` gives it
+    (``""`` unless ``factory`` is ``auto`` and approximate).
+    """
+    vectors = as_f32(vectors)
+    resolved = factory
+    if factory == "auto":
+        resolved = auto_factory(
+            len(vectors), flat_max_rows, graph_max_rows=graph_max_rows, dim=vectors.shape[1]
+        )
+    index = new_index(vectors.shape[1], resolved)
+    train(index, vectors, resolved)
+    for start in range(0, len(vectors), chunk_rows):
+        add(index, vectors[start : start + chunk_rows], resolved)
+    params = ""
+    if factory == "auto":
+        chunks = lambda: (vectors[i : i + chunk_rows] for i in range(0, len(vectors), chunk_rows))  # noqa: E731
+        params, _ = tune_search(index, vectors, chunks, target=target_recall)
+    return index, resolved, params
+
+
+def recall_at_k(found: np.ndarray, truth: np.ndarray, k: int = 10) -> float:
+    """Mean share of each row of ``truth[:, :k]`` found in ``found[:, :k]`` (int64 (q, >=k))."""
+    hits = [
+        len(set(f[:k].tolist()) & set(t[:k].tolist())) for f, t in zip(found, truth, strict=True)
+    ]
+    return float(np.mean(hits) / k) if hits else 1.0
+
+
+def exact_knn(
+    queries: np.ndarray, chunks: Iterable[np.ndarray], k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k by inner product over vectors given chunk by chunk (rows numbered in order):
+    ``(scores float32 (q, k), rows int64 (q, k))``. Memory is one chunk plus the results."""
+    queries = as_f32(queries)
+    heap = faiss.ResultHeap(len(queries), k, keep_max=True)
+    start = 0
+    for chunk in chunks:
+        chunk = as_f32(chunk)
+        if not len(chunk):
+            continue
+        scores, rows = faiss.knn(
+            queries, chunk, min(k, len(chunk)), metric=faiss.METRIC_INNER_PRODUCT
+        )
+        heap.add_result(scores, np.where(rows >= 0, rows + start, -1))
+        start += len(chunk)
+    heap.finalize()
+    return heap.D, heap.I
+
+
+def probe_queries(
+    sample: np.ndarray, n_queries: int = 256, noise: float | None = None, seed: int = 0
+) -> np.ndarray:
+    """Tuning queries: a seeded sample of ``sample``'s rows (unit vectors) moved by Gaussian
+    noise of norm about ``noise``, re-normalised: float32 (min(n_queries, m), d).
+
+    A query near the data but not one of its points has its neighbours spread over several IVF
+    lists (or HNSW regions), as a real query's are; ``noise`` sets how far from the data, and
+    ``Settings.query_noise`` is chosen so the recall these queries see matches real queries'.
+    """
+    sample = as_f32(sample)
+    noise = current().query_noise if noise is None else noise
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(len(sample), size=min(n_queries, len(sample)), replace=False)
+    scale = noise / math.sqrt(sample.shape[1])
+    queries = (sample[pick] + rng.normal(scale=scale, size=(len(pick), sample.shape[1]))).astype(
+        np.float32
+    )
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True) + 1e-12
+    return queries
+
+
+def search_knob(index: faiss.Index) -> tuple[str, int] | None:
+    """The search-time parameter that trades recall for speed, with its largest useful value:
+    ``("nprobe", nlist)`` for IVF, ``("efSearch", Settings.max_ef_search)`` for HNSW, None for
+    exact indexes."""
+    try:
+        return "nprobe", int(faiss.extract_index_ivf(index).nlist)
+    except RuntimeError:
+        pass
+    if isinstance(faiss.downcast_index(index), faiss.IndexHNSW):
+        return "efSearch", current().max_ef_search
+    return None
+
+
+def _set_knob(index: faiss.Index, name: str, value: int) -> None:
+    if name == "nprobe":
+        faiss.extract_index_ivf(index).nprobe = value
+    elif name == "k_factor_rf":
+        faiss.downcast_index(index).k_factor = value  # type: ignore[attr-defined]
+    else:
+        faiss.downcast_index(index).hnsw.efSearch = value  # type: ignore[attr-defined]
+
+
+def _smallest(
+    index: faiss.Index,
+    name: str,
+    first: int,
+    largest: int,
+    queries: np.ndarray,
+    truth: np.ndarray,
+    target: float,
+    k: int,
+) -> tuple[int, float]:
+    """The smallest power-of-two multiple of ``first`` for knob ``name`` whose recall@k reaches
+    ``target`` (``largest`` and its recall when none does); the knob is left set to it."""
+    value = first
+    while True:
+        _set_knob(index, name, value)
+        _, found = index.search(queries, k)
+        recall = recall_at_k(found, truth, k)
+        if recall >= target or value >= largest:
+            return value, recall
+        value = min(value * 2, largest)
+
+
+def tune_search(
+    index: faiss.Index,
+    sample: np.ndarray,
+    chunks: Callable[[], Iterable[np.ndarray]],
+    target: float | None = None,
+    k: int = 10,
+    n_queries: int = 256,
+    seed: int = 0,
+    noise: float | None = None,
+) -> tuple[str, float]:
+    """Set the smallest power-of-two ``nprobe`` (IVF) or ``efSearch`` (HNSW, from 16) whose
+    recall@k against exact search reaches ``target`` on :func:`probe_queries` of ``sample``.
+
+    An index with an exact re-rank (:func:`refined`) has a second knob, the re-rank depth
+    ``k_factor``: ``nprobe`` is chosen with the deepest re-rank (``Settings.max_k_factor``), then
+    twice the smallest ``k_factor`` that still reaches the target at that ``nprobe``; the target
+    is raised for it (``Settings.rerank_miss_share``: probe queries flatter IVF-PQ). Twice: at
+    1M rows and the ``nprobe`` tuning picks, re-ranking 4x more candidates cost 4% of the QPS
+    (scanning the lists dominates) and is where real queries' recall kept rising.
+
+    Returns ``(params, recall)``: the parameter string to store (``"nprobe=32"``,
+    ``"efSearch=64"``, ``"nprobe=64,k_factor_rf=16"``, ``""`` for an exact index) and the recall
+    reached (the largest value's when none reaches ``target``).
+
+    Args:
+        index: a trained, filled index.
+        sample: float32 (m, d), some of the indexed vectors (to draw queries near).
+        chunks: returns an iterator over all the vectors added to ``index``, in order (for the
+            exact answers, computed chunk by chunk).
+        target: recall@k to reach.
+        k: neighbours compared.
+        n_queries: size of the query sample.
+        seed: sampling seed.
+        noise: norm of the noise that moves each query off its row.
+    """
+    knob = search_knob(index)
+    target = current().target_recall if target is None else target
+    if knob is None:
+        return "", 1.0
+    name, largest = knob
+    queries = probe_queries(sample, n_queries, noise=noise, seed=seed)
+    _, truth = exact_knn(queries, chunks(), k)
+    rerank = isinstance(faiss.downcast_index(index), faiss.IndexRefine)
+    if rerank:
+        _set_knob(index, "k_factor_rf", current().max_k_factor)
+        target = 1.0 - (1.0 - target) * current().rerank_miss_share
+    first = 1 if name == "nprobe" else 16
+    value, recall = _smallest(index, name, first, largest, queries, truth, target, k)
+    params = f"{name}={value}"
+    if rerank:
+        depth, _ = _smallest(
+            index, "k_factor_rf", 1, current().max_k_factor, queries, truth, min(target, recall), k
+        )
+        depth = min(2 * depth, current().max_k_factor)  # twice as deep: nearly free (see below)
+        _set_knob(index, "k_factor_rf", depth)
+        recall = recall_at_k(index.search(queries, k)[1], truth, k)
+        params += f",k_factor_rf={depth}"
+    LOG.info("%s gives recall@%d=%.3f on %d tuning queries", params, k, recall, len(queries))
+    return params, recall

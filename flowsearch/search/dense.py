@@ -1,0 +1,85 @@
+r"""Dense search over a version's segments: each segment's vector index, then one exact top-k.
+
+Each segment answers its own top-k among its searchable rows (a ``where`` filter's rows minus
+its deleted ones; :func:`flowsearch.ann.prefilter.filtered_search`); the answers are merged by
+score, ties going to the lower global row. For exact (``Flat``) segments the result is the same
+top-k as one segment holding every row.
+
+Example:
+    >>> merge_top_k([(np.array([[0.9, 0.1]], np.float32), np.array([[0, 1]]))],
+    ...             np.array([0, 2]), 1)[1].tolist()
+    [[0]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["merge_top_k", "search_segments"]
+
+
+def merge_top_k(
+    answers: Sequence[tuple[np.ndarray, np.ndarray]], offsets: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Merge per-segment answers into one top-k.
+
+    Args:
+        answers: per segment ``(scores float32 (q, k_i), local rows int64 (q, k_i))``, -1 for
+            no hit.
+        offsets: int64 (segments + 1,), each segment's first global row.
+        k: hits per query.
+
+    Returns:
+        ``(scores float32 (q, k'), global rows int64 (q, k'))``, best first, ties to the lower
+        row; ``k'`` is at most ``k`` and at most the hits found; -1 rows pad.
+    """
+    if not answers:
+        return np.zeros((0, 0), np.float32), np.zeros((0, 0), np.int64)
+    scores = np.concatenate([a[0] for a in answers], axis=1).astype(np.float32, copy=False)
+    rows = np.concatenate(
+        [np.where(a[1] >= 0, a[1] + offsets[i], -1) for i, a in enumerate(answers)], axis=1
+    ).astype(np.int64, copy=False)
+    valid = rows >= 0
+    width = int(min(k, valid.sum(axis=1).max(initial=0)))
+    if width == 0:
+        return np.zeros((len(rows), 0), np.float32), np.zeros((len(rows), 0), np.int64)
+    key_score = np.where(valid, -scores.astype(np.float64), np.inf)
+    key_row = np.where(valid, rows, np.iinfo(np.int64).max)
+    order = np.lexsort((key_row, key_score), axis=-1)[:, :width]
+    top_rows = np.take_along_axis(rows, order, axis=1)
+    top_scores = np.take_along_axis(scores, order, axis=1)
+    top_scores = np.where(top_rows >= 0, top_scores, -np.inf).astype(np.float32)
+    return top_scores, top_rows
+
+
+def search_segments(
+    segments: Sequence[Any],
+    deleted: Sequence[np.ndarray | None],
+    offsets: np.ndarray,
+    queries: np.ndarray,
+    k: int,
+    rows: Sequence[np.ndarray | None],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k over every segment (see the module docstring).
+
+    Args:
+        segments: the version's segment readers (``search(queries, k, rows, deleted)``).
+        deleted: per segment, its deleted rows (bool mask) or None.
+        offsets: int64 (segments + 1,).
+        queries: float32 (q, d) in the searched space.
+        k: hits per query.
+        rows: per segment, the local rows a filter kept (sorted int64) or None for all.
+    """
+    answers = []
+    for seg, dead, keep in zip(segments, deleted, rows, strict=True):
+        if keep is not None and not len(keep):
+            continue
+        answers.append(seg.search(queries, k, keep, dead))
+    if not answers:
+        empty = np.zeros((len(queries), 0))
+        return empty.astype(np.float32), empty.astype(np.int64)
+    kept = [i for i, keep in enumerate(rows) if keep is None or len(keep)]
+    return merge_top_k(answers, offsets[kept], k)

@@ -1,0 +1,67 @@
+r"""What a search returns: :class:`Hit` and :class:`QueryResult` (typed, one JSON shape).
+
+These models are the boundary: the library returns them, ``flowsearch query --json`` prints
+their ``to_dict()``, and the server answers with the same JSON (and the same JSON schema,
+:meth:`pydantic.BaseModel.model_json_schema`).
+
+Example:
+    >>> Hit(id="a", score=0.5, rank=1, text="t").to_dict()["rank"]
+    1
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["Hit", "QueryResult"]
+
+
+class Hit(BaseModel):
+    """One search result.
+
+    Attributes:
+        id: the row's id (int or str, as indexed).
+        score: the hit's relevance score (see the README's "Scores": in every mode a number
+            comparable across queries of one index; larger is better).
+        rank: 1-based position in the hit list.
+        text: the passage.
+        metadata: the corpus's other columns for this row (None where the row lacks one).
+        dense_score: the raw cosine between the query and the row in the searched space (None
+            when the dense side did not score the row).
+        lexical_score: the raw BM25 score (None when the lexical side did not score the row).
+    """
+
+    model_config = ConfigDict(frozen=True)
+    id: int | str
+    score: float
+    rank: int
+    text: str
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    dense_score: float | None = None
+    lexical_score: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: rank, id, score, text, metadata, dense_score, lexical_score."""
+        return self.model_dump(mode="json")
+
+
+class QueryResult(BaseModel):
+    """One query's hits and what the index says about the query (its report)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    query: str
+    hits: list[Hit]
+    report: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"query", "hits": [...], "report": {...}}`` (``query --json`` and the server)."""
+        report = self.report
+        if report is not None and hasattr(report, "to_dict"):
+            report = report.to_dict()
+        return {
+            "query": self.query,
+            "hits": [h.to_dict() for h in self.hits],
+            "report": report,
+        }

@@ -1,0 +1,140 @@
+r"""One segment opened for searching: its rows, its vector index and its postings.
+
+A :class:`SegmentReader` opens every file of its segment when it is made and holds the handles
+(Parquet memory maps, the FAISS index in RAM or memory-mapped, the postings' arrays), so it keeps
+answering after a later write's cleanup removed the files: that is how a pinned reader keeps its
+version (see :mod:`flowsearch.storage.writer`). Segments are immutable, so a reader is shared by
+every version that contains its segment: a searcher's ``refresh()`` opens only new segments.
+
+Example:
+    >>> seg = SegmentReader.open(Path("idx"), manifest.segments[0], dim=384)  # doctest: +SKIP
+    >>> seg.rows.rows([0])[0]["id"]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from flowsearch.ann import io as ann_io
+from flowsearch.ann.prefilter import filtered_search, prepare_index
+from flowsearch.errors import IndexDamaged
+from flowsearch.storage import deletions
+from flowsearch.storage.manifest import SegmentRecord
+from flowsearch.storage.rows import RowCache, RowReader
+
+__all__ = ["SegmentReader", "read_deleted"]
+
+LOG = logging.getLogger(__name__)
+
+
+class SegmentReader:
+    """A segment's files, open (see the module docstring).
+
+    Attributes:
+        record: the segment's record as first opened (its deletion file varies by version).
+        folder: its directory.
+        rows: its row reader.
+        ann: its FAISS index (ids are local rows).
+        postings: its BM25 postings, or None.
+    """
+
+    def __init__(
+        self, record: SegmentRecord, folder: Path, rows: RowReader, ann: Any, postings: Any
+    ) -> None:
+        self.record = record
+        self.folder = folder
+        self.rows = rows
+        self.ann = ann
+        self.postings = postings
+        self._table: pa.Table | None = None
+
+    @classmethod
+    def open(
+        cls,
+        index_dir: Path,
+        record: SegmentRecord,
+        *,
+        dim: int,
+        cache: RowCache | None = None,
+        mmap: bool = False,
+        gpu: bool = False,
+    ) -> SegmentReader:
+        """Open a segment's files.
+
+        Raises:
+            FileNotFoundError: a file vanished (its version was removed meanwhile: retry).
+            IndexDamaged: a file that does not match the record.
+        """
+        folder = Path(index_dir) / record.dir
+        rows = RowReader(folder, record.parts, cache)
+        try:
+            ann = ann_io.read_index(
+                folder / record.ann.path,
+                record.ann.params,
+                mmap=record.ann.factory if mmap and not gpu else None,
+                on_disk=record.ann.data is not None,
+            )
+            if ann.ntotal != record.n_rows or ann.d != dim:
+                raise IndexDamaged(
+                    f"{folder / record.ann.path} holds {ann.ntotal} rows of dim {ann.d}, the "
+                    f"manifest says {record.n_rows} of dim {dim}",
+                    "the index is damaged; rebuild it",
+                )
+            if gpu:
+                ann = ann_io.to_gpu(ann)
+            elif not mmap:  # a direct map would read every list's ids into RAM
+                prepare_index(ann)  # IVF: a direct map, so selective filters are exact
+            postings = None
+            if record.postings is not None:
+                from flowsearch.lexical.postings import Postings
+
+                postings = Postings.load(folder / record.postings)
+        except BaseException:
+            rows.close()
+            raise
+        return cls(record, folder, rows, ann, postings)
+
+    @property
+    def n_rows(self) -> int:
+        return self.record.n_rows
+
+    def search(
+        self,
+        queries: np.ndarray,
+        k: int,
+        rows: np.ndarray | None,
+        deleted: np.ndarray | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k local rows among ``rows`` (None: all) minus ``deleted`` (bool mask or None):
+        ``(scores float32 (q, k'), local rows int64 (q, k'))``, -1 where none."""
+        if rows is None and deleted is None:
+            return ann_io.search(self.ann, queries, k)
+        return filtered_search(self.ann, queries, k, rows, excluded=deleted)
+
+    def filter_table(self) -> pa.Table:
+        """The columns a ``where`` filter reads (id, text, metadata), in local row order,
+        read through the open part files."""
+        if self._table is None:
+            self._table = self.rows.table()
+        return self._table
+
+    def close(self) -> None:
+        """Release the files."""
+        self.rows.close()
+        self._table = None
+        with contextlib.suppress(Exception):
+            self.ann = None
+
+
+def read_deleted(folder: Path, record: SegmentRecord) -> np.ndarray | None:
+    """A version's deleted rows of a segment as a bool mask (None when none are)."""
+    if record.deletions is None or record.n_deleted == 0:
+        return None
+    mask = deletions.read(folder / record.deletions, record.n_rows)
+    return mask if mask.any() else None

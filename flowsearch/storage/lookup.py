@@ -1,0 +1,108 @@
+r"""Finding the live rows that hold given ids, across a version's segments.
+
+An id is live in at most one segment (an upsert deletes the old row when it writes the new
+one). Each segment's key index (:mod:`flowsearch.storage.keys`) gives candidate rows by binary
+search; a string candidate is confirmed against the row's stored id, and a deleted row does not
+count. The cost grows with the ids asked for and the segments, not with the corpus.
+
+Ids keep the index's type: an integer index takes integers and canonical decimal strings
+(ASCII digits, as the command line and JSON give them: ``"17"``, ``"-3"``; not ``"²"`` or
+``"017"``); a string index takes strings, and integers as their decimal text.
+
+Example:
+    >>> typed_ids(["17", 3], "int").to_pylist()
+    [17, 3]
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from flowsearch.errors import BadInput
+from flowsearch.storage import deletions
+from flowsearch.storage.keys import KeyIndex
+from flowsearch.storage.manifest import SegmentRecord
+from flowsearch.storage.rows import RowReader
+
+__all__ = ["find_live", "typed_ids"]
+
+_DECIMAL = re.compile(r"[+-]?(0|[1-9][0-9]*)", re.ASCII)
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def typed_ids(ids: Sequence[Any], id_type: str, param: str = "ids") -> pa.Array:
+    """The ids as the index stores them (int64 or string).
+
+    Raises:
+        BadInput: an id that cannot be one of this index's ids (naming it).
+    """
+    out: list[Any] = []
+    for given in ids:
+        if isinstance(given, bool) or not isinstance(given, (int, str)):
+            raise BadInput(
+                f"id {given!r} is a {type(given).__name__}; ids are integers or strings",
+                param=param,
+            )
+        if id_type == "string":
+            out.append(str(given))
+            continue
+        if isinstance(given, str):
+            text = given.strip()
+            if not _DECIMAL.fullmatch(text):
+                raise BadInput(
+                    f"id {given!r} is not an integer, and this index's ids are",
+                    "give integer ids (ASCII digits)",
+                    param=param,
+                )
+            given = int(text)
+        if not _INT64[0] <= given <= _INT64[1]:
+            raise BadInput(f"id {given} does not fit in 64 bits", param=param)
+        out.append(given)
+    return pa.array(out, pa.string() if id_type == "string" else pa.int64())
+
+
+def find_live(
+    segments: Sequence[SegmentRecord],
+    folder_of: Callable[[SegmentRecord], Path],
+    ids: pa.Array,
+) -> list[tuple[int, str, int]]:
+    """``(position in ids, segment name, local row)`` of every live row holding one of ``ids``.
+
+    Args:
+        segments: the version's segments (each with a key index).
+        folder_of: where a segment's files are (the writer's staging-aware path).
+        ids: typed ids (:func:`typed_ids`), unique.
+    """
+    found: list[tuple[int, str, int]] = []
+    strings = pa.types.is_string(ids.type)
+    for seg in segments:
+        folder = folder_of(seg)
+        if seg.keys is None:
+            raise BadInput(f"segment {seg.name} has no id keys", "rebuild the index")
+        candidates = KeyIndex.load(folder, seg.n_rows).lookup(ids)
+        if not candidates:
+            continue
+        dead = None
+        if seg.deletions is not None:
+            dead = deletions.read(folder / seg.deletions, seg.n_rows)
+        candidates = [(p, r) for p, r in candidates if dead is None or not dead[r]]
+        if strings and candidates:
+            reader = RowReader(folder, seg.parts)
+            try:
+                stored = reader.rows(np.array([r for _, r in candidates], dtype=np.int64))
+            finally:
+                reader.close()
+            wanted = ids.to_pylist()
+            candidates = [
+                (p, r)
+                for (p, r), row in zip(candidates, stored, strict=True)
+                if row["id"] == wanted[p]
+            ]
+        found.extend((p, seg.name, r) for p, r in candidates)
+    return found

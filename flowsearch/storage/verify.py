@@ -1,0 +1,131 @@
+r"""Checking a version's files against its manifest.
+
+Every file a version references (each segment's parts, vector index, postings, keys and deletion
+file, and the calibrator's files) must be there with its recorded size; small files (at most
+``Settings.cheap_checksum_bytes``) are checksummed on every open, all of them with
+``checksums=True`` (``info --verify``, ``Searcher.open(verify=True)``), which also checks the
+history log. A file in a segment's directory that the manifest does not name is refused (older
+deletion files, which earlier versions still use, excepted).
+
+Example:
+    >>> verify(Path("idx"), read(Path("idx")), checksums=True).n_hashed  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from flowsearch.errors import IndexDamaged
+from flowsearch.settings import current
+from flowsearch.storage import history
+from flowsearch.storage import manifest as mf
+
+__all__ = ["Verification", "size_on_disk", "verify", "verify_files"]
+
+
+class Verification(BaseModel):
+    """What was checked: files present with their recorded sizes (``n_files``), how many were
+    checksummed, the large ones that were not, and the history's records (with checksums)."""
+
+    model_config = ConfigDict(frozen=True)
+    n_files: int = 0
+    n_hashed: int = 0
+    not_hashed: tuple[str, ...] = ()
+    history_records: int | None = None
+
+    def __add__(self, other: Verification) -> Verification:
+        return Verification(
+            n_files=self.n_files + other.n_files,
+            n_hashed=self.n_hashed + other.n_hashed,
+            not_hashed=self.not_hashed + other.not_hashed,
+            history_records=other.history_records or self.history_records,
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-able dict."""
+        return self.model_dump(mode="json")
+
+
+def verify_files(
+    folder: Path, files: Mapping[str, mf.FileRecord], checksums: bool = False
+) -> Verification:
+    """Check ``files`` (relative to ``folder``): present, recorded size, sha256 when small or
+    ``checksums``.
+
+    Raises:
+        IndexDamaged: naming the first file missing or different.
+    """
+    hashed, skipped = 0, []
+    cheap = current().cheap_checksum_bytes
+    for relpath, record in files.items():
+        path = folder / relpath
+        if not path.is_file():
+            raise IndexDamaged(f"index file missing: {path}", "the index is damaged; rebuild it")
+        size = path.stat().st_size
+        if size != record.bytes:
+            raise IndexDamaged(
+                f"index file changed: {path} has {size} bytes, the manifest says {record.bytes}",
+                "the index is damaged; rebuild it",
+            )
+        if checksums or size <= cheap:
+            if mf.sha256_file(path) != record.sha256:
+                raise IndexDamaged(
+                    f"checksum mismatch for {path}", "the index is corrupt; rebuild it"
+                )
+            hashed += 1
+        else:
+            skipped.append(str(path))
+    return Verification(n_files=len(files), n_hashed=hashed, not_hashed=tuple(skipped))
+
+
+def _extra_files(folder: Path, seg: mf.SegmentRecord) -> None:
+    for path in folder.rglob("*"):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_file() and rel not in seg.files and not rel.startswith("deleted-v"):
+            raise IndexDamaged(
+                f"unexpected file in the index: {path}", "remove it or rebuild the index"
+            )
+
+
+def verify(
+    index_dir: Path,
+    manifest: mf.Manifest,
+    checksums: bool = False,
+    *,
+    segments: Iterable[str] | None = None,
+    calibrator: bool = True,
+) -> Verification:
+    """Check a version's files (only the named ``segments``, and the calibrator unless told
+    not to: a reader re-opening a newer version checks only what it has not seen).
+
+    Raises:
+        IndexDamaged: naming the first file that is missing, extra, or differs.
+    """
+    index_dir = Path(index_dir)
+    wanted = None if segments is None else set(segments)
+    out = Verification()
+    if calibrator:
+        out += verify_files(
+            index_dir / manifest.calibration.path, manifest.calibration.files, checksums
+        )
+    for seg in manifest.segments:
+        if wanted is not None and seg.name not in wanted:
+            continue
+        folder = index_dir / seg.dir
+        out += verify_files(folder, seg.files, checksums)
+        if manifest.format_version >= 3:
+            _extra_files(folder, seg)
+    if checksums and manifest.format_version >= 3:
+        out = out.model_copy(update={"history_records": history.verify(index_dir, manifest)})
+    return out
+
+
+def size_on_disk(root: Path) -> int:
+    """Total bytes of the files under ``root`` (a file: its size)."""
+    root = Path(root)
+    if root.is_file():
+        return root.stat().st_size
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())

@@ -1,0 +1,429 @@
+r"""The one version writer: lock, stage the parts of a version, publish it atomically, clean up.
+
+Every write (build, add, upsert, delete, compact, recalibrate, the Ray engine) goes through
+:func:`open_writer`, and nothing else writes an index file:
+
+1. take the index's writer lock (``filelock``; ``wait`` seconds, else refuse at once), read the
+   current version (the *base*), repair the history log, remove what dead writers left;
+2. the write hands over its parts: new segments written into :meth:`Writer.stage` directories
+   (:meth:`Writer.add_segment`), deletion files (:meth:`Writer.delete_rows`), segments to drop
+   (:meth:`Writer.drop_segments`), a new calibrator (:meth:`Writer.set_calibrator`);
+3. :meth:`Writer.publish` flushes the staged directories, renames them into place, and replaces
+   ``manifest.json`` with ``os.replace``: the one atomic step that makes the version current;
+   then it appends the history line and removes what neither this version nor the one before
+   it references.
+
+**What readers keep.** A reader (a ``Searcher``) opens every file of the version it pins when it
+opens it, and holds the handles (Parquet and FAISS memory maps, loaded arrays): on POSIX an open
+file outlives its directory entry, so cleanup may remove a version's files while a reader still
+answers from them, and never needs to know who reads. A reader that read a manifest but had not
+yet opened its files when a cleanup removed them reads the manifest again (it retries). Files
+referenced by the current or the previous version are kept, so that race needs two writes
+within one open.
+
+A crash (SIGKILL, power loss) at any moment leaves the previous version whole: staged
+directories and unreferenced segments are removed by the next writer, and a history line lost
+between the manifest and the log is appended again from the manifest's ``last_write``.
+
+Indexes of formats 1 and 2 are converted on their first write: their one version becomes
+segment ``s000001`` (files hard-linked, ids keyed, deletions carried over).
+
+Example:
+    >>> with open_writer("idx") as w:  # doctest: +SKIP
+    ...     stage = w.stage()
+    ...     ...  # write the segment's files into stage
+    ...     w.add_segment(stage, n_rows=..., parts=..., ann=..., postings=..., keys=...)
+    ...     w.publish(kind="add", n_rows=...)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import secrets
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import filelock
+import numpy as np
+
+from flowsearch._version import __version__
+from flowsearch.atomic import atomic_write_text, fsync_dir, fsync_tree
+from flowsearch.errors import BadInput, FlowsearchError, IndexDamaged, IndexLocked, WriteFailed
+from flowsearch.storage import deletions, history
+from flowsearch.storage import manifest as mf
+from flowsearch.storage.layout import (
+    CALIBRATORS_DIR,
+    LOCK_NAME,
+    MANIFEST_NAME,
+    SEGMENTS_DIR,
+    STAGE_PREFIX,
+    calibrator_dir,
+    deletions_file,
+    segment_dir,
+    segment_name,
+)
+
+__all__ = ["Writer", "check_target", "file_records", "open_writer", "referenced"]
+
+LOG = logging.getLogger(__name__)
+
+#: What the first two formats kept in the index directory itself (format 1) or per version.
+LEGACY_ENTRIES = ("calibrator", "shards", "index.faiss", "versions")
+
+
+def check_target(index_dir: Path, overwrite: bool) -> None:
+    """Refuse to build over a file, a foreign directory, or an index without ``overwrite``.
+
+    Raises:
+        BadInput: naming the problem and the fix.
+    """
+    if index_dir.is_file():
+        raise BadInput(f"{index_dir} is a file, not an index directory", "choose another path")
+    if not index_dir.is_dir():
+        return
+    if mf.is_index_dir(index_dir):
+        if not overwrite:
+            raise BadInput(
+                f"an index already exists at {index_dir}",
+                "pass {overwrite=True} to replace it",
+                param="overwrite",
+            )
+        return
+    ours = {LOCK_NAME, SEGMENTS_DIR, CALIBRATORS_DIR}
+    foreign = [p.name for p in index_dir.iterdir() if p.name not in ours and not _tmp(p)]
+    if foreign:
+        raise BadInput(
+            f"{index_dir} exists and is not a flowsearch index (it holds {foreign[0]!r}, ...)",
+            "choose another index directory; refusing to replace it",
+        )
+
+
+def _tmp(path: Path) -> bool:
+    """A temporary file an atomic write was killed inside (``atomic.py``)."""
+    return path.name.startswith(f".{mf.MANIFEST_NAME}.tmp-")
+
+
+def file_records(directory: Path) -> dict[str, mf.FileRecord]:
+    """Size and sha256 of every file under ``directory`` (paths relative to it)."""
+    out = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        rel = path.relative_to(directory).as_posix()
+        out[rel] = mf.FileRecord(bytes=path.stat().st_size, sha256=mf.sha256_file(path))
+    return out
+
+
+def referenced(manifest: mf.Manifest | None) -> set[str]:
+    """Every path (relative to the index directory) a version needs: segment directories,
+    their files, the calibrator directory."""
+    if manifest is None:
+        return set()
+    out = {manifest.calibration.path}
+    for seg in manifest.segments:
+        out.add(seg.dir)
+        out.update(f"{seg.dir}/{rel}" if seg.dir != "." else rel for rel in seg.files)
+    return out
+
+
+class Writer:
+    """A version being written under the lock (see the module docstring); from
+    :func:`open_writer`.
+
+    Attributes:
+        index_dir: the index directory.
+        base: the current version (None for a first build).
+        number: the number the new version gets.
+        segments: the new version's segments as staged so far (base's, minus dropped, plus
+            added, with new deletion files).
+    """
+
+    def __init__(self, index_dir: Path, base: mf.Manifest | None, new: bool) -> None:
+        self.index_dir = index_dir
+        self.base = base
+        self.number = 1 if base is None else base.version + 1
+        self.segments: list[mf.SegmentRecord] = [] if new or base is None else list(base.segments)
+        self._next_segment = 1 if base is None else base.next_segment
+        self._staged: dict[str, Path] = {}  # segment name -> its staging directory
+        self._calibrator: tuple[Path, mf.CalibrationSpec] | None = None
+        self._stages: list[Path] = []
+        self.published: mf.Manifest | None = None
+
+    # -- staging ---------------------------------------------------------------------------
+
+    def stage(self, kind: str = SEGMENTS_DIR) -> Path:
+        """A fresh empty directory to write a segment (or a calibrator) into."""
+        folder = self.index_dir / kind
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{STAGE_PREFIX}{secrets.token_hex(6)}"
+        path.mkdir()
+        self._stages.append(path)
+        return path
+
+    def add_segment(self, stage: Path, **fields: Any) -> mf.SegmentRecord:
+        """Add the segment written in ``stage`` (fields of :class:`SegmentRecord` but ``name``,
+        ``dir`` and ``files``, which are assigned here). Returns its record."""
+        name = segment_name(self._next_segment)
+        self._next_segment += 1
+        record = mf.SegmentRecord(
+            name=name, dir=segment_dir(name), files=file_records(stage), **fields
+        )
+        self._staged[name] = stage
+        self.segments.append(record)
+        return record
+
+    def drop_segments(self, names: Sequence[str]) -> None:
+        """Leave the named segments out of the new version (a merge replaced them)."""
+        gone = set(names)
+        self.segments = [s for s in self.segments if s.name not in gone]
+
+    def segment_path(self, record: mf.SegmentRecord) -> Path:
+        """Where a segment's files are now (its staging directory until published)."""
+        return self._staged.get(record.name) or self.index_dir / record.dir
+
+    def delete_rows(self, name: str, rows: np.ndarray) -> mf.SegmentRecord:
+        """Mark local ``rows`` of segment ``name`` deleted (added to those already deleted):
+        writes the segment's new deletion file. Returns the updated record."""
+        at = next(i for i, s in enumerate(self.segments) if s.name == name)
+        seg = self.segments[at]
+        folder = self.segment_path(seg)
+        old = np.zeros(0, np.int64)
+        if seg.deletions is not None:
+            old = deletions.read_rows(folder / seg.deletions, seg.n_rows)
+        rel = deletions_file(self.number)
+        count = deletions.write(folder / rel, np.union1d(old, np.asarray(rows, np.int64)))
+        files = {k: v for k, v in seg.files.items() if k != seg.deletions}
+        files[rel] = mf.FileRecord(
+            bytes=(folder / rel).stat().st_size, sha256=mf.sha256_file(folder / rel)
+        )
+        seg = seg.model_copy(update={"deletions": rel, "n_deleted": count, "files": files})
+        self.segments[at] = seg
+        return seg
+
+    def set_calibrator(self, stage: Path, spec: mf.CalibrationSpec) -> mf.CalibrationSpec:
+        """Use the calibrator saved in ``stage`` (from :meth:`stage` with ``calibrators``)."""
+        spec = spec.model_copy(
+            update={"path": calibrator_dir(self.number), "files": file_records(stage)}
+        )
+        self._calibrator = (stage, spec)
+        return spec
+
+    # -- publishing ------------------------------------------------------------------------
+
+    def publish(
+        self,
+        *,
+        kind: str,
+        n_rows: int,
+        detail: dict[str, Any] | None = None,
+        template: mf.Manifest | None = None,
+        **changes: Any,
+    ) -> mf.Manifest:
+        """Make the staged version current (atomically) and log it.
+
+        Args:
+            kind: the write's kind (``build``, ``add``, ``upsert``, ``delete``, ...).
+            n_rows: rows it wrote or deleted.
+            detail: what it reported (logged in the history).
+            template: the manifest's other fields for a first build (else the base's).
+            changes: manifest fields to change.
+        """
+        start = template if template is not None else self.base
+        if start is None:
+            raise ValueError("a first build needs a template manifest")
+        record = mf.WriteRecord(
+            version=self.number, kind=kind, time=mf.utc_now(), n_rows=n_rows, detail=detail or {}
+        )
+        if self._calibrator is not None:
+            changes["calibration"] = self._calibrator[1]
+        update = {
+            "format_version": mf.FORMAT_VERSION,
+            "version": self.number,
+            "segments": tuple(self.segments),
+            "next_segment": self._next_segment,
+            "updated": record.time if self.base is not None and template is None else None,
+            "created": start.created or record.time,
+            "flowsearch_version": __version__,
+            "last_write": record,
+            **changes,
+        }
+        manifest = start.model_copy(update=update)
+        self._place_stages()
+        text = json.dumps(_with_checksum(manifest), indent=1, ensure_ascii=False) + "\n"
+        atomic_write_text(self.index_dir / MANIFEST_NAME, text)
+        self.published = manifest
+        history.append(self.index_dir, record)
+        return manifest
+
+    def _place_stages(self) -> None:
+        """Flush the staged directories and rename them to their final names."""
+        moves = [
+            (self._staged[s.name], self.index_dir / s.dir)
+            for s in self.segments
+            if s.name in self._staged
+        ]
+        if self._calibrator is not None:
+            moves.append((self._calibrator[0], self.index_dir / self._calibrator[1].path))
+        for stage, target in moves:
+            fsync_tree(stage)
+            if target.exists():  # a dead writer's, which no manifest references
+                shutil.rmtree(target)
+            os.rename(stage, target)
+            fsync_dir(target.parent)
+        for seg in self.segments:  # deletion files written into published segments
+            if seg.name not in self._staged:
+                fsync_dir(self.index_dir / seg.dir)
+
+
+def _with_checksum(manifest: mf.Manifest) -> dict[str, Any]:
+    raw = manifest.to_json_dict()
+    raw["checksum"] = mf.checksum(raw)
+    return raw
+
+
+@contextlib.contextmanager
+def _lock(index_dir: Path, wait: float | None) -> Iterator[None]:
+    """Hold ``index_dir/.lock``; wait up to ``wait`` seconds for another writer (0: refuse)."""
+    index_dir.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(str(index_dir / LOCK_NAME), timeout=max(0.0, float(wait or 0)))
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        waited = f" for {wait:g} s" if wait else ""
+        raise IndexLocked(
+            f"another flowsearch process is writing {index_dir} (waited{waited or ' not at all'})",
+            "retry when it is done, or pass {wait=SECONDS} to wait for it",
+            param="wait",
+        ) from None
+    except PermissionError as exc:
+        raise WriteFailed(
+            f"cannot write to {index_dir} ({exc.strerror})", "fix its permissions"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _os_error(exc: OSError, root: Path) -> FlowsearchError:
+    """One line for an OSError met while writing, with the fix its cause calls for."""
+    where = f": {exc.filename}" if exc.filename else ""
+    detail = f"{exc.strerror or exc}{where}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return WriteFailed(f"the disk is full ({detail}); {root} is unchanged", "free some space")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return WriteFailed(
+            f"not allowed to write ({detail}); {root} is unchanged", "fix permissions"
+        )
+    return WriteFailed(f"the write to {root} failed ({detail}); it is unchanged", "retry")
+
+
+@contextlib.contextmanager
+def open_writer(
+    index_dir: str | os.PathLike[str],
+    *,
+    new: bool = False,
+    overwrite: bool = False,
+    wait: float | None = None,
+) -> Iterator[Writer]:
+    """Take the writer lock and start the next version (see the module docstring).
+
+    Args:
+        index_dir: the index directory.
+        new: a build from scratch: an existing index is replaced only with ``overwrite``.
+        overwrite: see ``new``.
+        wait: seconds to wait for another writer (None or 0: refuse at once).
+
+    Raises:
+        NotFound: no index (``new=False``).
+        BadInput: the target is not ours, or exists without ``overwrite`` (``new=True``).
+        IndexLocked: another writer holds the lock past ``wait``.
+        WriteFailed: the disk refused a write (nothing published).
+    """
+    root = Path(index_dir).expanduser()
+    if new:
+        check_target(root, overwrite)
+    else:
+        mf.read(root)  # "no index at ...", before creating anything
+    created = not root.exists()
+    with _lock(root, wait):
+        writer = None
+        try:
+            writer = _start(root, new, overwrite)
+            yield writer
+        except OSError as exc:
+            raise _os_error(exc, root) from None
+        finally:
+            if writer is not None:
+                for stage in writer._stages:
+                    shutil.rmtree(stage, ignore_errors=True)
+                if writer.published is not None:
+                    _clean(root, referenced(writer.published) | referenced(writer.base))
+            if created and not mf.is_index_dir(root):
+                _remove_failed_first_build(root)
+
+
+def _start(root: Path, new: bool, overwrite: bool) -> Writer:
+    base = mf.read(root) if mf.is_index_dir(root) else None
+    if new:
+        check_target(root, overwrite)  # again: another writer may have published meanwhile
+    elif base is None:
+        raise IndexDamaged(f"{root} is not a flowsearch index (no {MANIFEST_NAME})")
+    history.repair(root, base if base is not None and base.format_version == 3 else None)
+    _clean(root, referenced(base))
+    writer = Writer(root, base, new)
+    if not new and base is not None and base.format_version < mf.FORMAT_VERSION:
+        from flowsearch.storage.legacy import convert
+
+        convert(writer)
+    return writer
+
+
+def _clean(root: Path, keep: set[str]) -> None:
+    """Remove what no version in ``keep`` needs: staging directories, unreferenced segments and
+    calibrators, old deletion files, the old formats' files once converted, temp manifests."""
+    for path in root.glob(f".{MANIFEST_NAME}.tmp-*"):
+        path.unlink(missing_ok=True)
+    for kind in (SEGMENTS_DIR, CALIBRATORS_DIR):
+        folder = root / kind
+        if not folder.is_dir():
+            continue
+        for path in folder.iterdir():
+            rel = f"{kind}/{path.name}"
+            if path.name.startswith(STAGE_PREFIX) or rel not in keep:
+                LOG.info("removing %s", path)
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
+            elif kind == SEGMENTS_DIR:
+                for file in path.glob("deleted-v*.npy"):
+                    if f"{rel}/{file.name}" not in keep:
+                        file.unlink(missing_ok=True)
+    legacy_kept = any(k == "." or k.startswith("versions/") or k in LEGACY_ENTRIES for k in keep)
+    versions = root / "versions"
+    if versions.is_dir():
+        for path in versions.iterdir():
+            if f"versions/{path.name}" not in keep:
+                shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            versions.rmdir()
+    if not legacy_kept:
+        for name in LEGACY_ENTRIES[:3]:
+            path = root / name
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.is_file():
+                path.unlink()
+
+
+def _remove_failed_first_build(root: Path) -> None:
+    """Leave nothing of a first build that failed (the directory it created)."""
+    for kind in (SEGMENTS_DIR, CALIBRATORS_DIR):
+        with contextlib.suppress(OSError):
+            (root / kind).rmdir()
+    if {p.name for p in root.iterdir()} <= {LOCK_NAME}:
+        with contextlib.suppress(OSError):
+            (root / LOCK_NAME).unlink()
+            root.rmdir()

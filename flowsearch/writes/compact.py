@@ -1,0 +1,219 @@
+r"""Compaction and recalibration: the writes that rewrite segments, never re-encoding.
+
+- :func:`compact` runs the size-tiered merge policy without the bound writes keep
+  (:mod:`flowsearch.writes.merge`) and rewrites every segment that holds deleted rows, so no
+  deleted row is left on disk; ``full=True`` merges the whole index into one segment.
+- :func:`recalibrate` refits (or loads) the calibrator on the raw encoder vectors every segment
+  keeps, and rewrites every segment's searched vectors and vector index from them: the searched
+  space changes without touching the encoder, which is >99% of an index's cost. Deleted rows
+  are dropped on the way; the postings and ids are carried over.
+
+Example:
+    >>> compact("my_index").bytes_freed  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flowsearch.errors import BadInput
+from flowsearch.progress import Stages
+from flowsearch.search.version import sizes
+from flowsearch.space.fitting import fit_for_index, load_fitted
+from flowsearch.space.reference import density_stats
+from flowsearch.space.search_space import SearchSpace
+from flowsearch.storage import manifest as mf
+from flowsearch.storage.layout import CALIBRATORS_DIR
+from flowsearch.storage.rows import RowReader
+from flowsearch.storage.verify import verify
+from flowsearch.storage.writer import Writer, open_writer
+from flowsearch.writes.merge import merge, plan_merges
+from flowsearch.writes.results import WriteResult, result_of
+
+__all__ = ["compact", "recalibrate"]
+
+LOG = logging.getLogger(__name__)
+
+
+def _merges(segments: tuple[mf.SegmentRecord, ...], full: bool) -> list[list[str]]:
+    if full:
+        whole = len(segments) > 1 or any(s.n_deleted for s in segments)
+        return [[s.name for s in segments]] if whole else []
+    out = plan_merges(segments, max_rows=None)
+    taken = {name for group in out for name in group}
+    out += [[s.name] for s in segments if s.n_deleted and s.name not in taken]
+    return out
+
+
+def compact(
+    index_dir: str | os.PathLike[str], *, full: bool = False, wait: float | None = None
+) -> WriteResult:
+    """Merge small segments and drop every deleted row (see the module docstring).
+
+    Args:
+        index_dir: the index directory.
+        full: merge everything into one segment.
+        wait: seconds to wait for another writer (None: refuse at once).
+
+    Returns:
+        A :class:`WriteResult`: ``merged`` segments, ``n_dropped`` deleted rows,
+        ``bytes_freed``. When there is nothing to do, no version is written.
+
+    Raises:
+        NotFound: no index. IndexLocked: another writer, past ``wait``.
+    """
+    st = Stages()
+    root = Path(index_dir).expanduser()
+    with open_writer(root, wait=wait) as writer, st.live():
+        base = writer.base
+        assert base is not None
+        verify(root, base)
+        before = sizes(root, base)["total"]
+        groups = _merges(writer.base.segments if writer.base else (), full)
+        if not groups:
+            return result_of("compact", root, base, st, bytes_freed=0)
+        with st.timed("merge"):
+            for names in groups:
+                merge(
+                    writer,
+                    names,
+                    dim=base.dim,
+                    requested=base.ann_requested,
+                    lexical=base.lexical is not None,
+                    schema=base.schema_,
+                )
+        merged = sum(len(g) for g in groups)
+        dropped = base.n_deleted - sum(s.n_deleted for s in writer.segments)
+        written = sum(
+            s.n_rows for s in writer.segments if s.name not in {b.name for b in base.segments}
+        )
+        manifest = writer.publish(
+            kind="compact", n_rows=written, detail={"merged": merged, "dropped": dropped}
+        )
+    after = sizes(root, manifest)["total"]
+    return result_of(
+        "compact",
+        root,
+        manifest,
+        st,
+        n_written=written,
+        n_dropped=dropped,
+        merged=merged,
+        bytes_freed=before - after,
+    )
+
+
+def _raw_sample(root: Path, writer: Writer, n: int, seed: int = 0) -> np.ndarray:
+    """A seeded uniform sample of at most ``n`` live rows' raw vectors (float32)."""
+    from flowsearch.storage import deletions
+
+    segments = writer.segments
+    live = sum(s.n_live for s in segments)
+    rate = min(1.0, n / max(live, 1))
+    rng = np.random.default_rng(seed)
+    parts = []
+    for seg in segments:
+        folder = writer.segment_path(seg)
+        dead = deletions.read(folder / seg.deletions, seg.n_rows) if seg.deletions else None
+        reader = RowReader(folder, seg.parts)
+        try:
+            start = 0
+            for chunk in reader.column_chunks("raw"):
+                keep = (
+                    np.ones(len(chunk), bool) if dead is None else ~dead[start : start + len(chunk)]
+                )
+                start += len(chunk)
+                if rate < 1:
+                    keep &= rng.random(len(chunk)) < rate
+                parts.append(chunk[keep])
+        finally:
+            reader.close()
+    return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
+
+
+def recalibrate(
+    index_dir: str | os.PathLike[str],
+    calibration: str = "auto",
+    calibrator: str | os.PathLike[str] | None = None,
+    fit_sample: int = 200_000,
+    *,
+    wait: float | None = None,
+) -> WriteResult:
+    """Refit the calibrator on the stored raw vectors (no re-encoding) and rewrite every
+    segment's searched vectors and vector index; deleted rows are dropped on the way.
+
+    Args:
+        index_dir: the index directory.
+        calibration: ``auto``, a calibrator name or ``none`` (as in ``build_index``).
+        calibrator: a calibrator fitted elsewhere to load instead of fitting.
+        fit_sample: fit on a uniform sample of at most this many live rows.
+        wait: seconds to wait for another writer (None: refuse at once).
+
+    Returns:
+        A :class:`WriteResult` with the new ``calibration``, ``space`` and ``decision``.
+
+    Raises:
+        BadInput: an unknown calibration, a calibrator of another dimension, every row deleted.
+        NotFound: no index.
+    """
+    if calibrator is None and calibration != "auto":
+        from flowsearch.calibration import make_calibrator
+
+        make_calibrator(calibration)  # an unknown name fails before any work
+    if fit_sample < 2:
+        raise BadInput(f"fit_sample must be >= 2, got {fit_sample}", param="fit_sample")
+    st = Stages()
+    root = Path(index_dir).expanduser()
+    with open_writer(root, wait=wait) as writer, st.live():
+        base = writer.base
+        assert base is not None
+        verify(root, base)
+        if base.n_live == 0:
+            raise BadInput("every row is deleted", "build a new index instead")
+        loaded = load_fitted(calibrator, calibration, base.encoder.dim) if calibrator else None
+        with st.timed("fit"):
+            U = _raw_sample(root, writer, fit_sample)
+            cal, spec = fit_for_index(
+                U, calibration, loaded=loaded, loaded_from=calibrator, pooling=base.encoder.pooling
+            )
+        space = SearchSpace(cal, spec)
+        with st.timed("rewrite"):
+            manifest = _rewrite(writer, base, space)
+    return result_of("recalibrate", root, manifest, st, n_written=manifest.n_rows)
+
+
+def _rewrite(writer: Writer, base: mf.Manifest, space: SearchSpace) -> mf.Manifest:
+    """Every segment rewritten in ``space``; publishes the new version."""
+    stage = writer.stage(CALIBRATORS_DIR)
+    space.calibrator.save(stage)
+    spec = writer.set_calibrator(stage, space.spec)
+    lps: list[np.ndarray] = []
+    names = [s.name for s in writer.segments]
+    for name in names:  # one new segment per old one: sizes and merge tiers stay
+        merge(
+            writer,
+            [name],
+            dim=space.dim,
+            requested=base.ann_requested,
+            lexical=base.lexical is not None,
+            schema=base.schema_,
+            project=space.project,
+            lps=lps,
+        )
+    changes: dict[str, Any] = {
+        "calibration": spec,
+        "dim": space.dim,
+        "density": density_stats(np.concatenate(lps)) if lps else None,
+        "held_out": None,  # measured in the old space: not a reference any more
+    }
+    return writer.publish(
+        kind="recalibrate",
+        n_rows=base.n_live,
+        detail={"calibration": spec.name, "space": spec.space},
+        **changes,
+    )

@@ -1,0 +1,141 @@
+r"""What both build engines (local and Ray) share: fitting the space, finishing the version.
+
+:func:`fit_space` fits the calibrator on the fit rows and trains the segment's empty vector
+index; :func:`finish_build` finishes the segment, saves the calibrator, measures the held-out
+reference, and publishes the first version with :func:`template`'s manifest fields.
+
+Example:
+    >>> finish_build(writer, builder, space, enc, plan, lps, held, ...)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from flowsearch.ann import build as ann_build
+from flowsearch.ann.factory import auto_factory, new_index
+from flowsearch.progress import Stages
+from flowsearch.space.fitting import fit_for_index
+from flowsearch.space.reference import best_other_score, density_stats, held_out_stats
+from flowsearch.space.search_space import SearchSpace
+from flowsearch.storage import manifest as mf
+from flowsearch.storage import schema
+from flowsearch.storage.corpus import CorpusPlan
+from flowsearch.storage.layout import CALIBRATORS_DIR
+from flowsearch.storage.writer import Writer
+from flowsearch.writes.segments import SegmentBuilder
+
+__all__ = ["CHUNK_ROWS", "finish_build", "fit_space", "template"]
+
+CHUNK_ROWS = 2048  # texts per encoder call: enough to batch by length, small enough for progress
+
+
+def fit_space(
+    U_fit: np.ndarray,
+    enc: Any,
+    n_rows: int,
+    st: Stages,
+    calibration: str,
+    loaded: Any,
+    loaded_from: str | os.PathLike[str] | None,
+    index_factory: str,
+) -> tuple[SearchSpace, Any, str]:
+    """Fit the calibrator on the raw fit rows, make the searched space and the empty vector
+    index of the build's segment, trained on a projected sample (both engines):
+    ``(space, index, resolved factory)``."""
+    cal, spec = fit_for_index(
+        U_fit,
+        calibration,
+        loaded=loaded,
+        loaded_from=loaded_from,
+        status=lambda what: st.status(what, follow="flowsearch.calibration"),
+        pooling=enc.pooling,
+    )
+    space = SearchSpace(cal, spec, enc)
+    factory = auto_factory(n_rows, dim=space.dim) if index_factory == "auto" else index_factory
+    index = new_index(space.dim, factory)
+    if not index.is_trained:
+        sample = ann_build.training_sample(index, U_fit, space.project)
+        ann_build.train(index, sample, factory)
+    return space, index, factory
+
+
+def finish_build(
+    writer: Writer,
+    builder: SegmentBuilder,
+    space: SearchSpace,
+    enc: Any,
+    plan: CorpusPlan,
+    lps: list[np.ndarray],
+    held: tuple[np.ndarray, np.ndarray],
+    *,
+    source: str | None,
+    index_factory: str,
+    lexical: bool,
+) -> mf.Manifest:
+    """Finish the build's segment, save the calibrator, place the held-out rows (local rows
+    ``held[0]``, raw vectors ``held[1]``) and publish the first version."""
+    record = builder.finish()
+    spec = _save_calibrator(writer, space)
+    all_lp = np.concatenate(lps) if lps else None
+    reference = _held_out(builder.index, space, held[1], held[0], all_lp)
+    manifest = template(enc, source, space, spec, plan, index_factory, lexical)
+    manifest = manifest.model_copy(
+        update={
+            "density": density_stats(all_lp) if all_lp is not None else None,
+            "held_out": reference,
+        }
+    )
+    return writer.publish(
+        kind="build",
+        n_rows=record.n_rows,
+        template=manifest,
+        detail={"segment": record.name, "factory": record.ann.factory},
+    )
+
+
+def _save_calibrator(writer: Writer, space: SearchSpace) -> mf.CalibrationSpec:
+    stage = writer.stage(CALIBRATORS_DIR)
+    space.calibrator.save(stage)
+    return writer.set_calibrator(stage, space.spec)
+
+
+def template(
+    enc: Any,
+    source: str | None,
+    space: SearchSpace,
+    spec: mf.CalibrationSpec,
+    plan: CorpusPlan,
+    index_factory: str,
+    lexical: bool,
+) -> mf.Manifest:
+    """The new index's manifest fields (the writer adds segments, version and times)."""
+    return mf.Manifest(
+        encoder=mf.EncoderSpec.from_description(enc.describe(), source),
+        dim=space.dim,
+        calibration=spec,
+        ann_requested=index_factory,
+        lexical=mf.LexicalSpec() if lexical else None,
+        columns=mf.Columns(text=plan.text_column, id=plan.id_column, id_type=plan.id_type),
+        schema=schema.columns_of(plan.metadata_schema),
+        skipped=int(plan.skipped),
+        next_auto_id=int(plan.rows_in),
+    )
+
+
+def _held_out(
+    index: Any, space: SearchSpace, held_raw: np.ndarray, held: np.ndarray, lp: np.ndarray | None
+) -> mf.HeldOut:
+    """Where the held-out rows (local rows ``held``, raw vectors ``held_raw``) sit: their
+    log-densities (``lp``: all rows' or None) and each one's best score to another row."""
+    if not len(held):  # a small corpus: none held out, so queries are not judged
+        return mf.HeldOut(rows=0)
+    from flowsearch.ann import io as ann_io
+
+    Z = space.project(np.asarray(held_raw), want_density=False)[0]
+    scores, rows = ann_io.search(index, Z, 2)
+    top = best_other_score(scores, rows, held)
+    return held_out_stats(None if lp is None else lp[held], top, len(held))

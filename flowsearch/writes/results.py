@@ -1,0 +1,129 @@
+r"""What a write returns: one :class:`WriteResult` for build, add, upsert, delete, compact and
+recalibrate (typed; the CLI's ``--json`` and the server print its ``to_dict()``).
+
+Example:
+    >>> r = WriteResult(kind="delete", index="idx", version=3, n_live=10, n_deleted=2)
+    >>> r.n_deleted, r.to_dict()["kind"]
+    (2, 'delete')
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flowsearch.progress import Stages
+from flowsearch.storage import manifest as mf
+
+__all__ = ["WriteResult", "result_of"]
+
+# The second release returned dicts; their keys still read (``result["rows"]``).
+_OLD_KEYS = {
+    "rows": "n_live",
+    "added": "n_written",
+    "upserted": "n_written",
+    "inserted": "n_inserted",
+    "replaced": "n_replaced",
+    "deleted": "n_deleted",
+    "dropped": "n_dropped",
+    "skipped": "n_skipped",
+}
+
+
+class WriteResult(BaseModel):
+    """What one write did.
+
+    Attributes:
+        kind: ``build``, ``add``, ``upsert``, ``delete``, ``compact`` or ``recalibrate``.
+        index: the index directory.
+        version: the version the write published (the current one when it wrote nothing).
+        n_live: rows a search can return, after the write.
+        n_written: rows the write stored (encoded, or rewritten by a merge or recalibrate).
+        n_inserted: upsert: rows whose id was new.
+        n_replaced: upsert: rows that replaced a live row of the same id.
+        n_deleted: delete: rows deleted.
+        missing: delete: ids that were not in the index (or deleted before).
+        n_dropped: compact: deleted rows dropped from the rewritten segments.
+        n_skipped: rows skipped for a null or blank text.
+        segments: segments in the version after the write.
+        merged: segments the write merged into one (its merge policy, or ``compact``).
+        dim: dimension of the searched vectors.
+        calibration: the calibration asked for; ``space``: what is searched.
+        factory: the vector index of the segment the write made (or the largest).
+        decision: why that space, in words.
+        bytes: the version's size on disk after the write; ``bytes_freed`` by compact.
+        drift: add/upsert: how the new rows sit against the corpus (a report), or None.
+        seconds: time per stage, and ``total``.
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    kind: str
+    index: str
+    version: int
+    n_live: int = 0
+    n_written: int = 0
+    n_inserted: int = 0
+    n_replaced: int = 0
+    n_deleted: int = 0
+    missing: list[Any] = Field(default_factory=list)
+    n_dropped: int = 0
+    n_skipped: int = 0
+    segments: int = 0
+    merged: int = 0
+    dim: int | None = None
+    calibration: str | None = None
+    space: str | None = None
+    factory: str | None = None
+    decision: str | None = None
+    bytes: int = 0
+    bytes_freed: int = 0
+    drift: Any = None
+    seconds: dict[str, float] = Field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of the fields (the drift report as its own dict)."""
+        out = self.model_dump(mode="json", exclude={"drift"})
+        drift = self.drift
+        out["drift"] = drift.to_dict() if hasattr(drift, "to_dict") else drift
+        return out
+
+    def __getitem__(self, key: str) -> Any:
+        """Read a field by name (or by the second release's dict key, e.g. ``"rows"``)."""
+        name = _OLD_KEYS.get(key, key)
+        if name not in type(self).model_fields:
+            raise KeyError(key)
+        return getattr(self, name)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """:meth:`__getitem__` with a default."""
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+
+def result_of(
+    kind: str, target: Path, manifest: mf.Manifest, st: Stages, **fields: Any
+) -> WriteResult:
+    """The :class:`WriteResult` of a published version."""
+    from flowsearch.search.version import sizes
+
+    total = sum(st.seconds.values())
+    biggest = max(manifest.segments, key=lambda s: s.n_rows, default=None)
+    return WriteResult(
+        kind=kind,
+        index=str(target),
+        version=manifest.version,
+        n_live=manifest.n_live,
+        segments=len(manifest.segments),
+        dim=manifest.dim,
+        calibration=manifest.calibration.name,
+        space=manifest.calibration.space,
+        decision=manifest.calibration.decision,
+        factory=fields.pop("factory", biggest.ann.factory if biggest else None),
+        bytes=sizes(target, manifest)["total"],
+        seconds={**{k: round(v, 3) for k, v in st.seconds.items()}, "total": round(total, 3)},
+        **fields,
+    )
