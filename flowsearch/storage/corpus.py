@@ -80,9 +80,7 @@ def resolve_files(corpus: _PathLike | Sequence[_PathLike]) -> list[Path]:
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if _wanted(p, path))
             if not found:
-                raise BadInput(
-                    f"no {_SUPPORTED} files in directory {path}; point at a corpus"
-                )
+                raise BadInput(f"no {_SUPPORTED} files in directory {path}; point at a corpus")
             files.extend(found)
         elif path.is_file():
             if format_of(path) is None and not _looks_parquet(path):

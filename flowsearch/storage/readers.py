@@ -194,9 +194,7 @@ def reading_error(exc: BaseException, source: Source) -> BadInput:
     text = _line(str(exc))
     gz = source.path is not None and source.path.suffix.lower() == ".gz"
     if gz and any(word in text.lower() for word in ("gzip", "zlib", "compress", "inflate")):
-        return BadInput(
-            f"{where} is a truncated or corrupt gzip file ({text}); compress it again"
-        )
+        return BadInput(f"{where} is a truncated or corrupt gzip file ({text}); compress it again")
     if source.format == "parquet":
         if "magic bytes" in text or "size is 0" in text or "Couldn't deserialize" in text:
             return BadInput(
