@@ -90,48 +90,28 @@ def eval_cmd(
     as_json: AsJson = False,
 ) -> None:
     """Evaluate an encoder + calibration: STS (Spearman), QNLI (AUC), retrieval (nDCG@10)."""
-    from flowsearch import evaluation
-
-    encoder: dict[str, Any] = {}
+    options = dict(model=model, pooling=pooling, max_length=max_length, batch_size=batch_size)
     if backend != "torch" or quantize is not None:
-        encoder = {"backend": backend, "quantize": quantize}
+        options.update(backend=backend, quantize=quantize)
     if task is Task.retrieval:
         if beir_dir is None:
             raise BadInput("eval retrieval needs a BEIR-format directory", "give its path")
-        result = evaluation.run_retrieval(
-            beir_dir,
-            modes=mode,
-            model=model,
-            pooling=pooling,
-            calibration=calibration or "auto",
-            keep=keep,
-            batch_size=batch_size,
-            ignore_identical_ids=ignore_identical_ids,
-            max_length=max_length,
-            **encoder,
-        )
+        result = _retrieval(beir_dir, calibration or "auto", mode, keep, ignore_identical_ids,
+                            options)  # fmt: skip
     else:
         if beir_dir is not None:
             raise BadInput(
                 f"eval {task.value} takes no directory argument", "give the data folder with --data"
             )
-        kwargs: dict[str, Any] = {
-            "model": model,
-            "pooling": pooling,
-            "calibration": calibration or "none",
-            "max_length": max_length,
-            "data_dir": data,
-            "batch_size": batch_size,
-            **encoder,
-        }
-        if task is Task.sts:
-            names = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
-            result = evaluation.run_sts(tasks=names, **kwargs)
-        else:
-            result = evaluation.run_qnli(**kwargs)
+        result = _pairs(task, data, calibration or "none", tasks, options)
     if as_json:
         print_json(result)
-        return
+    else:
+        _print_table(task, result, keep)
+
+
+def _print_table(task: Task, result: dict[str, Any], keep: bool) -> None:
+    """The evaluation's figures as a table (task, metric, value) on stdout."""
     from rich.table import Table
 
     table = Table(
@@ -152,3 +132,40 @@ def eval_cmd(
     if result.get("index_dir") and keep:
         table.caption = literal(f"index kept at {result['index_dir']}")
     stdout_console().print(table)
+
+
+def _retrieval(
+    beir_dir: Path,
+    calibration: str,
+    mode: str,
+    keep: bool,
+    ignore_identical_ids: bool,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    from flowsearch import evaluation
+
+    result: dict[str, Any] = evaluation.run_retrieval(
+        beir_dir,
+        modes=mode,
+        calibration=calibration,
+        keep=keep,
+        ignore_identical_ids=ignore_identical_ids,
+        **options,
+    )
+    return result
+
+
+def _pairs(
+    task: Task, data: Path | None, calibration: str, tasks: str | None, options: dict[str, Any]
+) -> dict[str, Any]:
+    """STS (Spearman) or QNLI (AUC) on the data folder."""
+    from flowsearch import evaluation
+
+    kwargs = {**options, "calibration": calibration, "data_dir": data}
+    result: dict[str, Any]
+    if task is Task.sts:
+        names = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+        result = evaluation.run_sts(tasks=names, **kwargs)
+    else:
+        result = evaluation.run_qnli(**kwargs)
+    return result
