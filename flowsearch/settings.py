@@ -67,6 +67,19 @@ class Settings:
     #: least 16k of 200k rows, bench_filters).
     exact_below: int = 16_384
 
+    # --- search: where filters (DuckDB) ----------------------------------------------------
+    #: Seconds a filter may run before it is interrupted (DuckDB checks between vectors of
+    #: 2,048 rows, so a filter stops within this plus one vector's work).
+    filter_timeout: float = 10.0
+    #: DuckDB's ``memory_limit`` for a Searcher's filters: what its buffer manager may hold for
+    #: a query (hash tables, sorts); the filtered columns themselves are Arrow tables outside it.
+    filter_memory_bytes: int = 512 * 2**20
+    #: DuckDB threads per filter (1: filters of concurrent queries run side by side anyway).
+    filter_threads: int = 1
+    #: Bytes of matched row numbers kept per version, most recently used first (a tenant
+    #: filter repeats on every query).
+    filter_rows_cache_bytes: int = 64 * 2**20
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (unknown names are refused)."""
         names = {f.name for f in dataclasses.fields(self)}

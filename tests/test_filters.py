@@ -11,13 +11,14 @@ import faiss
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flowsearch.ann.prefilter import allowed_rows, filtered_search, prepare_index
 from flowsearch.errors import FlowsearchError
-from flowsearch.search.filters import MetadataFilter, _Watchdog
+from flowsearch.search.filters import MetadataFilter, SegmentRef, _Watchdog
 from flowsearch.storage import rows as store
 
 ROWS, SHARD_ROWS, DIM = 900, 300, 16
@@ -57,9 +58,25 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert len(shards) == 3
     table = meta.append_column("id", pa.array([f"doc{i}" for i in range(ROWS)]))
     table = table.append_column("text", pa.array(texts))
-    flt = MetadataFilter([root / s.path for s in shards], COLUMNS)
-    yield {"filter": flt, "table": table, "vectors": vectors}
+    db = MetadataFilter()
+    flt = db.version(_segments(root, shards), _schema(table))
+    yield {"filter": flt, "db": db, "table": table, "vectors": vectors}
     flt.close()
+    db.close()
+
+
+def _segments(root: Path, shards: list) -> list[SegmentRef]:
+    """The shards as filter segments, each read (once, on first use) from its Parquet file."""
+    refs, offset = [], 0
+    for shard in shards:
+        path = root / shard.path
+        refs.append(SegmentRef(shard.path, offset, shard.rows, lambda p=path: pq.read_table(p)))
+        offset += shard.rows
+    return refs
+
+
+def _schema(table: pa.Table) -> list[tuple[str, pa.DataType]]:
+    return [(name, table.schema.field(name).type) for name in ["id", "text", *COLUMNS]]
 
 
 def _expected(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -173,7 +190,7 @@ def test_syntax_error_gives_position_and_near_text(corpus: dict) -> None:
 
 def test_connection_is_locked(corpus: dict) -> None:
     # A second wall behind the syntax checks: even raw SQL on the connection can't reach out.
-    con = corpus["filter"]._con.cursor()
+    con = corpus["db"]._con.cursor()
     with pytest.raises(duckdb.Error, match="disabled by configuration"):
         con.execute("SELECT * FROM read_csv('/etc/passwd')")
     with pytest.raises(duckdb.Error, match="locked"):

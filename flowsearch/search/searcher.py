@@ -203,10 +203,7 @@ class Searcher:
         with self._rows_lock:
             version = self._version
             version.reader.close()
-            with version._filter_lock:
-                if version._filter is not None:
-                    version._filter.close()
-                    version._filter = None
+            version.close_filter()
 
     def __len__(self) -> int:
         return int(self.manifest.live_rows)
@@ -278,14 +275,28 @@ class Searcher:
         self, query: str, k: int = 10, where: str | None = None, mode: str | None = None
     ) -> QueryResult:
         """One query's hits with the density report (what ``flowsearch query`` prints)."""
-        version = self._version
         if not isinstance(query, str):
             raise FlowsearchError(f"query must be a string, got {type(query).__name__}")
-        hits, lp, top = self._run(version, _checked_queries(query), _checked_k(k), where, mode)
-        report = self._report(
-            version, None if lp is None else lp[0], None if top is None else top[0]
-        )
-        return QueryResult(query, hits[0], report)
+        return self.query_batch([query], k=k, where=where, mode=mode)[0]
+
+    def query_batch(
+        self, queries: list[str], k: int = 10, where: str | None = None, mode: str | None = None
+    ) -> list[QueryResult]:
+        """Each query's hits with its density report, all answered from one version in one
+        encoder call (what the server answers a list of queries with)."""
+        version = self._version
+        checked = _checked_queries(queries)
+        hits, lp, top = self._run(version, checked, _checked_k(k), where, mode)
+        return [
+            QueryResult(
+                q,
+                hits[i],
+                self._report(
+                    version, None if lp is None else lp[i], None if top is None else top[i]
+                ),
+            )
+            for i, q in enumerate(checked)
+        ]
 
     def _run(
         self, version: Version, queries: list[str], k: int, where: str | None, mode: str | None

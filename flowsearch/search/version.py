@@ -95,18 +95,27 @@ class Version:
     deleted: np.ndarray | None  # bool (rows,), True for a deleted row; None when none are
     lexical: Any  # LexicalIndex or None
     _filter: Any = None
+    _filter_db: Any = None
     _filter_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def metadata_filter(self) -> Any:
-        """The version's :class:`~flowsearch.search.filters.MetadataFilter`, made on first use (it
-        loads the id, text and metadata columns)."""
+        """The version's :class:`~flowsearch.search.filters.VersionFilter`, made on first use
+        (its first filtered query loads the id, text and metadata columns)."""
         with self._filter_lock:
             if self._filter is None:
                 from flowsearch.search.filters import MetadataFilter
 
-                paths = [self.manifest.path(self.root, s.path) for s in self.manifest.shards]
-                self._filter = MetadataFilter(paths, self.manifest.columns.metadata)
+                # one filter database per version until the Searcher owns one for all versions
+                self._filter_db = MetadataFilter()
+                self._filter = self._filter_db.version(*_filter_segments(self))
             return self._filter
+
+    def close_filter(self) -> None:
+        """Release the filter's database, if one was made."""
+        with self._filter_lock:
+            if self._filter_db is not None:
+                self._filter_db.close()
+            self._filter = self._filter_db = None
 
     def matching(self, where: str | None) -> np.ndarray | None:
         """Sorted rows a ``where`` predicate matches; None when there is no predicate."""
@@ -120,6 +129,38 @@ class Version:
         mask = np.zeros(self.manifest.rows, dtype=bool)
         mask[rows] = True
         return mask
+
+
+def _filter_segments(version: Version) -> tuple[list[Any], list[tuple[str, Any]]]:
+    """Each shard as a filter segment (read from its file on first use) and the columns' types
+    (the shards' Parquet schemas, unified)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from flowsearch.search.filters import SegmentRef
+
+    m = version.manifest
+    names = ["id", "text", *[c for c in m.columns.metadata if c not in ("id", "text")]]
+    paths = [m.path(version.root, shard.path) for shard in m.shards]
+    try:
+        schemas = [pq.read_schema(path) for path in paths]
+    except (OSError, pa.ArrowException) as exc:
+        raise FlowsearchError(f"cannot read the shards of {version.root} ({exc})") from None
+    unified = pa.unify_schemas(schemas, promote_options="permissive") if schemas else None
+
+    def load(path: Path, schema: pa.Schema) -> Any:
+        present = [n for n in names if n in schema.names]
+        return lambda: pq.read_table(path, columns=present)
+
+    segments = [
+        SegmentRef(shard.path, int(version.reader.starts[i]), int(shard.rows), load(path, schema))
+        for i, (shard, path, schema) in enumerate(zip(m.shards, paths, schemas, strict=True))
+    ]
+    types = [
+        (n, unified.field(n).type if unified is not None and n in unified.names else pa.null())
+        for n in names
+    ]
+    return segments, types
 
 
 def _read_faiss(path: Path, manifest: mf.Manifest, mmap: bool) -> Any:
