@@ -17,7 +17,10 @@ Two things are read from the tree rather than the text:
   vectors of 2,048 rows, so one vector of ``repeat(text, 100000)`` ran 45 s and took 9 GB
   whatever the limit (measured, DuckDB 2.0.1). Functions that build values from a count or a
   width (``repeat``, ``lpad``, ``range``, ...) are refused, and the constant replacements of
-  ``replace``/``regexp_replace`` may grow a value at most :data:`MAX_GROWTH`-fold together.
+  ``replace``/``regexp_replace`` may grow a value at most :data:`MAX_GROWTH`-fold together,
+  and a predicate names columns at most :data:`MAX_COLUMN_REFS` times. What stays unbounded:
+  one vector's work of functions whose cost grows faster than their input (``levenshtein`` of
+  two long texts), so a filter stops within its timeout plus one vector's work.
 
 Example:
     >>> import duckdb
@@ -42,6 +45,7 @@ import duckdb
 from flowsearch.errors import BadInput
 
 __all__ = [
+    "MAX_COLUMN_REFS",
     "MAX_GROWTH",
     "MAX_WHERE_CHARS",
     "PREFIX",
@@ -59,6 +63,9 @@ __all__ = [
 MAX_WHERE_CHARS = 8192
 #: How many times longer than its input the string rewrites of a predicate may make a value.
 MAX_GROWTH = 64
+#: How many column references a predicate may hold: ``text || text || ...`` costs the square
+#: of its length per row (100 of them: 10 s per 2,048-row vector, which no timeout interrupts).
+MAX_COLUMN_REFS = 32
 
 TABLE = "meta"
 ROW = "__row"
@@ -233,7 +240,7 @@ class PredicateCheck:
         """Walk the predicate's syntax tree (iteratively: trees may be deep); True when it reads
         the clock."""
         volatile = False
-        growth = 1
+        growth = references = 1
         stack: list[Any] = [root]
         while stack:
             item = stack.pop()
@@ -252,12 +259,19 @@ class PredicateCheck:
                 raise refused(where, f"uses {kind.lower()} expressions", "use plain conditions")
             if kind == "COLUMN_REF":
                 volatile |= self._check_column(where, item.get("column_names") or [])
+                references += 1
             elif kind == "FUNCTION":
                 volatile |= self._check_function(where, item)
                 growth *= _growth(where, item)
             elif kind == "TYPE" and (item.get("catalog") or item.get("schema")):
                 raise refused(where, "names a type in a schema", "use built-in types only")
             stack.extend(v for v in item.values() if isinstance(v, (dict, list)))
+        if references - 1 > MAX_COLUMN_REFS:
+            raise refused(
+                where,
+                f"names columns {references - 1} times",
+                f"name at most {MAX_COLUMN_REFS} (a filter, not a program)",
+            )
         if growth > MAX_GROWTH:
             raise refused(
                 where,
