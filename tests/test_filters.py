@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from flowsearch.ann.prefilter import allowed_rows, filtered_search, prepare_index
 from flowsearch.errors import FlowsearchError
-from flowsearch.search.filters import MetadataFilter, SegmentRef, _Watchdog
+from flowsearch.search.filters import MetadataFilter, SegmentRef
+from flowsearch.search.watchdog import Watchdog
 from flowsearch.storage import rows as store
 
 ROWS, SHARD_ROWS, DIM = 900, 300, 16
@@ -498,7 +499,7 @@ def test_watchdog_interrupts_only_late_cursors() -> None:
         def interrupt(self) -> None:
             self.interrupted += 1
 
-    dog = _Watchdog(period=0.01)
+    dog = Watchdog(period=0.01)
     late, done = Cursor(), Cursor()
     dog.watch(late, 0.0)
     dog.forget(dog.watch(done, 0.0))

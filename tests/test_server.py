@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -805,17 +806,20 @@ def test_a_json_body_is_read_whatever_the_content_type(
     assert len(r.json()["hits"]) == 3
 
 
-def test_curl_as_the_readme_writes_it(reader: Server) -> None:
+def test_curl_as_the_readme_writes_it(reader: Server, searcher: Searcher) -> None:
     curl = shutil.which("curl")
     if curl is None:
         pytest.skip("no curl on this machine")
-    body = '{"query": "the cat", "k": 2, "where": "year > 2000"}'
-    out = subprocess.run(
-        [curl, "-s", "-H", f"Authorization: Bearer {KEY}", f"{reader.url}/search", "-d", body],
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    line = next(x.strip() for x in readme.splitlines() if x.strip().startswith("curl "))
+    args = [a.replace("localhost:8000", reader.url) for a in shlex.split(line)]
+    assert args[0] == "curl" and any(a.startswith(reader.url) for a in args), line
+    args = [curl, *args[1:], "-H", f"Authorization: Bearer {KEY}"]  # this server has a key
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True)
     doc = json.loads(out.stdout)
-    assert len(doc["hits"]) == 2 and all(h["metadata"]["year"] > 2000 for h in doc["hits"])
+    where = json.loads(args[args.index("-d") + 1])["where"]
+    assert doc["query"] == "heat pumps" and set(doc) == {"query", "hits", "density"}
+    assert doc == _plain(searcher.query("heat pumps", k=5, where=where).to_dict())
 
 
 def test_docs_work_offline_and_need_no_key(reader: Server) -> None:

@@ -35,10 +35,7 @@ import contextlib
 import itertools
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 import cachetools
 import duckdb
@@ -47,6 +44,15 @@ import pyarrow as pa
 
 from flowsearch import settings
 from flowsearch.errors import BadInput, IndexDamaged
+from flowsearch.search.filter_segments import (
+    LOCAL,
+    RESERVED,
+    Segment,
+    SegmentRef,
+    Worker,
+    forget,
+    load_segment,
+)
 from flowsearch.search.predicate import (
     MAX_WHERE_CHARS,
     ROW,
@@ -57,99 +63,18 @@ from flowsearch.search.predicate import (
     first_line,
     refused,
 )
+from flowsearch.search.watchdog import Watchdog
 
 __all__ = ["MAX_WHERE_CHARS", "MetadataFilter", "SegmentRef", "VersionFilter"]
 
 LOG = logging.getLogger(__name__)
-
-_LOCAL = "__local"
-_RESERVED = frozenset({ROW, _LOCAL, "vector", "raw"})
-
-
-@dataclass(frozen=True)
-class SegmentRef:
-    """One segment of a version, as the filter sees it.
-
-    Attributes:
-        name: the segment's name, unique in the index (its tables are shared by name).
-        offset: its first global row in the version.
-        n_rows: how many rows it holds.
-        load: returns its filterable columns (``id``, ``text``, metadata) as an Arrow table of
-            ``n_rows`` rows in local row order; called once, on first use.
-    """
-
-    name: str
-    offset: int
-    n_rows: int
-    load: Callable[[], pa.Table]
 
 
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-class _Watchdog:
-    """Interrupts DuckDB cursors that outlive their deadline.
-
-    One daemon thread polling a few times a second, started on first use: a timer thread per
-    predicate costs a thread start on every query, which on a busy machine waits for the
-    scheduler (measured: milliseconds at p95).
-    """
-
-    def __init__(self, period: float = 0.1) -> None:
-        self.period = period
-        self._lock = threading.Lock()
-        self._watched: dict[int, tuple[float, Any]] = {}
-        self._next = 0
-        self._thread: threading.Thread | None = None
-
-    def watch(self, cursor: Any, timeout: float) -> int:
-        with self._lock:
-            self._next += 1
-            self._watched[self._next] = (time.monotonic() + timeout, cursor)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="flowsearch-where-watchdog")
-                self._thread.daemon = True
-                self._thread.start()
-            return self._next
-
-    def forget(self, token: int) -> None:
-        with self._lock:
-            self._watched.pop(token, None)
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(self.period)
-            now = time.monotonic()
-            with self._lock:
-                late = [c for deadline, c in self._watched.values() if deadline <= now]
-            for cursor in late:
-                with contextlib.suppress(Exception):
-                    cursor.interrupt()
-
-
-_WATCHDOG = _Watchdog()
-
-
-@dataclass
-class _Segment:
-    """A segment's table (loaded on first use) and how many live versions use it."""
-
-    key: str
-    ref: SegmentRef
-    users: int = 0
-    table: pa.Table | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-@dataclass
-class _Worker:
-    """A DuckDB cursor (its own connection) and what is registered on it: a registered Arrow
-    table and a temporary view are seen by their connection only."""
-
-    cursor: Any
-    tables: dict[str, pa.Table] = field(default_factory=dict)
-    views: set[str] = field(default_factory=set)
+_WATCHDOG = Watchdog()
 
 
 class MetadataFilter:
@@ -189,8 +114,8 @@ class MetadataFilter:
         self._con.execute("SET lock_configuration = true")
         self.functions = allowed_functions(self._con)
         self._lock = threading.Lock()
-        self._segments: dict[str, _Segment] = {}
-        self._idle: list[_Worker] = []
+        self._segments: dict[str, Segment] = {}
+        self._idle: list[Worker] = []
         self._ids = itertools.count()
         self._closed = False
 
@@ -207,7 +132,7 @@ class MetadataFilter:
         Raises:
             BadInput: a column that cannot be filtered on (``vector``, ``raw``, ``__row``).
         """
-        bad = [name for name, _ in schema if name in _RESERVED]
+        bad = [name for name, _ in schema if name in RESERVED]
         if bad:
             raise BadInput(f"column {bad[0]!r} cannot be filtered on", "leave it out")
         with self._lock:
@@ -215,7 +140,7 @@ class MetadataFilter:
             for ref in segments:
                 seg = self._segments.get(ref.name)
                 if seg is None:
-                    seg = _Segment(f"s{next(self._ids)}", ref)
+                    seg = Segment(f"s{next(self._ids)}", ref)
                     self._segments[ref.name] = seg
                 seg.users += 1
                 used.append((seg, ref))
@@ -240,7 +165,7 @@ class MetadataFilter:
 
     # -- what versions share ----------------------------------------------------------------
 
-    def _release(self, used: Sequence[tuple[_Segment, SegmentRef]]) -> None:
+    def _release(self, used: Sequence[tuple[Segment, SegmentRef]]) -> None:
         """A version closed: drop the segments no live version uses any more."""
         with self._lock:
             for seg, ref in used:
@@ -249,24 +174,24 @@ class MetadataFilter:
                     del self._segments[ref.name]
             live = {seg.key for seg in self._segments.values()}
             for worker in self._idle:
-                _forget(worker, live)
+                forget(worker, live)
 
-    def _table(self, seg: _Segment) -> pa.Table:
+    def _table(self, seg: Segment) -> pa.Table:
         """The segment's table, loaded on first use (once, whoever asks first)."""
         with seg.lock:
             if seg.table is None:
-                seg.table = _loaded(seg.ref)
+                seg.table = load_segment(seg.ref)
             return seg.table
 
     @contextlib.contextmanager
-    def _worker(self) -> Iterator[_Worker]:
+    def _worker(self) -> Iterator[Worker]:
         """A cursor for one query; back to the pool after it (closed if the query broke it)."""
         with self._lock:
             if self._closed:
                 raise BadInput("this Searcher is closed", "open the index again")
-            worker = self._idle.pop() if self._idle else _Worker(self._con.cursor())
+            worker = self._idle.pop() if self._idle else Worker(self._con.cursor())
             live = {seg.key for seg in self._segments.values()}
-        _forget(worker, live)
+        forget(worker, live)
         ok = False
         try:
             yield worker
@@ -283,37 +208,6 @@ class MetadataFilter:
                         worker.cursor.close()
 
 
-def _forget(worker: _Worker, live: set[str]) -> None:
-    """Drop what a worker registered for segments no live version uses (their memory)."""
-    for key in [k for k in worker.tables if k not in live and not k.startswith("e")]:
-        for view in list(worker.views):
-            with contextlib.suppress(duckdb.Error):
-                worker.cursor.execute(f"DROP VIEW IF EXISTS {view}")
-        worker.views.clear()
-        with contextlib.suppress(duckdb.Error):
-            worker.cursor.unregister(key)
-        del worker.tables[key]
-
-
-def _loaded(ref: SegmentRef) -> pa.Table:
-    """A segment's columns from its ``load``, checked, with its local row numbers."""
-    try:
-        table = ref.load()
-    except (OSError, pa.ArrowException) as exc:
-        raise IndexDamaged(
-            f"cannot read the filter columns of segment {ref.name} ({exc})",
-            "check the index with flowsearch info --verify",
-        ) from None
-    if table.num_rows != ref.n_rows:
-        raise IndexDamaged(
-            f"segment {ref.name} holds {table.num_rows} rows, its version says {ref.n_rows}",
-            "check the index with flowsearch info --verify",
-        )
-    keep = [name for name in table.column_names if name not in _RESERVED]
-    table = table.select(keep)
-    return table.append_column(_LOCAL, pa.array(np.arange(ref.n_rows, dtype=np.int64)))
-
-
 class VersionFilter:
     """The filter of one pinned version (see :meth:`MetadataFilter.version`).
 
@@ -326,7 +220,7 @@ class VersionFilter:
         self,
         owner: MetadataFilter,
         key: str,
-        used: list[tuple[_Segment, SegmentRef]],
+        used: list[tuple[Segment, SegmentRef]],
         schema: list[tuple[str, pa.DataType]],
     ) -> None:
         self._owner = owner
@@ -407,7 +301,7 @@ class VersionFilter:
             self._checked[where] = checked
         return checked
 
-    def _empty(self, worker: _Worker) -> str:
+    def _empty(self, worker: Worker) -> str:
         """An empty table of the version's schema on ``worker`` (to type predicates on)."""
         name = f"e{self._key}"
         if name not in worker.tables:
@@ -415,7 +309,7 @@ class VersionFilter:
             worker.cursor.register(name, worker.tables[name])
         return name
 
-    def _view(self, worker: _Worker) -> str:
+    def _view(self, worker: Worker) -> str:
         """The version's rows on ``worker``: its segments' tables, UNION ALL, ``__row`` global."""
         if self._key in worker.views:
             return self._key
@@ -427,7 +321,7 @@ class VersionFilter:
             if seg.key not in worker.tables:
                 worker.cursor.register(seg.key, table)
                 worker.tables[seg.key] = table
-            columns = [f"CAST({ref.offset} AS BIGINT) + {_LOCAL} AS {ROW}"]
+            columns = [f"CAST({ref.offset} AS BIGINT) + {LOCAL} AS {ROW}"]
             for name, kind in types.items():
                 have = name in table.column_names
                 source = _quote(name) if have else "NULL"
