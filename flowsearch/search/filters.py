@@ -2,14 +2,16 @@ r"""Metadata filters: a SQL ``where`` predicate, evaluated by DuckDB, as a FAISS
 
 One :class:`MetadataFilter` per Searcher holds one in-memory DuckDB database, locked down when it
 is made: no file, network or extension access, no configuration change, no temporary directory
-(nothing spills to disk), a ``memory_limit`` for what its buffer manager holds. It knows
-*segments*: each segment's filterable columns (``id``, ``text``, metadata; never vectors) are
-read once, on the first filtered query that needs them, from an Arrow table the caller's
-``load`` returns (read through file handles the caller holds open, so a pinned reader keeps
-working after a later write's cleanup deleted the files), and kept while a live version uses
-them. :meth:`MetadataFilter.version` gives a :class:`VersionFilter` for one version: the UNION
-ALL of its segments, each row numbered ``__row`` = segment offset + local row (the global row),
-every column of the version's schema present (NULL, typed, where a segment lacks it).
+(nothing spills to disk), and a ``memory_limit`` that bounds the segments' tables and the
+queries' working memory together. It knows *segments*: each segment's filterable columns
+(``id``, ``text``, metadata; never vectors) are read once, on the first filtered query that needs
+them, from an Arrow table the caller's ``load`` returns (read through file handles the caller
+holds open, so a pinned reader keeps working after a later write's cleanup deleted the files),
+copied into a DuckDB table, and kept while a live version uses them
+(:mod:`flowsearch.search.filter_segments`). :meth:`MetadataFilter.version` gives a
+:class:`VersionFilter` for one version: the UNION ALL of its segments, each row numbered
+``__row`` = segment offset + local row (the global row), every column of the version's schema
+present (NULL, typed, where a segment lacks it).
 
 :meth:`VersionFilter.rows` turns a predicate (checked first on DuckDB's syntax tree, see
 :mod:`flowsearch.search.predicate`) into the sorted global rows it matches;
@@ -36,6 +38,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import cachetools
 import duckdb
@@ -43,15 +46,15 @@ import numpy as np
 import pyarrow as pa
 
 from flowsearch import settings
-from flowsearch.errors import BadInput, IndexDamaged
+from flowsearch.errors import BadInput, FlowsearchError
 from flowsearch.search.filter_segments import (
     LOCAL,
     RESERVED,
     Segment,
     SegmentRef,
-    Worker,
-    forget,
+    create_table,
     load_segment,
+    quote,
 )
 from flowsearch.search.predicate import (
     MAX_WHERE_CHARS,
@@ -68,10 +71,6 @@ from flowsearch.search.watchdog import Watchdog
 __all__ = ["MAX_WHERE_CHARS", "MetadataFilter", "SegmentRef", "VersionFilter"]
 
 LOG = logging.getLogger(__name__)
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 _WATCHDOG = Watchdog()
@@ -98,10 +97,11 @@ class MetadataFilter:
     ) -> None:
         tuned = settings.current()
         self.timeout = float(tuned.filter_timeout if timeout is None else timeout)
-        limit = tuned.filter_memory_bytes if memory_limit is None else memory_limit
+        limit = int(tuned.filter_memory_bytes if memory_limit is None else memory_limit)
+        self.memory_limit = limit
         config: dict[str, str | bool | int | float | list[str]] = {
             "threads": int(tuned.filter_threads if threads is None else threads),
-            "memory_limit": f"{max(1, int(limit) // 2**20)}MB",
+            "memory_limit": f"{max(1, limit // 2**20)}MB",
             "temp_directory": "",  # never spill to disk: a filter's memory is its bound
             # return freed memory to the system (without: a 1 GB filter's pages stay resident)
             "allocator_background_threads": True,
@@ -115,7 +115,7 @@ class MetadataFilter:
         self.functions = allowed_functions(self._con)
         self._lock = threading.Lock()
         self._segments: dict[str, Segment] = {}
-        self._idle: list[Worker] = []
+        self._idle: list[Any] = []  # cursors between queries
         self._ids = itertools.count()
         self._closed = False
 
@@ -150,9 +150,9 @@ class MetadataFilter:
         """Release the DuckDB database and every segment's table."""
         with self._lock:
             self._closed = True
-            for worker in self._idle:
+            for cursor in self._idle:
                 with contextlib.suppress(duckdb.Error):
-                    worker.cursor.close()
+                    cursor.close()
             self._idle.clear()
             self._segments.clear()
         self._con.close()
@@ -165,47 +165,55 @@ class MetadataFilter:
 
     # -- what versions share ----------------------------------------------------------------
 
-    def _release(self, used: Sequence[tuple[Segment, SegmentRef]]) -> None:
-        """A version closed: drop the segments no live version uses any more."""
+    def _release(self, view: str, used: Sequence[tuple[Segment, SegmentRef]]) -> None:
+        """A version closed: drop its view, and the tables no live version uses any more."""
         with self._lock:
+            if self._closed:
+                return
+            drop = [f"DROP VIEW IF EXISTS {view}", f"DROP TABLE IF EXISTS e{view}"]
             for seg, ref in used:
                 seg.users -= 1
                 if seg.users <= 0 and self._segments.get(ref.name) is seg:
                     del self._segments[ref.name]
-            live = {seg.key for seg in self._segments.values()}
-            for worker in self._idle:
-                forget(worker, live)
+                    drop.append(f"DROP TABLE IF EXISTS {seg.key}")
+            cursor = self._con.cursor()
+        try:
+            for sql in drop:
+                cursor.execute(sql)
+        finally:
+            cursor.close()
 
-    def _table(self, seg: Segment) -> pa.Table:
-        """The segment's table, loaded on first use (once, whoever asks first)."""
+    def _load(self, seg: Segment) -> dict[str, pa.DataType]:
+        """The segment's table, made on first use (once, whoever asks first): its types."""
         with seg.lock:
-            if seg.table is None:
-                seg.table = load_segment(seg.ref)
-            return seg.table
+            if seg.types is None:
+                table = load_segment(seg.ref)
+                with self._cursor() as cursor:
+                    create_table(cursor, seg.key, table, self.memory_limit)
+                seg.types = {f.name: f.type for f in table.schema}
+            return seg.types
 
     @contextlib.contextmanager
-    def _worker(self) -> Iterator[Worker]:
-        """A cursor for one query; back to the pool after it (closed if the query broke it)."""
+    def _cursor(self) -> Iterator[Any]:
+        """A cursor for one query, back to the pool after it (closed if the query broke it)."""
         with self._lock:
             if self._closed:
                 raise BadInput("this Searcher is closed", "open the index again")
-            worker = self._idle.pop() if self._idle else Worker(self._con.cursor())
-            live = {seg.key for seg in self._segments.values()}
-        forget(worker, live)
+            cursor = self._idle.pop() if self._idle else self._con.cursor()
         ok = False
         try:
-            yield worker
+            yield cursor
             ok = True
-        except (BadInput, IndexDamaged):
+        except FlowsearchError:
             ok = True  # the caller's problem, not the cursor's: keep it
             raise
         finally:
             with self._lock:
                 if ok and not self._closed:
-                    self._idle.append(worker)
+                    self._idle.append(cursor)
                 else:
                     with contextlib.suppress(duckdb.Error):
-                        worker.cursor.close()
+                        cursor.close()
 
 
 class VersionFilter:
@@ -235,13 +243,16 @@ class VersionFilter:
             settings.current().filter_rows_cache_bytes, getsizeof=lambda rows: int(rows.nbytes)
         )
         self._cache_lock = threading.Lock()
+        self._view_lock = threading.Lock()
+        self._types: dict[str, str] | None = None  # the schema's DuckDB types, once made
+        self._viewed = False
         self._closed = False
 
     def close(self) -> None:
         """Release this version's hold on its segments' tables (idempotent)."""
         if not self._closed:
             self._closed = True
-            self._owner._release(self._used)
+            self._owner._release(self._key, self._used)
 
     def __enter__(self) -> VersionFilter:
         return self
@@ -295,58 +306,59 @@ class VersionFilter:
         with self._cache_lock:
             if where in self._checked:
                 return self._checked[where]
-        with self._owner._worker() as worker:
-            checked = self._check(worker.cursor, where, self._empty(worker))
+        with self._owner._cursor() as cursor:
+            checked = self._check(cursor, where, self._typed(cursor))
         with self._cache_lock:
             self._checked[where] = checked
         return checked
 
-    def _empty(self, worker: Worker) -> str:
-        """An empty table of the version's schema on ``worker`` (to type predicates on)."""
+    def _typed(self, cursor: Any) -> str:
+        """An empty table of the version's schema (to type predicates on), made once."""
         name = f"e{self._key}"
-        if name not in worker.tables:
-            worker.tables[name] = self._schema.empty_table()
-            worker.cursor.register(name, worker.tables[name])
+        with self._view_lock:
+            if self._types is None:
+                create_table(cursor, name, self._schema.empty_table(), self._owner.memory_limit)
+                described = cursor.execute(f"DESCRIBE {name}").fetchall()
+                self._types = {row[0]: row[1] for row in described}
         return name
 
-    def _view(self, worker: Worker) -> str:
-        """The version's rows on ``worker``: its segments' tables, UNION ALL, ``__row`` global."""
-        if self._key in worker.views:
-            return self._key
-        described = worker.cursor.execute(f"DESCRIBE {self._empty(worker)}").fetchall()
-        types = {row[0]: row[1] for row in described}
+    def _view(self, cursor: Any) -> str:
+        """The version's rows: its segments' tables, UNION ALL, ``__row`` global; made once,
+        on the first filtered query (which makes the segments' tables it lacks)."""
+        with self._view_lock:
+            if self._viewed:
+                return self._key
+        self._typed(cursor)
+        assert self._types is not None
         parts = []
         for seg, ref in self._used:
-            table = self._owner._table(seg)
-            if seg.key not in worker.tables:
-                worker.cursor.register(seg.key, table)
-                worker.tables[seg.key] = table
+            have = self._owner._load(seg)
             columns = [f"CAST({ref.offset} AS BIGINT) + {LOCAL} AS {ROW}"]
-            for name, kind in types.items():
-                have = name in table.column_names
-                source = _quote(name) if have else "NULL"
-                same = have and table.schema.field(name).type == self._schema.field(name).type
-                columns.append(
-                    f"{source} AS {_quote(name)}" if same else
-                    f"CAST({source} AS {kind}) AS {_quote(name)}"
-                )  # fmt: skip
+            for name, kind in self._types.items():
+                if name in have and have[name] == self._schema.field(name).type:
+                    columns.append(quote(name))
+                else:  # missing (NULL) or typed otherwise by an older write: the schema's type
+                    source = quote(name) if name in have else "NULL"
+                    columns.append(f"CAST({source} AS {kind}) AS {quote(name)}")
             parts.append(f"SELECT {', '.join(columns)} FROM {seg.key}")
         if not parts:  # a version without rows
-            parts.append(f"SELECT CAST(NULL AS BIGINT) AS {ROW}, * FROM {self._empty(worker)}")
-        worker.cursor.execute(f"CREATE TEMP VIEW {self._key} AS {' UNION ALL '.join(parts)}")
-        worker.views.add(self._key)
+            parts.append(f"SELECT CAST(NULL AS BIGINT) AS {ROW}, * FROM e{self._key}")
+        with self._view_lock:
+            if not self._viewed:
+                cursor.execute(f"CREATE VIEW {self._key} AS {' UNION ALL '.join(parts)}")
+                self._viewed = True
         return self._key
 
     def _run(self, predicate: str) -> np.ndarray:
         """Execute a checked predicate: its sorted rows."""
         if self._closed:
             raise BadInput("this version's filter is closed", "search a version that is open")
-        with self._owner._worker() as worker:
-            view = self._view(worker)
+        with self._owner._cursor() as cursor:
+            view = self._view(cursor)
             sql = f"SELECT {ROW} FROM {view} AS {TABLE} WHERE (\n{predicate}\n)"
-            token = _WATCHDOG.watch(worker.cursor, self._owner.timeout)
+            token = _WATCHDOG.watch(cursor, self._owner.timeout)
             try:
-                found = worker.cursor.execute(sql).fetchnumpy()[ROW]
+                found = cursor.execute(sql).fetchnumpy()[ROW]
             except duckdb.InterruptException:
                 raise refused(
                     predicate, f"ran longer than {self._owner.timeout:g} s", "simplify it"
