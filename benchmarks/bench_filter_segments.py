@@ -59,8 +59,10 @@ def corpus(n: int, seed: int = 0) -> pa.Table:
     )
 
 
-def ours(table: pa.Table, segments: int) -> tuple[MetadataFilter, VersionFilter]:
-    db = MetadataFilter()
+def ours(
+    table: pa.Table, segments: int, timeout: float | None = None
+) -> tuple[MetadataFilter, VersionFilter]:
+    db = MetadataFilter(timeout=timeout)
     size = -(-table.num_rows // segments)
     refs = []
     for i, start in enumerate(range(0, table.num_rows, size)):
@@ -132,7 +134,7 @@ def compare(table: pa.Table, segments: int, repeats: int) -> dict[str, Any]:
 def heavy_stop(table: pa.Table) -> dict[str, float]:
     """Seconds until a filter heavy in total is stopped by a 1 s timeout; and until a filter
     that would make values of any size is refused."""
-    db, flt = ours(table, 1)
+    db, flt = ours(table, 1, timeout=1.0)
     flt.rows("bucket = 1")  # loaded
     concat = " || ".join(["text"] * 16)
     heavy = f"length({concat}) > 0 AND levenshtein(text, 'tide moon sea heat pump') > 0"
