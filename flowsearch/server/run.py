@@ -34,6 +34,22 @@ def _say(line: str) -> None:
     print(f"flowsearch: {line}", file=sys.stderr, flush=True)
 
 
+def _uvicorn(app: Any, host: str, port: int, log_level: str, started: str) -> Any:
+    """A uvicorn server for ``app`` that says ``started`` once its port is bound."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:  # bound: say so (uvicorn exits instead when it cannot bind)
+                _say(started)
+
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30
+    )
+    return Server(config)
+
+
 def serve(
     index_dir: str | os.PathLike[str],
     host: str = "127.0.0.1",
@@ -58,8 +74,6 @@ def serve(
         FlowsearchError: no index, a damaged one, an empty API key, or a port that cannot be
             bound.
     """
-    import uvicorn
-
     if api_key is None:
         api_key = os.environ.get("FLOWSEARCH_API_KEY")
     app = create_app(index_dir, api_key=api_key)
@@ -71,15 +85,7 @@ def serve(
         f"{searcher.manifest.version}) at {url} ({key}; docs at {url}/docs); Ctrl-C stops"
     )
 
-    class Server(uvicorn.Server):
-        async def startup(self, sockets: Any = None) -> None:
-            await super().startup(sockets)
-            if self.started:  # bound: say so (uvicorn exits instead when it cannot bind)
-                _say(started)
-
-    server = Server(
-        uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
-    )
+    server = _uvicorn(app, host, port, log_level, started)
 
     def stop(signum: int, frame: Any) -> None:
         # uvicorn replaces this while it runs, then restores it and re-raises the SIGTERM it
