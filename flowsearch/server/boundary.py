@@ -11,7 +11,7 @@ r"""The HTTP boundary: bodies read with a bound, JSON whatever the content type 
   Every error body is ``{"detail": "<one line>"}``.
 
 Example:
-    >>> one_line("a\\n  b", 10)
+    >>> one_line("a\n  b", 10)
     'a b'
 """
 
