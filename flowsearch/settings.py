@@ -98,6 +98,21 @@ class Settings:
     #: Candidates each side contributes to hybrid fusion (at least k).
     hybrid_candidates: int = 100
 
+    # --- search: where filters (DuckDB) ----------------------------------------------------
+    #: Seconds a filter may run before it is interrupted (DuckDB checks between vectors of
+    #: 2,048 rows, so a filter stops within this plus one vector's work).
+    filter_timeout: float = 10.0
+    #: DuckDB's ``memory_limit`` for a Searcher's filter database: the segments' filterable
+    #: columns (about their text's size: 62 MB for 200k rows of 300 characters,
+    #: bench_filter_segments) plus the queries' working memory (hash tables, sorts). Not the
+    #: strings a scalar function returns: DuckDB does not count those (see search.predicate).
+    filter_memory_bytes: int = 2 * 2**30
+    #: DuckDB threads per filter (1: filters of concurrent queries run side by side anyway).
+    filter_threads: int = 1
+    #: Bytes of matched row numbers kept per version, most recently used first (a tenant
+    #: filter repeats on every query).
+    filter_rows_cache_bytes: int = 64 * 2**20
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (unknown names are refused)."""
         names = {f.name for f in dataclasses.fields(self)}

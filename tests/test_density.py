@@ -141,7 +141,7 @@ def test_nothing_non_finite_or_absurd_is_shown(lp, corpus, fit_rows):
 
 
 def test_caption_shows_only_finite_figures():
-    from flowsearch.cli.app import _density_caption
+    from flowsearch.cli.output import density_caption as _density_caption
 
     rep = query_report(-6.7e33, DensityStats(-6e26, 3.5e13, 0, 0, 0, 3), 3, 32, held_out=_held(),
                        top_score=0.41)  # fmt: skip

@@ -247,9 +247,9 @@ class Searcher:
         """One query's hits with its report (what ``flowsearch query`` prints)."""
         if not isinstance(query, str):
             raise BadInput(f"query must be a string, got {type(query).__name__}", param="query")
-        return self.query_many([query], k, where, mode)[0]
+        return self.query_batch([query], k, where, mode)[0]
 
-    def query_many(
+    def query_batch(
         self, queries: list[str], k: int = 10, where: str | None = None, mode: str | None = None
     ) -> list[QueryResult]:
         """Several queries' results, each with its report (one encoder call for all)."""

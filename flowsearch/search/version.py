@@ -16,12 +16,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 
 from flowsearch.errors import IndexDamaged
@@ -181,8 +183,10 @@ class Version:
         cuts = np.searchsorted(rows, self.offsets)
         return [rows[cuts[i] : cuts[i + 1]] - self.offsets[i] for i in range(len(self.segments))]
 
-    def metadata_filter(self, opened_filter: Any) -> Any:
-        """The version's filter (made on first use from the searcher's filter database)."""
+    def metadata_filter(self, database: Any) -> Any:
+        """The version's :class:`~flowsearch.search.filters.VersionFilter`, made on first use
+        in the searcher's filter ``database`` (closed when this version is garbage-collected,
+        so searches still running on it finish first)."""
         with self._filter_lock:
             if self._filter is None:
                 from flowsearch.search.filters import SegmentRef
@@ -197,8 +201,12 @@ class Version:
                     )
                     for i, seg in enumerate(self.segments)
                 ]
-                schema = [(c.name, type_of(c)) for c in self.manifest.schema_]
-                self._filter = opened_filter.version(refs, schema)
+                m = self.manifest
+                id_type = pa.int64() if m.columns.id_type == "int" else pa.string()
+                schema = [("id", id_type), ("text", pa.string())]
+                schema += [(c.name, type_of(c)) for c in m.schema_]
+                self._filter = database.version(refs, schema)
+                weakref.finalize(self, self._filter.close)
             return self._filter
 
 
