@@ -42,7 +42,7 @@ import numpy as np
 from results_md import write_section
 
 from flowsearch.evaluation import datasets as ds
-from flowsearch.lexical.bm25 import LexicalIndex
+from flowsearch.lexical.legacy import LexicalIndex
 from flowsearch.lexical.tokens import tokenize_batch
 
 HERE = Path(__file__).resolve().parent

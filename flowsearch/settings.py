@@ -67,6 +67,11 @@ class Settings:
     #: least 16k of 200k rows, bench_filters).
     exact_below: int = 16_384
 
+    # --- lexical: BM25 postings ------------------------------------------------------------
+    #: Texts tokenised at a time while building postings: bounds the memory of the Python
+    #: token lists (a few MB per chunk of short texts) while numpy does the rest in bulk.
+    lexical_build_chunk: int = 8192
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (unknown names are refused)."""
         names = {f.name for f in dataclasses.fields(self)}

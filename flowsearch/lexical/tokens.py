@@ -21,7 +21,7 @@ from typing import Any
 import Stemmer
 from bm25s.stopwords import STOPWORDS_EN
 
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import BadInput
 
 __all__ = ["tokenize", "tokenize_batch"]
 
@@ -45,13 +45,13 @@ def tokenize_batch(texts: Sequence[str]) -> list[list[str]]:
     stemmer does not know passes through unchanged); empty or punctuation-only text has no terms.
 
     Raises:
-        FlowsearchError: when an item is not a string.
+        BadInput: when an item is not a string.
     """
     words: list[list[str]] = []
     for i, text in enumerate(texts):
         if not isinstance(text, str):
-            raise FlowsearchError(
-                f"text {i} is {type(text).__name__}, not a string; give every row a text"
+            raise BadInput(
+                f"text {i} is {type(text).__name__}, not a string", "give every row a text"
             )
         folded = unicodedata.normalize("NFKC", text).casefold()
         words.append([w for w in _WORD.findall(folded) if w not in _STOPWORDS])

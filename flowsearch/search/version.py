@@ -161,7 +161,7 @@ def load(
         deleted = mask if mask.any() else None
     lexical = None
     if manifest.lexical is not None:
-        from flowsearch.lexical.bm25 import LexicalIndex
+        from flowsearch.lexical.legacy import LexicalIndex
 
         folder = manifest.path(root, manifest.lexical.path)
         if not folder.is_dir():

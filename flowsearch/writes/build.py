@@ -42,7 +42,7 @@ from flowsearch.storage import manifest as mf
 from flowsearch.storage import rows as store
 from flowsearch.storage.corpus import CorpusPlan, scan_corpus
 
-__all__ = ["CHUNK_ROWS", "build_index", "finish_version", "fit_space", "summary"]
+__all__ = ["CHUNK_ROWS", "build_index", "finish_version", "fit_space", "save_lexical", "summary"]
 
 LOG = logging.getLogger(__name__)
 
@@ -356,7 +356,7 @@ def finish_version(
 def _build_lexical(root: Path, shards: list[mf.Shard] | tuple[mf.Shard, ...]) -> mf.LexicalSpec:
     """Build the BM25 index of the texts in ``shards`` (all rows, in order) under
     ``root/lexical``."""
-    from flowsearch.lexical.bm25 import LexicalIndex
+    from flowsearch.lexical.legacy import LexicalIndex
 
     reader = store.RowReader(root, shards)
     try:
@@ -364,7 +364,14 @@ def _build_lexical(root: Path, shards: list[mf.Shard] | tuple[mf.Shard, ...]) ->
         lex = LexicalIndex.build(texts)
     finally:
         reader.close()
-    return lex.save_version(root)
+    return save_lexical(lex, root)
+
+
+def save_lexical(lex: Any, root: Path) -> mf.LexicalSpec:
+    """Save ``lex`` (a :class:`~flowsearch.lexical.legacy.LexicalIndex`) as the lexical part of
+    the version staged at ``root``; returns the manifest's record of it."""
+    lex.save(root / mf.LEXICAL_DIR)
+    return mf.LexicalSpec(path=mf.LEXICAL_DIR, rows=lex.n_rows, params=lex.params)
 
 
 def _version() -> str:

@@ -38,6 +38,7 @@ from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import directory as directory
 from flowsearch.storage import manifest as mf
 from flowsearch.storage import rows as store
+from flowsearch.writes.build import save_lexical
 
 __all__ = ["DeleteResult", "compact", "delete", "recalibrate"]
 
@@ -116,11 +117,11 @@ def delete(index_dir: str | os.PathLike[str], ids: Sequence[Any]) -> DeleteResul
         tombstones, n_deleted = store.write_deleted(build.path, deleted, dead)
         lexical = base.lexical
         if base.lexical is not None:
-            from flowsearch.lexical.bm25 import LexicalIndex
+            from flowsearch.lexical.legacy import LexicalIndex
 
             lex = LexicalIndex.load(base.path(build.index_dir, base.lexical.path))
             lex.delete(dead)
-            lexical = lex.save_version(build.path)
+            lexical = save_lexical(lex, build.path)
         record = mf.WriteRecord(kind="delete", time=mf.utc_now(), rows=len(dead))
         manifest = mf.with_history(
             base, record, tombstones=tombstones, deleted=n_deleted, lexical=lexical
@@ -217,13 +218,13 @@ def _rewrite(
     fx.write_index(faiss_index, build.path / mf.FAISS_FILE)
     lexical = base.lexical
     if base.lexical is not None:
-        from flowsearch.lexical.bm25 import LexicalIndex
+        from flowsearch.lexical.legacy import LexicalIndex
 
         lex = LexicalIndex.load(base.path(index_dir, base.lexical.path))
         if deleted is not None:
             lex.delete(np.flatnonzero(deleted))
         lex.compact()
-        lexical = lex.save_version(build.path)
+        lexical = save_lexical(lex, build.path)
     new_calibration, density, held_out = base.calibration, base.density, base.held_out
     if space is not None and calibration is not None:
         space.calibrator.save(build.path / mf.CALIBRATOR_DIR)

@@ -32,7 +32,7 @@ from flowsearch.storage import directory as directory
 from flowsearch.storage import manifest as mf
 from flowsearch.storage import rows as store
 from flowsearch.storage.corpus import CorpusPlan, scan_corpus
-from flowsearch.writes.build import CHUNK_ROWS, summary
+from flowsearch.writes.build import CHUNK_ROWS, save_lexical, summary
 
 __all__ = ["add_to_index", "upsert"]
 
@@ -249,11 +249,11 @@ def _grow_lexical(
     build: directory.VersionBuild, base: mf.Manifest, texts: list[str], dead: np.ndarray
 ) -> mf.LexicalSpec:
     """The BM25 index of ``base`` with ``texts`` appended and rows ``dead`` deleted."""
-    from flowsearch.lexical.bm25 import LexicalIndex
+    from flowsearch.lexical.legacy import LexicalIndex
 
     assert base.lexical is not None
     lex = LexicalIndex.load(base.path(build.index_dir, base.lexical.path))
     lex.add(texts)
     if len(dead):
         lex.delete(dead)
-    return lex.save_version(build.path)
+    return save_lexical(lex, build.path)

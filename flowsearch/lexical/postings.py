@@ -1,0 +1,435 @@
+r"""One segment's lexical index, immutable: its postings.
+
+For each term of the segment's vocabulary, the segment's rows that hold the term and how often
+(term-major CSR), and each row's length in terms. Postings hold counts only, never BM25 weights:
+idf and the average length depend on every live row of a version, so
+:class:`flowsearch.lexical.bm25.Bm25` computes weights at query time from these counts and the
+version's statistics, and a write never touches an existing segment's postings.
+
+Rows are *local*: 0 .. n_rows-1 within the segment, in the order the texts came. Deletions are
+not part of the postings: wherever postings are read (:class:`~flowsearch.lexical.bm25.Bm25`,
+:meth:`Postings.merge`), the segment's deletion mask is given beside them.
+
+Terms are the vocabulary of :func:`flowsearch.lexical.tokens.tokenize_batch`; postings this
+module writes keep the vocabulary sorted (so equal texts give equal arrays, whether built at
+once or merged), postings of format 1 keep theirs in first-seen order, and nothing depends on
+the order.
+
+On disk (:meth:`Postings.save`): ``config.json``, ``vocab.json`` and plain ``.npy`` arrays, read
+with ``allow_pickle=False``. Format 2 is written; format 1 (the second release's
+``LexicalIndex.save``, whose ``live.npy`` held its own deletions) is read with ``live.npy``
+ignored.
+
+Example:
+    >>> p = Postings.build(["tides rise twice a day", "heat pumps move heat"])
+    >>> p.vocab
+    ['day', 'heat', 'move', 'pump', 'rise', 'tide', 'twice']
+    >>> p.postings_of("heat")  # (local rows, term frequencies)
+    ([1], [2])
+    >>> p.lengths.tolist(), p.nnz
+    ([4, 4], 7)
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from flowsearch import settings
+from flowsearch.errors import BadInput, IndexDamaged, NotFound
+from flowsearch.lexical.tokens import tokenize_batch
+
+__all__ = ["FILES", "FORMAT", "FORMAT_VERSION", "LEGACY_FILES", "Postings"]
+
+FORMAT = "flowsearch-lexical"
+FORMAT_VERSION = 2
+#: The arrays, by field name, and the ``.npy`` file each is stored in.
+_ARRAYS = {
+    "indptr": "indptr.npy",
+    "rows": "postings_rows.npy",
+    "tf": "postings_tf.npy",
+    "lengths": "doc_lengths.npy",
+}
+#: Every file :meth:`Postings.save` writes (format 2).
+FILES = ("config.json", "vocab.json", *_ARRAYS.values())
+#: The files of format 1 (the second release); its ``live.npy`` is not read.
+LEGACY_FILES = (*FILES, "live.npy")
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
+Int32 = npt.NDArray[np.int32]
+Int64 = npt.NDArray[np.int64]
+Mask = npt.NDArray[np.bool_]
+
+
+class Postings:
+    r"""One segment's postings (immutable; build with :meth:`build`, :meth:`merge`, :meth:`load`).
+
+    Args:
+        vocab: the terms; term id ``t`` is ``vocab[t]``, each term once.
+        indptr: int64 (n_terms + 1,): term ``t``'s postings are ``[indptr[t], indptr[t + 1])``.
+        rows: int32 (nnz,): the local row of each posting, ascending within a term.
+        tf: int32 (nnz,): how often the term occurs in that row (>= 1).
+        lengths: int32 (n_rows,): each row's length in terms (after tokenisation).
+
+    The constructor checks shapes and dtypes only (O(n_terms)); :meth:`load` also checks ranges.
+    The arrays become read-only: the postings own them.
+    """
+
+    def __init__(
+        self,
+        vocab: Sequence[str],
+        indptr: npt.ArrayLike,
+        rows: npt.ArrayLike,
+        tf: npt.ArrayLike,
+        lengths: npt.ArrayLike,
+    ) -> None:
+        self.vocab: list[str] = list(vocab)
+        self.indptr: Int64 = _frozen(indptr, np.int64)
+        self.rows: Int32 = _frozen(rows, np.int32)
+        self.tf: Int32 = _frozen(tf, np.int32)
+        self.lengths: Int32 = _frozen(lengths, np.int32)
+        problem = _shape_problem(self)
+        if problem:
+            raise BadInput(f"inconsistent postings: {problem}", "build them with Postings.build")
+        self._index: dict[str, int] | None = None
+        self._total_length: int | None = None
+        # per deletion mask (by identity): (n_live, live length sum); see live_stats
+        self._live_stats: dict[int, tuple[Any, tuple[int, int]]] = {}
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def n_rows(self) -> int:
+        """Rows of the segment (deleted ones included)."""
+        return len(self.lengths)
+
+    @property
+    def n_terms(self) -> int:
+        """Distinct terms."""
+        return len(self.vocab)
+
+    @property
+    def nnz(self) -> int:
+        """Postings: distinct (term, row) pairs."""
+        return len(self.rows)
+
+    @property
+    def term_index(self) -> dict[str, int]:
+        """term -> term id; built on first use and kept (read-only by contract: do not change)."""
+        index = self._index
+        if index is None:  # two threads may both build it; either result is the same
+            index = self._index = {t: i for i, t in enumerate(self.vocab)}
+        return index
+
+    def postings_of(self, term: str) -> tuple[list[int], list[int]]:
+        """(local rows, term frequencies) of ``term``; empty lists for a term not held."""
+        t = self.term_index.get(term)
+        if t is None:
+            return [], []
+        span = slice(int(self.indptr[t]), int(self.indptr[t + 1]))
+        return self.rows[span].tolist(), self.tf[span].tolist()
+
+    @property
+    def total_length(self) -> int:
+        """Sum of every row's length (kept after the first call)."""
+        if self._total_length is None:
+            self._total_length = int(self.lengths.sum(dtype=np.int64))
+        return self._total_length
+
+    def live_stats(self, deleted: Mask | None) -> tuple[int, int]:
+        """(live rows, sum of the live rows' lengths) given the segment's deletion mask.
+
+        ``deleted`` is bool (n_rows,), True for a deleted row, or None. The answer is kept per
+        mask object for as long as the mask lives, so a version that reuses a segment and its
+        mask does not count again: a mask is read as immutable (give a new array for new
+        deletions, never change one in place).
+        """
+        if deleted is None:
+            return self.n_rows, self.total_length
+        key = id(deleted)
+        cached = self._live_stats.get(key)
+        if cached is not None and cached[0]() is deleted:
+            return cached[1]
+        check_mask(deleted, self.n_rows, "deleted")
+        live = ~deleted
+        stats = int(np.count_nonzero(live)), int(self.lengths.sum(where=live, dtype=np.int64))
+        drop = self._live_stats.pop
+        self._live_stats[key] = (weakref.ref(deleted, lambda _: drop(key, None)), stats)
+        return stats
+
+    # -- building ----------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, texts: Iterable[str]) -> Postings:
+        """Postings of ``texts``; text ``i`` (in iteration order) is local row ``i``.
+
+        ``texts`` is consumed once, ``settings.current().lexical_build_chunk`` texts at a time
+        (a generator over Parquet row groups is fine): beyond one chunk's tokens, only integer
+        postings are held.
+
+        Raises:
+            BadInput: when a text is not a string, or for more than 2**31 - 1 rows.
+        """
+        vocab: dict[str, int] = {}
+        terms: list[Int64] = []
+        rows: list[Int32] = []
+        tfs: list[Int32] = []
+        lengths: list[Int32] = [np.zeros(0, np.int32)]
+        n_rows = 0
+        for chunk in _chunks(texts, settings.current().lexical_build_chunk):
+            docs = tokenize_batch(chunk)
+            counts = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
+            ids = np.fromiter(
+                (vocab.setdefault(t, len(vocab)) for d in docs for t in d),
+                dtype=np.int64,
+                count=int(counts.sum()),
+            )
+            local = np.repeat(np.arange(len(docs), dtype=np.int64), counts)
+            # one (term, row) key per token: unique gives each pair once, with its count
+            pairs, tf = np.unique(ids * len(docs) + local, return_counts=True)
+            terms.append(pairs // len(docs))
+            rows.append((pairs % len(docs) + n_rows).astype(np.int32))
+            tfs.append(tf.astype(np.int32))
+            lengths.append(counts.astype(np.int32))
+            n_rows += len(docs)
+            if n_rows > _INT32_MAX:
+                raise BadInput("more than 2**31 - 1 rows in one segment", "split the corpus")
+        words = sorted(vocab)
+        rank = np.empty(len(words), np.int64)
+        rank[[vocab[w] for w in words]] = np.arange(len(words))
+        all_terms = rank[np.concatenate(terms)] if terms else np.zeros(0, np.int64)
+        # stable: postings arrive in row order, so rows stay ascending within each term
+        order = np.argsort(all_terms, kind="stable")
+        return cls(
+            words,
+            _offsets(np.bincount(all_terms, minlength=len(words))),
+            np.concatenate(rows)[order] if rows else np.zeros(0, np.int32),
+            np.concatenate(tfs)[order] if tfs else np.zeros(0, np.int32),
+            np.concatenate(lengths),
+        )
+
+    @classmethod
+    def merge(cls, parts: Sequence[tuple[Postings, Mask | None]]) -> Postings:
+        """One segment's postings from the kept rows of ``parts``, without re-tokenising.
+
+        Args:
+            parts: (postings, keep) in order; keep is bool (n_rows,), True for a row to keep,
+                or None to keep every row.
+
+        Returns:
+            Postings whose rows are the kept rows renumbered in order (part by part) and whose
+            vocabulary (sorted) is the terms a kept row holds: equal, array for array, to
+            :meth:`build` of the kept rows' texts.
+        """
+        keeps = [_keep_of(p, keep) for p, keep in parts]
+        n_rows = sum(int(np.count_nonzero(k)) for k in keeps)
+        if n_rows > _INT32_MAX:
+            raise BadInput("more than 2**31 - 1 rows in one segment", "merge fewer segments")
+        words = sorted(set().union(*(p.vocab for p, _ in parts)))
+        where = {w: i for i, w in enumerate(words)}
+        to_merged = [np.array([where[t] for t in p.vocab], dtype=np.int64) for p, _ in parts]
+        kept_per_term = [_kept_per_term(p, k) for (p, _), k in zip(parts, keeps)]
+        counts = np.zeros(len(words), np.int64)
+        for ids, kept in zip(to_merged, kept_per_term):
+            counts[ids] += kept  # a part holds each term once: no repeated index
+        used = counts > 0
+        new_id = np.cumsum(used) - 1
+        indptr = _offsets(counts[used])
+        out_rows, out_tf = np.empty(int(indptr[-1]), np.int32), np.empty(int(indptr[-1]), np.int32)
+        filled = np.zeros(len(words), np.int64)  # postings of each term written so far
+        offset = 0
+        for (p, _), keep, ids, kept in zip(parts, keeps, to_merged, kept_per_term):
+            live = keep[p.rows]
+            term = np.repeat(np.arange(p.n_terms, dtype=np.int64), kept)
+            # a term's kept postings stay contiguous and ascending: rank within the term
+            rank = np.arange(len(term)) - np.repeat(np.cumsum(kept) - kept, kept)
+            at = indptr[new_id[ids[term]]] + filled[ids[term]] + rank
+            out_rows[at] = (np.cumsum(keep) - 1 + offset)[p.rows[live]]
+            out_tf[at] = p.tf[live]
+            filled[ids] += kept
+            offset += int(np.count_nonzero(keep))
+        lengths = [p.lengths[k] for (p, _), k in zip(parts, keeps)]
+        return cls(
+            [w for w, u in zip(words, used) if u],
+            indptr,
+            out_rows,
+            out_tf,
+            np.concatenate(lengths) if lengths else np.zeros(0, np.int32),
+        )
+
+    # -- files -------------------------------------------------------------------------------
+
+    def save(self, directory: str | Path) -> None:
+        """Write :data:`FILES` (format 2) into ``directory``, created if needed.
+
+        Raises:
+            BadInput: when ``directory`` holds any other file.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        strangers = sorted(p.name for p in directory.iterdir() if p.name not in FILES)
+        if strangers:
+            raise BadInput(
+                f"{directory} holds {', '.join(strangers[:5])}, which are not postings files",
+                "save postings into an empty directory",
+            )
+        config = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "tokenizer": {"stemmer": "english", "stopwords": "bm25s.STOPWORDS_EN"},
+            "n_rows": self.n_rows,
+            "n_terms": self.n_terms,
+            "nnz": self.nnz,
+            "total_length": self.total_length,
+        }
+        (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        text = json.dumps(self.vocab, ensure_ascii=False)
+        (directory / "vocab.json").write_text(text, encoding="utf-8")
+        for name, file in _ARRAYS.items():
+            np.save(directory / file, getattr(self, name), allow_pickle=False)
+
+    @classmethod
+    def load(cls, directory: str | Path, *, mmap: bool = False) -> Postings:
+        """Open postings saved by :meth:`save` (format 2) or by the second release (format 1).
+
+        Args:
+            directory: the postings directory.
+            mmap: memory-map the arrays (read-only) instead of reading them: opening costs the
+                vocabulary only, and pages are read as queries touch them. The O(nnz) range
+                checks are then skipped (they would read every page); a damaged array surfaces
+                as :class:`~flowsearch.errors.IndexDamaged` when a query reaches it.
+
+        Raises:
+            NotFound: no directory there.
+            IndexDamaged: a missing, unexpected or unreadable file, another format, or arrays
+                that do not fit together. Nothing is ever unpickled.
+        """
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise NotFound(f"no postings at {directory}", "rebuild the index")
+        config = _read_json(directory / "config.json")
+        version = config.get("format_version") if isinstance(config, dict) else None
+        if not isinstance(config, dict) or config.get("format") != FORMAT or version not in (1, 2):
+            raise IndexDamaged(f"{directory} is not a {FORMAT} directory", "rebuild the index")
+        expected = FILES if version == 2 else LEGACY_FILES
+        present = {p.name for p in directory.iterdir()}
+        odd = sorted(present - set(expected)) + [f"no {f}" for f in expected if f not in present]
+        if odd:
+            raise IndexDamaged(
+                f"postings {directory} hold unexpected files ({', '.join(odd[:5])})",
+                "rebuild the index",
+            )
+        vocab = _read_json(directory / "vocab.json")
+        arrays = {name: _read_array(directory / file, mmap) for name, file in _ARRAYS.items()}
+        problem = _file_problem(vocab, arrays, full=not mmap)
+        if problem:
+            raise IndexDamaged(f"postings {directory} are damaged ({problem})", "rebuild the index")
+        return cls(vocab, **arrays)
+
+
+def check_mask(mask: Any, n_rows: int, name: str) -> None:
+    """Refuse anything but a bool (n_rows,) array (``name`` is the parameter at fault)."""
+    if not isinstance(mask, np.ndarray) or mask.dtype != bool or mask.shape != (n_rows,):
+        shown = f"{mask.dtype} {mask.shape}" if isinstance(mask, np.ndarray) else type(mask)
+        raise BadInput(
+            f"{name} must be a bool array of shape ({n_rows},), got {shown}",
+            f"give {{{name}}} one bool per row",
+            param=name,
+        )
+
+
+def _frozen(values: npt.ArrayLike, dtype: type[np.generic]) -> Any:
+    array = np.asarray(values)
+    if array.dtype != dtype:
+        array = array.astype(dtype)
+    if array.flags.writeable:
+        array.flags.writeable = False
+    return array
+
+
+def _offsets(counts: npt.NDArray[np.integer[Any]]) -> Int64:
+    out = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def _keep_of(p: Postings, keep: Mask | None) -> Mask:
+    if keep is None:
+        return np.ones(p.n_rows, dtype=bool)
+    check_mask(keep, p.n_rows, "keep")
+    return keep
+
+
+def _kept_per_term(p: Postings, keep: Mask) -> Int64:
+    """int64 (n_terms,): how many of each term's postings fall on kept rows."""
+    running = np.zeros(p.nnz + 1, np.int64)
+    np.cumsum(keep[p.rows], out=running[1:])
+    return running[p.indptr[1:]] - running[p.indptr[:-1]]
+
+
+def _chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for text in texts:
+        chunk.append(text)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise IndexDamaged(f"cannot read {path} ({exc})", "rebuild the index") from None
+
+
+def _read_array(path: Path, mmap: bool) -> Any:
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise IndexDamaged(f"cannot read {path} ({exc})", "rebuild the index") from None
+
+
+def _shape_problem(p: Postings) -> str | None:
+    """What is wrong with the arrays' shapes (O(1) beyond the vocabulary's length)."""
+    if any(a.ndim != 1 for a in (p.indptr, p.rows, p.tf, p.lengths)):
+        return "an array is not 1-D"
+    if p.indptr.shape != (len(p.vocab) + 1,):
+        return "indptr does not match the vocabulary"
+    if p.indptr[0] != 0 or p.indptr[-1] != len(p.rows):
+        return "indptr does not span the postings"
+    if p.rows.shape != p.tf.shape:
+        return "rows and tf differ in length"
+    return None
+
+
+def _file_problem(vocab: Any, arrays: dict[str, Any], full: bool) -> str | None:
+    """What is wrong with loaded files: kinds always, value ranges when ``full`` (O(nnz))."""
+    if not (isinstance(vocab, list) and all(isinstance(t, str) for t in vocab)):
+        return "vocab.json is not a list of strings"
+    if len(set(vocab)) != len(vocab):
+        return "vocab.json repeats a term"
+    if any(not isinstance(a, np.ndarray) or a.ndim != 1 for a in arrays.values()):
+        return "an array is not 1-D"
+    if any(a.dtype.kind not in "iu" for a in arrays.values()):
+        return "an array is not of integers"
+    indptr, rows, tf, lengths = (arrays[n] for n in ("indptr", "rows", "tf", "lengths"))
+    if indptr.shape != (len(vocab) + 1,) or indptr[0] != 0 or indptr[-1] != len(rows):
+        return "indptr does not match the vocabulary and the postings"
+    if np.any(np.diff(indptr) < 0) or rows.shape != tf.shape:
+        return "indptr is not an offset array"
+    if len(lengths) > _INT32_MAX:
+        return "more than 2**31 - 1 rows"
+    if full and len(rows) and (rows.min() < 0 or rows.max() >= len(lengths) or tf.min() < 1):
+        return "a posting is out of range"
+    if full and len(lengths) and (lengths.min() < 0 or lengths.max() > _INT32_MAX):
+        return "a row length is out of range"
+    return None
