@@ -71,6 +71,10 @@ class Settings:
     #: Texts tokenised at a time while building postings: bounds the memory of the Python
     #: token lists (a few MB per chunk of short texts) while numpy does the rest in bulk.
     lexical_build_chunk: int = 8192
+    #: Bytes of weighed postings (12 per posting) a version's BM25 keeps for recent query
+    #: terms: a term met again skips the per-segment gathering and the weighing
+    #: (bench_lexical). 0 keeps none.
+    lexical_cache_bytes: int = 64 * 2**20
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (unknown names are refused)."""

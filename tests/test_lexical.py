@@ -8,8 +8,9 @@ import tracemalloc
 import bm25s
 import numpy as np
 import pytest
-from lexical_helpers import QUERIES, all_scores, bits, corpus
+from lexical_helpers import QUERIES, WORDS, all_scores, bits, corpus
 
+from flowsearch import settings
 from flowsearch.errors import BadInput
 from flowsearch.lexical.bm25 import Bm25, idf
 from flowsearch.lexical.postings import Postings
@@ -258,3 +259,34 @@ def test_upper_bound_bounds_every_score(method):
     expected = top * (idf(method, bm25.df("tide"), n) + idf(method, bm25.df("moon"), n))
     assert bm25.upper_bound("tide moon") == pytest.approx(expected, rel=1e-5)
     assert bm25.upper_bound("zebra") == 0.0
+
+
+# -- the block cache ---------------------------------------------------------------------------
+
+
+def test_cached_blocks_answer_as_computed_ones():
+    texts = corpus(400, seed=8)
+    deleted = np.random.default_rng(8).random(200) < 0.2
+    parts = [(Postings.build(texts[:200]), None), (Postings.build(texts[200:]), deleted)]
+    with settings.override(lexical_cache_bytes=0):
+        cold = Bm25(parts)
+    warm = Bm25(parts)
+    queries = [*QUERIES, "tide tide moon", "moon tide"]
+    first = warm.search(queries, k=50)
+    assert cold._cache.n_bytes == 0 and warm._cache.n_bytes > 0
+    for answer in (warm.search(queries, k=50), cold.search(queries, k=50)):  # hits; no cache
+        for got, want in zip(answer, first):
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def test_the_cache_stays_within_its_budget():
+    texts = corpus(2000, seed=9) + ["zebra crossing", "zebra"]
+    bm25 = Bm25([(Postings.build(texts), None)])
+    budget = 12 * 300  # room for a few hundred postings: the common terms do not fit
+    with settings.override(lexical_cache_bytes=budget):
+        small = Bm25([(Postings.build(texts), None)])
+    for query in [*QUERIES, " ".join(WORDS), "zebra crossing"]:
+        np.testing.assert_array_equal(small.search(query, k=20)[1], bm25.search(query, k=20)[1])
+        assert small._cache.n_bytes <= budget
+    assert 0 < small._cache.n_bytes  # zebra and crossing are kept
+    assert bm25._cache.n_bytes > 20 * budget  # the default keeps them all
