@@ -45,11 +45,11 @@ def queries(draw: st.DrawFn) -> list[str]:
 
 
 def _segmented(texts: list[str], cuts: list[int], deleted: np.ndarray) -> list:
-    parts = []
+    segments = []
     for a, b in zip(cuts, cuts[1:]):
         mask = deleted[a:b].copy() if deleted[a:b].any() else None
-        parts.append((Postings.build(texts[a:b]), mask))
-    return parts
+        segments.append((Postings.build(texts[a:b]), mask))
+    return segments
 
 
 def _as_global(rows: np.ndarray, live: np.ndarray) -> np.ndarray:
@@ -63,20 +63,20 @@ def test_segments_answer_as_one_segment_of_the_live_rows(corpus_, qs, method, k1
     texts, cuts, deleted = corpus_
     live = np.flatnonzero(~deleted)
     params = {"k1": k1, "b": b, "method": method}
-    parts = Bm25(_segmented(texts, cuts, deleted), **params)
+    segmented = Bm25(_segmented(texts, cuts, deleted), **params)
     one = Bm25([(Postings.build([texts[i] for i in live]), None)], **params)
-    assert (parts.n_rows, parts.n_live) == (len(texts), len(live))
+    assert (segmented.n_rows, segmented.n_live) == (len(texts), len(live))
     allowed = None
     if data.draw(st.booleans()):
         allowed = np.random.default_rng(data.draw(st.integers(0, 99))).random(len(texts)) < 0.5
-    scores, rows = parts.search(qs, k, allowed=allowed)
+    scores, rows = segmented.search(qs, k, allowed=allowed)
     ref_scores, ref_rows = one.search(qs, k, allowed=None if allowed is None else allowed[live])
     np.testing.assert_array_equal(rows, _as_global(ref_rows, live))
     np.testing.assert_array_equal(bits(scores), bits(ref_scores))
     for q in qs[:3]:
-        assert parts.upper_bound(q) == one.upper_bound(q)
+        assert segmented.upper_bound(q) == one.upper_bound(q)
         np.testing.assert_array_equal(
-            bits(parts.score_rows(q, np.arange(len(texts)))[live]),
+            bits(segmented.score_rows(q, np.arange(len(texts)))[live]),
             bits(one.score_rows(q, np.arange(len(live)))),
         )
 
@@ -103,10 +103,10 @@ def test_equals_the_second_release_index_after_add_and_delete(corpus_, qs, metho
 @given(cut_corpora(), st.data())
 def test_merge_equals_a_build_of_the_kept_rows(corpus_, data):
     texts, cuts, deleted = corpus_
-    parts = []
+    segments = []
     for a, b in zip(cuts, cuts[1:]):
         keep = None if data.draw(st.booleans()) else ~deleted[a:b]
-        parts.append((Postings.build(texts[a:b]), keep))
-    kept = [t for (a, b), (_, keep) in zip(zip(cuts, cuts[1:]), parts) for t, k in
+        segments.append((Postings.build(texts[a:b]), keep))
+    kept = [t for (a, b), (_, keep) in zip(zip(cuts, cuts[1:]), segments) for t, k in
             zip(texts[a:b], np.ones(b - a, bool) if keep is None else keep) if k]  # fmt: skip
-    assert_same_postings(Postings.merge(parts), Postings.build(kept))
+    assert_same_postings(Postings.merge(segments), Postings.build(kept))

@@ -3,7 +3,7 @@
 ``tests/assets/lexical_v1`` was written by the release's own ``LexicalIndex`` (see its README):
 300 rows, built, added to, then 45 deleted; ``hits.json`` is what that release answered.
 Also the interim :class:`flowsearch.lexical.legacy.LexicalIndex` (the current layout's one
-index per version, on the new parts) against the release's code kept in the tests.
+index per version, on the new modules) against the release's code kept in the tests.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from lexical_reference import LexicalIndex as ReleaseIndex
 from flowsearch.errors import BadInput, IndexDamaged
 from flowsearch.lexical.bm25 import Bm25
 from flowsearch.lexical.legacy import LexicalIndex
-from flowsearch.lexical.postings import LEGACY_FILES, Postings
+from flowsearch.lexical.postings import Postings
+from flowsearch.lexical.postings_files import LEGACY_FILES
 
 ASSET = Path(__file__).resolve().parent / "assets" / "lexical_v1"
 

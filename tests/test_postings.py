@@ -11,7 +11,8 @@ from lexical_helpers import assert_same_postings, corpus
 
 from flowsearch import settings
 from flowsearch.errors import BadInput, IndexDamaged, NotFound
-from flowsearch.lexical.postings import FILES, Postings
+from flowsearch.lexical.postings import Postings
+from flowsearch.lexical.postings_files import FILES
 from flowsearch.lexical.tokens import tokenize_batch
 
 # -- build ---------------------------------------------------------------------------------------
@@ -98,22 +99,22 @@ def test_merge_equals_a_build_of_the_kept_texts():
     texts = corpus(300, seed=9) + ["unique words only here"]
     rng = np.random.default_rng(10)
     cuts = [0, 90, 91, 200, 301]
-    parts, kept_texts = [], []
+    segments, kept_texts = [], []
     for a, b in zip(cuts, cuts[1:]):
         keep = rng.random(b - a) < 0.6
         keep[-1] = False if b == 301 else keep[-1]  # the unique words' row goes
-        parts.append((Postings.build(texts[a:b]), keep))
+        segments.append((Postings.build(texts[a:b]), keep))
         kept_texts += [t for t, k in zip(texts[a:b], keep) if k]
-    merged = Postings.merge(parts)
+    merged = Postings.merge(segments)
     assert_same_postings(merged, Postings.build(kept_texts))
     assert "uniqu" not in merged.vocab and merged.postings_of("uniqu") == ([], [])
 
 
-def test_merge_keeps_every_row_without_a_mask_and_accepts_empty_parts():
+def test_merge_keeps_every_row_without_a_mask_and_accepts_empty_segments():
     texts = corpus(100, seed=11)
-    parts = [(Postings.build(texts[:40]), None), (Postings.build([]), None)]
-    parts.append((Postings.build(texts[40:]), np.ones(60, bool)))
-    assert_same_postings(Postings.merge(parts), Postings.build(texts))
+    segments = [(Postings.build(texts[:40]), None), (Postings.build([]), None)]
+    segments.append((Postings.build(texts[40:]), np.ones(60, bool)))
+    assert_same_postings(Postings.merge(segments), Postings.build(texts))
     assert Postings.merge([]).n_rows == 0
 
 

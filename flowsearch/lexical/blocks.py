@@ -33,11 +33,11 @@ from flowsearch.errors import IndexDamaged
 from flowsearch.lexical.postings import Int32, Int64, Mask, Postings
 from flowsearch.lexical.weights import Method, idf, tfc
 
-__all__ = ["Block", "BlockCache", "Part", "Weighing", "term_blocks"]
+__all__ = ["Block", "BlockCache", "Segment", "Weighing", "term_blocks"]
 
-#: One segment of a version: its postings and its deletion mask (bool (n_rows,), True for a
-#: deleted row) or None.
-Part = tuple[Postings, Mask | None]
+#: A segment as the lexical side reads it in a version: its postings and its deletion mask
+#: (bool (n_rows,), True for a deleted row) or None.
+Segment = tuple[Postings, Mask | None]
 Float32 = npt.NDArray[np.float32]
 #: A term's live global rows, int64 ascending, and its weight in each, float32.
 Block = tuple[Int64, Float32]
@@ -56,12 +56,12 @@ class Weighing:
 
 
 def term_blocks(
-    parts: Sequence[Part], offsets: Int64, terms: Sequence[str], weighing: Weighing
+    segments: Sequence[Segment], offsets: Int64, terms: Sequence[str], weighing: Weighing
 ) -> list[Block]:
     """The block of each of ``terms`` (distinct), in that order.
 
     Args:
-        parts: the version's segments, in version order.
+        segments: the version's segments, in version order.
         offsets: int64 (segments + 1,): each segment's first global row, then the total.
         terms: distinct index terms.
         weighing: the version's statistics.
@@ -70,10 +70,10 @@ def term_blocks(
         IndexDamaged: a posting points outside its segment (a damaged memory-mapped array).
     """
     try:
-        gathered = _Gathered.of(parts, terms)
+        gathered = _Gathered.of(segments, terms)
         if gathered is None:
             return [(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in terms]
-        return gathered.weigh(parts, offsets, len(terms), weighing)
+        return gathered.weigh(segments, offsets, len(terms), weighing)
     except IndexError:  # only a damaged memory-mapped array can point outside its segment
         raise IndexDamaged(
             "the lexical postings point outside their segment", "rebuild the index"
@@ -94,7 +94,7 @@ class _Gathered:
     spans: list[tuple[int, int, int]]
 
     @classmethod
-    def of(cls, parts: Sequence[Part], terms: Sequence[str]) -> _Gathered | None:
+    def of(cls, segments: Sequence[Segment], terms: Sequence[str]) -> _Gathered | None:
         """Gather ``terms``' postings; None when no segment holds any of them."""
         rows: list[Int32] = []
         tfs: list[Int32] = []
@@ -102,7 +102,7 @@ class _Gathered:
         spans: list[tuple[int, int, int]] = []
         n = 0
         # once per (segment, term): plain Python and two slices; numpy calls are per segment
-        for s, (p, _) in enumerate(parts):
+        for s, (p, _) in enumerate(segments):
             get = p.term_index.get
             ids = [get(term) for term in terms]
             if ids.count(None) == len(ids):
@@ -121,14 +121,14 @@ class _Gathered:
         return cls(np.concatenate(rows), np.concatenate(tfs), pieces, spans)
 
     def weigh(
-        self, parts: Sequence[Part], offsets: Int64, n_terms: int, weighing: Weighing
+        self, segments: Sequence[Segment], offsets: Int64, n_terms: int, weighing: Weighing
     ) -> list[Block]:
         """The terms' blocks: live postings, global rows, weights; regrouped term by term."""
         local = self.local
         lengths = np.empty(len(local), np.int32)
         alive: Mask | None = None
         for s, lo, hi in self.spans:  # one gather per segment (a gather costs microseconds)
-            p, deleted = parts[s]
+            p, deleted = segments[s]
             np.take(p.lengths, local[lo:hi], out=lengths[lo:hi])
             if deleted is not None:
                 alive = np.ones(len(local), bool) if alive is None else alive

@@ -43,19 +43,19 @@ import numpy.typing as npt
 
 from flowsearch import settings
 from flowsearch.errors import BadInput
-from flowsearch.lexical.blocks import Block, BlockCache, Float32, Part, Weighing, term_blocks
+from flowsearch.lexical.blocks import Block, BlockCache, Float32, Segment, Weighing, term_blocks
 from flowsearch.lexical.postings import Int64, Mask, check_mask
 from flowsearch.lexical.tokens import tokenize_batch
 from flowsearch.lexical.weights import Method, check_method, idf, tfc_supremum
 
-__all__ = ["Bm25", "Method", "Part"]
+__all__ = ["Bm25", "Method", "Segment"]
 
 
 class Bm25:
     r"""BM25 over the live rows of a version's segments, as one corpus.
 
     Args:
-        parts: each segment's postings and deletion mask (bool (n_rows,), True for a deleted
+        segments: each segment's postings and deletion mask (bool (n_rows,), True for a deleted
             row, or None), in version order. A mask is read as immutable: per-mask statistics
             are kept while it lives (give a new array for new deletions).
         k1: term-frequency saturation (>= 0).
@@ -73,7 +73,7 @@ class Bm25:
 
     def __init__(
         self,
-        parts: Sequence[Part],
+        segments: Sequence[Segment],
         *,
         k1: float = 1.5,
         b: float = 0.75,
@@ -83,11 +83,11 @@ class Bm25:
         if not (k1 >= 0 and 0 <= b <= 1):
             raise BadInput(f"k1={k1}, b={b}", "give k1 >= 0 and b in [0, 1]", param="k1")
         self.k1, self.b, self.method = float(k1), float(b), method
-        self.parts: tuple[Part, ...] = tuple(parts)
-        sizes = [p.n_rows for p, _ in self.parts]
+        self.segments: tuple[Segment, ...] = tuple(segments)
+        sizes = [p.n_rows for p, _ in self.segments]
         #: int64 (segments + 1,): each segment's first global row, then n_rows.
         self.offsets: Int64 = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-        stats = [p.live_stats(deleted) for p, deleted in self.parts]
+        stats = [p.live_stats(deleted) for p, deleted in self.segments]
         #: Live rows of every segment: BM25's N.
         self.n_live = sum(n for n, _ in stats)
         live_length = sum(total for _, total in stats)
@@ -188,7 +188,7 @@ class Bm25:
         blocks = self._cache.get(terms)
         missing = [t for t in terms if t not in blocks]
         if missing:
-            computed = term_blocks(self.parts, self.offsets, missing, self._weighing)
+            computed = term_blocks(self.segments, self.offsets, missing, self._weighing)
             for term, block in zip(missing, computed):
                 blocks[term] = block
                 self._cache.put(term, block)

@@ -3,7 +3,7 @@ r"""The second release's one-segment lexical index, kept for that release's stor
 Until the segment storage replaces them, the writers (``writes/``) and the reader
 (``search/version.py``) of the current layout keep one lexical index per version, over global
 rows, which they add to, delete from and compact. :class:`LexicalIndex` is that index on the new
-parts: one :class:`~flowsearch.lexical.postings.Postings` and a deletion mask, searched by
+modules: one :class:`~flowsearch.lexical.postings.Postings` and a deletion mask, searched by
 :class:`~flowsearch.lexical.bm25.Bm25`, so it answers exactly as the release did. It reads and
 writes the release's files (format 1, whose ``live.npy`` holds the deletions). Remove this module
 when nothing imports it.
