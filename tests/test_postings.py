@@ -198,6 +198,18 @@ def test_a_damaged_memory_mapped_array_fails_as_damage_at_query_time(tmp_path):
         Bm25([(p, None)]).search("moon", k=2)
 
 
+def test_a_repeated_term_is_damage_at_load_or_at_the_first_query(tmp_path):
+    from flowsearch.lexical.bm25 import Bm25
+
+    Postings.build(["tide moon", "moon"]).save(tmp_path)
+    (tmp_path / "vocab.json").write_text(json.dumps(["moon", "moon"]))
+    with pytest.raises(IndexDamaged, match="vocab.json repeats a term"):
+        Postings.load(tmp_path)
+    p = Postings.load(tmp_path, mmap=True)  # hashing every term is left to the first query
+    with pytest.raises(IndexDamaged, match="vocabulary repeats a term"):
+        Bm25([(p, None)]).search("moon", k=2)
+
+
 def test_load_refuses_another_format(tmp_path):
     Postings.build(corpus(20)).save(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())

@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from flowsearch import settings
-from flowsearch.errors import BadInput
+from flowsearch.errors import BadInput, IndexDamaged
 from flowsearch.lexical import postings_files as files
 from flowsearch.lexical.tokens import tokenize_batch
 
@@ -110,7 +110,10 @@ class Postings:
         """term -> term id; built on first use and kept (read-only by contract: do not change)."""
         index = self._index
         if index is None:  # two threads may both build it; either result is the same
-            index = self._index = {t: i for i, t in enumerate(self.vocab)}
+            index = dict(zip(self.vocab, range(len(self.vocab))))
+            if len(index) != len(self.vocab):  # only memory-mapped loads leave this unchecked
+                raise IndexDamaged("the postings' vocabulary repeats a term", "rebuild the index")
+            self._index = index
         return index
 
     def postings_of(self, term: str) -> tuple[list[int], list[int]]:
@@ -270,10 +273,11 @@ class Postings:
 
         Args:
             directory: the postings directory.
-            mmap: memory-map the arrays (read-only) instead of reading them: opening costs the
-                vocabulary only, and pages are read as queries touch them. The O(nnz) range
-                checks are then skipped (they would read every page); a damaged array surfaces
-                as :class:`~flowsearch.errors.IndexDamaged` when a query reaches it.
+            mmap: memory-map the arrays (read-only) instead of reading them: opening costs
+                reading the vocabulary, and pages are read as queries touch them. The checks
+                that would read every page (ranges) or hash every term (repeats) are then
+                skipped; damage surfaces as :class:`~flowsearch.errors.IndexDamaged` when a
+                query reaches it.
 
         Raises:
             NotFound: no directory there.

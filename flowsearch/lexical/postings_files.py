@@ -66,7 +66,8 @@ def write(
 def read(directory: Path, mmap: bool) -> tuple[list[str], dict[str, Any]]:
     """(vocab, arrays by field) of a postings directory of format 1 or 2, checked.
 
-    With ``mmap`` the arrays are memory-mapped read-only, and the O(nnz) range checks skipped.
+    With ``mmap`` the arrays are memory-mapped read-only, and the checks that would read every
+    page or hash every term are left to the first query that needs them.
 
     Raises:
         NotFound: no directory there.
@@ -110,10 +111,11 @@ def _read_array(path: Path, mmap: bool) -> Any:
 
 
 def _problem(vocab: Any, arrays: dict[str, Any], full: bool) -> str | None:
-    """What is wrong with loaded files: kinds always, value ranges when ``full`` (O(nnz))."""
+    """What is wrong with loaded files: kinds and shapes always; when ``full``, value ranges
+    (O(nnz)) and repeated terms (a hash of every term)."""
     if not (isinstance(vocab, list) and all(isinstance(t, str) for t in vocab)):
         return "vocab.json is not a list of strings"
-    if len(set(vocab)) != len(vocab):
+    if full and len(set(vocab)) != len(vocab):  # else found when the term index is built
         return "vocab.json repeats a term"
     if any(not isinstance(a, np.ndarray) or a.ndim != 1 for a in arrays.values()):
         return "an array is not 1-D"
