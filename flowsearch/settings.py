@@ -75,6 +75,10 @@ class Settings:
     #: terms: a term met again skips the per-segment gathering and the weighing
     #: (bench_lexical). 0 keeps none.
     lexical_cache_bytes: int = 64 * 2**20
+    #: Segments with at least this many terms find a query term by bisection in their sorted
+    #: vocabulary instead of a dictionary: ~0.7 us a lookup instead of 0.04, but nothing to
+    #: build on open (a million-term dictionary took 1.5 s on the shared 2-core machine).
+    lexical_bisect_min_terms: int = 100_000
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (unknown names are refused)."""

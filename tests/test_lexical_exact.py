@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from lexical_helpers import QUERIES, WORDS, assert_same_postings, bits, corpus
 from lexical_reference import LexicalIndex
 
+from flowsearch import settings as config
 from flowsearch.lexical.bm25 import Bm25
 from flowsearch.lexical.postings import Postings
 
@@ -60,6 +61,14 @@ def _as_global(rows: np.ndarray, live: np.ndarray) -> np.ndarray:
 @settings(max_examples=80, deadline=None)
 @given(cut_corpora(), queries(), METHODS, K1, B, st.sampled_from([1, 3, 10, 10**9]), st.data())
 def test_segments_answer_as_one_segment_of_the_live_rows(corpus_, qs, method, k1, b, k, data):
+    # bisection or dictionaries for the vocabularies, the block cache on or off
+    lookups = {"lexical_bisect_min_terms": data.draw(st.sampled_from([1, 10**9]))}
+    cache = {"lexical_cache_bytes": data.draw(st.sampled_from([0, 2**20]))}
+    with config.override(**lookups, **cache):
+        _segments_answer_as_one_segment(corpus_, qs, method, k1, b, k, data)
+
+
+def _segments_answer_as_one_segment(corpus_, qs, method, k1, b, k, data):
     texts, cuts, deleted = corpus_
     live = np.flatnonzero(~deleted)
     params = {"k1": k1, "b": b, "method": method}

@@ -72,6 +72,23 @@ def test_inconsistent_arrays_are_refused():
         Postings(["a"], [0, 1], [0], [1, 1], [1])
 
 
+@pytest.mark.parametrize("min_terms", [1, 10**9])  # bisection in the sorted vocabulary, or a dict
+def test_term_lookup_finds_every_term_and_nothing_else(min_terms):
+    p = Postings.build(corpus(100, seed=3) + ["Ελληνικά κείμενα", "東京タワー", "2024"])
+    with settings.override(lexical_bisect_min_terms=min_terms):
+        lookup = p.term_lookup
+    assert [lookup(t) for t in p.vocab] == list(range(p.n_terms))
+    for absent in ("", "0", "aaa", "zzzz", "tide2", "ｔｉｄｅ", "\uffff"):
+        assert lookup(absent) is None
+    assert (lookup is p.term_lookup) and (lookup == p.term_index.get) == (min_terms > 1)
+
+
+def test_an_unsorted_vocabulary_is_looked_up_by_dictionary():
+    p = Postings(["moon", "cat"], [0, 1, 2], [0, 0], [1, 1], [2])  # format 1 kept first-seen order
+    with settings.override(lexical_bisect_min_terms=1):
+        assert p.term_lookup == p.term_index.get and p.term_lookup("cat") == 1
+
+
 # -- live statistics ------------------------------------------------------------------------------
 
 

@@ -103,7 +103,7 @@ class _Gathered:
         n = 0
         # once per (segment, term): plain Python and two slices; numpy calls are per segment
         for s, (p, _) in enumerate(segments):
-            get = p.term_index.get
+            get = p.term_lookup
             ids = [get(term) for term in terms]
             if ids.count(None) == len(ids):
                 continue

@@ -31,8 +31,12 @@ Example:
 
 from __future__ import annotations
 
+import bisect
+import operator
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +88,7 @@ class Postings:
         if problem:
             raise BadInput(f"inconsistent postings: {problem}", "build them with Postings.build")
         self._index: dict[str, int] | None = None
+        self._lookup: Callable[[str], int | None] | None = None
         self._total_length: int | None = None
         # per deletion mask (by identity): (n_live, live length sum); see live_stats
         self._live_stats: dict[int, tuple[Any, tuple[int, int]]] = {}
@@ -116,9 +121,29 @@ class Postings:
             self._index = index
         return index
 
+    @property
+    def term_lookup(self) -> Callable[[str], int | None]:
+        """A function: term -> term id, or None for a term not held; chosen on first use.
+
+        A vocabulary of at least ``settings.current().lexical_bisect_min_terms`` terms that
+        ascends (as every vocabulary :meth:`build` and :meth:`merge` make) is searched by
+        bisection in the list itself (a microsecond a lookup, nothing to build: a dictionary of
+        a million terms takes seconds to build); others through :attr:`term_index`.
+        """
+        lookup = self._lookup
+        if lookup is None:
+            vocab = self.vocab
+            big = len(vocab) >= settings.current().lexical_bisect_min_terms
+            if big and all(map(operator.lt, vocab, islice(vocab, 1, None))):
+                lookup = partial(_bisect, vocab)
+            else:
+                lookup = self.term_index.get
+            self._lookup = lookup
+        return lookup
+
     def postings_of(self, term: str) -> tuple[list[int], list[int]]:
         """(local rows, term frequencies) of ``term``; empty lists for a term not held."""
-        t = self.term_index.get(term)
+        t = self.term_lookup(term)
         if t is None:
             return [], []
         span = slice(int(self.indptr[t]), int(self.indptr[t + 1]))
@@ -286,6 +311,11 @@ class Postings:
         """
         vocab, arrays = files.read(Path(directory), mmap)
         return cls(vocab, **arrays)
+
+
+def _bisect(vocab: list[str], term: str) -> int | None:
+    i = bisect.bisect_left(vocab, term)
+    return i if i < len(vocab) and vocab[i] == term else None
 
 
 def check_mask(mask: Any, n_rows: int, name: str) -> None:
