@@ -6,7 +6,7 @@ float32; see :mod:`~flowsearch.lexical.weights`). ``df`` is the block's length: 
 corpus-wide document frequency over live rows.
 
 :func:`term_blocks` computes the blocks of several terms at once from the segments' postings;
-the cost is one dictionary lookup and two slices per (segment, term) plus vectorised work over
+the cost is one vocabulary lookup and two slices per (segment, term) plus vectorised work over
 the postings. A version's statistics never change, so its blocks do not either: a
 :class:`BlockCache` keeps recent ones under a byte budget.
 
