@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from corpus_helpers import write_corpus
+from flowsearch.writes.rewrite import delete
 
 from flowsearch.errors import FlowsearchError
 from flowsearch.search.searcher import Searcher
@@ -15,7 +16,6 @@ from flowsearch.search.version import index_info
 from flowsearch.storage import directory as directory
 from flowsearch.storage import manifest as mf
 from flowsearch.writes.build import build_index
-from flowsearch.writes.rewrite import delete
 from flowsearch.writes.upsert import add_to_index
 
 

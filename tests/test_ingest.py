@@ -10,8 +10,8 @@ from corpus_helpers import segment_dirs, siblings, write_corpus
 
 from flowsearch.errors import FlowsearchError
 from flowsearch.search.searcher import Searcher
-from flowsearch.space.reference import DRIFT_WARN_STD, MIN_ROWS_PER_DIM, drift_report
 from flowsearch.settings import override
+from flowsearch.space.reference import DRIFT_WARN_STD, MIN_ROWS_PER_DIM, drift_report
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.manifest import DensityStats
 from flowsearch.storage.rows import RowReader

@@ -7,12 +7,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from corpus_helpers import write_corpus
+from flowsearch.writes.rewrite import delete
 
 from flowsearch.errors import FlowsearchError
 from flowsearch.search.version import index_info, load, sizes
 from flowsearch.storage import manifest as mf
 from flowsearch.writes.build import build_index
-from flowsearch.writes.rewrite import delete
 
 
 @pytest.fixture(scope="module")
