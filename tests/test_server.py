@@ -187,7 +187,7 @@ def test_health_and_info(client: httpx.Client, searcher: Searcher) -> None:
     assert r.status_code == 200 and r.json() == {"status": "ok", "rows": 80}
     info = client.get("/info").json()
     assert info == _plain(searcher.info().to_dict())
-    assert info["live_rows"] == 80
+    assert info["n_live"] == 80
     assert client.get("/openapi.json").json()["paths"].keys() >= {
         "/health",
         "/info",

@@ -204,8 +204,12 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
         """Insert or replace records by id -> the library's summary (``upserted``, ...)."""
         from flowsearch import upsert as upsert_records
 
-        summary = await service.write(lambda: upsert_records(service.index_dir, body.records))
-        return SafeJSONResponse(summary)
+        # the server's own encoder: a write never loads a second copy of the model
+        encoder = service.searcher.encoder
+        result = await service.write(
+            lambda: upsert_records(service.index_dir, body.records, encoder=encoder)
+        )
+        return SafeJSONResponse(result.to_dict())
 
     @app.post("/delete", dependencies=guard, response_model=DeleteResultModel)
     async def delete(body: DeleteRequest) -> SafeJSONResponse:
