@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from corpus_helpers import siblings, version_dirs, write_corpus
 
 from flowsearch.errors import FlowsearchError
 from flowsearch.search.searcher import Searcher
+from flowsearch.space.drift import DriftReport
+from flowsearch.space.reference import reference_of
 from flowsearch.storage import directory as directory
 from flowsearch.storage import manifest as mf
 from flowsearch.writes.build import build_index
@@ -43,11 +46,15 @@ def test_add_appends_rows_and_reports_drift(tmp_path, model_dir, corpus):
     assert m.files["index.faiss"] != first.files["index.faiss"]
     assert (m.encoder, m.calibration, m.density, m.columns) == (
         first.encoder, first.calibration, first.density, first.columns)  # fmt: skip
-    drift = summary["drift"]
-    assert set(drift) == {"mean_log_prob", "corpus_mean_log_prob", "gap_std",
-                          "share_below_p01", "reliable", "warn"}  # fmt: skip
-    assert drift["corpus_mean_log_prob"] == pytest.approx(first.density.mean_log_prob)
-    assert drift["reliable"] is True  # 120 rows >= 3 x dim 32
+    drift = summary["drift"]  # each new row's best score against the 120 rows held before
+    assert set(drift) == set(DriftReport.model_fields) and drift["judged_rows"] == 20
+    Z = Searcher.open(out).vectors()
+    best = (Z[120:] @ Z[:120].T).max(axis=1)
+    assert drift["median_score"] == pytest.approx(float(np.median(best)), abs=1e-5)
+    ref = reference_of(first)  # 120 rows hold none out: leave-one-out over all of them
+    assert ref.method == "leave-one-out" and ref.rows == 120
+    assert drift["median_percentile"] == pytest.approx(np.median(ref.percentiles(best)), abs=0.1)
+    assert drift["reference_log_density"] == ref.log_density_median  # 120 >= 3 x dim 32
     assert len(m.history) == 1 and m.history[0].kind == "add" and m.history[0].rows == 20
     assert m.history[0].drift == drift and m.updated == m.history[0].time
     directory.verify(out, m, checksums=True)
@@ -75,16 +82,18 @@ def test_add_to_a_missing_index_creates_nothing(tmp_path, corpus):
     assert not (tmp_path / "idx").exists()
 
 
-def test_add_warns_on_drift(tmp_path, model_dir, corpus, monkeypatch, caplog):
-    from flowsearch.space import reference as density
+def test_add_warns_on_drift(tmp_path, model_dir, corpus, caplog):
+    from flowsearch.settings import override
 
     out = tmp_path / "idx"
     build_index(corpus, out, model=str(model_dir))
-    monkeypatch.setattr(density, "DRIFT_WARN_STD", -1e9)  # any gap counts as drift
     extra = write_corpus(tmp_path / "extra.parquet", n=5, seed=6, id_prefix="z")
-    with caplog.at_level("WARNING", logger="flowsearch.writes.upsert"):
+    with (
+        override(drift_apart_percentile=101.0),  # any batch counts as apart from the corpus
+        caplog.at_level("WARNING", logger="flowsearch.writes.upsert"),
+    ):
         summary = add_to_index(extra, out)
     assert summary["drift"]["warn"] is True
-    assert "out of distribution" in caplog.text and "recalibrate" in caplog.text
+    assert "sit apart from the corpus" in caplog.text and "recalibrate" in caplog.text
     assert "--" not in caplog.text  # the library names no CLI flags
     assert mf.read(out).history[-1].drift["warn"] is True

@@ -153,16 +153,11 @@ def _print_summary(summary: dict[str, Any], verb: str) -> None:
     if summary.get("skipped"):
         err.print(f"skipped {summary['skipped']:,} rows with a null or blank text")
     drift = summary.get("drift")
-    if drift and drift.get("gap_std") is not None:
-        line = Text(
-            f"drift: new rows' mean log-density {drift['mean_log_prob']:.1f} vs corpus "
-            f"{drift['corpus_mean_log_prob']:.1f} ({drift['gap_std']:.2f} corpus std below)"
-        )
-        if drift["warn"]:
-            line.append("  out of distribution: refit with recalibrate", style="bold yellow")
-        if not drift.get("reliable", True):
-            line.append("  (corpus too small to judge drift)")
-        err.print(line)
+    if drift:
+        from flowsearch.space.drift import DriftReport
+
+        report = DriftReport.model_validate(drift)
+        err.print(Text(f"drift: {report.to_words()}", style="bold yellow" if report.warn else ""))
 
 
 @app.command("index")
@@ -264,22 +259,8 @@ def _snippet(text: str, width: int = 90) -> str:
 
 
 def _density_caption(report: Any) -> str | None:
-    """The query table's caption: the verdict and the figures it rests on (only finite ones)."""
-    parts = []
-    if report.top_score is not None:
-        where = (
-            f", percentile {report.top_score_percentile:.0f} of held-out rows"
-            if report.top_score_percentile is not None
-            else ""
-        )
-        parts.append(f"top score {report.top_score:.3f}{where}")
-    if report.log_density is not None and report.corpus_mean is not None:
-        parts.append(
-            f"log-density {report.log_density:.1f} "
-            f"(rows {report.corpus_mean:.1f} ± {report.corpus_std:.1f})"
-        )
-    verdict = report.verdict if report.reason is None else f"not judged: {report.reason}"
-    return "; ".join([verdict, *parts])
+    """The query table's caption: the verdict in percentiles of the corpus."""
+    return str(report.to_words())
 
 
 @app.command("query")
@@ -335,6 +316,8 @@ def info_cmd(
 ) -> None:
     """Show what an index holds: manifest, calibration decision, sizes, what was verified."""
     from flowsearch.search.version import index_info
+    from flowsearch.space.reference import reference_of
+    from flowsearch.space.reports import describe_space
 
     info = index_info(index, verify=verify)
     if as_json:
@@ -343,7 +326,7 @@ def info_cmd(
     from rich.table import Table
 
     m = info.manifest
-    enc, cal, density = m.encoder, m.calibration, m.density
+    enc, cal, reference = m.encoder, m.calibration, reference_of(m)
     checked = info.verified
     table = Table(show_header=False, title=_literal(info.path), title_justify="left")
     table.add_column(style="bold")
@@ -358,8 +341,8 @@ def info_cmd(
         ("created / updated", f"{m.created} / {m.updated or '-'}"),
         ("model", f"{enc.model} (revision {enc.revision})"),
         ("pooling / max_length / dim", f"{enc.pooling} / {enc.max_length} / {enc.dim}"),
-        ("calibration", f"{cal.name}: {cal.calibrator} fitted on {cal.fitted_on}"),
-        ("searched space", f"{cal.space} ({cal.decision})"),
+        ("searched space", describe_space(cal, enc.pooling)),
+        ("judged against", reference.to_words() if reference else "nothing: no reference"),
         ("anisotropy", ", ".join(f"{k} {v:.3f}" for k, v in cal.anisotropy.items())),
         ("FAISS index", f"{m.faiss.factory} {m.faiss.params}".strip()),
         ("size", ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in info.bytes.items())),
@@ -373,10 +356,6 @@ def info_cmd(
             ),
         ),  # fmt: skip
     ]
-    if density:
-        rows.append(
-            ("corpus log-density", f"{density.mean_log_prob:.1f} ± {density.std_log_prob:.1f}")
-        )
     for key, value in rows:
         table.add_row(key, _literal(value))
     _stdout_console().print(table)

@@ -27,7 +27,8 @@ from flowsearch.ann import faiss_index as fx
 from flowsearch.errors import FlowsearchError
 from flowsearch.search.version import IndexInfo, Version, sizes
 from flowsearch.search.version import load as load_version
-from flowsearch.space.reference import QueryReport, query_report
+from flowsearch.space.reference import reference_of
+from flowsearch.space.reports import QueryReport, query_report
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import directory as directory
 from flowsearch.storage import manifest as mf
@@ -92,7 +93,7 @@ HYBRID_CANDIDATES = 100
 
 @dataclass(frozen=True)
 class QueryResult:
-    """A query's hits and what the index's density says about the query."""
+    """A query's hits and its report: how it sits among the corpus's own passages."""
 
     query: str
     hits: list[Hit]
@@ -336,22 +337,14 @@ class Searcher:
         self, log_density: float | None, top_score: float | None = None
     ) -> QueryReport:
         """Judge a query from its log-density (a hit's ``log_density``) and its best dense score
-        over the whole index (see :class:`~flowsearch.space.reference.QueryReport`)."""
+        over the whole index (see :class:`~flowsearch.space.reports.QueryReport`)."""
         return self._report(self._version, log_density, top_score)
 
     @staticmethod
     def _report(
         version: Version, log_density: float | None, top_score: float | None = None
     ) -> QueryReport:
-        m = version.manifest
-        return query_report(
-            log_density,
-            m.density,
-            m.calibration.fit_rows,
-            m.dim,
-            held_out=m.held_out,
-            top_score=top_score,
-        )
+        return query_report(top_score, reference_of(version.manifest), log_density)
 
     def search_vectors(self, Z: np.ndarray, k: int = 10) -> list[list[Hit]]:
         """Top-``k`` hits for vectors already in the searched space.

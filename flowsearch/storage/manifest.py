@@ -331,6 +331,9 @@ class Manifest:
     files: Mapping[str, FileRecord] = field(default_factory=dict)
     density: DensityStats | None = None
     held_out: HeldOut | None = None
+    #: the JSON form of :class:`flowsearch.space.reference.Reference` (read with
+    #: :func:`~flowsearch.space.reference.reference_of`, which also reads ``held_out``)
+    reference: Mapping[str, Any] | None = None
     lexical: LexicalSpec | None = None
     deleted: int = 0
     tombstones: str | None = None
@@ -471,6 +474,7 @@ def from_dict(raw: Any) -> Manifest:
             files=files,
             density=_density(raw.get("density")),
             held_out=_held_out(raw.get("held_out")),
+            reference=dict(raw["reference"]) if raw.get("reference") else None,
             lexical=(
                 LexicalSpec(
                     **{

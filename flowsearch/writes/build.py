@@ -9,8 +9,9 @@ chunk by chunk (memory does not grow with the corpus), then publish the version
 (:mod:`flowsearch.storage.directory`): a crash or Ctrl-C at any moment leaves the previous version
 as it was and nothing that looks valid.
 
-The corpus's density statistics and held-out rows are recorded for the query verdict and for the
-drift check of later writes (:mod:`flowsearch.space.reference`).
+The corpus's density statistics and its reference (each of some rows' best score to another row:
+held-out rows, or leave-one-out on a small corpus) are recorded for the query verdict and the drift
+report of later writes (:mod:`flowsearch.space.reference`).
 
 Example:
     >>> build_index("data/sample.parquet", "my_index")  # doctest: +SKIP
@@ -31,9 +32,12 @@ from flowsearch.errors import FlowsearchError
 from flowsearch.progress import Stages
 from flowsearch.space.fitting import fit_for_index, load_fitted
 from flowsearch.space.reference import (
+    Method,
+    Reference,
     best_other_score,
     density_stats,
-    held_out_stats,
+    reference_rows,
+    reliable,
     split_fit_rows,
 )
 from flowsearch.space.search_space import SearchSpace
@@ -207,21 +211,33 @@ def fit_space(
     return space, faiss_index, factory, sample
 
 
-def _held_out(
+def _reference(
     faiss_index: Any,
     space: SearchSpace,
-    held_raw: np.ndarray,
-    held: np.ndarray,
+    measured: tuple[np.ndarray, np.ndarray, Method],
     lp: np.ndarray | None,
-) -> mf.HeldOut:
-    """Where the held-out rows (numbers ``held``, raw vectors ``held_raw``) sit: log-densities
-    (``lp``: all rows' or None) and each one's best score to another row of the finished index."""
-    if not len(held):  # a small corpus: none held out, so queries are not judged
-        return mf.HeldOut(rows=0)
-    Z = space.project(np.asarray(held_raw), want_density=False)[0]
-    scores, rows = fx.search(faiss_index, Z, 2)
-    top = best_other_score(scores, rows, held)
-    return held_out_stats(None if lp is None else lp[held], top, len(held))
+    n_rows: int,
+) -> Reference:
+    """The reference: each measured row's (``measured``: numbers, raw vectors, how chosen) best
+    score to another row of the finished index, with their log-densities (``lp``: all rows' or
+    None) when the calibrator is reliable."""
+    rows, raw, method = measured
+    spec = space.spec
+    mean_cosine = spec.anisotropy.get("mean_cosine") if spec.space == "encoder" else None
+    if not len(rows):
+        return Reference(method=method, rows=0, corpus_rows=n_rows, space=spec.space)
+    Z = space.project(np.asarray(raw), want_density=False)[0]
+    scores, found = fx.search(faiss_index, Z, 2)
+    top = best_other_score(scores, found, rows)
+    keep_lp = lp is not None and reliable(spec.fit_rows, space.dim)
+    return Reference.from_scores(
+        top,
+        method=method,
+        corpus_rows=n_rows,
+        space=spec.space,
+        mean_cosine=mean_cosine,
+        log_densities=lp[rows] if keep_lp and lp is not None else None,
+    )
 
 
 def _build(
@@ -269,7 +285,8 @@ def _build(
                 advance(len(texts))
         shards = writer.close()
         space.calibrator.save(tmp / mf.CALIBRATOR_DIR)
-    held_raw = np.asarray(raw[held_idx])
+    measured, method = reference_rows(plan.rows, held_idx)
+    measured_raw = np.asarray(raw[measured])
     del raw
     shutil.rmtree(work)
     return finish_version(
@@ -285,7 +302,7 @@ def _build(
         sample=sample,
         shards=shards,
         lps=lps,
-        held=(held_idx, held_raw),
+        measured=(measured, measured_raw, method),
         lexical=lexical,
     )
 
@@ -304,16 +321,17 @@ def finish_version(
     sample: np.ndarray,
     shards: list[mf.Shard],
     lps: list[np.ndarray],
-    held: tuple[np.ndarray, np.ndarray],
+    measured: tuple[np.ndarray, np.ndarray, Method],
     lexical: bool,
 ) -> mf.Manifest:
     """Tune and save the filled FAISS index, place the held-out rows, build BM25, write the
     manifest and publish (shared by both engines: the shards and calibrator are already in
-    ``build.path``; ``lps`` are the rows' log-densities in row order, ``held`` the held-out
-    rows' numbers and raw vectors)."""
+    ``build.path``; ``lps`` are the rows' log-densities in row order, ``measured`` the numbers,
+    raw vectors and method of the rows the reference measures:
+    :func:`~flowsearch.space.reference.reference_rows`)."""
     tmp = build.path
     all_lp = np.concatenate(lps) if lps else None
-    held_out = _held_out(faiss_index, space, held[1], held[0], all_lp)
+    reference = _reference(faiss_index, space, measured, all_lp, int(plan.rows))
     with st.timed("build index"), st.status("tuning the FAISS index"):
         params = ""
         if index_factory == "auto" and factory != "Flat":
@@ -344,7 +362,7 @@ def finish_version(
         shards=tuple(shards),
         lexical=lexical_spec,
         density=density_stats(all_lp) if all_lp is not None else None,
-        held_out=held_out,
+        reference=reference.model_dump(mode="json"),
         skipped=int(plan.skipped),
         next_auto_id=int(plan.rows_in),
         created=mf.utc_now(),

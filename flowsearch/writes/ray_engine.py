@@ -387,7 +387,7 @@ def build_on_ray(
     fault_marker: str | None = None,
 ) -> mf.Manifest:
     """Encode, calibrate, write and publish on a connected Ray (see the module docstring)."""
-    from flowsearch.space.reference import split_fit_rows
+    from flowsearch.space.reference import reference_rows, split_fit_rows
     from flowsearch.writes.build import finish_version, fit_space
 
     tmp = build.path
@@ -477,7 +477,8 @@ def build_on_ray(
     if on_disk:
         with st.timed("fill IVF"), st.status("filling IVF lists on Ray, merging them on disk"):
             faiss_index = _fill_on_ray(ray, faiss_index, tmp, shards)
-    held_raw = _read_rows(files, held_idx)
+    measured, method = reference_rows(plan.rows, held_idx)
+    measured_raw = _read_rows(files, measured)
     shutil.rmtree(tmp / "_work")
     return finish_version(
         build,
@@ -492,6 +493,6 @@ def build_on_ray(
         sample=sample,
         shards=shards,
         lps=lps,
-        held=(held_idx, held_raw),
+        measured=(measured, measured_raw, method),
         lexical=lexical,
     )

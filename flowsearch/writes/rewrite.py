@@ -225,11 +225,12 @@ def _rewrite(
         lex.compact()
         lexical = lex.save_version(build.path)
     new_calibration, density, held_out = base.calibration, base.density, base.held_out
+    reference = base.reference
     if space is not None and calibration is not None:
         space.calibrator.save(build.path / mf.CALIBRATOR_DIR)
         new_calibration = calibration
         density = density_stats(np.concatenate(lps)) if lps else None
-        held_out = None  # measured in the old space: not a reference any more
+        held_out = reference = None  # measured in the old space: not a reference any more
     else:
         build.link(mf.CALIBRATOR_DIR)
     detail = {"dropped": base.rows - live}
@@ -247,6 +248,7 @@ def _rewrite(
         calibration=new_calibration,
         density=density,
         held_out=held_out,
+        reference=reference,
     )
 
 

@@ -6,11 +6,12 @@ the FAISS and BM25 indexes; the old shards and calibrator are linked into the ne
 published atomically (:mod:`flowsearch.storage.directory`). An upsert's replaced rows are
 tombstoned.
 
-Drift: the new rows are scored under the index's flow and compared with the corpus
-(:func:`flowsearch.space.reference.drift_report`); far-off rows log a warning to recalibrate.
+Drift: each new row's best score against the rows the index held (those the write replaces
+excluded) is placed among the corpus's own (:func:`flowsearch.space.drift.drift_report`); rows
+that sit apart from the corpus log a warning saying what to do.
 
 Example:
-    >>> add_to_index("more.parquet", "my_index")["drift"]["gap_std"]  # doctest: +SKIP
+    >>> add_to_index("more.parquet", "my_index")["drift"]["verdict"]  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ import numpy as np
 from flowsearch.ann import faiss_index as fx
 from flowsearch.errors import FlowsearchError
 from flowsearch.progress import Stages
-from flowsearch.space.reference import DRIFT_WARN_STD, drift_report, reliable
+from flowsearch.settings import current
+from flowsearch.space.drift import drift_report
+from flowsearch.space.reference import reference_of
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import directory as directory
 from flowsearch.storage import manifest as mf
@@ -64,8 +67,9 @@ def add_to_index(
         model: where the index's model directory is now, if it has moved.
 
     Returns:
-        A summary, with ``"drift"`` (see :func:`~flowsearch.space.reference.drift_report`; None
-        without a flow).
+        A summary, with ``"drift"``: the JSON form of
+        :func:`~flowsearch.space.drift.drift_report` (where the new rows sit among the
+        corpus's own passages, in words by ``DriftReport.to_words()``).
 
     Raises:
         FlowsearchError: bad input, ids already in the index, or an index that fails to verify.
@@ -126,19 +130,13 @@ def _write(
         manifest, plan, drift, replaced = _append(
             build, kind, corpus, st, text_column, id_column, batch_size, strict, model
         )
-    if drift and drift["warn"]:
-        LOG.warning(
-            "new rows look out of distribution: mean log-density %.1f vs corpus %.1f "
-            "(%.1f corpus std below, threshold %.1f); refit the calibrator (recalibrate)",
-            drift["mean_log_prob"],
-            drift["corpus_mean_log_prob"],
-            drift["gap_std"],
-            DRIFT_WARN_STD,
-        )
+    if drift is not None and drift.warn:
+        LOG.warning("%s", drift.to_words())
     extra: dict[str, Any] = {"added": plan.rows}
     if kind == "upsert":
         extra = {"upserted": plan.rows, "inserted": plan.rows - replaced, "replaced": replaced}
-    return summary(target, manifest, st, skipped=plan.skipped, drift=drift, **extra)
+    report = drift.to_dict() if drift is not None else None
+    return summary(target, manifest, st, skipped=plan.skipped, drift=report, **extra)
 
 
 def _append(
@@ -151,7 +149,7 @@ def _append(
     batch_size: int,
     strict: bool,
     model: str | os.PathLike[str] | None,
-) -> tuple[mf.Manifest, CorpusPlan, dict[str, Any] | None, int]:
+) -> tuple[mf.Manifest, CorpusPlan, Any, int]:
     """Append (``add``) or upsert under the writer lock: (manifest, plan, drift, replaced)."""
     import pyarrow as pa
 
@@ -193,14 +191,22 @@ def _append(
         build.link(shard.path)
     faiss_index = fx.read_index(base.path(index_dir, mf.FAISS_FILE), base.faiss.params)
     writer = store.ShardWriter(build.path, first_part=len(base.shards))
-    lps: list[np.ndarray] = []
     new_texts: list[str] = []
+    scored = _drift_sample(plan.rows)
+    searchable = _searchable(base.rows, deleted, replaced_rows)
+    best: list[np.ndarray] = []
+    lps: list[np.ndarray] = []
+    row = 0
     with st.timed("encode+write"), st.task(f"{kind}ing", total=plan.rows) as advance:
         for batch_ids, texts, meta in plan.batches(CHUNK_ROWS):
             U = space.encoder.encode(texts, batch_size=batch_size, progress=False)
             Z, lp = space.project(U)
-            if lp is not None:
-                lps.append(lp)
+            pick = scored[(scored >= row) & (scored < row + len(texts))] - row
+            if len(pick) and len(searchable):  # before adding: against the rows held before
+                best.append(_best_scores(faiss_index, Z[pick], searchable))
+                if lp is not None:
+                    lps.append(lp[pick])
+            row += len(texts)
             writer.write(store.shard_table(batch_ids, texts, meta, Z, U))
             fx.add(faiss_index, Z, base.faiss.factory)
             if base.lexical is not None:
@@ -218,15 +224,15 @@ def _append(
         tombstones, n_deleted = store.write_deleted(build.path, deleted, replaced_rows)
     elif base.tombstones is not None:
         build.link(base.tombstones)
-    drift = None
-    # judged against rows the flow did not see when the index has them
-    reference = base.held_out.density if base.held_out and base.held_out.density else base.density
-    if lps and reference is not None:
-        ok = reliable(base.calibration.fit_rows, base.dim)
-        drift = drift_report(np.concatenate(lps), reference, ok)
+    drift = drift_report(
+        np.concatenate(best) if best else np.zeros(0),
+        reference_of(base),
+        np.concatenate(lps) if lps else None,
+        rows=plan.rows,
+    )
     detail = {"replaced": int(len(replaced_rows))} if kind == "upsert" else {}
     record = mf.WriteRecord(
-        kind=kind, time=mf.utc_now(), rows=plan.rows, drift=drift, detail=detail
+        kind=kind, time=mf.utc_now(), rows=plan.rows, drift=drift.to_dict(), detail=detail
     )
     manifest = mf.with_history(
         base,
@@ -243,6 +249,30 @@ def _append(
         encoder = replace(base.encoder, source=str(space.encoder.model_id))
         manifest = replace(manifest, encoder=encoder)
     return build.publish(manifest), plan, drift, int(len(replaced_rows))
+
+
+def _drift_sample(n: int) -> np.ndarray:
+    """Positions (int64, sorted) of the new rows the drift report scores: all of them, or a
+    seeded sample of ``Settings.drift_max_rows``."""
+    most = current().drift_max_rows
+    if n <= most:
+        return np.arange(n, dtype=np.int64)
+    return np.sort(np.random.default_rng(0).choice(n, most, replace=False)).astype(np.int64)
+
+
+def _searchable(n_rows: int, deleted: np.ndarray | None, replaced: np.ndarray) -> np.ndarray:
+    """The rows (int64) new rows are compared with: live rows the write does not replace."""
+    keep = np.ones(n_rows, dtype=bool) if deleted is None else ~np.asarray(deleted, bool)
+    keep[replaced] = False
+    return np.flatnonzero(keep).astype(np.int64)
+
+
+def _best_scores(faiss_index: Any, Z: np.ndarray, searchable: np.ndarray) -> np.ndarray:
+    """Each vector's best score (float64, NaN for none) among rows ``searchable``."""
+    from flowsearch.ann.prefilter import filtered_search
+
+    scores, found = filtered_search(faiss_index, Z, 1, searchable)
+    return np.where(found[:, 0] >= 0, scores[:, 0].astype(np.float64), np.nan)
 
 
 def _grow_lexical(
