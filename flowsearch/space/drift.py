@@ -32,11 +32,11 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
-from scipy.stats import binom
 
 from flowsearch.settings import current
 from flowsearch.space.reference import Reference, share_words, why_unusable
@@ -51,6 +51,15 @@ DriftVerdict = Literal[
     "too few to tell",
     "not judged",
 ]
+
+
+def _half_binomial_cdf(n: int) -> np.ndarray:
+    """``P(B <= k)`` for ``B ~ Binomial(n, 1/2)``, k = 0 .. n // 2 (float64; in log space, so
+    large n neither overflows nor needs scipy, whose import costs seconds on a cold start)."""
+    k = np.arange(n // 2 + 1)
+    lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
+    log_pmf = lgamma(n + 1.0) - lgamma(k + 1.0) - lgamma(n - k + 1.0) - n * math.log(2.0)
+    return np.minimum(np.cumsum(np.exp(log_pmf)), 1.0)
 
 
 def median_interval(percentiles: np.ndarray, confidence: float) -> tuple[float, float, float]:
@@ -78,7 +87,7 @@ def median_interval(percentiles: np.ndarray, confidence: float) -> tuple[float, 
     if n == 1:
         return float(x[0]), float(x[0]), 0.0
     j = np.arange(1, n // 2 + 1)
-    coverage = 1.0 - 2.0 * binom.cdf(j - 1, n, 0.5)
+    coverage = 1.0 - 2.0 * _half_binomial_cdf(n)[j - 1]
     ok = np.nonzero(coverage >= confidence)[0]
     pick = int(ok[-1]) if len(ok) else 0
     k = int(j[pick])

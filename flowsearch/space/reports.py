@@ -11,6 +11,7 @@ the raw figures (scores, log-densities) are fields, for ``--json``, and
 record (for ``info``).
 
 Example:
+    >>> import numpy as np
     >>> from flowsearch.space.reference import Reference
     >>> ref = Reference.from_scores(np.linspace(0.2, 0.6, 201), method="leave-one-out",
     ...                             corpus_rows=201)
