@@ -152,11 +152,10 @@ def _print_summary(summary: dict[str, Any], verb: str) -> None:
     err.print(line)
     if summary.get("skipped"):
         err.print(f"skipped {summary['skipped']:,} rows with a null or blank text")
-    drift = summary.get("drift")
-    if drift:
-        from flowsearch.space.drift import DriftReport
+    from flowsearch.space.drift import DriftReport
 
-        report = DriftReport.model_validate(drift)
+    report = DriftReport.from_record(summary.get("drift"))
+    if report is not None:
         err.print(Text(f"drift: {report.to_words()}", style="bold yellow" if report.warn else ""))
 
 

@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -133,6 +134,14 @@ class DriftReport(BaseModel):
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``add --json``, the history)."""
         return self.model_dump(mode="json")
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any] | None) -> DriftReport | None:
+        """The report a write's history record holds, or None: no report, or the previous
+        release's log-density figures (``gap_std``, ...), which are not comparable."""
+        if not record or "verdict" not in record:
+            return None
+        return cls.model_validate(dict(record))
 
     def _interval_words(self) -> str:
         assert self.interval is not None and self.coverage is not None
