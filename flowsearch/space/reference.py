@@ -18,7 +18,8 @@ model ``mean``), so short in-domain questions sat far below passages; the best s
 in-domain from foreign queries with AUROC 0.99 against the density's 0.81. The log-density is
 still carried as a raw figure (:attr:`Reference.log_density_median`), never judged.
 
-How the figures are turned into verdicts and words is :mod:`flowsearch.space.reports`.
+How the figures become verdicts and words: :mod:`flowsearch.space.reports` (queries) and
+:mod:`flowsearch.space.drift` (new rows).
 
 Example:
     >>> ref = Reference.from_scores(np.linspace(0.2, 0.6, 201), method="leave-one-out",
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 #: ``auto`` searches a calibrated space only with at least this many rows per dimension, and
-#: densities are judged only then. On STS-B, all-MiniLM-L6-v2 first-release ``static`` (384-d),
+#: log-densities are shown only then. On STS-B, all-MiniLM-L6-v2 first-release ``static`` (384-d),
 #: whitening fitted on 300 rows (0.8 x dim) scores 39.4 against 55.6 raw, on 1,000 rows
 #: (2.6 x dim) 55.1, on 5,385 rows (14 x dim) 70.4: below about 3 rows per dimension a
 #: calibrator overfits and costs more than the anisotropy does.
