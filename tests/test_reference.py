@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from flowsearch.errors import IndexDamaged
 from flowsearch.settings import current, override
 from flowsearch.space.reference import (
     MIN_ROWS_PER_DIM,
@@ -185,6 +186,8 @@ def test_reference_round_trips_through_the_manifest_and_wins_over_held_out():
     again = from_dict(json.loads(json.dumps(to_dict(m))))
     assert reference_of(again) == ref
     assert reference_of({"reference": ref}) is ref
+    with pytest.raises(IndexDamaged, match="reference is malformed"):
+        reference_of({"reference": {"method": "guess", "rows": -1}})
 
 
 def test_build_measures_held_out_rows_or_every_row_of_a_small_corpus(tmp_path, model_dir):

@@ -37,6 +37,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from flowsearch.errors import IndexDamaged
 from flowsearch.settings import current
 
 __all__ = [
@@ -332,12 +333,20 @@ def reference_of(manifest: Any) -> Reference | None:
     best scores of the held-out rows at nine percentiles, and their log-density statistics):
     it is read as a ``held-out`` reference, so those indexes keep their verdict. A ``held_out``
     record without scores (a corpus under 500 rows) gives None.
+
+    Raises:
+        IndexDamaged: a stored reference that is not one (a hand-edited manifest).
     """
     stored = _get(manifest, "reference")
     if isinstance(stored, Reference):
         return stored
     if stored:
-        return Reference.model_validate(dict(stored))
+        try:
+            return Reference.model_validate(dict(stored))
+        except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+            raise IndexDamaged(
+                f"the manifest's reference is malformed ({type(exc).__name__})", "rebuild the index"
+            ) from None
     held = _get(manifest, "held_out")
     if not held or not _get(held, "top_score"):
         return None

@@ -497,7 +497,7 @@ def from_dict(raw: Any) -> Manifest:
         )
     except FlowsearchError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise FlowsearchError(
             f"manifest is malformed ({type(exc).__name__}: {exc}); rebuild the index"
         ) from None
