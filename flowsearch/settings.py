@@ -122,6 +122,35 @@ class Settings:
     #: build on open (a million-term dictionary took 1.5 s on the shared 2-core machine).
     lexical_bisect_min_terms: int = 100_000
 
+    # --- space: the reference queries and new rows are judged against (space/reference.py) ---
+    #: Share of the corpus the build keeps out of the calibrator's fit (the rows the reference
+    #: is measured on when there are enough of them).
+    held_out_share: float = 0.10
+    #: At most this many rows are held out (enough for a 1st percentile; scoring them is cheap).
+    held_out_max: int = 2000
+    #: Fewer held-out rows than this are none (a corpus under 500 rows holds none out; its
+    #: reference is measured leave-one-out instead).
+    held_out_min: int = 50
+    #: A reference needs at least this many measured rows (its 5th percentile is then the 3rd
+    #: lowest row; fewer say nothing about what is usual).
+    reference_min_rows: int = 50
+    #: A leave-one-out reference measures at most this many rows (a seeded sample).
+    reference_max_rows: int = 2000
+    #: A query whose best dense score is below this percentile of the reference is out of
+    #: distribution: 2% of in-domain questions flagged and 87% of off-domain sentences caught
+    #: with the bundled model's ``mean`` (benchmarks/RESULTS.md, bench_density_length).
+    ood_percentile: float = 5.0
+    #: Confidence of the interval around new rows' median percentile (order statistics).
+    drift_confidence: float = 0.95
+    #: New rows sit apart from the corpus when their median percentile is below this with
+    #: :attr:`drift_confidence` (most of them less like the corpus than 3/4 of its passages).
+    drift_apart_percentile: float = 25.0
+    #: Fewer new rows than this are described, never judged as drift (5 rows all below the
+    #: 25th percentile happen by chance once in 1,024 batches: 0.25^5).
+    drift_min_rows: int = 5
+    #: A write scores at most this many of its new rows (a seeded sample) for the drift report.
+    drift_max_rows: int = 2000
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (unknown names are refused)."""
         names = {f.name for f in dataclasses.fields(self)}

@@ -17,7 +17,7 @@ from typing import Any
 from flowsearch.jsonable import to_json
 
 __all__ = [
-    "density_caption",
+    "report_caption",
     "literal",
     "print_json",
     "print_summary",
@@ -69,51 +69,30 @@ def snippet(text: str, width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def print_summary(summary: dict[str, Any], verb: str) -> None:
-    """A write's summary (rows, version, space, timings, drift) on stderr."""
+def print_summary(result: Any, verb: str) -> None:
+    """A write's result (rows, version, space, timings, drift) on stderr."""
     from rich.text import Text
 
     err = stderr_console()
-    secs = ", ".join(f"{k} {v:.1f}s" for k, v in summary["seconds"].items() if k != "total")
-    rows = summary.get("added", summary["rows"])
+    secs = ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items() if k != "total")
     line = Text()
     line.append(verb, style="bold")
     line.append(
-        f" {rows:,} rows -> {visible(summary['index'])} "
-        f"(version {summary['version']}, dim {summary['dim']}, {summary['space']} space via "
-        f"{summary['calibration']}, {summary['factory']}, {summary['bytes'] / 2**20:.1f} MiB) in "
-        f"{summary['seconds']['total']:.1f}s [{secs}]"
+        f" {result.n_written:,} rows -> {visible(result.index)} "
+        f"(version {result.version}, {result.n_live:,} live rows in {result.segments} "
+        f"segment{'s' if result.segments != 1 else ''}, dim {result.dim}, "
+        f"{result.bytes / 2**20:.1f} MiB) in {result.seconds.get('total', 0.0):.1f}s [{secs}]"
     )
     err.print(line)
-    if summary.get("skipped"):
-        err.print(f"skipped {summary['skipped']:,} rows with a null or blank text")
-    drift = summary.get("drift")
-    if drift and drift.get("gap_std") is not None:
-        line = Text(
-            f"drift: new rows' mean log-density {drift['mean_log_prob']:.1f} vs corpus "
-            f"{drift['corpus_mean_log_prob']:.1f} ({drift['gap_std']:.2f} corpus std below)"
-        )
-        if drift["warn"]:
-            line.append("  out of distribution: refit with recalibrate", style="bold yellow")
-        if not drift.get("reliable", True):
-            line.append("  (corpus too small to judge drift)")
-        err.print(line)
+    if result.n_skipped:
+        err.print(f"skipped {result.n_skipped:,} rows with a null or blank text")
+    if result.merged:
+        err.print(f"merged {result.merged} small segments into one")
+    drift = result.drift
+    if drift is not None:
+        err.print(Text(drift.to_words(), style="bold yellow" if drift.warn else ""))
 
 
-def density_caption(report: Any) -> str:
-    """The query report in one line: the verdict and the figures it rests on (finite ones)."""
-    parts = []
-    if report.top_score is not None:
-        where = (
-            f", percentile {report.top_score_percentile:.0f} of held-out rows"
-            if report.top_score_percentile is not None
-            else ""
-        )
-        parts.append(f"top score {report.top_score:.3f}{where}")
-    if report.log_density is not None and report.corpus_mean is not None:
-        parts.append(
-            f"log-density {report.log_density:.1f} "
-            f"(rows {report.corpus_mean:.1f} ± {report.corpus_std:.1f})"
-        )
-    verdict = report.verdict if report.reason is None else f"not judged: {report.reason}"
-    return "; ".join([verdict, *parts])
+def report_caption(report: Any) -> str:
+    """The query report in words (the raw figures are in ``--json`` and ``--explain``)."""
+    return str(report.to_words()) if report is not None else ""

@@ -98,11 +98,11 @@ def index_cmd(
     _done(summary, "indexed", as_json)
 
 
-def _done(summary: dict[str, Any], verb: str, as_json: bool) -> None:
+def _done(result: Any, verb: str, as_json: bool) -> None:
     if as_json:
-        print_json(summary)
+        print_json(result.to_dict())
     else:
-        print_summary(summary, verb)
+        print_summary(result, verb)
 
 
 @app.command("add")
@@ -122,8 +122,8 @@ def add_cmd(
     from flowsearch.writes.upsert import add_to_index
 
     summary = add_to_index(
-        corpus,
         index,
+        corpus,
         text_column=text_column,
         id_column=id_column,
         batch_size=batch_size,
@@ -161,10 +161,10 @@ def upsert_cmd(
         **wait_kwargs(wait),
     )
     if as_json:
-        print_json(summary)
+        print_json(summary.to_dict())
         return
-    print_summary({**summary, "added": summary["upserted"]}, "upserted")
-    typer.echo(f"{summary['inserted']:,} inserted, {summary['replaced']:,} replaced", err=True)
+    print_summary(summary, "upserted")
+    typer.echo(f"{summary.n_inserted:,} inserted, {summary.n_replaced:,} replaced", err=True)
 
 
 def _read_ids(ids: list[str] | None, ids_file: Path | None) -> list[str]:
@@ -194,13 +194,13 @@ def delete_cmd(
     as_json: AsJson = False,
 ) -> None:
     """Delete rows by id (they are never returned again; compact reclaims the space)."""
-    from flowsearch.writes.rewrite import delete
+    from flowsearch.writes.delete import delete
 
     result = delete(index, _read_ids(ids, ids_file), **wait_kwargs(wait))
     if as_json:
         print_json(result.to_dict())
         return
-    typer.echo(f"deleted {result.deleted:,} rows from {visible(index)}", err=True)
+    typer.echo(f"deleted {result.n_deleted:,} rows from {visible(index)}", err=True)
     if result.missing:
         shown = ", ".join(visible(m) for m in result.missing[:10])
         more = f" and {len(result.missing) - 10} more" if len(result.missing) > 10 else ""
@@ -210,18 +210,22 @@ def delete_cmd(
 @app.command("compact")
 @user_errors
 def compact_cmd(
-    index: IndexDir = DEFAULT_INDEX, wait: Wait = None, as_json: AsJson = False
+    index: IndexDir = DEFAULT_INDEX,
+    full: Annotated[bool, flag("--full", help="Merge everything into one segment.")] = False,
+    wait: Wait = None,
+    as_json: AsJson = False,
 ) -> None:
-    """Rewrite the index without its deleted rows; reports the space freed."""
-    from flowsearch.writes.rewrite import compact
+    """Merge small segments and drop deleted rows; reports the space freed."""
+    from flowsearch.writes.compact import compact
 
-    result = compact(index, **wait_kwargs(wait))
+    result = compact(index, full=full, **wait_kwargs(wait))
     if as_json:
-        print_json(result)
+        print_json(result.to_dict())
         return
     typer.echo(
-        f"compacted {visible(index)}: {result['rows']:,} rows, dropped {result['dropped']:,}, "
-        f"freed {result['bytes_freed'] / 2**20:.2f} MiB (version {result['version']})",
+        f"compacted {visible(index)}: {result.n_live:,} rows in {result.segments} segments, "
+        f"merged {result.merged}, dropped {result.n_dropped:,} deleted rows, freed "
+        f"{result.bytes_freed / 2**20:.2f} MiB (version {result.version})",
         err=True,
     )
 
@@ -237,7 +241,7 @@ def recalibrate_cmd(
     as_json: AsJson = False,
 ) -> None:
     """Refit the calibrator on the stored raw vectors and rewrite the searched space."""
-    from flowsearch.writes.rewrite import recalibrate
+    from flowsearch.writes.compact import recalibrate
 
     result = recalibrate(
         index,
@@ -247,10 +251,10 @@ def recalibrate_cmd(
         **wait_kwargs(wait),
     )
     if as_json:
-        print_json(result)
+        print_json(result.to_dict())
         return
     typer.echo(
-        f"recalibrated {visible(index)} ({result['rows']:,} rows): {result['calibration']}, "
-        f"{result['space']} space ({result['decision']}), version {result['version']}",
+        f"recalibrated {visible(index)} ({result.n_live:,} rows): {result.calibration}, "
+        f"{result.space} space ({result.decision}), version {result.version}",
         err=True,
     )

@@ -336,23 +336,16 @@ class Searcher:
             return result
         return run()
 
-    def query_report(self, log_density: float | None, top_score: float | None = None) -> Any:
-        """Judge a query from its log-density and its best dense score over the whole index."""
+    def query_report(self, top_score: float | None, log_density: float | None = None) -> Any:
+        """Judge a query from its best dense score over the whole index (see
+        :func:`flowsearch.space.reports.query_report`)."""
         return self._report(self._version, log_density, top_score)
 
     @staticmethod
     def _report(version: Version, log_density: float | None, top_score: float | None) -> Any:
-        from flowsearch.space.reference import query_report
+        from flowsearch.space.reports import query_report
 
-        m = version.manifest
-        return query_report(
-            log_density,
-            m.density,
-            m.calibration.fit_rows,
-            m.dim,
-            held_out=m.held_out,
-            top_score=top_score,
-        )
+        return query_report(top_score, version.reference(), log_density)
 
     def search_vectors(self, Z: np.ndarray, k: int = 10) -> list[list[Hit]]:
         """Top-``k`` hits for vectors already in the searched space (float32 (q, dim),

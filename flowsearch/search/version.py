@@ -33,7 +33,16 @@ from flowsearch.storage import manifest as mf
 from flowsearch.storage.rows import RowCache
 from flowsearch.storage.verify import Verification, size_on_disk, verify
 
-__all__ = ["IndexInfo", "Opened", "Version", "index_info", "load", "open_current", "sizes"]
+__all__ = [
+    "IndexInfo",
+    "Opened",
+    "Version",
+    "index_history",
+    "index_info",
+    "load",
+    "open_current",
+    "sizes",
+]
 
 LOG = logging.getLogger(__name__)
 
@@ -121,6 +130,19 @@ def index_info(index_dir: str | os.PathLike[str], verify: bool = False) -> Index
     return open_current(root, describe)
 
 
+def index_history(index_dir: str | os.PathLike[str]) -> list[mf.WriteRecord]:
+    """The writes an index has seen, oldest first (its ``history.jsonl``).
+
+    Raises:
+        NotFound: no index there. IndexDamaged: a line that is not a record.
+    """
+    from flowsearch.storage import history
+
+    root = Path(index_dir).expanduser()
+    mf.read(root)
+    return history.read(root)
+
+
 @dataclass
 class Opened:
     """What a searcher has opened, reused across its versions: segment readers by (name,
@@ -163,12 +185,21 @@ class Version:
     deleted: list[np.ndarray | None]
     verified: Verification
     lexical: Any = None
+    _reference: Any = None
     _filter: Any = None
     _filter_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def n_rows(self) -> int:
         return int(self.offsets[-1])
+
+    def reference(self) -> Any:
+        """The version's :class:`~flowsearch.space.reference.Reference` (read once), or None."""
+        if self._reference is None:
+            from flowsearch.space.reference import reference_of
+
+            self._reference = reference_of(self.manifest) or False
+        return self._reference or None
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Global rows -> (segment index, local row), int64 arrays."""

@@ -46,13 +46,12 @@ from flowsearch.search.searcher import Searcher
 from flowsearch.server.boundary import BodyGuard, SafeJSONResponse, install_error_handlers
 from flowsearch.server.docs import add_docs
 from flowsearch.server.models import (
-    BatchResultModel,
+    BatchResult,
     DeleteRequest,
-    DeleteResultModel,
-    QueryResultModel,
+    QueryResult,
     SearchRequest,
     UpsertRequest,
-    UpsertResultModel,
+    WriteResult,
 )
 
 __all__ = ["REFRESH_SECONDS", "Service", "create_app"]
@@ -187,7 +186,7 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
         """What the served index version holds: the ``flowsearch info --json`` document."""
         return SafeJSONResponse(service.reader().info().to_dict())
 
-    @app.post("/search", dependencies=guard, response_model=QueryResultModel | BatchResultModel)
+    @app.post("/search", dependencies=guard, response_model=QueryResult | BatchResult)
     def search(body: SearchRequest) -> SafeJSONResponse:
         """One query -> its hits and report (as ``flowsearch query --json``); a list of
         queries -> ``{"results": [...]}``, each query's answer in that same shape."""
@@ -199,7 +198,7 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
             return SafeJSONResponse(answers[0])
         return SafeJSONResponse({"results": answers})
 
-    @app.post("/upsert", dependencies=guard, response_model=UpsertResultModel)
+    @app.post("/upsert", dependencies=guard, response_model=WriteResult)
     async def upsert(body: UpsertRequest) -> SafeJSONResponse:
         """Insert or replace records by id -> the library's summary (``upserted``, ...)."""
         from flowsearch import upsert as upsert_records
@@ -211,7 +210,7 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
         )
         return SafeJSONResponse(result.to_dict())
 
-    @app.post("/delete", dependencies=guard, response_model=DeleteResultModel)
+    @app.post("/delete", dependencies=guard, response_model=WriteResult)
     async def delete(body: DeleteRequest) -> SafeJSONResponse:
         """Delete records by id -> ``{"deleted": n, "missing": [ids not found], "version"}``."""
         from flowsearch import delete as delete_ids

@@ -2,17 +2,16 @@ r"""The HTTP API's bodies: what a request may hold, and the typed shape of every
 
 Requests are strict (no coercion, no unknown field, bounded sizes), so a malformed body is a 422
 naming the field before the library sees it. Responses carry the same JSON as the library's
-``to_dict()`` and the command line's ``--json``: a field absent there (the component scores of a
-non-hybrid hit) is absent here too (routes serialize with ``exclude_unset``). When the library's
-results become pydantic models themselves, these response models give way to them: the field
-names are theirs.
+``to_dict()`` and the command line's ``--json``: the same fields in every mode (a score a side did not
+give is null). When the library's
+results are the answers' models (:class:`~flowsearch.search.results.QueryResult`,
+:class:`~flowsearch.writes.results.WriteResult`): one JSON shape, one schema.
 
 Example:
     >>> SearchRequest.model_validate({"query": "tides", "k": 3}).k
     3
-    >>> HitModel.model_validate({"rank": 1, "id": "p1", "score": 0.5, "text": "t",
-    ...                          "metadata": {}}).model_dump(exclude_unset=True)
-    {'rank': 1, 'id': 'p1', 'score': 0.5, 'text': 't', 'metadata': {}}
+    >>> sorted(Hit.model_json_schema()["properties"])[:3]
+    ['dense_score', 'id', 'lexical_score']
 """
 
 from __future__ import annotations
@@ -20,6 +19,9 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from flowsearch.search.results import Hit, QueryResult
+from flowsearch.writes.results import WriteResult
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -30,15 +32,13 @@ __all__ = [
     "MAX_QUERY_CHARS",
     "MAX_RECORDS",
     "MAX_WHERE_CHARS",
-    "BatchResultModel",
+    "BatchResult",
     "DeleteRequest",
-    "DeleteResultModel",
-    "HitModel",
-    "QueryReportModel",
-    "QueryResultModel",
+    "Hit",
+    "QueryResult",
     "SearchRequest",
     "UpsertRequest",
-    "UpsertResultModel",
+    "WriteResult",
 ]
 
 #: Bounds of a request (a body outside them is a 422 before the library sees it).
@@ -91,65 +91,11 @@ class DeleteRequest(BaseModel):
 
 
 # -- responses ----------------------------------------------------------------------------------
+# The library's own models: one JSON shape and one JSON schema for the library's ``to_dict()``,
+# the command line's ``--json`` and these answers.
 
 
-class HitModel(BaseModel):
-    """One hit, as ``query --json`` prints it (``flowsearch.search.searcher.hit_dict``)."""
-
-    rank: int = Field(description="1-based position in the hit list")
-    id: int | str = Field(description="the record's id, as indexed")
-    score: float = Field(description="relevance in [0, 1], comparable across queries")
-    text: str
-    metadata: dict[str, Any] = Field(description="the record's other columns")
-    dense_score: float | None = Field(None, description="hybrid only: the cosine of the hit")
-    lexical_score: float | None = Field(None, description="hybrid only: the hit's BM25 score")
-
-
-class QueryReportModel(BaseModel):
-    """What the index says about a query (``flowsearch.space.reference.QueryReport``)."""
-
-    log_density: float | None = None
-    corpus_mean: float | None = None
-    corpus_std: float | None = None
-    gap_std: float | None = None
-    verdict: str = Field(description="in-distribution, out-of-distribution or not judged")
-    reason: str | None = None
-    top_score: float | None = None
-    top_score_percentile: float | None = None
-
-
-class QueryResultModel(BaseModel):
-    """One query's answer: its hits, best first, and its report (``QueryResult.to_dict()``)."""
-
-    query: str
-    hits: list[HitModel]
-    density: QueryReportModel
-
-
-class BatchResultModel(BaseModel):
+class BatchResult(BaseModel):
     """A list of queries' answers, in the order asked, each as a single query's."""
 
-    results: list[QueryResultModel]
-
-
-class UpsertResultModel(BaseModel):
-    """The summary :func:`flowsearch.upsert` returns (``upsert --json``)."""
-
-    model_config = ConfigDict(extra="allow")  # the library's summary may say more
-
-    index: str
-    version: int
-    rows: int = Field(description="live rows after the write")
-    upserted: int = Field(description="records written")
-    inserted: int = Field(description="of them, new ids")
-    replaced: int = Field(description="of them, ids that replaced a row")
-    skipped: int = Field(0, description="records skipped for a null or blank text")
-    drift: dict[str, Any] | None = Field(None, description="the new rows against the corpus")
-
-
-class DeleteResultModel(BaseModel):
-    """What :func:`flowsearch.delete` did (``delete --json``)."""
-
-    deleted: int
-    missing: list[int | str] = Field(description="ids that were not in the index")
-    version: int | None = Field(description="the version the deletion published (or the same)")
+    results: list[QueryResult]
