@@ -1,11 +1,9 @@
 r"""The HTTP API's bodies: what a request may hold, and the typed shape of every answer.
 
 Requests are strict (no coercion, no unknown field, bounded sizes), so a malformed body is a 422
-naming the field before the library sees it. Responses carry the same JSON as the library's
-``to_dict()`` and the command line's ``--json``: the same fields in every mode (a score a side did not
-give is null). When the library's
-results are the answers' models (:class:`~flowsearch.search.results.QueryResult`,
-:class:`~flowsearch.writes.results.WriteResult`): one JSON shape, one schema.
+naming the field before the library sees it. Answers are the library's own models
+(:class:`~flowsearch.search.results.QueryResult`, :class:`~flowsearch.writes.results.WriteResult`):
+the same JSON as their ``to_dict()`` and the command line's ``--json``, and one JSON schema.
 
 Example:
     >>> SearchRequest.model_validate({"query": "tides", "k": 3}).k
