@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -24,7 +23,7 @@ from flowsearch.space.reference import (
     split_fit_rows,
     why_unusable,
 )
-from flowsearch.storage.manifest import DensityStats, HeldOut, from_dict, to_dict
+from flowsearch.storage import manifest as mf
 
 
 def _ref(n: int = 1000, method: str = "held-out") -> Reference:
@@ -145,45 +144,47 @@ def test_reference_words_say_what_is_measured():
     assert "held out of the calibrator's fit" in _ref().to_words()
 
 
-def _manifest_dict() -> dict:
-    return {
-        "format": "flowsearch-index",
-        "format_version": 2,
-        "encoder": {"model": "m", "revision": "r", "pooling": "mean", "max_length": 8, "dim": 4},
-        "dim": 4,
-        "calibration": {"name": "auto", "calibrator": "whitening-flow", "space": "encoder",
-                        "anisotropy": {"mean_cosine": 0.05}, "fit_rows": 5000},
-        "faiss": {"factory": "Flat"},
-        "columns": {"text": "text", "id": "id"},
-        "rows": 0,
-        "density": {"mean_log_prob": 1.0, "std_log_prob": 2.0, "p01": 0.0, "p05": 0.0,
-                    "median": 1.0, "rows": 10},
-    }  # fmt: skip
+def _manifest(n_rows: int = 0) -> mf.Manifest:
+    seg = mf.SegmentRecord(name="s000001", dir="segments/s000001", n_rows=n_rows,
+                           ann=mf.AnnRecord(path="ann.faiss", factory="Flat"))  # fmt: skip
+    return mf.Manifest(
+        encoder=mf.EncoderSpec(model="m", revision="r", pooling="mean", max_length=8, dim=4),
+        dim=4,
+        calibration=mf.CalibrationSpec(name="auto", calibrator="whitening-flow", space="encoder",
+                                       anisotropy={"mean_cosine": 0.05}, fit_rows=5000),
+        columns=mf.Columns(text="text", id="id"),
+        segments=(seg,),
+        density=mf.DensityStats(mean_log_prob=1.0, std_log_prob=2.0, p01=0.0, p05=0.0,
+                                median=1.0, rows=10),
+    )  # fmt: skip
 
 
 def test_the_previous_releases_held_out_record_still_gives_a_reference():
     # what the previous release stored: held-out rows' best scores at nine percentiles
-    held = HeldOut(rows=391, density=DensityStats(260.0, 40.0, 150.0, 190.0, 262.0, 391),
-                   percents=(1.0, 5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0),
-                   top_score=(0.30, 0.40, 0.45, 0.52, 0.58, 0.64, 0.70, 0.74, 0.80))  # fmt: skip
-    m = replace(from_dict(_manifest_dict()), held_out=held, rows=3913)
+    density = mf.DensityStats(mean_log_prob=260.0, std_log_prob=40.0, p01=150.0, p05=190.0,
+                              median=262.0, rows=391)  # fmt: skip
+    held = mf.HeldOut(rows=391, density=density,
+                      percents=(1.0, 5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0),
+                      top_score=(0.30, 0.40, 0.45, 0.52, 0.58, 0.64, 0.70, 0.74, 0.80))  # fmt: skip
+    m = _manifest(3913).model_copy(update={"held_out": held})
     ref = reference_of(m)
     assert ref is not None and ref.method == "held-out" and ref.rows == 391
     assert ref.corpus_rows == 3913 and ref.space == "encoder" and ref.mean_cosine == 0.05
     assert ref.score_at(5.0) == 0.40 and ref.percentile(0.55) == pytest.approx(37.5)
     assert ref.log_density_median == 262.0  # 5000 fit rows >= 3 x dim 4: reliable
-    unreliable = replace(m, calibration=replace(m.calibration, fit_rows=5))
+    cal = m.calibration.model_copy(update={"fit_rows": 5})
+    unreliable = m.model_copy(update={"calibration": cal})
     assert reference_of(unreliable).log_density_median is None
     # a corpus under 500 rows held none out: no reference, as before
-    assert reference_of(replace(m, held_out=HeldOut(rows=0))) is None
-    assert reference_of(from_dict(_manifest_dict())) is None
+    assert reference_of(m.model_copy(update={"held_out": mf.HeldOut(rows=0)})) is None
+    assert reference_of(_manifest()) is None
 
 
 def test_reference_round_trips_through_the_manifest_and_wins_over_held_out():
     ref = _ref(200, "leave-one-out")
-    m = replace(from_dict(_manifest_dict()), reference=ref.model_dump(),
-                held_out=HeldOut(rows=60, percents=(5.0, 50.0), top_score=(0.1, 0.2)))  # fmt: skip
-    again = from_dict(json.loads(json.dumps(to_dict(m))))
+    held = mf.HeldOut(rows=60, percents=(5.0, 50.0), top_score=(0.1, 0.2))
+    m = _manifest().model_copy(update={"reference": ref.model_dump(mode="json"), "held_out": held})
+    again = mf.from_json(json.loads(json.dumps(m.to_json_dict())))
     assert reference_of(again) == ref
     assert reference_of({"reference": ref}) is ref
     with pytest.raises(IndexDamaged, match="reference is malformed"):
@@ -209,7 +210,7 @@ def test_build_measures_held_out_rows_or_every_row_of_a_small_corpus(tmp_path, m
     assert ref is not None and ref.method == "held-out" and ref.rows == len(held) == 60
     assert m.calibration.fit_rows == 540 and ref.space == "calibrated" and ref.mean_cosine is None
     raw = np.asarray(pq.read_table(corpus).column("text").to_pylist())
-    cal = load_calibrator(m.path(tmp_path / "idx", "calibrator"))
+    cal = load_calibrator(tmp_path / "idx" / m.calibration.path)
     Z = s.vectors()
     S = Z[held] @ Z.T
     S[np.arange(len(held)), held] = -np.inf

@@ -102,7 +102,7 @@ def _spec(**kw) -> CalibrationSpec:
          "dimensions); a whitening-flow was fitted on 300 rows and kept for density"),
         (_spec(calibrator="gaussian", space="calibrated", config={"power": 0.25},
                anisotropy={"mean_cosine": 0.2}, fit_rows=2250, auto=AutoDecision(
-                   "mean_cosine", 0.33, True)), "static",
+                   statistic="mean_cosine", threshold=0.33, calibrated=True)), "static",
          "searches a partial whitening of the encoder's space (auto: static pooling), fitted "
          "on 2,250 rows"),
         (_spec(calibrator="gaussian", space="calibrated", config={"power": 0.25},
@@ -132,7 +132,7 @@ def test_describe_space_reads_a_non_contextual_decision_without_the_pooling():
 
 
 def test_query_caption_is_the_verdict_in_words():
-    from flowsearch.cli.app import _density_caption
+    from flowsearch.cli.output import report_caption as _density_caption
 
     report = query_report(0.41, _ref(log_densities=np.zeros(1001)), log_density=-6.7e33)
     caption = _density_caption(report)

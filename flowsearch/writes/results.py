@@ -94,7 +94,8 @@ class WriteResult(BaseModel):
         name = _OLD_KEYS.get(key, key)
         if name not in type(self).model_fields:
             raise KeyError(key)
-        return getattr(self, name)
+        value = getattr(self, name)
+        return value.to_dict() if hasattr(value, "to_dict") else value  # the dicts of old
 
     def get(self, key: str, default: Any = None) -> Any:
         """:meth:`__getitem__` with a default."""
