@@ -47,7 +47,7 @@ from flowsearch.encode.model_files import (
 )
 from flowsearch.encode.pooling import LAYERS_READ, padded, pool_numpy, pool_torch
 from flowsearch.encode.static import STATIC_VARIANTS, StaticTable, is_model2vec_dir
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import FlowsearchError, NotFound
 from flowsearch.progress import Stages
 
 if TYPE_CHECKING:
@@ -521,9 +521,10 @@ def open_encoder(spec: EncoderSpec, encoder: Encoder | None = None, model: Any =
             options["static_variant"] = variant
         gone = source is not None and model is None and not Path(source).exists()
         if gone and looks_like_path(str(source)):
-            raise FlowsearchError(
-                f"the index's model directory {source} is gone; if the model moved, pass "
-                "model= with its new place"
+            raise NotFound(
+                f"the index's model directory {source} is gone",
+                "if the model moved, pass {model=DIR} with its new place",
+                param="model",
             )
         encoder = Encoder(source, pooling=spec.pooling, max_length=spec.max_length, **options)
     got = encoder.describe()
