@@ -19,7 +19,6 @@ from flowsearch.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
-WAIT = pytest.mark.xfail(strict=True, reason="library wait= lands with the storage rewrite")
 
 
 def blocks(language: str) -> list[str]:
@@ -57,9 +56,7 @@ def test_the_readme_has_examples() -> None:
     assert all(shlex.split(c, comments=True)[0] == "flowsearch" for c in commands())
 
 
-@pytest.mark.parametrize(
-    "line", [pytest.param(c, marks=WAIT) if "--wait" in c else c for c in commands()]
-)
+@pytest.mark.parametrize("line", commands())
 def test_readme_command_runs(workdir: Path, monkeypatch: pytest.MonkeyPatch, line: str) -> None:
     monkeypatch.chdir(workdir)
     args = shlex.split(line, comments=True)[1:]
@@ -81,7 +78,7 @@ def test_readme_python_search_example_runs(
     assert len(hits) == 3 and all("'topic': 'physics'" in line for line in hits)
     assert printed[-1] == "['no-such-id']"
     searcher = namespace["s"]
-    assert searcher.info().to_dict()["live_rows"] == 300  # 300 + 1 upserted - 1 deleted
+    assert searcher.info().to_dict()["n_live"] == 300  # 300 + 1 upserted - 1 deleted
     assert [h.id for h in searcher.search("Heat pumps move heat uphill.", k=1)] == ["p9001"]
 
 

@@ -200,7 +200,8 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
 
     @app.post("/upsert", dependencies=guard, response_model=WriteResult)
     async def upsert(body: UpsertRequest) -> SafeJSONResponse:
-        """Insert or replace records by id -> the library's summary (``upserted``, ...)."""
+        """Insert or replace records by id -> the write's :class:`WriteResult` (``n_written``,
+        ``n_inserted``, ``n_replaced``, ``drift``, ...), as ``flowsearch upsert --json``."""
         from flowsearch import upsert as upsert_records
 
         # the server's own encoder: a write never loads a second copy of the model
@@ -212,7 +213,8 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
 
     @app.post("/delete", dependencies=guard, response_model=WriteResult)
     async def delete(body: DeleteRequest) -> SafeJSONResponse:
-        """Delete records by id -> ``{"deleted": n, "missing": [ids not found], "version"}``."""
+        """Delete records by id -> the write's :class:`WriteResult` (``n_deleted``, ``missing``:
+        the ids not found, ``version``), as ``flowsearch delete --json``."""
         from flowsearch import delete as delete_ids
 
         result = await service.write(lambda: delete_ids(service.index_dir, list(body.ids)))
