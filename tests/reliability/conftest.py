@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from corpus_helpers import write_corpus
+from corpus_helpers import siblings, write_corpus
 
 from flowsearch.storage import manifest as mf
 
@@ -165,13 +165,28 @@ def answers(searcher, queries=QUERIES, **kwargs) -> list:
     return [[(h.id, round(h.score, 5)) for h in searcher.search(q, k=5, **kwargs)] for q in queries]
 
 
-def leftovers(index: Path) -> list[str]:
-    """Build directories and versions other than current and previous."""
-    m = mf.read(index)
-    versions = index / "versions"
-    names = sorted(p.name for p in versions.iterdir()) if versions.is_dir() else []
-    keep = {f"v{m.version:06d}", f"v{m.version - 1:06d}"}
-    return [n for n in names if n not in keep]
+def leftovers(index: Path, previous: mf.Manifest | None = None) -> list[str]:
+    """What no reader may need any more and a write must not leave: scratch (staging
+    directories, temporary manifests, stray entries: ``corpus_helpers.siblings``), and segment
+    directories, calibrators and deletion files that neither the current version nor
+    ``previous`` (the version before it, which readers may still hold) references."""
+    from flowsearch.storage.writer import referenced
+
+    index = Path(index)
+    keep = referenced(mf.read(index)) | referenced(previous)
+    found = siblings(index)
+    for kind in ("segments", "calibrators"):
+        folder = index / kind
+        for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+            rel = f"{kind}/{path.name}"
+            if path.name.startswith("."):
+                continue  # scratch: siblings() has it
+            if rel not in keep:
+                found.append(rel)
+            elif kind == "segments":  # e.g. a deletion file of a write that died
+                files = (f.relative_to(index).as_posix() for f in path.rglob("*") if f.is_file())
+                found += [f for f in files if f not in keep]
+    return sorted(found)
 
 
 def one_error_line(result: Result) -> None:

@@ -26,7 +26,6 @@ import traceback
 def _preload() -> None:
     import duckdb  # noqa: F401
     import faiss  # noqa: F401
-    import flowsearch.writes.rewrite  # noqa: F401
     import pyarrow.csv  # noqa: F401
     import pyarrow.json  # noqa: F401
     import pyarrow.parquet  # noqa: F401
@@ -37,6 +36,9 @@ def _preload() -> None:
     import flowsearch.lexical.bm25  # noqa: F401
     import flowsearch.search.searcher  # noqa: F401
     import flowsearch.writes.build  # noqa: F401
+    import flowsearch.writes.compact  # noqa: F401
+    import flowsearch.writes.delete  # noqa: F401
+    import flowsearch.writes.upsert  # noqa: F401
 
 
 def _child(req: dict) -> None:
