@@ -455,6 +455,7 @@ def test_http_long_query_and_large_k(http):
 
 # -- ids that look like numbers and are not (issue 25) ---------------------------------------
 
+
 @pytest.fixture(scope="module")
 def int_ids(cli, model_dir, tmp_path_factory) -> Path:
     """An index whose ids are integers."""
