@@ -84,7 +84,11 @@ def verify_files(
 def _extra_files(folder: Path, seg: mf.SegmentRecord) -> None:
     for path in folder.rglob("*"):
         rel = path.relative_to(folder).as_posix()
-        if path.is_file() and rel not in seg.files and not rel.startswith("deleted-v"):
+        if (
+            path.is_file()
+            and rel not in seg.files
+            and not rel.startswith(("deleted-v", ".deleted-v"))
+        ):
             raise IndexDamaged(
                 f"unexpected file in the index: {path}", "remove it or rebuild the index"
             )

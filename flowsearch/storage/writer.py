@@ -398,7 +398,7 @@ def _clean(root: Path, keep: set[str]) -> None:
                 LOG.info("removing %s", path)
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
             elif kind == SEGMENTS_DIR:
-                for file in path.glob("deleted-v*.npy"):
+                for file in [*path.glob("deleted-v*.npy"), *path.glob(".deleted-v*.tmp-*")]:
                     if f"{rel}/{file.name}" not in keep:
                         file.unlink(missing_ok=True)
     legacy_kept = any(k == "." or k.startswith("versions/") or k in LEGACY_ENTRIES for k in keep)
