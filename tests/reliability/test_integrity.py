@@ -18,11 +18,11 @@ from flowsearch.errors import FlowsearchError
 from flowsearch.search.searcher import Searcher
 from flowsearch.storage import manifest as mf
 
-from .conftest import REPO, one_error_line
+from .conftest import REPO, one_error_line, snapshot
 
 
-def _version_dir(index: Path) -> Path:
-    return index / mf.read(index).root
+def _segment_dir(index: Path) -> Path:
+    return index / mf.read(index).segments[0].dir
 
 
 def _flip(path: Path, at: int | None = None) -> None:
@@ -32,66 +32,104 @@ def _flip(path: Path, at: int | None = None) -> None:
     path.write_bytes(bytes(data))
 
 
-def _shard(index: Path) -> Path:
-    return _version_dir(index) / mf.read(index).shards[0].path
+def _part(index: Path) -> Path:
+    return _segment_dir(index) / mf.read(index).segments[0].parts[0].path
 
 
-def _flip_shard(index: Path) -> Path:
-    _flip(_shard(index))
-    return _shard(index)
+def _flip_part(index: Path) -> Path:
+    _flip(_part(index))
+    return _part(index)
 
 
-def _flip_faiss(index: Path) -> Path:
-    path = _version_dir(index) / "index.faiss"
+def _flip_ann(index: Path) -> Path:
+    path = _segment_dir(index) / mf.read(index).segments[0].ann.path
     _flip(path, at=len(path.read_bytes()) - 9)  # a vector's byte, not the header
     return path
 
 
 def _flip_weights(index: Path) -> Path:
-    path = _version_dir(index) / "calibrator" / "weights.safetensors"
+    path = index / mf.read(index).calibration.path / "weights.safetensors"
     _flip(path, at=len(path.read_bytes()) - 3)
     return path
 
 
-def _truncate_shard(index: Path) -> Path:
-    path = _shard(index)
+def _flip_keys(index: Path) -> Path:
+    path = _segment_dir(index) / "keys.npy"
+    _flip(path, at=len(path.read_bytes()) - 2)  # an id's key: lookups by id would miss it
+    return path
+
+
+def _flip_deletions(index: Path) -> Path:
+    from flowsearch.writes.delete import delete
+
+    assert delete(index, ["d3", "d4"]).n_deleted == 2
+    seg = mf.read(index).segments[0]
+    path = index / seg.dir / seg.deletions
+    _flip(path, at=len(path.read_bytes()) - 8)  # a deleted row's number: d3 would come back
+    return path
+
+
+def _truncate_part(index: Path) -> Path:
+    path = _part(index)
     path.write_bytes(path.read_bytes()[:-100])
     return path
 
 
 def _missing(index: Path) -> Path:
-    path = _version_dir(index) / "lexical" / "vocab.json"
+    path = _segment_dir(index) / "postings" / "vocab.json"
     path.unlink()
     return path
 
 
 def _extra(index: Path) -> Path:
-    path = _version_dir(index) / "shards" / "part-00099.parquet"
-    shutil.copy(_shard(index), path)
+    path = _segment_dir(index) / "rows-00099.parquet"
+    shutil.copy(_part(index), path)
     return path
 
 
-def _extra_pickle_in_lexical(index: Path) -> Path:
-    path = _version_dir(index) / "lexical" / "state.pkl"
+def _extra_pickle_in_postings(index: Path) -> Path:
+    path = _segment_dir(index) / "postings" / "state.pkl"
     path.write_bytes(pickle.dumps({"rows": 1}))
     return path
 
 
 def _hand_edit(index: Path) -> Path:
     path = index / "manifest.json"
-    path.write_text(path.read_text().replace('"rows": 60', '"rows": 61', 1))
+    text = path.read_text()
+    assert '"n_rows": 60' in text
+    path.write_text(text.replace('"n_rows": 60', '"n_rows": 61', 1))
     return path
 
 
+def _garbled_history(index: Path) -> Path:
+    path = index / "history.jsonl"
+    path.write_text('{"version": 1, "kind": "build"}\n{"not": "a record"}\n')
+    return path
+
+
+def _history_ahead(index: Path) -> Path:
+    path = index / "history.jsonl"
+    line = json.loads(path.read_text().splitlines()[-1])
+    with open(path, "a") as handle:  # a write the manifest never published
+        handle.write(json.dumps({**line, "version": line["version"] + 5}) + "\n")
+    return path
+
+
+#: (damage, caught only with verify): checksums of large files and the history log are read
+#: with verify; sizes, the file list and the manifest's own checksum on every open.
 DAMAGE = {
-    "flipped byte in a shard": (_flip_shard, True),
-    "flipped byte in index.faiss": (_flip_faiss, True),
+    "flipped byte in a rows part": (_flip_part, True),
+    "flipped byte in ann.faiss": (_flip_ann, True),
     "flipped byte in the calibrator's weights": (_flip_weights, True),
-    "truncated shard": (_truncate_shard, False),
+    "flipped byte in the id keys": (_flip_keys, True),
+    "flipped byte in a deletion file": (_flip_deletions, True),
+    "truncated rows part": (_truncate_part, False),
     "missing file": (_missing, False),
     "extra file": (_extra, False),
-    "pickle in the lexical dir": (_extra_pickle_in_lexical, False),
+    "pickle in the postings dir": (_extra_pickle_in_postings, False),
     "manifest edited by hand": (_hand_edit, False),
+    "a line of the history that is not a record": (_garbled_history, True),
+    "a history ahead of the manifest": (_history_ahead, True),
 }
 
 
@@ -110,20 +148,56 @@ def test_damage_is_one_line_naming_the_file(kind, cli, index, encoder):
         with pytest.raises(FlowsearchError, match=name):
             Searcher.open(index, encoder=encoder)
         one_error_line(cli.run("info", "--index", index))
+    if path.name == "history.jsonl":  # the log is never parsed on open: search goes on
+        Searcher.open(index, encoder=encoder).close()
+        assert cli.run("info", "--index", index).code == 0
 
 
-def test_manifest_path_leaving_the_index_is_refused_by_the_cli(cli, index):
-    """A manifest whose checksum was recomputed (a crafted one) but whose shard path is
-    ``../``: refused before any file is read."""
+UNCHECKED_PATH = pytest.mark.xfail(
+    strict=True,
+    reason="storage/records.py validates only PartRecord.path and SegmentRecord.dir with "
+    "safe_relpath; the calibrator's path, a segment's ann/postings/keys/deletions and the keys "
+    "of its files are followed outside the index (reported to the lead)",
+)
+
+
+def _leave(raw: dict, field: str) -> None:
+    seg = raw["segments"][0]
+    if field == "part":
+        seg["parts"][0]["path"] = "../../../etc/passwd"
+    elif field == "segment dir":
+        seg["dir"] = "../../../etc"
+    elif field == "calibrator dir":
+        raw["calibration"]["path"] = "../../../etc"
+    elif field == "ann file":
+        seg["files"]["../../../etc/passwd"] = seg["files"].pop(seg["ann"]["path"])
+        seg["ann"]["path"] = "../../../etc/passwd"
+    elif field == "deletion file":
+        seg["deletions"] = "../../../etc/passwd"
+    else:
+        raise AssertionError(field)
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["part", "segment dir", pytest.param("calibrator dir", marks=UNCHECKED_PATH),
+     pytest.param("ann file", marks=UNCHECKED_PATH),
+     pytest.param("deletion file", marks=UNCHECKED_PATH)],
+)  # fmt: skip
+def test_manifest_path_leaving_the_index_is_refused_by_the_cli(cli, index, field):
+    """A manifest whose checksum was recomputed (a crafted one) but which points at ``../``:
+    refused before any file is read, by readers and writers alike."""
     path = index / "manifest.json"
     raw = json.loads(path.read_text())
-    raw["shards"][0]["path"] = "../../../etc/passwd"
-    raw["checksum"] = mf._checksum(raw)
+    _leave(raw, field)
+    raw["checksum"] = mf.checksum(raw)
     path.write_text(json.dumps(raw))
+    before = snapshot(index)
     for args in (["info"], ["query", "the cat"], ["delete", "d1"], ["compact"]):
         result = cli.run(*args, "--index", index)
         one_error_line(result)
         assert "leaves the index" in result.err or "outside" in result.err, result.err
+    assert snapshot(index) == before
 
 
 def test_checksum_of_the_manifest_itself_is_checked_without_verify(index, encoder):
@@ -189,18 +263,18 @@ def test_the_package_never_unpickles():
 
 
 @pytest.mark.parametrize("name", ["part-x.parquet", "garbage.parquet", "part-.parquet"])
-def test_an_odd_shard_name_is_no_traceback(cli, index, corpora, name):
-    """A shard whose name the writer would not give (a crafted, consistent manifest): reads
-    work, and a write either works or fails in one line."""
-    version = _version_dir(index)
+def test_an_odd_part_name_is_no_traceback(cli, index, corpora, name):
+    """A rows part whose name the writer would not give (a crafted, consistent manifest):
+    reads work, and a write either works or fails in one line."""
+    segment = _segment_dir(index)
     path = index / "manifest.json"
     raw = json.loads(path.read_text())
-    old = raw["shards"][0]["path"]
-    new = f"shards/{name}"
-    (version / old).rename(version / new)
-    raw["shards"][0]["path"] = new
-    raw["files"][new] = raw["files"].pop(old)
-    raw["checksum"] = mf._checksum(raw)
+    seg = raw["segments"][0]
+    old = seg["parts"][0]["path"]
+    (segment / old).rename(segment / name)
+    seg["parts"][0]["path"] = name
+    seg["files"][name] = seg["files"].pop(old)
+    raw["checksum"] = mf.checksum(raw)
     path.write_text(json.dumps(raw))
     result = cli.run("query", "the cat", "--index", index, "--json")
     assert result.code == 0, result.err
@@ -209,3 +283,23 @@ def test_an_odd_shard_name_is_no_traceback(cli, index, corpora, name):
     if result.code != 0:
         one_error_line(result)
     Searcher.open(index, verify=True)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="storage/history.py repair() parses the log's last line with "
+    "WriteRecord.model_validate_json, unguarded: a pydantic ValidationError escapes every write "
+    "(a traceback on the CLI, a 500 over HTTP) instead of IndexDamaged naming history.jsonl",
+)
+def test_a_write_after_a_damaged_history_is_one_line(cli, index):
+    """A history whose last line is not a record (edited by hand): `info --verify` names it,
+    and a write is refused in one line naming it, the index unchanged (or goes on, the log
+    repaired); never a traceback."""
+    path = _garbled_history(index)
+    before = snapshot(index)
+    result = cli.run("delete", "d1", "--index", index)
+    assert "Traceback" not in result.err, result.err[-3000:]
+    if result.code != 0:
+        one_error_line(result)
+        assert path.name in result.err
+        assert snapshot(index) == before
