@@ -1,16 +1,26 @@
 """Crash safety: writes killed (SIGKILL, SIGINT) at random moments leave the previous version (or
 the new one, once published) whole, verifiable and answering as before; the next write cleans up.
 
-Every write command runs as a real process (forked from a server that has torch imported, see
-``forkserver.py``). There is no stage hook in the library, so each command's run is measured once
-while the index directory is polled (what its build directory holds tells the stage), and the
-kill delays are drawn, seeded, inside each measured stage window in turn. The stage a kill really
-landed in is read from the directory afterwards and reported.
+Every write kind runs as a real process (forked from a server that has torch imported, see
+``forkserver.py``): a first build, a build over an index, add, upsert, delete, compact,
+``compact --full``, recalibrate, and an upsert that makes a tenth small segment, so the writes'
+size-tiered policy merges the tier. There is no stage hook in the library: what the index
+directory holds tells the stage (:func:`facts`): a build's scratch ``raw.f32``, a staged
+segment's rows, vector index, keys and postings, a staged calibrator, a deletion file of the
+next version, two staged segments (a merge), a final-named directory or a temporary manifest
+that no published manifest names yet ("publishing"). Each command is run once to the end while
+the directory is polled, which measures each stage's window; the kill delays are drawn, seeded,
+inside those windows. The stage a kill really landed in is read from the directory afterwards
+and tallied (``test_report_landed_stages``, run with ``-s``).
+
+The default suite kills each kind :data:`FAST_TRIALS` times, at seeded stages; ``-m slow`` runs
+:data:`SLOW_TRIALS` per kind, every stage at least twice.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import os
 import shutil
 import signal
@@ -19,58 +29,108 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flowsearch.writes.rewrite import delete
+from corpus_helpers import siblings, write_corpus
 
 from flowsearch.errors import FlowsearchError
 from flowsearch.search.searcher import Searcher
-from flowsearch.storage import directory as directory
+from flowsearch.storage import history
 from flowsearch.storage import manifest as mf
+from flowsearch.storage.layout import CALIBRATORS_DIR, SEGMENTS_DIR, STAGE_PREFIX
+from flowsearch.storage.verify import verify
+from flowsearch.storage.writer import referenced
 from flowsearch.writes.build import build_index
+from flowsearch.writes.delete import delete
+from flowsearch.writes.upsert import add_to_index
 
 from .conftest import answers, answers_of, leftovers
 
-#: kill trials per command (>= 20 in all)
-TRIALS = {"index": 6, "add": 4, "upsert": 4, "delete": 3, "compact": 3, "recalibrate": 3}
+#: kill trials per write kind in the default suite, and with ``-m slow``
+FAST_TRIALS = 3
+SLOW_TRIALS = 16
 LANDED: collections.Counter = collections.Counter()
-ORDER = [
-    "startup",
-    "started",
-    "encoding",
-    "fitting",
-    "shards",
-    "faiss",
-    "lexical",
-    "publishing",
-    "published",
-]
+
+_BUILD = ["startup", "encoding", "fitting", "rows", "vector index", "keys", "postings"]
+_SEGMENT = ["rows", "vector index", "keys", "postings"]
+#: Per write kind, the stages in the order it goes through them.
+SEQUENCES = {
+    "index (new)": [*_BUILD, "calibrator", "publishing", "published"],
+    "index": [*_BUILD, "calibrator", "publishing", "published"],
+    "add": ["startup", "encoding", *_SEGMENT, "publishing", "published"],
+    "upsert": ["startup", "encoding", *_SEGMENT, "deletions", "publishing", "published"],
+    "delete": ["startup", "deletions", "publishing", "published"],
+    "compact": ["startup", *_SEGMENT, "publishing", "published"],
+    "compact --full": ["startup", *_SEGMENT, "publishing", "published"],
+    "recalibrate": ["startup", "calibrator", *_SEGMENT, "publishing", "published"],
+    "merge": ["startup", "encoding", *_SEGMENT, "deletions", "merging", "publishing", "published"],
+}
 
 
-def stage(index: Path, base_version: int) -> str:
-    """Where a write to ``index`` (from ``base_version``) is, from what is on disk."""
+def facts(index: Path, base_version: int) -> set[str]:
+    """What the index directory shows of a write going on from ``base_version``."""
+    out = {"startup"}
     try:
-        version = mf.read(index).version
+        manifest: mf.Manifest | None = mf.read(index)
     except FlowsearchError:
-        version = 0
-    if version > base_version:
-        return "published"
-    versions = index / "versions"
-    if (versions / f"v{base_version + 1:06d}").exists():
-        return "publishing"
-    builds = list(versions.glob(".build-*")) if versions.is_dir() else []
-    if not builds:
-        return "startup"
-    build = builds[0]
-    names = {p.name for p in build.iterdir()} if build.exists() else set()
-    if "lexical" in names:
-        return "lexical"
-    if "index.faiss" in names:
-        return "faiss"
-    if names & {"shards", "calibrator", "tombstones.npy"} or any("tomb" in n for n in names):
-        return "shards"
-    raw = build / "_work" / "raw.f32"
-    if raw.exists():
-        return "fitting" if raw.stat().st_size else "encoding"
-    return "started"  # a build directory, nothing in it yet (add/upsert: encoding)
+        manifest = None
+    if manifest is not None and manifest.version > base_version:
+        return out | {"published"}
+    if list(index.glob(f".{mf.MANIFEST_NAME}.tmp-*")):
+        out.add("publishing")
+    keep = referenced(manifest)
+    next_deletions = f"deleted-v{base_version + 1:06d}.npy"
+    for kind in (SEGMENTS_DIR, CALIBRATORS_DIR):
+        for path in _entries(index / kind):
+            rel = f"{kind}/{path.name}"
+            if path.name.startswith(STAGE_PREFIX):
+                out |= _stage_facts(kind, path)
+            elif rel not in keep:
+                out.add("publishing")  # renamed into place, the manifest not yet replaced
+            elif kind == SEGMENTS_DIR and any(n.lstrip(".").startswith(next_deletions)
+                                              for n in _names(path)):  # fmt: skip
+                out.add("deletions")
+    staged = [p for p in _entries(index / SEGMENTS_DIR) if p.name.startswith(STAGE_PREFIX)]
+    if sum("raw.f32" not in _names(p) for p in staged) >= 2:
+        out.add("merging")  # a second segment staged beside a finished one
+    return out
+
+
+def _entries(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
+
+
+def _names(folder: Path) -> set[str]:
+    return {p.name for p in _entries(folder)}
+
+
+def _stage_facts(kind: str, path: Path) -> set[str]:
+    names = _names(path)
+    if kind == CALIBRATORS_DIR:
+        return {"calibrator"} if names else set()
+    if "raw.f32" in names:  # the build's scratch: raw vectors, written chunk by chunk
+        try:
+            encoded = (path / "raw.f32").stat().st_size > 0
+        except OSError:
+            encoded = False
+        return {"encoding", "fitting"} if encoded else {"encoding"}
+    out = {"encoding"}  # a write's segment: staged before its first rows are encoded
+    if any(n.startswith("rows-") for n in names):
+        out.add("rows")
+    if "ann.faiss" in names:
+        out.add("vector index")
+    if "keys.npy" in names:
+        out.add("keys")
+    if "postings" in names:
+        out.add("postings")
+    return out
+
+
+def stage(index: Path, base_version: int, kind: str) -> str:
+    """The furthest stage of ``kind``'s sequence the directory shows."""
+    shown = facts(index, base_version)
+    return next(s for s in reversed(SEQUENCES[kind]) if s in shown)
 
 
 def _is_zombie(pid: int) -> bool:
@@ -82,57 +142,68 @@ def _is_zombie(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def bases(tmp_path_factory, built) -> dict[str, Path]:
-    """The index each command starts from (compact: one with deleted rows)."""
+def bases(tmp_path_factory, built, encoder) -> dict[str, Path | None]:
+    """The index each kind starts from: the built one (one segment of 60 rows), with 10 rows
+    deleted, and with nine small segments (8 adds of 3 rows), with rows deleted too."""
     root = tmp_path_factory.mktemp("bases")
     plain = root / "plain"
     shutil.copytree(built, plain)
     deleted = root / "deleted"
     shutil.copytree(built, deleted)
     delete(deleted, [f"d{i}" for i in range(40, 50)])
-    return {"plain": plain, "deleted": deleted}
+    segmented = root / "segmented"
+    shutil.copytree(built, segmented)
+    for i in range(8):
+        small = write_corpus(root / f"small{i}.parquet", n=3, seed=20 + i, id_prefix=f"s{i}-")
+        add_to_index(segmented, small, encoder=encoder)
+    assert len(mf.read(segmented).segments) == 9  # one more in the lowest tier merges it
+    segmented_deleted = root / "segmented-deleted"
+    shutil.copytree(segmented, segmented_deleted)
+    delete(segmented_deleted, ["d5", "s3-1", "s7-0"])
+    return {
+        "none": None,
+        "plain": plain,
+        "deleted": deleted,
+        "segmented": segmented,
+        "segmented-deleted": segmented_deleted,
+    }
 
 
 def _commands(corpora, model_dir) -> dict[str, tuple[str, list[str]]]:
+    build = ["index", corpora["more"], "--model", model_dir, "--calibration", "flow"]
     return {
-        "index": (
-            "plain",
-            [
-                "index",
-                corpora["more"],
-                "--model",
-                model_dir,
-                "--calibration",
-                "flow",
-                "--overwrite",
-            ],
-        ),  # fmt: skip
+        "index (new)": ("none", build),
+        "index": ("plain", [*build, "--overwrite"]),
         "add": ("plain", ["add", corpora["more"]]),
         "upsert": ("plain", ["upsert", corpora["changed"]]),
         "delete": ("plain", ["delete", "d1", "d2", "d3"]),
         "compact": ("deleted", ["compact"]),
+        "compact --full": ("segmented-deleted", ["compact", "--full"]),
         "recalibrate": ("plain", ["recalibrate", "--calibration", "whitening"]),
+        "merge": ("segmented", ["upsert", corpora["changed"]]),
     }
 
 
-def _measure(
-    cli, args: list[str], index: Path, base_version: int
-) -> list[tuple[str, float, float]]:
+def _copy(base: Path | None, target: Path) -> None:
+    if base is not None:
+        shutil.copytree(base, target)
+
+
+def _measure(cli, args: list, index: Path, base_version: int, kind: str) -> list[tuple]:
     """Run once to completion, polling: [(stage, first seen, last seen)] in seconds from start."""
     started = cli.start(*args, "--index", index)
     t0 = time.perf_counter()
     seen: dict[str, list[float]] = {}
     while not _is_zombie(started[0]):
         now = time.perf_counter() - t0
-        seen.setdefault(stage(index, base_version), [now, now])[1] = now
+        seen.setdefault(stage(index, base_version, kind), [now, now])[1] = now
         time.sleep(0.001)
     total = time.perf_counter() - t0
     result = cli.wait(started)
     assert result.code == 0, result.err
-    windows = sorted((t[0], t[1], name) for name, t in seen.items() if name != "published")
-    print(
-        "measured:", ", ".join(f"{n} {a:.3f}-{b:.3f}s" for a, b, n in windows), f"of {total:.3f}s"
-    )
+    windows = sorted((t[0], t[1], name) for name, t in seen.items())
+    print(f"{kind} measured:", ", ".join(f"{n} {a:.3f}-{b:.3f}s" for a, b, n in windows),
+          f"of {total:.3f}s")  # fmt: skip
     out = []
     for i, (first, last, name) in enumerate(windows):
         end = windows[i + 1][0] if i + 1 < len(windows) else total
@@ -140,93 +211,163 @@ def _measure(
     return out
 
 
-def _check_after(
-    index: Path, base_version: int, old: list, new: list, encoder, landed: str
-) -> None:
-    """The guarantees after a kill (see the module docstring)."""
-    version = mf.read(index).version
-    assert version in (base_version, base_version + 1), version
-    if landed == "published":
-        assert version == base_version + 1
+def _aims(windows: list[tuple], kind: str, slow: bool) -> list[tuple]:
+    """The windows the trials aim at: every one in turn (slow), or a seeded few."""
+    rng = np.random.default_rng(sorted(SEQUENCES).index(kind))
+    if slow:
+        return [windows[t % len(windows)] for t in range(max(SLOW_TRIALS, 2 * len(windows)))]
+    pre = [w for w in windows if w[0] != "published"] or windows
+    return [pre[i] for i in rng.permutation(len(pre))[:FAST_TRIALS]]
+
+
+def _files(m: mf.Manifest) -> int:
+    return sum(len(s.files) for s in m.segments) + len(m.calibration.files)
+
+
+def _check_after(cli, index: Path, base: mf.Manifest | None, new: mf.Manifest, old: list,
+                 new_answers: list, encoder, landed: str, args: list = ()) -> None:  # fmt: skip
+    """The guarantees after a kill (see the module docstring); ``args``: the command (a first
+    build killed before it published is run again)."""
+    base_version = base.version if base is not None else 0
+    try:
+        m = mf.read(index)
+    except FlowsearchError:
+        assert base is None and landed not in ("published", "finished"), landed
+        return _check_no_index(cli, index, args, new, new_answers, encoder)
+    assert m.version in (base_version, base_version + 1), m.version
+    if landed in ("published", "finished"):
+        assert m.version == base_version + 1
+    whole = new if m.version == new.version else base
+    assert whole is not None
+    # the version is one of the two, segment for segment
+    assert [(s.name, s.n_rows, s.n_deleted) for s in m.segments] == [
+        (s.name, s.n_rows, s.n_deleted) for s in whole.segments
+    ]
+    assert m.calibration.path == whole.calibration.path
+    # `info --verify`: every file's checksum and the log; a killed write left nothing it sees
+    result = cli.run("info", "--verify", "--json", "--index", index)
+    assert result.code == 0, result.err
+    checked = json.loads(result.out)["verified"]
+    assert checked["n_files"] == checked["n_hashed"] == _files(m)
+    assert checked["history_records"] in (m.version - 1, m.version)  # the last may follow
     searcher = Searcher.open(index, verify=True, encoder=encoder)
     try:
         got = answers(searcher)
     finally:
         searcher.close()
-    assert got == (old if version == base_version else new), landed
-    root = mf.read(index).root
-    for junk in (index / "versions").iterdir():
-        if f"versions/{junk.name}" != root:
-            assert not mf.is_index_dir(junk)  # no leftover looks like an index
+    assert got == (new_answers if m.version == new.version else old), landed
     # the next write succeeds, removes what the killed one left, and verifies
     gone = got[0][0][0]
-    assert delete(index, [gone]).deleted == 1
-    assert not list((index / "versions").glob(".build-*"))
+    assert delete(index, [gone]).n_deleted == 1
+    assert leftovers(index, previous=m) == []
+    after = mf.read(index)
+    verify(index, after, checksums=True)
+    assert [r.version for r in history.read(index)] == list(range(1, after.version + 1))
+
+
+def _check_no_index(
+    cli, index: Path, args: list, new: mf.Manifest, new_answers: list, encoder
+) -> None:
+    """A first build killed before it published: no index, and the same build run again
+    makes the whole new one, leaving nothing of the killed run."""
+    with pytest.raises(FlowsearchError, match="not a flowsearch index|no index"):
+        Searcher.open(index)
+    result = cli.run(*args, "--index", index)
+    assert result.code == 0, result.err
+    m = mf.read(index)
+    assert [(s.name, s.n_rows) for s in m.segments] == [(s.name, s.n_rows) for s in new.segments]
+    assert answers_of(index, encoder, verify=True) == new_answers
     assert leftovers(index) == []
-    assert not [p for p in index.iterdir() if p.name.startswith(".manifest.json.tmp")]
-    directory.verify(index, mf.read(index), checksums=True)
+    assert [r.version for r in history.read(index)] == [1]
 
 
-@pytest.mark.parametrize("command", list(TRIALS))
-def test_sigkill_at_random_moments(command, cli, bases, corpora, model_dir, encoder, tmp_path):
-    source_key, args = _commands(corpora, model_dir)[command]
-    base = bases[source_key]
-    base_version = mf.read(base).version
-    old = answers_of(base, encoder)
+def _trials(kind, cli, bases, corpora, model_dir, encoder, tmp_path, slow: bool) -> None:
+    source_key, args = _commands(corpora, model_dir)[kind]
+    base_dir = bases[source_key]
+    base = mf.read(base_dir) if base_dir is not None else None
+    base_version = base.version if base is not None else 0
+    old = answers_of(base_dir, encoder) if base_dir is not None else []
 
     measured = tmp_path / "measured"
-    shutil.copytree(base, measured)
-    windows = _measure(cli, args, measured, base_version)
-    new = answers_of(measured, encoder, verify=True)
-    assert new != old or command == "compact"
+    _copy(base_dir, measured)
+    windows = _measure(cli, args, measured, base_version, kind)
+    new = mf.read(measured)
+    new_answers = answers_of(measured, encoder, verify=True)
+    assert new_answers != old or kind.startswith("compact")  # compaction keeps the answers
 
-    rng = np.random.default_rng(sorted(TRIALS).index(command))
-    for trial in range(TRIALS[command]):
-        name, lo, hi = windows[trial % len(windows)]
+    rng = np.random.default_rng(100 + sorted(SEQUENCES).index(kind))
+    order = SEQUENCES[kind]
+    for trial, (name, lo, hi) in enumerate(_aims(windows, kind, slow)):
         delay = float(rng.uniform(0, hi - lo))
         index = tmp_path / f"trial{trial}"
-        shutil.copytree(base, index)
+        _copy(base_dir, index)
         started = cli.start(*args, "--index", index)
         # wait until the write reaches the aimed stage (or later), then a random part of it
-        while ORDER.index(stage(index, base_version)) < ORDER.index(name):
+        while order.index(stage(index, base_version, kind)) < order.index(name):
             if _is_zombie(started[0]):
                 break
             time.sleep(0.002)
         time.sleep(delay)
         os.kill(started[0], signal.SIGKILL)
         result = cli.wait(started)
-        landed = stage(index, base_version)
+        landed = stage(index, base_version, kind)
         if result.code == 0:
             landed = "finished"
         else:
             assert result.code == -signal.SIGKILL, result.err
-        LANDED[(command, landed)] += 1
-        print(f"{command} trial {trial}: aimed {name} +{delay:.3f}s, landed {landed}")
-        _check_after(index, base_version, old, new, encoder, landed)
+        LANDED[(kind, landed)] += 1
+        print(f"{kind} trial {trial}: aimed {name} +{delay:.3f}s, landed {landed}")
+        _check_after(cli, index, base, new, old, new_answers, encoder, landed, args)
         shutil.rmtree(index)
+
+
+@pytest.mark.parametrize("kind", list(SEQUENCES))
+def test_sigkill_at_random_moments(kind, cli, bases, corpora, model_dir, encoder, tmp_path):
+    _trials(kind, cli, bases, corpora, model_dir, encoder, tmp_path, slow=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(SEQUENCES))
+def test_sigkill_at_every_stage(kind, cli, bases, corpora, model_dir, encoder, tmp_path):
+    """The full set: every measured stage of every kind aimed at, at least twice."""
+    _trials(kind, cli, bases, corpora, model_dir, encoder, tmp_path, slow=True)
+
+
+def test_the_merge_trial_merges(bases, corpora, encoder, tmp_path):
+    """What the "merge" kind runs: an upsert whose segment is the tenth of the lowest tier, so
+    the write merges the ten (the replaced rows dropped), not an upsert beside nine."""
+    from flowsearch.writes.upsert import upsert
+
+    index = tmp_path / "idx"
+    shutil.copytree(bases["segmented"], index)
+    result = upsert(index, corpora["changed"], encoder=encoder)
+    assert result.merged == 10 and result.segments == 1 and result.n_replaced == 10
+    (segment,) = mf.read(index).segments
+    assert segment.n_deleted == 0 and segment.n_rows == 60 + 8 * 3
 
 
 def test_sigint_during_index(cli, bases, corpora, model_dir, encoder, tmp_path):
     """Ctrl-C: exit 130, one line on stderr, the previous version intact (or, when the signal
-    came after the atomic switch, the new one whole), next write cleans."""
-    base = bases["plain"]
-    base_version = mf.read(base).version
-    old = answers_of(base, encoder)
+    came after the atomic switch, the new one whole), nothing staged left, next write cleans."""
+    base_dir = bases["plain"]
+    base = mf.read(base_dir)
+    old = answers_of(base_dir, encoder)
     _, args = _commands(corpora, model_dir)["index"]
     # what the command publishes when it runs to the end (a signal can arrive after the atomic
     # switch, while the process is still summing up: then the new version is the whole one)
     finished = tmp_path / "finished"
-    shutil.copytree(base, finished)
+    shutil.copytree(base_dir, finished)
     assert cli.wait(cli.start(*args, "--index", finished)).code == 0
-    new = answers_of(finished, encoder, verify=True)
-    assert new != old
+    new = mf.read(finished)
+    new_answers = answers_of(finished, encoder, verify=True)
+    assert new_answers != old
     rng = np.random.default_rng(7)
     interrupted = 0
     for trial in range(2):
         index = tmp_path / f"int{trial}"
-        shutil.copytree(base, index)
+        shutil.copytree(base_dir, index)
         started = cli.start(*args, "--index", index)
-        while stage(index, base_version) == "startup" and not _is_zombie(started[0]):
+        while stage(index, base.version, "index") == "startup" and not _is_zombie(started[0]):
             time.sleep(0.001)
         time.sleep(float(rng.uniform(0, 0.05)))
         os.kill(started[0], signal.SIGINT)
@@ -237,42 +378,83 @@ def test_sigint_during_index(cli, bases, corpora, model_dir, encoder, tmp_path):
         lines = [line for line in result.err.splitlines() if line.strip()]
         assert result.code == 130, result.err
         assert lines == ["interrupted"], result.err
-        assert not list((index / "versions").glob(".build-*"))  # cleaned on the way out
-        landed = stage(index, base_version)  # "published" when it came after the switch
-        _check_after(index, base_version, old, new, encoder, landed)
+        assert siblings(index) == []  # staged directories removed on the way out
+        landed = stage(index, base.version, "index")  # "published" after the switch
+        _check_after(cli, index, base, new, old, new_answers, encoder, landed)
     assert interrupted >= 1
 
 
-def test_crash_between_version_rename_and_manifest(index, model_dir, corpora, encoder, monkeypatch):
-    """The narrowest window (a new version directory, the old manifest), made deterministic."""
-    old = answers_of(index, encoder)
-    base_version = mf.read(index).version
+class Killed(BaseException):
+    """What a SIGKILL is to the code it stops: nothing after it runs (no except, no cleanup of
+    the killed call's own)."""
 
-    class Killed(BaseException):
-        pass
+
+def test_crash_between_segment_rename_and_manifest(
+    cli, index, model_dir, corpora, encoder, monkeypatch
+):
+    """The narrowest window (the new segments renamed into place, the old manifest), made
+    deterministic: readers keep the old version, the next write removes the orphans."""
+    from flowsearch.storage import writer
+
+    old = answers_of(index, encoder)
+    base = mf.read(index)
 
     def die(*args, **kwargs):
         raise Killed
 
-    monkeypatch.setattr(directory.mf, "write", die)
+    monkeypatch.setattr(writer, "atomic_write_text", die)
     with pytest.raises(Killed):
         build_index(corpora["more"], index, model=str(model_dir), overwrite=True)
     monkeypatch.undo()
-    assert stage(index, base_version) == "publishing"
-    _check_after(index, base_version, old, old, encoder, "publishing")
+    assert stage(index, base.version, "index") == "publishing"
+    orphans = sorted(p.name for p in (index / SEGMENTS_DIR).iterdir())
+    assert orphans == ["s000001", "s000002"]  # s000002 named, never published
+    _check_after(cli, index, base, base, old, old, encoder, "publishing")
+    assert not (index / SEGMENTS_DIR / "s000002").exists()
+
+
+def test_crash_inside_a_deletion_file_write(cli, index, encoder, monkeypatch):
+    """A delete killed inside its deletion file's atomic write leaves a temporary file in a
+    published segment's directory: readers and `info --verify` ignore it, the next write
+    removes it (it used to make every open fail with "unexpected file")."""
+    import tempfile
+
+    from flowsearch.storage import deletions
+
+    old = answers_of(index, encoder)
+    base = mf.read(index)
+
+    def killed_inside(target, write):  # atomic_write up to the rename, then the kill
+        fd, tmp = tempfile.mkstemp(prefix=f".{Path(target).name}.tmp-", dir=Path(target).parent)
+        os.close(fd)
+        write(tmp)
+        raise Killed
+
+    monkeypatch.setattr(deletions, "atomic_write", killed_inside)
+    with pytest.raises(Killed):
+        delete(index, ["d7"])
+    monkeypatch.undo()
+    temp = list((index / base.segments[0].dir).glob(".deleted-v000002.npy.tmp-*"))
+    assert len(temp) == 1 and stage(index, base.version, "delete") == "deletions"
+    _check_after(cli, index, base, base, old, old, encoder, "deletions")
+    assert not temp[0].exists()
 
 
 def test_first_build_killed_while_writing_its_manifest(tmp_path, model_dir, corpora):
-    """A first build killed inside the manifest's atomic write leaves a version directory and a
-    hidden temporary manifest: the directory is still ours, and the rerun cleans it."""
+    """A first build killed inside the manifest's atomic write leaves its segment and
+    calibrator renamed into place and a hidden temporary manifest (no history line yet): the
+    directory is still ours, not an index, and the rerun cleans it."""
     index = tmp_path / "idx"
     build_index(corpora["more"], index, model=str(model_dir), lexical=False)
     (index / "manifest.json").rename(index / ".manifest.json.tmp-x1y2z3")
+    (index / "history.jsonl").unlink()  # appended after the manifest: not reached
     assert not mf.is_index_dir(index)
     with pytest.raises(FlowsearchError, match="not a flowsearch index"):
         Searcher.open(index)
     build_index(corpora["more"], index, model=str(model_dir), lexical=False)
-    assert sorted(p.name for p in index.iterdir()) == [".lock", "manifest.json", "versions"]
+    entries = [".lock", "calibrators", "history.jsonl", "manifest.json", "segments"]
+    assert sorted(p.name for p in index.iterdir()) == entries
+    assert leftovers(index) == []
     assert Searcher.open(index, verify=True).manifest.version == 1
 
 
@@ -310,7 +492,7 @@ def test_sigterm_stops_serve_cleanly(cli, index):
 def test_report_landed_stages():
     """Not a check: prints where the kills landed (run with -s)."""
     if LANDED:
-        print("\nkill trials by (command, stage):")
-        for (command, where), n in sorted(LANDED.items()):
-            print(f"  {command:12s} {where:12s} {n}")
+        print("\nkill trials by (kind, stage):")
+        for (kind, where), n in sorted(LANDED.items()):
+            print(f"  {kind:15s} {where:13s} {n}")
         print(f"  total {sum(LANDED.values())}")
