@@ -62,14 +62,21 @@ class ForkServer:
             raise RuntimeError("the fork server died")
         return json.loads(line)
 
-    def start(self, *args: str, cwd: Path | None = None, env: dict | None = None) -> tuple:
-        """Fork ``flowsearch ARGS``; returns ``(pid, out_file, err_file)``."""
+    def start(
+        self,
+        *args: str,
+        cwd: Path | None = None,
+        env: dict | None = None,
+        fsync_delay: float | None = None,
+    ) -> tuple:
+        """Fork ``flowsearch ARGS``; returns ``(pid, out_file, err_file)``. ``fsync_delay``:
+        seconds every ``os.fsync`` of the command takes first (a slow disk)."""
         with self.lock:
             self.count += 1
             out = self.scratch / f"cmd{self.count}.out"
             err = self.scratch / f"cmd{self.count}.err"
             req = {"run": list(map(str, args)), "out": str(out), "err": str(err)}
-            req.update(cwd=str(cwd or self.scratch), env=env or {})
+            req.update(cwd=str(cwd or self.scratch), env=env or {}, fsync_delay=fsync_delay)
             if not self.ready:
                 self.ready = "ready" in self._ask(None)
             return self._ask(req)["pid"], out, err

@@ -8,7 +8,9 @@ exactly as the console script does, so it can be SIGKILLed or SIGINTed at any mo
 never runs a torch op (no thread pools exist at fork time).
 
 Protocol: one JSON request per line on stdin, one JSON answer per line on stdout.
-``{"run": argv, "cwd": dir, "out": file, "err": file, "env": {...}}`` -> ``{"pid": n}``;
+``{"run": argv, "cwd": dir, "out": file, "err": file, "env": {...}, "fsync_delay": s}`` ->
+``{"pid": n}`` (``fsync_delay``: every ``os.fsync`` in the child first sleeps that long, as on a
+slow or busy disk, which widens the windows between a write's durable steps);
 ``{"wait": pid, "timeout": s}`` -> ``{"status": code}`` (-signal when killed; ``timeout``
 kills the child first).
 """
@@ -55,6 +57,8 @@ def _child(req: dict) -> None:
         os.dup2(fd_out, 1)
         os.dup2(fd_err, 2)
         os.environ.update(req.get("env") or {})
+        if req.get("fsync_delay"):
+            _slow_fsync(float(req["fsync_delay"]))
         os.chdir(req.get("cwd") or os.getcwd())
         sys.argv = ["flowsearch", *req["run"]]
         from flowsearch.cli import main
@@ -72,6 +76,16 @@ def _child(req: dict) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _slow_fsync(seconds: float) -> None:
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        time.sleep(seconds)
+        real(fd)
+
+    os.fsync = fsync
 
 
 def _wait(pid: int, timeout: float) -> int:

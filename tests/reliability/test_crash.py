@@ -8,7 +8,9 @@ size-tiered policy merges the tier. There is no stage hook in the library: what 
 directory holds tells the stage (:func:`facts`): a build's scratch ``raw.f32``, a staged
 segment's rows, vector index, keys and postings, a staged calibrator, a deletion file of the
 next version, two staged segments (a merge), a final-named directory or a temporary manifest
-that no published manifest names yet ("publishing"). Each command is run once to the end while
+that no published manifest names yet ("publishing"). The commands run on a slow disk (every
+``fsync`` takes :data:`SLOW_DISK` seconds first), which widens the windows between a write's
+durable steps to where a kill can be aimed at them. Each command is run once to the end while
 the directory is polled, which measures each stage's window; the kill delays are drawn, seeded,
 inside those windows. The stage a kill really landed in is read from the directory afterwards
 and tallied (``test_report_landed_stages``, run with ``-s``).
@@ -47,6 +49,8 @@ from .conftest import answers, answers_of, leftovers
 #: kill trials per write kind in the default suite, and with ``-m slow``
 FAST_TRIALS = 3
 SLOW_TRIALS = 16
+#: seconds every fsync of a killed command takes (a busy disk)
+SLOW_DISK = 0.02
 LANDED: collections.Counter = collections.Counter()
 
 _BUILD = ["startup", "encoding", "fitting", "rows", "vector index", "keys", "postings"]
@@ -191,7 +195,7 @@ def _copy(base: Path | None, target: Path) -> None:
 
 def _measure(cli, args: list, index: Path, base_version: int, kind: str) -> list[tuple]:
     """Run once to completion, polling: [(stage, first seen, last seen)] in seconds from start."""
-    started = cli.start(*args, "--index", index)
+    started = cli.start(*args, "--index", index, fsync_delay=SLOW_DISK)
     t0 = time.perf_counter()
     seen: dict[str, list[float]] = {}
     while not _is_zombie(started[0]):
@@ -301,7 +305,7 @@ def _trials(kind, cli, bases, corpora, model_dir, encoder, tmp_path, slow: bool)
         delay = float(rng.uniform(0, hi - lo))
         index = tmp_path / f"trial{trial}"
         _copy(base_dir, index)
-        started = cli.start(*args, "--index", index)
+        started = cli.start(*args, "--index", index, fsync_delay=SLOW_DISK)
         # wait until the write reaches the aimed stage (or later), then a random part of it
         while order.index(stage(index, base_version, kind)) < order.index(name):
             if _is_zombie(started[0]):
