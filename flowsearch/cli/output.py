@@ -39,7 +39,7 @@ def stdout_console() -> Any:
     """A rich console on stdout that never wraps what it prints into the terminal's width."""
     from rich.console import Console
 
-    return Console(soft_wrap=False)
+    return Console(soft_wrap=True)
 
 
 def stderr_console() -> Any:

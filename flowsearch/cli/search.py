@@ -81,8 +81,8 @@ def _print_hits(text: str, result: Any) -> None:
     caption = report_caption(result.report)
     if not result.hits:
         # an empty table is as narrow as its headers, and would fold the report into a column
-        console.print(title, soft_wrap=True)
-        console.print(literal(caption), soft_wrap=True)  # one line, whatever the width
+        console.print(title)
+        console.print(literal(caption))
         return
     table = Table(title=title, title_justify="left")
     table.add_column("rank", justify="right")
