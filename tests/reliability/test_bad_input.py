@@ -485,3 +485,34 @@ def test_http_delete_an_id_that_is_not_a_number(int_ids):
         r = client.post("/delete", json={"ids": ["²"]})
     assert r.status_code == 400 and "\n" not in r.json()["detail"], r.text
     assert snapshot(int_ids) == before
+
+
+# -- a mistyped record, on every surface (issue 22) -------------------------------------------
+
+
+def test_a_mistyped_record_is_one_line_and_poisons_nothing(cli, idx, tmp_path):
+    """``{"id": "t1", "text": "tides", "topic": 5}`` into an index whose ``topic`` is a string:
+    refused before anything is written, in one line naming the id, the column, the expected
+    and the given type (exit 2; HTTP 400), and every ``--where`` query still answers."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from flowsearch.server import create_app
+
+    record = {"id": "t1", "text": "tides", "topic": 5}
+    corpus = tmp_path / "mistyped.jsonl"
+    corpus.write_text(json.dumps(record) + "\n")
+    before = snapshot(idx)
+    needles = ["'t1'", "'topic'", "string", "int64"]
+    result = cli.run("upsert", corpus, "--index", idx)
+    one_error_line(result)
+    assert all(n in result.err for n in needles), result.err
+    with TestClient(create_app(idx), raise_server_exceptions=False) as client:
+        r = client.post("/upsert", json={"records": [record]})
+        assert r.status_code == 400, r.text
+        assert all(n in r.json()["detail"] for n in needles), r.text
+        found = client.post("/search", json={"query": "the cat", "where": "topic = 'cat'"})
+        assert found.status_code == 200 and found.json()["hits"], found.text
+    assert snapshot(idx) == before
+    result = cli.run("query", "the cat", "--where", "topic = 'cat'", "--index", idx, "--json")
+    assert result.code == 0 and json.loads(result.out)["hits"], result.err
