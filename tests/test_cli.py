@@ -559,3 +559,61 @@ def test_delete_a_digit_that_is_not_a_number_is_one_line(int_ids):
     assert "'²'" in result.stderr  # names the id at fault
     assert mf.read(int_ids) == before  # nothing written
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+# -- the third release's verbs and options: compact --full, info --history, --min-score ---------
+
+
+def test_compact_full_and_the_history(built, tmp_path):
+    import shutil
+
+    out = tmp_path / "idx"
+    shutil.copytree(built[0], out)
+    extra = write_corpus(tmp_path / "extra.parquet", n=10, seed=8, id_prefix="x")
+    assert runner.invoke(app, ["add", str(extra), "--index", str(out)]).exit_code == 0
+    deleted = runner.invoke(app, ["delete", "d1", "x2", "--index", str(out), "--json"])
+    assert json.loads(deleted.stdout)["n_deleted"] == 2
+    before = mf.read(out)
+    assert len(before.segments) == 2 and before.n_deleted == 2
+    query = ["query", "the cat", "--index", str(out), "-k", "90", "--mode", "dense", "--json"]
+    hits = json.loads(runner.invoke(app, query).stdout)["hits"]
+
+    result = runner.invoke(app, ["compact", "--full", "--index", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["kind"] == "compact" and doc["segments"] == 1 and doc["merged"] == 2
+    assert doc["n_dropped"] == 2 and doc["n_live"] == 88 and doc["bytes_freed"] > 0
+    m = mf.read(out)
+    assert len(m.segments) == 1 and m.n_deleted == 0 and m.n_rows == 88
+    assert json.loads(runner.invoke(app, query).stdout)["hits"] == hits  # the same answers
+    again = json.loads(runner.invoke(app, ["compact", "--full", "--index", str(out),
+                                           "--json"]).stdout)  # fmt: skip
+    assert again["merged"] == 0 and again["version"] == m.version  # nothing to do: no write
+
+    history = runner.invoke(app, ["info", "--history", "--index", str(out), "--json"])
+    records = json.loads(history.stdout)
+    assert [(r["version"], r["kind"]) for r in records] == [
+        (1, "build"), (2, "add"), (3, "delete"), (4, "compact")
+    ]  # fmt: skip
+    assert records[3]["detail"] == {"merged": 2, "dropped": 2}
+    text = CliRunner(env={"COLUMNS": "60"}).invoke(app, ["info", "--history", "--index", str(out)])
+    lines = text.stdout.splitlines()  # one line per write, whatever the width
+    assert len(lines) == 4 and lines[1].startswith("v2 ") and " add 10 rows " in lines[1]
+    assert "merged 2" in lines[3] and "dropped 2" in lines[3]
+
+
+def test_min_score_and_explain(built):
+    out, _ = built
+    base = ["query", "the cat and the dog", "--index", str(out), "-k", "20", "--json"]
+    every = json.loads(runner.invoke(app, base).stdout)["hits"]
+    cut = every[len(every) // 2]["score"]
+    kept = json.loads(runner.invoke(app, [*base, "--min-score", str(cut)]).stdout)["hits"]
+    assert kept == [h for h in every if h["score"] >= cut] and 0 < len(kept) < len(every)
+    api = Searcher.open(out).search("the cat and the dog", k=20, min_score=cut)
+    assert [h["id"] for h in kept] == [h.id for h in api]
+    assert main([*base, "--min-score", "high"]) == 2  # a usage error
+    explained = CliRunner(env={"COLUMNS": "100"}).invoke(
+        app, ["query", "the cat", "--index", str(out), "-k", "2", "--explain"]
+    )
+    assert explained.exit_code == 0, explained.output
+    assert "best dense score" in explained.stdout.splitlines()[-1]
