@@ -19,8 +19,10 @@ from flowsearch.search.searcher import Searcher
 from flowsearch.settings import current
 from flowsearch.storage import manifest as mf
 
-#: small writes in the manifest-growth test: one-row upserts and one-id deletes, alternating
-N_WRITES = 2000
+#: small writes in the manifest-growth test (one-row upserts and one-id deletes, alternating):
+#: the default suite's (25 merges of the lowest tier), and ``-m slow``'s
+N_WRITES = 500
+N_WRITES_SLOW = 2000
 HUGE_K = 10**9
 
 
@@ -82,23 +84,30 @@ def _moved(cost: tuple[bool, int, int]) -> bool:
     return moved and 1 <= reads <= 2 and stats == 1
 
 
+@pytest.mark.parametrize(
+    "n_writes", [N_WRITES, pytest.param(N_WRITES_SLOW, marks=pytest.mark.slow)]
+)
 def test_manifest_stays_small_and_the_log_lists_every_write(
-    built, tmp_path, encoder, monkeypatch, capsys
+    built, tmp_path, encoder, monkeypatch, capsys, n_writes
 ):
-    """2,000 small writes (one-row upserts, one-id deletes): the manifest never exceeds its
-    bound (:func:`_bound`), the history log holds one line per write, ``info --history``
-    lists every write, and a reader's ``refresh()`` with nothing new costs one ``stat``."""
+    """Thousands of small writes (one-row upserts, one-id deletes): the manifest never exceeds
+    its bound (:func:`_bound`), the history log holds one line per write, ``info --history``
+    lists every write, and a reader's ``refresh()`` with nothing new costs one ``stat``.
+
+    ``os.fsync`` is skipped here (the sizes are what is measured; durability is the crash
+    trials'): it is half of a small write's time on this machine's disk."""
     from flowsearch.cli import main
     from flowsearch.writes.delete import delete
     from flowsearch.writes.upsert import upsert
 
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
     index = tmp_path / "idx"
     shutil.copytree(built, index)
     bound = _bound(index)
     reader = Searcher.open(index, encoder=encoder)
-    texts = sentences(N_WRITES // 2, seed=123)
+    texts = sentences(n_writes // 2, seed=123)
     sizes, segments = [], []
-    for i in range(N_WRITES):
+    for i in range(n_writes):
         if i % 2 == 0:
             row = {"id": f"w{i}", "text": texts[i // 2], "topic": "new", "year": 2000 + i % 25}
             upsert(index, [row], encoder=encoder)
@@ -110,33 +119,36 @@ def test_manifest_stays_small_and_the_log_lists_every_write(
         if i % 250 == 0:  # a reader moves along: a refresh reads the new manifest
             assert _moved(_refresh_cost(reader, monkeypatch))
     final = mf.read(index)
-    assert final.version == N_WRITES + 1
+    assert final.version == n_writes + 1
     print(f"manifest: {sizes[0]} bytes after the first write, at most {max(sizes)} over "
-          f"{N_WRITES} (bound {bound}); log {len(log_lines(index))} lines")  # fmt: skip
+          f"{n_writes} (bound {bound}); log {len(log_lines(index))} lines")  # fmt: skip
     assert max(sizes) <= bound, (max(sizes), bound)
     assert max(segments) < current().segments_per_tier
-    assert sizes[-1] < 2 * sizes[0]  # a few more segments, not 2,000 records
+    half = n_writes // 2  # no growth with the writes: the second half as big as the first
+    assert max(sizes[half:]) <= max(sizes[:half]) + 64, (max(sizes[half:]), max(sizes[:half]))
+    log_bytes = len((index / "history.jsonl").read_bytes())
+    assert log_bytes > max(100 * n_writes, max(sizes))  # the log grows: a line per write
     # nothing new: one stat of the manifest, no read; then a write: one read
     assert reader.refresh()
     for _ in range(3):
         assert _refresh_cost(reader, monkeypatch) == (False, 0, 1)
     delete(index, ["d30"])
     assert _moved(_refresh_cost(reader, monkeypatch))
-    assert reader.manifest.version == N_WRITES + 2
+    assert reader.manifest.version == n_writes + 2
     reader.close()
 
     # the log grows instead: one line per write, every one listed by `info --history`
-    assert len(log_lines(index)) == N_WRITES + 2
+    assert len(log_lines(index)) == n_writes + 2
     capsys.readouterr()
     assert main(["info", "--history", "--json", "--index", str(index)]) == 0
     records = json.loads(capsys.readouterr().out)
-    assert [r["version"] for r in records] == list(range(1, N_WRITES + 3))
+    assert [r["version"] for r in records] == list(range(1, n_writes + 3))
     kinds = [r["kind"] for r in records]
     assert kinds[0] == "build" and kinds[1:3] == ["upsert", "delete"]
-    assert kinds.count("upsert") == N_WRITES // 2 and kinds.count("delete") == N_WRITES // 2 + 1
+    assert kinds.count("upsert") == n_writes // 2 and kinds.count("delete") == n_writes // 2 + 1
     assert main(["info", "--history", "--index", str(index)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == N_WRITES + 2 and lines[-1].startswith(f"v{N_WRITES + 2} ")
+    assert len(lines) == n_writes + 2 and lines[-1].startswith(f"v{n_writes + 2} ")
     assert " delete 1 rows" in lines[-1]
 
 
