@@ -338,10 +338,10 @@ class Searcher:
             return _hits(version, fused.scores, fused.rows, parts), lp, top
         if dense_hits is not None:
             parts = (dense_hits[0], np.full_like(dense_hits[0], np.nan))
-            return _hits(version, *dense_hits, parts), lp, top
+            return _hits(version, dense_hits[0], dense_hits[1], parts), lp, top
         assert lexical_hits is not None
         parts = (np.full_like(lexical_hits[0], np.nan), lexical_hits[0])
-        return _hits(version, *lexical_hits, parts), lp, top
+        return _hits(version, lexical_hits[0], lexical_hits[1], parts), lp, top
 
     def _dense(
         self, version: Version, Z: np.ndarray, k: int, rows: np.ndarray | None

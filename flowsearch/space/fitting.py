@@ -47,7 +47,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -140,6 +140,7 @@ def fit_for_index(
 
     stats = {k: float(v) for k, v in anisotropy_stats(U).items()}
     auto = None
+    space: Literal["calibrated", "encoder"]
     if loaded is not None:
         cal = loaded
         fitted_on = str(Path(loaded_from).resolve()) if loaded_from else "elsewhere"

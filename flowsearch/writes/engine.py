@@ -126,7 +126,11 @@ def template(
         calibration=spec,
         ann_requested=index_factory,
         lexical=mf.LexicalSpec() if lexical else None,
-        columns=mf.Columns(text=plan.text_column, id=plan.id_column, id_type=plan.id_type),
+        columns=mf.Columns(
+            text=plan.text_column,
+            id=plan.id_column,
+            id_type="int" if plan.id_type == "int" else "string",
+        ),
         schema=schema.columns_of(plan.metadata_schema),
         skipped=int(plan.skipped),
         next_auto_id=int(plan.rows_in),
