@@ -34,9 +34,10 @@ from flowsearch.space.reference import (
     split_fit_rows,
 )
 from flowsearch.storage import manifest as mf
+from flowsearch.storage.cleanup import check_target
 from flowsearch.storage.corpus import CorpusPlan, scan_corpus
 from flowsearch.storage.rows import rows_table
-from flowsearch.storage.writer import Writer, check_target, open_writer
+from flowsearch.storage.writer import Writer, open_writer
 from flowsearch.writes.engine import CHUNK_ROWS, finish_build, fit_space
 from flowsearch.writes.results import WriteResult, result_of
 from flowsearch.writes.segments import SegmentBuilder
