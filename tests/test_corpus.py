@@ -229,7 +229,7 @@ def _bad(tmp_path: Path) -> dict[str, tuple[object, dict, str]]:
         "all-null texts": (t / "nulltext.jsonl", {}, "has no non-blank 'text' values"),
         "text column absent": (t / "ok.parquet", {"text_column": "body"},
                                r"no text column 'body' in .*ok\.parquet \(columns: id, text, "
-                               r"year\); name the text column with text_column=\.\.\."),  # fmt: skip
+                               r"year\); name the text column with text_column="),  # fmt: skip
         "id column absent": (t / "ok.parquet", {"id_column": "key"}, "no id column 'key'"),
         "null id": (t / "nullid.csv", {}, r"nullid\.csv have a null or empty id .*row 2"),
         "duplicate ids": (t / "dup.jsonl", {}, r"1 id\(s\) occur more than once .*'a'"),
