@@ -67,7 +67,7 @@ from flowsearch.storage.layout import ANN_DATA_FILE
 from flowsearch.storage.rows import rows_table
 from flowsearch.storage.writer import Writer
 from flowsearch.writes import ray_encode
-from flowsearch.writes.engine import CHUNK_ROWS, finish_build, fit_space
+from flowsearch.writes.engine import CHUNK_ROWS, BuildOptions, finish_build, fit_space
 from flowsearch.writes.ray_encode import ROW
 from flowsearch.writes.segments import SegmentBuilder
 
@@ -149,11 +149,12 @@ def builder(
         extra: more keyword arguments of :func:`build_on_ray` (``actors``, ``fault_marker``).
     """
 
-    def build(writer: Writer, plan: CorpusPlan, enc: Any, st: Stages, **kwargs: Any) -> mf.Manifest:
+    def build(
+        writer: Writer, plan: CorpusPlan, enc: Any, st: Stages, build_options: BuildOptions
+    ) -> mf.Manifest:
         with ray_session(address) as ray, _data_context(ray):
-            return build_on_ray(
-                ray, writer, plan, enc, st, model=model, encoder_options=options, **kwargs, **extra
-            )
+            return build_on_ray(ray, writer, plan, enc, st, build_options, model=model,
+                                encoder_options=options, **extra)  # fmt: skip
 
     return build
 
@@ -288,15 +289,8 @@ def build_on_ray(
     plan: CorpusPlan,
     enc: Any,
     st: Stages,
+    options: BuildOptions,
     *,
-    source: str | None,
-    calibration: str,
-    loaded: Any,
-    loaded_from: str | os.PathLike[str] | None,
-    index_factory: str,
-    batch_size: int,
-    fit_sample: int,
-    lexical: bool,
     model: str | os.PathLike[str] | None,
     encoder_options: dict[str, Any],
     actors: int | None = None,
@@ -305,60 +299,25 @@ def build_on_ray(
     """Encode, calibrate, write and publish on a connected Ray (see the module docstring)."""
     scratch = writer.stage()
     with st.timed("encode"), st.status("encoding on Ray"):
-        files = ray_encode.encode_on_ray(
-            ray,
-            plan,
-            enc,
-            scratch / "raw",
-            model=model,
-            options=encoder_options,
-            batch_size=batch_size,
-            actors=actors,
-            fault_marker=fault_marker,
-        )
+        files = ray_encode.encode_on_ray(ray, plan, enc, scratch / "raw", model=model,
+                                         options=encoder_options, batch_size=options.batch_size,
+                                         actors=actors, fault_marker=fault_marker)  # fmt: skip
     with st.timed("fit"):
-        fit_idx, held_idx = split_fit_rows(plan.rows, fit_sample)  # as the local path
-        space, index, factory = fit_space(
-            ray_encode.read_rows(files, fit_idx),
-            enc,
-            plan.rows,
-            st,
-            calibration,
-            loaded,
-            loaded_from,
-            index_factory,
-        )
-    builder = SegmentBuilder(
-        writer,
-        dim=space.dim,
-        n_rows=plan.rows,
-        requested=index_factory,
-        lexical=lexical,
-        strict_factory=True,
-        index=index,
-        factory=factory,
-    )
+        fit_idx, held_idx = split_fit_rows(plan.rows, options.fit_sample)  # as the local path
+        U_fit = ray_encode.read_rows(files, fit_idx)
+        space, index, factory = fit_space(U_fit, enc, plan.rows, st, options)
+    builder = SegmentBuilder(writer, dim=space.dim, n_rows=plan.rows,
+                             requested=options.index_factory, lexical=options.lexical,
+                             strict_factory=True, index=index, factory=factory)  # fmt: skip
     on_disk = ondisk.mergeable(index)  # IVF: filled per part on Ray, merged on disk
     with st.timed("write segment"), st.status("projecting on Ray, writing the segment"):
         lps = _project_on_ray(ray, files, space, plan, builder, on_disk)
     if on_disk:
         with st.timed("fill IVF"), st.status("filling IVF lists on Ray, merging them on disk"):
-            parts = builder.close_parts()
-            builder.use_index(
-                _fill_on_ray(ray, index, builder.stage, parts, scratch), data=ANN_DATA_FILE
-            )
+            filled = _fill_on_ray(ray, index, builder.stage, builder.close_parts(), scratch)
+            builder.use_index(filled, data=ANN_DATA_FILE)
     measured, method = reference_rows(plan.rows, held_idx)
     measured_raw = ray_encode.read_rows(files, measured)
     shutil.rmtree(scratch)
-    return finish_build(
-        writer,
-        builder,
-        space,
-        enc,
-        plan,
-        lps,
-        (measured, measured_raw, method),
-        source=source,
-        index_factory=index_factory,
-        lexical=lexical,
-    )
+    return finish_build(writer, builder, space, enc, plan, lps,
+                        (measured, measured_raw, method), options)  # fmt: skip
