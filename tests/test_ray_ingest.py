@@ -82,7 +82,7 @@ def test_same_rows_and_vectors(built: dict[str, Any]) -> None:
 
 
 def _close(a: Any, b: Any, path: str = "") -> None:
-    """Equal, floats within 1e-6 relative (fit statistics see the float noise of encoding)."""
+    """Equal, floats within 1e-6 (fit statistics see the float noise of encoding)."""
     if isinstance(a, dict):
         assert isinstance(b, dict) and a.keys() == b.keys(), path
         for key in a.keys() - {"seconds"}:  # timings
@@ -92,7 +92,8 @@ def _close(a: Any, b: Any, path: str = "") -> None:
         for i, (x, y) in enumerate(zip(a, b)):
             _close(x, y, f"{path}[{i}]")
     elif isinstance(a, float):
-        assert b == pytest.approx(a, rel=1e-6, abs=1e-9), path
+        # the reference keeps 6 decimals: float noise may flip the last one
+        assert b == pytest.approx(a, rel=1e-6, abs=2e-6), path
     else:
         assert a == b, path
 
