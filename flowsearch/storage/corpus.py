@@ -36,7 +36,8 @@ import pyarrow.compute as pc
 from flowsearch.errors import BadInput
 from flowsearch.storage import corpus_files
 from flowsearch.storage.columns import (
-    check_text_type,
+    checked_columns,
+    metadata_schema,
     normal_ids,
     row_label,
     text_strings,
@@ -113,71 +114,6 @@ class CorpusPlan:
                 if meta.schema != self.metadata_schema:
                     meta = meta.cast(self.metadata_schema)
                 yield ids, text.to_pylist(), meta
-
-
-def _columns(
-    schemas: list[pa.Schema], sources: list[Source], text_column: str, id_column: str | None
-) -> str | None:
-    """Check the text and id columns are there; the id column to use (None: row numbers)."""
-    for schema, source in zip(schemas, sources):
-        names = schema.names
-        if text_column not in names:
-            raise BadInput(
-                f"no text column {text_column!r} in {source.name} (columns: {', '.join(names)})",
-                "name the text column with {text_column=...}",
-                cli="name the text column with --text-column",
-                http='give every record a "text" field',
-                param="text_column",
-            )
-        if id_column is not None and id_column != "id" and id_column not in names:
-            raise BadInput(
-                f"no id column {id_column!r} in {source.name} (columns: {', '.join(names)})",
-                "name the id column with {id_column=...} (id_column=None numbers the rows)",
-                cli="name the id column with --id-column (leave out an `id` column to number "
-                "the rows)",
-                param="id_column",
-            )
-        check_text_type(schema.field(text_column).type, source, text_column)
-    if id_column == "id":  # the default: use it when there, row numbers when not
-        has_id = ["id" in schema.names for schema in schemas]
-        if not any(has_id):
-            return None
-        if not all(has_id):
-            missing = sources[has_id.index(False)].name
-            raise BadInput(f"{missing} has no 'id' column but other files do; add it")
-    return id_column
-
-
-def _metadata_schema(
-    schemas: list[pa.Schema], sources: list[Source], names: list[str]
-) -> pa.Schema:
-    """The metadata columns' types, unified across files (see the module docstring)."""
-    for schema, source in zip(schemas, sources):
-        missing = [c for c in names if c not in schema.names]
-        if missing:
-            raise BadInput(
-                f"{source.name} has no column {missing[0]!r} that {sources[0].name} has; give "
-                "every file the same columns (null values are fine)"
-            )
-    parts = [pa.schema([schema.field(c) for c in names]) for schema in schemas]
-    try:
-        return pa.unify_schemas(parts, promote_options="permissive")
-    except (pa.ArrowException, ValueError, TypeError):
-        pass
-    for column in names:
-        typed = [(p.field(column).type, s.name) for p, s in zip(parts, sources)]
-        typed = [(t, name) for t, name in typed if not pa.types.is_null(t)]
-        try:
-            pa.unify_schemas(
-                [pa.schema([(column, t)]) for t, _ in typed], promote_options="permissive"
-            )
-        except (pa.ArrowException, ValueError, TypeError):
-            (t1, f1), (t2, f2) = next((a, b) for a in typed for b in typed if a[0] != b[0])
-            raise BadInput(
-                f"column {column!r} is {t1} in {f1} but {t2} in {f2}; give it one type in "
-                "every file"
-            ) from None
-    raise BadInput("the files' columns cannot be combined; give them the same types")
 
 
 @dataclass
@@ -300,7 +236,7 @@ def scan_corpus(
     """
     sources = corpus_files.sources(corpus)
     schemas = [_schema(source) for source in sources]
-    id_column = _columns(schemas, sources, text_column, id_column)
+    id_column = checked_columns(schemas, sources, text_column, id_column)
     metadata = [c for c in schemas[0].names if c not in (text_column, id_column)]
     clash = [c for c in metadata if c in RESERVED_COLUMNS]
     if clash:
@@ -308,7 +244,7 @@ def scan_corpus(
             f"column(s) {', '.join(repr(c) for c in clash)} clash with the index's own columns "
             f"({', '.join(RESERVED_COLUMNS)}); rename or drop them"
         )
-    meta_schema = _metadata_schema(schemas, sources, metadata)
+    meta_schema = metadata_schema(schemas, sources, metadata)
     check = None
     if schema is not None:
         check = _Check(schema, metadata, id_type or "int", auto_id_start)
