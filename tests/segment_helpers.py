@@ -19,7 +19,20 @@ from flowsearch.storage.rows import rows_table
 from flowsearch.storage.writer import Writer, open_writer
 
 DIM = 8
-WORDS = ["tide", "sea", "moon", "river", "harbour", "ship", "storm", "wind", "sail", "rope", "anchor", "island"]
+WORDS = [
+    "tide",
+    "sea",
+    "moon",
+    "river",
+    "harbour",
+    "ship",
+    "storm",
+    "wind",
+    "sail",
+    "rope",
+    "anchor",
+    "island",
+]
 
 
 def unit(n: int, dim: int = DIM, seed: int = 0) -> np.ndarray:
