@@ -50,20 +50,21 @@ def write_corpus(
     return path
 
 
-#: What an index directory holds (format 2), besides nothing.
-INDEX_ENTRIES = {"manifest.json", ".lock", "versions"}
+#: What an index directory holds (format 3), besides nothing.
+INDEX_ENTRIES = {"manifest.json", "history.jsonl", ".lock", "segments", "calibrators"}
 
 
 def siblings(index_dir: Path) -> list[str]:
-    """Scratch a write left behind (must be none after any write, failed or not): builds under
-    ``versions/.build-*`` (or any other hidden entry there), anything in the index directory
-    that is not :data:`INDEX_ENTRIES` (a format-2 index), and hidden ``.NAME*`` entries next to
-    it (what the first release used for its scratch)."""
+    """Scratch a write left behind (must be none after any write, failed or not): stages under
+    ``segments/`` or ``calibrators/`` (``.stage-*``, or any other hidden entry there), anything
+    in the index directory that is not :data:`INDEX_ENTRIES`, and hidden ``.NAME*`` entries next
+    to it (what the first release used for its scratch)."""
     index_dir = Path(index_dir)
     found: list[str] = []
-    versions = index_dir / "versions"
-    if versions.is_dir():
-        found += [f"versions/{p.name}" for p in versions.iterdir() if not p.name.startswith("v0")]
+    for kind in ("segments", "calibrators"):
+        folder = index_dir / kind
+        if folder.is_dir():
+            found += [f"{kind}/{p.name}" for p in folder.iterdir() if p.name.startswith(".")]
     if index_dir.is_dir():
         found += [p.name for p in index_dir.iterdir() if p.name not in INDEX_ENTRIES]
     if index_dir.parent.is_dir():
@@ -71,7 +72,16 @@ def siblings(index_dir: Path) -> list[str]:
     return sorted(found)
 
 
+def segment_dirs(index_dir: Path) -> list[str]:
+    """The segment directories present, oldest first (``["s000001", ...]``)."""
+    folder = Path(index_dir) / "segments"
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+
+
 def version_dirs(index_dir: Path) -> list[str]:
-    """The version directories present, oldest first (``["v000001", ...]``)."""
+    """Format 2's version directories present, oldest first (``["v000001", ...]``); none in a
+    format-3 index (its versions are manifests over segments: see :func:`segment_dirs`)."""
     versions = Path(index_dir) / "versions"
+    if not versions.is_dir():
+        return []
     return sorted(p.name for p in versions.iterdir() if p.name.startswith("v0"))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from corpus_helpers import write_corpus
+from corpus_helpers import siblings, write_corpus
 from segment_helpers import add_segment, build
 
 from flowsearch.errors import BadInput, FlowsearchError, IndexDamaged, IndexLocked, NotFound
@@ -127,7 +127,7 @@ def test_a_failed_write_publishes_nothing_and_leaves_no_stage(tmp_path):
     # the deletion file written into the published segment is not referenced by any
     # manifest; everything else is as it was, and no stage is left
     assert {p: (root / p).read_bytes() for p in before} == before
-    assert all(".stage-" not in p for p in after)
+    assert all(".stage-" not in p for p in after) and siblings(root) == []
     assert after - set(before) <= {"segments/s000001/deleted-v000002.npy"}
     index_info(root, verify=True)
     with open_writer(root) as writer:  # the next writer removes the orphan deletion file
@@ -186,10 +186,15 @@ def test_a_killed_writers_leftovers_are_ignored_then_removed_by_the_next(tmp_pat
     for path in dead:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"partial")
+    assert siblings(root) == [
+        f".{MANIFEST_NAME}.tmp-1234",
+        "calibrators/.stage-0badf00d",
+        "segments/.stage-deadbeef",
+    ]
     assert index_info(root, verify=True).manifest == before  # never taken for a version
     with open_writer(root) as writer:
         writer.publish(kind="test", n_rows=0)
-    assert not any(p.exists() for p in dead)
+    assert not any(p.exists() for p in dead) and siblings(root) == []
     assert not (root / "segments" / "s000009").exists()
     assert not (root / "segments" / ".stage-deadbeef").exists()
 
