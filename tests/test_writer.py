@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from corpus_helpers import siblings, write_corpus
+from corpus_helpers import segment_dirs, siblings, write_corpus
 from segment_helpers import add_segment, build
 
 from flowsearch.errors import BadInput, FlowsearchError, IndexDamaged, IndexLocked, NotFound
@@ -416,3 +416,47 @@ def test_a_write_errors_name_the_problem_in_one_line(index):
     with pytest.raises(FlowsearchError) as info:
         delete(index, "d1")
     assert info.value.param == "ids" and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("where", ["fsync_tree", "rename", "atomic_write_text"])
+def test_a_publish_that_fails_midway_leaves_the_previous_version_whole(tmp_path, where):
+    """The disk fails while the version is being placed (before, between or at the manifest's
+    replacement): the previous version stays current and whole, and the next writer removes
+    what was placed."""
+    from flowsearch.errors import WriteFailed
+    from flowsearch.storage import writer as writer_mod
+
+    root = tmp_path / "idx"
+    build(root, [["a", "b"]])
+    before = mf.read(root)
+    manifest_bytes = (root / MANIFEST_NAME).read_bytes()
+    calls = []
+
+    def failing(real):
+        def call(*args, **kwargs):
+            calls.append(args)
+            if len(calls) == 2:  # the second call: something was placed already
+                raise OSError(28, "No space left on device")
+            return real(*args, **kwargs)
+
+        return call
+
+    target = os if where == "rename" else writer_mod
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(target, where, failing(getattr(target, where)))
+        with (
+            pytest.raises(WriteFailed, match="the disk is full .*idx is unchanged") as info,
+            open_writer(root) as writer,
+        ):
+            add_segment(writer, ["c"], seed=3)
+            add_segment(writer, ["d"], seed=4)
+            writer.delete_rows(before.segments[0].name, np.array([0]))
+            if where == "atomic_write_text":
+                calls.append(("placed",))  # fail at the manifest itself
+            writer.publish(kind="add", n_rows=2)
+    assert "\n" not in str(info.value)
+    assert (root / MANIFEST_NAME).read_bytes() == manifest_bytes and mf.read(root) == before
+    assert index_info(root, verify=True).manifest == before
+    with open_writer(root) as writer:
+        writer.publish(kind="test", n_rows=0)
+    assert segment_dirs(root) == [s.name for s in before.segments] and siblings(root) == []
