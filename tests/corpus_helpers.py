@@ -51,14 +51,14 @@ def write_corpus(
 
 
 #: What an index directory holds (format 3), besides nothing.
-INDEX_ENTRIES = {"manifest.json", "history.jsonl", ".lock", "segments", "calibrators"}
+INDEX_ENTRIES = {"manifest.json", ".lock", "segments", "calibrators", "history.jsonl"}
 
 
 def siblings(index_dir: Path) -> list[str]:
-    """Scratch a write left behind (must be none after any write, failed or not): stages under
-    ``segments/`` or ``calibrators/`` (``.stage-*``, or any other hidden entry there), anything
-    in the index directory that is not :data:`INDEX_ENTRIES`, and hidden ``.NAME*`` entries next
-    to it (what the first release used for its scratch)."""
+    """Scratch a write left behind (must be none after any write, failed or not): staging
+    directories under ``segments/`` or ``calibrators/`` (any hidden entry there), anything in
+    the index directory that is not :data:`INDEX_ENTRIES`, and hidden ``.NAME*`` entries next
+    to it."""
     index_dir = Path(index_dir)
     found: list[str] = []
     for kind in ("segments", "calibrators"):
@@ -74,14 +74,5 @@ def siblings(index_dir: Path) -> list[str]:
 
 def segment_dirs(index_dir: Path) -> list[str]:
     """The segment directories present, oldest first (``["s000001", ...]``)."""
-    folder = Path(index_dir) / "segments"
-    return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
-
-
-def version_dirs(index_dir: Path) -> list[str]:
-    """Format 2's version directories present, oldest first (``["v000001", ...]``); none in a
-    format-3 index (its versions are manifests over segments: see :func:`segment_dirs`)."""
-    versions = Path(index_dir) / "versions"
-    if not versions.is_dir():
-        return []
-    return sorted(p.name for p in versions.iterdir() if p.name.startswith("v0"))
+    segments = Path(index_dir) / "segments"
+    return sorted(p.name for p in segments.iterdir() if p.name.startswith("s0"))

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
-
 import pyarrow.parquet as pq
 import pytest
-from corpus_helpers import siblings, version_dirs, write_corpus
+from corpus_helpers import segment_dirs, siblings, write_corpus
 
 from flowsearch.errors import FlowsearchError
 from flowsearch.search.searcher import Searcher
-from flowsearch.storage import directory as directory
+from flowsearch.storage import history
 from flowsearch.storage import manifest as mf
+from flowsearch.storage.verify import verify
 from flowsearch.writes.build import build_index
 from flowsearch.writes.upsert import add_to_index
 
@@ -30,41 +29,37 @@ def test_add_appends_rows_and_reports_drift(tmp_path, model_dir, corpus):
     build_index(corpus, out, model=str(model_dir))
     first = mf.read(out)
     extra = write_corpus(tmp_path / "extra.parquet", n=20, seed=5, id_prefix="new")
-    summary = add_to_index(extra, out)
+    summary = add_to_index(out, extra)
     m = mf.read(out)
-    assert m.rows == 140 and summary["added"] == 20 and summary["rows"] == 140
-    assert (m.version, m.root) == (2, "versions/v000002") and summary["version"] == 2
-    assert m.shards == (mf.Shard("shards/part-00000.parquet", 120),
-                        mf.Shard("shards/part-00001.parquet", 20))  # fmt: skip
-    # the old shard and calibrator are hard-linked from version 1, not copied or rewritten
-    for rel in ("shards/part-00000.parquet", "calibrator/weights.safetensors"):
-        assert m.files[rel] == first.files[rel]
-        assert os.path.samefile(first.path(out, rel), m.path(out, rel))
-    assert m.files["index.faiss"] != first.files["index.faiss"]
-    assert (m.encoder, m.calibration, m.density, m.columns) == (
-        first.encoder, first.calibration, first.density, first.columns)  # fmt: skip
+    assert m.n_rows == 140 and summary["added"] == 20 and summary["rows"] == 140
+    assert m.version == 2 and summary["version"] == 2
+    assert [(s.name, s.n_rows) for s in m.segments] == [("s000001", 120), ("s000002", 20)]
+    # the build's segment and the calibrator are the same files, not copied or rewritten
+    assert m.segments[0] == first.segments[0] and m.calibration == first.calibration
+    assert (m.encoder, m.density, m.columns, m.schema_) == (
+        first.encoder, first.density, first.columns, first.schema_)  # fmt: skip
     drift = summary["drift"]
     assert set(drift) == {"mean_log_prob", "corpus_mean_log_prob", "gap_std",
                           "share_below_p01", "reliable", "warn"}  # fmt: skip
     assert drift["corpus_mean_log_prob"] == pytest.approx(first.density.mean_log_prob)
     assert drift["reliable"] is True  # 120 rows >= 3 x dim 32
-    assert len(m.history) == 1 and m.history[0].kind == "add" and m.history[0].rows == 20
-    assert m.history[0].drift == drift and m.updated == m.history[0].time
-    directory.verify(out, m, checksums=True)
+    records = history.read(out)
+    assert [(r.version, r.kind, r.n_rows) for r in records] == [(1, "build", 120), (2, "add", 20)]
+    assert records[-1].detail["drift"] == drift and m.updated == records[-1].time
+    verify(out, m, checksums=True)
     s = Searcher.open(out, verify=True)
     text = pq.read_table(extra).column("text")[3].as_py()
     assert s.search(text, k=1)[0].id == "new3"
     # ids already in the index are refused and nothing changes
     before = _snapshot(out)
     with pytest.raises(FlowsearchError, match="20 id\\(s\\) are already in the index"):
-        add_to_index(extra, out)
+        add_to_index(out, extra)
     assert _snapshot(out) == before and siblings(out) == []
-    # the next write removes version 1 (older than the previous version)
     more = write_corpus(tmp_path / "more.parquet", n=5, seed=7, id_prefix="more")
-    add_to_index(more, out)
-    assert version_dirs(out) == ["v000002", "v000003"] and siblings(out) == []
+    add_to_index(out, more)
+    assert segment_dirs(out) == ["s000001", "s000002", "s000003"] and siblings(out) == []
     m3 = mf.read(out)
-    assert m3.rows == 145 and [h.rows for h in m3.history] == [20, 5]
+    assert m3.n_rows == 145 and [r.n_rows for r in history.read(out)] == [120, 20, 5]
     assert [h.id for h in s.search(text, k=1)] == ["new3"]  # the open searcher still answers
     assert Searcher.open(out, verify=True).search(text, k=1)[0].id == "new3"
 
@@ -87,4 +82,4 @@ def test_add_warns_on_drift(tmp_path, model_dir, corpus, monkeypatch, caplog):
     assert summary["drift"]["warn"] is True
     assert "out of distribution" in caplog.text and "recalibrate" in caplog.text
     assert "--" not in caplog.text  # the library names no CLI flags
-    assert mf.read(out).history[-1].drift["warn"] is True
+    assert history.read(out)[-1].detail["drift"]["warn"] is True

@@ -6,16 +6,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from corpus_helpers import siblings, version_dirs, write_corpus
+from corpus_helpers import segment_dirs, siblings, write_corpus
 
 from flowsearch.errors import FlowsearchError
 from flowsearch.search.searcher import Searcher
 from flowsearch.space.reference import DRIFT_WARN_STD, MIN_ROWS_PER_DIM, drift_report
-from flowsearch.storage import directory as directory
+from flowsearch.settings import override
 from flowsearch.storage import manifest as mf
-from flowsearch.storage import rows as store
 from flowsearch.storage.manifest import DensityStats
+from flowsearch.storage.rows import RowReader
+from flowsearch.storage.verify import verify
 from flowsearch.writes import build as ingest
+from flowsearch.writes import segments as segment_writes
 from flowsearch.writes.build import build_index
 from flowsearch.writes.upsert import add_to_index
 
@@ -40,15 +42,17 @@ def _stats(mean: float, std: float, p01: float) -> DensityStats:
 def test_build_writes_a_complete_index(built, model_dir):
     out, summary = built
     m = mf.read(out)
-    assert (m.version, m.root, m.format_version) == (1, "versions/v000001", mf.FORMAT_VERSION)
-    assert sorted(p.name for p in out.iterdir()) == [".lock", "manifest.json", "versions"]
-    assert version_dirs(out) == ["v000001"] and siblings(out) == []
-    assert m.rows == m.live_rows == summary["rows"] == 120 and m.skipped == m.deleted == 0
-    assert m.next_auto_id == 120 and m.history == () and m.created and m.updated is None
+    assert (m.version, m.format_version) == (1, mf.FORMAT_VERSION)
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".lock", "calibrators", "history.jsonl", "manifest.json", "segments"]  # fmt: skip
+    assert segment_dirs(out) == ["s000001"] and siblings(out) == []
+    assert m.n_rows == m.n_live == summary["rows"] == 120 and m.skipped == m.n_deleted == 0
+    assert m.next_auto_id == 120 and m.last_write.kind == "build" and m.created
+    assert m.updated is None
     assert m.encoder.model == m.encoder.source == str(model_dir) and m.encoder.dim == m.dim == 32
     assert m.encoder.pooling == "mean" and m.encoder.revision
-    assert m.columns == mf.Columns(text="text", id="id", id_type="string",
-                                   metadata=("topic", "year"))  # fmt: skip
+    assert m.columns == mf.Columns(text="text", id="id", id_type="string")
+    assert [(c.name, c.type) for c in m.schema_] == [("topic", "string"), ("year", "int32")]
     cal = m.calibration
     assert cal.name == "auto" and cal.calibrator == "gaussian" and cal.fit_rows == 120
     # a random BERT's mean-pooled vectors are a narrow cone, and 120 rows >= 3 x dim 32:
@@ -58,25 +62,32 @@ def test_build_writes_a_complete_index(built, model_dir):
     assert cal.space == "calibrated" and "gaussian space" in cal.decision
     assert m.density is not None and m.density.rows == 120
     assert m.density.std_log_prob > 0 and np.isfinite(m.density.mean_log_prob)
-    assert m.faiss == mf.FaissSpec(factory="Flat", requested="auto", params="")
-    assert m.shards == (mf.Shard("shards/part-00000.parquet", 120),)
-    version = m.path(out)
-    on_disk = {p.relative_to(version).as_posix() for p in version.rglob("*") if p.is_file()}
-    assert set(m.files) == on_disk  # every file recorded, nothing else (no scratch left)
-    assert {"index.faiss", "calibrator/config.json", "calibrator/weights.safetensors",
-            "shards/part-00000.parquet"} <= on_disk  # fmt: skip
-    checked = directory.verify(out, m, checksums=True)
-    assert checked.hashed == checked.files == len(on_disk)
+    (seg,) = m.segments
+    assert m.ann_requested == "auto" and seg.ann == mf.AnnRecord(path="ann.faiss", factory="Flat")
+    assert seg.parts == (mf.PartRecord(path="rows-00000.parquet", n_rows=120),)
+    folder = out / seg.dir
+    on_disk = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    assert set(seg.files) == on_disk  # every file recorded, nothing else (no scratch left)
+    assert {"ann.faiss", "rows-00000.parquet", "keys.npy", "key_rows.npy",
+            "postings/vocab.json"} <= on_disk  # fmt: skip
+    cal_files = {p.name for p in (out / m.calibration.path).iterdir()}
+    assert cal_files == set(m.calibration.files) == {"config.json", "weights.safetensors"}
+    checked = verify(out, m, checksums=True)
+    assert checked.n_hashed == checked.n_files == len(on_disk) + 2
+    assert checked.history_records == 1
     assert summary["version"] == 1 and summary["space"] == "calibrated"
-    assert summary["bytes"] == sum(r.bytes for r in m.files.values())
+    total = sum(r.bytes for r in seg.files.values()) + sum(
+        r.bytes for r in m.calibration.files.values())  # fmt: skip
+    assert summary["bytes"] == total
 
 
 def test_stored_vectors_are_the_normalised_calibrated_raw_vectors(built):
     out, _ = built
     s = Searcher.open(out)
     m = s.manifest
-    reader = store.RowReader(m.path(out), m.shards)
-    vec, raw = reader.column("vector"), reader.column("raw")
+    (seg,) = m.segments
+    reader = RowReader(out / seg.dir, seg.parts)
+    vec, raw = reader.vectors("vector"), reader.vectors("raw")
     np.testing.assert_allclose(np.linalg.norm(vec, axis=1), 1.0, atol=1e-5)
     Z = s.space.calibrator.transform(raw)
     Z /= np.linalg.norm(Z, axis=1, keepdims=True)
@@ -85,7 +96,7 @@ def test_stored_vectors_are_the_normalised_calibrated_raw_vectors(built):
     # ... and the raw vectors themselves would not do (the calibrated space differs)
     unit = raw / np.linalg.norm(raw, axis=1, keepdims=True)
     assert np.mean(np.sum(unit * vec, axis=1)) < 0.9
-    schema = pq.read_schema(m.path(out, m.shards[0].path))
+    schema = pq.read_schema(out / seg.dir / seg.parts[0].path)
     assert schema.field("vector").type == pa.list_(pa.float32(), 32)
     assert schema.field("raw").type == pa.list_(pa.float16(), 32)
 
@@ -100,10 +111,11 @@ def test_auto_keeps_encoder_space_when_isotropic(tmp_path, model_dir, corpus, mo
     assert m.calibration.space == "encoder" and not m.calibration.calibrated
     assert m.calibration.auto is not None and m.calibration.auto.calibrated is False
     assert m.calibration.fit_rows == 50 and m.density is not None  # flow still fitted
-    reader = store.RowReader(m.path(out), m.shards)
-    raw = reader.column("raw")
+    (seg,) = m.segments
+    reader = RowReader(out / seg.dir, seg.parts)
+    raw = reader.vectors("raw")
     np.testing.assert_allclose(
-        reader.column("vector"), raw / np.linalg.norm(raw, axis=1, keepdims=True), atol=2e-3
+        reader.vectors("vector"), raw / np.linalg.norm(raw, axis=1, keepdims=True), atol=2e-3
     )
 
 
@@ -115,13 +127,13 @@ def test_named_calibration_and_reused_calibrator(tmp_path, model_dir, corpus, bu
     assert m.calibration.calibrated and m.calibration.auto is None and m.density is None
     reuse = tmp_path / "reuse"
     built_m = mf.read(built[0])
-    src = built_m.path(built[0], "calibrator")
+    src = built[0] / built_m.calibration.path
     build_index(corpus, reuse, model=str(model_dir), calibrator=src)
     m2 = mf.read(reuse)
     assert m2.calibration.fitted_on == str(src.resolve())
     assert m2.calibration.space == "calibrated"
-    weights = "calibrator/weights.safetensors"
-    assert m2.files[weights].sha256 == built_m.files[weights].sha256
+    weights = "weights.safetensors"
+    assert m2.calibration.files[weights].sha256 == built_m.calibration.files[weights].sha256
     with pytest.raises(FlowsearchError, match="contradicts"):
         build_index(corpus, tmp_path / "x", model=str(model_dir), calibrator=src,
                     calibration="whitening")  # fmt: skip
@@ -135,12 +147,12 @@ def test_row_number_ids_directory_input_and_small_shards(tmp_path, model_dir, mo
         table = pq.read_table(write_corpus(tmp_path / f"c{i}.parquet", n=30, seed=i))
         table = table.drop_columns(["id"]).rename_columns(["body", "topic", "year"])
         pq.write_table(table, folder / f"part{i}.parquet")
-    monkeypatch.setattr(store, "SHARD_ROWS", 25)
     out = tmp_path / "idx"
-    build_index(folder, out, model=str(model_dir), text_column="body")
+    with override(part_rows=25):
+        build_index(folder, out, model=str(model_dir), text_column="body")
     m = mf.read(out)
     assert m.columns.id is None and m.columns.id_type == "int" and m.columns.text == "body"
-    assert [s.rows for s in m.shards] == [25, 25, 10] and m.next_auto_id == 60
+    assert [p.n_rows for p in m.segments[0].parts] == [25, 25, 10] and m.next_auto_id == 60
     s = Searcher.open(out)
     second = pq.read_table(folder / "part1.parquet").column("body").to_pylist()
     hit = s.search(second[4], k=1)[0]
@@ -152,8 +164,8 @@ def test_glob_input(tmp_path, model_dir):
     write_corpus(tmp_path / "a2.parquet", n=20, seed=2, id_prefix="b")
     summary = build_index(str(tmp_path / "a*.parquet"), tmp_path / "idx", model=str(model_dir))
     assert summary["rows"] == 40
-    ids = store.RowReader(mf.read(tmp_path / "idx").path(tmp_path / "idx"),
-                          mf.read(tmp_path / "idx").shards).column("id")  # fmt: skip
+    (seg,) = mf.read(tmp_path / "idx").segments
+    ids = RowReader(tmp_path / "idx" / seg.dir, seg.parts).table(["id"]).column("id").to_pylist()
     assert sorted(ids) == sorted([f"a{i}" for i in range(20)] + [f"b{i}" for i in range(20)])
 
 
@@ -203,7 +215,7 @@ def test_blank_texts_are_skipped_and_counted(tmp_path, model_dir):
     summary = build_index(path, tmp_path / "idx", model=str(model_dir), calibration="none")
     assert (summary["rows"], summary["skipped"]) == (2, 2)
     m = mf.read(tmp_path / "idx")
-    assert (m.rows, m.skipped, m.next_auto_id, m.calibration.calibrator) == (2, 2, 4, "none")
+    assert (m.n_rows, m.skipped, m.next_auto_id, m.calibration.calibrator) == (2, 2, 4, "none")
     hits = Searcher.open(tmp_path / "idx").search("dog", k=5)
     assert [h.id for h in hits] == ["d", "a"] and hits[0].score == pytest.approx(1.0, abs=1e-5)
 
@@ -239,12 +251,12 @@ def test_crash_mid_build_leaves_previous_index(tmp_path, model_dir, corpus, monk
         reached.append(True)
         raise exc
 
-    # the FAISS file is written after the shards and the calibrator: a late failure
-    monkeypatch.setattr(ingest.fx, "write_index", boom)
+    # the vector index is written after the rows: a late failure
+    monkeypatch.setattr(segment_writes.ann_io, "write_index", boom)
     with pytest.raises(type(exc)):
         build_index(corpus, out, model=str(model_dir), overwrite=True)
     assert reached == [True]
-    assert _snapshot(out) == before and siblings(out) == [] and version_dirs(out) == ["v000001"]
+    assert _snapshot(out) == before and siblings(out) == [] and segment_dirs(out) == ["s000001"]
     monkeypatch.undo()
     assert len(Searcher.open(out, verify=True).search("the cat", k=3)) == 3
 
@@ -255,8 +267,12 @@ def test_overwrite_replaces(tmp_path, model_dir, corpus):
     small = write_corpus(tmp_path / "small.parquet", n=15, seed=9)
     build_index(small, out, model=str(model_dir), calibration="none", overwrite=True)
     m = mf.read(out)
-    assert (m.rows, m.version, m.root) == (15, 2, "versions/v000002") and siblings(out) == []
-    assert version_dirs(out) == ["v000001", "v000002"]  # kept for readers still on version 1
+    assert (m.n_rows, m.version) == (15, 2) and siblings(out) == []
+    # numbering goes on: version 1's segment stays for readers still on it
+    assert [s.name for s in m.segments] == ["s000002"]
+    assert segment_dirs(out) == ["s000001", "s000002"]
+    assert (out / "calibrators" / "c000001").is_dir()  # version 1's, kept for its readers
+    assert (out / "calibrators" / "c000002").is_dir()
     texts = pq.read_table(small).column("text").to_pylist()
     assert Searcher.open(out, verify=True).search(texts[3], k=1)[0].id == "d3"
 
@@ -280,11 +296,11 @@ def test_a_killed_build_is_removed_by_the_next_writer(tmp_path, model_dir, corpu
     out = tmp_path / "idx"
     build_index(corpus, out, model=str(model_dir), calibration="none")
     before = mf.read(out)
-    # what a kill -9 mid-build leaves: a half-written build directory under versions/
-    dead = out / "versions" / ".build-0badf00d"
-    (dead / "shards").mkdir(parents=True)
-    (dead / "shards" / "part-00000.parquet").write_bytes(b"half a shard")
-    assert siblings(out) == ["versions/.build-0badf00d"]
+    # what a kill -9 mid-write leaves: a half-written staging directory under segments/
+    dead = out / "segments" / ".stage-0badf00d"
+    dead.mkdir(parents=True)
+    (dead / "rows-00000.parquet").write_bytes(b"half a part")
+    assert siblings(out) == ["segments/.stage-0badf00d"]
     # readers do not see it
     assert len(Searcher.open(out, verify=True).search("the cat", k=3)) == 3
     assert mf.read(out) == before
@@ -293,8 +309,8 @@ def test_a_killed_build_is_removed_by_the_next_writer(tmp_path, model_dir, corpu
         build_index(corpus, out, model=str(model_dir), calibration="none")
     # ... the next writer removes it
     extra = write_corpus(tmp_path / "extra.parquet", n=5, seed=5, id_prefix="new")
-    add_to_index(extra, out)
-    assert siblings(out) == [] and version_dirs(out) == ["v000001", "v000002"]
+    add_to_index(out, extra)
+    assert siblings(out) == [] and segment_dirs(out) == ["s000001", "s000002"]
 
 
 def test_bad_factory_fails_before_encoding(tmp_path, model_dir, corpus, monkeypatch):
@@ -312,7 +328,7 @@ def test_bad_factory_fails_before_encoding(tmp_path, model_dir, corpus, monkeypa
 
 
 def test_faiss_add_failure_is_a_user_error(tmp_path, model_dir, corpus, monkeypatch):
-    monkeypatch.setattr(ingest.fx, "check_factory", lambda factory, dim: None)
+    monkeypatch.setattr(ingest, "check_factory", lambda factory, dim: None)
     out = tmp_path / "idx"
     with pytest.raises(FlowsearchError, match="cannot add vectors"):
         build_index(
@@ -322,7 +338,7 @@ def test_faiss_add_failure_is_a_user_error(tmp_path, model_dir, corpus, monkeypa
     with pytest.raises(FlowsearchError, match="no index at"):
         Searcher.open(out)
     build_index(corpus, out, model=str(model_dir), calibration="none")
-    assert mf.read(out).rows == 120
+    assert mf.read(out).n_rows == 120
 
 
 def test_a_second_writer_fails_fast(tmp_path, model_dir, corpus):
@@ -337,9 +353,9 @@ def test_a_second_writer_fails_fast(tmp_path, model_dir, corpus):
         with pytest.raises(FlowsearchError, match="another flowsearch process is writing"):
             build_index(corpus, out, model=str(model_dir), calibration="none", overwrite=True)
         with pytest.raises(FlowsearchError, match="another flowsearch process is writing"):
-            add_to_index(extra, out)
+            add_to_index(out, extra)
         assert _snapshot(out) == before and siblings(out) == []
-    assert add_to_index(extra, out)["added"] == 5 and siblings(out) == []
+    assert add_to_index(out, extra)["added"] == 5 and siblings(out) == []
 
 
 def test_relative_model_path_is_recorded_absolute(tmp_path, model_dir, corpus, monkeypatch):
@@ -383,7 +399,7 @@ def test_auto_calibrates_a_static_pooling_below_the_threshold(tmp_path, model_di
     cal = mf.read(out).calibration
     assert cal.space == "calibrated" and cal.calibrator == "gaussian"
     assert "non-contextual" in cal.decision and cal.auto is not None and cal.auto.calibrated
-    from flowsearch.writes.rewrite import recalibrate
+    from flowsearch.writes.compact import recalibrate
 
     recalibrate(out)  # refitting decides the same way
     again = mf.read(out).calibration

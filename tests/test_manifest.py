@@ -1,10 +1,9 @@
-"""The manifest: typed round trip, format-1 migration, refusals (paths leaving the index)."""
+"""The manifest: typed round trip, legacy formats (1 and 2) read and converted, refusals."""
 
 from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,82 +16,123 @@ from flowsearch.storage import manifest as mf
 ASSETS = Path(__file__).parent / "assets"
 
 
+def _segment(**over):
+    seg = {
+        "name": "s000001",
+        "dir": "segments/s000001",
+        "n_rows": 3,
+        "parts": [{"path": "rows-00000.parquet", "n_rows": 3}],
+        "ann": {"path": "ann.faiss", "factory": "Flat"},
+        "files": {"ann.faiss": {"bytes": 1, "sha256": "0" * 64}},
+    }
+    seg.update(over)
+    return seg
+
+
 def _minimal(**over):
     raw = {
         "format": mf.FORMAT,
         "format_version": mf.FORMAT_VERSION,
         "version": 2,
-        "root": "versions/v000002",
         "encoder": {"model": "m", "revision": "r", "pooling": "mean", "max_length": 8, "dim": 4},
         "dim": 4,
         "calibration": {"name": "none", "calibrator": "none", "space": "encoder"},
-        "faiss": {"factory": "Flat"},
         "columns": {"text": "text", "id": "id"},
-        "rows": 3,
-        "shards": [{"path": "shards/part-00000.parquet", "rows": 3}],
-        "files": {"index.faiss": {"bytes": 1, "sha256": "0" * 64}},
+        "segments": [_segment()],
     }
     raw.update(over)
     return raw
 
 
+def _write(folder: Path, raw: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = dict(raw, checksum=mf.checksum(raw))
+    (folder / mf.MANIFEST_NAME).write_text(json.dumps(raw))
+
+
 def test_round_trip_is_identity(tmp_path):
-    m = mf.from_dict(_minimal())
-    m = replace(m, encoder=replace(m.encoder, options={"backend": "onnx", "quantize": "int8"}))
-    mf.write(tmp_path, m)
+    m = mf.from_json(_minimal())
+    enc = m.encoder.model_copy(update={"options": {"backend": "onnx", "quantize": "int8"}})
+    m = m.model_copy(update={"encoder": enc})
+    _write(tmp_path, m.to_json_dict())
     assert mf.is_index_dir(tmp_path)
     back = mf.read(tmp_path)
     assert back == m
     assert back.encoder.identity()["backend"] == "onnx"
-    assert mf.from_dict(json.loads((tmp_path / mf.MANIFEST_NAME).read_text())) == m
+    assert back.n_rows == 3 and back.n_live == 3 and back.segments[0].n_live == 3
 
 
-def test_first_release_manifest_is_migrated():
+def test_the_json_schema_names_every_part():
+    schema = mf.Manifest.model_json_schema(by_alias=True)
+    assert {"segments", "schema", "calibration", "encoder"} <= set(schema["properties"])
+
+
+def test_a_hand_edit_is_detected(tmp_path):
+    _write(tmp_path, _minimal())
+    text = (tmp_path / mf.MANIFEST_NAME).read_text().replace('"version": 2', '"version": 3')
+    (tmp_path / mf.MANIFEST_NAME).write_text(text)
+    with pytest.raises(FlowsearchError, match="changed after it was written"):
+        mf.read(tmp_path)
+
+
+def test_first_release_manifest_is_read_as_one_legacy_segment():
     raw = json.loads((ASSETS / "index_v1" / "manifest.json").read_text())
     assert raw["format_version"] == 1 and raw["encoder"]["pooling"] == "static"
-    m = mf.from_dict(raw)
-    assert m.format_version == mf.FORMAT_VERSION and m.root == "." and m.version == 1
+    m = mf.read(ASSETS / "index_v1")
+    assert m.format_version == 1 and m.version == 1
     # the first release's static pooling read the embedding layer's output (positions included)
     assert m.encoder.pooling == "embedding_layer"
-    assert m.faiss.factory == raw["index"]["factory"] and m.rows == raw["rows"]
+    (seg,) = m.segments
+    assert seg.dir == "." and seg.ann.factory == raw["index"]["factory"]
+    assert seg.n_rows == raw["rows"] == m.n_live
     assert m.calibration.calibrator == "flow" and m.calibration.calibrated
+    assert m.calibration.path == "calibrator"
     assert m.density is not None and m.density.rows == raw["density"]["rows"]
-    assert [s.path for s in m.shards] == [s["path"] for s in raw["shards"]]
-    assert set(m.files) == set(raw["files"])
+    assert [p.path for p in seg.parts] == [s["path"] for s in raw["shards"]]
+    assert [c.name for c in m.schema_] == raw["columns"]["metadata"]
+
+
+def test_second_release_manifest_is_read_as_one_legacy_segment():
+    raw = json.loads((ASSETS / "index_v2" / "manifest.json").read_text())
+    m = mf.read(ASSETS / "index_v2")
+    assert m.format_version == 2 and m.version == raw["version"]
+    (seg,) = m.segments
+    assert seg.dir == raw["root"] and seg.postings == "lexical"
+    assert seg.deletions == raw["tombstones"] and seg.n_deleted == raw["deleted"] == 3
+    assert m.n_live == raw["rows"] - raw["deleted"]
+    assert m.calibration.path == f"{raw['root']}/calibrator"
 
 
 @pytest.mark.parametrize(
-    "field, value",
+    "segment",
     [
-        ("root", "../elsewhere"),
-        ("root", "/etc"),
-        ("shards", [{"path": "../../etc/passwd", "rows": 3}]),
-        ("shards", [{"path": "/abs/part.parquet", "rows": 3}]),
-        ("files", {"../x": {"bytes": 1, "sha256": "0" * 64}}),
-        ("tombstones", "shards/../../t.npy"),
+        {"dir": "../elsewhere"},
+        {"dir": "/etc"},
+        {"parts": [{"path": "../../etc/passwd", "n_rows": 3}]},
+        {"parts": [{"path": "/abs/part.parquet", "n_rows": 3}]},
     ],
 )
-def test_paths_leaving_the_index_are_refused(field, value):
-    with pytest.raises(FlowsearchError, match="leaves the index|not a relative path"):
-        mf.from_dict(_minimal(**{field: value}))
+def test_paths_leaving_the_index_are_refused(segment):
+    with pytest.raises(FlowsearchError, match="leaves the index|not a relative path|malformed"):
+        mf.from_json(_minimal(segments=[_segment(**segment)]))
 
 
 @pytest.mark.parametrize(
     "raw, message",
     [
-        ([], "not a flowsearch manifest"),
-        ({"format": "other"}, "not a flowsearch manifest"),
         (_minimal(format_version=99), "newer than this flowsearch"),
-        (_minimal(format_version="2"), "bad format_version"),
-        (_minimal(rows=5), "do not add up"),
-        (_minimal(deleted=9), "inconsistent"),
+        (_minimal(format_version="3"), "bad format_version"),
         ({k: v for k, v in _minimal().items() if k != "encoder"}, "malformed"),
         (_minimal(encoder={"model": "m"}), "malformed"),
+        (_minimal(segments=[_segment(), _segment()]), "names a segment twice"),
+        (_minimal(segments=[_segment(n_rows=-1)]), "malformed"),
+        (_minimal(calibration={"name": "x", "calibrator": "x", "space": "elsewhere"}), "malformed"),
     ],
 )
-def test_bad_manifests_are_refused(raw, message):
+def test_bad_manifests_are_refused(tmp_path, raw, message):
+    _write(tmp_path, raw)
     with pytest.raises(FlowsearchError, match=message):
-        mf.from_dict(raw)
+        mf.read(tmp_path)
 
 
 def test_read_errors_are_one_line(tmp_path):
@@ -106,6 +146,9 @@ def test_read_errors_are_one_line(tmp_path):
     (tmp_path / mf.MANIFEST_NAME).write_bytes(b"\xff\xfe")
     with pytest.raises(FlowsearchError, match="unreadable"):
         mf.read(tmp_path)
+    (tmp_path / mf.MANIFEST_NAME).write_text("[]")
+    with pytest.raises(FlowsearchError, match="not a flowsearch manifest"):
+        mf.read(tmp_path)
 
 
 _json = st.recursive(
@@ -118,15 +161,13 @@ _json = st.recursive(
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    key=st.sampled_from(sorted(_minimal())),
-    value=_json,
-)
-def test_any_corrupted_field_is_a_flowsearch_error_or_accepted(key, value):
+@given(key=st.sampled_from(sorted(_minimal())), value=_json)
+def test_any_corrupted_field_is_a_flowsearch_error_or_accepted(tmp_path_factory, key, value):
     """Whatever a hand-edited manifest holds, reading it never raises anything else."""
-    raw = _minimal(**{key: value})
+    folder = tmp_path_factory.mktemp("m")
+    _write(folder, _minimal(**{key: value}))
     try:
-        m = mf.from_dict(raw)
+        m = mf.read(folder)
     except FlowsearchError:
         return
     assert isinstance(m, mf.Manifest)
@@ -134,44 +175,78 @@ def test_any_corrupted_field_is_a_flowsearch_error_or_accepted(key, value):
 
 @settings(max_examples=200, deadline=None)
 @given(raw=_json)
-def test_arbitrary_json_is_a_flowsearch_error(raw):
+def test_arbitrary_json_is_a_flowsearch_error(tmp_path_factory, raw):
+    folder = tmp_path_factory.mktemp("j")
+    (folder / mf.MANIFEST_NAME).write_text(json.dumps(raw))
     with pytest.raises(FlowsearchError):
-        mf.from_dict(raw)
+        mf.read(folder)
 
 
-def test_old_index_opens_and_answers_as_before(tmp_path):
-    """The first release's index (a committed asset, model moved since) answers the same hits."""
+def _expected(name: str) -> dict:
+    return json.loads((ASSETS / f"{name}_hits.json").read_text())
+
+
+def test_first_release_index_opens_answers_and_converts(tmp_path):
+    """The first release's index (a committed asset, model moved since) answers the same hits,
+    before and after the write that converts it."""
+    import pyarrow as pa
+
     from flowsearch import Searcher, add_to_index
 
     index = shutil.copytree(ASSETS / "index_v1", tmp_path / "old")
     model = shutil.copytree(ASSETS / "tiny_bert", tmp_path / "moved_model")
-    expected = json.loads((ASSETS / "index_v1_hits.json").read_text())
+    expected = _expected("index_v1")
     searcher = Searcher.open(index, model=model, verify=True)
     assert searcher.manifest.encoder.pooling == "embedding_layer"
     for query, hits in expected.items():
         got = searcher.search(query, k=5)
         assert [h.id for h in got] == [h[0] for h in hits]
         assert [h.score for h in got] == pytest.approx([h[1] for h in hits], abs=1e-5)
-    # a write moves it to the versioned layout; the hits stay, the moved model is remembered
-    extra = tmp_path / "extra.parquet"
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    pq.write_table(
-        pa.table(
-            {
-                "id": ["n1"],
-                "text": ["the ship sails"],
-                "topic": ["x"],
-                "year": pa.array([2000], pa.int32()),
-            }
-        ),
-        extra,
-    )
-    add_to_index(extra, index, model=model)
+    extra = pa.table({"id": ["n1"], "text": ["the ship sails"], "topic": ["x"],
+                      "year": pa.array([2000], pa.int32())})  # fmt: skip
+    add_to_index(index, extra, model=model)
     m = mf.read(index)
-    assert m.version == 2 and m.root == "versions/v000002" and m.rows == 121
+    assert m.format_version == mf.FORMAT_VERSION and m.version == 2 and m.n_live == 121
+    assert [s.dir for s in m.segments] == ["segments/s000001", "segments/s000002"]
     assert m.encoder.source == str(model.resolve())
     again = Searcher.open(index, verify=True)
     for query, hits in expected.items():
-        assert [h.id for h in again.search(query, k=5, mode="dense")] == [h[0] for h in hits]
+        assert [h.id for h in again.search(query, k=5)] == [h[0] for h in hits]
+    # the old files go once no version uses them (the previous one still may)
+    assert (index / "shards").exists()
+    add_to_index(index, [{"id": "n2", "text": "a boat", "topic": "y", "year": 2001}])
+    assert not (index / "shards").exists() and not (index / "index.faiss").exists()
+
+
+@pytest.mark.parametrize("mode", ["dense", "lexical", "hybrid", "where"])
+def test_second_release_index_answers_identically_and_converts(tmp_path, mode):
+    """An index built by the second release (format 2: versions/, tombstones, BM25 with live
+    rows) answers every mode and filter as it did, before and after its first write."""
+    from flowsearch import Searcher, upsert
+
+    index = shutil.copytree(ASSETS / "index_v2", tmp_path / "old")
+    model = ASSETS / "tiny_bert"
+    expected = {k.split("|")[1]: v for k, v in _expected("index_v2").items()
+                if k.startswith(f"{mode}|")}  # fmt: skip
+
+    def answers(searcher: Searcher) -> dict:
+        where = "year >= 2000" if mode == "where" else None
+        search_mode = "dense" if mode == "where" else mode
+        return {q: [[h.id, h.score] for h in searcher.search(q, k=8, where=where,
+                                                            mode=search_mode)]
+                for q in expected}  # fmt: skip
+
+    before = answers(Searcher.open(index, model=model, verify=True))
+    for query, hits in expected.items():
+        assert [h[0] for h in before[query]] == [h[0] for h in hits]
+        assert [h[1] for h in before[query]] == pytest.approx([h[1] for h in hits], abs=1e-6)
+    upsert(index, [{"id": "q1", "text": "zzz unrelated", "topic": "q", "year": 1900}],
+           model=model)  # fmt: skip
+    m = mf.read(index)
+    assert m.format_version == mf.FORMAT_VERSION and m.n_deleted == 3
+    if mode in ("lexical", "hybrid"):  # the new row changes BM25's corpus statistics
+        return
+    after = answers(Searcher.open(index, model=model, verify=True))
+    for query, hits in expected.items():
+        got = [h for h in after[query] if h[0] != "q1"]
+        assert [h[0] for h in got] == [h[0] for h in hits][: len(got)]

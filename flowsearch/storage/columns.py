@@ -14,7 +14,7 @@ import re
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import BadInput
 from flowsearch.storage.readers import Source
 
 __all__ = ["check_text_type", "normal_ids", "row_label", "text_strings", "valid_text_mask"]
@@ -53,7 +53,7 @@ def text_strings(
         except pa.ArrowInvalid as exc:
             found = _BAD_UTF8.search(str(exc))
             where = row_label(source, offset + int(found.group(1))) if found else "a row"
-            raise FlowsearchError(
+            raise BadInput(
                 f"{name!r} in {source.name} holds bytes that are not valid UTF-8 ({where}); "
                 "re-encode the text as UTF-8"
             ) from None
@@ -88,7 +88,7 @@ def check_text_type(type_: pa.DataType, source: Source, name: str) -> None:
         what = f"objects ({type_})"
     else:
         what = f"{type_} values"
-    raise FlowsearchError(
+    raise BadInput(
         f"text column {name!r} in {source.name} holds {what}, not text; pass the column of "
         "passages as text_column=, or convert this one to strings"
     )
@@ -113,13 +113,13 @@ def normal_ids(array: pa.Array, source: Source, name: str, first_row: int) -> pa
         whole = pc.and_(pc.is_finite(array), pc.equal(pc.floor(array), array))
         if not pc.all(pc.fill_null(whole, True)).as_py():
             at = pc.index(whole, False).as_py()
-            raise FlowsearchError(
+            raise BadInput(
                 f"id {array[at].as_py()!r} in {name!r} of {source.name} "
                 f"({row_label(source, first_row + at)}) is not a whole number; use integer or "
                 "string ids"
             )
         return array.cast(pa.int64())
-    raise FlowsearchError(
+    raise BadInput(
         f"id column {name!r} in {source.name} holds {type_} values; ids must be integers or "
         "strings (pass id_column=None to number the rows)"
     )

@@ -35,7 +35,7 @@ from typing import Any, Literal, TypeAlias
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flowsearch.errors import BadInput, FlowsearchError
+from flowsearch.errors import BadInput
 from flowsearch.storage.columns import (
     check_text_type,
     normal_ids,
@@ -80,13 +80,11 @@ def resolve_files(corpus: _PathLike | Sequence[_PathLike]) -> list[Path]:
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if _wanted(p, path))
             if not found:
-                raise FlowsearchError(
-                    f"no {_SUPPORTED} files in directory {path}; point at a corpus"
-                )
+                raise BadInput(f"no {_SUPPORTED} files in directory {path}; point at a corpus")
             files.extend(found)
         elif path.is_file():
             if format_of(path) is None and not _looks_parquet(path):
-                raise FlowsearchError(
+                raise BadInput(
                     f"{path}: unknown corpus format {''.join(path.suffixes) or '(no suffix)'!r}; "
                     "use .parquet, .jsonl, .json, .csv or .tsv (text formats may end in .gz)"
                 )
@@ -95,10 +93,10 @@ def resolve_files(corpus: _PathLike | Sequence[_PathLike]) -> list[Path]:
             matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
             found = [p for p in matches if p.is_file() and format_of(p) is not None]
             if not found:
-                raise FlowsearchError(f"no {_SUPPORTED} files match {item!s}; check the pattern")
+                raise BadInput(f"no {_SUPPORTED} files match {item!s}; check the pattern")
             files.extend(found)
         else:
-            raise FlowsearchError(
+            raise BadInput(
                 f"corpus not found: {path}; give a {_SUPPORTED} file, a directory or a glob"
             )
     return list(dict.fromkeys(files))
@@ -121,22 +119,22 @@ def _sources(corpus: Corpus) -> list[Source]:
     elif isinstance(corpus, Sequence):
         items = list(corpus)
     else:
-        raise FlowsearchError(
+        raise BadInput(
             f"a corpus is a path, a list of paths, a pyarrow Table or a list of dicts, "
             f"not {type(corpus).__name__}"
         )
     if not items:
-        raise FlowsearchError("the corpus is an empty list; give paths or records")
+        raise BadInput("the corpus is an empty list; give paths or records")
     if any(isinstance(item, Mapping) for item in items):
         return [Source("records", "table", table=records_table(items))]
     bad = next((x for x in items if not isinstance(x, (str, os.PathLike))), None)
     if bad is not None:
-        raise FlowsearchError(f"a corpus list holds paths or dicts, not {type(bad).__name__}")
+        raise BadInput(f"a corpus list holds paths or dicts, not {type(bad).__name__}")
     sources = []
     for path in resolve_files(items):
         fmt = format_of(path) or "parquet"
         if path.stat().st_size == 0:
-            raise FlowsearchError(f"{path} is empty (0 bytes); remove it or write it again")
+            raise BadInput(f"{path} is empty (0 bytes); remove it or write it again")
         sources.append(Source(str(path), fmt, path=path))
     return sources
 
@@ -212,12 +210,12 @@ def _columns(
     for schema, source in zip(schemas, sources):
         names = schema.names
         if text_column not in names:
-            raise FlowsearchError(
+            raise BadInput(
                 f"no text column {text_column!r} in {source.name} (columns: {', '.join(names)}); "
                 "pass text_column="
             )
         if id_column is not None and id_column != "id" and id_column not in names:
-            raise FlowsearchError(
+            raise BadInput(
                 f"no id column {id_column!r} in {source.name} (columns: {', '.join(names)}); "
                 "pass id_column= (None numbers the rows)"
             )
@@ -228,7 +226,7 @@ def _columns(
             return None
         if not all(has_id):
             missing = sources[has_id.index(False)].name
-            raise FlowsearchError(f"{missing} has no 'id' column but other files do; add it")
+            raise BadInput(f"{missing} has no 'id' column but other files do; add it")
     return id_column
 
 
@@ -239,7 +237,7 @@ def _metadata_schema(
     for schema, source in zip(schemas, sources):
         missing = [c for c in names if c not in schema.names]
         if missing:
-            raise FlowsearchError(
+            raise BadInput(
                 f"{source.name} has no column {missing[0]!r} that {sources[0].name} has; give "
                 "every file the same columns (null values are fine)"
             )
@@ -257,11 +255,11 @@ def _metadata_schema(
             )
         except (pa.ArrowException, ValueError, TypeError):
             (t1, f1), (t2, f2) = next((a, b) for a in typed for b in typed if a[0] != b[0])
-            raise FlowsearchError(
+            raise BadInput(
                 f"column {column!r} is {t1} in {f1} but {t2} in {f2}; give it one type in "
                 "every file"
             ) from None
-    raise FlowsearchError("the files' columns cannot be combined; give them the same types")
+    raise BadInput("the files' columns cannot be combined; give them the same types")
 
 
 @dataclass
@@ -324,7 +322,7 @@ def _scan_once(
             count = pc.sum(missing.cast(pa.int64())).as_py() or 0
             if count:
                 at = first_row + pc.index(missing, True).as_py()
-                raise FlowsearchError(
+                raise BadInput(
                     f"{count} row(s) of {source.name} have a null or empty id in {id_column!r} "
                     f"(first: {row_label(source, at)}); fill them, or pass id_column= of a "
                     "complete column (None numbers the rows)"
@@ -386,7 +384,7 @@ def scan_corpus(
             the index (``"refuse"``), null or blank texts under ``strict``, or no rows to index.
     """
     if on_existing not in ("refuse", "replace"):
-        raise FlowsearchError(f"on_existing={on_existing!r}; use 'refuse' or 'replace'")
+        raise BadInput(f"on_existing={on_existing!r}; use 'refuse' or 'replace'")
     sources = _sources(corpus)
     schemas = []
     for source in sources:
@@ -400,7 +398,7 @@ def scan_corpus(
     metadata = [c for c in schemas[0].names if c not in (text_column, id_column)]
     clash = [c for c in metadata if c in RESERVED_COLUMNS]
     if clash:
-        raise FlowsearchError(
+        raise BadInput(
             f"column(s) {', '.join(repr(c) for c in clash)} clash with the index's own columns "
             f"({', '.join(RESERVED_COLUMNS)}); rename or drop them"
         )
@@ -421,18 +419,18 @@ def scan_corpus(
             id_kinds.setdefault(_kind(scan.ids[0].type), source.name)
     if len(id_kinds) > 1:
         (k1, f1), (k2, f2) = id_kinds.items()
-        raise FlowsearchError(
+        raise BadInput(
             f"ids in {id_column!r} are {k1}s in {f1} but {k2}s in {f2}; give them one type"
         )
     if skipped and strict:
-        raise FlowsearchError(
+        raise BadInput(
             f"{skipped} row(s) have a null or blank {text_column!r}; drop them, or pass "
             "strict=False to skip them"
         )
     rows = rows_in - skipped
     if rows == 0:
         what = "has no rows" if rows_in == 0 else f"has no non-blank {text_column!r} values"
-        raise FlowsearchError(f"the corpus {what}; nothing to index")
+        raise BadInput(f"the corpus {what}; nothing to index")
 
     id_type = "int"
     replaced: pa.Array = pa.array([], pa.string())
@@ -489,7 +487,7 @@ def _refuse_duplicates(ids: pa.Array, id_column: str) -> None:
         counts = pc.value_counts(ids)
         dup = pc.filter(counts, pc.greater(counts.field("counts"), 1))
         example = dup.field("values")[0].as_py()
-        raise FlowsearchError(
+        raise BadInput(
             f"{len(dup)} id(s) occur more than once in {id_column!r} (e.g. {example!r}); "
             "ids must be unique"
         )
@@ -501,13 +499,13 @@ def _overlap(ids: pa.Array, existing_ids: pa.Array, id_column: str, on_existing:
         pa.int64() if pa.types.is_integer(existing_ids.type) else pa.string()
     )
     if _kind(existing.type) != _kind(ids.type):
-        raise FlowsearchError(
+        raise BadInput(
             f"the index has {_kind(existing.type)} ids, this corpus has {_kind(ids.type)} ids "
             f"in {id_column!r}; convert them to match"
         )
     taken = pc.filter(ids, pc.is_in(ids, value_set=existing))
     if len(taken) and on_existing == "refuse":
-        raise FlowsearchError(
+        raise BadInput(
             f"{len(taken)} id(s) are already in the index (e.g. {taken[0].as_py()!r}); remove "
             "them from the corpus, upsert them to replace those rows, or rebuild with "
             "overwrite=True"

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from flowsearch.atomic import fsync_dir
 from flowsearch.errors import IndexDamaged
 from flowsearch.storage.layout import HISTORY_NAME
-from flowsearch.storage.manifest import Manifest, WriteRecord
+from flowsearch.storage.records import Manifest, WriteRecord
 
 __all__ = ["append", "read", "repair", "verify"]
 

@@ -26,12 +26,13 @@ import pyarrow.parquet as pq
 
 from flowsearch.errors import IndexDamaged
 from flowsearch.storage import history, schema
-from flowsearch.storage import manifest as mf
+from flowsearch.storage import records as mf
 from flowsearch.storage.keys import KeyIndex
 from flowsearch.storage.layout import (
     ANN_FILE,
     CALIBRATORS_DIR,
     HISTORY_NAME,
+    MANIFEST_NAME,
     POSTINGS_DIR,
     deletions_file,
     part_file,
@@ -105,7 +106,7 @@ def from_legacy(raw: dict[str, Any], index_dir: Path) -> mf.Manifest:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, OSError, pa.ArrowException) as exc:
         raise IndexDamaged(
-            f"{index_dir / mf.MANIFEST_NAME} is malformed ({type(exc).__name__}: {exc})",
+            f"{index_dir / MANIFEST_NAME} is malformed ({type(exc).__name__}: {exc})",
             "rebuild the index",
         ) from None
 
@@ -241,7 +242,7 @@ def _carry_history(index_dir: Path, base: mf.Manifest) -> None:
         return
     import json
 
-    raw = json.loads((index_dir / mf.MANIFEST_NAME).read_text(encoding="utf-8"))
+    raw = json.loads((index_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
     if raw.get("format_version") == 1:
         raw = _v1_to_v2(raw)
     records = [mf.WriteRecord(version=1, kind="build", time=base.created or "", n_rows=0)]

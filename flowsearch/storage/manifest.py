@@ -30,14 +30,34 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from datetime import datetime, timezone
-from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 
 from flowsearch.errors import BadInput, IndexDamaged, NotFound
 from flowsearch.storage.layout import MANIFEST_NAME
+from flowsearch.storage.records import (
+    FORMAT,
+    FORMAT_VERSION,
+    AnnRecord,
+    AutoDecision,
+    CalibrationSpec,
+    Columns,
+    DensityStats,
+    EncoderSpec,
+    FileRecord,
+    HeldOut,
+    LexicalSpec,
+    Manifest,
+    PartRecord,
+    SchemaColumn,
+    SegmentRecord,
+    WriteRecord,
+    safe_relpath,
+    sha256_file,
+    utc_now,
+)
 
 __all__ = [
     "FORMAT",
@@ -56,7 +76,9 @@ __all__ = [
     "SchemaColumn",
     "SegmentRecord",
     "WriteRecord",
+    "MANIFEST_NAME",
     "checksum",
+    "from_json",
     "is_index_dir",
     "read",
     "read_raw",
@@ -64,329 +86,6 @@ __all__ = [
     "sha256_file",
     "utc_now",
 ]
-
-FORMAT = "flowsearch-index"
-#: 1: first release (files in the index directory); 2: one directory per version;
-#: 3: segments, deletion files, a schema, the history beside the manifest.
-FORMAT_VERSION = 3
-
-_FROZEN = ConfigDict(frozen=True, extra="ignore")
-
-
-def utc_now() -> str:
-    """The current time as an ISO-8601 UTC string (seconds), as manifests store it."""
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def safe_relpath(value: Any, what: str = "path") -> str:
-    """``value`` if it is a relative POSIX path that stays inside its directory.
-
-    Raises:
-        IndexDamaged: an absolute path, a ``..`` component, or not a string.
-    """
-    if not isinstance(value, str) or not value or "\\" in value or "\x00" in value:
-        raise IndexDamaged(f"manifest {what} {value!r} is not a relative path", "rebuild the index")
-    pure = PurePosixPath(value)
-    if pure.is_absolute() or ".." in pure.parts:
-        raise IndexDamaged(f"manifest {what} {value!r} leaves the index directory", "rebuild it")
-    return value
-
-
-class FileRecord(BaseModel):
-    """Size and sha256 of one file."""
-
-    model_config = _FROZEN
-    bytes: int = Field(ge=0)
-    sha256: str
-
-
-class EncoderSpec(BaseModel):
-    """What made the vectors: enough to reload the encoder and to refuse a different one.
-
-    Attributes:
-        model: the model's name as recorded (hub id, absolute directory, or the bundled id).
-        revision: the model's content hash (local) or commit (hub).
-        pooling: the pooling name.
-        max_length: tokens per text.
-        dim: the encoder's output dimension.
-        source: how to load it again: None for the bundled model, else the id or directory.
-        options: further fields the encoder's ``describe()`` reports (backend, quantize, ...).
-    """
-
-    model_config = _FROZEN
-    model: str
-    revision: str
-    pooling: str
-    max_length: int
-    dim: int
-    source: str | None = None
-    options: dict[str, Any] = Field(default_factory=dict)
-
-    def identity(self) -> dict[str, Any]:
-        """The fields an encoder's ``describe()`` must reproduce."""
-        core = self.model_dump(include={"model", "revision", "pooling", "max_length", "dim"})
-        return {**core, **self.options}
-
-    @classmethod
-    def from_description(cls, described: Mapping[str, Any], source: str | None) -> EncoderSpec:
-        """The spec of an encoder from its ``describe()`` and how it was named."""
-        core = {"model", "revision", "pooling", "max_length", "dim"}
-        return cls(
-            **{k: described[k] for k in core},
-            source=source,
-            options={k: v for k, v in described.items() if k not in core},
-        )
-
-
-class AutoDecision(BaseModel):
-    """What ``calibration="auto"`` measured and decided: the statistic, its threshold, and
-    whether the calibrated space is searched."""
-
-    model_config = _FROZEN
-    statistic: str | None = None
-    threshold: float | None = None
-    calibrated: bool = False
-
-
-class CalibrationSpec(BaseModel):
-    """The calibrator and the searched space.
-
-    Attributes:
-        name: the calibration asked for (``auto``, ``flow``, ``whitening``, ...).
-        calibrator: the fitted calibrator's registry name.
-        space: ``calibrated`` (search the calibrator's output) or ``encoder`` (the raw vectors).
-        config: the calibrator's hyper-parameters (its ``config``).
-        decision: why that space, in words.
-        anisotropy: the corpus's anisotropy statistics.
-        fitted_on: ``corpus`` or the directory of a calibrator fitted elsewhere.
-        fit_rows: rows the calibrator was fitted on.
-        fit_stats: the calibrator's own fit statistics.
-        dim_out: dimension of the calibrator's output.
-        auto: what ``auto`` decided, when ``name == "auto"``.
-        path: the calibrator's directory, relative to the index directory.
-        files: its files (relative to ``path``) with sizes and checksums.
-    """
-
-    model_config = _FROZEN
-    name: str
-    calibrator: str
-    space: Literal["calibrated", "encoder"]
-    config: dict[str, Any] = Field(default_factory=dict)
-    decision: str = ""
-    anisotropy: dict[str, float] = Field(default_factory=dict)
-    fitted_on: str = "corpus"
-    fit_rows: int = 0
-    fit_stats: dict[str, Any] = Field(default_factory=dict)
-    dim_out: int | None = None
-    auto: AutoDecision | None = None
-    path: str = "calibrator"
-    files: dict[str, FileRecord] = Field(default_factory=dict)
-
-    @property
-    def calibrated(self) -> bool:
-        """True when the index searches the calibrator's output."""
-        return self.space == "calibrated"
-
-
-class DensityStats(BaseModel):
-    """Per-row log-density statistics of a set of rows under the index's flow."""
-
-    model_config = _FROZEN
-    mean_log_prob: float
-    std_log_prob: float
-    p01: float
-    p05: float
-    median: float
-    rows: int
-
-
-class HeldOut(BaseModel):
-    """Rows kept out of the calibrator's fit, and where they sit: the reference a query or a
-    new row is judged against.
-
-    Attributes:
-        rows: how many rows were held out.
-        density: their log-densities under the flow (None without a flow).
-        percents: the percentiles ``top_score`` holds (ascending).
-        top_score: each held-out row's best cosine to another row, at ``percents``.
-    """
-
-    model_config = _FROZEN
-    rows: int
-    density: DensityStats | None = None
-    percents: tuple[float, ...] = ()
-    top_score: tuple[float, ...] = ()
-
-
-class LexicalSpec(BaseModel):
-    """BM25's parameters (every segment has postings when the index has a lexical side)."""
-
-    model_config = _FROZEN
-    params: dict[str, Any] = Field(default_factory=lambda: {"k1": 1.5, "b": 0.75})
-
-
-class Columns(BaseModel):
-    """The corpus columns: text, id (None: row numbers are ids) and the id type."""
-
-    model_config = _FROZEN
-    text: str
-    id: str | None
-    id_type: Literal["int", "string"] = "int"
-
-
-class SchemaColumn(BaseModel):
-    """One metadata column: its name and Arrow type (``arrow`` is exact, ``type`` readable)."""
-
-    model_config = _FROZEN
-    name: str
-    type: str
-    arrow: str  # base64 of a one-field Arrow IPC schema (see flowsearch.storage.schema)
-
-
-class PartRecord(BaseModel):
-    """One Parquet part of a segment (path relative to the segment) and its rows."""
-
-    model_config = _FROZEN
-    path: str
-    n_rows: int = Field(ge=0)
-
-    _check_path = field_validator("path")(lambda v: safe_relpath(v, "part path"))
-
-
-class AnnRecord(BaseModel):
-    """A segment's vector index: its file, the resolved factory and its search parameters."""
-
-    model_config = _FROZEN
-    path: str
-    factory: str
-    params: str = ""
-    data: str | None = None  # an IVF index's lists on disk, beside ``path``
-
-
-class SegmentRecord(BaseModel):
-    """One immutable segment of a version.
-
-    Attributes:
-        name: unique within the index (``s000004``; ``legacy`` for an old-format version).
-        dir: its directory, relative to the index directory.
-        n_rows: rows in its parts, deleted ones included (its ann's ``ntotal``).
-        n_deleted: rows its deletion file lists.
-        parts: its Parquet parts, in row order.
-        ann: its vector index.
-        postings: its BM25 postings directory (None: the index has no lexical side).
-        keys: its id lookup file (None in a legacy segment, built on its first write).
-        deletions: its current deletion file (None: nothing deleted).
-        files: every file (relative to ``dir``) with size and checksum.
-    """
-
-    model_config = _FROZEN
-    name: str
-    dir: str
-    n_rows: int = Field(ge=0)
-    n_deleted: int = Field(default=0, ge=0)
-    parts: tuple[PartRecord, ...] = ()
-    ann: AnnRecord
-    postings: str | None = None
-    keys: str | None = None
-    deletions: str | None = None
-    files: dict[str, FileRecord] = Field(default_factory=dict)
-
-    @field_validator("dir")
-    @classmethod
-    def _dir_inside(cls, value: str) -> str:
-        return value if value == "." else safe_relpath(value, "segment directory")
-
-    @property
-    def n_live(self) -> int:
-        """Rows a search can return."""
-        return self.n_rows - self.n_deleted
-
-
-class WriteRecord(BaseModel):
-    """One write: its kind, when, the rows it wrote or deleted, and what it reported."""
-
-    model_config = _FROZEN
-    version: int
-    kind: str
-    time: str
-    n_rows: int = 0
-    detail: dict[str, Any] = Field(default_factory=dict)
-
-
-class Manifest(BaseModel):
-    """Everything an index version holds. Change a field with ``model_copy(update=...)``; only
-    the version writer publishes one.
-
-    Attributes:
-        version: this version's number (1 for a fresh build, +1 per write).
-        dim: dimension of the searched vectors.
-        schema_: the metadata columns, in order (JSON name ``schema``).
-        segments: the live segments, in row order (a version's global row numbers run
-            through them).
-        skipped: corpus rows skipped so far for a null or blank text.
-        next_auto_id: the next row-number id for corpora without an id column.
-        next_segment: the number the next segment gets.
-        last_write: the write that published this version (the full log is ``history.jsonl``).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
-    format: Literal["flowsearch-index"] = FORMAT
-    format_version: int = FORMAT_VERSION
-    version: int = 1
-    encoder: EncoderSpec
-    dim: int
-    calibration: CalibrationSpec
-    ann_requested: str = "auto"
-    lexical: LexicalSpec | None = None
-    columns: Columns
-    schema_: tuple[SchemaColumn, ...] = Field(default=(), alias="schema")
-    segments: tuple[SegmentRecord, ...] = ()
-    density: DensityStats | None = None
-    held_out: HeldOut | None = None
-    skipped: int = 0
-    next_auto_id: int = 0
-    next_segment: int = 1
-    created: str = ""
-    updated: str | None = None
-    flowsearch_version: str = ""
-    last_write: WriteRecord | None = None
-
-    @property
-    def n_rows(self) -> int:
-        """Rows in the segments, deleted ones included."""
-        return sum(s.n_rows for s in self.segments)
-
-    @property
-    def n_deleted(self) -> int:
-        """Rows deleted (never returned; gone after compaction)."""
-        return sum(s.n_deleted for s in self.segments)
-
-    @property
-    def n_live(self) -> int:
-        """Rows a search can return."""
-        return self.n_rows - self.n_deleted
-
-    @property
-    def metadata_columns(self) -> tuple[str, ...]:
-        """The metadata columns' names, in order."""
-        return tuple(c.name for c in self.schema_)
-
-    def path(self, index_dir: str | os.PathLike[str], relpath: str = "") -> Path:
-        """Absolute path of ``relpath`` (relative to the index directory)."""
-        return Path(index_dir) / relpath if relpath else Path(index_dir)
-
-    def to_json_dict(self) -> dict[str, Any]:
-        """The JSON form (what ``manifest.json`` holds, without its checksum)."""
-        return self.model_dump(mode="json", by_alias=True)
 
 
 def checksum(raw: Mapping[str, Any]) -> str:

@@ -29,7 +29,7 @@ import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import BadInput, FlowsearchError
 
 __all__ = [
     "FORMATS",
@@ -176,46 +176,44 @@ def _line(text: str) -> str:
     return flat if len(flat) <= 200 else flat[:197] + "..."
 
 
-def reading_error(exc: BaseException, source: Source) -> FlowsearchError:
+def reading_error(exc: BaseException, source: Source) -> BadInput:
     """One line for an error met reading ``source``: what went wrong, where, and the fix."""
     where = source.name
     if isinstance(exc, FlowsearchError):
         return exc
     if isinstance(exc, PermissionError):
-        return FlowsearchError(f"cannot read {where}: permission denied; make it readable")
+        return BadInput(f"cannot read {where}: permission denied; make it readable")
     if isinstance(exc, IsADirectoryError):
-        return FlowsearchError(f"{where} is a directory, not a file; give the directory itself")
+        return BadInput(f"{where} is a directory, not a file; give the directory itself")
     if isinstance(exc, FileNotFoundError):
-        return FlowsearchError(f"corpus file not found: {where}; check the path")
+        return BadInput(f"corpus file not found: {where}; check the path")
     if isinstance(exc, UnicodeDecodeError):
-        return FlowsearchError(f"{where} is not valid UTF-8 (byte {exc.start}); re-encode it")
+        return BadInput(f"{where} is not valid UTF-8 (byte {exc.start}); re-encode it")
     if isinstance(exc, (EOFError, gzip.BadGzipFile)):
-        return FlowsearchError(f"{where} is a truncated or corrupt gzip file; compress it again")
+        return BadInput(f"{where} is a truncated or corrupt gzip file; compress it again")
     text = _line(str(exc))
     gz = source.path is not None and source.path.suffix.lower() == ".gz"
     if gz and any(word in text.lower() for word in ("gzip", "zlib", "compress", "inflate")):
-        return FlowsearchError(
-            f"{where} is a truncated or corrupt gzip file ({text}); compress it again"
-        )
+        return BadInput(f"{where} is a truncated or corrupt gzip file ({text}); compress it again")
     if source.format == "parquet":
         if "magic bytes" in text or "size is 0" in text or "Couldn't deserialize" in text:
-            return FlowsearchError(
+            return BadInput(
                 f"{where} is not a Parquet file, or is truncated ({text}); write it again"
             )
-        return FlowsearchError(f"cannot read {where}: {text}; the file is corrupt, write it again")
+        return BadInput(f"cannot read {where}: {text}; the file is corrupt, write it again")
     if source.format == "jsonl":
         if "Empty JSON stream" in text:
-            return FlowsearchError(f"{where} holds no JSON records; remove it or fill it")
+            return BadInput(f"{where} holds no JSON records; remove it or fill it")
         try:
             problem = _json_problem(source._path) if source.path is not None else None
         except (EOFError, OSError):  # a truncated or corrupt .gz: pyarrow's error said why
             problem = None
         if problem:
-            return FlowsearchError(f"{where}: {problem}")
-        return FlowsearchError(f"cannot read {where} as JSON Lines: {text}")
+            return BadInput(f"{where}: {problem}")
+        return BadInput(f"cannot read {where} as JSON Lines: {text}")
     if source.format in ("csv", "tsv"):
-        return FlowsearchError(_csv_problem(where, text, source))
-    return FlowsearchError(f"cannot read {where}: {text}")
+        return BadInput(_csv_problem(where, text, source))
+    return BadInput(f"cannot read {where}: {text}")
 
 
 _CSV_COLUMN = re.compile(r"In CSV column #(\d+): Row #(\d+): (.*)")
@@ -309,26 +307,26 @@ def records_table(records: Sequence[Any]) -> pa.Table:
         FlowsearchError: naming the record index and key that break this.
     """
     if not records:
-        raise FlowsearchError("no records given; pass at least one record")
+        raise BadInput("no records given; pass at least one record")
     keys: list[str] | None = None
     kinds: dict[str, tuple[str, int]] = {}
     for i, record in enumerate(records):
         if not isinstance(record, Mapping):
-            raise FlowsearchError(f"records[{i}] is {_kind(record)}, not an object (dict)")
+            raise BadInput(f"records[{i}] is {_kind(record)}, not an object (dict)")
         if keys is None:
             keys = list(record)
             bad = [k for k in keys if not isinstance(k, str)]
             if bad:
-                raise FlowsearchError(f"records[0] has a non-string key {bad[0]!r}; use names")
+                raise BadInput(f"records[0] has a non-string key {bad[0]!r}; use names")
         elif record.keys() != set(keys):
             missing = [k for k in keys if k not in record]
             if missing:
-                raise FlowsearchError(
+                raise BadInput(
                     f"records[{i}] lacks key {missing[0]!r} that records[0] has; give every "
                     "record the same keys (null is fine)"
                 )
             extra = next(k for k in record if k not in keys)
-            raise FlowsearchError(
+            raise BadInput(
                 f"records[{i}] has key {extra!r} that records[0] lacks; give every record the "
                 "same keys (null is fine)"
             )
@@ -339,7 +337,7 @@ def records_table(records: Sequence[Any]) -> pa.Table:
             kind = _kind(value)
             seen = kinds.setdefault(key, (kind, i))
             if seen[0] != kind:
-                raise FlowsearchError(
+                raise BadInput(
                     f"records[{i}][{key!r}] is {kind} but records[{seen[1]}][{key!r}] is "
                     f"{seen[0]}; give each key one type"
                 )
@@ -347,7 +345,7 @@ def records_table(records: Sequence[Any]) -> pa.Table:
         return pa.Table.from_pylist(list(records))
     except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
         key = _failing_key(records, keys or [])
-        raise FlowsearchError(
+        raise BadInput(
             f"records: key {key!r} cannot be stored ({_line(str(exc))}); give it one type"
         ) from None
 

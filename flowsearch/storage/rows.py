@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from flowsearch.errors import IndexDamaged
 from flowsearch.settings import current
 from flowsearch.storage.layout import part_file
-from flowsearch.storage.manifest import PartRecord
+from flowsearch.storage.records import PartRecord
 
 __all__ = [
     "RESERVED_COLUMNS",

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flowsearch.errors import BadInput
-from flowsearch.storage.manifest import SchemaColumn
+from flowsearch.storage.records import SchemaColumn
 
 __all__ = ["arrow_schema", "column_of", "columns_of", "conform", "merged", "type_of"]
 

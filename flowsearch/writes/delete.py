@@ -65,9 +65,12 @@ def delete(
         unique = wanted.unique()
         found = find_live(writer.segments, writer.segment_path, unique)
         hit = {unique[p].as_py() for p, _, _ in found}
-        missing = [
-            given for given, value in zip(ids, wanted.to_pylist(), strict=True) if value not in hit
-        ]
+        missing = []  # an id named twice counts once: the second time it is gone
+        for given, value in zip(ids, wanted.to_pylist(), strict=True):
+            if value in hit:
+                hit.discard(value)
+            else:
+                missing.append(given)
         if not found:
             return result_of("delete", target, base, st, missing=missing)
         per_segment: dict[str, list[int]] = {}

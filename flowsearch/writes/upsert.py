@@ -208,7 +208,7 @@ def _write(
         }
         manifest = writer.publish(kind=kind, n_rows=plan.rows, detail=detail, **changes)
     if drift and drift.get("warn"):
-        LOG.warning("the new rows look unlike the corpus; refit the calibrator (recalibrate)")
+        LOG.warning("the new rows look out of distribution; refit the calibrator (recalibrate)")
     return result_of(
         kind,
         target,
