@@ -259,7 +259,7 @@ def study(pooling: str, texts: Texts, store: VectorStore, enc: Any) -> dict[str,
 
 def fusion(pooling: str, texts: Texts, store: VectorStore) -> dict[str, Any]:
     from flowsearch.evaluation.retrieval import drop_identical_ids, ndcg_at_k
-    from flowsearch.lexical.bm25 import LexicalIndex
+    from flowsearch.lexical.legacy import LexicalIndex
     from flowsearch.search.fusion import convex
 
     per_set = {}

@@ -17,7 +17,7 @@ Method. Every (set, encoder) is encoded once; each calibrator is fitted on the c
 vectors (the "target" setting) and queries are projected by the library's
 :class:`~flowsearch.space.search_space.SearchSpace` (L2-normalised). Dense search is exact (inner
 product over every passage, top 100); lexical search is the product's
-:class:`~flowsearch.lexical.bm25.LexicalIndex` (stemmed BM25); hybrid is
+:class:`~flowsearch.lexical.legacy.LexicalIndex` (stemmed BM25); hybrid is
 :func:`flowsearch.search.fusion.convex` (or ``rrf``) over 100 candidates a side, as
 ``Searcher.search`` does. Symmetric sets fetch one hit more and drop the query's own id
 (``ignore_identical_ids``). Metrics are :func:`flowsearch.evaluation.retrieval.retrieval_scores`
@@ -187,7 +187,7 @@ class Study:
 
     def lexical_hits(self, ds: DevSet) -> tuple[np.ndarray, np.ndarray]:
         if ds.name not in self.lexical:
-            from flowsearch.lexical.bm25 import LexicalIndex
+            from flowsearch.lexical.legacy import LexicalIndex
 
             lex = LexicalIndex.build(ds.texts[: ds.n_corpus])
             queries = [ds.texts[r] for r in ds.query_rows]

@@ -177,7 +177,7 @@ _LEXICAL: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 def lexical_hits(ds: DevSet) -> tuple[np.ndarray, np.ndarray]:
     """BM25's top 101 for every query of ``ds`` (the product's LexicalIndex), computed once."""
     if ds.name not in _LEXICAL:
-        from flowsearch.lexical.bm25 import LexicalIndex
+        from flowsearch.lexical.legacy import LexicalIndex
 
         lex = LexicalIndex.build(ds.texts[: ds.n_corpus])
         _LEXICAL[ds.name] = lex.search([ds.texts[r] for r in ds.query_rows], 101)

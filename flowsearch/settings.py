@@ -90,13 +90,66 @@ class Settings:
     #: write's cost stays bounded; ``compact`` merges bigger tiers).
     write_merge_max_rows: int = 200_000
 
-    # --- lexical ---------------------------------------------------------------------------
-    #: Texts tokenised at a time while building postings (bounds the Python token lists).
-    lexical_build_chunk: int = 8192
-
     # --- search -----------------------------------------------------------------------------
     #: Candidates each side contributes to hybrid fusion (at least k).
     hybrid_candidates: int = 100
+
+    # --- search: where filters (DuckDB) ----------------------------------------------------
+    #: Seconds a filter may run before it is interrupted (DuckDB checks between vectors of
+    #: 2,048 rows, so a filter stops within this plus one vector's work).
+    filter_timeout: float = 10.0
+    #: DuckDB's ``memory_limit`` for a Searcher's filter database: the segments' filterable
+    #: columns (about their text's size: 62 MB for 200k rows of 300 characters,
+    #: bench_filter_segments) plus the queries' working memory (hash tables, sorts). Not the
+    #: strings a scalar function returns: DuckDB does not count those (see search.predicate).
+    filter_memory_bytes: int = 2 * 2**30
+    #: DuckDB threads per filter (1: filters of concurrent queries run side by side anyway).
+    filter_threads: int = 1
+    #: Bytes of matched row numbers kept per version, most recently used first (a tenant
+    #: filter repeats on every query).
+    filter_rows_cache_bytes: int = 64 * 2**20
+
+    # --- lexical: BM25 postings ------------------------------------------------------------
+    #: Texts tokenised at a time while building postings: bounds the memory of the Python
+    #: token lists (a few MB per chunk of short texts) while numpy does the rest in bulk.
+    lexical_build_chunk: int = 8192
+    #: Bytes of weighed postings (12 per posting) a version's BM25 keeps for recent query
+    #: terms: a term met again skips the per-segment gathering and the weighing
+    #: (bench_lexical). 0 keeps none.
+    lexical_cache_bytes: int = 64 * 2**20
+    #: Segments with at least this many terms find a query term by bisection in their sorted
+    #: vocabulary instead of a dictionary: ~0.7 us a lookup instead of 0.04, but nothing to
+    #: build on open (a million-term dictionary took 1.5 s on the shared 2-core machine).
+    lexical_bisect_min_terms: int = 100_000
+
+    # --- space: the reference queries and new rows are judged against (space/reference.py) ---
+    #: Share of the corpus the build keeps out of the calibrator's fit (the rows the reference
+    #: is measured on when there are enough of them).
+    held_out_share: float = 0.10
+    #: At most this many rows are held out (enough for a 1st percentile; scoring them is cheap).
+    held_out_max: int = 2000
+    #: Fewer held-out rows than this are none (a corpus under 500 rows holds none out; its
+    #: reference is measured leave-one-out instead).
+    held_out_min: int = 50
+    #: A reference needs at least this many measured rows (its 5th percentile is then the 3rd
+    #: lowest row; fewer say nothing about what is usual).
+    reference_min_rows: int = 50
+    #: A leave-one-out reference measures at most this many rows (a seeded sample).
+    reference_max_rows: int = 2000
+    #: A query whose best dense score is below this percentile of the reference is out of
+    #: distribution: 2% of in-domain questions flagged and 87% of off-domain sentences caught
+    #: with the bundled model's ``mean`` (benchmarks/RESULTS.md, bench_density_length).
+    ood_percentile: float = 5.0
+    #: Confidence of the interval around new rows' median percentile (order statistics).
+    drift_confidence: float = 0.95
+    #: New rows sit apart from the corpus when their median percentile is below this with
+    #: :attr:`drift_confidence` (most of them less like the corpus than 3/4 of its passages).
+    drift_apart_percentile: float = 25.0
+    #: Fewer new rows than this are described, never judged as drift (5 rows all below the
+    #: 25th percentile happen by chance once in 1,024 batches: 0.25^5).
+    drift_min_rows: int = 5
+    #: A write scores at most this many of its new rows (a seeded sample) for the drift report.
+    drift_max_rows: int = 2000
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (unknown names are refused)."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from corpus_helpers import segment_dirs, siblings, write_corpus
 
 from flowsearch.errors import FlowsearchError
 from flowsearch.search.searcher import Searcher
+from flowsearch.space.drift import DriftReport
+from flowsearch.space.reference import reference_of
 from flowsearch.storage import history
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.verify import verify
@@ -38,11 +41,15 @@ def test_add_appends_rows_and_reports_drift(tmp_path, model_dir, corpus):
     assert m.segments[0] == first.segments[0] and m.calibration == first.calibration
     assert (m.encoder, m.density, m.columns, m.schema_) == (
         first.encoder, first.density, first.columns, first.schema_)  # fmt: skip
-    drift = summary["drift"]
-    assert set(drift) == {"mean_log_prob", "corpus_mean_log_prob", "gap_std",
-                          "share_below_p01", "reliable", "warn"}  # fmt: skip
-    assert drift["corpus_mean_log_prob"] == pytest.approx(first.density.mean_log_prob)
-    assert drift["reliable"] is True  # 120 rows >= 3 x dim 32
+    drift = summary["drift"]  # each new row's best score against the 120 rows held before
+    assert set(drift) == set(DriftReport.model_fields) and drift["judged_rows"] == 20
+    Z = Searcher.open(out).vectors()
+    best = (Z[120:] @ Z[:120].T).max(axis=1)
+    assert drift["median_score"] == pytest.approx(float(np.median(best)), abs=1e-5)
+    ref = reference_of(first)  # 120 rows hold none out: leave-one-out over all of them
+    assert ref.method == "leave-one-out" and ref.rows == 120
+    assert drift["median_percentile"] == pytest.approx(np.median(ref.percentiles(best)), abs=0.1)
+    assert drift["reference_log_density"] == ref.log_density_median  # 120 >= 3 x dim 32
     records = history.read(out)
     assert [(r.version, r.kind, r.n_rows) for r in records] == [(1, "build", 120), (2, "add", 20)]
     assert records[-1].detail["drift"] == drift and m.updated == records[-1].time
@@ -70,16 +77,18 @@ def test_add_to_a_missing_index_creates_nothing(tmp_path, corpus):
     assert not (tmp_path / "idx").exists()
 
 
-def test_add_warns_on_drift(tmp_path, model_dir, corpus, monkeypatch, caplog):
-    from flowsearch.space import reference as density
+def test_add_warns_on_drift(tmp_path, model_dir, corpus, caplog):
+    from flowsearch.settings import override
 
     out = tmp_path / "idx"
     build_index(corpus, out, model=str(model_dir))
-    monkeypatch.setattr(density, "DRIFT_WARN_STD", -1e9)  # any gap counts as drift
     extra = write_corpus(tmp_path / "extra.parquet", n=5, seed=6, id_prefix="z")
-    with caplog.at_level("WARNING", logger="flowsearch.writes.upsert"):
-        summary = add_to_index(extra, out)
-    assert summary["drift"]["warn"] is True
-    assert "out of distribution" in caplog.text and "recalibrate" in caplog.text
+    with (
+        override(drift_apart_percentile=101.0),  # any batch counts as apart from the corpus
+        caplog.at_level("WARNING", logger="flowsearch.writes.upsert"),
+    ):
+        summary = add_to_index(out, extra)
+    assert summary["drift"]["warn"] is True and summary.drift.warn
+    assert "sit apart from the corpus" in caplog.text and "recalibrate" in caplog.text
     assert "--" not in caplog.text  # the library names no CLI flags
     assert history.read(out)[-1].detail["drift"]["warn"] is True

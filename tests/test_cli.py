@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from flowsearch.cli import app, main
 from flowsearch.search.searcher import Searcher
+from flowsearch.space.reports import describe_space
 from flowsearch.storage import manifest as mf
 
 runner = CliRunner()
@@ -75,7 +76,8 @@ def test_query_table_and_env_default(built, tmp_path):
     result = CliRunner(env=env).invoke(app, ["query", "the cat", "-k", "3"])
     assert result.exit_code == 0, result.output
     assert "rank" in result.stdout and "score" in result.stdout and "d" in result.stdout
-    assert "not judged: too few rows held out" in result.stdout and "top score" in result.stdout
+    # 80 tiny-BERT rows searched raw: an anisotropic encoder space, where no verdict is given
+    assert "not judged: in this space every passage is close" in " ".join(result.stdout.split())
     cwd = os.getcwd()
     try:  # without --index or $FLOWSEARCH_INDEX: ./flowsearch_index
         os.chdir(tmp_path)
@@ -97,9 +99,11 @@ def test_info(built):
     assert doc["bytes"]["total"] > doc["bytes"]["shards"] > 0
     assert doc["verified"]["files"] == len(m.files)
     assert doc["verified"]["hashed"] + len(doc["verified"]["not_hashed"]) == len(m.files)
-    text = CliRunner(env={"COLUMNS": "160"}).invoke(app, ["info", "--index", str(out)]).stdout
+    text = CliRunner(env={"COLUMNS": "400"}).invoke(app, ["info", "--index", str(out)]).stdout
     assert "anisotropy" in text and "mean_cosine" in text and "searched space" in text
-    assert f"encoder ({m.calibration.decision}" in " ".join(text.split())
+    assert describe_space(m.calibration, "mean") in " ".join(text.split())
+    assert "80 rows are too few to calibrate 32 dimensions" in text
+    assert "80 of the corpus's own passages" in text  # judged against (leave-one-out)
 
 
 def test_add_then_duplicate_add(built, tmp_path):
@@ -111,7 +115,8 @@ def test_add_then_duplicate_add(built, tmp_path):
     result = runner.invoke(app, ["add", str(extra), "--index", str(out), "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["added"] == 10 and doc["rows"] == 90 and "gap_std" in doc["drift"]
+    assert doc["added"] == 10 and doc["rows"] == 90
+    assert doc["drift"]["judged_rows"] == 10 and doc["drift"]["verdict"] != "not judged"
     again = runner.invoke(app, ["add", str(extra), "--index", str(out)])
     assert again.exit_code == 2 and again.stdout == ""
     assert again.stderr.startswith("error: 10 id(s) are already in the index")
@@ -145,10 +150,15 @@ def _bad_cases(tmp_path, built_dir):
     }  # fmt: skip
 
 
+LIBRARY_PARAM = pytest.mark.xfail(
+    strict=True, reason="the library's message gets param= with the errors conversion (lead)"
+)
+
+
 @pytest.mark.parametrize(
     "case",
     ["missing file", "not parquet", "text column", "empty", "duplicate ids", "strict",
-     "foreign dir", "exists", "calibration"],
+     "foreign dir", pytest.param("exists", marks=LIBRARY_PARAM), "calibration"],
 )  # fmt: skip
 def test_bad_index_input(tmp_path, built, model_dir, case):
     args, message = _bad_cases(tmp_path, built[0])[case]
@@ -348,6 +358,7 @@ def test_empty_query_is_a_user_error(built):
         assert "Traceback" not in result.output
 
 
+@LIBRARY_PARAM
 def test_moved_model_is_given_with_model(tmp_path, model_dir):
     import shutil
 
@@ -372,3 +383,159 @@ def test_moved_model_is_given_with_model(tmp_path, model_dir):
     assert added.exit_code == 0, added.output
     assert mf.read(out).encoder.source == str(moved)  # remembered: no --model needed now
     assert runner.invoke(app, query).exit_code == 0
+
+
+# -- the surface: help, empty results, --wait, error mapping ---------------------------------
+
+
+def _help_words(args: list[str]) -> tuple[str, set[str]]:
+    """``--help`` at 80 columns: its text and the words of its help column (panel borders and
+    punctuation stripped)."""
+    result = CliRunner(env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"}).invoke(app, [*args, "--help"])
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert max(len(line) for line in text.splitlines()) <= 80
+    words = {w.strip(",.;:()[]") for w in text.replace("│", " ").split()}
+    return text, words
+
+
+@pytest.mark.parametrize(
+    "args,lists",
+    [
+        (["index"], ["CALIBRATIONS", "POOLINGS", "BACKENDS", "ENGINES", "QUANTIZATIONS"]),
+        (["recalibrate"], ["CALIBRATIONS"]),
+        (["query"], ["MODES"]),
+        (["eval"], ["CALIBRATIONS", "POOLINGS", "BACKENDS", "MODES"]),
+    ],
+)
+def test_help_at_80_columns_prints_every_choice(args, lists):
+    from flowsearch.calibration import names
+    from flowsearch.cli import options
+    from flowsearch.encode.encoder import POOLINGS
+    from flowsearch.search.searcher import MODES
+
+    text, words = _help_words(args)
+    assert "…" not in text and "..." not in text  # nothing cut
+    for name in lists:
+        missing = [c for c in getattr(options, name) if c not in words]
+        assert not missing, (name, missing, text)
+    # the lists are the owners' own
+    assert set(options.CALIBRATIONS) == {"auto", *names()} and options.POOLINGS == POOLINGS
+    assert options.MODES == MODES
+    flags = [line for line in text.splitlines() if "<bool>" in line]
+    assert all("--help" in line for line in flags), flags  # flags take no value
+
+
+def test_every_write_command_has_wait():
+    for command in ("index", "add", "upsert", "delete", "compact", "recalibrate"):
+        text, words = _help_words([command])
+        assert "--wait" in words and "SECONDS" in words, command
+
+
+def test_empty_result_prints_the_report_on_one_line(built):
+    out, _ = built
+    args = ["query", "the cat", "--index", str(out), "--where", "year > 3000"]
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = Searcher.open(out).query("the cat", where="year > 3000").density
+    from flowsearch.cli.output import density_caption
+
+    caption = density_caption(report)
+    assert len(caption) > 30  # long enough that a narrow column would have folded it
+    assert result.stdout.splitlines() == ["'the cat': 0 hits", caption]
+
+
+WRITES = {
+    "index": ("flowsearch.writes.build", "build_index", ["index", "c.parquet"]),
+    "add": ("flowsearch.writes.upsert", "add_to_index", ["add", "c.parquet"]),
+    "upsert": ("flowsearch.writes.upsert", "upsert", ["upsert", "c.parquet"]),
+    "delete": ("flowsearch.writes.rewrite", "delete", ["delete", "d1"]),
+    "compact": ("flowsearch.writes.rewrite", "compact", ["compact"]),
+    "recalibrate": ("flowsearch.writes.rewrite", "recalibrate", ["recalibrate"]),
+}
+
+
+@pytest.mark.parametrize("command", sorted(WRITES))
+def test_wait_is_passed_to_the_library_only_when_given(monkeypatch, tmp_path, command):
+    import importlib
+
+    from flowsearch.errors import IndexLocked
+
+    module, name, args = WRITES[command]
+    calls: list[dict] = []
+
+    def fake(*a, **kwargs):
+        calls.append(kwargs)
+        raise IndexLocked("another flowsearch process is writing idx", "retry with {wait=60}",
+                          param="wait")  # fmt: skip
+
+    monkeypatch.setattr(importlib.import_module(module), name, fake)
+    base = [*args, "--index", str(tmp_path / "idx")]
+    for extra, expected in (([], None), (["--wait", "2.5"], 2.5)):
+        result = runner.invoke(app, [*base, *extra])
+        assert result.exit_code == 2 and result.stdout == "", result.output
+        assert result.stderr == (
+            "error: another flowsearch process is writing idx; retry with --wait 60\n"
+        )
+        assert calls.pop().get("wait") == expected
+    assert main([*base, "--wait", "-1"]) == 2  # a usage error, before any write
+
+
+@pytest.mark.xfail(strict=True, reason="library wait= lands with the storage rewrite")
+def test_wait_outlasts_another_writer(built, tmp_path):
+    import fcntl
+    import shutil
+    import threading
+
+    from flowsearch.storage.directory import LOCK_NAME
+
+    out = tmp_path / "idx"
+    shutil.copytree(built[0], out)
+    fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's write, for 1 s
+    threading.Timer(1.0, os.close, args=(fd,)).start()
+    result = runner.invoke(app, ["delete", "d1", "--index", str(out), "--wait", "30", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["deleted"] == 1
+
+
+def test_errors_render_their_cli_fix(monkeypatch):
+    from flowsearch.errors import BadInput, FlowsearchError, IndexDamaged
+    from flowsearch.writes import rewrite
+
+    cases = [
+        (BadInput("index at x", "pass {overwrite=True} to replace it", param="overwrite"),
+         "index at x; pass --overwrite to replace it"),
+        (FlowsearchError("plain library error"), "plain library error"),
+        (IndexDamaged("index file missing: f", "rebuild it", cli="run flowsearch index again"),
+         "index file missing: f; run flowsearch index again"),
+        (BadInput("bad \x1b[31m id\nhere"), "bad \\x1b[31m id here"),
+    ]  # fmt: skip
+    for exc, line in cases:
+
+        def fail(*args, exc=exc, **kwargs):
+            raise exc
+
+        monkeypatch.setattr(rewrite, "compact", fail)
+        result = runner.invoke(app, ["compact", "--index", "x"])
+        assert result.exit_code == exc.exit_code == 2
+        assert result.stderr == f"error: {line}\n" and result.stdout == ""
+
+
+@pytest.fixture(scope="module")
+def int_ids(tmp_path_factory, model_dir):
+    from flowsearch.writes.build import build_index
+
+    root = tmp_path_factory.mktemp("int-ids")
+    corpus = root / "c.parquet"
+    pq.write_table(pa.table({"id": list(range(10)), "text": sentences(10, seed=3)}), corpus)
+    build_index(corpus, root / "idx", model=str(model_dir), calibration="none")
+    return root / "idx"
+
+
+@pytest.mark.xfail(strict=True, reason="id parsing lands with the storage rewrite")
+def test_delete_a_digit_that_is_not_a_number_is_one_line(int_ids):
+    result = runner.invoke(app, ["delete", "²", "--index", str(int_ids)])
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert result.exception is None or isinstance(result.exception, SystemExit)

@@ -241,7 +241,6 @@ def test_a_new_column_is_added_null_for_older_rows(index):
         upsert(index, [{"id": "t2", "text": "x", "topic": "s", "year": 1, "lang": 3, "tags": []}])
 
 
-@pytest.mark.xfail(strict=True, reason="where= lands with the filter rewrite")
 def test_a_new_column_is_filterable_at_once(index):
     upsert(index, [{"id": "t1", "text": "tides and sea", "topic": "sea", "year": 2001,
                     "lang": "en"}])  # fmt: skip

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 import threading
+import time
 from pathlib import Path
 
 import duckdb
@@ -11,13 +13,15 @@ import faiss
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flowsearch.ann.prefilter import allowed_rows, filtered_search, prepare_index
 from flowsearch.errors import FlowsearchError
-from flowsearch.search.filters import MetadataFilter, _Watchdog
+from flowsearch.search.filters import MetadataFilter, SegmentRef
+from flowsearch.search.watchdog import Watchdog
 from flowsearch.storage import rows as store
 
 ROWS, SHARD_ROWS, DIM = 900, 300, 16
@@ -57,9 +61,25 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert len(shards) == 3
     table = meta.append_column("id", pa.array([f"doc{i}" for i in range(ROWS)]))
     table = table.append_column("text", pa.array(texts))
-    flt = MetadataFilter([root / s.path for s in shards], COLUMNS)
-    yield {"filter": flt, "table": table, "vectors": vectors}
+    db = MetadataFilter()
+    flt = db.version(_segments(root, shards), _schema(table))
+    yield {"filter": flt, "db": db, "table": table, "vectors": vectors}
     flt.close()
+    db.close()
+
+
+def _segments(root: Path, shards: list) -> list[SegmentRef]:
+    """The shards as filter segments, each read (once, on first use) from its Parquet file."""
+    refs, offset = [], 0
+    for shard in shards:
+        path = root / shard.path
+        refs.append(SegmentRef(shard.path, offset, shard.rows, lambda p=path: pq.read_table(p)))
+        offset += shard.rows
+    return refs
+
+
+def _schema(table: pa.Table) -> list[tuple[str, pa.DataType]]:
+    return [(name, table.schema.field(name).type) for name in ["id", "text", *COLUMNS]]
 
 
 def _expected(table: pa.Table, mask: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -173,7 +193,7 @@ def test_syntax_error_gives_position_and_near_text(corpus: dict) -> None:
 
 def test_connection_is_locked(corpus: dict) -> None:
     # A second wall behind the syntax checks: even raw SQL on the connection can't reach out.
-    con = corpus["filter"]._con.cursor()
+    con = corpus["db"]._con.cursor()
     with pytest.raises(duckdb.Error, match="disabled by configuration"):
         con.execute("SELECT * FROM read_csv('/etc/passwd')")
     with pytest.raises(duckdb.Error, match="locked"):
@@ -479,7 +499,7 @@ def test_watchdog_interrupts_only_late_cursors() -> None:
         def interrupt(self) -> None:
             self.interrupted += 1
 
-    dog = _Watchdog(period=0.01)
+    dog = Watchdog(period=0.01)
     late, done = Cursor(), Cursor()
     dog.watch(late, 0.0)
     dog.forget(dog.watch(done, 0.0))
@@ -498,3 +518,194 @@ def test_repeated_predicates_are_answered_from_the_version_cache(corpus: dict) -
     clock = flt.rows("ts < now()")
     assert flt.rows("ts < now()") is not clock  # depends on the clock: run every time
     np.testing.assert_array_equal(flt.rows("ts < now()"), clock)
+
+
+# -- time functions and value growth, read from the parsed tree ------------------------------
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["ts < now ()", "ts < today\t()", "ts < now()", "current_date > DATE '2000-01-01'",
+     "CURRENT_TIMESTAMP > ts", "ts < localtimestamp AND year > 0"],
+)  # fmt: skip
+def test_clock_predicates_are_run_every_time(corpus: dict, where: str) -> None:
+    flt = corpus["filter"]
+    first = flt.rows(where)
+    assert first.size > 0 and flt.rows(where) is not first  # not cached: the clock moves
+    np.testing.assert_array_equal(flt.rows(where), first)
+
+
+def test_current_date_is_a_time_keyword_unless_a_column_has_its_name() -> None:
+    table = pa.table({"id": ["a", "b"], "current_date": [dt.date(1999, 1, 1), dt.date(2030, 1, 1)]})
+    with MetadataFilter() as db:
+        schema = [("id", pa.string()), ("current_date", pa.date32())]
+        flt = db.version([SegmentRef("s", 0, 2, lambda: table)], schema)
+        assert flt.rows("current_date > DATE '2000-01-01'").tolist() == [1]  # the column
+        again = flt.rows("current_date > DATE '2000-01-01'")
+        assert again is flt.rows("current_date > DATE '2000-01-01'")  # a column: cached
+
+
+GROWING = [
+    ("length(repeat(text, 100000)) > 0", "repeat() is not allowed"),
+    ("lpad(lang, 1000000000, 'x') = ''", "lpad() is not allowed"),
+    ("len(range(0, 1000000000)) > 0", "range() is not allowed"),
+    ("printf('%0999999999d', year) = ''", "printf() is not allowed"),
+    ("length(replace(text, 'e', '" + "x" * 65 + "')) > 0", "65 times longer"),
+    ("replace(replace(replace(text, 'a', 'bbbbb'), 'b', 'ccccc'), 'c', 'dddd') = ''",
+     "100 times longer"),
+    ("regexp_replace(text, '', '" + "y" * 64 + "', 'g') = ''", "65 times longer"),
+    ("replace(text, 'e', text) = ''", "replaces with a computed value"),
+    ("length(" + " || ".join(["text"] * 33) + ") > 0", "names columns 33 times"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("where", "message"), GROWING, ids=[g[1] for g in GROWING])
+def test_predicates_that_grow_values_without_bound_are_refused(
+    corpus: dict, where: str, message: str
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(FlowsearchError, match=re.escape(message)):
+        corpus["filter"].rows(where)
+    assert time.monotonic() - started < 2  # refused from the tree, never run
+
+
+def test_bounded_rewrites_are_allowed(corpus: dict) -> None:
+    flt, table = corpus["filter"], corpus["table"]
+    got = flt.rows("replace(lang, 'e', 'E') = 'En' AND regexp_replace(id, '[0-9]+', '#') = 'doc#'")
+    np.testing.assert_array_equal(got, _expected(table, pc.equal(table["lang"], "en")))
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
+def test_a_heavy_filter_stops_on_time_and_gives_its_memory_back() -> None:
+    """A filter heavy in total (each vector's work is small: DuckDB stops between vectors)."""
+    rng = np.random.default_rng(7)
+    n = 100_000
+    words = np.array(["tide", "moon", "sea", "heat", "pump", "bread", "yeast", "salt"])
+    texts = [" ".join(rng.choice(words, 60)) for _ in range(n)]
+    table = pa.table({"id": [f"d{i}" for i in range(n)], "text": texts})
+    schema = [("id", pa.string()), ("text", pa.string())]
+    concat = " || ".join(["text"] * 16)
+    heavy = f"length({concat}) > 0 AND levenshtein(text, 'tide moon sea heat pump bread') > 0"
+    segment = SegmentRef("s", 0, n, lambda: table)
+    with MetadataFilter(timeout=1.0) as db, db.version([segment], schema) as flt:
+        assert flt.rows("id = 'd1'").tolist() == [1]  # loaded and warm
+        time.sleep(1.0)
+        before, peak = _rss_mb(), [0.0]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], _rss_mb())
+                time.sleep(0.01)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        started = time.monotonic()
+        try:
+            with pytest.raises(FlowsearchError, match="ran longer than 1 s"):
+                flt.rows(heavy)
+            elapsed = time.monotonic() - started
+        finally:
+            done.set()
+            sampler.join()
+        assert 0.9 < elapsed < 1.0 + 1.0, elapsed
+        assert peak[0] > before + 40, (before, peak)  # it did take memory (intermediates)...
+        deadline = time.monotonic() + 5
+        while _rss_mb() > before + 30 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _rss_mb() <= before + 30, (before, peak, _rss_mb())  # ...and gave it back
+        assert flt.rows("id = 'd2'").tolist() == [2]  # the filter still answers
+
+
+# -- segments: loaded once, shared by versions, typed by the version's schema ----------------
+
+
+def _counted(table: pa.Table, calls: list[str], name: str):
+    def load() -> pa.Table:
+        calls.append(name)
+        return table
+
+    return load
+
+
+def test_versions_share_segments_and_number_rows_globally() -> None:
+    a = pa.table(
+        {"id": ["a0", "a1"], "text": ["x", "y"], "year": pa.array([2001, 2002], pa.int32())}
+    )
+    b = pa.table({"id": ["b0", "b1", "b2"], "text": ["x", "y", "z"]})  # written before `year`
+    c = pa.table({"id": ["c0"], "text": ["w"], "year": pa.array([2030], pa.int64()),
+                  "lang": ["en"]})  # fmt: skip
+    calls: list[str] = []
+    seg_a = SegmentRef("a", 0, 2, _counted(a, calls, "a"))
+    seg_b = SegmentRef("b", 2, 3, _counted(b, calls, "b"))
+    base = [("id", pa.string()), ("text", pa.string()), ("year", pa.int64())]
+    with MetadataFilter() as db:
+        v1 = db.version([seg_a, seg_b], base)
+        assert calls == []  # nothing is read before a filtered query
+        assert v1.rows("year IS NULL").tolist() == [2, 3, 4]  # b lacks year: NULL
+        assert v1.rows("year > 2001").tolist() == [1]
+        assert sorted(calls) == ["a", "b"]
+        # the next version drops b, keeps a at another offset, adds c and a column
+        v2 = db.version(
+            [SegmentRef("c", 0, 1, _counted(c, calls, "c")),
+             SegmentRef("a", 1, 2, _counted(a, calls, "a"))],
+            [*base, ("lang", pa.string())],
+        )  # fmt: skip
+        assert v2.rows("year > 2001").tolist() == [0, 2]
+        assert v2.rows("lang = 'en'").tolist() == [0]
+        assert v2.rows("lang IS NULL").tolist() == [1, 2]
+        assert sorted(calls) == ["a", "b", "c"]  # a was read once for both versions
+        with pytest.raises(FlowsearchError, match="unknown column 'lang'"):
+            v1.rows("lang = 'en'")  # v1's schema has no lang
+        assert v1.rows("id LIKE 'b%'").tolist() == [2, 3, 4]  # v1 still answers
+        v1.close()
+        assert "b" not in db._segments and "a" in db._segments  # b had no other user
+        assert v2.rows("id = 'a1'").tolist() == [2]
+        v2.close()
+        assert db._segments == {}
+
+
+def test_a_pinned_version_reads_through_open_handles(tmp_path: Path) -> None:
+    """The design's point: load() reads through a handle its caller holds, so deleting the
+    file (a later write's cleanup) does not break a version that has not filtered yet."""
+    path = tmp_path / "seg.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "text": ["x", "y"], "n": [1, 2]}), path)
+    handle = pq.ParquetFile(path, memory_map=True)
+    path.unlink()
+    with MetadataFilter() as db:
+        load = lambda: handle.read(columns=["id", "text", "n"])  # noqa: E731
+        schema = [("id", pa.string()), ("text", pa.string()), ("n", pa.int64())]
+        flt = db.version([SegmentRef("s", 0, 2, load)], schema)
+        assert flt.rows("n > 1").tolist() == [1]
+
+
+def test_a_segment_that_breaks_its_promise_is_damage() -> None:
+    from flowsearch.errors import IndexDamaged
+
+    short = pa.table({"id": ["a"], "text": ["x"]})
+    with MetadataFilter() as db:
+        flt = db.version([SegmentRef("s", 0, 2, lambda: short)],
+                         [("id", pa.string()), ("text", pa.string())])  # fmt: skip
+        with pytest.raises(IndexDamaged, match="holds 1 rows, its version says 2"):
+            flt.rows("id = 'a'")
+
+
+def test_settings_bound_the_filter() -> None:
+    from flowsearch import settings as tuning
+
+    with (
+        tuning.override(filter_timeout=3.5, filter_memory_bytes=64 * 2**20),
+        MetadataFilter() as db,
+    ):
+        assert db.timeout == 3.5
+        limit = db._con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+        assert limit.startswith("61") or limit.startswith("64"), limit  # 64 MB (MiB shown)
+        assert db._con.execute("SELECT current_setting('temp_directory')").fetchone()[0] == ""

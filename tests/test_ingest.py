@@ -10,10 +10,9 @@ from corpus_helpers import segment_dirs, siblings, write_corpus
 
 from flowsearch.errors import FlowsearchError
 from flowsearch.search.searcher import Searcher
-from flowsearch.space.reference import DRIFT_WARN_STD, MIN_ROWS_PER_DIM, drift_report
 from flowsearch.settings import override
+from flowsearch.space.reference import MIN_ROWS_PER_DIM
 from flowsearch.storage import manifest as mf
-from flowsearch.storage.manifest import DensityStats
 from flowsearch.storage.rows import RowReader
 from flowsearch.storage.verify import verify
 from flowsearch.writes import build as ingest
@@ -32,11 +31,6 @@ def built(tmp_path_factory, model_dir, corpus):
     out = tmp_path_factory.mktemp("built") / "idx"
     summary = build_index(corpus, out, model=str(model_dir))
     return out, summary
-
-
-def _stats(mean: float, std: float, p01: float) -> DensityStats:
-    return DensityStats(mean_log_prob=mean, std_log_prob=std, p01=p01, p05=p01, median=mean,
-                        rows=100)  # fmt: skip
 
 
 def test_build_writes_a_complete_index(built, model_dir):
@@ -277,17 +271,6 @@ def test_overwrite_replaces(tmp_path, model_dir, corpus):
     assert Searcher.open(out, verify=True).search(texts[3], k=1)[0].id == "d3"
 
 
-def test_drift_report_threshold():
-    corpus = _stats(100.0, 10.0, 75.0)
-    near = drift_report(np.array([95.0, 99.0, 104.0]), corpus)
-    assert not near["warn"] and near["gap_std"] == pytest.approx(0.06666, abs=1e-3)
-    far = drift_report(np.array([70.0, 80.0, 88.0]), corpus)
-    assert far["warn"] and far["gap_std"] >= DRIFT_WARN_STD
-    assert far["share_below_p01"] == pytest.approx(1 / 3)
-    above = drift_report(np.array([200.0]), corpus)  # denser than the corpus is no drift
-    assert not above["warn"] and above["gap_std"] < 0
-
-
 def _snapshot(path):
     return {p.relative_to(path): p.read_bytes() for p in path.rglob("*") if p.is_file()}
 
@@ -377,14 +360,6 @@ def test_auto_keeps_encoder_space_for_too_few_rows(tmp_path, model_dir):
     assert cal.anisotropy["mean_cosine"] > 0.5
     assert cal.auto is not None and cal.auto.calibrated is False and cal.space == "encoder"
     assert f"{rows} rows < {MIN_ROWS_PER_DIM} x dim 32" in cal.decision
-
-
-def test_drift_is_not_judged_on_a_flow_fitted_on_too_few_rows():
-    corpus = _stats(100.0, 1.0, 98.0)
-    far = np.array([50.0, 60.0])
-    assert drift_report(far, corpus)["warn"] is True
-    small = drift_report(far, corpus, is_reliable=False)
-    assert small["warn"] is False and small["reliable"] is False and small["gap_std"] > 30
 
 
 def test_auto_calibrates_a_static_pooling_below_the_threshold(tmp_path, model_dir, corpus,

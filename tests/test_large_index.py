@@ -83,7 +83,6 @@ def test_large_corpus_path_builds_searches_and_maps(static_index: tuple[Path, An
         np.testing.assert_allclose([h.score for h in b], [h.score for h in a], atol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="where= lands with the filter rewrite")
 def test_large_corpus_path_filters_memory_mapped(static_index: tuple[Path, Any]) -> None:
     mapped = Searcher.open(static_index[0], gpu=False, mmap=True)
     hits = mapped.search(QUERIES[0], k=5, where="year >= 2015")

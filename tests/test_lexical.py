@@ -1,81 +1,24 @@
-"""flowsearch.lexical.bm25: tokenisation, exact BM25 against bm25s, filters, writes and files."""
+"""flowsearch.lexical.tokens and flowsearch.lexical.bm25: tokenisation, BM25 against bm25s,
+top-k, filters, bounds on k, score_rows and upper_bound."""
 
 from __future__ import annotations
 
-import json
+import tracemalloc
 
 import bm25s
 import numpy as np
 import pytest
+from lexical_helpers import QUERIES, WORDS, all_scores, bits, corpus
 
-from flowsearch.errors import FlowsearchError
-from flowsearch.lexical import bm25 as lexical
-from flowsearch.lexical.bm25 import FILES, LexicalIndex
+from flowsearch import settings
+from flowsearch.errors import BadInput
+from flowsearch.lexical.bm25 import Bm25, idf
+from flowsearch.lexical.postings import Postings
 from flowsearch.lexical.tokens import tokenize, tokenize_batch
 
-WORDS = [
-    "tide",
-    "moon",
-    "ocean",
-    "wave",
-    "heat",
-    "pump",
-    "energy",
-    "house",
-    "cat",
-    "dog",
-    "run",
-    "running",
-    "runs",
-    "river",
-    "bank",
-    "money",
-    "loan",
-    "water",
-    "cloud",
-    "rain",
-    "storm",
-    "wind",
-    "solar",
-    "panel",
-    "roof",
-    "garden",
-    "tree",
-    "leaf",
-]
 
-
-def _corpus(n: int, seed: int = 0, min_len: int = 1) -> list[str]:
-    """Synthetic texts over a small vocabulary (so terms repeat and dfs vary), with stopwords."""
-    rng = np.random.default_rng(seed)
-    texts = []
-    for _ in range(n):
-        words = rng.choice(WORDS, size=rng.integers(min_len, 12), p=_zipf(len(WORDS)))
-        texts.append(" the ".join(words).capitalize() + ".")
-    return texts
-
-
-def _zipf(n: int) -> np.ndarray:
-    p = 1.0 / np.arange(1, n + 1)
-    return p / p.sum()
-
-
-QUERIES = ["tide moon", "heat pumps for a house", "running dog dog", "bank loan money", "leaf"]
-
-
-def _all_scores(lex: LexicalIndex, query: str) -> np.ndarray:
-    """float32 (n_rows,) scores of every row (0 for a row without a query term)."""
-    scores, rows = lex.search([query], k=max(lex.n_rows, 1))
-    out = np.zeros(lex.n_rows, np.float32)
-    out[rows[0][rows[0] >= 0]] = scores[0][rows[0] >= 0]
-    return out
-
-
-def _same_search(a: LexicalIndex, b: LexicalIndex, queries: list[str], k: int) -> None:
-    sa, ra = a.search(queries, k)
-    sb, rb = b.search(queries, k)
-    np.testing.assert_array_equal(ra, rb)
-    np.testing.assert_allclose(sa, sb, rtol=1e-6)
+def _bm25(texts: list[str], **kwargs) -> Bm25:
+    return Bm25([(Postings.build(texts), None)], **kwargs)
 
 
 # -- tokenisation ----------------------------------------------------------------------------
@@ -102,12 +45,12 @@ def test_tokenize_folds_unicode_forms():
 
 
 def test_tokenize_batch_equals_one_at_a_time():
-    texts = _corpus(50) + ["", "?!", "東京"]
+    texts = corpus(50) + ["", "?!", "東京"]
     assert tokenize_batch(texts) == [tokenize(t) for t in texts]
 
 
 def test_non_string_text_is_a_clear_error():
-    with pytest.raises(FlowsearchError, match="text 1 is NoneType"):
+    with pytest.raises(BadInput, match="text 1 is NoneType, not a string; give every row"):
         tokenize_batch(["ok", None])  # type: ignore[list-item]
 
 
@@ -116,21 +59,32 @@ def test_non_string_text_is_a_clear_error():
 
 @pytest.mark.parametrize("method", ["lucene", "robertson", "atire"])
 def test_scores_equal_bm25s(method):
-    texts = _corpus(300, min_len=1)
-    lex = LexicalIndex.build(texts, k1=1.2, b=0.7, method=method)
+    texts = corpus(300, min_len=1)
+    bm25 = _bm25(texts, k1=1.2, b=0.7, method=method)
     ref = bm25s.BM25(k1=1.2, b=0.7, method=method)
     ref.index(tokenize_batch(texts), show_progress=False)
+    positive = 0
     for query in QUERIES:
         expected = ref.get_scores(tokenize(query))
-        np.testing.assert_allclose(_all_scores(lex, query), expected, rtol=1e-5, atol=1e-6)
+        positive += int(np.count_nonzero(expected))
+        np.testing.assert_allclose(all_scores(bm25, query), expected, rtol=1e-5, atol=1e-6)
+    assert positive > 100
+
+
+def test_robertson_idf_is_clipped_at_zero_like_bm25s():
+    # a term in most rows has a negative Robertson idf; bm25s (and so we) clip it to 0
+    assert idf("robertson", 9, 10) == 0.0 and idf("lucene", 9, 10) > 0
+    bm25 = _bm25(["tide"] * 9 + ["moon"], method="robertson")
+    assert bm25.search("tide", k=3)[1].tolist() == [[0, 1, 2]]
+    assert np.all(bm25.search("tide", k=3)[0] == 0)
 
 
 def test_search_is_exact_top_k_best_first_with_row_ties():
-    texts = _corpus(400, seed=1)
-    lex = LexicalIndex.build(texts)
+    texts = corpus(400, seed=1)
+    bm25 = _bm25(texts)
     ref = bm25s.BM25()
     ref.index(tokenize_batch(texts), show_progress=False)
-    scores, rows = lex.search(QUERIES, k=25)
+    scores, rows = bm25.search(QUERIES, k=25)
     assert scores.dtype == np.float32 and rows.dtype == np.int64 and rows.shape == (5, 25)
     for i, query in enumerate(QUERIES):
         full = ref.get_scores(tokenize(query)).astype(np.float32)
@@ -141,199 +95,198 @@ def test_search_is_exact_top_k_best_first_with_row_ties():
 
 
 def test_ties_go_to_the_lower_row():
-    lex = LexicalIndex.build(["solar roof", "wind farm", "solar roof", "solar roof", "rain"])
-    scores, rows = lex.search(["solar"], k=5)
-    assert rows[0].tolist() == [0, 2, 3, -1, -1]
+    bm25 = _bm25(["solar roof", "wind farm", "solar roof", "solar roof", "rain"])
+    scores, rows = bm25.search(["solar"], k=5)
+    assert rows.tolist() == [[0, 2, 3]]  # three hits: the answer is three wide
     assert scores[0][0] == scores[0][1] == scores[0][2] > 0
-    assert np.all(np.isneginf(scores[0][3:]))
+
+
+def test_answer_width_is_the_most_hits_and_shorter_queries_are_padded():
+    bm25 = _bm25(["solar roof", "wind farm", "solar roof", "rain"])
+    scores, rows = bm25.search(["solar", "wind", "zebra"], k=100)
+    assert rows.tolist() == [[0, 2], [1, -1], [-1, -1]]
+    assert np.isneginf(scores[1, 1]) and np.all(np.isneginf(scores[2]))
 
 
 def test_queries_without_known_terms_have_no_hits():
-    lex = LexicalIndex.build(_corpus(50))
-    scores, rows = lex.search(["", "the and of", "zebra quantum", "?!", "東京"], k=3)
-    assert np.all(rows == -1) and np.all(np.isneginf(scores))
+    bm25 = _bm25(corpus(50))
+    scores, rows = bm25.search(["", "the and of", "zebra quantum", "?!", "東京"], k=3)
+    assert rows.shape == scores.shape == (5, 0)
 
 
-def test_one_string_is_one_query_and_k_is_checked():
-    lex = LexicalIndex.build(_corpus(20))
-    assert lex.search("tide", k=2)[1].shape == (1, 2)
-    with pytest.raises(ValueError, match="k must be"):
-        lex.search(["tide"], k=0)
+@pytest.mark.parametrize("k", [0, -1, 1.5, True, "3"])
+def test_k_must_be_a_positive_integer(k):
+    bm25 = _bm25(corpus(20))
+    with pytest.raises(BadInput, match="k must be an integer >= 1") as err:
+        bm25.search(["tide"], k=k)
+    assert err.value.param == "k"
 
 
-def test_empty_index_and_empty_texts():
-    empty = LexicalIndex.build([])
-    assert empty.n_rows == 0 and empty.search(["tide"], k=2)[1].tolist() == [[-1, -1]]
-    lex = LexicalIndex.build(["", "?!", "tide"])
-    assert lex.n_rows == 3 and lex.search(["tide"], k=3)[1].tolist() == [[2, -1, -1]]
+def test_one_string_is_one_query_and_numpy_k_works():
+    bm25 = _bm25(corpus(20))
+    assert bm25.search("tide", k=np.int64(2))[1].shape == (1, 2)
 
 
-# -- allowed (filters and deletes from elsewhere) -----------------------------------------------
+def test_empty_postings_and_empty_texts():
+    empty = _bm25([])
+    assert empty.n_rows == 0 and empty.search(["tide"], k=2)[1].shape == (1, 0)
+    bm25 = _bm25(["", "?!", "tide"])
+    assert bm25.n_rows == 3 and bm25.search(["tide"], k=3)[1].tolist() == [[2]]
 
 
-def test_allowed_rows_only_and_top_k_among_them_is_exact():
-    texts = _corpus(500, seed=2)
-    lex = LexicalIndex.build(texts)
+def test_k_of_a_billion_allocates_with_the_hits_not_with_k():
+    bm25 = _bm25(corpus(300, seed=12))
+    bm25.search(QUERIES, k=10)  # first-use caches (vocabulary dict) out of the measure
+    tracemalloc.start()
+    try:
+        scores, rows = bm25.search(QUERIES, k=10**9)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rows.shape[1] == (rows >= 0).sum(axis=1).max() <= 300
+    assert peak < 2**20  # (5, 10**9) float32 + int64 would be 60 GB; 300 rows need kilobytes
+
+
+def test_unknown_method_and_bad_parameters_are_refused():
+    p = Postings.build(["a b"])
+    with pytest.raises(BadInput, match="unknown BM25 method 'bm25l'") as err:
+        Bm25([(p, None)], method="bm25l")  # type: ignore[arg-type]
+    assert err.value.param == "method"
+    for k1, b in ((-1.0, 0.5), (1.2, 1.5), (float("nan"), 0.5)):
+        with pytest.raises(BadInput, match="k1 >= 0 and b in"):
+            Bm25([(p, None)], k1=k1, b=b)
+
+
+def test_deleted_masks_are_checked():
+    p = Postings.build(corpus(10))
+    with pytest.raises(BadInput, match=r"deleted must be a bool array of shape \(10,\)"):
+        Bm25([(p, np.zeros(9, bool))])
+    with pytest.raises(BadInput, match="deleted must be a bool array"):
+        Bm25([(p, np.zeros(10, np.int8))])  # type: ignore[list-item]
+
+
+# -- allowed (a where filter) ------------------------------------------------------------------
+
+
+def test_allowed_restricts_candidates_not_statistics():
+    texts = corpus(500, seed=2)
+    bm25 = _bm25(texts)
     allowed = np.random.default_rng(3).random(500) < 0.1
-    scores, rows = lex.search(QUERIES, k=10, allowed=allowed)
+    scores, rows = bm25.search(QUERIES, k=10, allowed=allowed)
     for i, query in enumerate(QUERIES):
-        full = _all_scores(lex, query)
+        full = all_scores(bm25, query)  # unfiltered: the filter changes no score
         hit = np.flatnonzero((full > 0) & allowed)
         truth = hit[np.lexsort((hit, -full[hit]))][:10]
         got = rows[i][rows[i] >= 0]
-        assert allowed[got].all()
-        np.testing.assert_array_equal(got, truth)  # k hits whenever k allowed rows match
+        np.testing.assert_array_equal(got, truth)
+        np.testing.assert_array_equal(bits(scores[i][: len(got)]), bits(full[got]))
 
 
 def test_allowed_must_be_a_full_bool_mask():
-    lex = LexicalIndex.build(_corpus(10))
-    with pytest.raises(ValueError, match="allowed must be bool"):
-        lex.search(["tide"], 3, allowed=np.ones(9, bool))
-    with pytest.raises(ValueError, match="allowed must be bool"):
-        lex.search(["tide"], 3, allowed=np.ones(10, int))
+    bm25 = _bm25(corpus(10))
+    for bad in (np.ones(9, bool), np.ones(10, int), [True] * 10):
+        with pytest.raises(BadInput, match="allowed must be a bool array") as err:
+            bm25.search(["tide"], 3, allowed=bad)  # type: ignore[arg-type]
+        assert err.value.param == "allowed"
 
 
-# -- writes: add, delete, compact equal a build from the live texts -------------------------------
+# -- segments, deletions and the statistics ----------------------------------------------------
 
 
-def test_streaming_build_equals_list_build(monkeypatch):
-    texts = _corpus(230, seed=4)
-    whole = LexicalIndex.build(texts)
-    monkeypatch.setattr(lexical, "BUILD_CHUNK", 17)
-    streamed = LexicalIndex.build(t for t in texts)
-    _same_search(whole, streamed, QUERIES, k=30)
-    assert streamed.n_rows == 230 and streamed.nnz == whole.nnz
+def test_df_and_statistics_count_live_rows_of_every_segment():
+    a = Postings.build(["tide moon", "tide", "sun"])
+    b = Postings.build(["tide tide", "rain"])
+    bm25 = Bm25([(a, np.array([False, True, False])), (b, None)])
+    assert (bm25.n_rows, bm25.n_live) == (5, 4)
+    assert bm25.df("tide") == 2 and bm25.df("moon") == 1 and bm25.df("zebra") == 0
+    assert bm25.avg_length == (2 + 1 + 2 + 1) / 4
+    np.testing.assert_array_equal(bm25.offsets, [0, 3, 5])
 
 
-def test_add_equals_build_at_once():
-    texts = _corpus(300, seed=5)
-    whole = LexicalIndex.build(texts)
-    grown = LexicalIndex.build(texts[:120])
-    np.testing.assert_array_equal(grown.add(texts[120:250]), np.arange(120, 250))
-    grown.add(iter(texts[250:]))
-    assert grown.add([]).size == 0
-    _same_search(whole, grown, QUERIES, k=40)
-    assert (grown.n_rows, grown.nnz) == (whole.n_rows, whole.nnz)
+def test_deleted_rows_are_never_returned():
+    texts = corpus(200, seed=5)
+    deleted = np.random.default_rng(5).random(200) < 0.3
+    bm25 = Bm25([(Postings.build(texts), deleted)])
+    rows = bm25.search(QUERIES, k=200)[1]
+    assert not np.isin(rows[rows >= 0], np.flatnonzero(deleted)).any()
 
 
-def test_failed_add_leaves_the_index_unchanged():
-    lex = LexicalIndex.build(_corpus(40))
-    before = lex.search(QUERIES, k=10)
-    vocab_size = lex.vocab_size
-    with pytest.raises(FlowsearchError):
-        lex.add(["brand new words", None])  # type: ignore[list-item]
-    assert (lex.n_rows, lex.vocab_size) == (40, vocab_size)
-    after = lex.search(QUERIES + ["brand new words"], k=10)
-    np.testing.assert_array_equal(after[1][:-1], before[1])
-    assert np.all(after[1][-1] == -1)
+def test_everything_deleted_has_no_hits_and_no_division_by_zero():
+    p = Postings.build(["tide moon", "", "?!"])
+    with np.errstate(all="raise"):
+        bm25 = Bm25([(p, np.array([True, False, False]))])
+        assert bm25.search(["tide"], k=2)[1].shape == (1, 0)
+    assert bm25.n_live == 2 and bm25.avg_length == 1.0
 
 
-def test_delete_scores_as_a_build_of_the_live_texts():
-    texts = _corpus(300, seed=6)
-    lex = LexicalIndex.build(texts)
-    dead = np.random.default_rng(7).choice(300, size=90, replace=False)
-    assert lex.delete(dead) == 90 and lex.delete(dead[:5]) == 0
-    assert (lex.n_rows, lex.n_live) == (300, 210) and not lex.live[dead].any()
-    kept = np.flatnonzero(lex.live)
-    fresh = LexicalIndex.build([texts[i] for i in kept])
-    scores, rows = lex.search(QUERIES, k=50)
-    fresh_scores, fresh_rows = fresh.search(QUERIES, k=50)
-    assert not np.isin(rows, dead).any()
-    np.testing.assert_array_equal(rows, np.where(fresh_rows >= 0, kept[fresh_rows], -1))
-    np.testing.assert_allclose(scores, fresh_scores, rtol=1e-6)
+# -- score_rows and upper_bound ----------------------------------------------------------------
 
 
-def test_upsert_is_delete_then_add():
-    texts = _corpus(100, seed=8)
-    lex = LexicalIndex.build(texts)
-    lex.delete([3])
-    (new_row,) = lex.add(["zebra crossing"])
-    assert new_row == 100
-    assert lex.search(["zebra"], k=2)[1].tolist() == [[100, -1]]
-    assert 3 not in lex.search([texts[3]], k=100)[1]
+def test_score_rows_equals_search_scores_bit_for_bit():
+    texts = corpus(300, seed=6)
+    cut = [(Postings.build(texts[:120]), None), (Postings.build(texts[120:]), None)]
+    deleted = np.zeros(180, bool)
+    deleted[::7] = True
+    bm25 = Bm25([cut[0], (cut[1][0], deleted)])
+    for query in QUERIES:
+        scores, rows = bm25.search(query, k=40)
+        others = np.array([0, 121, 299, 5, 127])  # 127: the second segment's deleted row 7
+        got = bm25.score_rows(query, np.concatenate([rows[0], others]))
+        assert got.dtype == np.float32 and rows.shape[1] > 10
+        n = rows.shape[1]
+        np.testing.assert_array_equal(bits(got[:n]), bits(scores[0]))
+        np.testing.assert_array_equal(bits(got[n:]), bits(all_scores(bm25, query)[others]))
+    assert bm25.score_rows("leaf", [120])[0] == 0  # deleted (120 is segment 2's row 0)
 
 
-def test_compact_equals_a_build_of_the_live_texts():
-    texts = _corpus(300, seed=9) + ["unique words only here"]
-    lex = LexicalIndex.build(texts)
-    dead = np.r_[np.random.default_rng(10).choice(300, size=120, replace=False), 300]
-    lex.delete(dead)
-    kept = lex.compact()
-    np.testing.assert_array_equal(kept, np.setdiff1d(np.arange(301), dead))
-    fresh = LexicalIndex.build([texts[i] for i in kept])
-    assert (lex.n_rows, lex.n_live, lex.nnz) == (fresh.n_rows, fresh.n_rows, fresh.nnz)
-    assert lex.vocab_size == fresh.vocab_size  # terms only deleted rows held are gone
-    _same_search(lex, fresh, QUERIES + ["unique words"], k=60)
+def test_score_rows_of_rows_without_terms_is_zero_and_refuses_other_rows():
+    bm25 = _bm25(["tide", "moon"])
+    assert bm25.score_rows("zebra", [0, 1]).tolist() == [0.0, 0.0]
+    assert bm25.score_rows("tide", []).shape == (0,)
+    with pytest.raises(BadInput, match="row 2 is outside the version's rows 0..1") as err:
+        bm25.score_rows("tide", [0, 2])
+    assert err.value.param == "rows"
 
 
-def test_deleting_every_row_with_terms_leaves_no_hits():
-    lex = LexicalIndex.build(["tide moon", "", "?!"])
-    with np.errstate(all="raise"):  # no division by a zero average length
-        lex.delete([0])
-    assert lex.search(["tide"], k=2)[1].tolist() == [[-1, -1]]
-    assert lex.compact().tolist() == [1, 2] and lex.vocab_size == 0
+@pytest.mark.parametrize("method", ["lucene", "robertson", "atire"])
+def test_upper_bound_bounds_every_score(method):
+    texts = corpus(300, seed=7, max_len=30) + ["tide " * 40, "moon"]
+    bm25 = _bm25(texts, k1=1.2, b=0.75, method=method)
+    for query in [*QUERIES, "tide tide tide", "tide leaf"]:
+        assert all_scores(bm25, query).max() <= bm25.upper_bound(query)
+    top = 1.0 if method != "atire" else 2.2
+    n = bm25.n_live
+    expected = top * (idf(method, bm25.df("tide"), n) + idf(method, bm25.df("moon"), n))
+    assert bm25.upper_bound("tide moon") == pytest.approx(expected, rel=1e-5)
+    assert bm25.upper_bound("zebra") == 0.0
 
 
-def test_delete_refuses_rows_out_of_range():
-    lex = LexicalIndex.build(_corpus(10))
-    with pytest.raises(FlowsearchError, match="cannot delete row 10"):
-        lex.delete([2, 10])
-    assert lex.n_live == 10
+# -- the block cache ---------------------------------------------------------------------------
 
 
-# -- files -------------------------------------------------------------------------------------
+def test_cached_blocks_answer_as_computed_ones():
+    texts = corpus(400, seed=8)
+    deleted = np.random.default_rng(8).random(200) < 0.2
+    segments = [(Postings.build(texts[:200]), None), (Postings.build(texts[200:]), deleted)]
+    with settings.override(lexical_cache_bytes=0):
+        cold = Bm25(segments)
+    warm = Bm25(segments)
+    queries = [*QUERIES, "tide tide moon", "moon tide"]
+    first = warm.search(queries, k=50)
+    assert cold._cache.n_bytes == 0 and warm._cache.n_bytes > 0
+    for answer in (warm.search(queries, k=50), cold.search(queries, k=50)):  # hits; no cache
+        for got, want in zip(answer, first):
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
 
 
-def test_save_load_round_trip(tmp_path):
-    texts = _corpus(200, seed=11) + ["東京タワー", ""]
-    lex = LexicalIndex.build(texts, k1=1.1, b=0.6, method="atire")
-    lex.delete([5, 6])
-    lex.save(tmp_path / "lexical")
-    assert sorted(p.name for p in (tmp_path / "lexical").iterdir()) == sorted(FILES)
-    back = LexicalIndex.load(tmp_path / "lexical")
-    assert (back.k1, back.b, back.method, back.n_live) == (1.1, 0.6, "atire", lex.n_live)
-    _same_search(lex, back, QUERIES + ["東京タワー"], k=20)
-    lex.save(tmp_path / "lexical")  # overwriting its own files is fine
-
-
-def test_load_never_unpickles(tmp_path):
-    LexicalIndex.build(_corpus(20)).save(tmp_path)
-    np.save(tmp_path / "live.npy", np.array([object()] * 20), allow_pickle=True)
-    with pytest.raises(FlowsearchError, match="cannot read lexical index"):
-        LexicalIndex.load(tmp_path)
-
-
-def test_load_refuses_unexpected_missing_or_damaged_files(tmp_path):
-    LexicalIndex.build(_corpus(20)).save(tmp_path)
-    (tmp_path / "extra.pkl").write_bytes(b"\x80\x04")
-    with pytest.raises(FlowsearchError, match="unexpected extra.pkl"):
-        LexicalIndex.load(tmp_path)
-    (tmp_path / "extra.pkl").unlink()
-    (tmp_path / "live.npy").unlink()
-    with pytest.raises(FlowsearchError, match="lacks live.npy"):
-        LexicalIndex.load(tmp_path)
-    LexicalIndex.build(_corpus(20)).save(tmp_path)
-    np.save(tmp_path / "postings_rows.npy", np.full(3, 99, np.int32))
-    with pytest.raises(FlowsearchError, match="damaged"):
-        LexicalIndex.load(tmp_path)
-    with pytest.raises(FlowsearchError, match="no lexical index"):
-        LexicalIndex.load(tmp_path / "nowhere")
-
-
-def test_load_refuses_another_format(tmp_path):
-    LexicalIndex.build(_corpus(20)).save(tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "format_version": 99}))
-    with pytest.raises(FlowsearchError, match="not a flowsearch-lexical v1"):
-        LexicalIndex.load(tmp_path)
-
-
-def test_save_refuses_a_directory_of_other_files(tmp_path):
-    (tmp_path / "notes.txt").write_text("mine")
-    with pytest.raises(FlowsearchError, match="unexpected notes.txt"):
-        LexicalIndex.build(_corpus(5)).save(tmp_path)
-
-
-def test_unknown_method_is_refused():
-    with pytest.raises(FlowsearchError, match="unknown BM25 method 'bm25l'"):
-        LexicalIndex.build(["a b"], method="bm25l")  # type: ignore[arg-type]
+def test_the_cache_stays_within_its_budget():
+    texts = corpus(2000, seed=9) + ["zebra crossing", "zebra"]
+    bm25 = Bm25([(Postings.build(texts), None)])
+    budget = 12 * 300  # room for a few hundred postings: the common terms do not fit
+    with settings.override(lexical_cache_bytes=budget):
+        small = Bm25([(Postings.build(texts), None)])
+    for query in [*QUERIES, " ".join(WORDS), "zebra crossing"]:
+        np.testing.assert_array_equal(small.search(query, k=20)[1], bm25.search(query, k=20)[1])
+        assert small._cache.n_bytes <= budget
+    assert small._cache.n_bytes > 0  # zebra and crossing are kept
+    assert bm25._cache.n_bytes > 20 * budget  # the default keeps them all

@@ -52,13 +52,21 @@ def test_load_pins_every_segment_of_the_current_version(index, encoder):
     assert [r["id"] for r in v.segments[1].rows.rows([0, 4])] == ["a0", "a4"]
 
 
-@pytest.mark.xfail(strict=True, reason="where= lands with the filter rewrite")
 def test_a_versions_filter_gives_global_rows(index, encoder):
     from flowsearch.search.searcher import Searcher
 
     s = Searcher.open(index, encoder=encoder)
-    rows = s._matching(s.version, "id IN ('d3', 'd4', 'a1', 'd1')")
-    assert rows is not None and rows.tolist() == [3, 4, 61]  # d1 is deleted
+    where = "id IN ('d3', 'd4', 'a1', 'd1')"
+    rows = s._matching(s.version, where)
+    assert rows is not None and rows.tolist() == [1, 3, 4, 61]  # across both segments
+    for mode in ("dense", "lexical", "hybrid"):  # d1 matches but is deleted: never returned
+        hits = s.search("the cat a1 d3 d4", k=10, where=where, mode=mode)
+        assert {h.id for h in hits} <= {"d3", "d4", "a1"}
+    assert {h.id for h in s.search("the cat", k=10, where=where, mode="dense")} == {
+        "d3",
+        "d4",
+        "a1",
+    }
 
 
 def test_the_next_version_reuses_what_is_unchanged(index, encoder, tmp_path):

@@ -401,7 +401,6 @@ def test_a_pinned_reader_keeps_its_version_after_cleanup_removed_its_files(index
     assert searcher.refresh() is False
 
 
-@pytest.mark.xfail(strict=True, reason="where= lands with the filter rewrite")
 def test_a_pinned_reader_filters_on_its_version_after_cleanup(index):
     searcher = Searcher.open(index)
     want = [h.id for h in searcher.search("the cat", k=5, where="year >= 2000", mode="dense")]

@@ -1,10 +1,13 @@
 """The ``flowsearch`` command line: parses arguments, calls the library, prints what it returns.
 
-May import the library's public layers; holds no logic of its own.
+``app`` holds the command group, the error mapping and :func:`main`; ``options`` the options the
+commands share and every choice list (each read from the module that owns it); ``output`` what is
+printed and how. The commands: ``search`` (query, info), ``writes`` (index, add, upsert, delete,
+compact, recalibrate), ``serve``, ``evaluate`` (eval). May import every layer below; holds no
+logic of its own.
 """
 
-from flowsearch.cli import engine as _engine  # noqa: F401 - registers its commands
-from flowsearch.cli import evaluate as _evaluate  # noqa: F401 - registers `eval`
+from flowsearch.cli import evaluate, search, serve, writes  # noqa: F401 - register commands
 from flowsearch.cli.app import app, main
 
 __all__ = ["app", "main"]

@@ -16,8 +16,19 @@ from typing import Annotated, Any
 
 import typer
 
-from flowsearch.cli.app import AsJson, _literal, _print_json, _stdout_console, _user_errors, app
-from flowsearch.errors import FlowsearchError
+from flowsearch.cli.app import app, user_errors
+from flowsearch.cli.options import (
+    BACKENDS,
+    CALIBRATIONS,
+    MODES,
+    POOLINGS,
+    QUANTIZATIONS,
+    AsJson,
+    choices,
+    flag,
+)
+from flowsearch.cli.output import literal, print_json, stdout_console
+from flowsearch.errors import BadInput
 
 __all__ = ["Task"]
 
@@ -31,7 +42,7 @@ class Task(str, enum.Enum):
 
 
 @app.command("eval")
-@_user_errors
+@user_errors
 def eval_cmd(
     task: Annotated[Task, typer.Argument(help="sts, qnli or retrieval.")],
     beir_dir: Annotated[
@@ -41,69 +52,70 @@ def eval_cmd(
         Path | None, typer.Option(help="sts/qnli: data folder (default $FLOWSEARCH_DATA).")
     ] = None,
     model: Annotated[str | None, typer.Option(help="Encoder model id or directory.")] = None,
-    pooling: Annotated[str, typer.Option(help="cls|mean|last2avg|first_last_avg|static")] = "mean",
+    pooling: Annotated[
+        str, typer.Option(help=f"Pooling: {choices(POOLINGS)}.", metavar="NAME")
+    ] = "mean",
     calibration: Annotated[
-        str | None, typer.Option(help="none|auto|flow|whitening|... (sts/qnli: none)")
+        str | None,
+        typer.Option(
+            help=f"retrieval: {choices(CALIBRATIONS)} (default auto); sts/qnli: an evaluation "
+            "setting (default none; an unknown name lists them).",
+            metavar="NAME",
+        ),
     ] = None,
     max_length: Annotated[int | None, typer.Option(help="Tokens per text.")] = None,
     batch_size: Annotated[int, typer.Option(help="Texts per encoder pass.")] = 64,
-    backend: Annotated[str, typer.Option(help="Encoder runtime: torch|onnx.")] = "torch",
-    quantize: Annotated[str | None, typer.Option(help="int8 (onnx backend only).")] = None,
+    backend: Annotated[
+        str, typer.Option(help=f"Encoder runtime: {choices(BACKENDS)}.", metavar="NAME")
+    ] = "torch",
+    quantize: Annotated[
+        str | None,
+        typer.Option(help=f"{choices(QUANTIZATIONS)} (onnx backend only).", metavar="NAME"),
+    ] = None,
     tasks: Annotated[
         str | None, typer.Option(help="sts only: comma list, e.g. STSB,SICKR (default all).")
     ] = None,
-    mode: Annotated[str, typer.Option(help="retrieval: dense|lexical|hybrid|all.")] = "all",
+    mode: Annotated[
+        str,
+        typer.Option(help=f"retrieval: {choices((*MODES, 'all'))}.", metavar="MODE"),
+    ] = "all",
     ignore_identical_ids: Annotated[
-        bool, typer.Option(help="retrieval: drop a hit whose id is the query's.")
+        bool,
+        flag(
+            "--ignore-identical-ids",
+            help="retrieval: drop a hit whose id is the query's.",
+        ),
     ] = False,
-    keep: Annotated[bool, typer.Option(help="retrieval: keep the index built.")] = False,
+    keep: Annotated[bool, flag("--keep", help="retrieval: keep the index built.")] = False,
     as_json: AsJson = False,
 ) -> None:
     """Evaluate an encoder + calibration: STS (Spearman), QNLI (AUC), retrieval (nDCG@10)."""
-    from flowsearch import evaluation
-
-    encoder: dict[str, Any] = {}
+    options = dict(model=model, pooling=pooling, max_length=max_length, batch_size=batch_size)
     if backend != "torch" or quantize is not None:
-        encoder = {"backend": backend, "quantize": quantize}
+        options.update(backend=backend, quantize=quantize)
     if task is Task.retrieval:
         if beir_dir is None:
-            raise FlowsearchError("eval retrieval needs a BEIR-format directory; give its path")
-        result = evaluation.run_retrieval(
-            beir_dir,
-            modes=mode,
-            model=model,
-            pooling=pooling,
-            calibration=calibration or "auto",
-            keep=keep,
-            batch_size=batch_size,
-            ignore_identical_ids=ignore_identical_ids,
-            max_length=max_length,
-            **encoder,
-        )
+            raise BadInput("eval retrieval needs a BEIR-format directory", "give its path")
+        result = _retrieval(beir_dir, calibration or "auto", mode, keep, ignore_identical_ids,
+                            options)  # fmt: skip
     else:
         if beir_dir is not None:
-            raise FlowsearchError(f"eval {task.value} takes no directory argument; use --data")
-        kwargs: dict[str, Any] = {
-            "model": model,
-            "pooling": pooling,
-            "calibration": calibration or "none",
-            "max_length": max_length,
-            "data_dir": data,
-            "batch_size": batch_size,
-            **encoder,
-        }
-        if task is Task.sts:
-            names = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
-            result = evaluation.run_sts(tasks=names, **kwargs)
-        else:
-            result = evaluation.run_qnli(**kwargs)
+            raise BadInput(
+                f"eval {task.value} takes no directory argument", "give the data folder with --data"
+            )
+        result = _pairs(task, data, calibration or "none", tasks, options)
     if as_json:
-        _print_json(result)
-        return
+        print_json(result)
+    else:
+        _print_table(task, result, keep)
+
+
+def _print_table(task: Task, result: dict[str, Any], keep: bool) -> None:
+    """The evaluation's figures as a table (task, metric, value) on stdout."""
     from rich.table import Table
 
     table = Table(
-        title=_literal(
+        title=literal(
             f"{task.value}: {result['model']} / {result['pooling']} / {result['calibration']}"
         ),
         title_justify="left",
@@ -114,9 +126,46 @@ def eval_cmd(
     for name, metrics in result["results"].items():
         for metric, value in metrics.items():
             shown = f"{value:.4f}" if isinstance(value, float) else str(value)
-            table.add_row(_literal(name), metric, shown)
+            table.add_row(literal(name), metric, shown)
     if "avg" in result:
         table.add_row("avg", "", f"{result['avg']:.4f}")
     if result.get("index_dir") and keep:
-        table.caption = _literal(f"index kept at {result['index_dir']}")
-    _stdout_console().print(table)
+        table.caption = literal(f"index kept at {result['index_dir']}")
+    stdout_console().print(table)
+
+
+def _retrieval(
+    beir_dir: Path,
+    calibration: str,
+    mode: str,
+    keep: bool,
+    ignore_identical_ids: bool,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    from flowsearch import evaluation
+
+    result: dict[str, Any] = evaluation.run_retrieval(
+        beir_dir,
+        modes=mode,
+        calibration=calibration,
+        keep=keep,
+        ignore_identical_ids=ignore_identical_ids,
+        **options,
+    )
+    return result
+
+
+def _pairs(
+    task: Task, data: Path | None, calibration: str, tasks: str | None, options: dict[str, Any]
+) -> dict[str, Any]:
+    """STS (Spearman) or QNLI (AUC) on the data folder."""
+    from flowsearch import evaluation
+
+    kwargs = {**options, "calibration": calibration, "data_dir": data}
+    result: dict[str, Any]
+    if task is Task.sts:
+        names = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+        result = evaluation.run_sts(tasks=names, **kwargs)
+    else:
+        result = evaluation.run_qnli(**kwargs)
+    return result

@@ -5,18 +5,18 @@ length against the average, and the term's rarity (idf). A version's lexical sid
 :class:`~flowsearch.lexical.postings.Postings` of each of its segments with the segment's
 deletion mask; :class:`Bm25` scores them as *one* corpus: N is the live rows of every segment,
 the average length is over those rows, and a query term's df is counted at query time over its
-live postings in every segment. Nothing is precomputed per write, and the scores do not depend
-on how the corpus is cut into segments: a row scores bit for bit what it scores in one segment
+live postings in every segment. Nothing is precomputed per write, and scores do not depend on
+how the corpus is cut into segments: a row scores bit for bit what it scores in one segment
 built from the live rows in the same order.
 
-The weighting formulas are the variants of Kamphuis et al. (2020) as bm25s names them (Lù,
-2024), so scores equal ``bm25s.BM25(method=...)`` on the same tokens up to bm25s's float32
-arithmetic. A row's score is computed as: each posting's weight ``idf * tfc`` in float64,
-rounded to float32; the weights of the row's query terms summed in float64 in query order (a
-repeated query term counts each time, as in bm25s and Lucene); the sum rounded to float32.
+The weights are the variants of Kamphuis et al. (2020) as bm25s names them (Lù, 2024; see
+:mod:`~flowsearch.lexical.weights`), so scores equal ``bm25s.BM25(method=...)`` on the same
+tokens up to bm25s's float32 arithmetic. A row's score: each of its query terms' weight
+(``idf * tfc`` in float64, rounded to float32), summed in float64 in query order (a repeated
+query term counts each time, as in bm25s and Lucene), rounded to float32.
 
-Rows in answers are *global*: a row's segment offset (the rows of the segments before it, in
-version order) plus its local row.
+Rows in answers are *global*: the segment's offset (the rows of the segments before it, in
+version order) plus the local row.
 
 Example:
     >>> from flowsearch.lexical.postings import Postings
@@ -30,84 +30,42 @@ Example:
 References:
     Robertson & Zaragoza, "The Probabilistic Relevance Framework: BM25 and Beyond", 2009.
     Kamphuis, de Vries, Boytsov & Lin, "Which BM25 Do You Mean? A Large-Scale Reproducibility
-    Study of Scoring Variants", ECIR 2020 (the variants). Lù, "BM25S: Orders of magnitude faster
-    lexical search via eager sparse scoring", 2024.
+    Study of Scoring Variants", ECIR 2020. Lù, "BM25S: Orders of magnitude faster lexical search
+    via eager sparse scoring", 2024.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
 
-from flowsearch.errors import BadInput, IndexDamaged
-from flowsearch.lexical.postings import Int32, Int64, Mask, Postings, check_mask
+from flowsearch import settings
+from flowsearch.errors import BadInput
+from flowsearch.lexical.blocks import Block, BlockCache, Float32, Segment, Weighing, term_blocks
+from flowsearch.lexical.postings import Int64, Mask, check_mask
 from flowsearch.lexical.tokens import tokenize_batch
+from flowsearch.lexical.weights import Method, check_method, idf, tfc_supremum
 
-__all__ = ["Bm25", "Method", "Part", "idf", "tfc"]
-
-#: BM25 variants whose weights depend only on (tf, row length, df): the ones that score a row
-#: only for the terms it holds (BM25L and BM25+ would score every row for every term).
-Method = Literal["lucene", "robertson", "atire"]
-#: One segment of a version: its postings and its deletion mask (bool (n_rows,), True for a
-#: deleted row) or None.
-Part = tuple[Postings, Mask | None]
-Float32 = npt.NDArray[np.float32]
-Float64 = npt.NDArray[np.float64]
-
-
-def idf(method: Method, df: int, n: int) -> float:
-    """The term's idf for ``df`` live rows holding it among ``n`` live rows (``df >= 1``).
-
-    lucene: ``log(1 + (n - df + 0.5) / (df + 0.5))``; robertson: ``log((n - df + 0.5) /
-    (df + 0.5))``, clipped at 0 as bm25s does; atire: ``log(n / df)``.
-    """
-    if method == "lucene":
-        return math.log(1 + (n - df + 0.5) / (df + 0.5))
-    if method == "robertson":
-        return math.log(max((n - df + 0.5) / (df + 0.5), 1.0))
-    return math.log(n / df)
-
-
-def tfc(
-    method: Method, tf: Float64, length: Float64, avg_length: float, k1: float, b: float
-) -> Float64:
-    """The term-frequency component, float64, elementwise over postings.
-
-    lucene and robertson: ``tf / (k1 * ((1 - b) + b * length / avg_length) + tf)``, below 1;
-    atire: ``tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / avg_length))``, below k1 + 1.
-    """
-    if method == "atire":
-        out: Float64 = (tf * (k1 + 1)) / (tf + k1 * (1 - b + b * length / avg_length))
-        return out
-    out = tf / (k1 * ((1 - b) + b * length / avg_length) + tf)
-    return out
-
-
-@dataclass(frozen=True)
-class _Matches:
-    """One query's live postings over every segment, in query-term order."""
-
-    rows: Int64  # global rows, int64 (m,)
-    weights: Float32  # float32 (m,)
+__all__ = ["Bm25", "Method", "Segment"]
 
 
 class Bm25:
     r"""BM25 over the live rows of a version's segments, as one corpus.
 
     Args:
-        parts: each segment's postings and deletion mask, in version order (see :data:`Part`).
-            A mask is read as immutable (per-mask statistics are kept while it lives).
+        segments: each segment's postings and deletion mask (bool (n_rows,), True for a deleted
+            row, or None), in version order. A mask is read as immutable: per-mask statistics
+            are kept while it lives (give a new array for new deletions).
         k1: term-frequency saturation (>= 0).
         b: length normalisation, in [0, 1].
         method: the BM25 variant, as bm25s names it.
 
-    Building one costs O(segments) for segments and masks already seen, and one pass over a
-    new mask's segment otherwise (its live count and length sum); queries do the rest.
+    Building one costs O(segments) for the segments and masks already seen, and one pass over
+    a new mask's segment otherwise (its live count and length sum); queries do the rest. The
+    weighed postings of recent query terms are kept under ``settings.current()
+    .lexical_cache_bytes`` (they hold for this version only).
 
     Raises:
         BadInput: an unknown method, k1 or b out of range, or a mask that is not bool (n_rows,).
@@ -115,30 +73,30 @@ class Bm25:
 
     def __init__(
         self,
-        parts: Sequence[Part],
+        segments: Sequence[Segment],
         *,
         k1: float = 1.5,
         b: float = 0.75,
         method: Method = "lucene",
     ) -> None:
-        if method not in get_args(Method):
-            raise BadInput(
-                f"unknown BM25 method {method!r}",
-                f"use one of {', '.join(get_args(Method))}",
-                param="method",
-            )
+        check_method(method)
         if not (k1 >= 0 and 0 <= b <= 1):
             raise BadInput(f"k1={k1}, b={b}", "give k1 >= 0 and b in [0, 1]", param="k1")
         self.k1, self.b, self.method = float(k1), float(b), method
-        self.parts: tuple[Part, ...] = tuple(parts)
-        sizes = [p.n_rows for p, _ in self.parts]
+        self.segments: tuple[Segment, ...] = tuple(segments)
+        sizes = [p.n_rows for p, _ in self.segments]
+        #: int64 (segments + 1,): each segment's first global row, then n_rows.
         self.offsets: Int64 = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-        stats = [p.live_stats(deleted) for p, deleted in self.parts]
+        stats = [p.live_stats(deleted) for p, deleted in self.segments]
+        #: Live rows of every segment: BM25's N.
         self.n_live = sum(n for n, _ in stats)
         live_length = sum(total for _, total in stats)
         # 1.0 when nothing is live or every live row is empty: no weight is then computed
         # from it (no live posting), and nothing divides by zero
+        #: The live rows' mean length in terms.
         self.avg_length = (live_length / self.n_live if self.n_live else 0.0) or 1.0
+        self._weighing = Weighing(self.n_live, self.avg_length, self.k1, self.b, method)
+        self._cache = BlockCache(settings.current().lexical_cache_bytes)
 
     @property
     def n_rows(self) -> int:
@@ -147,7 +105,7 @@ class Bm25:
 
     def df(self, term: str) -> int:
         """Live rows holding ``term`` (an index term, as :func:`~.tokens.tokenize` gives)."""
-        return sum(self._dfs([term]))
+        return len(self._blocks([term])[term][0])
 
     def search(
         self, queries: Sequence[str] | str, k: int, *, allowed: Mask | None = None
@@ -158,14 +116,14 @@ class Bm25:
 
         Args:
             queries: q texts (one string is one query), tokenised like the documents.
-            k: hits wanted per query (>= 1); any size: the answer grows with the hits found,
+            k: hits wanted per query (>= 1), any size: the answer grows with the hits found,
                 never with ``k``.
             allowed: optional bool (n_rows,) over global rows, False for a row that must not be
                 returned (a filter); it restricts the candidates, not the statistics.
 
         Returns:
             ``(scores float32 (q, k'), rows int64 (q, k'))``, ``k' = min(k, the most hits any
-            query has)`` (so never above the live rows); a query with fewer hits is padded with
+            query has)``, so never above the live rows; a query with fewer hits is padded with
             row -1 and score -inf.
 
         Raises:
@@ -177,10 +135,7 @@ class Bm25:
             raise BadInput(f"k must be an integer >= 1, got {k!r}", "give {k=10}", param="k")
         if allowed is not None:
             check_mask(allowed, self.n_rows, "allowed")
-        answers = []
-        for terms in tokenize_batch(list(queries)):
-            found, total = self._scores(terms, allowed)
-            answers.append(_top(found, total, int(k)))
+        answers = [_top(*self._scores(t, allowed), int(k)) for t in tokenize_batch(list(queries))]
         width = max((len(rows) for _, rows in answers), default=0)
         scores = np.full((len(answers), width), -np.inf, dtype=np.float32)
         rows = np.full((len(answers), width), -1, dtype=np.int64)
@@ -216,9 +171,10 @@ class Bm25:
         of idf times the supremum of the method's tfc (1 for lucene and robertson, k1 + 1 for
         atire), rounded up to a float32 value; 0.0 when no live row holds a query term."""
         terms = tokenize_batch([query])[0]
-        dfs = dict(zip(dict.fromkeys(terms), self._dfs(list(dict.fromkeys(terms)))))
-        top = 1.0 if self.method != "atire" else self.k1 + 1
-        bound = sum(idf(self.method, dfs[t], self.n_live) * top for t in terms if dfs[t])
+        blocks = self._blocks(list(dict.fromkeys(terms)))
+        top = tfc_supremum(self.method, self.k1)
+        dfs = [len(blocks[t][0]) for t in terms]
+        bound = sum(idf(self.method, df, self.n_live) * top for df in dfs if df)
         if not bound:
             return 0.0
         # the float32 sums may round up: a margin far above their error, then an ulp
@@ -227,112 +183,48 @@ class Bm25:
 
     # -- scoring -----------------------------------------------------------------------------
 
-    def _dfs(self, terms: list[str]) -> list[int]:
-        """Live rows holding each of ``terms`` (distinct), over every segment."""
-        out = [0] * len(terms)
-        for p, deleted in self.parts:
-            index = p.term_index
-            for j, term in enumerate(terms):
-                t = index.get(term)
-                if t is None:
-                    continue
-                a, b = int(p.indptr[t]), int(p.indptr[t + 1])
-                dead = 0 if deleted is None else int(np.count_nonzero(deleted[p.rows[a:b]]))
-                out[j] += b - a - dead
-        return out
+    def _blocks(self, terms: list[str]) -> dict[str, Block]:
+        """The block of each of ``terms`` (distinct), from the cache or computed."""
+        blocks = self._cache.get(terms)
+        missing = [t for t in terms if t not in blocks]
+        if missing:
+            computed = term_blocks(self.segments, self.offsets, missing, self._weighing)
+            for term, block in zip(missing, computed):
+                blocks[term] = block
+                self._cache.put(term, block)
+        return blocks
 
     def _scores(self, terms: list[str], allowed: Mask | None) -> tuple[Int64, Float32]:
         """Live (and allowed) rows holding a query term, global, ascending, and their scores."""
-        matches = self._matches(terms)
-        rows, weights = matches.rows, matches.weights
+        blocks = self._blocks(list(dict.fromkeys(terms)))
+        picked = [blocks[t] for t in terms if len(blocks[t][0])]  # query order, repeats too
+        if len(picked) == 1:  # one term once: its rows are distinct and ascending already
+            rows, total = picked[0]
+        else:
+            rows, total = _sum_by_row(picked)
         if allowed is not None:
             keep = allowed[rows]
-            rows, weights = rows[keep], weights[keep]
-        found, where = np.unique(rows, return_inverse=True)
-        total = np.bincount(where.reshape(-1), weights=weights, minlength=len(found))
-        return found, total.astype(np.float32)
+            rows, total = rows[keep], total[keep]
+        return rows, total
 
-    def _matches(self, terms: list[str]) -> _Matches:
-        """The live postings of ``terms`` with their weights, in query-term order per row.
 
-        Pieces (one term's postings in one segment) go segment by segment, and within a
-        segment in query order (a repeated term again each time): a row lives in one segment,
-        so its weights come in query order, as one segment's would.
-        """
-        distinct: dict[str, int] = {}  # term -> its slot (distinct terms in query order)
-        slot = [distinct.setdefault(t, len(distinct)) for t in terms]  # per query position
-        seen: dict[int, int] = {}
-        first = [seen.setdefault(j, pos) == pos for pos, j in enumerate(slot)]  # counts for df
-        spans: list[tuple[int, int, int]] = []  # (segment, first posting, end), postings order
-        rows, tfs, sizes, piece_term, counted = [], [], [], [], []
-        n = 0
-        for s, (p, _) in enumerate(self.parts):
-            index, indptr, start = p.term_index, p.indptr, n
-            for position, term in enumerate(terms):
-                t = index.get(term)
-                if t is None:
-                    continue
-                a, b = int(indptr[t]), int(indptr[t + 1])
-                rows.append(p.rows[a:b])
-                tfs.append(p.tf[a:b])
-                sizes.append(b - a)
-                piece_term.append(slot[position])
-                counted.append(first[position])
-                n += b - a
-            if n > start:
-                spans.append((s, start, n))
-        if not n:
-            return _Matches(np.zeros(0, np.int64), np.zeros(0, np.float32))
-        local = np.concatenate(rows)
-        try:
-            return self._weigh(local, np.concatenate(tfs), spans, sizes, piece_term, counted)
-        except IndexError:  # only a damaged memory-mapped array can point outside its segment
-            raise IndexDamaged(
-                "the lexical postings point outside their segment", "rebuild the index"
-            ) from None
-
-    def _weigh(
-        self,
-        local: Int32,
-        tf: Int32,
-        spans: list[tuple[int, int, int]],
-        sizes: list[int],
-        piece_term: list[int],
-        counted: list[bool],
-    ) -> _Matches:
-        """Global rows and weights of the postings :meth:`_matches` gathered, live ones only.
-
-        Args:
-            local, tf: int32 (m,): the pieces' local rows and term frequencies, concatenated.
-            spans: (segment, start, stop) of each segment's postings in ``local``.
-            sizes, piece_term: each piece's length and distinct query term.
-            counted: whether a piece counts for its term's df (its first query occurrence).
-        """
-        lengths = np.empty(len(local), np.int32)
-        alive = np.ones(len(local), bool)
-        offsets = np.empty(len(local), np.int64)
-        for s, lo, hi in spans:  # one gather per segment holding a query term
-            p, deleted = self.parts[s]
-            lengths[lo:hi] = p.lengths[local[lo:hi]]
-            offsets[lo:hi] = self.offsets[s]
-            if deleted is not None:
-                np.logical_not(deleted[local[lo:hi]], out=alive[lo:hi])
-        size = np.asarray(sizes, dtype=np.int64)
-        term = np.asarray(piece_term, dtype=np.int64)
-        ends = np.cumsum(size)
-        running = np.zeros(len(local) + 1, np.int64)
-        np.cumsum(alive, out=running[1:])
-        live_in_piece = running[ends] - running[ends - size]
-        once = np.asarray(counted, dtype=bool)
-        df = np.bincount(term[once], weights=live_in_piece[once], minlength=int(term.max()) + 1)
-        idfs = np.array([idf(self.method, int(d), self.n_live) if d else 0.0 for d in df])
-        c = tfc(
-            self.method, tf.astype(np.float64), lengths.astype(np.float64),
-            self.avg_length, self.k1, self.b,
-        )  # fmt: skip
-        weights = (np.repeat(idfs[term], size) * c).astype(np.float32)
-        rows = local.astype(np.int64) + offsets
-        return _Matches(rows[alive], weights[alive])
+def _sum_by_row(blocks: list[Block]) -> tuple[Int64, Float32]:
+    """Distinct rows of ``blocks`` (ascending) and their weights summed in float64 in block
+    order, rounded to float32."""
+    if not blocks:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    rows = np.concatenate([r for r, _ in blocks])
+    weights = np.concatenate([w for _, w in blocks])
+    # blocks are ascending runs: a stable sort merges them fast and keeps each row's weights in
+    # block (query) order, which bincount then sums in that order
+    order = np.argsort(rows, kind="stable")
+    ordered = rows[order]
+    starts = np.empty(len(ordered), bool)
+    starts[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    group = np.cumsum(starts) - 1
+    total = np.bincount(group, weights=weights[order], minlength=int(group[-1]) + 1)
+    return ordered[starts], total.astype(np.float32)
 
 
 def _top(found: Int64, total: Float32, k: int) -> tuple[Float32, Int64]:

@@ -15,10 +15,9 @@ module writes keep the vocabulary sorted (so equal texts give equal arrays, whet
 once or merged), postings of format 1 keep theirs in first-seen order, and nothing depends on
 the order.
 
-On disk (:meth:`Postings.save`): ``config.json``, ``vocab.json`` and plain ``.npy`` arrays, read
-with ``allow_pickle=False``. Format 2 is written; format 1 (the second release's
-``LexicalIndex.save``, whose ``live.npy`` held its own deletions) is read with ``live.npy``
-ignored.
+On disk (:meth:`Postings.save`, :mod:`~flowsearch.lexical.postings_files`): JSON and plain
+``.npy`` arrays, never a pickle; format 2 is written, and format 1 (the second release's
+``LexicalIndex.save``) is read too.
 
 Example:
     >>> p = Postings.build(["tides rise twice a day", "heat pumps move heat"])
@@ -32,9 +31,12 @@ Example:
 
 from __future__ import annotations
 
-import json
+import bisect
+import operator
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -42,24 +44,12 @@ import numpy as np
 import numpy.typing as npt
 
 from flowsearch import settings
-from flowsearch.errors import BadInput, IndexDamaged, NotFound
+from flowsearch.errors import BadInput, IndexDamaged
+from flowsearch.lexical import postings_files as files
 from flowsearch.lexical.tokens import tokenize_batch
 
-__all__ = ["FILES", "FORMAT", "FORMAT_VERSION", "LEGACY_FILES", "Postings"]
+__all__ = ["Postings", "check_mask"]
 
-FORMAT = "flowsearch-lexical"
-FORMAT_VERSION = 2
-#: The arrays, by field name, and the ``.npy`` file each is stored in.
-_ARRAYS = {
-    "indptr": "indptr.npy",
-    "rows": "postings_rows.npy",
-    "tf": "postings_tf.npy",
-    "lengths": "doc_lengths.npy",
-}
-#: Every file :meth:`Postings.save` writes (format 2).
-FILES = ("config.json", "vocab.json", *_ARRAYS.values())
-#: The files of format 1 (the second release); its ``live.npy`` is not read.
-LEGACY_FILES = (*FILES, "live.npy")
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
 Int32 = npt.NDArray[np.int32]
@@ -98,6 +88,7 @@ class Postings:
         if problem:
             raise BadInput(f"inconsistent postings: {problem}", "build them with Postings.build")
         self._index: dict[str, int] | None = None
+        self._lookup: Callable[[str], int | None] | None = None
         self._total_length: int | None = None
         # per deletion mask (by identity): (n_live, live length sum); see live_stats
         self._live_stats: dict[int, tuple[Any, tuple[int, int]]] = {}
@@ -124,12 +115,35 @@ class Postings:
         """term -> term id; built on first use and kept (read-only by contract: do not change)."""
         index = self._index
         if index is None:  # two threads may both build it; either result is the same
-            index = self._index = {t: i for i, t in enumerate(self.vocab)}
+            index = dict(zip(self.vocab, range(len(self.vocab))))
+            if len(index) != len(self.vocab):  # only memory-mapped loads leave this unchecked
+                raise IndexDamaged("the postings' vocabulary repeats a term", "rebuild the index")
+            self._index = index
         return index
+
+    @property
+    def term_lookup(self) -> Callable[[str], int | None]:
+        """A function: term -> term id, or None for a term not held; chosen on first use.
+
+        A vocabulary of at least ``settings.current().lexical_bisect_min_terms`` terms that
+        ascends (as every vocabulary :meth:`build` and :meth:`merge` make) is searched by
+        bisection in the list itself (a microsecond a lookup, nothing to build: a dictionary of
+        a million terms takes seconds to build); others through :attr:`term_index`.
+        """
+        lookup = self._lookup
+        if lookup is None:
+            vocab = self.vocab
+            big = len(vocab) >= settings.current().lexical_bisect_min_terms
+            if big and all(map(operator.lt, vocab, islice(vocab, 1, None))):
+                lookup = partial(_bisect, vocab)
+            else:
+                lookup = self.term_index.get
+            self._lookup = lookup
+        return lookup
 
     def postings_of(self, term: str) -> tuple[list[int], list[int]]:
         """(local rows, term frequencies) of ``term``; empty lists for a term not held."""
-        t = self.term_index.get(term)
+        t = self.term_lookup(term)
         if t is None:
             return [], []
         span = slice(int(self.indptr[t]), int(self.indptr[t + 1]))
@@ -215,36 +229,36 @@ class Postings:
         )
 
     @classmethod
-    def merge(cls, parts: Sequence[tuple[Postings, Mask | None]]) -> Postings:
-        """One segment's postings from the kept rows of ``parts``, without re-tokenising.
+    def merge(cls, segments: Sequence[tuple[Postings, Mask | None]]) -> Postings:
+        """One segment's postings from the kept rows of ``segments``, without re-tokenising.
 
         Args:
-            parts: (postings, keep) in order; keep is bool (n_rows,), True for a row to keep,
+            segments: (postings, keep) in order; keep is bool (n_rows,), True for a row to keep,
                 or None to keep every row.
 
         Returns:
-            Postings whose rows are the kept rows renumbered in order (part by part) and whose
+            Postings whose rows are the kept rows renumbered in order (segment by segment) and whose
             vocabulary (sorted) is the terms a kept row holds: equal, array for array, to
             :meth:`build` of the kept rows' texts.
         """
-        keeps = [_keep_of(p, keep) for p, keep in parts]
+        keeps = [_keep_of(p, keep) for p, keep in segments]
         n_rows = sum(int(np.count_nonzero(k)) for k in keeps)
         if n_rows > _INT32_MAX:
             raise BadInput("more than 2**31 - 1 rows in one segment", "merge fewer segments")
-        words = sorted(set().union(*(p.vocab for p, _ in parts)))
+        words = sorted(set().union(*(p.vocab for p, _ in segments)))
         where = {w: i for i, w in enumerate(words)}
-        to_merged = [np.array([where[t] for t in p.vocab], dtype=np.int64) for p, _ in parts]
-        kept_per_term = [_kept_per_term(p, k) for (p, _), k in zip(parts, keeps)]
+        to_merged = [np.array([where[t] for t in p.vocab], dtype=np.int64) for p, _ in segments]
+        kept_per_term = [_kept_per_term(p, k) for (p, _), k in zip(segments, keeps)]
         counts = np.zeros(len(words), np.int64)
         for ids, kept in zip(to_merged, kept_per_term):
-            counts[ids] += kept  # a part holds each term once: no repeated index
+            counts[ids] += kept  # a segment holds each term once: no repeated index
         used = counts > 0
         new_id = np.cumsum(used) - 1
         indptr = _offsets(counts[used])
         out_rows, out_tf = np.empty(int(indptr[-1]), np.int32), np.empty(int(indptr[-1]), np.int32)
         filled = np.zeros(len(words), np.int64)  # postings of each term written so far
         offset = 0
-        for (p, _), keep, ids, kept in zip(parts, keeps, to_merged, kept_per_term):
+        for (p, _), keep, ids, kept in zip(segments, keeps, to_merged, kept_per_term):
             live = keep[p.rows]
             term = np.repeat(np.arange(p.n_terms, dtype=np.int64), kept)
             # a term's kept postings stay contiguous and ascending: rank within the term
@@ -254,7 +268,7 @@ class Postings:
             out_tf[at] = p.tf[live]
             filled[ids] += kept
             offset += int(np.count_nonzero(keep))
-        lengths = [p.lengths[k] for (p, _), k in zip(parts, keeps)]
+        lengths = [p.lengths[k] for (p, _), k in zip(segments, keeps)]
         return cls(
             [w for w, u in zip(words, used) if u],
             indptr,
@@ -266,33 +280,17 @@ class Postings:
     # -- files -------------------------------------------------------------------------------
 
     def save(self, directory: str | Path) -> None:
-        """Write :data:`FILES` (format 2) into ``directory``, created if needed.
+        """Write the postings' files (format 2, see :mod:`~.postings_files`) into ``directory``,
+        created if needed.
 
         Raises:
             BadInput: when ``directory`` holds any other file.
         """
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        strangers = sorted(p.name for p in directory.iterdir() if p.name not in FILES)
-        if strangers:
-            raise BadInput(
-                f"{directory} holds {', '.join(strangers[:5])}, which are not postings files",
-                "save postings into an empty directory",
-            )
-        config = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "tokenizer": {"stemmer": "english", "stopwords": "bm25s.STOPWORDS_EN"},
-            "n_rows": self.n_rows,
-            "n_terms": self.n_terms,
-            "nnz": self.nnz,
-            "total_length": self.total_length,
-        }
-        (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        text = json.dumps(self.vocab, ensure_ascii=False)
-        (directory / "vocab.json").write_text(text, encoding="utf-8")
-        for name, file in _ARRAYS.items():
-            np.save(directory / file, getattr(self, name), allow_pickle=False)
+        arrays = {name: getattr(self, name) for name in files.ARRAYS}
+        counts = {"n_rows": self.n_rows, "n_terms": self.n_terms, "nnz": self.nnz}
+        files.write(
+            Path(directory), self.vocab, arrays, {**counts, "total_length": self.total_length}
+        )
 
     @classmethod
     def load(cls, directory: str | Path, *, mmap: bool = False) -> Postings:
@@ -300,37 +298,24 @@ class Postings:
 
         Args:
             directory: the postings directory.
-            mmap: memory-map the arrays (read-only) instead of reading them: opening costs the
-                vocabulary only, and pages are read as queries touch them. The O(nnz) range
-                checks are then skipped (they would read every page); a damaged array surfaces
-                as :class:`~flowsearch.errors.IndexDamaged` when a query reaches it.
+            mmap: memory-map the arrays (read-only) instead of reading them: opening costs
+                reading the vocabulary, and pages are read as queries touch them. The checks
+                that would read every page (ranges) or hash every term (repeats) are then
+                skipped; damage surfaces as :class:`~flowsearch.errors.IndexDamaged` when a
+                query reaches it.
 
         Raises:
             NotFound: no directory there.
             IndexDamaged: a missing, unexpected or unreadable file, another format, or arrays
                 that do not fit together. Nothing is ever unpickled.
         """
-        directory = Path(directory)
-        if not directory.is_dir():
-            raise NotFound(f"no postings at {directory}", "rebuild the index")
-        config = _read_json(directory / "config.json")
-        version = config.get("format_version") if isinstance(config, dict) else None
-        if not isinstance(config, dict) or config.get("format") != FORMAT or version not in (1, 2):
-            raise IndexDamaged(f"{directory} is not a {FORMAT} directory", "rebuild the index")
-        expected = FILES if version == 2 else LEGACY_FILES
-        present = {p.name for p in directory.iterdir()}
-        odd = sorted(present - set(expected)) + [f"no {f}" for f in expected if f not in present]
-        if odd:
-            raise IndexDamaged(
-                f"postings {directory} hold unexpected files ({', '.join(odd[:5])})",
-                "rebuild the index",
-            )
-        vocab = _read_json(directory / "vocab.json")
-        arrays = {name: _read_array(directory / file, mmap) for name, file in _ARRAYS.items()}
-        problem = _file_problem(vocab, arrays, full=not mmap)
-        if problem:
-            raise IndexDamaged(f"postings {directory} are damaged ({problem})", "rebuild the index")
+        vocab, arrays = files.read(Path(directory), mmap)
         return cls(vocab, **arrays)
+
+
+def _bisect(vocab: list[str], term: str) -> int | None:
+    i = bisect.bisect_left(vocab, term)
+    return i if i < len(vocab) and vocab[i] == term else None
 
 
 def check_mask(mask: Any, n_rows: int, name: str) -> None:
@@ -384,20 +369,6 @@ def _chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise IndexDamaged(f"cannot read {path} ({exc})", "rebuild the index") from None
-
-
-def _read_array(path: Path, mmap: bool) -> Any:
-    try:
-        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise IndexDamaged(f"cannot read {path} ({exc})", "rebuild the index") from None
-
-
 def _shape_problem(p: Postings) -> str | None:
     """What is wrong with the arrays' shapes (O(1) beyond the vocabulary's length)."""
     if any(a.ndim != 1 for a in (p.indptr, p.rows, p.tf, p.lengths)):
@@ -408,28 +379,4 @@ def _shape_problem(p: Postings) -> str | None:
         return "indptr does not span the postings"
     if p.rows.shape != p.tf.shape:
         return "rows and tf differ in length"
-    return None
-
-
-def _file_problem(vocab: Any, arrays: dict[str, Any], full: bool) -> str | None:
-    """What is wrong with loaded files: kinds always, value ranges when ``full`` (O(nnz))."""
-    if not (isinstance(vocab, list) and all(isinstance(t, str) for t in vocab)):
-        return "vocab.json is not a list of strings"
-    if len(set(vocab)) != len(vocab):
-        return "vocab.json repeats a term"
-    if any(not isinstance(a, np.ndarray) or a.ndim != 1 for a in arrays.values()):
-        return "an array is not 1-D"
-    if any(a.dtype.kind not in "iu" for a in arrays.values()):
-        return "an array is not of integers"
-    indptr, rows, tf, lengths = (arrays[n] for n in ("indptr", "rows", "tf", "lengths"))
-    if indptr.shape != (len(vocab) + 1,) or indptr[0] != 0 or indptr[-1] != len(rows):
-        return "indptr does not match the vocabulary and the postings"
-    if np.any(np.diff(indptr) < 0) or rows.shape != tf.shape:
-        return "indptr is not an offset array"
-    if len(lengths) > _INT32_MAX:
-        return "more than 2**31 - 1 rows"
-    if full and len(rows) and (rows.min() < 0 or rows.max() >= len(lengths) or tf.min() < 1):
-        return "a posting is out of range"
-    if full and len(lengths) and (lengths.min() < 0 or lengths.max() > _INT32_MAX):
-        return "a row length is out of range"
     return None

@@ -2,7 +2,7 @@ r"""Hybrid search: fuse the dense and lexical candidates of each query into one 
 
 Each side gives its top candidates as ``(scores float32 (q, k_side), rows int64 (q, k_side))``,
 row -1 for padding (what :func:`flowsearch.ann.faiss_index.search` and
-:meth:`flowsearch.lexical.bm25.LexicalIndex.search` return). Only candidates are fused: a row that
+:meth:`flowsearch.lexical.bm25.Bm25.search` return). Only candidates are fused: a row that
 neither side returned is never a hit.
 
 - :func:`convex` (the default): min-max normalise each side's scores per query, then

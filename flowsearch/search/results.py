@@ -15,6 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flowsearch.space.reports import QueryReport
+
 __all__ = ["Hit", "QueryResult"]
 
 
@@ -50,18 +52,15 @@ class Hit(BaseModel):
 class QueryResult(BaseModel):
     """One query's hits and what the index says about the query (its report)."""
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True)
     query: str
     hits: list[Hit]
-    report: Any = None
+    report: QueryReport | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """``{"query", "hits": [...], "report": {...}}`` (``query --json`` and the server)."""
-        report = self.report
-        if report is not None and hasattr(report, "to_dict"):
-            report = report.to_dict()
         return {
             "query": self.query,
             "hits": [h.to_dict() for h in self.hits],
-            "report": report,
+            "report": None if self.report is None else self.report.to_dict(),
         }

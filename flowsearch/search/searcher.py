@@ -202,12 +202,22 @@ class Searcher:
 
     @overload
     def search(
-        self, query: str, k: int = 10, where: str | None = None, mode: str | None = None
+        self,
+        query: str,
+        k: int = 10,
+        where: str | None = None,
+        mode: str | None = None,
+        min_score: float | None = None,
     ) -> list[Hit]: ...
 
     @overload
     def search(
-        self, query: list[str], k: int = 10, where: str | None = None, mode: str | None = None
+        self,
+        query: list[str],
+        k: int = 10,
+        where: str | None = None,
+        mode: str | None = None,
+        min_score: float | None = None,
     ) -> list[list[Hit]]: ...
 
     def search(
@@ -216,6 +226,7 @@ class Searcher:
         k: int = 10,
         where: str | None = None,
         mode: str | None = None,
+        min_score: float | None = None,
     ) -> list[Hit] | list[list[Hit]]:
         """Top-``k`` hits for one query (a list of :class:`Hit`) or a list of queries (one list
         each), best first. Deleted rows are never returned; ``k`` above the number of rows is
@@ -228,10 +239,11 @@ class Searcher:
                 ``"year >= 2020 AND lang = 'en'"``: a pre-filter, the top-k among matching rows.
             mode: ``dense`` (the encoder), ``lexical`` (BM25) or ``hybrid`` (both, fused);
                 None: :attr:`default_mode`.
+            min_score: drop hits whose ``score`` is below this.
 
         Raises:
             BadInput: a query that is not a non-blank string, k < 1, a bad ``where``, an unknown
-                mode or one the index cannot serve.
+                mode or one the index cannot serve, a ``min_score`` that is not a number.
         """
         single = isinstance(query, str)
         queries = _checked_queries(query)
@@ -239,23 +251,36 @@ class Searcher:
         if not queries:
             return []
         hits = self._run(self._version, queries, k, where, mode)[0]
+        hits = _above(hits, min_score)
         return hits[0] if single else hits
 
     def query(
-        self, query: str, k: int = 10, where: str | None = None, mode: str | None = None
+        self,
+        query: str,
+        k: int = 10,
+        where: str | None = None,
+        mode: str | None = None,
+        min_score: float | None = None,
     ) -> QueryResult:
         """One query's hits with its report (what ``flowsearch query`` prints)."""
         if not isinstance(query, str):
             raise BadInput(f"query must be a string, got {type(query).__name__}", param="query")
-        return self.query_many([query], k, where, mode)[0]
+        return self.query_batch([query], k, where, mode, min_score)[0]
 
-    def query_many(
-        self, queries: list[str], k: int = 10, where: str | None = None, mode: str | None = None
+    def query_batch(
+        self,
+        queries: list[str],
+        k: int = 10,
+        where: str | None = None,
+        mode: str | None = None,
+        min_score: float | None = None,
     ) -> list[QueryResult]:
-        """Several queries' results, each with its report (one encoder call for all)."""
+        """Several queries' results, each with its report, from one version (one encoder call
+        for all)."""
         version = self._version
         queries = _checked_queries(queries)
         hits, lp, top = self._run(version, queries, _checked_k(k), where, mode)
+        hits = _above(hits, min_score)
         out = []
         for i, text in enumerate(queries):
             report = self._report(
@@ -336,23 +361,16 @@ class Searcher:
             return result
         return run()
 
-    def query_report(self, log_density: float | None, top_score: float | None = None) -> Any:
-        """Judge a query from its log-density and its best dense score over the whole index."""
+    def query_report(self, top_score: float | None, log_density: float | None = None) -> Any:
+        """Judge a query from its best dense score over the whole index (see
+        :func:`flowsearch.space.reports.query_report`)."""
         return self._report(self._version, log_density, top_score)
 
     @staticmethod
     def _report(version: Version, log_density: float | None, top_score: float | None) -> Any:
-        from flowsearch.space.reference import query_report
+        from flowsearch.space.reports import query_report
 
-        m = version.manifest
-        return query_report(
-            log_density,
-            m.density,
-            m.calibration.fit_rows,
-            m.dim,
-            held_out=m.held_out,
-            top_score=top_score,
-        )
+        return query_report(top_score, version.reference(), log_density)
 
     def search_vectors(self, Z: np.ndarray, k: int = 10) -> list[list[Hit]]:
         """Top-``k`` hits for vectors already in the searched space (float32 (q, dim),
@@ -421,6 +439,19 @@ def _hits(
             )
         out.append(hits)
     return out
+
+
+def _above(hits: list[list[Hit]], min_score: float | None) -> list[list[Hit]]:
+    """Each query's hits scoring at least ``min_score`` (ranks kept: they were best first)."""
+    if min_score is None:
+        return hits
+    if (
+        isinstance(min_score, bool)
+        or not isinstance(min_score, (int, float, np.floating))
+        or (not np.isfinite(min_score))
+    ):
+        raise BadInput(f"min_score must be a number, got {min_score!r}", param="min_score")
+    return [[h for h in per_query if h.score >= min_score] for per_query in hits]
 
 
 def _checked_mode(version: Version, mode: str | None) -> str:

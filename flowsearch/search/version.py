@@ -16,12 +16,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 
 from flowsearch.errors import IndexDamaged
@@ -31,7 +33,16 @@ from flowsearch.storage import manifest as mf
 from flowsearch.storage.rows import RowCache
 from flowsearch.storage.verify import Verification, size_on_disk, verify
 
-__all__ = ["IndexInfo", "Opened", "Version", "index_info", "load", "open_current", "sizes"]
+__all__ = [
+    "IndexInfo",
+    "Opened",
+    "Version",
+    "index_history",
+    "index_info",
+    "load",
+    "open_current",
+    "sizes",
+]
 
 LOG = logging.getLogger(__name__)
 
@@ -119,6 +130,19 @@ def index_info(index_dir: str | os.PathLike[str], verify: bool = False) -> Index
     return open_current(root, describe)
 
 
+def index_history(index_dir: str | os.PathLike[str]) -> list[mf.WriteRecord]:
+    """The writes an index has seen, oldest first (its ``history.jsonl``).
+
+    Raises:
+        NotFound: no index there. IndexDamaged: a line that is not a record.
+    """
+    from flowsearch.storage import history
+
+    root = Path(index_dir).expanduser()
+    mf.read(root)
+    return history.read(root)
+
+
 @dataclass
 class Opened:
     """What a searcher has opened, reused across its versions: segment readers by (name,
@@ -161,12 +185,21 @@ class Version:
     deleted: list[np.ndarray | None]
     verified: Verification
     lexical: Any = None
+    _reference: Any = None
     _filter: Any = None
     _filter_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def n_rows(self) -> int:
         return int(self.offsets[-1])
+
+    def reference(self) -> Any:
+        """The version's :class:`~flowsearch.space.reference.Reference` (read once), or None."""
+        if self._reference is None:
+            from flowsearch.space.reference import reference_of
+
+            self._reference = reference_of(self.manifest) or False
+        return self._reference or None
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Global rows -> (segment index, local row), int64 arrays."""
@@ -181,8 +214,10 @@ class Version:
         cuts = np.searchsorted(rows, self.offsets)
         return [rows[cuts[i] : cuts[i + 1]] - self.offsets[i] for i in range(len(self.segments))]
 
-    def metadata_filter(self, opened_filter: Any) -> Any:
-        """The version's filter (made on first use from the searcher's filter database)."""
+    def metadata_filter(self, database: Any) -> Any:
+        """The version's :class:`~flowsearch.search.filters.VersionFilter`, made on first use
+        in the searcher's filter ``database`` (closed when this version is garbage-collected,
+        so searches still running on it finish first)."""
         with self._filter_lock:
             if self._filter is None:
                 from flowsearch.search.filters import SegmentRef
@@ -197,8 +232,12 @@ class Version:
                     )
                     for i, seg in enumerate(self.segments)
                 ]
-                schema = [(c.name, type_of(c)) for c in self.manifest.schema_]
-                self._filter = opened_filter.version(refs, schema)
+                m = self.manifest
+                id_type = pa.int64() if m.columns.id_type == "int" else pa.string()
+                schema = [("id", id_type), ("text", pa.string())]
+                schema += [(c.name, type_of(c)) for c in m.schema_]
+                self._filter = database.version(refs, schema)
+                weakref.finalize(self, self._filter.close)
             return self._filter
 
 

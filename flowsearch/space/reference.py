@@ -1,87 +1,146 @@
-r"""What the index says about rows and queries: corpus and held-out statistics, drift, verdicts.
+r"""The reference: how close the corpus's own passages sit to each other, in the searched space.
 
-The flow gives every vector an exact log-density. At build, :data:`HELD_OUT_SHARE` of the rows
-(:func:`split_fit_rows`) are kept out of the calibrator's fit; the manifest keeps all rows'
-log-density statistics (:func:`density_stats`) and the held-out rows' (:func:`held_out_stats`):
-their log-densities and each one's best cosine to another row of the index.
-:func:`drift_report` compares rows added later with the held-out rows (rows the flow never saw,
-as new rows are), in their standard deviations: at :data:`DRIFT_WARN_STD` (1.0) or more, time to
-refit (``recalibrate``).
+A query, or a row added later, is judged by one figure: its *best score*, the cosine to its
+nearest row of the index in the searched space. Alone that figure means little (0.4 is close
+for one encoder, far for another); placed among the same figure for the corpus's own rows it
+reads as a percentile: "less like the corpus than 97% of its own passages". The
+:class:`Reference` keeps that distribution: the best score of each measured row to *another*
+row (:func:`best_other_score`), at the percentiles 0, 1, ..., 100 (about 1 KB of JSON, stored in
+the manifest).
 
-:func:`query_report` judges a query by its best dense score against the held-out rows' (out of
-distribution below their :data:`OOD_PERCENTILE`), not by its log-density:
-``benchmarks/bench_density.py`` found the log-density mostly measures text length (Spearman
-+0.76 with token count, bundled model ``mean``), so short in-domain questions sat far below
-passages and the old rule (1 std below the rows the flow saw) flagged 94% of them; the best
-score flags 2% of in-domain questions and catches 86% of off-domain sentences (AUROC 0.99 vs the
-flow's 0.81, which equals a plain Gaussian's). The log-density is still reported, when finite
-and from a flow fitted on at least :data:`MIN_ROWS_PER_DIM` rows per dimension (a 300-row flow
-puts its own rows at 658 ± 1.8 nats, a 3-row one at -6e26); otherwise it is not shown.
+Which rows are measured (:func:`reference_rows`): the rows the build held out of the
+calibrator's fit (:func:`split_fit_rows`) when there are enough of them, as new rows are unseen
+by the calibrator too; otherwise, on a small corpus that holds none out, a sample of all rows,
+each against the others (*leave-one-out*). ``benchmarks/bench_drift.py`` compares the two on
+the dev sets. Why the best score and not the flow's log-density: ``benchmarks/bench_density.py``
+found the log-density mostly measures text length (Spearman +0.76 with token count, bundled
+model ``mean``), so short in-domain questions sat far below passages; the best score separated
+in-domain from foreign queries with AUROC 0.99 against the density's 0.81. The log-density is
+still carried as a raw figure (:attr:`Reference.log_density_median`), never judged.
+
+How the figures become verdicts and words: :mod:`flowsearch.space.reports` (queries) and
+:mod:`flowsearch.space.drift` (new rows).
 
 Example:
-    >>> corpus = DensityStats(mean_log_prob=100.0, std_log_prob=10.0, p01=75.0, p05=80.0,
-    ...                       median=100.0, rows=1000)
-    >>> drift_report(np.array([70.0, 80.0]), corpus)["warn"]
-    True
+    >>> ref = Reference.from_scores(np.linspace(0.2, 0.6, 201), method="leave-one-out",
+    ...                             corpus_rows=201)
+    >>> round(ref.percentile(0.5), 1), ref.score_at(5.0)
+    (75.0, 0.22)
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
-from flowsearch.storage.manifest import DensityStats, HeldOut
+from flowsearch.errors import IndexDamaged
+from flowsearch.settings import current
 
 __all__ = [
-    "DRIFT_WARN_STD",
-    "HELD_OUT_SHARE",
-    "MAX_HELD_OUT",
-    "MIN_HELD_OUT",
     "MIN_ROWS_PER_DIM",
-    "OOD_PERCENTILE",
-    "QueryReport",
+    "PERCENTS",
+    "Method",
+    "Reference",
     "best_other_score",
     "density_stats",
-    "drift_report",
-    "held_out_stats",
-    "query_report",
+    "percentile_of",
+    "reference_of",
+    "reference_rows",
     "reliable",
+    "share_words",
     "split_fit_rows",
+    "why_unusable",
 ]
 
-#: Warn when new rows' mean flow log-density is this many corpus std-devs below the corpus mean.
-DRIFT_WARN_STD = 1.0
-
 #: ``auto`` searches a calibrated space only with at least this many rows per dimension, and
-#: densities are judged only then. On STS-B, all-MiniLM-L6-v2 first-release ``static`` (384-d),
+#: log-densities are shown only then. On STS-B, all-MiniLM-L6-v2 first-release ``static`` (384-d),
 #: whitening fitted on 300 rows (0.8 x dim) scores 39.4 against 55.6 raw, on 1,000 rows
 #: (2.6 x dim) 55.1, on 5,385 rows (14 x dim) 70.4: below about 3 rows per dimension a
 #: calibrator overfits and costs more than the anisotropy does.
 MIN_ROWS_PER_DIM = 3
 
+#: The percentiles a :class:`Reference` stores (every whole percent: the words say "97%").
+PERCENTS: tuple[float, ...] = tuple(float(p) for p in range(101))
 
-#: Share of the corpus kept out of the calibrator's fit to judge queries and new rows against.
-HELD_OUT_SHARE = 0.10
-#: At most this many rows are held out (enough for a 5th percentile; their scoring is cheap).
-MAX_HELD_OUT = 2000
-#: Fewer held-out rows than this give no reference (a corpus under 500 rows holds none out).
-MIN_HELD_OUT = 50
-#: A query whose best dense score is below this percentile of the held-out rows' is flagged.
-OOD_PERCENTILE = 5.0
-#: Percentiles of the held-out rows' best scores kept in the manifest.
-PERCENTS = (1.0, 5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0)
+#: How a reference's rows were measured: held out of the calibrator's fit, or leave-one-out.
+Method = Literal["held-out", "leave-one-out"]
 
 
 def reliable(fit_rows: int, dim: int) -> bool:
-    """True when a calibrator fitted on ``fit_rows`` rows of dimension ``dim`` can be trusted."""
+    """True when a calibrator fitted on ``fit_rows`` rows of dimension ``dim`` can be trusted
+    (its log-densities are worth showing)."""
     return fit_rows >= MIN_ROWS_PER_DIM * dim
 
 
-def density_stats(lp: np.ndarray) -> DensityStats:
-    """Statistics of per-row log-densities (float (n,)): mean, std, 1st/5th percentile, median."""
+def split_fit_rows(n: int, fit_sample: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Which rows fit the calibrator and which are held out (int64, sorted).
+
+    ``Settings.held_out_share`` of the rows (at most ``held_out_max``; none when that is fewer
+    than ``held_out_min``) are held out; at most ``fit_sample`` of the others, a seeded uniform
+    sample, fit. A corpus larger than ``fit_sample`` holds out rows outside the sample, so its
+    fit set does not shrink.
+    """
+    s = current()
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n)
+    held = min(int(round(n * s.held_out_share)), s.held_out_max)
+    if held < s.held_out_min:
+        held = 0
+    fit = order[held : held + fit_sample] if n - held > fit_sample else order[held:]
+    return np.sort(fit).astype(np.int64), np.sort(order[:held]).astype(np.int64)
+
+
+def reference_rows(n_rows: int, held_out: np.ndarray, seed: int = 0) -> tuple[np.ndarray, Method]:
+    """The rows whose best score to another row makes the reference, and how they were chosen.
+
+    Args:
+        n_rows: rows in the index.
+        held_out: int (m,), the rows held out of the calibrator's fit (:func:`split_fit_rows`).
+        seed: for the leave-one-out sample.
+
+    Returns:
+        ``(rows, method)``: the held-out rows (``"held-out"``) when there are at least
+        ``Settings.reference_min_rows`` of them; otherwise a seeded sample of at most
+        ``Settings.reference_max_rows`` of all rows (``"leave-one-out"``; every row of a small
+        corpus). int64, sorted. Empty below two rows (a row has no other to be near).
+    """
+    s = current()
+    held_out = np.asarray(held_out, dtype=np.int64)
+    if len(held_out) >= s.reference_min_rows:
+        return np.sort(held_out), "held-out"
+    if n_rows < 2:
+        return np.zeros(0, np.int64), "leave-one-out"
+    take = min(n_rows, s.reference_max_rows)
+    rows = np.random.default_rng(seed).choice(n_rows, take, replace=False)
+    return np.sort(rows).astype(np.int64), "leave-one-out"
+
+
+def best_other_score(scores: np.ndarray, rows: np.ndarray, own: np.ndarray) -> np.ndarray:
+    """Each searched row's best score to another row.
+
+    Args:
+        scores: float (m, k), a search's scores for rows ``own`` (k >= 2, best first).
+        rows: int (m, k), the rows found (-1 for none).
+        own: int (m,), the row each search started from.
+
+    Returns:
+        float64 (m,): the first score whose row is not the row itself; NaN when none was found.
+    """
+    other = (rows >= 0) & (rows != own[:, None])
+    first = np.argmax(other, axis=1)
+    out = np.take_along_axis(np.asarray(scores, np.float64), first[:, None], 1)[:, 0]
+    return np.where(other.any(axis=1), out, np.nan)
+
+
+def density_stats(lp: np.ndarray) -> Any:
+    """The manifest's ``DensityStats`` of per-row log-densities (float (n,)): mean, std,
+    1st/5th percentile, median (raw figures for ``info --json``; never judged)."""
+    from flowsearch.storage.manifest import DensityStats
+
     lp = np.asarray(lp, dtype=np.float64)
     q = np.percentile(lp, [1, 5, 50])
     return DensityStats(
@@ -94,179 +153,221 @@ def density_stats(lp: np.ndarray) -> DensityStats:
     )
 
 
-def _finite(*values: float) -> bool:
-    return all(math.isfinite(v) for v in values)
+def percentile_of(values: np.ndarray, percents: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """Where each value falls in a distribution given by its quantiles, in percent (0-100).
 
+    ``scores`` (ascending) are the distribution's values at ``percents`` (ascending). Between
+    two quantiles the percentile is interpolated; a value equal to a run of tied quantiles gets
+    the middle of the run (so a tie is neither above nor below); below the first quantile it is
+    the first percent, above the last the last. NaN stays NaN.
 
-def drift_report(
-    new_log_prob: np.ndarray, corpus: DensityStats, is_reliable: bool = True
-) -> dict[str, Any]:
-    """How far new rows sit from the corpus under the flow.
-
-    Args:
-        new_log_prob: float64 (n,), the new rows' log-densities.
-        corpus: the corpus's statistics.
-        is_reliable: False when the flow was fitted on too few rows per dimension (see
-            :func:`reliable`): no warning is raised then.
-
-    Returns:
-        ``{"mean_log_prob", "corpus_mean_log_prob", "gap_std", "share_below_p01", "reliable",
-        "warn"}``: ``gap_std`` is (corpus mean - new mean) / corpus std; ``warn`` when it
-        reaches :data:`DRIFT_WARN_STD`. Figures that are not finite are None.
+    Example:
+        >>> percentile_of(np.array([0.25, 0.5, 2.0]), np.array([0.0, 50.0, 100.0]),
+        ...               np.array([0.0, 0.5, 1.0])).tolist()
+        [25.0, 50.0, 100.0]
     """
-    lp = np.asarray(new_log_prob, dtype=np.float64)
-    std = max(float(corpus.std_log_prob), 1e-9)
-    mean = float(lp.mean())
-    gap = (float(corpus.mean_log_prob) - mean) / std
-    ok = is_reliable and _finite(mean, gap, corpus.mean_log_prob)
-    return {
-        "mean_log_prob": mean if math.isfinite(mean) else None,
-        "corpus_mean_log_prob": float(corpus.mean_log_prob),
-        "gap_std": float(gap) if math.isfinite(gap) else None,
-        "share_below_p01": float(np.mean(lp < corpus.p01)),
-        "reliable": bool(ok),
-        "warn": bool(ok and gap >= DRIFT_WARN_STD),
-    }
+    x = np.asarray(values, dtype=np.float64)
+    p = np.asarray(percents, dtype=np.float64)
+    q = np.asarray(scores, dtype=np.float64)
+    left = np.searchsorted(q, x, side="left")
+    right = np.searchsorted(q, x, side="right")
+    tied = right > left
+    out = np.empty(x.shape, np.float64)
+    # a value on a run of equal quantiles: the middle of the run
+    out[tied] = (p[left[tied]] + p[right[tied] - 1]) / 2
+    free = ~tied
+    hi = np.clip(left[free], 1, len(q) - 1)
+    lo = hi - 1
+    span = q[hi] - q[lo]
+    frac = np.where(span > 0, (x[free] - q[lo]) / np.where(span > 0, span, 1.0), 0.5)
+    out[free] = p[lo] + np.clip(frac, 0.0, 1.0) * (p[hi] - p[lo])
+    out[np.isnan(x)] = np.nan
+    return out
 
 
-def split_fit_rows(n: int, fit_sample: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Which rows fit the calibrator and which are held out to judge against (int64, sorted).
-
-    :data:`HELD_OUT_SHARE` of the rows (at most :data:`MAX_HELD_OUT`; none below
-    :data:`MIN_HELD_OUT` / share rows) are held out; at most ``fit_sample`` of the others, a
-    seeded uniform sample, fit. A corpus larger than ``fit_sample`` holds out rows outside the
-    sample, so its fit set does not shrink.
-    """
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(n)
-    held = min(int(round(n * HELD_OUT_SHARE)), MAX_HELD_OUT)
-    if held < MIN_HELD_OUT:
-        held = 0
-    fit = order[held : held + fit_sample] if n - held > fit_sample else order[held:]
-    return np.sort(fit).astype(np.int64), np.sort(order[:held]).astype(np.int64)
-
-
-def best_other_score(scores: np.ndarray, rows: np.ndarray, own: np.ndarray) -> np.ndarray:
-    """Each searched row's best score to another row: ``(scores, rows)`` float/int (m, k) from
-    searching rows ``own`` (int (m,)) with k >= 2; float64 (m,), NaN when none was found."""
-    other = (rows >= 0) & (rows != own[:, None])
-    first = np.argmax(other, axis=1)
-    out = np.take_along_axis(np.asarray(scores, np.float64), first[:, None], 1)[:, 0]
-    return np.where(other.any(axis=1), out, np.nan)
-
-
-def held_out_stats(log_prob: np.ndarray | None, top_score: np.ndarray, rows: int) -> HeldOut:
-    """The manifest's :class:`HeldOut` from held-out rows' log-densities (float (m,) or None)
-    and best scores to the other rows (float (m,); NaN entries ignored)."""
-    density = None
-    if log_prob is not None and len(log_prob) and np.isfinite(log_prob).all():
-        density = density_stats(log_prob)
-    top = np.asarray(top_score, np.float64)
-    top = top[np.isfinite(top)]
-    values = tuple(float(v) for v in np.percentile(top, PERCENTS)) if len(top) else ()
-    return HeldOut(rows=int(rows), density=density,
-                   percents=PERCENTS if values else (), top_score=values)  # fmt: skip
-
-
-def _percentile_of(value: float, held: HeldOut) -> float:
-    """Where ``value`` falls among the held-out rows' top scores, in percent (interpolated
-    between the stored percentiles, clamped to their range)."""
-    return float(np.interp(value, held.top_score, held.percents))
-
-
-@dataclass(frozen=True)
-class QueryReport:
-    """Whether a query looks like the indexed rows, and where it sits under the index's flow.
-
-    The verdict compares the query's best dense score (its cosine to the nearest row) with the
-    same figure for held-out rows (rows the calibrator did not see, scored against the rest of
-    the index): out of distribution when it is below the held-out rows' 5th percentile. The
-    benchmark (``benchmarks/bench_density.py``) found this separates in-domain questions from
-    foreign sentences far better than any log-density, which mostly measures text length.
+class Reference(BaseModel):
+    """The corpus's own rows' best scores to another row: what queries and new rows are judged
+    against (see the module docstring). Small and JSON-able: stored in the manifest.
 
     Attributes:
-        log_density: the query's log-density under the flow (None without a reliable flow,
-            or not finite). Short texts sit far below passages even in-domain: informative,
-            not the verdict.
-        corpus_mean: the held-out rows' mean log-density (the index's rows for an index built
-            before held-out statistics).
-        corpus_std: their standard deviation.
-        gap_std: (corpus mean - query) / corpus std; None when not shown.
-        top_score: the query's best dense score over the index (None in lexical mode or with a
-            filter, where it is not comparable).
-        top_score_percentile: where ``top_score`` falls among the held-out rows' (0-100).
-        verdict: ``out-of-distribution``, ``in-distribution``, or ``not judged`` (see ``reason``).
-        reason: why no verdict was given, or None.
+        method: ``held-out`` (rows the calibrator was not fitted on) or ``leave-one-out``
+            (rows of the whole index, each against the others).
+        rows: how many rows were measured.
+        corpus_rows: rows in the index when they were measured.
+        space: the space the scores were measured in (``calibrated`` or ``encoder``; None when
+            not recorded, as in the previous release's records).
+        percents: ascending percentiles (0-100) that ``scores`` holds.
+        scores: the measured rows' best scores at ``percents``.
+        mean_cosine: the searched space's mean cosine between rows, when it is the encoder's
+            own space (the calibration record's anisotropy statistic); None otherwise.
+        log_density_median: the measured rows' median log-density under the calibrator (a raw
+            figure, shown by ``--explain`` and ``--json`` only); None without a reliable one.
     """
 
-    log_density: float | None
-    corpus_mean: float | None
-    corpus_std: float | None
-    gap_std: float | None
-    verdict: str
-    reason: str | None = None
-    top_score: float | None = None
-    top_score_percentile: float | None = None
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    method: Method
+    rows: int = Field(ge=0)
+    corpus_rows: int = Field(ge=0)
+    space: str | None = None
+    percents: tuple[float, ...] = ()
+    scores: tuple[float, ...] = ()
+    mean_cosine: float | None = None
+    log_density_median: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict of the fields."""
-        return asdict(self)
+    @classmethod
+    def from_scores(
+        cls,
+        best_scores: np.ndarray,
+        *,
+        method: Method,
+        corpus_rows: int,
+        space: str | None = None,
+        mean_cosine: float | None = None,
+        log_densities: np.ndarray | None = None,
+    ) -> Reference:
+        """The reference of measured rows.
 
-
-def _density_figures(
-    log_density: float | None, ref: DensityStats | None, fit_rows: int, dim: int
-) -> tuple[float | None, float | None, float | None, float | None]:
-    """(log_density, mean, std, gap) when finite and from a reliable flow, else Nones."""
-    if log_density is None or ref is None or not reliable(fit_rows, dim):
-        return None, None, None, None
-    mean, std = float(ref.mean_log_prob), float(ref.std_log_prob)
-    gap = (mean - float(log_density)) / max(std, 1e-9)
-    if not _finite(log_density, mean, std, gap):
-        return None, None, None, None
-    return float(log_density), mean, std, float(gap)
-
-
-def query_report(
-    log_density: float | None,
-    corpus: DensityStats | None,
-    fit_rows: int,
-    dim: int,
-    *,
-    held_out: HeldOut | None = None,
-    top_score: float | None = None,
-) -> QueryReport:
-    """Judge a query (see :class:`QueryReport`).
-
-    Args:
-        log_density: the query's log-density under the flow, or None.
-        corpus: the index's density statistics over all its rows (shown for an index built
-            before held-out statistics; never judged against: the flow saw those rows).
-        fit_rows: rows the calibrator was fitted on.
-        dim: the searched dimension.
-        held_out: the held-out reference (None for an index built before it: not judged).
-        top_score: the query's best dense score over the whole index, or None.
-    """
-    ref = held_out.density if held_out is not None and held_out.density else corpus
-    lp, mean, std, gap = _density_figures(log_density, ref, fit_rows, dim)
-
-    def report(verdict: str, reason: str | None, percentile: float | None = None) -> QueryReport:
-        top = float(top_score) if top_score is not None and math.isfinite(top_score) else None
-        return QueryReport(lp, mean, std, gap, verdict, reason, top, percentile)
-
-    if held_out is None:
-        return report("not judged", "the index has no held-out statistics (built before them)")
-    if held_out.rows < MIN_HELD_OUT or not held_out.top_score:
-        return report("not judged", f"too few rows held out ({held_out.rows}) to judge against")
-    if top_score is None or not math.isfinite(top_score):
-        return report(
-            "not judged", "no dense score over the whole index (lexical mode or a filter)"
+        Args:
+            best_scores: float (m,), each measured row's best score to another row of the
+                index (:func:`best_other_score`); NaN entries (no other row found) are dropped.
+            method: how the rows were chosen (:func:`reference_rows`).
+            corpus_rows: rows in the index.
+            space: the searched space (the calibration record's ``space``).
+            mean_cosine: the calibration record's ``anisotropy["mean_cosine"]`` when the index
+                searches the encoder's own space, else None.
+            log_densities: float (m,), the measured rows' log-densities, or None (pass None
+                when the calibrator is not :func:`reliable`).
+        """
+        top = np.asarray(best_scores, np.float64)
+        top = top[np.isfinite(top)]
+        values: tuple[float, ...] = ()
+        if len(top):
+            values = tuple(round(float(v), 6) for v in np.percentile(top, PERCENTS))
+        median = None
+        if log_densities is not None and len(log_densities):
+            lp = np.asarray(log_densities, np.float64)
+            if np.isfinite(lp).all():
+                median = float(np.median(lp))
+        return cls(
+            method=method,
+            rows=int(len(top)),
+            corpus_rows=int(corpus_rows),
+            space=space,
+            percents=PERCENTS if values else (),
+            scores=values,
+            mean_cosine=None if mean_cosine is None else float(mean_cosine),
+            log_density_median=median,
         )
-    pct = _percentile_of(float(top_score), held_out)
-    cut = _percentile_cut(held_out)
-    verdict = "out-of-distribution" if top_score < cut else "in-distribution"
-    return report(verdict, None, round(pct, 1))
+
+    @property
+    def measured(self) -> bool:
+        """True when it holds scores to place a value among."""
+        return bool(self.scores) and len(self.scores) == len(self.percents)
+
+    def percentile(self, score: float) -> float:
+        """Where ``score`` falls among the measured rows' best scores, in percent (0-100; NaN
+        for NaN)."""
+        return float(self.percentiles(np.array([score]))[0])
+
+    def percentiles(self, scores: np.ndarray) -> np.ndarray:
+        """:meth:`percentile` of each score (float64, same shape)."""
+        return percentile_of(scores, np.array(self.percents), np.array(self.scores))
+
+    def score_at(self, percent: float) -> float:
+        """The measured rows' best score at ``percent`` (interpolated between stored ones)."""
+        return float(np.interp(percent, self.percents, self.scores))
+
+    def to_words(self) -> str:
+        """One line for ``info``: what queries and new rows are judged against."""
+        if not self.measured:
+            return "no reference: queries and new rows are not judged"
+        how = "held out of the calibrator's fit" if self.method == "held-out" else "leave-one-out"
+        return (
+            f"{self.rows:,} of the corpus's own passages, each scored against its closest other "
+            f"passage ({how}); a query less like the corpus than "
+            f"{100 - current().ood_percentile:g}% of them is flagged"
+        )
 
 
-def _percentile_cut(held: HeldOut) -> float:
-    """The held-out top score at :data:`OOD_PERCENTILE`."""
-    return float(np.interp(OOD_PERCENTILE, held.percents, held.top_score))
+def why_unusable(reference: Reference | None) -> str | None:
+    """Why ``reference`` cannot judge a query or new rows, in words; None when it can."""
+    if reference is None or not reference.measured:
+        return "the index records no reference to judge against; rebuilding it measures one"
+    if reference.rows < current().reference_min_rows:
+        return (
+            f"the index holds {reference.corpus_rows} rows, too few to know what is usual "
+            f"for it ({current().reference_min_rows} needed)"
+        )
+    return None
+
+
+def share_words(percent: float) -> str:
+    """A share of the corpus's passages in words: "97%", "99.7%", "all", "none" (never rounded
+    up to "all" or down to "none").
+
+    Example:
+        >>> [share_words(p) for p in (96.6, 99.97, 100.0, 0.4, 0.0)]
+        ['97%', '99.9%', 'all', '0.4%', 'none']
+    """
+    if percent >= 100:
+        return "all"
+    if percent <= 0:
+        return "none"
+    if percent > 99 or percent < 1:
+        return f"{max(math.floor(percent * 10) / 10, 0.1):.1f}%"
+    return f"{percent:.0f}%"
+
+
+def _get(record: Any, name: str, default: Any = None) -> Any:
+    """A field of a record that may be a model, a dataclass or a plain mapping."""
+    if isinstance(record, Mapping):
+        return record.get(name, default)
+    return getattr(record, name, default)
+
+
+def reference_of(manifest: Any) -> Reference | None:
+    """The reference an index's manifest records, or None.
+
+    This release's indexes store it as ``manifest.reference`` (a :class:`Reference` or its
+    JSON form). Indexes built by the previous release have a ``held_out`` record instead (the
+    best scores of the held-out rows at nine percentiles, and their log-density statistics):
+    it is read as a ``held-out`` reference, so those indexes keep their verdict. A ``held_out``
+    record without scores (a corpus under 500 rows) gives None.
+
+    Raises:
+        IndexDamaged: a stored reference that is not one (a hand-edited manifest).
+    """
+    stored = _get(manifest, "reference")
+    if isinstance(stored, Reference):
+        return stored
+    if stored:
+        try:
+            return Reference.model_validate(dict(stored))
+        except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+            raise IndexDamaged(
+                f"the manifest's reference is malformed ({type(exc).__name__})", "rebuild the index"
+            ) from None
+    held = _get(manifest, "held_out")
+    if not held or not _get(held, "top_score"):
+        return None
+    calibration = _get(manifest, "calibration")
+    space = _get(calibration, "space")
+    mean_cosine = None
+    if space == "encoder":
+        mean_cosine = (_get(calibration, "anisotropy") or {}).get("mean_cosine")
+    density = _get(held, "density")
+    median = _get(density, "median") if density else None
+    fit_rows, dim = _get(calibration, "fit_rows", 0), _get(manifest, "dim", 0)
+    if median is not None and (not math.isfinite(median) or not reliable(fit_rows, dim)):
+        median = None
+    rows = _get(manifest, "rows")
+    return Reference(
+        method="held-out",
+        rows=int(_get(held, "rows", 0)),
+        corpus_rows=int(rows if rows is not None else _get(manifest, "n_rows", 0)),
+        space=space,
+        percents=tuple(float(p) for p in _get(held, "percents")),
+        scores=tuple(float(v) for v in _get(held, "top_score")),
+        mean_cosine=None if mean_cosine is None else float(mean_cosine),
+        log_density_median=median,
+    )

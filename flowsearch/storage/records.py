@@ -331,6 +331,10 @@ class Manifest(BaseModel):
     segments: tuple[SegmentRecord, ...] = ()
     density: DensityStats | None = None
     held_out: HeldOut | None = None
+    #: the JSON form of :class:`flowsearch.space.reference.Reference`: how close the corpus's
+    #: own rows sit to each other, what queries and new rows are judged against (the previous
+    #: release's ``held_out`` is read in its place; ``flowsearch.space.reference.reference_of``)
+    reference: dict[str, Any] | None = None
     skipped: int = 0
     next_auto_id: int = 0
     next_segment: int = 1

@@ -269,7 +269,8 @@ class RowReader:
         tables = [handle.read(columns=names) for handle in self._files]
         if not tables:
             return self.schema.empty_table().select(names)
-        return pa.concat_tables(tables)
+        # parts of an older release's segment may type a column differently (int32, int64)
+        return pa.concat_tables(tables, promote_options="permissive")
 
     def batches(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
         """The segment's rows part by part (all columns by default)."""

@@ -30,6 +30,7 @@ from flowsearch.errors import BadInput
 from flowsearch.progress import Stages
 from flowsearch.space.fitting import load_fitted
 from flowsearch.space.reference import (
+    reference_rows,
     split_fit_rows,
 )
 from flowsearch.storage import manifest as mf
@@ -228,7 +229,8 @@ def _build(
             builder.add(rows_table(ids, texts, meta, Z, U), Z)
             row += len(texts)
             advance(len(texts))
-    held_raw = np.asarray(raw[held_idx])
+    measured, method = reference_rows(plan.rows, held_idx)
+    measured_raw = np.asarray(raw[measured])
     del raw
     return finish_build(
         writer,
@@ -237,7 +239,7 @@ def _build(
         enc,
         plan,
         lps,
-        (held_idx, held_raw),
+        (measured, measured_raw, method),
         source=source,
         index_factory=index_factory,
         lexical=lexical,

@@ -32,6 +32,7 @@ from flowsearch.storage.layout import CALIBRATORS_DIR
 from flowsearch.storage.rows import RowReader
 from flowsearch.storage.verify import verify
 from flowsearch.storage.writer import Writer, open_writer
+from flowsearch.writes.measure import remeasure
 from flowsearch.writes.merge import merge, plan_merges
 from flowsearch.writes.results import WriteResult, result_of
 
@@ -205,11 +206,13 @@ def _rewrite(writer: Writer, base: mf.Manifest, space: SearchSpace) -> mf.Manife
             project=space.project,
             lps=lps,
         )
+    reference = remeasure(writer, space)  # the old one was measured in the old space
     changes: dict[str, Any] = {
         "calibration": spec,
         "dim": space.dim,
         "density": density_stats(np.concatenate(lps)) if lps else None,
-        "held_out": None,  # measured in the old space: not a reference any more
+        "held_out": None,
+        "reference": reference.model_dump(mode="json"),
     }
     return writer.publish(
         kind="recalibrate",

@@ -19,7 +19,13 @@ from flowsearch.ann import build as ann_build
 from flowsearch.ann.factory import auto_factory, new_index
 from flowsearch.progress import Stages
 from flowsearch.space.fitting import fit_for_index
-from flowsearch.space.reference import best_other_score, density_stats, held_out_stats
+from flowsearch.space.reference import (
+    Method,
+    Reference,
+    best_other_score,
+    density_stats,
+    reliable,
+)
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
 from flowsearch.storage import schema
@@ -70,23 +76,24 @@ def finish_build(
     enc: Any,
     plan: CorpusPlan,
     lps: list[np.ndarray],
-    held: tuple[np.ndarray, np.ndarray],
+    measured: tuple[np.ndarray, np.ndarray, Method],
     *,
     source: str | None,
     index_factory: str,
     lexical: bool,
 ) -> mf.Manifest:
-    """Finish the build's segment, save the calibrator, place the held-out rows (local rows
-    ``held[0]``, raw vectors ``held[1]``) and publish the first version."""
+    """Finish the build's segment, save the calibrator, measure the reference (the rows
+    ``measured[0]`` with raw vectors ``measured[1]``, chosen by
+    :func:`~flowsearch.space.reference.reference_rows`) and publish the first version."""
     record = builder.finish()
     spec = _save_calibrator(writer, space)
     all_lp = np.concatenate(lps) if lps else None
-    reference = _held_out(builder.index, space, held[1], held[0], all_lp)
+    reference = _reference(builder.index, space, measured, all_lp, plan.rows)
     manifest = template(enc, source, space, spec, plan, index_factory, lexical)
     manifest = manifest.model_copy(
         update={
             "density": density_stats(all_lp) if all_lp is not None else None,
-            "held_out": reference,
+            "reference": reference.model_dump(mode="json"),
         }
     )
     return writer.publish(
@@ -126,16 +133,31 @@ def template(
     )
 
 
-def _held_out(
-    index: Any, space: SearchSpace, held_raw: np.ndarray, held: np.ndarray, lp: np.ndarray | None
-) -> mf.HeldOut:
-    """Where the held-out rows (local rows ``held``, raw vectors ``held_raw``) sit: their
-    log-densities (``lp``: all rows' or None) and each one's best score to another row."""
-    if not len(held):  # a small corpus: none held out, so queries are not judged
-        return mf.HeldOut(rows=0)
+def _reference(
+    index: Any,
+    space: SearchSpace,
+    measured: tuple[np.ndarray, np.ndarray, Method],
+    lp: np.ndarray | None,
+    n_rows: int,
+) -> Reference:
+    """The reference: each measured row's best score to another row of the finished index,
+    with their log-densities (``lp``: all rows' or None) when the calibrator is reliable."""
     from flowsearch.ann import io as ann_io
 
-    Z = space.project(np.asarray(held_raw), want_density=False)[0]
-    scores, rows = ann_io.search(index, Z, 2)
-    top = best_other_score(scores, rows, held)
-    return held_out_stats(None if lp is None else lp[held], top, len(held))
+    rows, raw, method = measured
+    spec = space.spec
+    mean_cosine = spec.anisotropy.get("mean_cosine") if spec.space == "encoder" else None
+    if not len(rows):
+        return Reference(method=method, rows=0, corpus_rows=n_rows, space=spec.space)
+    Z = space.project(np.asarray(raw), want_density=False)[0]
+    scores, found = ann_io.search(index, Z, 2)
+    top = best_other_score(scores, found, rows)
+    keep_lp = lp is not None and reliable(spec.fit_rows, space.dim)
+    return Reference.from_scores(
+        top,
+        method=method,
+        corpus_rows=n_rows,
+        space=spec.space,
+        mean_cosine=mean_cosine,
+        log_densities=lp[rows] if keep_lp and lp is not None else None,
+    )

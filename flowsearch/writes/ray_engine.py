@@ -61,7 +61,7 @@ import pyarrow.parquet as pq
 from flowsearch.ann import ondisk
 from flowsearch.errors import FlowsearchError
 from flowsearch.progress import Stages
-from flowsearch.space.reference import split_fit_rows
+from flowsearch.space.reference import reference_rows, split_fit_rows
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.corpus import CorpusPlan
@@ -530,7 +530,8 @@ def build_on_ray(
             builder.use_index(
                 _fill_on_ray(ray, index, builder.stage, parts, scratch), data=ANN_DATA_FILE
             )
-    held_raw = _read_rows(files, held_idx)
+    measured, method = reference_rows(plan.rows, held_idx)
+    measured_raw = _read_rows(files, measured)
     shutil.rmtree(scratch)
     return finish_build(
         writer,
@@ -539,7 +540,7 @@ def build_on_ray(
         enc,
         plan,
         lps,
-        (held_idx, held_raw),
+        (measured, measured_raw, method),
         source=source,
         index_factory=index_factory,
         lexical=lexical,

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from flowsearch.progress import Stages
+from flowsearch.space.drift import DriftReport
 from flowsearch.storage import manifest as mf
 
 __all__ = ["WriteResult", "result_of"]
@@ -58,7 +59,7 @@ class WriteResult(BaseModel):
         seconds: time per stage, and ``total``.
     """
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True)
     kind: str
     index: str
     version: int
@@ -79,14 +80,13 @@ class WriteResult(BaseModel):
     decision: str | None = None
     bytes: int = 0
     bytes_freed: int = 0
-    drift: Any = None
+    drift: DriftReport | None = None
     seconds: dict[str, float] = Field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict of the fields (the drift report as its own dict)."""
         out = self.model_dump(mode="json", exclude={"drift"})
-        drift = self.drift
-        out["drift"] = drift.to_dict() if hasattr(drift, "to_dict") else drift
+        out["drift"] = None if self.drift is None else self.drift.to_dict()
         return out
 
     def __getitem__(self, key: str) -> Any:
@@ -94,7 +94,8 @@ class WriteResult(BaseModel):
         name = _OLD_KEYS.get(key, key)
         if name not in type(self).model_fields:
             raise KeyError(key)
-        return getattr(self, name)
+        value = getattr(self, name)
+        return value.to_dict() if hasattr(value, "to_dict") else value  # the dicts of old
 
     def get(self, key: str, default: Any = None) -> Any:
         """:meth:`__getitem__` with a default."""

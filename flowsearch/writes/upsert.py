@@ -12,8 +12,10 @@ Records are checked against the index's schema before anything is written: a val
 cannot be cast losslessly to its column's type is refused naming the id, the column, the
 expected and the given type; a new column is added (null for older rows).
 
-Drift: the new rows are compared with the corpus's reference
-(:func:`flowsearch.space.reference.drift_report`).
+Drift: each new row's best score against the rows the index held before (those the write
+replaces excluded; at most ``Settings.drift_max_rows`` rows, a seeded sample) is placed among the
+corpus's own (:func:`flowsearch.space.drift.drift_report`): "the 20 new rows sit like the
+corpus: median percentile 48".
 
 Example:
     >>> upsert("my_index", [{"id": "doc-1", "text": "new text"}]).n_inserted  # doctest: +SKIP
@@ -33,7 +35,8 @@ import pyarrow as pa
 
 from flowsearch.errors import BadInput
 from flowsearch.progress import Stages
-from flowsearch.space.reference import drift_report, reliable
+from flowsearch.space.drift import DriftReport, drift_report
+from flowsearch.space.reference import reference_of
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
 from flowsearch.storage import schema as schema_mod
@@ -43,6 +46,7 @@ from flowsearch.storage.rows import rows_table
 from flowsearch.storage.verify import verify
 from flowsearch.storage.writer import Writer, open_writer
 from flowsearch.writes.engine import CHUNK_ROWS
+from flowsearch.writes.measure import best_scores, sample_positions
 from flowsearch.writes.merge import merge, plan_merges
 from flowsearch.writes.results import WriteResult, result_of
 from flowsearch.writes.segments import SegmentBuilder
@@ -184,12 +188,13 @@ def _write(
             replaced = _replaced(writer, plan, kind)
         with st.timed("load model"):
             space = SearchSpace.open(target, base, encoder, model=model)
-        record, lps = _write_segment(writer, base, plan, space, batch_size, st)
+        record, scored = _write_segment(writer, base, plan, space, batch_size, st)
+        with st.timed("drift"):
+            drift = _drift(writer, base, replaced, scored, plan.rows)
         for name, rows in replaced.items():
             writer.delete_rows(name, rows)
         new_schema = schema_mod.merged(base.schema_, plan.metadata_schema)
         merged = _merge(writer, base, new_schema) if merge_segments else 0
-        drift = _drift(base, lps)
         n_replaced = int(sum(len(r) for r in replaced.values()))
         changes: dict[str, Any] = {
             "skipped": base.skipped + plan.skipped,
@@ -207,8 +212,8 @@ def _write(
             "drift": drift,
         }
         manifest = writer.publish(kind=kind, n_rows=plan.rows, detail=detail, **changes)
-    if drift and drift.get("warn"):
-        LOG.warning("the new rows look out of distribution; refit the calibrator (recalibrate)")
+    if drift.warn:
+        LOG.warning("%s", drift.to_words())
     return result_of(
         kind,
         target,
@@ -283,8 +288,9 @@ def _write_segment(
     space: SearchSpace,
     batch_size: int,
     st: Stages,
-) -> tuple[mf.SegmentRecord, list[np.ndarray]]:
-    """Encode, project and write the new rows as one segment."""
+) -> tuple[mf.SegmentRecord, tuple[np.ndarray, np.ndarray | None]]:
+    """Encode, project and write the new rows as one segment. Returns its record and the
+    searched vectors (and log-densities) of the rows drift is judged on."""
     builder = SegmentBuilder(
         writer,
         dim=base.dim,
@@ -292,18 +298,27 @@ def _write_segment(
         requested=base.ann_requested,
         lexical=base.lexical is not None,
     )
+    scored = sample_positions(plan.rows)
+    Zs: list[np.ndarray] = []
     lps: list[np.ndarray] = []
-    with st.timed("encode+write"), st.task("writing rows", total=plan.rows) as advance:
+    row = 0
+    with st.task("writing rows", total=plan.rows) as advance:
         for ids, texts, meta in plan.batches(CHUNK_ROWS):
-            U = space.encoder.encode(texts, batch_size=batch_size, progress=False)
-            Z, lp = space.project(U)
+            with st.timed("encode"):
+                U = space.encoder.encode(texts, batch_size=batch_size, progress=False)
+            with st.timed("write"):
+                Z, lp = space.project(U)
+                builder.add(rows_table(ids, texts, meta, Z, U), Z)
+            pick = scored[(scored >= row) & (scored < row + len(texts))] - row
+            Zs.append(Z[pick])
             if lp is not None:
-                lps.append(lp)
-            builder.add(rows_table(ids, texts, meta, Z, U), Z)
+                lps.append(lp[pick])
+            row += len(texts)
             advance(len(texts))
     with st.timed("index"):
         record = builder.finish()
-    return record, lps
+    Z_scored = np.concatenate(Zs) if Zs else np.zeros((0, base.dim), np.float32)
+    return record, (Z_scored, np.concatenate(lps) if lps else None)
 
 
 def _merge(writer: Writer, base: mf.Manifest, schema: tuple[mf.SchemaColumn, ...]) -> int:
@@ -324,10 +339,15 @@ def _merge(writer: Writer, base: mf.Manifest, schema: tuple[mf.SchemaColumn, ...
     return merged
 
 
-def _drift(base: mf.Manifest, lps: list[np.ndarray]) -> dict[str, Any] | None:
-    held = base.held_out
-    reference = held.density if held and held.density else base.density
-    if not lps or reference is None:
-        return None
-    ok = reliable(base.calibration.fit_rows, base.dim)
-    return drift_report(np.concatenate(lps), reference, ok)
+def _drift(
+    writer: Writer,
+    base: mf.Manifest,
+    replaced: dict[str, np.ndarray],
+    scored: tuple[np.ndarray, np.ndarray | None],
+    n_rows: int,
+) -> DriftReport:
+    """Where the new rows sit: their best scores against the rows the index held before the
+    write, minus the ones it replaces (:mod:`flowsearch.writes.measure`)."""
+    Z, lp = scored
+    best = best_scores(writer, base.segments, replaced, Z)
+    return drift_report(best, reference_of(base), lp, rows=n_rows)

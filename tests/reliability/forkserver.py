@@ -26,6 +26,7 @@ import traceback
 def _preload() -> None:
     import duckdb  # noqa: F401
     import faiss  # noqa: F401
+    import flowsearch.writes.rewrite  # noqa: F401
     import pyarrow.csv  # noqa: F401
     import pyarrow.json  # noqa: F401
     import pyarrow.parquet  # noqa: F401
@@ -36,7 +37,6 @@ def _preload() -> None:
     import flowsearch.lexical.bm25  # noqa: F401
     import flowsearch.search.searcher  # noqa: F401
     import flowsearch.writes.build  # noqa: F401
-    import flowsearch.writes.rewrite  # noqa: F401
 
 
 def _child(req: dict) -> None:

@@ -224,12 +224,12 @@ def test_markup_and_escapes_are_printed_literally(cli, model_dir, tmp_path):
     assert "\\x1b[31m" in result.out
     # the density caption of a 3-row flow: judged unreliable, no absurd figures (-6.7e33)
     caption = " ".join(result.out.split()[-40:])
-    assert "not judged" in caption and "too few rows" in caption, result.out
+    assert "not judged" in caption and "3 rows, too few" in caption, result.out
     assert not re.search(r"\d[eE][+-]?\d", caption), caption
     doc = json.loads(cli.run("query", "the cat", "--index", index, "--json").out)
     density = doc["density"]
     assert density["verdict"] == "not judged"
-    figures = [density[k] for k in ("log_density", "corpus_mean", "corpus_std", "gap_std")]
+    figures = [density[k] for k in ("log_density", "reference_log_density", "top_score")]
     assert all(f is None or abs(f) < 1e4 for f in figures)  # finite and meaningful, or not shown
 
 
@@ -450,3 +450,41 @@ def test_http_long_query_and_large_k(http):
     assert len(r.json()["hits"]) == 60
     r = http.post("/search", json={"query": "the cat " * 12_500})
     assert r.status_code == 422 and "10000" in r.json()["detail"], r.text
+
+
+# -- ids that look like numbers and are not (issue 25) ---------------------------------------
+
+ID_PARSING = pytest.mark.xfail(strict=True, reason="id parsing lands with the storage rewrite")
+
+
+@pytest.fixture(scope="module")
+def int_ids(cli, model_dir, tmp_path_factory) -> Path:
+    """An index whose ids are integers."""
+    root = tmp_path_factory.mktemp("int-ids")
+    corpus = root / "ints.parquet"
+    pq.write_table(pa.table({"id": [1, 2, 3], "text": sentences(3, seed=5)}), corpus)
+    built = cli.run("index", corpus, "--index", root / "idx", "--model", model_dir,
+                    "--calibration", "none")  # fmt: skip
+    assert built.code == 0, built.err
+    return root / "idx"
+
+
+@ID_PARSING
+def test_cli_delete_an_id_that_is_not_a_number(cli, int_ids):
+    before = snapshot(int_ids)
+    one_error_line(cli.run("delete", "²", "--index", int_ids))  # str.isdigit, not int()
+    assert snapshot(int_ids) == before
+
+
+@ID_PARSING
+def test_http_delete_an_id_that_is_not_a_number(int_ids):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from flowsearch.server import create_app
+
+    before = snapshot(int_ids)
+    with TestClient(create_app(int_ids), raise_server_exceptions=False) as client:
+        r = client.post("/delete", json={"ids": ["²"]})
+    assert r.status_code == 400 and "\n" not in r.json()["detail"], r.text
+    assert snapshot(int_ids) == before

@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from corpus_helpers import sentences, write_corpus
+from flowsearch.writes.rewrite import delete
 
 from flowsearch.search.searcher import Searcher
 from flowsearch.storage import manifest as mf
-from flowsearch.writes.rewrite import delete
 from flowsearch.writes.upsert import add_to_index, upsert
 
 from .conftest import QUERIES

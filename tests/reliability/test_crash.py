@@ -19,13 +19,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from flowsearch.writes.rewrite import delete
 
 from flowsearch.errors import FlowsearchError
 from flowsearch.search.searcher import Searcher
 from flowsearch.storage import directory as directory
 from flowsearch.storage import manifest as mf
 from flowsearch.writes.build import build_index
-from flowsearch.writes.rewrite import delete
 
 from .conftest import answers, answers_of, leftovers
 

@@ -1,0 +1,98 @@
+r"""What the commands print: one JSON document on stdout, tables on stdout, summaries on stderr.
+
+User-supplied text (queries, passages, ids, paths) is printed literally: rich markup in it is
+text, control characters are shown as escapes instead of acting on the terminal.
+
+Example:
+    >>> visible("red \x1b[31m text\n")
+    'red \\x1b[31m text '
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+from flowsearch.jsonable import to_json
+
+__all__ = [
+    "report_caption",
+    "literal",
+    "print_json",
+    "print_summary",
+    "snippet",
+    "stderr_console",
+    "stdout_console",
+    "visible",
+]
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def print_json(doc: Any) -> None:
+    """Print ``doc`` as one JSON document on stdout (NaN and infinities as null)."""
+    sys.stdout.write(to_json(doc) + "\n")
+
+
+def stdout_console() -> Any:
+    """A rich console on stdout that never wraps what it prints into the terminal's width."""
+    from rich.console import Console
+
+    return Console(soft_wrap=False)
+
+
+def stderr_console() -> Any:
+    """A rich console on stderr without highlighting (summaries, reports)."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def visible(text: Any) -> str:
+    """User-supplied text made safe for a terminal: control characters (ESC, ...) shown as
+    escapes instead of acting; newlines and tabs as spaces. Print it as markup-free text."""
+    text = str(text).replace("\n", " ").replace("\t", " ")
+    return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
+
+
+def literal(text: Any) -> Any:
+    """A rich ``Text`` that prints ``text`` literally (no markup, control characters visible)."""
+    from rich.text import Text
+
+    return Text(visible(text))
+
+
+def snippet(text: str, width: int = 90) -> str:
+    """``text`` on one line, cut to ``width`` characters with an ellipsis."""
+    text = " ".join(visible(text).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def print_summary(result: Any, verb: str) -> None:
+    """A write's result (rows, version, space, timings, drift) on stderr."""
+    from rich.text import Text
+
+    err = stderr_console()
+    secs = ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items() if k != "total")
+    line = Text()
+    line.append(verb, style="bold")
+    line.append(
+        f" {result.n_written:,} rows -> {visible(result.index)} "
+        f"(version {result.version}, {result.n_live:,} live rows in {result.segments} "
+        f"segment{'s' if result.segments != 1 else ''}, dim {result.dim}, "
+        f"{result.bytes / 2**20:.1f} MiB) in {result.seconds.get('total', 0.0):.1f}s [{secs}]"
+    )
+    err.print(line)
+    if result.n_skipped:
+        err.print(f"skipped {result.n_skipped:,} rows with a null or blank text")
+    if result.merged:
+        err.print(f"merged {result.merged} small segments into one")
+    drift = result.drift
+    if drift is not None:
+        err.print(Text(drift.to_words(), style="bold yellow" if drift.warn else ""))
+
+
+def report_caption(report: Any) -> str:
+    """The query report in words (the raw figures are in ``--json`` and ``--explain``)."""
+    return str(report.to_words()) if report is not None else ""

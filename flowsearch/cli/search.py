@@ -1,0 +1,186 @@
+r"""The reading commands: ``query`` (hits and the query report) and ``info`` (what an index holds).
+
+Example:
+    $ flowsearch query "how does sourdough rise?" --index idx -k 5
+    $ flowsearch info --index idx --verify --json
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from flowsearch.cli.app import app, user_errors
+from flowsearch.cli.options import (
+    DEFAULT_INDEX,
+    MODES,
+    AsJson,
+    IndexDir,
+    ModelMoved,
+    choices,
+    flag,
+)
+from flowsearch.cli.output import (
+    literal,
+    print_json,
+    report_caption,
+    snippet,
+    stdout_console,
+)
+
+__all__ = ["info_cmd", "query_cmd"]
+
+
+@app.command("query")
+@user_errors
+def query_cmd(
+    text: Annotated[str, typer.Argument(help="The query.")],
+    index: IndexDir = DEFAULT_INDEX,
+    k: Annotated[int, typer.Option("-k", "--k", help="Hits to return.")] = 10,
+    where: Annotated[
+        str | None, typer.Option(help="SQL filter over metadata, e.g. \"topic = 'cooking'\".")
+    ] = None,
+    mode: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Search mode: {choices(MODES)} (default: hybrid if the index has a lexical "
+            "part, else dense).",
+            metavar="MODE",
+        ),
+    ] = None,
+    min_score: Annotated[
+        float | None, typer.Option(help="Drop hits scoring below this (0-1).")
+    ] = None,
+    explain: Annotated[
+        bool, flag("--explain", help="Also print the raw figures behind the report.")
+    ] = False,
+    model: ModelMoved = None,
+    as_json: AsJson = False,
+) -> None:
+    """Search an index."""
+    from flowsearch.search.searcher import Searcher
+
+    searcher = Searcher.open(index, model=model)
+    options = {} if min_score is None else {"min_score": min_score}
+    result = searcher.query(text, k=k, where=where, mode=mode, **options)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    _print_hits(text, result)
+    if explain and result.report is not None:
+        stdout_console().print(literal(result.report.to_explain()))
+
+
+def _print_hits(text: str, result: Any) -> None:
+    """The hit table, with the query report under it on a line of its own."""
+    from rich.table import Table
+
+    console = stdout_console()
+    title = literal(f"{text!r}: {len(result.hits)} hits")
+    caption = report_caption(result.report)
+    if not result.hits:
+        # an empty table is as narrow as its headers, and would fold the report into a column
+        console.print(title)
+        console.print(literal(caption))
+        return
+    table = Table(title=title, title_justify="left")
+    table.add_column("rank", justify="right")
+    table.add_column("score", justify="right")
+    table.add_column("dense / BM25", justify="right")
+    table.add_column("id", overflow="fold")
+    table.add_column("text", overflow="ellipsis")
+    for hit in result.hits:
+        parts = [f"{v:.2f}" if v is not None else "-" for v in (hit.dense_score, hit.lexical_score)]
+        table.add_row(
+            str(hit.rank),
+            f"{hit.score:.3f}",
+            " / ".join(parts),
+            literal(hit.id),
+            literal(snippet(hit.text)),
+        )
+    table.caption = literal(caption)
+    console.print(table)
+
+
+@app.command("info")
+@user_errors
+def info_cmd(
+    index: IndexDir = DEFAULT_INDEX,
+    verify: Annotated[
+        bool, flag("--verify", help="Check every file's sha256 and the log.")
+    ] = False,
+    history: Annotated[bool, flag("--history", help="List the writes, oldest first.")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Show what an index holds: what it searches, its schema, segments, sizes, checks."""
+    from flowsearch.search.version import index_history, index_info
+
+    if history:
+        records = index_history(index)
+        if as_json:
+            print_json([r.model_dump(mode="json") for r in records])
+            return
+        for record in records:
+            stdout_console().print(literal(_history_line(record)))
+        return
+    info = index_info(index, verify=verify)
+    if as_json:
+        print_json(info.to_dict())
+        return
+    from rich.table import Table
+
+    table = Table(show_header=False, title=literal(info.path), title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in _info_rows(info):
+        table.add_row(key, literal(value))
+    stdout_console().print(table)
+
+
+def _history_line(record: Any) -> str:
+    detail = ", ".join(f"{k} {v}" for k, v in record.detail.items() if k != "drift" and v)
+    line = f"v{record.version} {record.time} {record.kind} {record.n_rows:,} rows"
+    return f"{line} ({detail})" if detail else line
+
+
+def _info_rows(info: Any) -> list[tuple[str, str]]:
+    """``info``'s table: (what, value) pairs read from the manifest and the verification."""
+    from flowsearch.space.reference import reference_of
+    from flowsearch.space.reports import describe_space
+
+    m = info.manifest
+    enc, cal, checked = m.encoder, m.calibration, info.verified
+    unhashed = (
+        f"; {len(checked.not_hashed)} large ones not hashed (--verify)"
+        if checked.not_hashed
+        else ""
+    )
+    factories = sorted({s.ann.factory for s in m.segments})
+    reference = reference_of(m)
+    rows = [
+        ("version", f"{m.version} (format {m.format_version}, flowsearch {m.flowsearch_version})"),
+        ("rows", f"{m.n_live:,} live ({m.n_deleted:,} deleted, {m.skipped:,} skipped)"),
+        (
+            "segments",
+            f"{len(m.segments)} ({', '.join(f'{s.n_live:,}' for s in m.segments)} "
+            f"live rows; vector index {', '.join(factories)})",
+        ),
+        ("created / updated", f"{m.created} / {m.updated or '-'}"),
+        ("model", f"{enc.model} (revision {enc.revision})"),
+        ("pooling / max_length / dim", f"{enc.pooling} / {enc.max_length} / {enc.dim}"),
+        ("searches", describe_space(cal, enc.pooling)),
+        ("judged against", reference.to_words() if reference is not None else "nothing"),
+        ("schema", ", ".join(f"{c.name} {c.type}" for c in m.schema_) or "(no metadata)"),
+        ("size", ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in info.bytes.items())),
+        (
+            "verified",
+            f"{checked.n_files} files by size, {checked.n_hashed} by sha256{unhashed}"
+            + (
+                f"; {checked.history_records} log records"
+                if checked.history_records is not None
+                else ""
+            ),
+        ),
+    ]
+    return rows

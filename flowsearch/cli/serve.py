@@ -1,0 +1,43 @@
+r"""``flowsearch serve``: the HTTP API over one index (FastAPI + uvicorn; extra ``server``).
+
+Example:
+    $ flowsearch serve --index idx --port 8000 --api-key KEY
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from flowsearch.cli.app import app, user_errors
+from flowsearch.cli.options import DEFAULT_INDEX, IndexDir
+from flowsearch.errors import MissingExtra
+
+__all__ = ["serve_cmd"]
+
+
+@app.command("serve")
+@user_errors
+def serve_cmd(
+    index: IndexDir = DEFAULT_INDEX,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="FLOWSEARCH_API_KEY",
+            help="Require this key on every route but /health and the docs.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Serve the index over HTTP until Ctrl-C or SIGTERM (prints where, and what it serves)."""
+    try:
+        from flowsearch.server import serve
+    except ImportError as exc:
+        raise MissingExtra(
+            f"the server needs its extra ({exc.name} is missing)",
+            "install it: pip install 'flowsearch[server]'",
+        ) from None
+    serve(index, host=host, port=port, api_key=api_key)

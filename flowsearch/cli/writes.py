@@ -1,0 +1,260 @@
+r"""The writing commands: ``index``, ``add``, ``upsert``, ``delete``, ``compact``, ``recalibrate``.
+
+Each calls one library write and prints its summary (stderr) or, with ``--json``, the summary as
+one JSON document (stdout). ``--wait SECONDS`` waits that long for another process's write to
+finish instead of failing at once (the library's ``wait=``).
+
+Example:
+    $ flowsearch upsert changed.jsonl --index idx --wait 30
+    $ flowsearch delete doc-17 doc-18 --index idx --json
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from flowsearch.cli.app import app, user_errors
+from flowsearch.cli.options import (
+    BACKENDS,
+    DEFAULT_INDEX,
+    ENGINES,
+    POOLINGS,
+    QUANTIZATIONS,
+    AsJson,
+    BatchSize,
+    Calibration,
+    CalibratorDir,
+    FitSample,
+    IdColumnOr,
+    IndexDir,
+    ModelMoved,
+    Strict,
+    TextColumnOr,
+    Wait,
+    choices,
+    flag,
+    wait_kwargs,
+)
+from flowsearch.cli.output import print_json, print_summary, visible
+from flowsearch.errors import BadInput
+
+__all__: list[str] = []
+
+Corpus = Annotated[str, typer.Argument(help="Parquet, JSON Lines or CSV: a file, dir or glob.")]
+
+
+@app.command("index")
+@user_errors
+def index_cmd(
+    corpus: Corpus,
+    index: IndexDir = DEFAULT_INDEX,
+    text_column: Annotated[str, typer.Option(help="Column with the passages.")] = "text",
+    id_column: Annotated[str, typer.Option(help="Column with unique ids.")] = "id",
+    model: Annotated[str | None, typer.Option(help="Encoder model id or directory.")] = None,
+    pooling: Annotated[
+        str, typer.Option(help=f"Pooling: {choices(POOLINGS)}.", metavar="NAME")
+    ] = "mean",
+    max_length: Annotated[int | None, typer.Option(help="Tokens per passage.")] = None,
+    calibration: Calibration = "auto",
+    calibrator: CalibratorDir = None,
+    index_factory: Annotated[str, typer.Option(help="auto, or a FAISS factory string.")] = "auto",
+    batch_size: BatchSize = 64,
+    overwrite: Annotated[bool, flag("--overwrite", help="Replace an existing index.")] = False,
+    fit_sample: FitSample = 200_000,
+    strict: Strict = False,
+    lexical: Annotated[
+        bool, flag("--lexical/--no-lexical", help="Also build a BM25 index (hybrid search).")
+    ] = True,
+    backend: Annotated[
+        str, typer.Option(help=f"Encoder runtime: {choices(BACKENDS)}.", metavar="NAME")
+    ] = "torch",
+    quantize: Annotated[
+        str | None,
+        typer.Option(help=f"{choices(QUANTIZATIONS)} (onnx backend only).", metavar="NAME"),
+    ] = None,
+    engine: Annotated[
+        str, typer.Option(help=f"Engine: {choices(ENGINES)} (ray: extra `ray`).", metavar="NAME")
+    ] = "local",
+    address: Annotated[
+        str | None, typer.Option(help="ray: the cluster to join (default: a local one).")
+    ] = None,
+    wait: Wait = None,
+    as_json: AsJson = False,
+) -> None:
+    """Build an index from a corpus."""
+    from flowsearch.writes.build import build_index
+
+    options: dict[str, Any] = dict(
+        text_column=text_column, id_column=id_column, model=model, pooling=pooling
+    )
+    options.update(max_length=max_length, calibration=calibration, calibrator=calibrator)
+    options.update(index_factory=index_factory, batch_size=batch_size, overwrite=overwrite)
+    options.update(fit_sample=fit_sample, strict=strict, lexical=lexical, backend=backend)
+    options.update(quantize=quantize, engine=engine, address=address)
+    summary = build_index(corpus, index, **options, **wait_kwargs(wait))
+    _done(summary, "indexed", as_json)
+
+
+def _done(result: Any, verb: str, as_json: bool) -> None:
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        print_summary(result, verb)
+
+
+@app.command("add")
+@user_errors
+def add_cmd(
+    corpus: Corpus,
+    index: IndexDir = DEFAULT_INDEX,
+    text_column: TextColumnOr = None,
+    id_column: IdColumnOr = None,
+    batch_size: BatchSize = 64,
+    strict: Strict = False,
+    model: ModelMoved = None,
+    wait: Wait = None,
+    as_json: AsJson = False,
+) -> None:
+    """Append a corpus to an index (same encoder and calibrator); reports drift."""
+    from flowsearch.writes.upsert import add_to_index
+
+    summary = add_to_index(
+        index,
+        corpus,
+        text_column=text_column,
+        id_column=id_column,
+        batch_size=batch_size,
+        strict=strict,
+        model=model,
+        **wait_kwargs(wait),
+    )
+    _done(summary, "added", as_json)
+
+
+@app.command("upsert")
+@user_errors
+def upsert_cmd(
+    corpus: Corpus,
+    index: IndexDir = DEFAULT_INDEX,
+    text_column: TextColumnOr = None,
+    id_column: IdColumnOr = None,
+    batch_size: BatchSize = 64,
+    strict: Strict = False,
+    model: ModelMoved = None,
+    wait: Wait = None,
+    as_json: AsJson = False,
+) -> None:
+    """Insert new ids and replace existing ones (re-encoded under the frozen calibrator)."""
+    from flowsearch.writes.upsert import upsert
+
+    summary = upsert(
+        index,
+        corpus,
+        text_column=text_column,
+        id_column=id_column,
+        batch_size=batch_size,
+        strict=strict,
+        model=model,
+        **wait_kwargs(wait),
+    )
+    if as_json:
+        print_json(summary.to_dict())
+        return
+    print_summary(summary, "upserted")
+    typer.echo(f"{summary.n_inserted:,} inserted, {summary.n_replaced:,} replaced", err=True)
+
+
+def _read_ids(ids: list[str] | None, ids_file: Path | None) -> list[str]:
+    wanted = list(ids or [])
+    if ids_file is not None:
+        try:
+            lines = ids_file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BadInput(
+                f"cannot read the ids file {ids_file} ({exc})", param="ids_file"
+            ) from None
+        wanted += [line.strip() for line in lines if line.strip()]
+    if not wanted:
+        raise BadInput("no ids to delete", "give ids, or --ids-file with one id per line")
+    return wanted
+
+
+@app.command("delete")
+@user_errors
+def delete_cmd(
+    ids: Annotated[list[str] | None, typer.Argument(help="Ids to delete.")] = None,
+    ids_file: Annotated[
+        Path | None, typer.Option("--ids-file", help="A file of ids, one per line.")
+    ] = None,
+    index: IndexDir = DEFAULT_INDEX,
+    wait: Wait = None,
+    as_json: AsJson = False,
+) -> None:
+    """Delete rows by id (they are never returned again; compact reclaims the space)."""
+    from flowsearch.writes.delete import delete
+
+    result = delete(index, _read_ids(ids, ids_file), **wait_kwargs(wait))
+    if as_json:
+        print_json(result.to_dict())
+        return
+    typer.echo(f"deleted {result.n_deleted:,} rows from {visible(index)}", err=True)
+    if result.missing:
+        shown = ", ".join(visible(m) for m in result.missing[:10])
+        more = f" and {len(result.missing) - 10} more" if len(result.missing) > 10 else ""
+        typer.echo(f"not found: {shown}{more}", err=True)
+
+
+@app.command("compact")
+@user_errors
+def compact_cmd(
+    index: IndexDir = DEFAULT_INDEX,
+    full: Annotated[bool, flag("--full", help="Merge everything into one segment.")] = False,
+    wait: Wait = None,
+    as_json: AsJson = False,
+) -> None:
+    """Merge small segments and drop deleted rows; reports the space freed."""
+    from flowsearch.writes.compact import compact
+
+    result = compact(index, full=full, **wait_kwargs(wait))
+    if as_json:
+        print_json(result.to_dict())
+        return
+    typer.echo(
+        f"compacted {visible(index)}: {result.n_live:,} rows in {result.segments} segments, "
+        f"merged {result.merged}, dropped {result.n_dropped:,} deleted rows, freed "
+        f"{result.bytes_freed / 2**20:.2f} MiB (version {result.version})",
+        err=True,
+    )
+
+
+@app.command("recalibrate")
+@user_errors
+def recalibrate_cmd(
+    index: IndexDir = DEFAULT_INDEX,
+    calibration: Calibration = "auto",
+    calibrator: CalibratorDir = None,
+    fit_sample: FitSample = 200_000,
+    wait: Wait = None,
+    as_json: AsJson = False,
+) -> None:
+    """Refit the calibrator on the stored raw vectors and rewrite the searched space."""
+    from flowsearch.writes.compact import recalibrate
+
+    result = recalibrate(
+        index,
+        calibration=calibration,
+        calibrator=calibrator,
+        fit_sample=fit_sample,
+        **wait_kwargs(wait),
+    )
+    if as_json:
+        print_json(result.to_dict())
+        return
+    typer.echo(
+        f"recalibrated {visible(index)} ({result.n_live:,} rows): {result.calibration}, "
+        f"{result.space} space ({result.decision}), version {result.version}",
+        err=True,
+    )

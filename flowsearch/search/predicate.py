@@ -1,0 +1,380 @@
+r"""A ``where`` predicate checked on DuckDB's own syntax tree before it runs.
+
+A predicate is data. Before it runs, DuckDB's parser must read
+``SELECT __row FROM meta WHERE (<where>)`` as exactly one plain SELECT of that shape, and the
+predicate's syntax tree may hold only column references to the index's columns, constants,
+operators, casts, CASE and deterministic built-in scalar functions: no subquery, table function,
+aggregate, window, lambda, parameter, comment or ``;``. What the locked database would stop anyway
+(files, ``COPY``, ``ATTACH``, ``INSTALL``) is refused before it gets there.
+
+Two things are read from the tree rather than the text:
+
+- whether the predicate reads the clock (``now()``, ``today ()``, and the SQL keywords
+  ``current_date``, ``current_timestamp``, ..., which DuckDB parses as column references and binds
+  to the time functions when no column has that name): such a predicate's rows are not cached;
+- how large it can make a value. DuckDB bounds a query's buffer-managed memory (``memory_limit``)
+  but not the strings a scalar function returns, and it checks for interruption only between
+  vectors of 2,048 rows, so one vector of ``repeat(text, 100000)`` ran 45 s and took 9 GB
+  whatever the limit (measured, DuckDB 2.0.1). Functions that build values from a count or a
+  width (``repeat``, ``lpad``, ``range``, ...) are refused, and the constant replacements of
+  ``replace``/``regexp_replace`` may grow a value at most :data:`MAX_GROWTH`-fold together,
+  and a predicate names columns at most :data:`MAX_COLUMN_REFS` times. What stays unbounded:
+  one vector's work of functions whose cost grows faster than their input (``levenshtein`` of
+  two long texts), so a filter stops within its timeout plus one vector's work.
+
+Example:
+    >>> import duckdb
+    >>> con = duckdb.connect()
+    >>> _ = con.execute("CREATE TABLE meta (__row BIGINT, year INTEGER, ts TIMESTAMP)")
+    >>> check = PredicateCheck(["year", "ts"], allowed_functions(con))
+    >>> check(con, "year >= 2020", "meta")
+    Predicate(sql='year >= 2020', volatile=False)
+    >>> check(con, "ts > current_date - INTERVAL 30 DAY", "meta").volatile
+    True
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+
+from flowsearch.errors import BadInput
+
+__all__ = [
+    "MAX_COLUMN_REFS",
+    "MAX_GROWTH",
+    "MAX_WHERE_CHARS",
+    "PREFIX",
+    "ROW",
+    "SUFFIX",
+    "TABLE",
+    "Predicate",
+    "PredicateCheck",
+    "allowed_functions",
+    "first_line",
+    "refused",
+]
+
+#: Longest predicate accepted (a filter, not a program).
+MAX_WHERE_CHARS = 8192
+#: How many times longer than its input the string rewrites of a predicate may make a value.
+MAX_GROWTH = 64
+#: How many column references a predicate may hold: ``text || text || ...`` costs the square
+#: of its length per row (100 of them: 10 s per 2,048-row vector, which no timeout interrupts).
+MAX_COLUMN_REFS = 32
+
+TABLE = "meta"
+ROW = "__row"
+PREFIX = f"SELECT {ROW} FROM {TABLE} WHERE (\n"
+SUFFIX = "\n)"
+# Time functions are not "CONSISTENT" in DuckDB's catalogue (they change between queries) but are
+# what "since 30 days ago" filters need, and read no state worth hiding.
+_TIME_FUNCTIONS = frozenset(
+    {"now", "current_date", "current_time", "current_timestamp", "get_current_time"}
+    | {"get_current_timestamp", "today", "transaction_timestamp", "localtimestamp", "localtime"}
+)
+# SQL's time keywords: parsed as column references, bound to the functions of the same name.
+_TIME_KEYWORDS = frozenset(
+    {"current_date", "current_time", "current_timestamp", "localtime", "localtimestamp"}
+)
+# Built-in scalar macros that only compute on their arguments (others read the catalogue).
+_PURE_MACROS = frozenset(
+    {"if", "nullif", "split_part", "date_add", "fdiv", "fmod", "days_in_month", "array_to_string"}
+)
+# Functions that make a value of any size from a count or a width.
+_UNBOUNDED = frozenset(
+    {"repeat", "lpad", "rpad", "bar", "range", "generate_series", "list_resize", "array_resize"}
+    | {"printf", "format", "to_base"}
+)
+# String rewrites: (index of the replacement argument, growth added by empty matches).
+_REWRITES = {"replace": (2, 0), "regexp_replace": (2, 1)}
+# Expression node classes a predicate may contain (DuckDB's json_serialize_sql names).
+_NODE_CLASSES = frozenset(
+    {"COLUMN_REF", "CONSTANT", "COMPARISON", "CONJUNCTION", "OPERATOR", "FUNCTION", "CAST"}
+    | {"CASE", "BETWEEN", "COLLATE", "TYPE"}
+)
+_EXAMPLE = "write one SQL condition, e.g. {where=\"year >= 2020 AND lang = 'en'\"}"
+
+
+@dataclass(frozen=True)
+class Predicate:
+    """A checked predicate: its SQL, and whether it reads the clock (its rows change)."""
+
+    sql: str
+    volatile: bool
+
+
+def refused(where: str, problem: str, fix: str) -> BadInput:
+    """The one-line error for a refused predicate (``where='...': problem; fix``)."""
+    shown = where if len(where) <= 80 else where[:77] + "..."
+    # One line whatever the predicate holds, each character kept in place (positions refer to it).
+    shown = "".join(c if c.isprintable() else " " for c in shown)
+    return BadInput(f"where={shown!r}: {problem}", fix, param="where")
+
+
+def first_line(exc: BaseException) -> str:
+    """A DuckDB error's first line, without its class prefix."""
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else type(exc).__name__
+    for prefix in ("Parser Error: ", "Binder Error: ", "Conversion Error: ", "Catalog Error: "):
+        line = line.removeprefix(prefix)
+    return line[:200]
+
+
+def allowed_functions(con: Any) -> frozenset[str]:
+    """Deterministic built-in scalar functions and operators, plus the time functions."""
+    found = con.execute(
+        "SELECT DISTINCT function_name FROM duckdb_functions() WHERE internal AND "
+        "function_type = 'scalar' AND stability = 'CONSISTENT' AND NOT has_side_effects"
+    ).fetchall()
+    return (frozenset(r[0].lower() for r in found) | _TIME_FUNCTIONS | _PURE_MACROS) - _UNBOUNDED
+
+
+class PredicateCheck:
+    """Checks predicates over a fixed set of columns.
+
+    Args:
+        columns: the columns a predicate may name (``id``, ``text`` and the metadata columns).
+        functions: the functions it may call (:func:`allowed_functions`).
+    """
+
+    def __init__(self, columns: Sequence[str], functions: frozenset[str]) -> None:
+        self.columns = tuple(columns)
+        self.functions = functions
+        self._lower = {c.lower(): c for c in self.columns}
+
+    def __call__(self, con: Any, where: str, table: str) -> Predicate | None:
+        """The checked predicate (None when ``where`` is blank: no filter).
+
+        Args:
+            con: a DuckDB connection to parse with.
+            where: the predicate.
+            table: a table or view of ``con`` with the columns, to type the predicate on.
+
+        Raises:
+            BadInput: anything but one boolean expression over the columns.
+        """
+        if not where.strip():
+            return None
+        if len(where) > MAX_WHERE_CHARS:
+            raise refused(where, f"longer than {MAX_WHERE_CHARS} characters", "shorten it")
+        try:
+            where.encode("utf-8")
+        except UnicodeEncodeError:
+            raise refused(where, "not valid text (lone surrogate)", "pass a plain string") from None
+        if "\x00" in where:
+            raise refused(where, "contains a NUL character", "remove it")
+        tree = self._parse(con, where)
+        self._check_shape(where, tree)
+        volatile = self._check_expression(where, tree["where_clause"])
+        self._check_boolean(con, where, table)
+        return Predicate(where, volatile)
+
+    # -- parsing --------------------------------------------------------------------------------
+
+    def _parse(self, con: Any, where: str) -> dict[str, Any]:
+        sql = PREFIX + where + SUFFIX
+        try:
+            tokens = duckdb.tokenize(sql)
+        except Exception as exc:  # the tokenizer's errors are not one family
+            raise refused(where, f"cannot be read ({first_line(exc)})", "fix the syntax") from None
+        for start, kind in tokens:
+            if kind == duckdb.token_type.comment:
+                pos = start - len(PREFIX)
+                raise refused(where, f"comment at character {pos}", "remove SQL comments")
+        try:
+            answer = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()
+            parsed = json.loads(answer[0] if answer else "{}")
+        except (duckdb.Error, ValueError, RecursionError, TypeError) as exc:
+            raise refused(where, f"cannot be read ({first_line(exc)})", "simplify it") from None
+        message = str(parsed.get("error_message") or "syntax error")
+        if parsed.get("error"):
+            if "depth" in message.lower():
+                raise refused(where, "nested too deeply", "simplify it")
+            if parsed.get("position") is not None:  # a syntax error, with its position
+                raise _syntax_error(where, message, parsed["position"])
+        # The serializer reads SELECTs only; the statement splitter names anything else.
+        try:
+            statements = duckdb.extract_statements(sql)
+        except duckdb.Error as exc:
+            raise _syntax_error(where, first_line(exc)) from None
+        if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+            # e.g. "1=1); COPY meta TO 'f'; SELECT (1": name what was smuggled in.
+            kinds = [str(st.type).rsplit(".", 1)[-1] for st in statements[1:] or statements]
+            raise refused(
+                where,
+                f"holds more than one statement ({', '.join(kinds)} after ';')",
+                "write one SQL condition, without ';'",
+            )
+        statements_json = parsed.get("statements") or []
+        if parsed.get("error") or len(statements_json) != 1:
+            raise refused(where, f"cannot be read ({message})", "write one SQL condition")
+        node: dict[str, Any] = statements_json[0]["node"]
+        return node
+
+    def _check_shape(self, where: str, node: dict[str, Any]) -> None:
+        """The statement is still the one we wrote around the predicate, nothing added."""
+        source = node.get("from_table") or {}
+        select = node.get("select_list") or []
+        extras = ("group_expressions", "group_sets", "modifiers", "having", "qualify", "sample")
+        if (
+            node.get("type") != "SELECT_NODE"
+            or (node.get("cte_map") or {}).get("map")
+            or source.get("type") != "BASE_TABLE"
+            or source.get("table_name") != TABLE
+            or source.get("schema_name")
+            or len(select) != 1
+            or select[0].get("column_names") != [ROW]
+            or any(node.get(key) for key in extras)
+            or node.get("where_clause") is None
+        ):
+            raise refused(where, "closes the condition and adds SQL", "write one SQL condition")
+
+    # -- the expression -------------------------------------------------------------------------
+
+    def _check_expression(self, where: str, root: dict[str, Any]) -> bool:
+        """Walk the predicate's syntax tree (iteratively: trees may be deep); True when it reads
+        the clock."""
+        volatile = False
+        growth = references = 1
+        stack: list[Any] = [root]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, list):
+                stack.extend(item)
+                continue
+            if not isinstance(item, dict):
+                continue
+            kind = item.get("class")
+            if kind is None:
+                stack.extend(v for v in item.values() if isinstance(v, (dict, list)))
+                continue
+            if kind == "SUBQUERY":
+                raise refused(where, "contains a subquery", "filter on the index's columns only")
+            if kind not in _NODE_CLASSES:
+                raise refused(where, f"uses {kind.lower()} expressions", "use plain conditions")
+            if kind == "COLUMN_REF":
+                volatile |= self._check_column(where, item.get("column_names") or [])
+                references += 1
+            elif kind == "FUNCTION":
+                volatile |= self._check_function(where, item)
+                growth *= _growth(where, item)
+            elif kind == "TYPE" and (item.get("catalog") or item.get("schema")):
+                raise refused(where, "names a type in a schema", "use built-in types only")
+            stack.extend(v for v in item.values() if isinstance(v, (dict, list)))
+        if references - 1 > MAX_COLUMN_REFS:
+            raise refused(
+                where,
+                f"names columns {references - 1} times",
+                f"name at most {MAX_COLUMN_REFS} (a filter, not a program)",
+            )
+        if growth > MAX_GROWTH:
+            raise refused(
+                where,
+                f"its replacements can make a value {growth} times longer",
+                f"replace with shorter constants (at most {MAX_GROWTH}-fold together)",
+            )
+        return volatile
+
+    def _check_column(self, where: str, parts: list[str]) -> bool:
+        """Refuse an unknown column; True for a time keyword (``current_date``, ...)."""
+        if len(parts) >= 2 and parts[0].lower() == TABLE and parts[1].lower() in self._lower:
+            return False
+        if parts and parts[0].lower() in self._lower and parts[0] != ROW:
+            return False  # a column, or a field of a struct column
+        if len(parts) == 1 and parts[0].lower() in _TIME_KEYWORDS:
+            return True  # no column of that name: DuckDB binds the time function
+        name = ".".join(parts)
+        raise refused(
+            where,
+            f"unknown column {name!r}",
+            f"use one of {', '.join(self.columns)} (quote names with spaces in double quotes)",
+        )
+
+    def _check_function(self, where: str, item: dict[str, Any]) -> bool:
+        """Refuse a function that is not allowed; True for a time function."""
+        name = str(item.get("function_name", "")).lower()
+        qualified = item.get("schema") or item.get("catalog")
+        aggregate = (
+            item.get("filter")
+            or item.get("distinct")
+            or item.get("export_state")
+            or (item.get("order_bys") or {}).get("orders")
+        )
+        if name in _UNBOUNDED:
+            raise refused(
+                where,
+                f"function {name}() is not allowed in a filter (it makes values of any size)",
+                "compare the values as they are",
+            )
+        if qualified or aggregate or name not in self.functions:
+            raise refused(
+                where,
+                f"function {name}() is not allowed in a filter",
+                "use comparisons, LIKE, IN, IS NULL and deterministic scalar functions",
+            )
+        return name in _TIME_FUNCTIONS
+
+    def _check_boolean(self, con: Any, where: str, table: str) -> None:
+        sql = f"DESCRIBE SELECT (\n{where}\n) AS m FROM {table} AS {TABLE}"
+        try:
+            described = con.execute(sql).fetchall()
+        except duckdb.Error as exc:
+            raise refused(where, first_line(exc), "fix the condition") from None
+        kind = str(described[0][1]).upper()
+        if kind not in ("BOOLEAN", '"NULL"', "NULL"):
+            raise refused(
+                where,
+                f"is a {kind} expression, not a condition",
+                'compare it, e.g. {where="year >= 2020"}',
+            )
+
+
+def _growth(where: str, item: dict[str, Any]) -> int:
+    """How many times longer a string rewrite can make its input (1 for other functions)."""
+    name = str(item.get("function_name", "")).lower()
+    if name not in _REWRITES:
+        return 1
+    at, empty_matches = _REWRITES[name]
+    arguments = item.get("arguments") or []
+    value = _constant_text(arguments[at]) if len(arguments) > at else None
+    if value is None:
+        raise refused(
+            where,
+            f"{name}() replaces with a computed value",
+            "replace with a constant string",
+        )
+    return max(1, len(value)) + empty_matches
+
+
+def _constant_text(node: Any) -> str | None:
+    """The text of a constant (or a cast of one), else None."""
+    if isinstance(node, dict) and "class" not in node:  # a named argument: {name, expression}
+        node = node.get("expression")
+    while isinstance(node, dict) and node.get("class") == "CAST":
+        node = node.get("child")
+    if not isinstance(node, dict) or node.get("class") != "CONSTANT":
+        return None
+    literal = node.get("value") or node.get("literal") or {}
+    if isinstance(literal, dict):
+        text = literal.get("text", literal.get("value"))
+        return None if text is None else str(text)
+    return str(literal)
+
+
+def _syntax_error(where: str, message: str, position: Any = None) -> BadInput:
+    message = message.splitlines()[0] if message else "syntax error"
+    try:
+        pos = int(position) - len(PREFIX)
+    except (TypeError, ValueError):
+        pos = -1
+    if 0 <= pos <= len(where):
+        near = " ".join(where[pos : pos + 20].split()) or "the end"
+        at = f"at character {pos} (near {near!r})"
+    else:
+        at = "at the end" if pos > len(where) else ""
+    return refused(where, f"{message} {at}".strip(), _EXAMPLE)

@@ -1,0 +1,99 @@
+r"""The HTTP API's bodies: what a request may hold, and the typed shape of every answer.
+
+Requests are strict (no coercion, no unknown field, bounded sizes), so a malformed body is a 422
+naming the field before the library sees it. Answers are the library's own models
+(:class:`~flowsearch.search.results.QueryResult`, :class:`~flowsearch.writes.results.WriteResult`):
+the same JSON as their ``to_dict()`` and the command line's ``--json``, and one JSON schema.
+
+Example:
+    >>> SearchRequest.model_validate({"query": "tides", "k": 3}).k
+    3
+    >>> sorted(Hit.model_json_schema()["properties"])[:3]
+    ['dense_score', 'id', 'lexical_score']
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from flowsearch.search.results import Hit, QueryResult
+from flowsearch.writes.results import WriteResult
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_ID_CHARS",
+    "MAX_IDS",
+    "MAX_K",
+    "MAX_QUERIES",
+    "MAX_QUERY_CHARS",
+    "MAX_RECORDS",
+    "MAX_WHERE_CHARS",
+    "BatchResult",
+    "DeleteRequest",
+    "Hit",
+    "QueryResult",
+    "SearchRequest",
+    "UpsertRequest",
+    "WriteResult",
+]
+
+#: Bounds of a request (a body outside them is a 422 before the library sees it).
+MAX_K = 10_000
+MAX_QUERIES = 1_000
+MAX_QUERY_CHARS = 10_000
+MAX_WHERE_CHARS = 10_000
+MAX_RECORDS = 10_000
+MAX_IDS = 100_000
+MAX_ID_CHARS = 1_000
+#: Largest request body, counted as it arrives (a Content-Length above it, or a chunked body
+#: that grows past it, is a 413).
+MAX_BODY_BYTES = 64 * 2**20
+
+QueryText = Annotated[str, StringConstraints(min_length=1, max_length=MAX_QUERY_CHARS)]
+RecordId = (
+    Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)]
+    | Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+)
+
+
+# -- requests -----------------------------------------------------------------------------------
+
+
+class SearchRequest(BaseModel):
+    """Body of ``POST /search``: one query, or a list of them (each answered the same way)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    query: QueryText | Annotated[list[QueryText], Field(min_length=1, max_length=MAX_QUERIES)]
+    k: Annotated[int, Field(ge=1, le=MAX_K)] = 10
+    where: Annotated[str, StringConstraints(max_length=MAX_WHERE_CHARS)] | None = None
+    mode: Literal["dense", "lexical", "hybrid"] | None = None
+
+
+class UpsertRequest(BaseModel):
+    """Body of ``POST /upsert``: records with the index's id and text columns (and metadata)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    records: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=MAX_RECORDS)]
+
+
+class DeleteRequest(BaseModel):
+    """Body of ``POST /delete``: the ids to remove (strings or 64-bit integers)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    ids: Annotated[list[RecordId], Field(min_length=1, max_length=MAX_IDS)]
+
+
+# -- responses ----------------------------------------------------------------------------------
+# The library's own models: one JSON shape and one JSON schema for the library's ``to_dict()``,
+# the command line's ``--json`` and these answers.
+
+
+class BatchResult(BaseModel):
+    """A list of queries' answers, in the order asked, each as a single query's."""
+
+    results: list[QueryResult]

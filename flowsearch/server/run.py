@@ -1,0 +1,112 @@
+r"""``serve``: run the API with uvicorn until SIGTERM or Ctrl-C, saying where and what it serves.
+
+On start (once the port is bound) one line on stderr gives the URL, the index, its live rows and
+version, and whether a key is required; on stop, one line says it stopped. The index is opened
+before the port is bound, so a missing or damaged index fails at once, and a port that cannot be
+bound is one error line.
+
+Example:
+    $ flowsearch serve --index idx
+    flowsearch: serving /home/me/idx (300 rows, version 1) at http://127.0.0.1:8000 (no API
+    key; docs at http://127.0.0.1:8000/docs); Ctrl-C stops
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from flowsearch.errors import BadInput
+from flowsearch.server.app import create_app
+
+__all__ = ["serve"]
+
+
+def _url(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+def _say(line: str) -> None:
+    print(f"flowsearch: {line}", file=sys.stderr, flush=True)
+
+
+def _uvicorn(app: Any, host: str, port: int, log_level: str, started: str) -> Any:
+    """A uvicorn server for ``app`` that says ``started`` once its port is bound."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:  # bound: say so (uvicorn exits instead when it cannot bind)
+                _say(started)
+
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30
+    )
+    return Server(config)
+
+
+def serve(
+    index_dir: str | os.PathLike[str],
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    log_level: str = "warning",
+) -> None:
+    """Serve an index over HTTP until SIGTERM or Ctrl-C (what ``flowsearch serve`` runs).
+
+    SIGTERM shuts down gracefully (requests in flight finish, files are released) and returns
+    normally, so the process exits 0.
+
+    Args:
+        index_dir: the index directory.
+        host: the address to bind (loopback by default: reachable from this machine only).
+        port: the TCP port.
+        api_key: required on every route but ``/health`` and the docs; None reads
+            ``$FLOWSEARCH_API_KEY`` (unset: no key).
+        log_level: uvicorn's log level (``info`` logs every request).
+
+    Raises:
+        FlowsearchError: no index, a damaged one, an empty API key, or a port that cannot be
+            bound.
+    """
+    if api_key is None:
+        api_key = os.environ.get("FLOWSEARCH_API_KEY")
+    app = create_app(index_dir, api_key=api_key)
+    searcher = app.state.service.searcher
+    url = _url(host, port)
+    key = "API key required" if api_key else "no API key"
+    started = (
+        f"serving {searcher.root.resolve()} ({len(searcher):,} rows, version "
+        f"{searcher.manifest.version}) at {url} ({key}; docs at {url}/docs); Ctrl-C stops"
+    )
+
+    server = _uvicorn(app, host, port, log_level, started)
+
+    def stop(signum: int, frame: Any) -> None:
+        # uvicorn replaces this while it runs, then restores it and re-raises the SIGTERM it
+        # caught: here that is a no-op, so a graceful shutdown ends the process with code 0
+        server.should_exit = True
+
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop) if in_main else None
+    try:
+        server.run()
+    except SystemExit as exc:  # uvicorn exits when it cannot bind
+        if server.started:
+            raise
+        raise BadInput(
+            f"cannot listen on {host}:{port} (in use or not allowed)",
+            "choose another {port}",
+            cli="choose another --port",
+            param="port",
+        ) from exc
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+        searcher.close()
+    _say(f"stopped serving {searcher.root.resolve()}")
