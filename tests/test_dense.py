@@ -82,7 +82,7 @@ def _search(x, cuts, queries, k, deleted, keep):
     return search_segments(segments, dead, offsets, queries, k, rows)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     n=st.integers(7, 120),
     n_queries=st.integers(1, 24),  # past FAISS's BLAS threshold (20 queries) too
