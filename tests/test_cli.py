@@ -54,7 +54,7 @@ def test_query_json_matches_api_and_brute_force(built):
     assert all(set(h) == {"rank", "id", "score", "text", "metadata"} for h in doc["hits"])
     searcher = Searcher.open(out)
     result = searcher.query(query, k=7, mode="dense")
-    assert doc["density"] == json.loads(json.dumps(result.density.to_dict()))
+    assert doc["report"] == json.loads(json.dumps(result.report.to_dict()))
     # 80 rows < 3 x dim 32: the flow's figures mean nothing, so none is shown, nor a verdict
     assert doc["density"]["log_density"] is None and doc["density"]["verdict"] == "not judged"
     assert doc["density"]["top_score"] == pytest.approx(doc["hits"][0]["score"])
@@ -437,7 +437,7 @@ def test_empty_result_prints_the_report_on_one_line(built):
     args = ["query", "the cat", "--index", str(out), "--where", "year > 3000"]
     result = CliRunner(env={"COLUMNS": "80"}).invoke(app, args)
     assert result.exit_code == 0, result.output
-    report = Searcher.open(out).query("the cat", where="year > 3000").density
+    report = Searcher.open(out).query("the cat", where="year > 3000").report
     from flowsearch.cli.output import density_caption
 
     caption = density_caption(report)

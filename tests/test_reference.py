@@ -219,10 +219,10 @@ def test_build_measures_held_out_rows_or_every_row_of_a_small_corpus(tmp_path, m
     lp = cal.log_prob(s.encoder.encode(list(raw[held])))
     assert ref.log_density_median == pytest.approx(float(np.median(lp)), rel=1e-4)
     result = s.query(str(raw[held[0]]), k=3, mode="dense")
-    assert result.density.verdict == "in-distribution" and result.density.percentile == 100.0
-    assert result.density.top_score == pytest.approx(1.0, abs=1e-4)
+    assert result.report.verdict == "in-distribution" and result.report.percentile == 100.0
+    assert result.report.top_score == pytest.approx(1.0, abs=1e-4)
     filtered = s.query(str(raw[0]), k=3, where="year >= 2000", mode="dense")
-    assert filtered.density.verdict == "not judged" and filtered.density.top_score is None
+    assert filtered.report.verdict == "not judged" and filtered.report.top_score is None
 
     small = write_corpus(tmp_path / "s.parquet", n=120, seed=6)
     build_index(small, tmp_path / "small", model=str(model_dir), calibration="flow")
@@ -230,5 +230,5 @@ def test_build_measures_held_out_rows_or_every_row_of_a_small_corpus(tmp_path, m
     ref = reference_of(s.manifest)
     assert ref is not None and ref.method == "leave-one-out" and ref.rows == 120
     text = pq.read_table(small).column("text")[7].as_py()
-    report = s.query(text, k=1, mode="dense").density
+    report = s.query(text, k=1, mode="dense").report
     assert report.verdict == "in-distribution" and report.percentile == 100.0

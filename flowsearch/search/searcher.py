@@ -26,6 +26,8 @@ import numpy as np
 from flowsearch.ann import io as ann_io
 from flowsearch.errors import BadInput
 from flowsearch.search import dense
+from flowsearch.search.arguments import MODES, checked_k, checked_mode, checked_queries
+from flowsearch.search.hits import above, to_hits
 from flowsearch.search.results import Hit, QueryResult
 from flowsearch.search.version import IndexInfo, Opened, Version, load, open_current, sizes
 from flowsearch.settings import current
@@ -37,8 +39,6 @@ __all__ = ["HYBRID_WEIGHT", "HYBRID_WEIGHT_STATIC", "MODES", "Hit", "QueryResult
 
 LOG = logging.getLogger(__name__)
 
-#: Search modes: the encoder's side, BM25's side, or both fused.
-MODES = ("dense", "lexical", "hybrid")
 #: Weight of the dense side in hybrid's convex fusion for transformer poolings
 #: (benchmarks/bench_retrieval.md).
 HYBRID_WEIGHT = 0.6
@@ -246,12 +246,12 @@ class Searcher:
                 mode or one the index cannot serve, a ``min_score`` that is not a number.
         """
         single = isinstance(query, str)
-        queries = _checked_queries(query)
-        k = _checked_k(k)
+        queries = checked_queries(query)
+        k = checked_k(k)
         if not queries:
             return []
         hits = self._run(self._version, queries, k, where, mode)[0]
-        hits = _above(hits, min_score)
+        hits = above(hits, min_score)
         return hits[0] if single else hits
 
     def query(
@@ -278,9 +278,9 @@ class Searcher:
         """Several queries' results, each with its report, from one version (one encoder call
         for all)."""
         version = self._version
-        queries = _checked_queries(queries)
-        hits, lp, top = self._run(version, queries, _checked_k(k), where, mode)
-        hits = _above(hits, min_score)
+        queries = checked_queries(queries)
+        hits, lp, top = self._run(version, queries, checked_k(k), where, mode)
+        hits = above(hits, min_score)
         out = []
         for i, text in enumerate(queries):
             report = self._report(
@@ -309,7 +309,7 @@ class Searcher:
         self, version: Version, queries: list[str], k: int, where: str | None, mode: str | None
     ) -> tuple[list[list[Hit]], np.ndarray | None, np.ndarray | None]:
         """(hits, query log-densities or None, best dense score over the whole index or None)."""
-        mode = _checked_mode(version, mode)
+        mode = checked_mode(version, mode)
         rows = self._matching(version, where)
         if rows is not None and not len(rows):
             return [[] for _ in queries], None, None
@@ -335,13 +335,13 @@ class Searcher:
             weight = HYBRID_WEIGHT_STATIC if static else HYBRID_WEIGHT
             fused = convex(dense_hits, lexical_hits, k, weight=weight)
             parts = (fused.dense_scores, fused.lexical_scores)
-            return _hits(version, fused.scores, fused.rows, parts), lp, top
+            return to_hits(version, fused.scores, fused.rows, parts), lp, top
         if dense_hits is not None:
             parts = (dense_hits[0], np.full_like(dense_hits[0], np.nan))
-            return _hits(version, *dense_hits, parts), lp, top
+            return to_hits(version, dense_hits[0], dense_hits[1], parts), lp, top
         assert lexical_hits is not None
         parts = (np.full_like(lexical_hits[0], np.nan), lexical_hits[0])
-        return _hits(version, *lexical_hits, parts), lp, top
+        return to_hits(version, lexical_hits[0], lexical_hits[1], parts), lp, top
 
     def _dense(
         self, version: Version, Z: np.ndarray, k: int, rows: np.ndarray | None
@@ -387,9 +387,9 @@ class Searcher:
             )
         if not np.isfinite(Z).all():
             raise BadInput("vectors hold NaN or infinite values", "pass finite vectors")
-        k = min(_checked_k(k), max(version.manifest.n_live, 1))
+        k = min(checked_k(k), max(version.manifest.n_live, 1))
         scores, found = self._dense(version, Z, k, None)
-        return _hits(version, scores, found, (scores, np.full_like(scores, np.nan)))
+        return to_hits(version, scores, found, (scores, np.full_like(scores, np.nan)))
 
     def vectors(self) -> np.ndarray:
         """Every stored vector of the searched space, float32 (rows, dim), in global row
@@ -399,91 +399,3 @@ class Searcher:
         if not parts:
             return np.zeros((0, self.manifest.dim), dtype=np.float32)
         return np.concatenate(parts).astype(np.float32, copy=False)
-
-
-def _hits(
-    version: Version,
-    scores: np.ndarray,
-    rows: np.ndarray,
-    parts: tuple[np.ndarray, np.ndarray],
-) -> list[list[Hit]]:
-    """Hits for global ``rows`` (q, k) with their scores and component scores."""
-    valid = np.unique(rows[rows >= 0])
-    by_row: dict[int, dict[str, Any]] = {}
-    if valid.size:
-        seg_of, local = version.locate(valid)
-        for s in np.unique(seg_of):
-            pick = np.flatnonzero(seg_of == s)
-            fetched = version.segments[int(s)].rows.rows(local[pick])
-            by_row.update(zip(valid[pick].tolist(), fetched, strict=True))
-    columns = version.manifest.metadata_columns
-    out = []
-    for qi in range(len(rows)):
-        hits: list[Hit] = []
-        for j, row in enumerate(rows[qi]):
-            if row < 0:
-                continue
-            rec = by_row[int(row)]
-            d, x = float(parts[0][qi, j]), float(parts[1][qi, j])
-            meta = rec["metadata"]
-            hits.append(
-                Hit.model_construct(
-                    id=rec["id"],
-                    score=float(scores[qi, j]),
-                    rank=len(hits) + 1,
-                    text=rec["text"],
-                    metadata={c: meta.get(c) for c in columns} if columns else dict(meta),
-                    dense_score=None if np.isnan(d) else d,
-                    lexical_score=None if np.isnan(x) else x,
-                )
-            )
-        out.append(hits)
-    return out
-
-
-def _above(hits: list[list[Hit]], min_score: float | None) -> list[list[Hit]]:
-    """Each query's hits scoring at least ``min_score`` (ranks kept: they were best first)."""
-    if min_score is None:
-        return hits
-    if (
-        isinstance(min_score, bool)
-        or not isinstance(min_score, (int, float, np.floating))
-        or (not np.isfinite(min_score))
-    ):
-        raise BadInput(f"min_score must be a number, got {min_score!r}", param="min_score")
-    return [[h for h in per_query if h.score >= min_score] for per_query in hits]
-
-
-def _checked_mode(version: Version, mode: str | None) -> str:
-    if mode is None:
-        return "hybrid" if version.lexical is not None else "dense"
-    if mode not in MODES:
-        raise BadInput(f"unknown mode {mode!r}", f"choose one of {', '.join(MODES)}", param="mode")
-    if mode != "dense" and version.lexical is None:
-        raise BadInput(
-            f"mode {mode!r} needs a lexical index, and this index was built without one",
-            "use {mode='dense'} or rebuild it with a lexical side",
-            param="mode",
-        )
-    return mode
-
-
-def _checked_queries(query: Any) -> list[str]:
-    queries = [query] if isinstance(query, str) else query
-    if not isinstance(queries, (list, tuple)):
-        raise BadInput(
-            f"query must be a string or a list of strings, got {type(query).__name__}",
-            param="query",
-        )
-    for q in queries:
-        if not isinstance(q, str):
-            raise BadInput(f"queries must be strings, got {type(q).__name__}", param="query")
-        if not q.strip():
-            raise BadInput("the query is empty", "pass some text to search for", param="query")
-    return list(queries)
-
-
-def _checked_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise BadInput(f"k must be a positive integer, got {k!r}", param="k")
-    return int(k)

@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -44,7 +44,7 @@ __all__ = [
     "utc_now",
 ]
 
-FORMAT = "flowsearch-index"
+FORMAT: Final = "flowsearch-index"
 #: 1: first release (files in the index directory); 2: one directory per version;
 #: 3: segments, deletion files, a schema, the history beside the manifest.
 FORMAT_VERSION = 3

@@ -196,37 +196,30 @@ def _write(
         new_schema = schema_mod.merged(base.schema_, plan.metadata_schema)
         merged = _merge(writer, base, new_schema) if merge_segments else 0
         n_replaced = int(sum(len(r) for r in replaced.values()))
-        changes: dict[str, Any] = {
-            "skipped": base.skipped + plan.skipped,
-            "next_auto_id": plan.auto_id_start + plan.rows_in,
-            "schema_": new_schema,
-        }
-        if model is not None:  # the model moved: remember where it is now
-            source = str(space.encoder.model_id)
-            changes["encoder"] = base.encoder.model_copy(update={"source": source})
-        detail = {
-            "segment": record.name,
-            "inserted": plan.rows - n_replaced,
-            "replaced": n_replaced,
-            "merged": merged,
-            "drift": drift,
-        }
+        changes = _changes(base, plan, space, model, new_schema)
+        detail = {"segment": record.name, "inserted": plan.rows - n_replaced,
+                  "replaced": n_replaced, "merged": merged, "drift": drift.to_dict()}  # fmt: skip
         manifest = writer.publish(kind=kind, n_rows=plan.rows, detail=detail, **changes)
     if drift.warn:
         LOG.warning("%s", drift.to_words())
-    return result_of(
-        kind,
-        target,
-        manifest,
-        st,
-        n_written=plan.rows,
-        n_inserted=plan.rows - n_replaced,
-        n_replaced=n_replaced,
-        n_skipped=plan.skipped,
-        merged=merged,
-        drift=drift,
-        factory=record.ann.factory,
-    )
+    return result_of(kind, target, manifest, st, n_written=plan.rows,
+                     n_inserted=plan.rows - n_replaced, n_replaced=n_replaced,
+                     n_skipped=plan.skipped, merged=merged, drift=drift,
+                     factory=record.ann.factory)  # fmt: skip
+
+
+def _changes(base: mf.Manifest, plan: CorpusPlan, space: SearchSpace, model: Any,
+             schema: tuple[mf.SchemaColumn, ...]) -> dict[str, Any]:  # fmt: skip
+    """The manifest fields a write of new rows changes (besides its segments)."""
+    changes: dict[str, Any] = {
+        "skipped": base.skipped + plan.skipped,
+        "next_auto_id": plan.auto_id_start + plan.rows_in,
+        "schema_": schema,
+    }
+    if model is not None:  # the model moved: remember where it is now
+        source = str(space.encoder.model_id)
+        changes["encoder"] = base.encoder.model_copy(update={"source": source})
+    return changes
 
 
 def _plan(
