@@ -10,7 +10,8 @@ Example:
     >>> from flowsearch.calibration import make_calibrator
     >>> from flowsearch.storage.manifest import CalibrationSpec
     >>> U = np.random.default_rng(0).normal(size=(40, 4))
-    >>> space = SearchSpace(make_calibrator("sn").fit(U), CalibrationSpec("sn", "sn", "calibrated"))
+    >>> spec = CalibrationSpec(name="sn", calibrator="sn", space="calibrated")
+    >>> space = SearchSpace(make_calibrator("sn").fit(U), spec)
     >>> Z, lp = space.project(U[:3])
     >>> Z.shape, lp is None
     ((3, 4), True)

@@ -127,7 +127,7 @@ def _lossless(values: pa.Array, target: pa.DataType) -> pa.Array | None:
         back = pc.cast(cast, values.type, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
-    same = pc.equal(back, values) if _family(target) != "list" else None
+    same = pc.equal(back, values) if _family(target) not in ("list", "struct") else None
     if same is not None and not pc.all(pc.or_kleene(same, pc.is_null(values))).as_py():
         return None
     if same is None and back.to_pylist() != values.to_pylist():
