@@ -81,12 +81,6 @@ def test_a_complete_line_that_is_not_a_record_is_named(tmp_path):
         history.verify(tmp_path, _manifest(1))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="history.repair parses the last complete line with WriteRecord.model_validate_json "
-    "unguarded: a bad last line raises pydantic's ValidationError (a traceback on every "
-    "write) instead of IndexDamaged naming the line",
-)
 def test_repair_names_a_bad_last_line_instead_of_a_traceback(tmp_path):
     history.append(tmp_path, _record(1, "build"))
     with open(tmp_path / HISTORY_NAME, "a", encoding="utf-8") as handle:

@@ -83,11 +83,6 @@ def test_an_integer_index_takes_integers_and_their_canonical_decimal_text(given,
     assert got.type == pa.int64() and got.to_pylist() == want
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lookup.typed_ids refuses numpy integers ('id np.int64(7) is a int64; ids are "
-    "integers or strings'), which Searcher's k and a list(np.array) of ids give",
-)
 def test_numpy_integers_are_integers():
     assert typed_ids([np.int64(7), np.int32(-2)], "int").to_pylist() == [7, -2]
     assert typed_ids([np.int64(7)], "string").to_pylist() == ["7"]

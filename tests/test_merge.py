@@ -54,12 +54,6 @@ def test_tiers_by_live_size(small_tiers):
         assert tiers([5, 6, 7, 50_000]) == [[0, 1, 2], [3]]  # the module's example
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="merge.tier_of computes the tier with math.log(n / floor, factor) in floating "
-    "point: math.log(1000, 10) is 2.9999999999999996, so a segment of exactly floor * 1000 "
-    "rows lands in the tier below",
-)
 def test_a_segment_at_a_tier_boundary_is_in_the_upper_tier(small_tiers):
     assert [tier_of(n) for n in (10, 100, 1_000, 10_000, 100_000)] == [1, 2, 3, 4, 5]
 

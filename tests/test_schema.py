@@ -170,11 +170,6 @@ def test_maps_unions_and_dictionaries_are_refused_in_one_line(type_, name):
         assert "\n" not in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="schema._lossless checks the family of the outer type only: a list's items and a "
-    "struct's members are cast across families (5 -> '5', True -> 'true') and round-trip",
-)
 @pytest.mark.parametrize(
     ("column", "given"),
     [

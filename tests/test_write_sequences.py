@@ -176,12 +176,6 @@ def test_any_sequence_of_writes_keeps_the_index_equal_to_a_dict(model_dir, n, op
         assert kinds[0] == "build" and len(kinds) == mf.read(run.root).version
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="space.fitting.fit_for_index computes anisotropy_stats even for calibration='none', "
-    "which raises a bare ValueError ('needs an (n >= 2, d) array') for one row: a one-row "
-    "build or a recalibrate of one live row fails with a traceback",
-)
 def test_one_live_row_builds_and_recalibrates(tmp_path, model_dir):
     root = tmp_path / "idx"
     build_index([{"id": "a", "text": "the sea"}], root, model=str(model_dir), calibration="none")

@@ -155,11 +155,6 @@ def test_a_failed_first_build_leaves_nothing(tmp_path, model_dir):
     assert not root.exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="writer.open_writer removes only a directory it created: a failed first build into "
-    "an existing empty directory leaves '.lock' and an empty 'segments/' in it",
-)
 def test_a_failed_first_build_into_an_empty_directory_leaves_it_empty(tmp_path):
     root = tmp_path / "idx"
     root.mkdir()
@@ -199,12 +194,6 @@ def test_a_killed_writers_leftovers_are_ignored_then_removed_by_the_next(tmp_pat
     assert not (root / "segments" / ".stage-deadbeef").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a writer killed inside deletions.write (atomic_write) leaves "
-    "'.deleted-vN.npy.tmp-*' in a published segment: verify refuses it as an unexpected file "
-    "(no Searcher opens) and writer._clean does not remove it",
-)
 def test_a_killed_deletion_write_does_not_break_the_index(tmp_path):
     root = tmp_path / "idx"
     build(root, [["a", "b"]])

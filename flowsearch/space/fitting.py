@@ -123,6 +123,8 @@ def _choose(U: np.ndarray, calibration: str, stats: dict[str, float], pooling: s
 
     if calibration != "auto":
         return _Choice(calibration, {"seed": 0} if calibration in _SEEDED else {}), U
+    if len(U) < 2:  # nothing to fit a density on: the identity, in the encoder's space
+        return _Choice("none", {}, enough=False), U
     anisotropic = bool(should_calibrate(stats))
     by_kind = pooling in AUTO_CALIBRATES_POOLINGS
     enough = len(U) >= MIN_ROWS_PER_DIM * U.shape[1]
@@ -198,7 +200,8 @@ def fit_for_index(
     from flowsearch.calibration import make_calibrator
     from flowsearch.calibration.anisotropy import anisotropy_stats
 
-    stats = {k: float(v) for k, v in anisotropy_stats(U).items()}
+    # a statistic of pairs needs two rows at least (a one-row index is searched as it is)
+    stats = {k: float(v) for k, v in anisotropy_stats(U).items()} if len(U) >= 2 else {}
     auto = None
     space: Literal["calibrated", "encoder"]
     if loaded is not None:
@@ -210,7 +213,8 @@ def fit_for_index(
         cal = make_calibrator(choice.name, **choice.config)
         showing = status(f"fitting {choice.name} on {len(U):,} rows") if status else None
         with showing or contextlib.nullcontext():
-            cal.fit(U)
+            # the identity learns only the dimension, which one row gives (a 1-row index)
+            cal.fit(np.vstack([U, U]) if choice.name == "none" and len(U) == 1 else U)
         fitted_on = "corpus"
         space, decision, auto = _space(choice, calibration, stats, pooling, U)
     LOG.info("calibration: %s", decision)

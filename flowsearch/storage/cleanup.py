@@ -86,6 +86,8 @@ def clean(root: Path, keep: set[str]) -> None:
                 for file in path.glob("deleted-v*.npy"):
                     if f"{rel}/{file.name}" not in keep:
                         file.unlink(missing_ok=True)
+                for file in path.glob(".*.tmp-*"):  # a writer killed inside an atomic write
+                    file.unlink(missing_ok=True)
     legacy_kept = any(k == "." or k.startswith("versions/") or k in LEGACY_ENTRIES for k in keep)
     versions = root / "versions"
     if versions.is_dir():
@@ -103,12 +105,14 @@ def clean(root: Path, keep: set[str]) -> None:
                 path.unlink()
 
 
-def remove_failed_first_build(root: Path) -> None:
-    """Leave nothing of a first build that failed (the directory it created)."""
+def remove_failed_first_build(root: Path, keep_root: bool = False) -> None:
+    """Leave nothing of a first build that failed: what it made in ``root`` (and ``root``
+    itself unless ``keep_root``: the directory was there, empty, before)."""
     for kind in (SEGMENTS_DIR, CALIBRATORS_DIR):
         with contextlib.suppress(OSError):
             (root / kind).rmdir()
     if {p.name for p in root.iterdir()} <= {LOCK_NAME}:
         with contextlib.suppress(OSError):
             (root / LOCK_NAME).unlink()
-            root.rmdir()
+            if not keep_root:
+                root.rmdir()

@@ -44,6 +44,8 @@ def typed_ids(ids: Sequence[Any], id_type: str, param: str = "ids") -> pa.Array:
     """
     out: list[Any] = []
     for given in ids:
+        if isinstance(given, np.integer):
+            given = int(given)
         if isinstance(given, bool) or not isinstance(given, (int, str)):
             raise BadInput(
                 f"id {given!r} is a {type(given).__name__}; ids are integers or strings",

@@ -314,7 +314,9 @@ def open_writer(
         check_target(root, overwrite)
     else:
         mf.read(root)  # "no index at ...", before creating anything
-    created = not root.exists()
+    # a first build into nothing, or into an empty directory, leaves nothing if it fails
+    existed = root.is_dir()
+    created = not root.exists() or (existed and not any(root.iterdir()))
     with _lock(root, wait):
         writer = None
         try:
@@ -329,7 +331,7 @@ def open_writer(
                 if writer.published is not None:
                     clean(root, referenced(writer.published) | referenced(writer.base))
             if created and not mf.is_index_dir(root):
-                remove_failed_first_build(root)
+                remove_failed_first_build(root, keep_root=existed)
 
 
 def _start(root: Path, new: bool, overwrite: bool) -> Writer:

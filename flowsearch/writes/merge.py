@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,10 +45,12 @@ LOG = logging.getLogger(__name__)
 
 def tier_of(n_live: int) -> int:
     """The size tier of a segment with ``n_live`` live rows (0: under the floor)."""
-    floor = current().floor_segment_rows
-    if n_live < floor:
-        return 0
-    return 1 + int(math.log(n_live / floor, current().merge_factor))
+    floor, factor = current().floor_segment_rows, current().merge_factor
+    tier = 0
+    while n_live >= floor:  # integers: a segment of exactly floor x factor**t rows is tier t + 1
+        tier += 1
+        floor *= factor
+    return tier
 
 
 def tiers(sizes: Sequence[int]) -> list[list[int]]:
