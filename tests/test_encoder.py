@@ -191,12 +191,17 @@ def test_encode_poolings_equals_one_encoder_per_pooling(tiny_model_dir):
         np.testing.assert_array_equal(together[pooling], alone)
     # a static encoder computes the contextual poolings too (the model loads on demand)
     static = Encoder(str(tiny_model_dir), pooling="static")
-    assert static._model is None
+    assert not _model_loaded(static)
     again = static.encode_poolings(TEXTS, ["mean", "static"], batch_size=2)
     np.testing.assert_array_equal(again["mean"], together["mean"])
     np.testing.assert_array_equal(again["static"], together["static"])
     with pytest.raises(FlowsearchError, match="unknown pooling"):
         enc.encode_poolings(TEXTS, ["max"])
+
+
+def _model_loaded(enc: Encoder) -> bool:
+    """Whether the encoder holds a torch model in memory."""
+    return enc._runner is not None and enc._runner.loaded
 
 
 def _first_release_encode(hf_model, texts, pooling, batch_size):
@@ -255,7 +260,7 @@ def test_each_pooling_runs_only_what_it_reads(tiny_model_dir, monkeypatch):
     """static runs no model; embedding_layer only the embeddings; cls/mean no hidden states."""
     calls = []
     enc = Encoder(str(tiny_model_dir), pooling="mean")
-    model = enc._torch_model()
+    model = enc._torch().model()
     real_forward = type(model).forward
 
     def spy(self, *args, **kwargs):
@@ -273,7 +278,7 @@ def test_each_pooling_runs_only_what_it_reads(tiny_model_dir, monkeypatch):
     calls.clear()
     static = Encoder(str(tiny_model_dir), pooling="static")
     static.encode(TEXTS)
-    assert calls == [] and static._model is None
+    assert calls == [] and not _model_loaded(static)
 
 
 def test_describe_names_backend_and_variant(tiny_model_dir):
