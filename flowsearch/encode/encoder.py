@@ -379,7 +379,7 @@ def open_encoder(
         if gone and looks_like_path(str(place)):
             raise NotFound(
                 f"the index's model directory {place} is gone",
-                "if the model moved, pass {model} with its new place",
+                "if the model moved, pass {model=DIR} with its new place",
                 param="model",
             )
         loaded = Encoder(place, **reopen_options(described))

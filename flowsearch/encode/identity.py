@@ -90,7 +90,7 @@ def mismatch_error(
     if moved_to is not None:
         return BadInput(
             f"the model at {moved_to} has {key} {got!r}, the index's has {want!r}",
-            "pass {model} the directory holding the index's own model, or rebuild the index",
+            "pass {model=DIR} where DIR holds the index's own model, or rebuild the index",
             param="model",
         )
     if reused:
@@ -102,7 +102,7 @@ def mismatch_error(
     return BadInput(
         f"encoder {key} {got!r} differs from the index's {want!r}: its model changed since the "
         "index was built",
-        "restore the model, pass {model} the directory holding the index's own model, "
+        "restore the model, pass {model=DIR} where DIR holds the index's own model, "
         "or rebuild the index",
         param="model",
     )

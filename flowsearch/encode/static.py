@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -234,25 +235,59 @@ def _layer_norm(
 def _embedding_tensors(
     model_dir: Path, layernorm: bool
 ) -> dict[str, npt.NDArray[np.float32]] | None:
-    """The word-embedding (and LayerNorm) tensors from a single safetensors file, if found."""
+    """The word-embedding (and LayerNorm) tensors from a single safetensors file, if found.
+
+    A float32 word table is memory-mapped, not read: a query touches a few of its rows, and
+    reading all of them (47 MB for a BERT-base vocabulary at dim 384) was most of a cold static
+    query's encoder time. Other dtypes are read and converted to float32.
+    """
     path = model_dir / "model.safetensors"
     if not path.is_file():
         return None
+    layout = _safetensors_layout(path)
+    words = [k for k in layout if k.endswith("word_embeddings.weight")]
+    if len(words) != 1:
+        return None
+    prefix = words[0][: -len("word_embeddings.weight")]
+    names = {"word": words[0]}
+    if layernorm:
+        names |= {"ln_weight": prefix + "LayerNorm.weight", "ln_bias": prefix + "LayerNorm.bias"}
+        if any(key not in layout for key in names.values()):
+            return None
+    out: dict[str, npt.NDArray[np.float32]] = {}
+    for name, key in names.items():
+        dtype, shape, offset = layout[key]
+        if dtype == "F32" and sys.byteorder == "little":
+            out[name] = np.memmap(path, dtype=np.float32, mode="r", offset=offset, shape=shape)
+        else:
+            out[name] = _read_tensor(path, key)
+    return out
+
+
+def _safetensors_layout(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
+    """Each tensor of a safetensors file: ``(dtype, shape, byte offset in the file)``.
+
+    The format: an 8-byte little-endian header length, a JSON header naming each tensor's
+    dtype, shape and ``data_offsets`` relative to the end of the header, then the data.
+    """
+    with path.open("rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(size))
+    start = 8 + size
+    return {
+        name: (str(info["dtype"]), tuple(int(n) for n in info["shape"]), start + int(begin))
+        for name, info in header.items()
+        if name != "__metadata__"
+        for begin in (info["data_offsets"][0],)
+    }
+
+
+def _read_tensor(path: Path, key: str) -> npt.NDArray[np.float32]:
+    """One tensor of a safetensors file, read whole and converted to float32."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="numpy") as fh:
-        keys = list(fh.keys())
-        words = [k for k in keys if k.endswith("word_embeddings.weight")]
-        if len(words) != 1:
-            return None
-        prefix = words[0][: -len("word_embeddings.weight")]
-        out = {"word": fh.get_tensor(words[0]).astype(np.float32)}
-        if layernorm:
-            for name, key in (("ln_weight", "LayerNorm.weight"), ("ln_bias", "LayerNorm.bias")):
-                if prefix + key not in keys:
-                    return None
-                out[name] = fh.get_tensor(prefix + key).astype(np.float32)
-    return out
+        return np.asarray(fh.get_tensor(key), dtype=np.float32)
 
 
 def _embedding_tensors_of(model: Any, layernorm: bool) -> dict[str, npt.NDArray[np.float32]]:
