@@ -54,6 +54,7 @@ from flowsearch.encode.static import StaticTable
 from flowsearch.encode.torch_runner import TorchRunner, default_device
 from flowsearch.errors import BadInput, NotFound
 from flowsearch.progress import Stages
+from flowsearch.settings import current
 
 __all__ = [
     "BACKENDS",
@@ -68,10 +69,6 @@ __all__ = [
 ]
 
 Vectors = npt.NDArray[np.float32]
-# Below this many texts no progress bar is drawn unless asked for.
-_PROGRESS_MIN_TEXTS = 2000
-# Texts tokenised and averaged at once by the static path (bounds its memory).
-_STATIC_CHUNK = 8192
 
 
 class Encoder:
@@ -242,7 +239,8 @@ class Encoder:
             texts: The texts (a single string is taken as a list of one).
             batch_size: Texts per forward pass. Batches are formed from texts of similar
                 length, so padding costs little.
-            progress: Draw a progress bar on stderr. ``None`` draws one for long inputs only.
+            progress: Draw a progress bar on stderr. ``None`` draws one from
+                :attr:`~flowsearch.settings.Settings.progress_min_texts` texts on.
 
         Returns:
             A float32 array of shape ``(len(texts), dim)``, rows in input order; unnormalised
@@ -287,7 +285,7 @@ class Encoder:
         out = {p: np.empty((len(texts), self.dim), dtype=np.float32) for p in poolings}
         if not texts:
             return out
-        show = progress if progress is not None else len(texts) >= _PROGRESS_MIN_TEXTS
+        show = progress if progress is not None else len(texts) >= current().progress_min_texts
         stages = Stages(show=show)
         with stages.live(), stages.task("encoding", total=len(texts)) as advance:
             if "static" in out:
@@ -306,8 +304,9 @@ class Encoder:
         # a Model2Vec tokenizer adds no special tokens
         dropped = 0 if special or self._parts.model2vec else self._tokens.num_special()
         limit = max(self.max_length - dropped, 1)
-        for start in range(0, len(texts), _STATIC_CHUNK):
-            chunk = texts[start : start + _STATIC_CHUNK]
+        step = current().static_chunk_texts
+        for start in range(0, len(texts), step):
+            chunk = texts[start : start + step]
             ids = self._tokens.ids(chunk, limit, special=special)
             out[start : start + len(chunk)] = table.vectors(ids)
             if advance is not None:

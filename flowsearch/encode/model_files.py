@@ -59,7 +59,8 @@ _CONFIG_FIELDS = (
 
 LOG = logging.getLogger(__name__)
 
-# Bytes read from the head and tail of each weights file for the revision hash.
+# Bytes read from the head and tail of each weights file for the revision hash. Not a setting:
+# it is part of the hash, so changing it would change every recorded revision.
 _HASH_PROBE_BYTES = 1 << 20
 
 
