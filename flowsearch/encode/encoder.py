@@ -1,24 +1,18 @@
 r"""Sentence vectors from a Hugging Face encoder, pooled the ways the BERT-flow paper studies.
 
-Pooling strategies (all attention-mask aware, padding never counts):
-
-- ``cls``: the last layer's vector at the first token.
-- ``mean``: mean of the last layer's token vectors (what sentence-transformers computes).
-- ``last2avg``: mean over tokens of the average of the last two layers.
-- ``first_last_avg``: mean over tokens of the average of the first transformer layer and the last
-  (Hugging Face ``hidden_states[1]`` and ``hidden_states[-1]``): what the BERT-flow reference code
-  computes under the name "last2avg" (docs/ENCODERS.md).
-- ``static``: position-free: the mean of the model's word embeddings, looked up by token id with
-  no transformer pass (:mod:`flowsearch.encode.static`). A Model2Vec directory is a static model.
-- ``embedding_layer``: mean of the embedding layer's outputs (``hidden_states[0]``), which add
-  position embeddings and so encode a text's length (the first release's ``static``).
+Poolings (all attention-mask aware, padding never counts): ``cls`` (the last layer at the first
+token); ``mean`` (mean of the last layer, as sentence-transformers); ``last2avg`` (of the average
+of the last two layers); ``first_last_avg`` (of the first transformer layer and the last,
+``hidden_states[1]`` and ``[-1]``: the BERT-flow code's "last2avg", docs/ENCODERS.md);
+``static`` (position-free mean of word-embedding rows, a table lookup with no transformer pass,
+:mod:`flowsearch.encode.static`; a Model2Vec directory is a static model); ``embedding_layer``
+(mean of ``hidden_states[0]``, which adds position embeddings).
 
 Texts are tokenised once, sorted by length and batched so that padding is minimal; a pooling runs
-only as much of the model as it reads. The model runs on torch
-(:mod:`~flowsearch.encode.torch_runner`, fp16 on a GPU) or ONNX Runtime
-(:mod:`~flowsearch.encode.onnx`, optionally int8). ``torch`` and ``transformers`` are imported
-only when a model has to run in torch or be exported: a static or cached ONNX encoder of a local
-model never imports them.
+only as much of the model as it reads, on torch (:mod:`~flowsearch.encode.torch_runner`, fp16 on
+a GPU) or ONNX Runtime (:mod:`~flowsearch.encode.onnx`, optionally int8). ``torch`` and
+``transformers`` are imported only when a model runs in torch or is exported: a static or cached
+ONNX encoder of a local model never imports them.
 
 References:
     Li et al., "On the Sentence Embeddings from Pre-trained Language Models", EMNLP 2020.
@@ -69,6 +63,7 @@ __all__ = [
 ]
 
 Vectors = npt.NDArray[np.float32]
+Ids = npt.NDArray[np.int64]
 
 
 class Encoder:
@@ -264,6 +259,13 @@ class Encoder:
         ``embedding_layer`` alone only the embedding layer, ``cls``/``mean`` skip returning the
         intermediate layers. ``static`` uses this encoder's ``static_variant``.
 
+        Arguments:
+            texts: as for :meth:`encode`.
+            poolings: names from :data:`POOLINGS`; a contextual one loads the model if this
+                encoder has not yet (a ``static`` encoder of a transformer can give them all).
+            batch_size: texts per forward pass.
+            progress: as for :meth:`encode`.
+
         Returns:
             ``{pooling: float32 (len(texts), dim)}``; each equals what an :class:`Encoder` with
             that pooling (same model, max_length and backend) returns from :meth:`encode`.
@@ -327,12 +329,12 @@ class Encoder:
         if self.backend == "onnx":
             graph = self._onnx_encoder(needs)
 
-            def run(input_ids: Any, mask: Any) -> dict[str, Vectors]:
+            def run(input_ids: Ids, mask: Ids) -> dict[str, Vectors]:
                 return pool_numpy(graph.run(input_ids, mask), mask, poolings)
         else:
             runner = self._torch()
 
-            def run(input_ids: Any, mask: Any) -> dict[str, Vectors]:
+            def run(input_ids: Ids, mask: Ids) -> dict[str, Vectors]:
                 return runner.pool(input_ids, mask, poolings)
 
         for start in range(0, len(order), batch_size):
