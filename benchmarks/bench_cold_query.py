@@ -154,22 +154,27 @@ def build_peers(python: str, work: Path, model: str) -> dict[str, list[str]]:
     return commands
 
 
+Contender = tuple[list[str], dict[str, str], Path]
+
+
 def contenders(
     indexes: dict[str, Path], baseline: Path | None, peers: dict[str, list[str]], work: Path
-) -> dict[str, tuple[list[str], dict[str, str]]]:
-    """Every timed command: ours per config, the baseline's, the peers'."""
+) -> dict[str, Contender]:
+    """Every timed command, its environment and working directory: ours per config, the
+    baseline's (run from its own checkout: ``python -c`` puts the working directory first on
+    ``sys.path``), the peers'."""
     out = {}
     for name, index in indexes.items():
         cmd = [sys.executable, "-c", CLI, "query", QUERY, "--index", str(index), "--json"]
-        out[f"ours | {name}"] = (cmd, env_for(ROOT, work))
+        out[f"ours | {name}"] = (cmd, env_for(ROOT, work), ROOT)
         if baseline is not None:
-            out[f"baseline | {name}"] = (cmd, env_for(baseline, work))
+            out[f"baseline | {name}"] = (cmd, env_for(baseline, work), baseline)
     for peer, cmd in peers.items():
-        out[f"peer | {peer}"] = (cmd, env_for(ROOT, work))
+        out[f"peer | {peer}"] = (cmd, env_for(ROOT, work), work)
     return out
 
 
-def time_rounds(timed: dict[str, tuple[list[str], dict[str, str]]], repeats: int) -> dict[str, Any]:
+def time_rounds(timed: dict[str, Contender], repeats: int) -> dict[str, Any]:
     """Round-robin timing (one untimed warm-up round); each contender's seconds and top ids."""
     names = list(timed)
     seconds: dict[str, list[float]] = {name: [] for name in names}
@@ -177,8 +182,8 @@ def time_rounds(timed: dict[str, tuple[list[str], dict[str, str]]], repeats: int
     for round_no in range(repeats + 1):
         shift = round_no % len(names)
         for name in names[shift:] + names[:shift]:
-            cmd, env = timed[name]
-            wall, stdout = run(cmd, env)
+            cmd, env, cwd = timed[name]
+            wall, stdout = run(cmd, env, cwd)
             if round_no == 0:
                 top[name] = _top_ids(stdout)
             else:
@@ -276,6 +281,16 @@ def eager_imports(index: Path, work: Path) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: -r["ms"])
 
 
+def _commit(checkout: Path) -> str:
+    """``branch@short-hash`` of a git checkout."""
+
+    def git(*args: str) -> str:
+        cmd = ["git", "-C", str(checkout), *args]
+        return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
+
+    return f"{git('rev-parse', '--abbrev-ref', 'HEAD')}@{git('rev-parse', '--short', 'HEAD')}"
+
+
 def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "load_1_5_15": [round(x, 2) for x in os.getloadavg()]}
 
@@ -293,8 +308,8 @@ def render(report: dict[str, Any]) -> str:
         f"within a column. Query {QUERY!r}, `data/sample.parquet` (300 passages), median of "
         f"{report['repeats']} rounds (round-robin, warm file cache).",
         "",
-        "| encoder (index options) | this branch, s | baseline, s | branch / baseline "
-        "| same top 10 |",
+        f"| encoder (index options) | {report.get('branch', 'this branch')}, s "
+        f"| {report.get('baseline', 'baseline')}, s | ratio | same top 10 |",
         "|---|---|---|---|---|",
     ]
     for name in CONFIGS:
@@ -388,6 +403,10 @@ def main() -> None:
         return
     args.work.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"command": " ".join(["python", *sys.argv]), "repeats": args.repeats}
+    if args.baseline is not None:
+        args.baseline = args.baseline.resolve()
+        report["baseline"] = _commit(args.baseline)
+    report["branch"] = _commit(ROOT)
     report["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     report["machine_before"] = machine()
     indexes = build_indexes(args.work)
