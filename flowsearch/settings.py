@@ -158,6 +158,14 @@ class Settings:
     #: A write scores at most this many of its new rows (a seeded sample) for the drift report.
     drift_max_rows: int = 2000
 
+    # --- encode: texts to raw vectors ----------------------------------------------------
+    #: Texts the ``static`` pooling tokenises and averages at once: bounds its memory (the
+    #: token ids of 8192 passages) while keeping each sparse product large.
+    static_chunk_texts: int = 8192
+    #: ``Encoder.encode(progress=None)`` draws a progress bar from this many texts on (a
+    #: query or a small batch never does).
+    progress_min_texts: int = 2000
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (unknown names are refused)."""
         names = {f.name for f in dataclasses.fields(self)}

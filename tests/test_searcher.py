@@ -273,9 +273,10 @@ def test_open_encoder_takes_the_manifest_source_for_a_relative_model_name(index_
     spec = mf.read(index_dir).encoder
     assert spec.model == spec.source and Path(spec.source).is_absolute()
     old_style = spec.model_copy(update={"model": "tiny-bert"})  # a relative name, as older
-    assert open_encoder(old_style).model_id == spec.source  # manifests kept it
+    assert open_encoder(old_style.identity(), old_style.source).model_id == spec.source
     with pytest.raises(FlowsearchError, match="revision"):
-        open_encoder(spec.model_copy(update={"revision": "0" * 40}))
+        wrong = spec.model_copy(update={"revision": "0" * 40})
+        open_encoder(wrong.identity(), spec.source)
 
 
 def test_query_result_and_info(searcher, index_dir):

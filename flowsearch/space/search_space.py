@@ -79,7 +79,8 @@ class SearchSpace:
                 f"the calibrator in {folder} ({calibrator.name}) is not the one the manifest "
                 f"names ({spec.calibrator}); the index is damaged, rebuild it"
             )
-        encoder = open_encoder(manifest.encoder, encoder=encoder, model=model)
+        recorded = manifest.encoder
+        encoder = open_encoder(recorded.identity(), recorded.source, encoder=encoder, model=model)
         return cls(calibrator, spec, encoder)
 
     @property
