@@ -119,4 +119,11 @@ def eval_cmd(
         table.add_row("avg", "", f"{result['avg']:.4f}")
     if result.get("index_dir") and keep:
         table.caption = _literal(f"index kept at {result['index_dir']}")
-    _stdout_console().print(table)
+    console = _stdout_console()
+    console.print(table)
+    if result.get("unreachable_judgements"):
+        console.print(
+            f"note: {result['unreachable_judgements']:,} judgement(s) of the qrels name passages "
+            "the corpus lacks; scored as unreachable, as BEIR and MTEB score them",
+            highlight=False,
+        )
