@@ -14,30 +14,21 @@ Writes ``benchmarks/bench_calibration.json`` and its section of ``benchmarks/RES
 
 Usage:
     python benchmarks/bench_calibration.py [--rows 10000] [--encode-rows 2000] [--repeats 3]
+    python benchmarks/bench_calibration.py --smoke    # tiny sizes, RESULTS.md untouched
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
-import time
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from bench_index import synthetic_corpus
-from results_md import write_section
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from harness import HERE, WORK, command_line, machine, produced_by, publish, synthetic_corpus, timed
 
 __all__ = ["main"]
 
-ROOT = Path(__file__).resolve().parents[1]
 SECTION = "bench_calibration"
 CALIBRATORS: list[tuple[str, dict[str, Any]]] = [
     ("flow", {}),
@@ -51,9 +42,7 @@ CALIBRATORS: list[tuple[str, dict[str, Any]]] = [
 
 
 def _timed(fn: Any) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    return timed(fn)[1]
 
 
 def _fit(name: str, kw: dict[str, Any], U: Any) -> None:
@@ -69,9 +58,7 @@ def _label(name: str, kw: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from flowsearch import Encoder, make_calibrator
 
-    work = ROOT / "benchmarks" / "_work"
-    work.mkdir(parents=True, exist_ok=True)
-    path = synthetic_corpus(work / "calibration_texts.parquet", args.rows)
+    path = synthetic_corpus(WORK / "calibration_texts.parquet", args.rows)
     texts = pq.read_table(path).column("text").to_pylist()
     enc = Encoder()
     enc.encode(texts[:64])  # warm-up
@@ -89,6 +76,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     encode_rate = args.encode_rows / statistics.median(encode_s)
     encode_all_s = args.rows / encode_rate
 
+    m = machine()
     query = ["how does a heat pump warm a house in winter"]
     enc_query = statistics.median(_timed(lambda: enc.encode(query)) for _ in range(30))
     rows = []
@@ -116,7 +104,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "encode_all_s": encode_all_s,
         "encode_query_ms": enc_query * 1e3,
         "calibrators": rows,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
+        "machine": f"{m['platform']}, {m['cpus']} cores, load {m['load'][0]:.1f}",
+        "command": command_line(),
     }
 
 
@@ -143,8 +132,9 @@ def render(res: dict[str, Any]) -> str:
         f"The default flow (3 levels x depth 3, width 32, 1 epoch, batch 64) ran "
         f"{flow.get('steps', '?')} Adam steps; bits/dim went from "
         f"{flow.get('bits_per_dim_first_batch', float('nan')):.3f} on the first batch to "
-        f"{flow.get('bits_per_dim', float('nan')):.3f} over the corpus. Regenerate with "
-        f"`python benchmarks/bench_calibration.py --rows {res['rows']}`.",
+        f"{flow.get('bits_per_dim', float('nan')):.3f} over the corpus.",
+        "",
+        produced_by(res, f"python benchmarks/bench_calibration.py --rows {res['rows']}"),
     ]
     return "\n".join(lines)
 
@@ -155,12 +145,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--encode-rows", type=int, default=2_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes; figures untouched")
     args = parser.parse_args()
+    if args.smoke:
+        args.rows, args.encode_rows, args.repeats = 1_200, 200, 1
     res = run(args)
-    out = ROOT / "benchmarks"
-    (out / "bench_calibration.json").write_text(json.dumps(res, indent=2))
-    write_section(out / "RESULTS.md", render(res), SECTION)
-    print(render(res))
+    print(publish(HERE / SECTION, render, SECTION, res, smoke=args.smoke, markdown=False))
 
 
 if __name__ == "__main__":

@@ -16,23 +16,21 @@ Also measured: IDSelectorBatch against IDSelectorBitmap, the brute-force/selecto
 
 Run from the repository root (about 3 minutes on 2 cores)::
 
-    PYTHONPATH=. python benchmarks/bench_filters.py [--rows 200000] [--queries 200]
+    python benchmarks/bench_filters.py [--rows 200000] [--queries 200]
+    python benchmarks/bench_filters.py --smoke    # 20k rows, IVF64, RESULTS.md untouched
 
 It writes ``benchmarks/bench_filters.json`` and its section of ``benchmarks/RESULTS.md`` (also
 printed); ``--render`` only rewrites that section from the saved JSON (no measurement)::
 
-    PYTHONPATH=. python benchmarks/bench_filters.py --render
+    python benchmarks/bench_filters.py --render
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import platform
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +38,7 @@ import faiss
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from results_md import write_section
+from harness import HERE, command_line, load_average, percentiles_ms, produced_by, publish, timed
 
 from flowsearch.ann.prefilter import (
     EXACT_BELOW,
@@ -51,7 +49,6 @@ from flowsearch.ann.prefilter import (
 )
 from flowsearch.search.filters import MetadataFilter
 
-ROOT = Path(__file__).resolve().parents[1]
 DIM, SHARD_ROWS, K = 384, 50_000, 10
 TARGET_RATIO = 2.0  # a filtered query's p50 at most this times the unfiltered p50
 SELECTIVITY = {"1%": "bucket < 1", "10%": "bucket < 10", "50%": "bucket < 50"}
@@ -105,15 +102,12 @@ def write_shards(root: Path, n: int, rng: np.random.Generator) -> list[Path]:
     return paths
 
 
-def percentiles(times: list[float]) -> dict[str, float]:
-    ms = np.asarray(times) * 1e3
-    return {"p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95))}
+def percentiles(seconds: list[float]) -> dict[str, float]:
+    return percentiles_ms(seconds)
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+def seconds(fn: Any) -> float:
+    return timed(fn)[1]
 
 
 def latency(
@@ -126,7 +120,7 @@ def latency(
     }
     for i, query in enumerate(queries):
         q = query[None, :]
-        t_plain = timed(lambda q=q: index.search(q, K))
+        t_plain = seconds(lambda q=q: index.search(q, K))
         for name, where in SELECTIVITY.items():
             flt._cache.clear()  # a new predicate: pay the syntax-tree check and DuckDB
             flt._rows_cache.clear()
@@ -137,7 +131,9 @@ def latency(
             filtered_search(index, q, K, rows)
             end = time.perf_counter()
             # the same predicate again (a tenant filter): its rows come from the version's cache
-            repeated = timed(lambda q=q, where=where: filtered_search(index, q, K, flt.rows(where)))
+            repeated = seconds(
+                lambda q=q, where=where: filtered_search(index, q, K, flt.rows(where))
+            )
             if i >= warmup:
                 parts[name]["total"].append(end - start)
                 parts[name]["predicate"].append(mid - start)
@@ -195,9 +191,11 @@ def exact_switch(index: faiss.Index, queries: np.ndarray, n: int) -> list[dict[s
         brute, sel = [], []
         for query in queries:
             q = query[None, :]
-            brute.append(timed(lambda q=q, rows=rows: _exact(index, q, K, rows)))
+            brute.append(seconds(lambda q=q, rows=rows: _exact(index, q, K, rows)))
             sel.append(
-                timed(lambda q=q, rows=rows: index.search(q, K, params=search_params(index, rows)))
+                seconds(
+                    lambda q=q, rows=rows: index.search(q, K, params=search_params(index, rows))
+                )
             )
         out.append(
             {
@@ -220,6 +218,7 @@ def filter_memory(paths: list[Path], text: bool) -> dict[str, float]:
 
 
 def ivf_index(vectors: np.ndarray, nlist: int, nprobe: int) -> faiss.Index:
+    """IVF-Flat trained on a seeded sample of 40 rows per list, with a direct map."""
     quantizer = faiss.IndexFlatIP(DIM)
     index = faiss.IndexIVFFlat(quantizer, DIM, nlist, faiss.METRIC_INNER_PRODUCT)
     size = min(len(vectors), 40 * nlist)
@@ -334,6 +333,11 @@ def render(results: dict[str, Any]) -> str:
         f"Filter table in DuckDB: {mem['with_text']['duckdb_mb']:.1f} MB with `text`, "
         f"{mem['without_text']['duckdb_mb']:.1f} MB without (built in "
         f"{mem['with_text']['build_s']:.2f} s / {mem['without_text']['build_s']:.2f} s).",
+        "",
+        produced_by(
+            results,
+            f"python benchmarks/bench_filters.py --rows {rows} --queries {results['queries']}",
+        ),
     ]
     return "\n".join(lines)
 
@@ -343,18 +347,26 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--nlist", type=int, default=1024, help="IVF lists")
     parser.add_argument("--no-ivf", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("bench_filters.json"))
+    parser.add_argument("--out", type=Path, default=HERE / "bench_filters", help="JSON path stem")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes; figures untouched")
     parser.add_argument(
         "--render", action="store_true", help="only rewrite the RESULTS.md section from --out"
     )
     args = parser.parse_args()
     if args.render:
-        body = render(json.loads(args.out.read_text()))
-        write_section(ROOT / "benchmarks" / "RESULTS.md", body, "bench_filters")
-        print(body)
+        print(publish(args.out, render, "bench_filters", None, markdown=False))
         return
+    if args.smoke:
+        args.rows, args.queries, args.warmup, args.nlist = 20_000, 20, 5, 64
     faiss.omp_set_num_threads(1)
+    print(publish(args.out, render, "bench_filters", measure(args), smoke=args.smoke,
+                  markdown=False))  # fmt: skip
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Every figure of the section, as the JSON document ``render`` reads."""
     rng = np.random.default_rng(0)
     vectors = make_vectors(args.rows, rng)
     queries = make_vectors(args.queries + args.warmup, np.random.default_rng(7))
@@ -368,6 +380,7 @@ def main() -> None:
         "exact_below": EXACT_BELOW,
         "machine": platform.processor() or platform.machine(),
         "vectors": "Gaussian, rank-32 signal + isotropic noise, L2-normalised",
+        "command": command_line(),
     }
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_shards(Path(tmp), args.rows, rng)
@@ -384,18 +397,17 @@ def main() -> None:
         results["exact_switch_flat"] = exact_switch(flat, few, args.rows)
         if not args.no_ivf:
             start = time.perf_counter()
-            ivf = ivf_index(vectors, nlist=1024, nprobe=16)
+            ivf = ivf_index(vectors, nlist=args.nlist, nprobe=16)
             results["ivf_build_s"] = time.perf_counter() - start
             results["ivf"] = latency(ivf, flt, queries, args.warmup)
-            results["ivf"]["factory"] = "IVF1024,Flat nprobe=16 (trained on 40k rows), direct map"
+            train = min(args.rows, 40 * args.nlist)
+            results["ivf"]["factory"] = (
+                f"IVF{args.nlist},Flat nprobe=16 (trained on {train // 1000}k rows), direct map"
+            )
             results["selectors_ivf"] = selector_kinds(ivf, flt, few)
         flt.close()
-    results["load_average"] = list(os.getloadavg())
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    body = render(results)
-    write_section(ROOT / "benchmarks" / "RESULTS.md", body, "bench_filters")
-    print(body)
-    print(f"wrote {args.out} and its RESULTS.md section")
+    results["load_average"] = load_average()
+    return results
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness import ROOT
+
 __all__ = ["run_ingest"]
 
 
@@ -28,7 +30,7 @@ def run_ingest(corpus: Path, index_dir: Path, *args: str) -> dict[str, Any]:
         "nice", "-n", "5", sys.executable, "-m", "flowsearch.cli", "index", str(corpus),
         "--index", str(index_dir), "--overwrite", "--json", *args,
     ]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path.cwd())}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}  # this checkout's
     out_path, err_path = index_dir.with_suffix(".out"), index_dir.with_suffix(".err")
     start = time.perf_counter()
     with out_path.open("wb") as out, err_path.open("wb") as err:

@@ -421,6 +421,7 @@ def test_run_retrieval_bundled_model_on_stsb_paraphrases(tmp_path, monkeypatch):
     import importlib.util
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "make_dev_sets.py"
+    monkeypatch.syspath_prepend(str(script.parent))  # its harness
     spec = importlib.util.spec_from_file_location("make_dev_sets", script)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
