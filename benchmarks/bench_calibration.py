@@ -15,6 +15,7 @@ Writes ``benchmarks/bench_calibration.json`` and its section of ``benchmarks/RES
 Usage:
     python benchmarks/bench_calibration.py [--rows 10000] [--encode-rows 2000] [--repeats 3]
     python benchmarks/bench_calibration.py --smoke    # tiny sizes, RESULTS.md untouched
+    python benchmarks/bench_calibration.py --render   # the section again from the JSON
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import statistics
 from functools import partial
 from typing import Any
 
+import harness
 import pyarrow.parquet as pq
-from harness import HERE, WORK, command_line, machine, produced_by, publish, synthetic_corpus, timed
+from harness import WORK, command_line, machine, markdown, synthetic_corpus, timed
 
 __all__ = ["main"]
 
@@ -111,8 +113,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def render(res: dict[str, Any]) -> str:
     lines = [
-        "## Calibration cost beside encoding",
-        "",
         f"{res['rows']:,} vectors of dimension {res['dim']} (all-MiniLM-L6-v2, `mean`); encoding "
         f"them takes {res['encode_all_s']:.0f} s here ({res['encode_rows_per_s']:.0f} rows/s), "
         f"one query {res['encode_query_ms']:.1f} ms. Medians of {res['repeats']} runs, "
@@ -133,24 +133,25 @@ def render(res: dict[str, Any]) -> str:
         f"{flow.get('steps', '?')} Adam steps; bits/dim went from "
         f"{flow.get('bits_per_dim_first_batch', float('nan')):.3f} on the first batch to "
         f"{flow.get('bits_per_dim', float('nan')):.3f} over the corpus.",
-        "",
-        produced_by(res, f"python benchmarks/bench_calibration.py --rows {res['rows']}"),
     ]
-    return "\n".join(lines)
+    return markdown(
+        "Calibration cost beside encoding",
+        lines,
+        res,
+        f"python benchmarks/bench_calibration.py --rows {res['rows']}",
+    )
 
 
 def main() -> None:
     """Run the benchmark and write its JSON and RESULTS.md section."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__, "1,200 rows, 1 repeat", SECTION, data=False, markdown=False)
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--encode-rows", type=int, default=2_000)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes; figures untouched")
-    args = parser.parse_args()
-    if args.smoke:
-        args.rows, args.encode_rows, args.repeats = 1_200, 200, 1
-    res = run(args)
-    print(publish(HERE / SECTION, render, SECTION, res, smoke=args.smoke, markdown=False))
+    args = harness.parse(parser, rows=1_200, encode_rows=200, repeats=1)
+    if harness.rendered(args, render):
+        return
+    harness.finish(args, render, run(args))
 
 
 if __name__ == "__main__":

@@ -39,19 +39,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 from density_data import Texts, VectorStore, load_texts, token_counts
-from harness import (
-    HERE,
-    WORK,
-    command_line,
-    data_dir,
-    dev_sets,
-    exact_top,
-    machine,
-    produced_by,
-    publish,
-)
 from scipy.stats import spearmanr
 
 from flowsearch.calibration import make_calibrator
@@ -94,7 +84,7 @@ def gaussian_log_prob(white: Any, U: np.ndarray) -> np.ndarray:
 
 def neighbour_scores(Q: np.ndarray, C: np.ndarray, k: int = KTH) -> tuple[np.ndarray, np.ndarray]:
     """(max cosine, cosine of the k-th neighbour) of unit rows Q against unit rows C."""
-    top = exact_top(Q, C, k)[0].astype(np.float64)
+    top = harness.exact_top(Q, C, k)[0].astype(np.float64)
     return top[:, 0], top[:, -1]
 
 
@@ -280,7 +270,7 @@ def fusion(pooling: str, texts: Texts, store: VectorStore) -> dict[str, Any]:
         Zs, lps = space.project(store.get(held_snip))
         ref_top = neighbour_scores(Zs, Zfit)[0]
         cand = 100
-        d_scores, d_rows = exact_top(Zq, Zc, cand)
+        d_scores, d_rows = harness.exact_top(Zq, Zc, cand)
         lex = LexicalIndex.build(ds.texts)
         l_scores, l_rows = lex.search([ds.queries[q] for q in qids], cand)
         assert lp is not None and lps is not None
@@ -480,30 +470,27 @@ def markdown(res: dict[str, Any]) -> str:
 def section(res: dict[str, Any]) -> str:
     """This study's section of benchmarks/RESULTS.md."""
     default = "python benchmarks/bench_density.py"
-    return markdown(res) + "\n" + produced_by(res, default) + " Figures in `bench_density.json`."
+    return (
+        markdown(res)
+        + "\n"
+        + harness.produced_by(res, default)
+        + " Figures in `bench_density.json`."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", default=None, help="evaluation data (default $FLOWSEARCH_DATA)")
+    p = harness.arguments(__doc__, "static, 600 passages", "bench_density")
     p.add_argument("--dev", default=None, help="dev sets folder (default: built under _work)")
-    p.add_argument("--vectors", default=str(WORK / "density_vectors"))
+    p.add_argument("--vectors", default=str(harness.WORK / "density_vectors"))
     p.add_argument("--poolings", default="mean,static")
     p.add_argument("--fusion", default="mean,static", help="poolings to run the fusion study on")
     p.add_argument("--limit", type=int, default=None, help="first N passages and queries only")
-    p.add_argument("--smoke", action="store_true", help="static, 600 passages; no figures")
-    p.add_argument("--render", action="store_true", help="only rewrite the section")
-    args = p.parse_args(argv)
-    if args.render:
-        publish(HERE / "bench_density", section, "bench_density", None)
+    args = harness.parse(p, argv, poolings="static", fusion="static", limit=600)
+    if harness.rendered(args, section):
         return 0
-    if args.smoke:
-        args.poolings, args.fusion, args.limit = "static", "static", 600
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    data = data_dir(args.data)
-    dev = Path(args.dev) if args.dev else dev_sets(data, DEV_CORPUS)[0]
-    res = run(args, load_texts(data, dev, args.limit))
-    print(publish(HERE / "bench_density", section, "bench_density", res, smoke=args.smoke))
+    data = harness.data_dir(args.data)
+    dev = Path(args.dev) if args.dev else harness.dev_sets(data, DEV_CORPUS)[0]
+    harness.finish(args, section, run(args, load_texts(data, dev, args.limit)))
     return 0
 
 
@@ -512,7 +499,7 @@ def run(args: argparse.Namespace, texts: Texts) -> dict[str, Any]:
     from flowsearch.encode.encoder import Encoder
 
     t0 = time.perf_counter()
-    m = machine()
+    m = harness.machine()
     res: dict[str, Any] = {"poolings": {}, "machine": f"{m['platform']} {m['cpus']} cores"}
     for pooling in args.poolings.split(","):
         enc = Encoder(None, pooling=pooling)
@@ -536,9 +523,9 @@ def run(args: argparse.Namespace, texts: Texts) -> dict[str, Any]:
         "queries and against the fit rows for passages."
     )
     res["load_average_end"] = m["load"]
-    res["command"] = command_line()
+    res["command"] = harness.command_line()
     return res
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    harness.script(main)

@@ -41,20 +41,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 from bench_density import DEV_CORPUS, auroc, snippets
 from density_data import VectorStore, load_texts, token_counts
-from harness import (
-    HERE,
-    WORK,
-    command_line,
-    data_dir,
-    dev_sets,
-    exact_top,
-    load_average,
-    produced_by,
-    publish,
-)
 
 from flowsearch.space.fitting import fit_for_index
 from flowsearch.space.reference import OOD_PERCENTILE, best_other_score, split_fit_rows
@@ -66,7 +56,7 @@ NEAREST = (50, 100, 200)
 
 def top_scores(Z: np.ndarray, index: np.ndarray, own: np.ndarray | None = None) -> np.ndarray:
     """Best inner product of each row of Z over ``index`` (skipping row ``own[i]`` if given)."""
-    scores, rows = exact_top(Z, index, 1 if own is None else 2)
+    scores, rows = harness.exact_top(Z, index, 1 if own is None else 2)
     if own is None:
         return scores[:, 0].astype(np.float64)
     first_is_own = rows[:, 0] == own
@@ -160,7 +150,7 @@ def study(
 
 
 def _top2(Z: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return exact_top(Z, index, 2)
+    return harness.exact_top(Z, index, 2)
 
 
 PRODUCT = "product: < p5 of held-out rows"
@@ -242,32 +232,26 @@ def markdown(res: dict[str, Any]) -> str:
 
 def section(res: dict[str, Any]) -> str:
     """This study's section of benchmarks/RESULTS.md."""
-    return markdown(res) + "\n" + produced_by(res, "python benchmarks/bench_density_length.py")
+    return (
+        markdown(res) + "\n" + harness.produced_by(res, "python benchmarks/bench_density_length.py")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", default=None, help="evaluation data (default $FLOWSEARCH_DATA)")
+    p = harness.arguments(__doc__, "static, 600 passages, 1 seed", "bench_density_length")
     p.add_argument("--dev", default=None, help="dev sets folder (default: built under _work)")
-    p.add_argument("--vectors", default=str(WORK / "density_vectors"))
+    p.add_argument("--vectors", default=str(harness.WORK / "density_vectors"))
     p.add_argument("--poolings", default="static,model2vec,mean")
-    p.add_argument("--m2v", default=str(WORK / "m2v_minilm"))
-    p.add_argument("--out", default=str(HERE / "bench_density_length"))
+    p.add_argument("--m2v", default=str(harness.WORK / "m2v_minilm"))
     p.add_argument("--seeds", type=int, default=5, help="held-out splits (seeds 0..N-1)")
     p.add_argument("--limit", type=int, default=None, help="first N passages and queries only")
-    p.add_argument("--smoke", action="store_true", help="static, 600 passages, 1 seed")
-    p.add_argument("--report-only", action="store_true")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if args.report_only:
-        publish(args.out, section, "bench_density_length", None)
+    args = harness.parse(p, argv, poolings="static", seeds=1, limit=600)
+    if harness.rendered(args, section):
         return 0
-    if args.smoke:
-        args.poolings, args.seeds, args.limit = "static", 1, 600
-    data = data_dir(args.data)
-    dev = Path(args.dev) if args.dev else dev_sets(data, DEV_CORPUS)[0]
+    data = harness.data_dir(args.data)
+    dev = Path(args.dev) if args.dev else harness.dev_sets(data, DEV_CORPUS)[0]
     res = run(args, load_texts(data, dev, args.limit))
-    print(publish(args.out, section, "bench_density_length", res, smoke=args.smoke))
+    harness.finish(args, section, res)
     return 0
 
 
@@ -288,16 +272,16 @@ def run(args: argparse.Namespace, texts: Any) -> dict[str, Any]:
     from flowsearch.encode.encoder import Encoder
 
     t0 = time.perf_counter()
-    load = load_average()
+    load = harness.load_average()
     tok_enc = Encoder(None, pooling="static")
-    res: dict[str, Any] = {"poolings": {}, "command": command_line()}
+    res: dict[str, Any] = {"poolings": {}, "command": harness.command_line()}
     for label in args.poolings.split(","):
         store = VectorStore(Path(args.vectors) / f"{label}.npz", _encoder(label, args.m2v))
         LOG.info("%s", label)
         runs = [study(label, texts, store, tok_enc, seed) for seed in range(args.seeds)]
         res["poolings"][label] = _over_seeds(runs, args.seeds)
     res["seconds"] = round(time.perf_counter() - t0, 1)
-    res["load_average"] = [load, load_average()]
+    res["load_average"] = [load, harness.load_average()]
     n = texts.sizes()
     res["setup"] = (
         f"Bundled model (all-MiniLM-L6-v2) and a Model2Vec model distilled from it; "
@@ -337,4 +321,4 @@ def _over_seeds(runs: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    harness.script(main)

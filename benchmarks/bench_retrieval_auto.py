@@ -28,16 +28,15 @@ followed by a capital), to say whether fitting on passages' sentences can be mea
 
 from __future__ import annotations
 
-import argparse
 import logging
 import re
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 from bench_retrieval import (
     SETS,
@@ -52,16 +51,7 @@ from bench_retrieval import (
     run_of,
     score_run,
 )
-from harness import (
-    HERE,
-    WORK,
-    command_line,
-    data_dir,
-    dev_sets,
-    load_average,
-    produced_by,
-    publish,
-)
+from harness import WORK, command_line, data_dir, dev_sets, load_average, markdown
 
 from flowsearch.calibration.anisotropy import STATISTICS, anisotropy_stats
 from flowsearch.evaluation.cache import VectorCache
@@ -186,20 +176,13 @@ def part_c(ds: DevSet) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=None, help="evaluation data (default $FLOWSEARCH_DATA)")
+    parser = harness.arguments(__doc__, "300 passages, static encoders", "bench_retrieval_auto")
     parser.add_argument("--max-corpus", type=int, default=6000)
     parser.add_argument("--m2v", default=str(WORK / "m2v_minilm"), help="'none': skip Model2Vec")
     parser.add_argument("--no-mean", action="store_true", help="skip mean pooling (slow)")
-    parser.add_argument("--out", default=str(HERE / "bench_retrieval_auto"))
-    parser.add_argument("--smoke", action="store_true", help="300 passages, static; no figures")
-    parser.add_argument("--report-only", action="store_true", help="re-render the .md")
-    args = parser.parse_args(argv)
-    if args.report_only:
-        publish(args.out, render, "bench_retrieval_auto", None)
+    args = harness.parse(parser, argv, max_corpus=300, m2v="none", no_mean=True)
+    if harness.rendered(args, render):
         return 0
-    if args.smoke:
-        args.max_corpus, args.m2v, args.no_mean = 300, "none", True
     started = time.perf_counter()
     root, records = dev_sets(data_dir(args.data), args.max_corpus)
     sets = load_sets(root, SETS)
@@ -221,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["load_average_end"] = load_average()
     report["seconds"] = round(time.perf_counter() - started, 1)
     report["command"] = command_line()
-    publish(args.out, render, "bench_retrieval_auto", report, smoke=args.smoke)
+    harness.finish(args, render, report)
     return 0
 
 
@@ -293,8 +276,6 @@ def findings(report: dict[str, Any]) -> list[str]:
 def render(report: dict[str, Any]) -> str:
     rows = report["auto"]
     lines = [
-        "## `auto` per encoder kind, and fitting on queries (`benchmarks/bench_retrieval_auto.py`)",
-        "",
         *findings(report),
         "",
         f"Dev sets at most {report['max_corpus']:,} passages; exact dense search; nDCG@10. "
@@ -360,12 +341,10 @@ def render(report: dict[str, Any]) -> str:
     for r in report["sentences"]:
         lines.append(f"| {r['set']} | {r['passages']:,} | {r['single_sentence_share']:.3f} | "
                      f"{r['mean_sentences']:.2f} |")  # fmt: skip
+    title = "`auto` per encoder kind, and fitting on queries (`benchmarks/bench_retrieval_auto.py`)"
     default = f"python benchmarks/bench_retrieval_auto.py --max-corpus {report['max_corpus']}"
-    lines += ["", produced_by(report, default)]
-    return "\n".join(lines) + "\n"
+    return markdown(title, lines, report, default) + "\n"
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(message)s")  # fmt: skip
-    sys.exit(main())
+    harness.script(main)

@@ -18,7 +18,6 @@ model, distilled here as ``bench_retrieval.py`` does when missing). Writes
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -30,20 +29,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import (
-    DEV_SETS,
-    HERE,
-    ROOT,
-    WORK,
-    command_line,
-    data_dir,
-    dev_sets,
-    produced_by,
-    publish,
-)
+import harness
 
 LOG = logging.getLogger("bench_retrieval_cli")
-SETS = DEV_SETS
+SETS = harness.DEV_SETS
 MODES = ("dense", "lexical", "hybrid")
 
 
@@ -65,7 +54,10 @@ def run_one(ds_dir: Path, tier: str, m2v: str) -> dict[str, Any]:
         cmd.append("--ignore-identical-ids")
     load = round(os.getloadavg()[0], 2)
     started = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's flowsearch in the child too
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(harness.ROOT),
+    }  # this checkout's flowsearch in the child too
     done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     out = json.loads(done.stdout)
     out["tier"] = tier
@@ -126,7 +118,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", *findings(runs)]
     lines += ["", "Commands: " + "; ".join(f"`{c}`" for c in sorted(commands))]
     default = f"python benchmarks/bench_retrieval_cli.py --max-corpus {report['max_corpus']}"
-    lines += ["", produced_by(report, default)]
+    lines += ["", harness.produced_by(report, default)]
     return "\n".join(lines) + "\n"
 
 
@@ -143,34 +135,29 @@ def _model2vec(path: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=None, help="evaluation data (default $FLOWSEARCH_DATA)")
+    parser = harness.arguments(__doc__, "300 passages, the static tier", "bench_retrieval_cli")
     parser.add_argument("--max-corpus", type=int, default=6000)
-    parser.add_argument("--m2v", default=str(WORK / "m2v_minilm"))
+    parser.add_argument("--m2v", default=str(harness.WORK / "m2v_minilm"))
     parser.add_argument("--tiers", default="mean,static,model2vec")
-    parser.add_argument("--out", default=str(HERE / "bench_retrieval_cli"))
-    parser.add_argument("--smoke", action="store_true", help="300 passages, static; no figures")
-    parser.add_argument("--report-only", action="store_true")
-    args = parser.parse_args(argv)
-    if args.report_only:
-        publish(args.out, markdown, "bench_retrieval_cli", None)
+    args = harness.parse(parser, argv, max_corpus=300, tiers="static")
+    if harness.rendered(args, markdown):
         return 0
-    if args.smoke:
-        args.max_corpus, args.tiers = 300, "static"
     tiers = args.tiers.split(",")
     m2v = _model2vec(args.m2v) if "model2vec" in tiers else args.m2v
-    root, _ = dev_sets(data_dir(args.data), args.max_corpus)
-    report: dict[str, Any] = {"max_corpus": args.max_corpus, "runs": [], "command": command_line()}
-    progress = WORK / "bench_retrieval_cli.partial.json"  # what a stopped run had measured
+    root, _ = harness.dev_sets(harness.data_dir(args.data), args.max_corpus)
+    report: dict[str, Any] = {
+        "max_corpus": args.max_corpus,
+        "runs": [],
+        "command": harness.command_line(),
+    }
+    progress = harness.WORK / "bench_retrieval_cli.partial.json"  # what a stopped run had measured
     for tier in tiers:
         for s in SETS:
             report["runs"].append(run_one(root / s, tier, m2v))
             progress.write_text(json.dumps(report, indent=1) + "\n")
-    publish(args.out, markdown, "bench_retrieval_cli", report, smoke=args.smoke)
+    harness.finish(args, markdown, report)
     return 0
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(message)s")  # fmt: skip
-    sys.exit(main())
+    harness.script(main)

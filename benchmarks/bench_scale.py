@@ -40,22 +40,10 @@ from typing import Any
 
 import harness
 import numpy as np
-from harness import (
-    HERE,
-    ROOT,
-    command_line,
-    data_dir,
-    exact_top,
-    produced_by,
-    publish,
-    real_corpus,
-    recall,
-)
 
-sys.path.insert(0, str(ROOT / "tests"))  # corpus_helpers: the encoder-speed passages
+sys.path.insert(0, str(harness.ROOT / "tests"))  # corpus_helpers: the encoder-speed passages
 #: The stages' folder (``--smoke``: a folder of its own).
 WORK = harness.WORK / "scale"
-OUT = HERE / "bench_scale"
 COPIES = 4  # 200k real rows + 4 jittered copies of each = 1M
 CHUNK = 65_536
 
@@ -169,7 +157,7 @@ def prepare(corpus: Path, queries: list[str]) -> dict[str, Any]:
     Zq = space.project(Uq, want_density=False)[0]
     np.save(WORK / "z_queries.npy", Zq)
     t = time.perf_counter()
-    _, truth = exact_top(Zq, Z, 10, chunk_rows=CHUNK)
+    _, truth = harness.exact_top(Zq, Z, 10, chunk_rows=CHUNK)
     out["flat_batch_qps"] = len(Zq) / (time.perf_counter() - t)
     out["top10_jittered_share"] = float((truth >= len(U)).mean())
     np.save(WORK / "truth.npy", truth)
@@ -264,10 +252,10 @@ def serve() -> dict[str, Any]:
     t = time.perf_counter()
     _, found = fx.search(index, Zq, 10)
     out["batch_qps"] = len(Zq) / (time.perf_counter() - t)
-    out["recall@10"] = recall(found, truth, 10)
+    out["recall@10"] = harness.recall(found, truth, 10)
     half = len(Zq) // 2  # the corpus file lists 1,000 questions, then 1,000 held-out sentences
-    out["recall@10_questions"] = recall(found[:half], truth[:half], 10)
-    out["recall@10_sentences"] = recall(found[half:], truth[half:], 10)
+    out["recall@10_questions"] = harness.recall(found[:half], truth[:half], 10)
+    out["recall@10_sentences"] = harness.recall(found[half:], truth[half:], 10)
     out["after_batch"] = _status()
     grid = {}
     ivf = faiss.extract_index_ivf(index)
@@ -278,7 +266,7 @@ def serve() -> dict[str, Any]:
             t = time.perf_counter()
             _, got = index.search(Zq[:500], 10)
             grid[f"nprobe={nprobe},k_factor={k_factor}"] = {
-                "recall@10": recall(got, truth[:500], 10),
+                "recall@10": harness.recall(got, truth[:500], 10),
                 "batch_qps": 500 / (time.perf_counter() - t),
             }
     out["grid_500_queries"] = grid
@@ -295,7 +283,7 @@ def _child(stage: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--stage", stage, "--child"]
     cmd += ["--rows", str(args.rows), "--queries", str(args.queries)]
     cmd += (["--data", args.data] if args.data else []) + (["--smoke"] if args.smoke else [])
-    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(harness.ROOT)})
     return json.loads((WORK / f"{stage}.json").read_text())
 
 
@@ -351,25 +339,19 @@ def report(out: dict[str, Any]) -> str:
             g = s["grid_500_queries"][f"nprobe={nprobe},k_factor={kf}"]
             cells.append(f"{g['recall@10']:.3f} ({g['batch_qps']:,.0f})")
         lines.append(f"| {nprobe} | " + " | ".join(cells) + " |")
-    lines += ["", produced_by(out, "python benchmarks/bench_scale.py --stage all")]
+    lines += ["", harness.produced_by(out, "python benchmarks/bench_scale.py --stage all")]
     return "\n".join(lines) + "\n"
 
 
 def _args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__, "2,000 real rows x 5", "bench_scale", markdown=False)
     parser.add_argument("--stage", default="all", choices=["all", "prepare", "build", "serve"])
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--data", default=None, help="evaluation data (default $FLOWSEARCH_DATA)")
     parser.add_argument("--rows", type=int, default=200_000, help="real rows (x5 with copies)")
     parser.add_argument("--queries", type=int, default=2_000)
     parser.add_argument("--encoders", action="store_true", help="re-measure encoder rows/s")
     parser.add_argument("--passages", type=int, default=256)
-    parser.add_argument("--smoke", action="store_true", help="2,000 real rows; no figures")
-    parser.add_argument("--render", action="store_true", help="only rewrite the section")
-    args = parser.parse_args()
-    if args.smoke:
-        args.rows, args.queries, args.passages = 2_000, 200, 16
-    return args
+    return harness.parse(parser, rows=2_000, queries=200, passages=16)
 
 
 def render(out: dict[str, Any]) -> str:
@@ -380,20 +362,24 @@ def render(out: dict[str, Any]) -> str:
 def main() -> None:
     global WORK
     args = _args()
-    if args.render:
-        print(publish(OUT, render, "bench_scale", None, markdown=False))
+    if harness.rendered(args, render):
         return
     if args.smoke:
         WORK = harness.WORK / "smoke" / "scale"
     if args.child:
-        corpus, queries, _ = real_corpus(data_dir(args.data), args.rows, args.queries)
+        corpus, queries, _ = harness.real_corpus(
+            harness.data_dir(args.data), args.rows, args.queries
+        )
         stages = {"prepare": lambda: prepare(corpus, queries), "build": build, "serve": serve}
         stages[args.stage]()
         return
-    real_corpus(data_dir(args.data), args.rows, args.queries)  # built once, before the children
+    harness.real_corpus(
+        harness.data_dir(args.data), args.rows, args.queries
+    )  # built once, before the children
     out: dict[str, Any] = {}
-    if OUT.with_suffix(".json").exists() and not args.smoke:
-        out = json.loads(OUT.with_suffix(".json").read_text())
+    saved = Path(args.out + ".json")
+    if saved.exists() and not args.smoke:
+        out = json.loads(saved.read_text())
     out.pop("faiss", None)  # the Gaussian-mixture figures of the first version
     out.pop("partial", None)
     start = [round(v, 1) for v in os.getloadavg()]
@@ -407,12 +393,12 @@ def main() -> None:
         print(stage, json.dumps(ivf[stage])[:400], flush=True)
     ivf["load"] = {"start": start, "end": [round(v, 1) for v in os.getloadavg()]}
     ivf["date"] = time.strftime("%Y-%m-%d %H:%M")
-    ivf["command"] = command_line()
+    ivf["command"] = harness.command_line()
     out["machine"] = f"{os.uname().machine} {os.cpu_count()} cores"
     if all(k in ivf for k in ("prepare", "build", "serve")):
-        print(publish(OUT, render, "bench_scale", out, smoke=args.smoke, markdown=False))
+        harness.finish(args, render, out)
     elif not args.smoke:  # a stage alone: keep its figures, the section waits for all three
-        OUT.with_suffix(".json").write_text(json.dumps(out, indent=1) + "\n")
+        saved.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

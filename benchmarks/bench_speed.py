@@ -45,7 +45,7 @@ from typing import Any
 
 import harness
 import numpy as np
-from harness import HERE, command_line, data_dir, publish, real_corpus, recall
+from harness import command_line, data_dir, real_corpus, recall
 from speed_ingest import run_ingest
 
 #: Where the stages keep their indexes and JSON (``--smoke``: a folder of its own).
@@ -248,8 +248,7 @@ def stage_query(queries: list[str]) -> dict[str, Any]:
 
 
 def _args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=None, help="evaluation data (default $FLOWSEARCH_DATA)")
+    parser = harness.arguments(__doc__, "1,000 rows, no 1M part", "bench_speed")
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--queries", type=int, default=2_000)
     parser.add_argument("--million", type=int, default=1_000_000)
@@ -259,12 +258,7 @@ def _args() -> argparse.Namespace:
         default="",
         help="comma-separated stages to run now (the others are read from _work)",
     )
-    parser.add_argument("--smoke", action="store_true", help="1,000 rows, no 1M; no figures")
-    parser.add_argument("--render", action="store_true", help="only rewrite the section")
-    args = parser.parse_args()
-    if args.smoke:
-        args.rows, args.queries, args.million, args.fresh = 1_000, 200, 0, True
-    return args
+    return harness.parse(parser, rows=1_000, queries=200, million=0, fresh=True)
 
 
 def main() -> None:
@@ -272,8 +266,7 @@ def main() -> None:
     from speed_report import write_report
 
     args = _args()
-    if args.render:
-        print(publish(HERE / "bench_speed", write_report, "bench_speed", None))
+    if harness.rendered(args, write_report):
         return
     import pyarrow.parquet as pq
     from speed_ann_stage import stage_ann
@@ -318,7 +311,7 @@ def main() -> None:
             print(f"stage {name} not run yet: run with --only {name} (or without --only)")
             return
         results[name] = json.loads(path.read_text())
-    print(publish(HERE / "bench_speed", write_report, "bench_speed", results, smoke=args.smoke))
+    harness.finish(args, write_report, results)
 
 
 if __name__ == "__main__":

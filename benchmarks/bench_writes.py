@@ -17,13 +17,13 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import shutil
 from typing import Any
 
+import harness
 import pyarrow as pa
 import pyarrow.parquet as pq
-from harness import HERE, WORK, command_line, data_dir, load_average, produced_by, publish, timed
+from harness import WORK, command_line, data_dir, load_average, markdown, timed
 
 __all__ = ["main", "render"]
 
@@ -68,8 +68,6 @@ def measure(data: Any, rows: int, n: int) -> dict[str, Any]:
 def render(doc: dict[str, Any]) -> str:
     """The RESULTS.md section, from the JSON document :func:`measure` returns."""
     lines = [
-        "## Writes beside a rebuild (`benchmarks/bench_writes.py`)",
-        "",
         f"{doc['rows']:,} unique STS-B sentences, bundled model, `mean`, `auto`, hybrid index; "
         f"one run, load average {doc['load_average']:.1f} on 2 cores. `recalibrate` refits on the "
         "raw vectors the shards keep and rewrites the searched space without the encoder.",
@@ -84,32 +82,24 @@ def render(doc: dict[str, Any]) -> str:
         "",
         f"compact dropped {freed['dropped']} rows and freed "
         f"{freed['bytes_freed'] / 2**20:.2f} MiB.",
-        "",
-        produced_by(
-            doc,
-            f"python benchmarks/bench_writes.py --rows {doc['rows']} --changed {doc['changed']}",
-        ),
     ]
-    return "\n".join(lines)
+    return markdown(
+        "Writes beside a rebuild (`benchmarks/bench_writes.py`)",
+        lines,
+        doc,
+        f"python benchmarks/bench_writes.py --rows {doc['rows']} --changed {doc['changed']}",
+    )
 
 
 def main() -> None:
     """Run the measurements and write the JSON and the RESULTS.md section."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=None, help="evaluation data (default $FLOWSEARCH_DATA)")
+    parser = harness.arguments(__doc__, "300 rows, 20 changed", "bench_writes", markdown=False)
     parser.add_argument("--rows", type=int, default=3000)
     parser.add_argument("--changed", type=int, default=100)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes; figures untouched")
-    parser.add_argument("--render", action="store_true", help="only rewrite the section")
-    args = parser.parse_args()
-    out = HERE / "bench_writes"
-    if args.render:
-        print(publish(out, render, "bench_writes", None, markdown=False))
+    args = harness.parse(parser, rows=300, changed=20)
+    if harness.rendered(args, render):
         return
-    if args.smoke:
-        args.rows, args.changed = 300, 20
-    doc = measure(data_dir(args.data), args.rows, args.changed)
-    print(publish(out, render, "bench_writes", doc, smoke=args.smoke, markdown=False))
+    harness.finish(args, render, measure(data_dir(args.data), args.rows, args.changed))
 
 
 if __name__ == "__main__":

@@ -19,14 +19,16 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import json
+import logging
 import os
 import platform
 import re
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,19 +39,25 @@ __all__ = [
     "HERE",
     "ROOT",
     "WORK",
+    "arguments",
     "command_line",
     "data_dir",
     "dev_sets",
     "exact_top",
+    "finish",
     "load_average",
     "machine",
+    "markdown",
+    "parse",
     "percentiles_ms",
     "produced_by",
     "publish",
     "real_corpus",
     "recall",
+    "rendered",
     "rounds",
     "sample_queries",
+    "script",
     "single_query_ms",
     "synthetic_corpus",
     "timed",
@@ -67,6 +75,68 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # this checkout's flowsearch, whatever is installed
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bundled model needs no network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+def arguments(
+    doc: str | None, smoke: str, section: str, *, data: bool = True, markdown: bool = True
+) -> argparse.ArgumentParser:
+    """A script's parser with the options every script spells alike: ``--data DIR`` (the
+    evaluation data), ``--smoke`` (its smallest settings, described by ``smoke``; figures
+    untouched), ``--render`` (alias ``--report-only``: rewrite the section from the saved JSON)
+    and ``--out`` (the path stem of its JSON and markdown, ``benchmarks/<section>``).
+    :func:`rendered` and :func:`finish` read them back (with the RESULTS.md ``section`` and
+    whether a ``.md`` copy is written)."""
+    parser = argparse.ArgumentParser(description=(doc or "").strip().splitlines()[0])
+    if data:
+        parser.add_argument("--data", default=None, help="evaluation data ($FLOWSEARCH_DATA)")
+    parser.add_argument("--smoke", action="store_true", help=f"{smoke}; RESULTS.md untouched")
+    parser.add_argument(
+        "--render", "--report-only", dest="render", action="store_true",
+        help="only rewrite the RESULTS.md section from the saved JSON",
+    )  # fmt: skip
+    parser.add_argument("--out", default=str(HERE / section), help="path stem of the JSON")
+    parser.set_defaults(section=section, markdown=markdown)
+    return parser
+
+
+def parse(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None = None, **smoke: Any
+) -> argparse.Namespace:
+    """The parsed options; with ``--smoke``, the ``smoke`` values replace theirs."""
+    args = parser.parse_args(argv)
+    if args.smoke:
+        for name, value in smoke.items():
+            setattr(args, name, value)
+    return args
+
+
+def script(main: Callable[[], int | None]) -> None:
+    """Runs a script's ``main`` with progress logs (INFO, timestamped) on stderr; exits with
+    its return code."""
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
+    )
+    raise SystemExit(main())
+
+
+def rendered(args: argparse.Namespace, render: Callable[[dict[str, Any]], str]) -> bool:
+    """With ``--render``: the section rewritten from the saved JSON (and printed); True."""
+    if args.render:
+        print(publish(args.out, render, args.section, None, markdown=args.markdown))
+    return bool(args.render)
+
+
+def finish(
+    args: argparse.Namespace, render: Callable[[dict[str, Any]], str], report: dict[str, Any]
+) -> str:
+    """Publishes this run's ``report`` as :func:`publish` does (``--smoke``: under
+    ``_work/smoke``); prints and returns the markdown."""
+    body = publish(args.out, render, args.section, report, smoke=args.smoke, markdown=args.markdown)
+    print(body)
+    return body
 
 
 # -- data, corpora, dev sets -------------------------------------------------------------------
@@ -246,6 +316,11 @@ def produced_by(report: Mapping[str, Any], default: str) -> str:
     """The section's last line: the command recorded in ``report``, else ``default`` (runs
     from before commands were recorded: the command their settings correspond to)."""
     return f"Produced by `{report.get('command') or default}`."
+
+
+def markdown(title: str, body: list[str], report: Mapping[str, Any], default: str) -> str:
+    """A section: ``## title``, the ``body`` lines, then :func:`produced_by`'s line."""
+    return "\n".join([f"## {title}", "", *body, "", produced_by(report, default)])
 
 
 def write_section(path: Path, body: str, name: str) -> None:

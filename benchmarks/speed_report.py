@@ -24,6 +24,7 @@ from speed_report_ann import (
     ann_section,
     auto_section,
     load_text,
+    measured,
     met,
     rescore_section,
     scan_section,
@@ -47,9 +48,7 @@ def _ingest(r: dict[str, Any]) -> list[str]:
         "stages (wall s) | chose |",
         "|---|---:|---:|---:|---:|---:|---|---|",
     ]
-    for name, i in r.items():
-        if name.startswith("_"):
-            continue
+    for name, i in measured(r):
         if "_stopped" in i:
             st = i["_stopped"]
             lines.append(

@@ -16,6 +16,7 @@ __all__ = [
     "auto_section",
     "first_at",
     "load_text",
+    "measured",
     "met",
     "rescore_section",
     "scan_section",
@@ -25,6 +26,11 @@ GB = 1e9
 MB = 2**20
 TARGET_RATIO = 1.2  # search p50 / encoder p50
 TARGET_RECALL = 0.95
+
+
+def measured(results: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The entries of a stage's results, without its ``_``-prefixed bookkeeping keys."""
+    return [(name, value) for name, value in results.items() if not name.startswith("_")]
 
 
 def met(ok: bool) -> str:
@@ -124,9 +130,7 @@ def ann_section(ann: dict[str, Any]) -> list[str]:
             "recall) | load |",
             "|---|---|---:|---:|---|---|---|",
         ]
-        for space, r in by_space.items():
-            if space.startswith("_"):
-                continue
+        for space, r in measured(by_space):
             if "_skipped" in r:
                 out.append(f"| {space} | not measured ({r['_skipped']}) | | | | | |")
                 continue

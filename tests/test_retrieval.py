@@ -17,16 +17,15 @@ from corpus_helpers import sentences
 from flowsearch import settings
 from flowsearch.errors import BadInput, FlowsearchError
 from flowsearch.evaluation.beir import load_beir, passage_text, write_beir
-from flowsearch.evaluation.retrieval import (
+from flowsearch.evaluation.ranking_metrics import (
     drop_identical_ids,
     mrr_at_k,
     ndcg_at_k,
     ranked_ids,
     recall_at_k,
     retrieval_scores,
-    run_retrieval,
-    search_run,
 )
+from flowsearch.evaluation.retrieval import run_retrieval, search_run
 
 pytrec_eval = pytest.importorskip("pytrec_eval")
 
@@ -223,6 +222,15 @@ def test_mrr_cuts_the_run_in_trec_eval_order():
     deep = {"q": {f"d{i:02d}": float(-i) for i in range(20)}}
     assert mrr_at_k({"q": {"d12": 1}}, deep, 10)["q"] == 0.0  # rank 13: beyond the cut
     assert mrr_at_k({"q": {"d12": 1}}, deep, 20)["q"] == pytest.approx(1 / 13)
+
+
+def test_metrics_still_import_from_retrieval():
+    """They lived in retrieval.py before ranking_metrics.py; old imports keep working."""
+    from flowsearch.evaluation import retrieval
+
+    assert retrieval.ndcg_at_k is ndcg_at_k and retrieval.retrieval_scores is retrieval_scores
+    with pytest.raises(AttributeError):
+        retrieval.no_such_metric  # noqa: B018
 
 
 def test_metrics_are_pytrec_evals_on_its_own_measures():

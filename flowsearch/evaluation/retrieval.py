@@ -3,7 +3,7 @@ r"""``flowsearch eval retrieval``: a BEIR directory through the product, scored 
 :func:`run_retrieval` runs the product path end to end: the corpus is written to Parquet,
 indexed with :func:`flowsearch.build_index`, every query is answered by
 :meth:`flowsearch.Searcher.search` (:func:`search_run`), and the run is scored by
-:mod:`flowsearch.evaluation.ranking_metrics` (pytrec_eval). Those metrics are re-exported here.
+:mod:`flowsearch.evaluation.ranking_metrics` (pytrec_eval).
 
 Example:
     >>> out = run_retrieval("scifact", modes="all")  # doctest: +SKIP
@@ -23,35 +23,24 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flowsearch.errors import BadInput
+from flowsearch.evaluation import ranking_metrics
 from flowsearch.evaluation.beir import BeirDataset, load_beir
-from flowsearch.evaluation.ranking_metrics import (
-    drop_identical_ids,
-    mrr_at_k,
-    ndcg_at_k,
-    ranked_ids,
-    recall_at_k,
-    retrieval_scores,
-)
+from flowsearch.evaluation.ranking_metrics import retrieval_scores
 
-__all__ = [
-    "MODES",
-    "Mode",
-    # the metrics, re-exported: callers import them from here since the first release
-    "drop_identical_ids",
-    "mrr_at_k",
-    "ndcg_at_k",
-    "ranked_ids",
-    "recall_at_k",
-    "retrieval_scores",
-    "run_retrieval",
-    "search_run",
-    "write_corpus_parquet",
-]
+__all__ = ["MODES", "Mode", "run_retrieval", "search_run", "write_corpus_parquet"]
 
 LOG = logging.getLogger(__name__)
 
 Mode = Literal["dense", "lexical", "hybrid"]
 MODES: tuple[str, ...] = ("dense", "lexical", "hybrid")
+
+
+def __getattr__(name: str) -> Any:
+    """The metrics (``ndcg_at_k``, ``retrieval_scores``, ...) lived here before
+    :mod:`~flowsearch.evaluation.ranking_metrics`: imports of them from here keep working."""
+    if name in ranking_metrics.__all__:
+        return getattr(ranking_metrics, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def search_run(
