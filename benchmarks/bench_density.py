@@ -469,13 +469,8 @@ def markdown(res: dict[str, Any]) -> str:
 
 def section(res: dict[str, Any]) -> str:
     """This study's section of benchmarks/RESULTS.md."""
-    default = "python benchmarks/bench_density.py"
-    return (
-        markdown(res)
-        + "\n"
-        + harness.produced_by(res, default)
-        + " Figures in `bench_density.json`."
-    )
+    produced = harness.produced_by(res, "python benchmarks/bench_density.py")
+    return markdown(res).rstrip() + "\n\n" + produced + " Figures in `bench_density.json`."
 
 
 def main(argv: list[str] | None = None) -> int:

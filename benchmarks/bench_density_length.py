@@ -232,9 +232,8 @@ def markdown(res: dict[str, Any]) -> str:
 
 def section(res: dict[str, Any]) -> str:
     """This study's section of benchmarks/RESULTS.md."""
-    return (
-        markdown(res) + "\n" + harness.produced_by(res, "python benchmarks/bench_density_length.py")
-    )
+    produced = harness.produced_by(res, "python benchmarks/bench_density_length.py")
+    return markdown(res).rstrip() + "\n\n" + produced
 
 
 def main(argv: list[str] | None = None) -> int:
