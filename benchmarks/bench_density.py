@@ -360,6 +360,8 @@ def fusion(pooling: str, texts: Texts, store: VectorStore) -> dict[str, Any]:
 
 def findings(res: dict[str, Any]) -> str:
     """The section's summary, every figure read from the results (``mean`` and ``static``)."""
+    if not {"mean", "static"} <= set(res["poolings"]):
+        return "### What this shows\n\n(needs both `mean` and `static`: run with both poolings)"
     m, st = res["poolings"]["mean"], res["poolings"]["static"]
     Q, P = ("queries: QNLI questions vs STS-B/SICK sentences",
             "passages: held-out QNLI vs STS-B/SICK/SNLI")  # fmt: skip
