@@ -182,7 +182,11 @@ def build() -> dict[str, Any]:
     seconds: dict[str, float] = {}
     with _PeakAnon() as peak:
         # what auto builds past AUTO_GRAPH_MAX_ROWS (2M), measured at 1M
-        factory = fx.auto_factory(len(Z), graph_max_rows=len(Z) - 1, dim=Z.shape[1])
+        # (Flat up to the default 100k rows; a --smoke run is below that too, so its limit is
+        # lowered as well and the smoke run takes the same path)
+        factory = fx.auto_factory(
+            len(Z), min(len(Z) - 1, 100_000), graph_max_rows=len(Z) - 1, dim=Z.shape[1]
+        )
         t = time.perf_counter()
         index = fx.new_index(Z.shape[1], factory)
         # as ingest.training_sample: a seeded uniform sample, then train() bounds it further
