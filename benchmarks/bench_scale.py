@@ -327,7 +327,7 @@ def report(out: dict[str, Any]) -> str:
         f"| single-query p50 / batch QPS (2 threads) | {s['single_query_p50_ms']:.2f} ms / "
         f"{s['batch_qps']:,.0f} |",
         f"| Flat (exact) batch QPS, same queries | {p['flat_batch_qps']:,.1f} |",
-        f"| recall@10 vs Flat, 2,000 real queries (questions / sentences) | "
+        f"| recall@10 vs Flat, {p['queries']:,} real queries (questions / sentences) | "
         f"**{s['recall@10']:.3f}** ({s['recall@10_questions']:.3f} / "
         f"{s['recall@10_sentences']:.3f}) |",
         f"| recall@10 on the tuning (probe) queries | {b['tuning_recall@10']:.3f} |",
