@@ -50,7 +50,8 @@ from speed_ingest import run_ingest
 
 #: Where the stages keep their indexes and JSON (``--smoke``: a folder of its own).
 WORK = harness.WORK
-N_LATENCY = 200  # queries timed one at a time (half questions, half sentences), x rounds
+N_LATENCY = 200  # queries timed one at a time (half questions, half sentences), x ROUNDS
+ROUNDS = 3
 
 
 def _stage(name: str, fresh: bool, fn: Any) -> Any:
@@ -210,7 +211,8 @@ def stage_query(queries: list[str]) -> dict[str, Any]:
     from flowsearch import Searcher
 
     lat_q = latency_queries(queries)
-    out: dict[str, Any] = {"latency_queries": len(lat_q), "rounds": 3, "all_queries": len(queries)}
+    out: dict[str, Any] = {"latency_queries": len(lat_q), "rounds": ROUNDS}
+    out["all_queries"] = len(queries)
     # BENCH_SPEED_QUERY_INDEXES=a,b: measure only those now, keep the others' figures from the
     # last run of this stage (each index's figures are self-contained: its own loop and load)
     only = set(filter(None, os.environ.get("BENCH_SPEED_QUERY_INDEXES", "").split(",")))
@@ -240,7 +242,7 @@ def stage_query(queries: list[str]) -> dict[str, Any]:
             "recall_questions": recall(found[:half], exact[:half]),
             "recall_sentences": recall(found[half:], exact[half:]),
             "load_before": os.getloadavg(),
-            "latency": latency(s, lat_q, rounds=3, peer=peer, extra=extra),
+            "latency": latency(s, lat_q, rounds=ROUNDS, peer=peer, extra=extra),
             "load_after_latency": os.getloadavg(),
             "batch_qps": batch_qps(s, queries),
         }
@@ -263,7 +265,7 @@ def _args() -> argparse.Namespace:
 
 
 def main() -> None:
-    global WORK
+    global WORK, N_LATENCY, ROUNDS
     from speed_report import write_report
 
     args = _args()
@@ -276,7 +278,7 @@ def main() -> None:
     data = data_dir(args.data)
     corpus, queries, counts = real_corpus(data, args.rows, args.queries)
     if args.smoke:
-        WORK = harness.WORK / "smoke" / "speed"
+        WORK, N_LATENCY, ROUNDS = harness.WORK / "smoke" / "speed", 40, 1
     WORK.mkdir(parents=True, exist_ok=True)
     small = WORK / "corpus_20000.parquet"
     if args.smoke or not small.exists():
