@@ -166,6 +166,13 @@ class Settings:
     #: query or a small batch never does).
     progress_min_texts: int = 2000
 
+    # --- evaluation ----------------------------------------------------------------------
+    #: ``eval retrieval`` scores a BEIR directory whose qrels name corpus ids its corpus lacks
+    #: (those passages are unreachable, as BEIR's and MTEB's evaluators score them: some
+    #: official releases are so), and refuses one where more than this share of the qrels'
+    #: judgements miss: most missing means the qrels belong to another corpus.
+    qrels_missing_max_share: float = 0.5
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (unknown names are refused)."""
         names = {f.name for f in dataclasses.fields(self)}
