@@ -239,7 +239,9 @@ def meaning(sets: list[fr.Study], cands: dict, weight: float) -> dict[str, Any]:
     right: dict[str, list[np.ndarray]] = {"dense": [], "lexical": [], "hybrid": []}
     nonsense: dict[str, list[np.ndarray]] = {"dense": [], "lexical": [], "hybrid": [],
                                              "hybrid (min-max, second release)": []}  # fmt: skip
+    names: list[np.ndarray] = []
     for st in sets:
+        names.append(np.full(len(st.qids), st.name))
         a, ref, cand = st.arrays, fr.reference(st), cands[st.name, True]
         nd, nl = fr.reference_scores(cand, ref)
         fused = weight * nd + (1 - weight) * nl
@@ -263,7 +265,7 @@ def meaning(sets: list[fr.Study], cands: dict, weight: float) -> dict[str, Any]:
             old_top(ns["dense_full"], ns["lex_full"], 0.6 if st.encoder == "mean" else 0.3)
         )
     cat = lambda d: {k: np.concatenate(v) for k, v in d.items()}  # noqa: E731
-    return summarise(cat(real), cat(right), cat(nonsense))
+    return summarise(cat(real), cat(right), cat(nonsense), np.concatenate(names))
 
 
 def old_top(dense: np.ndarray, lex: np.ndarray, weight: float) -> np.ndarray:
@@ -285,7 +287,7 @@ def _share(flags: np.ndarray) -> float | None:
 THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 
 
-def summarise(real: dict, right: dict, nonsense: dict) -> dict[str, Any]:
+def summarise(real: dict, right: dict, nonsense: dict, names: np.ndarray) -> dict[str, Any]:
     pct = lambda x: [round(float(v), 4) for v in np.percentile(x, [5, 50, 95])]  # noqa: E731
     out: dict[str, Any] = {"nonsense": {m: pct(v) for m, v in nonsense.items()},
                            "real": {m: pct(v) for m, v in real.items()},
@@ -306,13 +308,15 @@ def summarise(real: dict, right: dict, nonsense: dict) -> dict[str, Any]:
         out["thresholds"][mode] = rows
     bins = np.array([0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 1.01])
     which = np.digitize(real["hybrid"], bins) - 1
-    out["reliability"] = [
-        {"from": float(bins[b]), "to": float(min(bins[b + 1], 1.0)),
-         "queries": int(np.sum(which == b)),
-         "top1_relevant": round(float(np.mean(right["hybrid"][which == b])), 4)
-         if np.any(which == b) else None}
-        for b in range(len(bins) - 1)
-    ]  # fmt: skip
+    out["reliability_bins"] = [float(b) for b in bins[:-1]] + [1.0]
+    # per set: how relevance labels are drawn differs (SICK holds near-identical sentences of
+    # which one is labelled), so pooled bins would mix the sets' shares
+    out["reliability"] = {
+        name: [[int(np.sum(mine & (which == b))), _share(right["hybrid"][mine & (which == b)])]
+               for b in range(len(bins) - 1)]
+        for name in dict.fromkeys(names.tolist())
+        for mine in [names == name]
+    }  # fmt: skip
     return out
 
 

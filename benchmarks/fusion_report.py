@@ -47,7 +47,8 @@ def findings(report: dict[str, Any]) -> list[str]:
         worst = max(losses, key=lambda s: losses[s])
         dense = {s: enc["alone"][s]["dense"]["ndcg@10"] for s in sets}
         lex = {s: enc["alone"][s]["lex"]["ndcg@10"] for s in sets}
-        vs_alone = min(ours[s]["ndcg@10"] - max(dense[s], lex[s]) for s in sets)
+        alone_gap = {s: ours[s]["ndcg@10"] - max(dense[s], lex[s]) for s in sets}
+        alone_worst = min(alone_gap, key=lambda s: alone_gap[s])
         gap = enc["shipped_minus"]
 
         def ci(k: str, gap: dict[str, list[float]] = gap) -> str:
@@ -62,8 +63,10 @@ def findings(report: dict[str, Any]) -> list[str]:
             f"({ci('rrf/partial')}) and {_mean(current):.4f} for the second release's min-max "
             f"({ci('minmax/partial')}). Worst-set loss against the best rule of each set: "
             f"{losses[worst]:+.4f} on {worst} (best there: {labels[best[worst][0].split('/')[0]]}"
-            f", {best[worst][0].split('/')[1]}). Against the better single side: {vs_alone:+.4f} "
-            "on its worst set."
+            f", {best[worst][0].split('/')[1]}). Against the better single side: "
+            f"{alone_gap[alone_worst]:+.4f} on its worst set ({alone_worst}, where "
+            f"{'dense' if dense[alone_worst] >= lex[alone_worst] else 'BM25'} alone scores "
+            f"{max(dense[alone_worst], lex[alone_worst]):.4f})."
         )
         part = cells[f"{shipped}/partial"]
         lines.append(
@@ -72,7 +75,86 @@ def findings(report: dict[str, Any]) -> list[str]:
             f"{_mean(cells['pct1/complete']):.4f} (best neighbour) and "
             f"{_mean(cells['pct10/complete']):.4f} (top 10)."
         )
+        thr = enc["meaning"]["thresholds"]["hybrid"]
+        cut = next((r for r in thr if r["nonsense_kept"] <= 0.05), thr[-1])
+        top = enc["meaning"]["nonsense"]
+        lines.append(
+            f"  Scores: a nonsense query's best hybrid score is {top['hybrid'][1]:.3f} (median; "
+            f"95th percentile {top['hybrid'][2]:.3f}) where the second release gave "
+            f"{top['hybrid (min-max, second release)'][1]:.3f}; `min_score={cut['t']:.1f}` "
+            f"drops {1 - cut['nonsense_kept']:.0%} of nonsense queries' top hits and keeps "
+            f"{cut['right_kept']:.1%} of the dev queries' right top-1 hits."
+        )
     return lines
+
+
+def against_us(report: dict[str, Any]) -> list[str]:
+    """Where the shipped rule loses: to a published rule on mean, or to one side alone."""
+    out = []
+    labels, shipped = report["labels"], report["shipped"]
+    for name, enc in report["encoders"].items():
+        cells, sets = enc["cells"], list(report["sets"])
+        ours = cells[f"{shipped}/complete"]
+        above = []
+        for key, per in cells.items():
+            if key.split("/")[0] in (shipped, "pct1", "pct10") or _mean(per) <= _mean(ours):
+                continue
+            rule, scores = key.split("/")
+            point, lo, hi = enc["shipped_minus"][key]
+            above.append(f"{labels[rule]}, {scores} scores ({point:+.4f}; 95% CI {lo:+.4f} to "
+                         f"{hi:+.4f})")  # fmt: skip
+        if above:
+            out.append(
+                f"- Against us: for `{name}` published rules that average above the shipped "
+                f"one (shipped minus rule): {'; '.join(above)}. The price of a score that "
+                "depends on the hit alone."
+            )
+        for s in sets:
+            alone = max(enc["alone"][s]["dense"]["ndcg@10"], enc["alone"][s]["lex"]["ndcg@10"])
+            if ours[s]["ndcg@10"] >= alone:
+                continue
+            beat = [k for k, per in cells.items() if per[s]["ndcg@10"] >= alone]
+            out.append(
+                f"- Against us: on {s}, `{name}`'s hybrid ({ours[s]['ndcg@10']:.4f}) stays below "
+                f"the better side alone ({alone:.4f}); rules that reach it there at a weight "
+                f"chosen on the other sets: {', '.join(beat) or 'none'}."
+            )
+    out.append("- Not measured: Model2Vec (distilling it needs model2vec's `distill` extra, not "
+               "installed in the shared environment), and BEIR's SciFact or ArguAna (not "
+               "available offline).")  # fmt: skip
+    return out
+
+
+def top_bin_note(report: dict[str, Any]) -> list[str]:
+    """Where a higher hybrid score stops meaning a more often right top-1 hit."""
+    out = []
+    for name, enc in report["encoders"].items():
+        m = enc["meaning"]
+        bins, drops = m["reliability_bins"], []
+        for s, per in m["reliability"].items():
+            filled = [(b, share) for b, (n, share) in enumerate(per) if n >= 50]
+            if len(filled) < 2:
+                continue
+            peak = max(filled, key=lambda x: x[1])
+            last = filled[-1]
+            if last[1] < peak[1] - 0.05:
+
+                def span(b: int, bins: list[float] = bins) -> str:
+                    return f"[{bins[b]:.1f}, {bins[b + 1]:.1f})"
+
+                drops.append(f"{s} {peak[1]:.2f} at {span(peak[0])} -> {last[1]:.2f} at "
+                             f"{span(last[0])}")  # fmt: skip
+        if drops:
+            out.append(
+                f"- `{name}`: within a set a higher hybrid score means a more often right top-1 "
+                "hit, up to a point; in the paraphrase sets the share falls again at the top "
+                f"({'; '.join(drops)}; bins of 50 queries or more): their corpora hold "
+                "unlabelled paraphrases of the query, which score high and count as wrong "
+                "(sick-para: 'The men are fighting with their fists in a ring' for 'The men are "
+                "fist fighting in a ring', whose labelled passages are 'Two people are fist "
+                "fighting in a ring' and 'Nobody is fist fighting in a ring')."
+            )
+    return out
 
 
 def _cell(c: dict[str, float], weighted: bool) -> str:
@@ -146,11 +228,18 @@ def meaning_table(report: dict[str, Any], name: str) -> list[str]:
             kept = "-" if r["right_kept"] is None else f"{r['right_kept']:.3f}"
             lines.append(f"| {mode} | {r['t']:.1f} | {r['nonsense_kept']:.3f} | "
                          f"{r['queries_kept']:.3f} | {kept} | {prec} |")  # fmt: skip
-    lines += ["", f"`{name}`, hybrid: share of dev queries whose top-1 hit is relevant, by its "
-              "score:", "", "| score | queries | top-1 relevant |", "|---|---:|---:|"]  # fmt: skip
-    for b in m["reliability"]:
-        rel = "-" if b["top1_relevant"] is None else f"{b['top1_relevant']:.3f}"
-        lines.append(f"| [{b['from']:.1f}, {b['to']:.1f}) | {b['queries']:,} | {rel} |")
+    bins, rel = m["reliability_bins"], m["reliability"]
+    sets = list(rel)
+    lines += ["", f"`{name}`, hybrid: share of each set's queries whose top-1 hit is relevant, "
+              "by its score (queries in brackets):", "",
+              "| score | " + " | ".join(SHORT.get(s, s) for s in sets) + " |",
+              "|---|" + "---:|" * len(sets)]  # fmt: skip
+    for b in range(len(bins) - 1):
+        cells = []
+        for s in sets:
+            n, share = rel[s][b]
+            cells.append("-" if share is None else f"{share:.2f} ({n:,})")
+        lines.append(f"| [{bins[b]:.1f}, {bins[b + 1]:.1f}) | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -159,6 +248,8 @@ def render(report: dict[str, Any]) -> str:
     desc = ", ".join(f"{s} {v['corpus']:,} passages / {v['queries']:,} queries"
                      for s, v in sets.items())  # fmt: skip
     checks = []
+    diff = max(d["check"][side]["max_score_diff"] for d in report["dump"].values()
+               for side in ("dense", "lexical"))  # fmt: skip
     for name, enc in report["encoders"].items():
         lib = min(enc["library_check"].values())
         dumps = [v["check"] for k, v in report["dump"].items() if k.startswith(name + "/")]
@@ -170,12 +261,16 @@ def render(report: dict[str, Any]) -> str:
                       "interleaved calls)")  # fmt: skip
         checks.append(f"`{name}`: `fuse()` reproduces the study's top 100 on {lib:.1%} of "
                       f"queries (worst set); the dump's dense rows equal `Searcher.search`'s on "
-                      f"{same:.2%} of positions (the rest are float near-ties), lexical on "
+                      f"{same:.2%} of positions (the others are near-ties: scores agree within "
+                      f"{diff:.1e} at every position), lexical on "
                       f"{min(d['lexical']['same_rows'] for d in dumps):.0%}")  # fmt: skip
+    loads = [x for v in report["dump"].values() for pair in v["load_average"] for x in pair[:1]]
     lines = [
         "## Hybrid fusion and scores with a meaning (`benchmarks/bench_fusion.py`, issue 24)",
         "",
         *findings(report),
+        *against_us(report),
+        *top_bin_note(report),
         "",
         f"Dev sets (at most 6,000 passages; `make_dev_sets.py`, and `sts-para` made by "
         f"`fusion_dump.py` from STS12-16 raw pairs with gold >= 4, which shares sentences with "
@@ -187,7 +282,7 @@ def render(report: dict[str, Any]) -> str:
         "pytrec_eval. These are development figures, not BEIR's SciFact or ArguAna (not "
         f"available here). Load average {report['load_average_start'][0]} at the start, "
         f"{report['load_average_end'][0]} at the end (2 shared cores); {report['seconds']:.0f} s "
-        "of evaluation after the dumps.",
+        f"of evaluation after the dumps (which ran at load {min(loads):.1f}-{max(loads):.1f}).",
         "",
     ]
     for name in report["encoders"]:
