@@ -173,6 +173,15 @@ class Settings:
     #: judgements miss: most missing means the qrels belong to another corpus.
     qrels_missing_max_share: float = 0.5
 
+    # --- search: hybrid fusion (flowsearch.search.fusion.fuse) ----------------------------
+    #: Dense weight of the hybrid score for a transformer pooling: the best mean nDCG@10 over
+    #: the five dev sets for the bundled ``mean`` (0.8303 with weights chosen leave-one-set-out,
+    #: against 0.8286 for the best published rule and 0.8000 for RRF; bench_fusion).
+    fusion_dense_weight: float = 0.55
+    #: Dense weight for a static pooling (a table lookup, Model2Vec included): its dense side
+    #: trails BM25 on question -> passage search (bench_fusion: 0.7702 leave-one-set-out).
+    fusion_dense_weight_static: float = 0.2
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (unknown names are refused)."""
         names = {f.name for f in dataclasses.fields(self)}
