@@ -117,9 +117,16 @@ def _upper_bound(texts: list[str], query: str) -> float:
     )
 
 
+def _bm25(texts: list[str]):
+    from flowsearch.lexical.bm25 import Bm25
+    from flowsearch.lexical.postings import Postings
+
+    return Bm25([(Postings.build(texts), None)])
+
+
 def test_no_row_reaches_the_documented_bm25_upper_bound():
-    """The bound holds for the product's BM25, even for a row repeating the query's terms."""
-    from flowsearch.lexical.bm25 import LexicalIndex
+    """The bound holds for the product's BM25, even for a row repeating the query's terms, and
+    the product's ``Bm25.upper_bound`` is the documented bound."""
 
     rng = np.random.default_rng(3)
     words = [
@@ -138,10 +145,11 @@ def test_no_row_reaches_the_documented_bm25_upper_bound():
     ]
     texts = [" ".join(rng.choice(words, rng.integers(1, 12))) for _ in range(80)]
     texts.append("tide tide tide tide tide tide tide tide moon moon moon moon")  # saturating
-    lex = LexicalIndex.build(texts)
+    lex = _bm25(texts)
     for query in ("tide moon", "storm gull gull", "tide zebra", "fish"):
         scores, rows = lex.search([query], len(texts))
         upper = _upper_bound(texts, query)
+        assert lex.upper_bound(query) == pytest.approx(upper, rel=1e-5)
         found = scores[0][rows[0] >= 0]
         assert len(found) and np.all(found < upper)
         share = normalise_lexical(scores, np.array([upper]))[0]
@@ -168,7 +176,6 @@ def test_nonsense_queries_score_low_on_the_sample_corpus():
     import pyarrow.parquet as pq
 
     from flowsearch import Encoder
-    from flowsearch.lexical.bm25 import LexicalIndex
     from flowsearch.settings import current
 
     texts = pq.read_table(REPO / "data" / "sample.parquet").column("text").to_pylist()
@@ -177,7 +184,7 @@ def test_nonsense_queries_score_low_on_the_sample_corpus():
     V = enc.encode(texts)
     V /= np.linalg.norm(V, axis=1, keepdims=True)
     ref = build_reference(V.sum(0), len(V))
-    lex = LexicalIndex.build(texts)
+    lex = _bm25(texts)
     w = current().fusion_dense_weight
 
     def top(group: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -177,7 +177,7 @@ def _index_and_score(
 
     start = time.perf_counter()
     write_corpus_parquet(dataset, parquet)
-    summary: dict[str, Any] = build_index(parquet, target, **build)
+    summary = build_index(parquet, target, **build).to_dict()
     seconds["index"] = time.perf_counter() - start
     searcher = Searcher.open(target)
     try:
@@ -225,7 +225,7 @@ def _describe(dataset: BeirDataset, searcher: Any, summary: dict[str, Any]) -> d
         "dataset": dataset.name,
         "corpus_rows": len(dataset.doc_ids),
         "indexed_rows": len(searcher),
-        "skipped": summary.get("skipped", 0),
+        "skipped": summary.get("n_skipped", 0),
         "queries": len(dataset.queries),
         "missing_corpus_ids": len(dataset.missing_ids),
         "unreachable_judgements": dataset.unreachable_judgements(),

@@ -335,6 +335,9 @@ class Manifest(BaseModel):
     #: own rows sit to each other, what queries and new rows are judged against (the previous
     #: release's ``held_out`` is read in its place; ``flowsearch.space.reference.reference_of``)
     reference: dict[str, Any] | None = None
+    #: the JSON form of :class:`flowsearch.search.scores.FusionReference`: the corpus's
+    #: background similarity a dense score is measured from (None: a background of 0)
+    fusion_reference: dict[str, Any] | None = None
     skipped: int = 0
     next_auto_id: int = 0
     next_segment: int = 1
