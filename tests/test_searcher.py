@@ -92,7 +92,11 @@ def test_search_vectors_and_brute_force_agree(searcher):
         ids = [f"d{j}" for j in order]
         assert [h.id for h in by_text[i]] == [h.id for h in by_vec[i]] == ids
         assert [h.score for h in by_text[i]] == [h.score for h in by_vec[i]]
-        np.testing.assert_allclose([h.score for h in by_vec[i]], brute[i, order], rtol=1e-5)
+        # the raw cosine is the dense score; the score is its place above the background
+        np.testing.assert_allclose([h.dense_score for h in by_vec[i]], brute[i, order], rtol=1e-5)
+        bg = searcher.version.fusion().dense_background
+        want = np.clip((brute[i, order] - bg) / (1 - bg), 0, 1)
+        np.testing.assert_allclose([h.score for h in by_vec[i]], want, rtol=1e-5, atol=1e-6)
     with pytest.raises(FlowsearchError, match="dim"):
         searcher.search_vectors(np.ones((1, 5), np.float32))
 
