@@ -310,7 +310,7 @@ def test_fuse_refuses_bad_arguments():
         fuse(side, side, REF, 0, upper=np.array([1.0]))
 
 
-# -- through the Searcher (needs the lead's integration of fuse) -----------------------------
+# -- through the Searcher, on the sample corpus with the bundled model ------------------------
 
 
 @pytest.fixture(scope="module")
@@ -322,8 +322,6 @@ def sample_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return where
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="needs the integrated fusion (Searcher calls fuse)")
 def test_nonsense_query_does_not_max_out_through_the_searcher(sample_index):
     from flowsearch import Searcher
 
