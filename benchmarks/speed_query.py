@@ -74,7 +74,7 @@ def latency(
             note("faiss, all OpenMP threads", _ms(lambda Z=Z: fx.search(v.faiss_index, Z, 10))[1])
             valid = np.unique(rows[rows >= 0])
             v.reader._cache = cache
-            note("join", _ms(lambda valid=valid: v.reader.rows(valid))[1])
+            note("join", _ms(lambda valid=valid: v.reader.records(valid))[1])
             for name, fn in (extra or {}).items():
                 note(name, _ms(lambda q=q, fn=fn: fn(q))[1])
         # the headline ratio in its own pass: in the loop above the search goes first on caches

@@ -54,7 +54,7 @@ def test_build_writes_a_complete_index(built, model_dir):
     assert cal.anisotropy["mean_cosine"] > 0.5 and cal.auto is not None
     assert cal.auto.calibrated is True and cal.calibrated and cal.config["power"] == 0.25
     assert cal.space == "calibrated" and "gaussian space" in cal.decision
-    assert m.density is not None and m.density.rows == 120
+    assert m.density is not None and m.density.n_rows == 120
     assert m.density.std_log_prob > 0 and np.isfinite(m.density.mean_log_prob)
     (seg,) = m.segments
     assert m.ann_requested == "auto" and seg.ann == mf.AnnRecord(path="ann.faiss", factory="Flat")

@@ -87,7 +87,7 @@ def test_first_release_manifest_is_read_as_one_legacy_segment():
     assert seg.n_rows == raw["rows"] == m.n_live
     assert m.calibration.calibrator == "flow" and m.calibration.calibrated
     assert m.calibration.path == "calibrator"
-    assert m.density is not None and m.density.rows == raw["density"]["rows"]
+    assert m.density is not None and m.density.n_rows == raw["density"]["rows"]
     assert [p.path for p in seg.parts] == [s["path"] for s in raw["shards"]]
     assert [c.name for c in m.schema_] == raw["columns"]["metadata"]
 

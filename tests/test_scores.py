@@ -37,13 +37,13 @@ def test_background_is_the_mean_cosine_between_distinct_rows(offset):
     brute = (cos.sum() - np.trace(cos)) / (60 * 59)
     ref = build_reference(Z.sum(0), 60)
     assert ref.dense_background == pytest.approx(brute, abs=1e-9)
-    assert ref.rows == 0 and ref.n_rows == 60
+    assert ref.n_measured == 0 and ref.n_rows == 60
     # from reference rows: each one's mean cosine to the other rows, averaged
     some = np.array([3, 10, 41])
     per_row = [(cos[r].sum() - cos[r, r]) / 59 for r in some]
     by_rows = build_reference(Z.sum(0), 60, Z[some])
     assert by_rows.dense_background == pytest.approx(np.mean(per_row), abs=1e-9)
-    assert by_rows.rows == 3
+    assert by_rows.n_measured == 3
     if offset:  # an anisotropic corpus has a clearly positive background
         assert ref.dense_background > 0.3
 
@@ -54,11 +54,11 @@ def test_reference_round_trips_through_json_and_refuses_damage():
     assert len(text) < 200
     assert FusionReference.from_dict(json.loads(text)) == ref
     with pytest.raises(IndexDamaged, match="malformed"):
-        FusionReference.from_dict({"rows": 0, "n_rows": 10})
+        FusionReference.from_dict({"n_measured": 0, "n_rows": 10})
     with pytest.raises(IndexDamaged, match="malformed"):
-        FusionReference.from_dict({"rows": 0, "n_rows": 10, "dense_background": "x"})
+        FusionReference.from_dict({"n_measured": 0, "n_rows": 10, "dense_background": "x"})
     with pytest.raises(IndexDamaged, match="below 1"):
-        FusionReference.from_dict({"rows": 0, "n_rows": 10, "dense_background": 1.0})
+        FusionReference.from_dict({"n_measured": 0, "n_rows": 10, "dense_background": 1.0})
     with pytest.raises(IndexDamaged, match="below 1"):
         FusionReference(0, 10, math.nan)
 

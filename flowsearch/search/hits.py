@@ -32,7 +32,7 @@ def to_hits(
         seg_of, local = version.locate(valid)
         for s in np.unique(seg_of):
             pick = np.flatnonzero(seg_of == s)
-            fetched = version.segments[int(s)].rows.rows(local[pick])
+            fetched = version.segments[int(s)].reader.records(local[pick])
             by_row.update(zip(valid[pick].tolist(), fetched, strict=True))
     columns = version.manifest.metadata_columns
     out = []

@@ -410,7 +410,7 @@ class Searcher:
     def vectors(self) -> np.ndarray:
         """Every stored vector of the searched space, float32 (rows, dim), in global row
         order (deleted rows included)."""
-        parts = [seg.rows.vectors("vector") for seg in self._version.segments]
+        parts = [seg.reader.vectors("vector") for seg in self._version.segments]
         parts = [p for p in parts if len(p)]
         if not parts:
             return np.zeros((0, self.manifest.dim), dtype=np.float32)

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from flowsearch.errors import IndexDamaged
 
@@ -179,13 +179,13 @@ class CalibrationSpec(BaseModel):
 class DensityStats(BaseModel):
     """Per-row log-density statistics of a set of rows under the index's flow."""
 
-    model_config = _FROZEN
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
     mean_log_prob: float
     std_log_prob: float
     p01: float
     p05: float
     median: float
-    rows: int
+    n_rows: int = Field(validation_alias=AliasChoices("n_rows", "rows"))
 
 
 class HeldOut(BaseModel):
@@ -193,14 +193,14 @@ class HeldOut(BaseModel):
     new row is judged against.
 
     Attributes:
-        rows: how many rows were held out.
+        n_rows: how many rows were held out.
         density: their log-densities under the flow (None without a flow).
         percents: the percentiles ``top_score`` holds (ascending).
         top_score: each held-out row's best cosine to another row, at ``percents``.
     """
 
-    model_config = _FROZEN
-    rows: int
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+    n_rows: int = Field(validation_alias=AliasChoices("n_rows", "rows"))
     density: DensityStats | None = None
     percents: tuple[float, ...] = ()
     top_score: tuple[float, ...] = ()
