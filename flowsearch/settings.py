@@ -67,6 +67,16 @@ class Settings:
     #: least 16k of 200k rows, bench_filters).
     exact_below: int = 16_384
 
+    # --- calibration: memory and speed of the calibrators ---------------------------------
+    #: Rows a calibrator centres or converts at a time while fitting (whitening's covariance,
+    #: the flow's constant-dimension check and float32 training matrix): the extra memory is
+    #: this many float64 rows, not a copy of the corpus.
+    calibration_fit_chunk_rows: int = 16_384
+    #: Rows the flow's inference map (float64 numpy) runs at a time: small enough that its
+    #: temporaries stay in cache and no large array is allocated per step (benchmarks/
+    #: bench_flow_steps.py).
+    calibration_chunk_rows: int = 1024
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (unknown names are refused)."""
         names = {f.name for f in dataclasses.fields(self)}

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from flowsearch.calibration import load_calibrator, make_calibrator
 
@@ -131,6 +132,11 @@ def test_refit_gives_the_recorded_fit(case, expected):
         np.testing.assert_allclose(cal.log_prob(U), expected[f"{case}/log_prob"], rtol=0, atol=tol)
     saved = load_calibrator(_folder(case))
     assert cal.config == saved.config
+    # written in the same form: the same arrays under the same names, with the same dtypes
+    written = load_file(str(_folder(case) / "weights.safetensors"))
+    assert {k: (v.dtype, v.shape) for k, v in cal.state().items()} == {
+        k: (v.dtype, v.shape) for k, v in written.items()
+    }
     fitted = {k: v for k, v in cal.fit_stats.items() if k != "seconds"}
     recorded = {k: v for k, v in saved.fit_stats.items() if k != "seconds"}
     assert fitted.keys() == recorded.keys()
