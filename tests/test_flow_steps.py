@@ -10,18 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from flowsearch.calibration.glow import GlowFlow, GlowStep
+from flowsearch.calibration.glow import ActNorm, AdditiveCoupling, GlowFlow, GlowStep, Permutation
 from flowsearch.calibration.maps import log_normal
-from flowsearch.calibration.steps import (
-    ActNorm,
-    AdditiveCoupling,
-    Compose,
-    Permutation,
-    SetAside,
-    Split,
-    Step,
-    Whiten,
-)
+from flowsearch.calibration.steps import Compose, SetAside, Split, Step, Whiten
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, cast
 
 import numpy as np
@@ -223,10 +223,12 @@ class FlowCalibrator(Calibrator):
 
     # -- inference -------------------------------------------------------------------------
 
-    def _chunks(self, X: np.ndarray) -> list[tuple[int, np.ndarray]]:
-        """``(start, float64 rows)`` of ``X`` in chunks: every temporary of the map stays small."""
+    def _chunks(self, X: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+        """``(start, float64 rows)`` of ``X``, chunk by chunk (``calibration_chunk_rows``):
+        every temporary of the map stays small, and no float64 copy of ``X`` is made."""
         size = current().calibration_chunk_rows
-        return [(i, X[i : i + size].astype(np.float64, copy=False)) for i in range(0, len(X), size)]
+        for start in range(0, len(X), size):
+            yield start, X[start : start + size].astype(np.float64, copy=False)
 
     def _forward(self, X: np.ndarray, z_out: np.ndarray | None, lp_out: np.ndarray | None) -> None:
         """Runs the map over rows ``X`` into ``z_out`` ``(n, d)`` and/or ``lp_out`` ``(n,)``."""

@@ -1,4 +1,4 @@
-r"""BERT-flow's Glow on vectors: the flow's steps composed into a multi-scale flow.
+r"""BERT-flow's Glow on vectors: its steps, and their composition into a multi-scale flow.
 
 ``u -> z`` in ``levels`` levels; each is ``depth`` steps of actnorm (data-dependent
 initialisation) -> fixed channel permutation (reversal, as the reference; ``random`` as an
@@ -8,6 +8,10 @@ spatial axes to fold); ``z`` is every factored-out part in level order, then the
 output. Additive couplings and permutations preserve volume, so ``log|det dz/du|`` is the
 actnorms' ``sum(log s)``.
 
+The steps (:class:`ActNorm`, :class:`Permutation`, :class:`AdditiveCoupling` with its network
+:class:`ShiftNet`) are :class:`~flowsearch.calibration.steps.Step`\ s: each defines its map,
+inverse and log-determinant once, for torch and for the frozen numpy form.
+
 The saved form (``weights.safetensors``, format 1) names each step's tensors as the first
 release's module did, ``steps.{level}.{step}.{actnorm|coupling}...`` and
 ``steps.{level}.{step}.perm`` / ``inv_perm``; :meth:`GlowFlow.file_names` maps them.
@@ -15,8 +19,12 @@ release's module did, ``steps.{level}.{step}.{actnorm|coupling}...`` and
 References:
     Li et al., "On the Sentence Embeddings from Pre-trained Language Models", EMNLP 2020
     (reference code bohanli/BERT-flow, ``flow/glow_ops_1x1.py``).
-    Kingma and Dhariwal, "Glow: Generative Flow with Invertible 1x1 Convolutions", NeurIPS 2018.
-    Dinh, Sohl-Dickstein and Bengio, "Density estimation using Real NVP", ICLR 2017.
+    Kingma and Dhariwal, "Glow: Generative Flow with Invertible 1x1 Convolutions", NeurIPS 2018
+    (actnorm, section 3.1; the multi-scale architecture, figure 2).
+    Dinh, Krueger and Bengio, "NICE: Non-linear Independent Components Estimation", ICLR 2015
+    (additive coupling, section 3.2).
+    Dinh, Sohl-Dickstein and Bengio, "Density estimation using Real NVP", ICLR 2017
+    (factoring out half the dimensions at each scale, section 3.6).
 
 Example:
     >>> flow = GlowFlow(6, levels=2, depth=1, width=4)
@@ -29,22 +37,248 @@ Example:
 
 from __future__ import annotations
 
-from typing import Literal, cast
+from typing import Generic, Literal, NamedTuple, cast
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from flowsearch.calibration.maps import log_normal
-from flowsearch.calibration.steps import (
-    ActNorm,
-    AdditiveCoupling,
-    Compose,
-    Permutation,
-    Split,
-    Step,
+from flowsearch.calibration.maps import (
+    A,
+    actnorm,
+    actnorm_inverse,
+    cat,
+    linear,
+    log_normal,
+    relu,
+    zero,
 )
+from flowsearch.calibration.steps import STD_FLOOR, Compose, Split, Step
 
-__all__ = ["GlowFlow", "GlowStep", "halves"]
+__all__ = [
+    "ActNorm",
+    "AdditiveCoupling",
+    "GlowFlow",
+    "GlowStep",
+    "Permutation",
+    "ShiftNet",
+    "halves",
+]
+
+
+# -- actnorm -------------------------------------------------------------------------------
+
+
+class ActNormCoefs(NamedTuple, Generic[A]):
+    bias: A
+    scale: A
+    inv_scale: A
+    ladj: A | float
+
+
+class ActNorm(Step):
+    r"""Glow's actnorm: ``y = (x + b) * exp(f * logs)`` per channel; ``log|det| = f * sum(logs)``.
+
+    ``logs`` is stored divided by ``logscale_factor`` ``f`` (3, as in Glow's code), which
+    speeds up its optimisation. :meth:`initialize` sets ``b`` and ``logs`` so that a batch comes
+    out with zero mean and unit variance per channel, except that a (near-)constant channel
+    keeps a neutral scale: blowing it up to unit variance would amplify whatever later steps add
+    to it, step after step, until overflow.
+
+    Arguments:
+        dim: Channels.
+        logscale_factor: ``f``.
+    """
+
+    def __init__(self, dim: int, logscale_factor: float = 3.0) -> None:
+        super().__init__()
+        self.logscale_factor = logscale_factor
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.logs = nn.Parameter(torch.zeros(dim))
+
+    def coefs(self) -> ActNormCoefs[Tensor]:
+        log_s = self.logs * self.logscale_factor
+        return ActNormCoefs(self.bias, log_s.exp(), (-log_s).exp(), log_s.sum())
+
+    @staticmethod
+    def call(c: ActNormCoefs[A], x: A) -> tuple[A, A | float]:
+        return actnorm(x, c.bias, c.scale), c.ladj
+
+    @staticmethod
+    def inv(c: ActNormCoefs[A], y: A) -> A:
+        return actnorm_inverse(y, c.bias, c.inv_scale)
+
+    @torch.no_grad()
+    def initialize(self, x: Tensor) -> Tensor:
+        mean = x.mean(dim=0)
+        std = (x - mean).pow(2).mean(dim=0).sqrt()
+        typical = std.median()
+        typical = typical if typical > 0 else std.new_tensor(1.0)
+        std = torch.where(std < STD_FLOOR * typical, typical, std)
+        self.bias.copy_(-mean)
+        self.logs.copy_(-std.log() / self.logscale_factor)
+        y, _ = self.call(self.coefs(), x)
+        return y
+
+
+# -- permutation ---------------------------------------------------------------------------
+
+
+class PermutationCoefs(NamedTuple, Generic[A]):
+    perm: A
+    inv_perm: A
+
+
+class Permutation(Step):
+    r"""A fixed channel permutation ``y = x[:, perm]``; volume preserving (``log|det| = 0``).
+
+    BERT-flow's reference code reverses the channels between couplings (Glow's "reverse"
+    option), so that each half is transformed in turn.
+
+    Arguments:
+        perm: A permutation of ``range(d)``, int64 ``(d,)``.
+    """
+
+    perm: Tensor
+    inv_perm: Tensor
+
+    def __init__(self, perm: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("perm", perm)
+        self.register_buffer("inv_perm", torch.argsort(perm))
+
+    def coefs(self) -> PermutationCoefs[Tensor]:
+        return PermutationCoefs(self.perm, self.inv_perm)
+
+    @staticmethod
+    def call(c: PermutationCoefs[A], x: A) -> tuple[A, A | float]:
+        return x[:, c.perm], zero(x)
+
+    @staticmethod
+    def inv(c: PermutationCoefs[A], y: A) -> A:
+        return y[:, c.inv_perm]
+
+
+# -- additive coupling ---------------------------------------------------------------------
+
+
+class ShiftNetCoefs(NamedTuple, Generic[A]):
+    w1: A
+    norm1: ActNormCoefs[A]
+    w2: A
+    norm2: ActNormCoefs[A]
+    w3: A
+    b3: A
+    s3: A
+
+
+class _ZeroLinear(nn.Module):
+    """``(W x + b) * exp(3 logs)`` with everything zero at first: the coupling starts inert."""
+
+    def __init__(self, d_in: int, d_out: int, logscale_factor: float = 3.0) -> None:
+        super().__init__()
+        self.logscale_factor = logscale_factor
+        self.linear = nn.Linear(d_in, d_out)
+        self.logs = nn.Parameter(torch.zeros(d_out))
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+
+class ShiftNet(nn.Module):
+    r"""The coupling's network ``g``: linear -> actnorm -> ReLU -> linear -> actnorm -> ReLU ->
+    zero-initialised linear, as in BERT-flow's reference code (``glow_ops_1x1.py``).
+
+    Arguments:
+        d_in: Channels it reads (the coupling's first half).
+        d_out: Channels it shifts (the second half).
+        width: Hidden width.
+    """
+
+    def __init__(self, d_in: int, d_out: int, width: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, width, bias=False)
+        self.norm1 = ActNorm(width)
+        self.fc2 = nn.Linear(width, width, bias=False)
+        self.norm2 = ActNorm(width)
+        self.out = _ZeroLinear(width, d_out)
+        for fc in (self.fc1, self.fc2):
+            nn.init.normal_(fc.weight, std=0.05)
+
+    def coefs(self) -> ShiftNetCoefs[Tensor]:
+        out = self.out
+        s3 = (out.logs * out.logscale_factor).exp()
+        return ShiftNetCoefs(
+            self.fc1.weight,
+            self.norm1.coefs(),
+            self.fc2.weight,
+            self.norm2.coefs(),
+            out.linear.weight,
+            out.linear.bias,
+            s3,
+        )
+
+    @staticmethod
+    def call(c: ShiftNetCoefs[A], x: A) -> A:
+        """``g(x)``: ``(n, d_in)`` to ``(n, d_out)``."""
+        h = relu(actnorm(linear(x, c.w1), c.norm1.bias, c.norm1.scale))
+        h = relu(actnorm(linear(h, c.w2), c.norm2.bias, c.norm2.scale))
+        shift: A = linear(h, c.w3, c.b3) * c.s3
+        return shift
+
+    @torch.no_grad()
+    def initialize(self, x: Tensor) -> Tensor:
+        """Initialises both actnorms on ``x``'s activations; returns ``g(x)``."""
+        h = relu(self.norm1.initialize(linear(x, self.fc1.weight)))
+        relu(self.norm2.initialize(linear(h, self.fc2.weight)))
+        return self.call(self.coefs(), x)
+
+
+class CouplingCoefs(NamedTuple, Generic[A]):
+    d1: int
+    net: ShiftNetCoefs[A] | None
+
+
+class AdditiveCoupling(Step):
+    r"""NICE's additive coupling: ``y1 = x1``, ``y2 = x2 + g(x1)``; ``log|det| = 0``.
+
+    ``x1`` is the first ``d - d // 2`` channels. With a single channel there is nothing to
+    condition on and the step is the identity.
+
+    Arguments:
+        dim: Channels.
+        width: Hidden width of ``g`` (:class:`ShiftNet`).
+    """
+
+    def __init__(self, dim: int, width: int) -> None:
+        super().__init__()
+        self.d1 = dim - dim // 2
+        self.net = ShiftNet(self.d1, dim // 2, width) if dim // 2 else None
+
+    def coefs(self) -> CouplingCoefs[Tensor]:
+        return CouplingCoefs(self.d1, None if self.net is None else self.net.coefs())
+
+    @staticmethod
+    def call(c: CouplingCoefs[A], x: A) -> tuple[A, A | float]:
+        if c.net is None:
+            return x, zero(x)
+        x1 = x[:, : c.d1]
+        return cat([x1, x[:, c.d1 :] + ShiftNet.call(c.net, x1)]), zero(x)
+
+    @staticmethod
+    def inv(c: CouplingCoefs[A], y: A) -> A:
+        if c.net is None:
+            return y
+        y1 = y[:, : c.d1]
+        return cat([y1, y[:, c.d1 :] - ShiftNet.call(c.net, y1)])
+
+    @torch.no_grad()
+    def initialize(self, x: Tensor) -> Tensor:
+        if self.net is None:
+            return x
+        x1 = x[:, : self.d1]
+        return torch.cat([x1, x[:, self.d1 :] + self.net.initialize(x1)], dim=1)
+
+
+# -- the flow ------------------------------------------------------------------------------
 
 
 def halves(d: int) -> tuple[int, int]:

@@ -84,10 +84,12 @@ def linear(x: A, weight: A, bias: A | None = None) -> A:
     return F.linear(x, weight, bias)
 
 
-def zero(x: A) -> A:
-    """A scalar zero of ``x``'s kind and dtype: the log-determinant of a volume-preserving map."""
+def zero(x: A) -> A | float:
+    """The log-determinant of a volume-preserving map on ``x``: a 0-d tensor of ``x``'s dtype
+    for tensors (autograd adds it), a Python float for arrays (cheaper to add than a 0-d
+    array, which matters for a query's few rows)."""
     if isinstance(x, np.ndarray):
-        return np.zeros((), dtype=x.dtype)
+        return 0.0
     return x.new_zeros(())
 
 

@@ -94,13 +94,8 @@ def maximise_likelihood(
     for step in range(total):
         if position + bs > n:
             order, position = torch.randperm(n, generator=gen), 0
-        batch = data[order[position : position + bs]]
+        last = bits(_descend(flow, opt, data[order[position : position + bs]]))
         position += bs
-        loss = -flow.log_prob(batch).mean()
-        opt.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
-        opt.step()
-        last = bits(loss.item())
         if not math.isfinite(last):
             raise BadInput(
                 "flow fitting diverged (non-finite likelihood)",
@@ -113,3 +108,12 @@ def maximise_likelihood(
         if step % 100 == 0 or step == total - 1:
             LOG.info("flow step %d/%d: %.4f bits/dim", step + 1, total, last)
     return Fit(total, first, last)
+
+
+def _descend(flow: GlowFlow, opt: torch.optim.Optimizer, batch: Tensor) -> float:
+    """One Adam step on the batch's mean negative log-likelihood; returns that loss (nats)."""
+    loss = -flow.log_prob(batch).mean()
+    opt.zero_grad(set_to_none=True)
+    torch.autograd.backward(loss)
+    opt.step()
+    return loss.item()
