@@ -224,9 +224,9 @@ def test_frozen_inference_form_equals_the_module(name):
 
 @pytest.mark.parametrize("name", ["flow", "whitening-flow"])
 def test_chunking_does_not_change_the_numbers_nor_touch_torch(name):
-    """Inference runs the frozen numpy map in chunks of rows: any chunk size gives the same
-    numbers (constant dimensions included), and torch's process-wide thread count is never
-    touched (queries run beside each other)."""
+    """Inference runs the frozen numpy map in blocks of rows, the flow in chunks of them: any
+    size gives the same numbers (constant dimensions included), and torch's process-wide thread
+    count is never touched (queries run beside each other)."""
     from flowsearch.settings import override
 
     rng = np.random.default_rng(3)
@@ -237,7 +237,7 @@ def test_chunking_does_not_change_the_numbers_nor_touch_torch(name):
     threads = torch.get_num_threads()
     z_one, lp_one = cal.transform_and_log_prob(Q)
     assert torch.get_num_threads() == threads
-    with override(calibration_chunk_rows=5):
+    with override(calibration_block_rows=7, calibration_chunk_macs=1):  # chunks of 1 row
         z_five, lp_five = cal.transform_and_log_prob(Q)
         back = cal.inverse(z_five)
     # float64 maps of the same rows (BLAS may sum in another order for another row count);

@@ -15,8 +15,9 @@ similarity is then taken between ``z``'s. The whole map is one composed step
 - ``whitening-flow`` puts a fixed whitening map in front (``prewhiten=True``).
 
 ``log p(u) = log N(z; 0, I) + log|det dz/du|``, exactly. Fitting runs in torch (float32);
-transform, inverse and density run the same steps' frozen float64 numpy form, in chunks of
-``Settings.calibration_chunk_rows`` rows.
+transform, inverse and density run the same steps' frozen float64 numpy form, in blocks of
+``Settings.calibration_block_rows`` rows (the flow itself in smaller chunks, see
+:meth:`~flowsearch.calibration.glow.GlowFlow.freeze`).
 
 References:
     Li et al., "On the Sentence Embeddings from Pre-trained Language Models", EMNLP 2020.
@@ -42,7 +43,7 @@ from flowsearch.calibration.glow import GlowFlow
 from flowsearch.calibration.linear import Whitening
 from flowsearch.calibration.maps import LOG_2PI, log_normal
 from flowsearch.calibration.state import BadState, Spec, require_permutation, require_positive
-from flowsearch.calibration.steps import STD_FLOOR, Compose, Frozen, SetAside, Step, Whiten
+from flowsearch.calibration.steps import STD_FLOOR, Bijection, Compose, SetAside, Step, Whiten
 from flowsearch.calibration.training import maximise_likelihood, single_thread
 from flowsearch.errors import BadInput
 from flowsearch.settings import current
@@ -126,7 +127,7 @@ class FlowCalibrator(Calibrator):
         self.constant_mu = self.constant_scale = np.empty(0)
         self.callback: Callable[[int, int, float], None] | None = None
         self.bijection: Step | None = None
-        self._frozen: Frozen | None = None
+        self._frozen: Bijection[np.ndarray] | None = None
 
     # -- fitting ---------------------------------------------------------------------------
 
@@ -223,17 +224,17 @@ class FlowCalibrator(Calibrator):
 
     # -- inference -------------------------------------------------------------------------
 
-    def _chunks(self, X: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-        """``(start, float64 rows)`` of ``X``, chunk by chunk (``calibration_chunk_rows``):
-        every temporary of the map stays small, and no float64 copy of ``X`` is made."""
-        size = current().calibration_chunk_rows
+    def _blocks(self, X: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+        """``(start, float64 rows)`` of ``X``, block by block (``calibration_block_rows``): the
+        map's temporaries stay bounded, and no float64 copy of ``X`` is made."""
+        size = current().calibration_block_rows
         for start in range(0, len(X), size):
             yield start, X[start : start + size].astype(np.float64, copy=False)
 
     def _forward(self, X: np.ndarray, z_out: np.ndarray | None, lp_out: np.ndarray | None) -> None:
         """Runs the map over rows ``X`` into ``z_out`` ``(n, d)`` and/or ``lp_out`` ``(n,)``."""
         assert self._frozen is not None
-        for start, x in self._chunks(X):
+        for start, x in self._blocks(X):
             z, ladj = self._frozen(x)
             if z_out is not None:
                 z_out[start : start + len(x)] = z
@@ -259,7 +260,7 @@ class FlowCalibrator(Calibrator):
     def _inverse(self, Z: np.ndarray) -> np.ndarray:
         assert self._frozen is not None
         U = np.empty(Z.shape)
-        for start, z in self._chunks(Z):
+        for start, z in self._blocks(Z):
             U[start : start + len(z)] = self._frozen.inverse(z)
         return U
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from typing import Generic, Literal, NamedTuple, cast
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -52,7 +53,7 @@ from flowsearch.calibration.maps import (
     relu,
     zero,
 )
-from flowsearch.calibration.steps import STD_FLOOR, Compose, Split, Step
+from flowsearch.calibration.steps import STD_FLOOR, Bijection, Chunked, Compose, Split, Step
 
 __all__ = [
     "ActNorm",
@@ -358,7 +359,14 @@ class GlowFlow(Compose):
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__(_level(dim, 0, (levels, depth, width), permutation, generator))
-        self.dim = dim
+        self.dim, self.width = dim, width
+
+    def freeze(self) -> Bijection[np.ndarray]:
+        """The frozen flow, run in chunks of rows whose largest matrix product (the first
+        level's coupling network: ``(d - d // 2) x width`` per row) stays below
+        ``Settings.calibration_chunk_macs`` (see :class:`~flowsearch.calibration.steps.Chunked`).
+        """
+        return Chunked(super().freeze(), halves(self.dim)[0] * self.width)
 
     def log_prob(self, u: Tensor) -> Tensor:
         """``log N(z; 0, I) + log|det dz/du|`` per row: ``(n,)``."""

@@ -42,8 +42,19 @@ import torch
 from torch import Tensor, nn
 
 from flowsearch.calibration.maps import A, cat, standardise, unstandardise, unwhiten, whiten, zero
+from flowsearch.settings import current
 
-__all__ = ["STD_FLOOR", "Bijection", "Compose", "Frozen", "SetAside", "Split", "Step", "Whiten"]
+__all__ = [
+    "STD_FLOOR",
+    "Bijection",
+    "Chunked",
+    "Compose",
+    "Frozen",
+    "SetAside",
+    "Split",
+    "Step",
+    "Whiten",
+]
 
 #: A channel whose spread is below this fraction of the typical one counts as constant.
 STD_FLOOR = 1e-3
@@ -94,9 +105,9 @@ class Step(nn.Module):
         y, _ = self.call(self.coefs(), x)
         return y
 
-    def freeze(self) -> Frozen:
-        """The inference form: this step's math on float64 numpy copies of its coefficients.
-        Build it again after any parameter change."""
+    def freeze(self) -> Bijection[np.ndarray]:
+        """The inference form: this step's math on float64 numpy copies of its coefficients
+        (a :class:`Frozen`). Build it again after any parameter change."""
         return Frozen(type(self), _to_numpy(self.coefs()))
 
 
@@ -123,6 +134,43 @@ class Frozen:
 
     def __repr__(self) -> str:
         return f"Frozen({self.step.__name__})"
+
+
+class Chunked:
+    """A frozen step run over its rows in chunks: rows are independent, so the result is the
+    step's own; every temporary, and every matrix product, stays as small as a chunk. The
+    step's log-determinant must not depend on the rows (true of every step here).
+
+    Arguments:
+        inner: The frozen step.
+        macs_per_row: Multiply-adds per row of the step's largest matrix product; a chunk has
+            ``Settings.calibration_chunk_macs // macs_per_row`` rows (read at call time).
+    """
+
+    __slots__ = ("inner", "macs_per_row")
+
+    def __init__(self, inner: Bijection[np.ndarray], macs_per_row: int) -> None:
+        self.inner = inner
+        self.macs_per_row = macs_per_row
+
+    def rows(self) -> int:
+        """Rows per chunk now."""
+        return max(1, current().calibration_chunk_macs // self.macs_per_row)
+
+    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | float]:
+        """``(y, log|det dy/dx|)`` as the inner step gives them."""
+        size = self.rows()
+        if len(x) <= size:
+            return self.inner(x)
+        parts = [self.inner(x[i : i + size]) for i in range(0, len(x), size)]
+        return np.concatenate([y for y, _ in parts]), parts[0][1]
+
+    def inverse(self, y: np.ndarray) -> np.ndarray:
+        """``x`` such that ``self(x)[0] == y``."""
+        size = self.rows()
+        if len(y) <= size:
+            return self.inner.inverse(y)
+        return np.concatenate([self.inner.inverse(y[i : i + size]) for i in range(0, len(y), size)])
 
 
 def _to_numpy(value: Any) -> Any:
