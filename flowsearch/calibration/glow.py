@@ -70,6 +70,8 @@ __all__ = [
 
 
 class ActNormCoefs(NamedTuple, Generic[A]):
+    """Bias ``(d,)``, scale ``exp(f logs)`` and its inverse ``(d,)``, log-det ``f sum(logs)``."""
+
     bias: A
     scale: A
     inv_scale: A
@@ -125,6 +127,8 @@ class ActNorm(Step):
 
 
 class PermutationCoefs(NamedTuple, Generic[A]):
+    """The permutation and its inverse, int64 ``(d,)``."""
+
     perm: A
     inv_perm: A
 
@@ -163,6 +167,8 @@ class Permutation(Step):
 
 
 class ShiftNetCoefs(NamedTuple, Generic[A]):
+    """The three linear maps' weights ``(out, in)``, the two actnorms', the last bias, scale."""
+
     w1: A
     norm1: ActNormCoefs[A]
     w2: A
@@ -234,6 +240,8 @@ class ShiftNet(nn.Module):
 
 
 class CouplingCoefs(NamedTuple, Generic[A]):
+    """Channels of the conditioning half, and the network (None with one channel)."""
+
     d1: int
     net: ShiftNetCoefs[A] | None
 

@@ -61,7 +61,8 @@ STD_FLOOR = 1e-3
 
 
 class Bijection(Protocol[A]):
-    """What a composite step calls its parts through: a :class:`Step` or a :class:`Frozen`."""
+    """What a composite step calls its parts through: a :class:`Step` (tensors), a
+    :class:`Frozen` or :class:`Chunked` one (float64 arrays)."""
 
     def __call__(self, x: A) -> tuple[A, A | float]: ...
 
@@ -196,6 +197,8 @@ def _to_numpy(value: Any) -> Any:
 
 
 class ComposeCoefs(NamedTuple, Generic[A]):
+    """The steps in order."""
+
     steps: tuple[Bijection[A], ...]
 
 
@@ -241,6 +244,8 @@ class Compose(Step):
 
 
 class SplitCoefs(NamedTuple, Generic[A]):
+    """Channels that go on, and the step they go through."""
+
     keep: int
     inner: Bijection[A]
 
@@ -280,6 +285,8 @@ class Split(Step):
 
 
 class WhitenCoefs(NamedTuple, Generic[A]):
+    """Mean ``(d,)``, rotation ``(d, d)``, scales ``(d,)``, log-det ``-sum(log scales)``."""
+
     mu: A
     rotation: A
     scales: A
@@ -318,6 +325,9 @@ class Whiten(Step):
 
 
 class SetAsideCoefs(NamedTuple, Generic[A]):
+    """The inner step, the channel indices, the constant channels' mean and scale, the order
+    that undoes ``[active, constant]``, and the constant channels' log-det."""
+
     inner: Bijection[A]
     active: A
     constant: A
