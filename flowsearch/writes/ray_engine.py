@@ -60,7 +60,7 @@ from flowsearch.ann import ondisk
 from flowsearch.errors import FlowsearchError
 from flowsearch.progress import Stages
 from flowsearch.space.reference import reference_rows, split_fit_rows
-from flowsearch.space.search_space import SearchSpace
+from flowsearch.space.search_space import SearchSpace, load_index_calibrator
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.corpus import CorpusPlan
 from flowsearch.storage.layout import ANN_DATA_FILE
@@ -165,14 +165,12 @@ _SPACES: dict[str, SearchSpace] = {}  # per worker process: the calibrator, load
 
 
 def _worker_space(files: dict[str, bytes], spec: mf.CalibrationSpec) -> SearchSpace:
-    from flowsearch.calibration import load_calibrator
-
     key = hashlib.sha256(b"".join(files[k] for k in sorted(files))).hexdigest()
     if key not in _SPACES:
         with tempfile.TemporaryDirectory() as folder:
             for name, data in files.items():
                 (Path(folder) / name).write_bytes(data)
-            _SPACES[key] = SearchSpace(load_calibrator(folder), spec)
+            _SPACES[key] = SearchSpace(load_index_calibrator(folder), spec)
     return _SPACES[key]
 
 
