@@ -211,7 +211,8 @@ def test_blank_texts_are_skipped_and_counted(tmp_path, model_dir):
     m = mf.read(tmp_path / "idx")
     assert (m.n_rows, m.skipped, m.next_auto_id, m.calibration.calibrator) == (2, 2, 4, "none")
     hits = Searcher.open(tmp_path / "idx").search("dog", k=5)
-    assert [h.id for h in hits] == ["d", "a"] and hits[0].score == pytest.approx(1.0, abs=1e-5)
+    assert [h.id for h in hits] == ["d", "a"]
+    assert hits[0].dense_score == pytest.approx(1.0, abs=1e-5)
 
 
 def test_existing_targets_are_refused(tmp_path, model_dir, corpus, built):
