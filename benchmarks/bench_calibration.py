@@ -14,30 +14,23 @@ Writes ``benchmarks/bench_calibration.json`` and its section of ``benchmarks/RES
 
 Usage:
     python benchmarks/bench_calibration.py [--rows 10000] [--encode-rows 2000] [--repeats 3]
+    python benchmarks/bench_calibration.py --smoke    # tiny sizes, RESULTS.md untouched
+    python benchmarks/bench_calibration.py --render   # the section again from the JSON
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
-import time
 from functools import partial
-from pathlib import Path
 from typing import Any
 
+import harness
 import pyarrow.parquet as pq
-from bench_index import synthetic_corpus
-from results_md import write_section
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from harness import WORK, command_line, machine, markdown, synthetic_corpus, timed
 
 __all__ = ["main"]
 
-ROOT = Path(__file__).resolve().parents[1]
 SECTION = "bench_calibration"
 CALIBRATORS: list[tuple[str, dict[str, Any]]] = [
     ("flow", {}),
@@ -51,9 +44,7 @@ CALIBRATORS: list[tuple[str, dict[str, Any]]] = [
 
 
 def _timed(fn: Any) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    return timed(fn)[1]
 
 
 def _fit(name: str, kw: dict[str, Any], U: Any) -> None:
@@ -69,9 +60,7 @@ def _label(name: str, kw: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from flowsearch import Encoder, make_calibrator
 
-    work = ROOT / "benchmarks" / "_work"
-    work.mkdir(parents=True, exist_ok=True)
-    path = synthetic_corpus(work / "calibration_texts.parquet", args.rows)
+    path = synthetic_corpus(WORK / "calibration_texts.parquet", args.rows)
     texts = pq.read_table(path).column("text").to_pylist()
     enc = Encoder()
     enc.encode(texts[:64])  # warm-up
@@ -89,6 +78,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     encode_rate = args.encode_rows / statistics.median(encode_s)
     encode_all_s = args.rows / encode_rate
 
+    m = machine()
     query = ["how does a heat pump warm a house in winter"]
     enc_query = statistics.median(_timed(lambda: enc.encode(query)) for _ in range(30))
     rows = []
@@ -116,14 +106,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "encode_all_s": encode_all_s,
         "encode_query_ms": enc_query * 1e3,
         "calibrators": rows,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
+        "machine": f"{m['platform']}, {m['cpus']} cores, load {m['load'][0]:.1f}",
+        "command": command_line(),
     }
 
 
 def render(res: dict[str, Any]) -> str:
     lines = [
-        "## Calibration cost beside encoding",
-        "",
         f"{res['rows']:,} vectors of dimension {res['dim']} (all-MiniLM-L6-v2, `mean`); encoding "
         f"them takes {res['encode_all_s']:.0f} s here ({res['encode_rows_per_s']:.0f} rows/s), "
         f"one query {res['encode_query_ms']:.1f} ms. Medians of {res['repeats']} runs, "
@@ -143,24 +132,26 @@ def render(res: dict[str, Any]) -> str:
         f"The default flow (3 levels x depth 3, width 32, 1 epoch, batch 64) ran "
         f"{flow.get('steps', '?')} Adam steps; bits/dim went from "
         f"{flow.get('bits_per_dim_first_batch', float('nan')):.3f} on the first batch to "
-        f"{flow.get('bits_per_dim', float('nan')):.3f} over the corpus. Regenerate with "
-        f"`python benchmarks/bench_calibration.py --rows {res['rows']}`.",
+        f"{flow.get('bits_per_dim', float('nan')):.3f} over the corpus.",
     ]
-    return "\n".join(lines)
+    return markdown(
+        "Calibration cost beside encoding",
+        lines,
+        res,
+        f"python benchmarks/bench_calibration.py --rows {res['rows']}",
+    )
 
 
 def main() -> None:
     """Run the benchmark and write its JSON and RESULTS.md section."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__, "1,200 rows, 1 repeat", SECTION, data=False, markdown=False)
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--encode-rows", type=int, default=2_000)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    res = run(args)
-    out = ROOT / "benchmarks"
-    (out / "bench_calibration.json").write_text(json.dumps(res, indent=2))
-    write_section(out / "RESULTS.md", render(res), SECTION)
-    print(render(res))
+    args = harness.parse(parser, rows=1_200, encode_rows=200, repeats=1)
+    if harness.rendered(args, render):
+        return
+    harness.finish(args, render, run(args))
 
 
 if __name__ == "__main__":

@@ -2,12 +2,12 @@ r"""Does the flow's density earn its keep? OOD detection, length, verdict rules,
 
 Usage::
 
-    PYTHONPATH=. python benchmarks/make_dev_sets.py ../shared/data benchmarks/_work/dev_sets \
-        --max-corpus 3000
-    PYTHONPATH=. python benchmarks/bench_density.py [--data ../shared/data]
-        [--dev benchmarks/_work/dev_sets] [--poolings mean,static]
+    python benchmarks/bench_density.py [--data DIR] [--poolings mean,static]
+    python benchmarks/bench_density.py --smoke     # static, 600 passages; figures untouched
+    python benchmarks/bench_density.py --render    # the section again from the JSON
 
-Writes ``benchmarks/bench_density.json`` and ``benchmarks/bench_density.md``. Texts (see
+The dev sets (``make_dev_sets.py``, 3,000 passages) are built under ``benchmarks/_work`` when
+missing. Writes ``benchmarks/bench_density.json`` and ``benchmarks/bench_density.md``. Texts (see
 ``density_data.py``): an index of the 3,913 distinct QNLI dev sentences ("passages"); 90% of
 them (seeded) fit every model, 10% are held out. In-domain queries: QNLI questions;
 off-domain queries: single STS-B and SICK sentences (as short as questions). Foreign passages:
@@ -33,29 +33,24 @@ STS-B, SICK and SNLI sentences.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
-import os
-import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
+from density_data import Texts, VectorStore, load_texts, token_counts
 from scipy.stats import spearmanr
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from density_data import Texts, VectorStore, load_texts, token_counts  # noqa: E402
-
-from flowsearch.calibration import make_calibrator  # noqa: E402
-from flowsearch.evaluation.metrics import auc100  # noqa: E402
-from flowsearch.space.fitting import fit_for_index  # noqa: E402
-from flowsearch.space.search_space import SearchSpace  # noqa: E402
+from flowsearch.calibration import make_calibrator
+from flowsearch.evaluation.metrics import auc100
+from flowsearch.space.fitting import fit_for_index
+from flowsearch.space.search_space import SearchSpace
 
 LOG = logging.getLogger("bench_density")
-HERE = Path(__file__).resolve().parent
+DEV_CORPUS = 3000  # passages per dev set (make_dev_sets.py --max-corpus)
 HELD_OUT = 0.10
 KTH = 10
 REF_PCT = 5.0
@@ -89,10 +84,8 @@ def gaussian_log_prob(white: Any, U: np.ndarray) -> np.ndarray:
 
 def neighbour_scores(Q: np.ndarray, C: np.ndarray, k: int = KTH) -> tuple[np.ndarray, np.ndarray]:
     """(max cosine, cosine of the k-th neighbour) of unit rows Q against unit rows C."""
-    S = Q @ C.T
-    top = -np.partition(-S, k - 1, axis=1)[:, :k]
-    top.sort(axis=1)
-    return top[:, -1].astype(np.float64), top[:, 0].astype(np.float64)
+    top = harness.exact_top(Q, C, k)[0].astype(np.float64)
+    return top[:, 0], top[:, -1]
 
 
 def auroc(pos: np.ndarray, neg: np.ndarray) -> float:
@@ -258,8 +251,9 @@ def study(pooling: str, texts: Texts, store: VectorStore, enc: Any) -> dict[str,
 
 
 def fusion(pooling: str, texts: Texts, store: VectorStore) -> dict[str, Any]:
-    from flowsearch.evaluation.retrieval import drop_identical_ids, ndcg_at_k
     from flowsearch.lexical.legacy import LexicalIndex
+
+    from flowsearch.evaluation.retrieval import drop_identical_ids, ndcg_at_k
     from flowsearch.search.fusion import convex
 
     per_set = {}
@@ -276,10 +270,8 @@ def fusion(pooling: str, texts: Texts, store: VectorStore) -> dict[str, Any]:
         held_snip = snippets([ds.texts[i] for i in held_rows])
         Zs, lps = space.project(store.get(held_snip))
         ref_top = neighbour_scores(Zs, Zfit)[0]
-        S = Zq @ Zc.T
         cand = 100
-        d_rows = np.argsort(-S, axis=1)[:, :cand]
-        d_scores = np.take_along_axis(S, d_rows, 1)
+        d_scores, d_rows = harness.exact_top(Zq, Zc, cand)
         lex = LexicalIndex.build(ds.texts)
         l_scores, l_rows = lex.search([ds.queries[q] for q in qids], cand)
         assert lp is not None and lps is not None
@@ -369,6 +361,8 @@ def fusion(pooling: str, texts: Texts, store: VectorStore) -> dict[str, Any]:
 
 def findings(res: dict[str, Any]) -> str:
     """The section's summary, every figure read from the results (``mean`` and ``static``)."""
+    if not {"mean", "static"} <= set(res["poolings"]):
+        return "### What this shows\n\n(needs both `mean` and `static`: run with both poolings)"
     m, st = res["poolings"]["mean"], res["poolings"]["static"]
     Q, P = ("queries: QNLI questions vs STS-B/SICK sentences",
             "passages: held-out QNLI vs STS-B/SICK/SNLI")  # fmt: skip
@@ -476,34 +470,35 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_results(res: dict[str, Any]) -> None:
+def section(res: dict[str, Any]) -> str:
     """This study's section of benchmarks/RESULTS.md."""
-    from results_md import write_section
-
-    regen = (
-        "Regenerate with `PYTHONPATH=. python benchmarks/bench_density.py` (after "
-        "`make_dev_sets.py ... --max-corpus 3000`); figures in `benchmarks/bench_density.json`."
-    )
-    write_section(HERE / "RESULTS.md", markdown(res) + regen, "bench_density")
+    produced = harness.produced_by(res, "python benchmarks/bench_density.py")
+    return markdown(res).rstrip() + "\n\n" + produced + " Figures in `bench_density.json`."
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", default=os.environ.get("FLOWSEARCH_DATA", "../shared/data"))
-    p.add_argument("--dev", default=str(HERE / "_work" / "dev_sets"))
-    p.add_argument("--vectors", default=str(HERE / "_work" / "density_vectors"))
+    p = harness.arguments(__doc__, "static, 600 passages", "bench_density")
+    p.add_argument("--dev", default=None, help="dev sets folder (default: built under _work)")
+    p.add_argument("--vectors", default=str(harness.WORK / "density_vectors"))
     p.add_argument("--poolings", default="mean,static")
     p.add_argument("--fusion", default="mean,static", help="poolings to run the fusion study on")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    p.add_argument("--limit", type=int, default=None, help="first N passages and queries only")
+    args = harness.parse(p, argv, poolings="static", fusion="static", limit=600)
+    if harness.rendered(args, section):
+        return 0
+    data = harness.data_dir(args.data)
+    dev = Path(args.dev) if args.dev else harness.dev_sets(data, DEV_CORPUS)[0]
+    harness.finish(args, section, run(args, load_texts(data, dev, args.limit)))
+    return 0
+
+
+def run(args: argparse.Namespace, texts: Texts) -> dict[str, Any]:
+    """The study and the fusion study per pooling; the report ``section`` renders."""
     from flowsearch.encode.encoder import Encoder
 
     t0 = time.perf_counter()
-    texts = load_texts(Path(args.data), Path(args.dev))
-    res: dict[str, Any] = {
-        "poolings": {},
-        "machine": f"{platform.machine()} {os.cpu_count()} cores",
-    }
+    m = harness.machine()
+    res: dict[str, Any] = {"poolings": {}, "machine": f"{m['platform']} {m['cpus']} cores"}
     for pooling in args.poolings.split(","):
         enc = Encoder(None, pooling=pooling)
         store = VectorStore(Path(args.vectors) / f"{pooling}.npz", enc)
@@ -516,23 +511,19 @@ def main(argv: list[str] | None = None) -> int:
         out["encode_seconds_now"] = round(store.encode_seconds, 1)
         res["poolings"][pooling] = out
     res["seconds"] = round(time.perf_counter() - t0, 1)
+    n = texts.sizes()
     res["setup"] = (
         f"Bundled model (all-MiniLM-L6-v2), {res['machine']}, {res['seconds']:.0f} s (vectors "
-        f"from the study's own store). Index: {len(texts.passages):,} QNLI dev sentences; "
-        f"{len(texts.questions):,} QNLI questions; off-domain queries: "
-        + ", ".join(f"{len(v)} {k}" for k, v in texts.off_queries.items())
-        + "; foreign passages: "
-        + ", ".join(f"{len(v)} {k}" for k, v in texts.foreign.items())
-        + ". Signals fitted on 90% of the passages (seed 0); max cosine and 10th-neighbour "
-        "cosine in the space `auto` searches, against the whole index for queries and against "
-        "the fit rows for passages."
+        f"from the study's own store). Index: {n['passages']} QNLI dev sentences; "
+        f"{n['questions']} QNLI questions; off-domain queries: {n['off']}; foreign passages: "
+        f"{n['foreign']}. Signals fitted on 90% of the passages (seed 0); max cosine and "
+        "10th-neighbour cosine in the space `auto` searches, against the whole index for "
+        "queries and against the fit rows for passages."
     )
-    (HERE / "bench_density.json").write_text(json.dumps(res, indent=2) + "\n")
-    (HERE / "bench_density.md").write_text(markdown(res))
-    write_results(res)
-    print(markdown(res))
-    return 0
+    res["load_average_end"] = m["load"]
+    res["command"] = harness.command_line()
+    return res
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    harness.script(main)

@@ -3,11 +3,11 @@ off-domain queries on ``static``, without more false alarms?
 
 Usage::
 
-    PYTHONPATH=. python benchmarks/make_dev_sets.py ../shared/data benchmarks/_work/dev_sets \
-        --max-corpus 3000
-    PYTHONPATH=. python benchmarks/bench_density_length.py [--data ../shared/data]
-        [--poolings static,model2vec,mean] [--m2v benchmarks/_work/m2v_minilm]
+    python benchmarks/bench_density_length.py [--data DIR] [--poolings static,model2vec,mean]
+        [--m2v benchmarks/_work/m2v_minilm]
+    python benchmarks/bench_density_length.py --smoke    # static, 600 passages, 1 seed
 
+The dev sets and the Model2Vec model are built under ``benchmarks/_work`` when missing.
 Writes ``benchmarks/bench_density_length.json`` and ``.md``. The texts are
 ``bench_density.py``'s (``density_data.py``): an index of the 3,913 QNLI dev sentences, QNLI
 questions as in-domain queries, STS-B and SICK sentences as off-domain queries, and STS-B, SICK
@@ -37,24 +37,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
+from bench_density import DEV_CORPUS, auroc, snippets
+from density_data import VectorStore, load_texts, token_counts
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from bench_density import auroc, snippets  # noqa: E402
-from density_data import VectorStore, load_texts, token_counts  # noqa: E402
-from results_md import publish  # noqa: E402
-
-from flowsearch.settings import current  # noqa: E402
-from flowsearch.space.fitting import fit_for_index  # noqa: E402
-from flowsearch.space.reference import best_other_score, split_fit_rows  # noqa: E402
-from flowsearch.space.search_space import SearchSpace  # noqa: E402
+from flowsearch.space.fitting import fit_for_index
+from flowsearch.space.reference import OOD_PERCENTILE, best_other_score, split_fit_rows
+from flowsearch.space.search_space import SearchSpace
 
 LOG = logging.getLogger("bench_density_length")
 NEAREST = (50, 100, 200)
@@ -62,13 +56,11 @@ NEAREST = (50, 100, 200)
 
 def top_scores(Z: np.ndarray, index: np.ndarray, own: np.ndarray | None = None) -> np.ndarray:
     """Best inner product of each row of Z over ``index`` (skipping row ``own[i]`` if given)."""
-    out = np.empty(len(Z), np.float64)
-    for start in range(0, len(Z), 1024):
-        S = Z[start : start + 1024] @ index.T
-        if own is not None:
-            S[np.arange(len(S)), own[start : start + 1024]] = -np.inf
-        out[start : start + len(S)] = S.max(axis=1)
-    return out
+    scores, rows = harness.exact_top(Z, index, 1 if own is None else 2)
+    if own is None:
+        return scores[:, 0].astype(np.float64)
+    first_is_own = rows[:, 0] == own
+    return np.where(first_is_own, scores[:, 1], scores[:, 0]).astype(np.float64)
 
 
 def nearest_length_cut(tokens: np.ndarray, ref_tokens: np.ndarray, ref: np.ndarray,
@@ -77,7 +69,7 @@ def nearest_length_cut(tokens: np.ndarray, ref_tokens: np.ndarray, ref: np.ndarr
     log(tokens) (ties by order)."""
     lt, lr = np.log(np.maximum(tokens, 1)), np.log(np.maximum(ref_tokens, 1))
     order = np.argsort(np.abs(lt[:, None] - lr[None, :]), axis=1, kind="stable")[:, :n]
-    return np.percentile(ref[order], current().ood_percentile, axis=1)
+    return np.percentile(ref[order], OOD_PERCENTILE, axis=1)
 
 
 def study(
@@ -109,7 +101,7 @@ def study(
     values["held-out passages"], tokens["held-out passages"] = ref, ref_tok
 
     cuts: dict[str, dict[str, np.ndarray]] = {}
-    product = float(np.percentile(ref, current().ood_percentile))
+    product = float(np.percentile(ref, OOD_PERCENTILE))
     cuts["product: < p5 of held-out rows"] = {
         g: np.full(len(v), product) for g, v in values.items()
     }
@@ -118,12 +110,11 @@ def study(
             g: nearest_length_cut(tokens[g], ref_tok, ref, n) for g in values
         }
     b, a = np.polyfit(np.log(np.maximum(ref_tok, 1)), ref, 1)
-    resid = ref - (a + b * np.log(np.maximum(ref_tok, 1)))
-    resid_cut = float(np.percentile(resid, current().ood_percentile))
+    resid_cut = float(np.percentile(ref - (a + b * np.log(np.maximum(ref_tok, 1))), OOD_PERCENTILE))
     cuts["length line: residual < p5 of held-out residuals"] = {
         g: a + b * np.log(np.maximum(tokens[g], 1)) + resid_cut for g in values
     }
-    snip_cut = float(np.percentile(snip_scores, current().ood_percentile))
+    snip_cut = float(np.percentile(snip_scores, OOD_PERCENTILE))
     cuts["< p5 of 4-12 word snippets of held-out rows"] = {
         g: np.full(len(v), snip_cut) for g, v in values.items()
     }
@@ -159,9 +150,7 @@ def study(
 
 
 def _top2(Z: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    S = Z @ index.T
-    rows = np.argsort(-S, axis=1, kind="stable")[:, :2]
-    return np.take_along_axis(S, rows, 1), rows
+    return harness.exact_top(Z, index, 2)
 
 
 PRODUCT = "product: < p5 of held-out rows"
@@ -224,7 +213,7 @@ def markdown(res: dict[str, Any]) -> str:
                   "held-out passages | foreign passages (caught) |",
                   "|---|---:|---:|---:|---:|"]  # fmt: skip
         for rule, row in s["rules"].items():
-            span = s["rules_range"][rule]
+            span = _seed_range(s["rules_by_seed"])[rule]
             cells = [f"{row[g]:.2f} ({span[g][0]:.2f}-{span[g][1]:.2f})"
                      for g in ("questions (QNLI)", "off-domain queries", "held-out passages",
                                "foreign passages")]  # fmt: skip
@@ -241,64 +230,94 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", default=os.environ.get("FLOWSEARCH_DATA", "../shared/data"))
-    p.add_argument("--dev", default=str(HERE / "_work" / "dev_sets"))
-    p.add_argument("--vectors", default=str(HERE / "_work" / "density_vectors"))
-    p.add_argument("--poolings", default="static,model2vec,mean")
-    p.add_argument("--m2v", default=str(HERE / "_work" / "m2v_minilm"))
-    p.add_argument("--out", default=str(HERE / "bench_density_length"))
-    p.add_argument("--seeds", type=int, default=5, help="held-out splits (seeds 0..N-1)")
-    p.add_argument("--report-only", action="store_true")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if args.report_only:
-        publish(args.out, markdown, "bench_density_length", None)
-        return 0
-    from flowsearch.encode.encoder import Encoder
+def section(res: dict[str, Any]) -> str:
+    """This study's section of benchmarks/RESULTS.md."""
+    produced = harness.produced_by(res, "python benchmarks/bench_density_length.py")
+    return markdown(res).rstrip() + "\n\n" + produced
 
-    t0 = time.perf_counter()
-    load = [round(x, 2) for x in os.getloadavg()]
-    texts = load_texts(Path(args.data), Path(args.dev))
-    tok_enc = Encoder(None, pooling="static")
-    res: dict[str, Any] = {"poolings": {}}
-    for label in args.poolings.split(","):
-        if label == "model2vec":
-            enc = Encoder(args.m2v, pooling="static")
-        else:
-            enc = Encoder(None, pooling=label)
-        store = VectorStore(Path(args.vectors) / f"{label}.npz", enc)
-        LOG.info("%s", label)
-        runs = [study(label, texts, store, tok_enc, seed) for seed in range(args.seeds)]
-        first = runs[0]
-        first["seeds"] = args.seeds
-        first["rules_by_seed"] = [r["rules"] for r in runs]
-        first["rules"] = {
-            rule: {g: round(float(np.mean([r["rules"][rule][g] for r in runs])), 4) for g in row}
-            for rule, row in first["rules"].items()
-        }
-        first["rules_range"] = {
-            rule: {g: [min(r["rules"][rule][g] for r in runs),
-                       max(r["rules"][rule][g] for r in runs)] for g in row}
-            for rule, row in first["rules"].items()
-        }  # fmt: skip
-        res["poolings"][label] = first
-    res["seconds"] = round(time.perf_counter() - t0, 1)
-    res["load_average"] = [load, [round(x, 2) for x in os.getloadavg()]]
-    res["setup"] = (
-        f"Bundled model (all-MiniLM-L6-v2) and a Model2Vec model distilled from it; "
-        f"{len(texts.passages):,} QNLI dev sentences indexed, {len(texts.questions):,} QNLI "
-        f"questions (in-domain), "
-        + ", ".join(f"{len(v)} {k}" for k, v in texts.off_queries.items())
-        + " sentences (off-domain queries), "
-        + ", ".join(f"{len(v)} {k}" for k, v in texts.foreign.items())
-        + f" sentences (foreign passages). {res['seconds']:.0f} s; load average "
-        f"{load[0]} at the start, {res['load_average'][1][0]} at the end (2 shared cores)."
-    )
-    print(publish(args.out, markdown, "bench_density_length", res))
+
+def main(argv: list[str] | None = None) -> int:
+    p = harness.arguments(__doc__, "static, 600 passages, 1 seed", "bench_density_length")
+    p.add_argument("--dev", default=None, help="dev sets folder (default: built under _work)")
+    p.add_argument("--vectors", default=str(harness.WORK / "density_vectors"))
+    p.add_argument("--poolings", default="static,model2vec,mean")
+    p.add_argument("--m2v", default=str(harness.WORK / "m2v_minilm"))
+    p.add_argument("--seeds", type=int, default=5, help="held-out splits (seeds 0..N-1)")
+    p.add_argument("--limit", type=int, default=None, help="first N passages and queries only")
+    args = harness.parse(p, argv, poolings="static", seeds=1, limit=600)
+    if harness.rendered(args, section):
+        return 0
+    data = harness.data_dir(args.data)
+    dev = Path(args.dev) if args.dev else harness.dev_sets(data, DEV_CORPUS)[0]
+    res = run(args, load_texts(data, dev, args.limit))
+    harness.finish(args, section, res)
     return 0
 
 
+def _encoder(label: str, m2v: str) -> Any:
+    from flowsearch.encode.encoder import Encoder
+
+    if label != "model2vec":
+        return Encoder(None, pooling=label)
+    from bench_retrieval import distil_model2vec
+
+    if distil_model2vec(Path(m2v)) is None:
+        raise SystemExit(f"no Model2Vec model at {m2v}: install model2vec[distill] or drop it")
+    return Encoder(m2v, pooling="static")
+
+
+def run(args: argparse.Namespace, texts: Any) -> dict[str, Any]:
+    """Every pooling's study over ``args.seeds`` held-out splits; the report ``section`` reads."""
+    from flowsearch.encode.encoder import Encoder
+
+    t0 = time.perf_counter()
+    load = harness.load_average()
+    tok_enc = Encoder(None, pooling="static")
+    res: dict[str, Any] = {"poolings": {}, "command": harness.command_line()}
+    for label in args.poolings.split(","):
+        store = VectorStore(Path(args.vectors) / f"{label}.npz", _encoder(label, args.m2v))
+        LOG.info("%s", label)
+        runs = [study(label, texts, store, tok_enc, seed) for seed in range(args.seeds)]
+        res["poolings"][label] = _over_seeds(runs, args.seeds)
+    res["seconds"] = round(time.perf_counter() - t0, 1)
+    res["load_average"] = [load, harness.load_average()]
+    n = texts.sizes()
+    res["setup"] = (
+        f"Bundled model (all-MiniLM-L6-v2) and a Model2Vec model distilled from it; "
+        f"{n['passages']} QNLI dev sentences indexed, {n['questions']} QNLI questions "
+        f"(in-domain), {n['off']} sentences (off-domain queries), {n['foreign']} sentences "
+        f"(foreign passages). {res['seconds']:.0f} s; load average {load[0]} at the start, "
+        f"{res['load_average'][1][0]} at the end (2 shared cores)."
+    )
+    return res
+
+
+def _seed_range(by_seed: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, list[float]]]:
+    """Each rule's [lowest, highest] share per group over the held-out splits.
+
+    (Earlier runs stored a ``rules_range`` whose first split counted the mean of all
+    splits instead of its own share, so their ranges were too narrow; rendering computes the
+    range from the per-split shares the JSON keeps.)"""
+    return {
+        rule: {g: [min(r[rule][g] for r in by_seed), max(r[rule][g] for r in by_seed)]
+               for g in row}
+        for rule, row in by_seed[0].items()
+    }  # fmt: skip
+
+
+def _over_seeds(runs: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
+    """The first split's study with each rule's share averaged over all splits, and its range."""
+    by_seed = [r["rules"] for r in runs]
+    first = runs[0]
+    first["seeds"] = seeds
+    first["rules_by_seed"] = by_seed
+    first["rules_range"] = _seed_range(by_seed)
+    first["rules"] = {
+        rule: {g: round(float(np.mean([r[rule][g] for r in by_seed])), 4) for g in row}
+        for rule, row in by_seed[0].items()
+    }
+    return first
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    harness.script(main)

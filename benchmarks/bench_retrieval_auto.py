@@ -3,8 +3,8 @@ calibrator on sample queries too helps.
 
 Usage::
 
-    PYTHONPATH=. HF_HUB_OFFLINE=1 python benchmarks/bench_retrieval_auto.py [--data DIR]
-        [--max-corpus N] [--m2v DIR] [--no-mean]
+    python benchmarks/bench_retrieval_auto.py [--data DIR] [--max-corpus N] [--m2v DIR] [--no-mean]
+    python benchmarks/bench_retrieval_auto.py --smoke    # 300 passages, static; no figures
 
 Writes ``benchmarks/bench_retrieval_auto.json`` and ``.md``. Uses the dev sets and the vector
 cache of ``benchmarks/bench_retrieval.py`` (same ``--max-corpus``, default 6000) and its
@@ -28,25 +28,18 @@ followed by a capital), to say whether fitting on passages' sentences can be mea
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
 import re
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from bench_retrieval import (  # noqa: E402
+from bench_retrieval import (
     SETS,
-    WORK,
     DevSet,
     dense_top,
     distil_model2vec,
@@ -55,14 +48,15 @@ from bench_retrieval import (  # noqa: E402
     make_encoder,
     pooling_of,
     project,
+    run_of,
     score_run,
 )
-from results_md import publish  # noqa: E402
+from harness import WORK, command_line, data_dir, dev_sets, load_average, markdown
 
-from flowsearch.calibration.anisotropy import STATISTICS, anisotropy_stats  # noqa: E402
-from flowsearch.evaluation.cache import VectorCache  # noqa: E402
-from flowsearch.evaluation.retrieval import ndcg_at_k  # noqa: E402
-from flowsearch.space.fitting import fit_for_index  # noqa: E402
+from flowsearch.calibration.anisotropy import STATISTICS, anisotropy_stats
+from flowsearch.evaluation.cache import VectorCache
+from flowsearch.evaluation.ranking_metrics import ndcg_at_k
+from flowsearch.space.fitting import fit_for_index
 
 LOG = logging.getLogger("bench_retrieval_auto")
 
@@ -76,10 +70,6 @@ CALS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 FIT_LEVER_ENCODERS = ("static:raw", "model2vec")
 _SENTENCE_END = re.compile(r"[.?!][\"')\]]?\s+(?=[A-Z])")
-
-
-def load_average() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def subset(ds: DevSet, keep: np.ndarray) -> DevSet:
@@ -113,13 +103,7 @@ def part_a(ds: DevSet, label: str, U: np.ndarray) -> dict[str, Any]:
 
 def per_query(ds: DevSet, hits: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     """nDCG@10 of each of ``ds``'s queries (float64, in ``ds.query_ids`` order)."""
-    run: dict[str, dict[str, float]] = {}
-    for qid, srow, rrow in zip(ds.query_ids, *hits, strict=True):
-        docs = [(ds.doc_ids[r], float(x)) for x, r in zip(srow, rrow, strict=True) if r >= 0]
-        if ds.ignore_identical:
-            docs = [(d, x) for d, x in docs if d != qid]
-        run[qid] = dict(docs[:100])
-    got = ndcg_at_k(ds.qrels, run, 10)
+    got = ndcg_at_k(ds.qrels, run_of(ds, *hits), 10)
     return np.array([got.get(q, 0.0) for q in ds.query_ids])
 
 
@@ -192,25 +176,18 @@ def part_c(ds: DevSet) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=str(HERE.parent.parent / "shared" / "data"))
+    parser = harness.arguments(__doc__, "300 passages, static encoders", "bench_retrieval_auto")
     parser.add_argument("--max-corpus", type=int, default=6000)
-    parser.add_argument("--m2v", default=str(WORK / "m2v_minilm"))
+    parser.add_argument("--m2v", default=str(WORK / "m2v_minilm"), help="'none': skip Model2Vec")
     parser.add_argument("--no-mean", action="store_true", help="skip mean pooling (slow)")
-    parser.add_argument("--out", default=str(HERE / "bench_retrieval_auto"))
-    parser.add_argument("--report-only", action="store_true", help="re-render the .md")
-    args = parser.parse_args(argv)
-    if args.report_only:
-        publish(args.out, render, "bench_retrieval_auto", None)
+    args = harness.parse(parser, argv, max_corpus=300, m2v="none", no_mean=True)
+    if harness.rendered(args, render):
         return 0
-    from make_dev_sets import make_dev_sets
-
     started = time.perf_counter()
-    root = WORK / f"dev_sets_{args.max_corpus}"
-    records = make_dev_sets(args.data, root, list(SETS), args.max_corpus)
+    root, records = dev_sets(data_dir(args.data), args.max_corpus)
     sets = load_sets(root, SETS)
     cache = VectorCache(WORK / "cache")
-    m2v = distil_model2vec(Path(args.m2v))
+    m2v = None if args.m2v == "none" else distil_model2vec(Path(args.m2v))
     labels = [
         x for x in ENCODERS if (x != "model2vec" or m2v) and (x != "mean" or not args.no_mean)
     ]
@@ -226,7 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 report["fit"].append(part_b(ds, label, U, lexical_hits(ds)))
     report["load_average_end"] = load_average()
     report["seconds"] = round(time.perf_counter() - started, 1)
-    publish(args.out, render, "bench_retrieval_auto", report)
+    report["command"] = command_line()
+    harness.finish(args, render, report)
     return 0
 
 
@@ -298,8 +276,6 @@ def findings(report: dict[str, Any]) -> list[str]:
 def render(report: dict[str, Any]) -> str:
     rows = report["auto"]
     lines = [
-        "## `auto` per encoder kind, and fitting on queries (`benchmarks/bench_retrieval_auto.py`)",
-        "",
         *findings(report),
         "",
         f"Dev sets at most {report['max_corpus']:,} passages; exact dense search; nDCG@10. "
@@ -365,10 +341,10 @@ def render(report: dict[str, Any]) -> str:
     for r in report["sentences"]:
         lines.append(f"| {r['set']} | {r['passages']:,} | {r['single_sentence_share']:.3f} | "
                      f"{r['mean_sentences']:.2f} |")  # fmt: skip
-    return "\n".join(lines) + "\n"
+    title = "`auto` per encoder kind, and fitting on queries (`benchmarks/bench_retrieval_auto.py`)"
+    default = f"python benchmarks/bench_retrieval_auto.py --max-corpus {report['max_corpus']}"
+    return markdown(title, lines, report, default) + "\n"
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(message)s")  # fmt: skip
-    sys.exit(main())
+    harness.script(main)

@@ -2,8 +2,9 @@ r"""The dev sets through the shipped command, ``flowsearch eval retrieval``, wit
 
 Usage::
 
-    PYTHONPATH=. HF_HUB_OFFLINE=1 python benchmarks/bench_retrieval_cli.py [--data DIR]
-        [--max-corpus N] [--m2v DIR] [--tiers mean,static,model2vec]
+    python benchmarks/bench_retrieval_cli.py [--data DIR] [--max-corpus N] [--m2v DIR]
+        [--tiers mean,static,model2vec]
+    python benchmarks/bench_retrieval_cli.py --smoke    # 300 passages, static; no figures
 
 Each (dev set, tier) is one run of ``flowsearch eval retrieval DIR --mode all --json`` in a
 subprocess (symmetric sets add ``--ignore-identical-ids``, as their ``dataset.json`` says), so
@@ -11,12 +12,12 @@ the figures are the product's: ``build_index`` with ``calibration="auto"`` and t
 then ``Searcher.search`` per mode (hybrid is the Searcher's default mode and fusion weight).
 Tiers: ``mean`` (the defaults: bundled model, mean pooling), ``static`` (``--pooling static``),
 ``model2vec`` (``--model DIR --pooling static``, a Model2Vec model distilled from the bundled
-model by ``bench_retrieval.py``). Writes ``benchmarks/bench_retrieval_cli.json`` and ``.md``.
+model, distilled here as ``bench_retrieval.py`` does when missing). Writes
+``benchmarks/bench_retrieval_cli.json`` and ``.md``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -28,13 +29,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from results_md import publish  # noqa: E402
+import harness
 
 LOG = logging.getLogger("bench_retrieval_cli")
-SETS = ("qnli-dev", "stsb-para", "sick-para", "snli-entail")
+SETS = harness.DEV_SETS
 MODES = ("dense", "lexical", "hybrid")
 
 
@@ -56,7 +54,11 @@ def run_one(ds_dir: Path, tier: str, m2v: str) -> dict[str, Any]:
         cmd.append("--ignore-identical-ids")
     load = round(os.getloadavg()[0], 2)
     started = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(harness.ROOT),
+    }  # this checkout's flowsearch in the child too
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     out = json.loads(done.stdout)
     out["tier"] = tier
     out["command"] = "flowsearch " + " ".join(cmd[3:])
@@ -115,35 +117,47 @@ def markdown(report: dict[str, Any]) -> str:
                 if r["dataset"] == SETS[0]}  # fmt: skip
     lines += ["", *findings(runs)]
     lines += ["", "Commands: " + "; ".join(f"`{c}`" for c in sorted(commands))]
+    default = f"python benchmarks/bench_retrieval_cli.py --max-corpus {report['max_corpus']}"
+    lines += ["", harness.produced_by(report, default)]
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=str(HERE.parent.parent / "shared" / "data"))
-    parser.add_argument("--max-corpus", type=int, default=6000)
-    parser.add_argument("--m2v", default=str(HERE / "_work" / "m2v_minilm"))
-    parser.add_argument("--tiers", default="mean,static,model2vec")
-    parser.add_argument("--out", default=str(HERE / "bench_retrieval_cli"))
-    parser.add_argument("--report-only", action="store_true")
-    args = parser.parse_args(argv)
-    if args.report_only:
-        publish(args.out, markdown, "bench_retrieval_cli", None)
-        return 0
-    from make_dev_sets import make_dev_sets
+def _model2vec(path: str) -> str:
+    """The Model2Vec tier's model, distilled (as bench_retrieval.py does) when missing."""
+    from bench_retrieval import distil_model2vec
 
-    root = HERE / "_work" / f"dev_sets_{args.max_corpus}"
-    make_dev_sets(args.data, root, list(SETS), args.max_corpus)
-    report: dict[str, Any] = {"max_corpus": args.max_corpus, "runs": []}
-    for tier in args.tiers.split(","):
+    if distil_model2vec(Path(path)) is None:
+        raise SystemExit(
+            f"the model2vec tier needs a Model2Vec model at {path}: install model2vec[distill] "
+            "to distil it, or pass --tiers mean,static"
+        )
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = harness.arguments(__doc__, "300 passages, the static tier", "bench_retrieval_cli")
+    parser.add_argument("--max-corpus", type=int, default=6000)
+    parser.add_argument("--m2v", default=str(harness.WORK / "m2v_minilm"))
+    parser.add_argument("--tiers", default="mean,static,model2vec")
+    args = harness.parse(parser, argv, max_corpus=300, tiers="static")
+    if harness.rendered(args, markdown):
+        return 0
+    tiers = args.tiers.split(",")
+    m2v = _model2vec(args.m2v) if "model2vec" in tiers else args.m2v
+    root, _ = harness.dev_sets(harness.data_dir(args.data), args.max_corpus)
+    report: dict[str, Any] = {
+        "max_corpus": args.max_corpus,
+        "runs": [],
+        "command": harness.command_line(),
+    }
+    progress = harness.WORK / "bench_retrieval_cli.partial.json"  # what a stopped run had measured
+    for tier in tiers:
         for s in SETS:
-            report["runs"].append(run_one(root / s, tier, args.m2v))
-            Path(args.out + ".json").write_text(json.dumps(report, indent=1) + "\n")
-    publish(args.out, markdown, "bench_retrieval_cli", report)
+            report["runs"].append(run_one(root / s, tier, m2v))
+            progress.write_text(json.dumps(report, indent=1) + "\n")
+    harness.finish(args, markdown, report)
     return 0
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(message)s")  # fmt: skip
-    sys.exit(main())
+    harness.script(main)

@@ -7,10 +7,11 @@ Every figure comes from the JSON's rows; nothing here measures. Cells are
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
-__all__ = ["best_weight", "write_markdown"]
+from harness import produced_by
+
+__all__ = ["best_weight", "render"]
 
 SETS = ("qnli-dev", "stsb-para", "sick-para", "snli-entail")
 #: The dense weight proposed for static poolings (searcher.py's HYBRID_WEIGHT is for the rest).
@@ -113,7 +114,8 @@ def _hybrid_table(rows: list[dict[str, Any]], enc: str, cal: str) -> list[str]:
     return [f"`{enc}`, calibration `{cal}` (nDCG@10):", "", *_table(header, body)]
 
 
-def write_markdown(report: dict[str, Any], path: Path) -> None:
+def render(report: dict[str, Any]) -> str:
+    """The RESULTS.md section (and ``bench_retrieval.md``), from the JSON the study saves."""
     rows = report["rows"]
     default = report["default_static_variant"]
     variants = ["static:raw", "static:raw+special", "static:layernorm",
@@ -236,7 +238,6 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
                 f"`{check['encoder']}`, calibration `{check['calibration']}`, hybrid weight "
                 f"{check['weight']}): product {check['product']}; this script "
                 f"{check['this_script']}.", ""]  # fmt: skip
-    path.write_text("\n".join(out) + "\n")
-    from results_md import write_section
-
-    write_section(Path(__file__).with_name("RESULTS.md"), "\n".join(out), "bench_retrieval")
+    default = f"python benchmarks/bench_retrieval.py --max-corpus {report['max_corpus']}"
+    out += [produced_by(report, default)]
+    return "\n".join(out) + "\n"

@@ -2,12 +2,13 @@
 
 Writes benchmarks/bench_scale.json and the ``bench_scale`` section of benchmarks/RESULTS.md.
 
-The 1M vectors: the 200k real sentences of ``benchmarks/_work/corpus_200000.parquet`` (built by
-``speed_corpus.py``) encoded with the bundled model's ``static`` pooling, plus four jittered
-copies of every row (``speed_ann.jitter``: noise shaped by the data's covariance, half the median
-distance to a row's 10th neighbour), all projected into the space ``calibration="auto"`` fits on
-the 200k real rows (what ingest searches). Queries: the corpus file's 2,000 real queries (1,000
-QNLI questions, 1,000 held-out sentences). Truth: exact top-10 (``Flat``) in the same space.
+The 1M vectors: the 200k real sentences of ``speed_corpus.py``'s corpus (built under
+``benchmarks/_work`` from the evaluation data when missing) encoded with the bundled model's
+``static`` pooling, plus four jittered copies of every row (``speed_ann.jitter``: noise shaped by
+the data's covariance, half the median distance to a row's 10th neighbour), all projected into
+the space ``calibration="auto"`` fits on the 200k real rows (what ingest searches). Queries: the
+corpus file's 2,000 real queries (1,000 QNLI questions, 1,000 held-out sentences). Truth: exact
+top-10 (faiss.contrib's brute force) in the same space.
 
 Stages (each cached in ``benchmarks/_work/scale``; ``build`` and ``serve`` run in child
 processes so their RSS is theirs alone):
@@ -20,7 +21,9 @@ processes so their RSS is theirs alone):
   and after 1,000 single queries, p50 latency, batch QPS, recall@10 vs Flat on the 2,000 real
   queries, and a recall grid over ``nprobe`` x ``k_factor`` (500 queries).
 
-    python benchmarks/bench_scale.py [--stage all|prepare|build|serve] [--encoders]
+    python benchmarks/bench_scale.py [--data DIR] [--stage all|prepare|build|serve] [--encoders]
+    python benchmarks/bench_scale.py --smoke     # 2,000 real rows x 5; figures untouched
+    python benchmarks/bench_scale.py --render    # the section again from bench_scale.json
 """
 
 from __future__ import annotations
@@ -35,14 +38,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-sys.path.insert(0, str(HERE))
-WORK = HERE / "_work" / "scale"
-CORPUS = HERE / "_work" / "corpus_200000.parquet"
-OUT = HERE / "bench_scale.json"
+sys.path.insert(0, str(harness.ROOT / "tests"))  # corpus_helpers: the encoder-speed passages
+#: The stages' folder (``--smoke``: a folder of its own).
+WORK = harness.WORK / "scale"
 COPIES = 4  # 200k real rows + 4 jittered copies of each = 1M
 CHUNK = 65_536
 
@@ -110,7 +111,7 @@ def encoders(n: int) -> dict[str, float]:
     enc.encode(texts[:m], batch_size=32, progress=False)
     out["bert-base-size mean rows/s"] = m / (time.perf_counter() - t)
     out["mean tokens per passage"] = float(
-        np.mean([len(enc._tokenizer(x)["input_ids"]) for x in texts[:200]])
+        np.mean([len(ids) for ids in enc._tokens.ids(texts[:200], max_length=1 << 30)])
     )
     return out
 
@@ -118,12 +119,11 @@ def encoders(n: int) -> dict[str, float]:
 # --- prepare -----------------------------------------------------------------------------------
 
 
-def prepare() -> dict[str, Any]:
+def prepare(corpus: Path, queries: list[str]) -> dict[str, Any]:
     import faiss
     import pyarrow.parquet as pq
     from speed_ann import jitter, jitter_scale
 
-    from flowsearch.ann import faiss_index as fx
     from flowsearch.encode.encoder import Encoder
     from flowsearch.space.fitting import fit_for_index
     from flowsearch.space.search_space import SearchSpace
@@ -133,8 +133,7 @@ def prepare() -> dict[str, Any]:
     out: dict[str, Any] = {}
     raw, raw_q = WORK / "raw_200k.npy", WORK / "raw_queries.npy"
     if not raw.exists() or not raw_q.exists():
-        texts = pq.read_table(CORPUS, columns=["text"]).column("text").to_pylist()
-        queries = json.loads(CORPUS.with_suffix(".json").read_text())["queries"]
+        texts = pq.read_table(corpus, columns=["text"]).column("text").to_pylist()
         enc = Encoder(None, pooling="static")
         t = time.perf_counter()
         U = enc.encode(texts, batch_size=256, progress=False).astype(np.float32)
@@ -158,7 +157,7 @@ def prepare() -> dict[str, Any]:
     Zq = space.project(Uq, want_density=False)[0]
     np.save(WORK / "z_queries.npy", Zq)
     t = time.perf_counter()
-    _, truth = fx.exact_knn(Zq, (Z[i : i + CHUNK] for i in range(0, len(Z), CHUNK)), 10)
+    _, truth = harness.exact_top(Zq, Z, 10, chunk_rows=CHUNK)
     out["flat_batch_qps"] = len(Zq) / (time.perf_counter() - t)
     out["top10_jittered_share"] = float((truth >= len(U)).mean())
     np.save(WORK / "truth.npy", truth)
@@ -176,16 +175,23 @@ def build() -> dict[str, Any]:
     from flowsearch.ann import faiss_index as fx
 
     faiss.omp_set_num_threads(2)
+    if not (WORK / "z_1m.npy").is_file():
+        raise SystemExit(f"no vectors in {WORK}: run --stage prepare (or --stage all) first")
     Z = np.load(WORK / "z_1m.npy", mmap_mode="r")
     chunks = lambda: (np.asarray(Z[i : i + CHUNK]) for i in range(0, len(Z), CHUNK))  # noqa: E731
     seconds: dict[str, float] = {}
     with _PeakAnon() as peak:
         # what auto builds past AUTO_GRAPH_MAX_ROWS (2M), measured at 1M
-        factory = fx.auto_factory(len(Z), graph_max_rows=len(Z) - 1, dim=Z.shape[1])
+        # (Flat up to the default 100k rows; a --smoke run is below that too, so its limit is
+        # lowered as well and the smoke run takes the same path)
+        factory = fx.auto_factory(
+            len(Z), min(len(Z) - 1, 100_000), graph_max_rows=len(Z) - 1, dim=Z.shape[1]
+        )
         t = time.perf_counter()
         index = fx.new_index(Z.shape[1], factory)
         # as ingest.training_sample: a seeded uniform sample, then train() bounds it further
-        pick = np.sort(np.random.default_rng(0).choice(len(Z), size=262_144, replace=False))
+        size = min(len(Z), 262_144)
+        pick = np.sort(np.random.default_rng(0).choice(len(Z), size=size, replace=False))
         sample = np.asarray(Z[pick])
         fx.train(index, sample, factory)
         seconds["train"] = time.perf_counter() - t
@@ -230,6 +236,8 @@ def serve() -> dict[str, Any]:
     from flowsearch.ann import faiss_index as fx
 
     faiss.omp_set_num_threads(2)
+    if not (WORK / "build.json").is_file():
+        raise SystemExit(f"no index built in {WORK}: run --stage build (or --stage all) first")
     built = json.loads((WORK / "build.json").read_text())
     Zq, truth = np.load(WORK / "z_queries.npy"), np.load(WORK / "truth.npy")
     out: dict[str, Any] = {"before_open": _status()}
@@ -248,10 +256,10 @@ def serve() -> dict[str, Any]:
     t = time.perf_counter()
     _, found = fx.search(index, Zq, 10)
     out["batch_qps"] = len(Zq) / (time.perf_counter() - t)
-    out["recall@10"] = fx.recall_at_k(found, truth, 10)
+    out["recall@10"] = harness.recall(found, truth, 10)
     half = len(Zq) // 2  # the corpus file lists 1,000 questions, then 1,000 held-out sentences
-    out["recall@10_questions"] = fx.recall_at_k(found[:half], truth[:half], 10)
-    out["recall@10_sentences"] = fx.recall_at_k(found[half:], truth[half:], 10)
+    out["recall@10_questions"] = harness.recall(found[:half], truth[:half], 10)
+    out["recall@10_sentences"] = harness.recall(found[half:], truth[half:], 10)
     out["after_batch"] = _status()
     grid = {}
     ivf = faiss.extract_index_ivf(index)
@@ -262,7 +270,7 @@ def serve() -> dict[str, Any]:
             t = time.perf_counter()
             _, got = index.search(Zq[:500], 10)
             grid[f"nprobe={nprobe},k_factor={k_factor}"] = {
-                "recall@10": fx.recall_at_k(got, truth[:500], 10),
+                "recall@10": harness.recall(got, truth[:500], 10),
                 "batch_qps": 500 / (time.perf_counter() - t),
             }
     out["grid_500_queries"] = grid
@@ -274,9 +282,12 @@ def serve() -> dict[str, Any]:
 # --- driver ------------------------------------------------------------------------------------
 
 
-def _child(stage: str) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
-    subprocess.run([sys.executable, __file__, "--stage", stage, "--child"], check=True, env=env)
+def _child(stage: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Runs one stage in a child process (its RSS is its own); the stage's JSON."""
+    cmd = [sys.executable, __file__, "--stage", stage, "--child"]
+    cmd += ["--rows", str(args.rows), "--queries", str(args.queries)]
+    cmd += (["--data", args.data] if args.data else []) + (["--smoke"] if args.smoke else [])
+    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(harness.ROOT)})
     return json.loads((WORK / f"{stage}.json").read_text())
 
 
@@ -316,7 +327,7 @@ def report(out: dict[str, Any]) -> str:
         f"| single-query p50 / batch QPS (2 threads) | {s['single_query_p50_ms']:.2f} ms / "
         f"{s['batch_qps']:,.0f} |",
         f"| Flat (exact) batch QPS, same queries | {p['flat_batch_qps']:,.1f} |",
-        f"| recall@10 vs Flat, 2,000 real queries (questions / sentences) | "
+        f"| recall@10 vs Flat, {p['queries']:,} real queries (questions / sentences) | "
         f"**{s['recall@10']:.3f}** ({s['recall@10_questions']:.3f} / "
         f"{s['recall@10_sentences']:.3f}) |",
         f"| recall@10 on the tuning (probe) queries | {b['tuning_recall@10']:.3f} |",
@@ -332,20 +343,47 @@ def report(out: dict[str, Any]) -> str:
             g = s["grid_500_queries"][f"nprobe={nprobe},k_factor={kf}"]
             cells.append(f"{g['recall@10']:.3f} ({g['batch_qps']:,.0f})")
         lines.append(f"| {nprobe} | " + " | ".join(cells) + " |")
+    lines += ["", harness.produced_by(out, "python benchmarks/bench_scale.py --stage all")]
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def _args() -> argparse.Namespace:
+    parser = harness.arguments(__doc__, "2,000 real rows x 5", "bench_scale", markdown=False)
     parser.add_argument("--stage", default="all", choices=["all", "prepare", "build", "serve"])
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rows", type=int, default=200_000, help="real rows (x5 with copies)")
+    parser.add_argument("--queries", type=int, default=2_000)
     parser.add_argument("--encoders", action="store_true", help="re-measure encoder rows/s")
     parser.add_argument("--passages", type=int, default=256)
-    args = parser.parse_args()
-    if args.child:
-        {"prepare": prepare, "build": build, "serve": serve}[args.stage]()
+    return harness.parse(parser, rows=2_000, queries=200, passages=16)
+
+
+def render(out: dict[str, Any]) -> str:
+    """The section, from the whole JSON (its ``ivfpq_1m`` part)."""
+    return report(out["ivfpq_1m"])
+
+
+def main() -> None:
+    global WORK
+    args = _args()
+    if harness.rendered(args, render):
         return
-    out: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() else {}
+    if args.smoke:
+        WORK = harness.WORK / "smoke" / "scale"
+    if args.child:
+        corpus, queries, _ = harness.real_corpus(
+            harness.data_dir(args.data), args.rows, args.queries
+        )
+        stages = {"prepare": lambda: prepare(corpus, queries), "build": build, "serve": serve}
+        stages[args.stage]()
+        return
+    harness.real_corpus(
+        harness.data_dir(args.data), args.rows, args.queries
+    )  # built once, before the children
+    out: dict[str, Any] = {}
+    saved = Path(args.out + ".json")
+    if saved.exists() and not args.smoke:
+        out = json.loads(saved.read_text())
     out.pop("faiss", None)  # the Gaussian-mixture figures of the first version
     out.pop("partial", None)
     start = [round(v, 1) for v in os.getloadavg()]
@@ -355,16 +393,16 @@ def main() -> None:
     stages = ["prepare", "build", "serve"] if args.stage == "all" else [args.stage]
     ivf = out.setdefault("ivfpq_1m", {})
     for stage in stages:
-        ivf[stage] = _child(stage)
+        ivf[stage] = _child(stage, args)
         print(stage, json.dumps(ivf[stage])[:400], flush=True)
     ivf["load"] = {"start": start, "end": [round(v, 1) for v in os.getloadavg()]}
     ivf["date"] = time.strftime("%Y-%m-%d %H:%M")
+    ivf["command"] = harness.command_line()
     out["machine"] = f"{os.uname().machine} {os.cpu_count()} cores"
-    OUT.write_text(json.dumps(out, indent=1) + "\n")
     if all(k in ivf for k in ("prepare", "build", "serve")):
-        from results_md import write_section
-
-        write_section(HERE / "RESULTS.md", report(ivf), "bench_scale")
+        harness.finish(args, render, out)
+    elif not args.smoke:  # a stage alone: keep its figures, the section waits for all three
+        saved.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

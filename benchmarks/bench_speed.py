@@ -27,7 +27,9 @@ Writes ``benchmarks/bench_speed.json`` and ``benchmarks/bench_speed.md`` (a sect
 RESULTS.md).
 
 Usage:
-    PYTHONPATH=. nice python benchmarks/bench_speed.py [--data ../shared/data] [--rows 200000]
+    nice python benchmarks/bench_speed.py [--data DIR] [--rows 200000] [--fresh] [--only a,b]
+    python benchmarks/bench_speed.py --smoke     # 1,000 rows, no 1M part; figures untouched
+    python benchmarks/bench_speed.py --render    # the section again from bench_speed.json
 """
 
 from __future__ import annotations
@@ -37,21 +39,19 @@ import json
 import os
 import platform
 import resource
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
+from harness import command_line, data_dir, real_corpus, recall
+from speed_ingest import run_ingest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from speed_corpus import corpus_and_queries  # noqa: E402
-from speed_ingest import run_ingest  # noqa: E402
-
-HERE = Path(__file__).resolve().parent
-WORK = HERE / "_work"
-N_LATENCY = 200  # queries timed one at a time (half questions, half sentences), x rounds
+#: Where the stages keep their indexes and JSON (``--smoke``: a folder of its own).
+WORK = harness.WORK
+N_LATENCY = 200  # queries timed one at a time (half questions, half sentences), x ROUNDS
+ROUNDS = 3
 
 
 def _stage(name: str, fresh: bool, fn: Any) -> Any:
@@ -152,15 +152,16 @@ def stage_fit(corpus: Path) -> dict[str, Any]:
     out["peak_rss_gb"] = peaks
     texts = pq.read_table(corpus, columns=["text"]).column("text").to_pylist()
     rng = np.random.default_rng(0)
-    sample = [texts[i] for i in rng.choice(len(texts), size=2_000, replace=False)]
+    n = min(2_000, len(texts))  # 2k, or all of a --smoke corpus
+    sample = [texts[i] for i in rng.choice(len(texts), size=n, replace=False)]
     enc = Encoder(pooling="mean")
     enc.encode(sample[:64], progress=False)  # warm-up
     start, cpu = time.perf_counter(), time.process_time()
     enc.encode(sample, batch_size=64, progress=False)
     out["mean_encode_2k_s"] = time.perf_counter() - start
     out["mean_encode_2k_cpu_s"] = time.process_time() - cpu
-    out["mean_encode_200k_s_extrapolated"] = out["mean_encode_2k_s"] * len(U) / 2_000
-    out["mean_encode_200k_cpu_s_extrapolated"] = out["mean_encode_2k_cpu_s"] * len(U) / 2_000
+    out["mean_encode_200k_s_extrapolated"] = out["mean_encode_2k_s"] * len(U) / n
+    out["mean_encode_200k_cpu_s_extrapolated"] = out["mean_encode_2k_cpu_s"] * len(U) / n
     return out
 
 
@@ -210,7 +211,8 @@ def stage_query(queries: list[str]) -> dict[str, Any]:
     from flowsearch import Searcher
 
     lat_q = latency_queries(queries)
-    out: dict[str, Any] = {"latency_queries": len(lat_q), "rounds": 3, "all_queries": len(queries)}
+    out: dict[str, Any] = {"latency_queries": len(lat_q), "rounds": ROUNDS}
+    out["all_queries"] = len(queries)
     # BENCH_SPEED_QUERY_INDEXES=a,b: measure only those now, keep the others' figures from the
     # last run of this stage (each index's figures are self-contained: its own loop and load)
     only = set(filter(None, os.environ.get("BENCH_SPEED_QUERY_INDEXES", "").split(",")))
@@ -227,6 +229,7 @@ def stage_query(queries: list[str]) -> dict[str, Any]:
         peer = _peer(s) if name.startswith("mean") else None
         extra = _faiss_200k(lat_q) if name == "mean_20k" else None
         rec = recall_of_index(s, s.embed(queries)[0])
+        found, exact = rec["found"], rec["exact"]
         half = len(queries) // 2
         out[name] = {
             "factory": s.manifest.faiss.factory,
@@ -236,10 +239,10 @@ def stage_query(queries: list[str]) -> dict[str, Any]:
             "calibrator": s.manifest.calibration.calibrator,
             "calibrator_config": s.manifest.calibration.config,
             "recall": rec["recall"],
-            "recall_questions": float(rec["per_query"][:half].mean()),
-            "recall_sentences": float(rec["per_query"][half:].mean()),
+            "recall_questions": recall(found[:half], exact[:half]),
+            "recall_sentences": recall(found[half:], exact[half:]),
             "load_before": os.getloadavg(),
-            "latency": latency(s, lat_q, rounds=3, peer=peer, extra=extra),
+            "latency": latency(s, lat_q, rounds=ROUNDS, peer=peer, extra=extra),
             "load_after_latency": os.getloadavg(),
             "batch_qps": batch_qps(s, queries),
         }
@@ -247,11 +250,8 @@ def stage_query(queries: list[str]) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--data", type=Path, default=Path(os.environ.get("FLOWSEARCH_DATA", "../shared/data"))
-    )
+def _args() -> argparse.Namespace:
+    parser = harness.arguments(__doc__, "1,000 rows, no 1M part", "bench_speed")
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--queries", type=int, default=2_000)
     parser.add_argument("--million", type=int, default=1_000_000)
@@ -261,16 +261,27 @@ def main() -> None:
         default="",
         help="comma-separated stages to run now (the others are read from _work)",
     )
-    args = parser.parse_args()
+    return harness.parse(parser, rows=1_000, queries=200, million=0, fresh=True)
+
+
+def main() -> None:
+    global WORK, N_LATENCY, ROUNDS
+    from speed_report import write_report
+
+    args = _args()
+    if harness.rendered(args, write_report):
+        return
     import pyarrow.parquet as pq
     from speed_ann_stage import stage_ann
-    from speed_report import write_report
     from speed_scan import stage_scan
 
+    data = data_dir(args.data)
+    corpus, queries, counts = real_corpus(data, args.rows, args.queries)
+    if args.smoke:
+        WORK, N_LATENCY, ROUNDS = harness.WORK / "smoke" / "speed", 40, 1
     WORK.mkdir(parents=True, exist_ok=True)
-    corpus, queries, counts = corpus_and_queries(args.data, WORK, args.rows, args.queries)
     small = WORK / "corpus_20000.parquet"
-    if not small.exists():
+    if args.smoke or not small.exists():
         pq.write_table(pq.read_table(corpus).slice(0, 20_000), small, row_group_size=16_384)
     only = set(filter(None, args.only.split(",")))
 
@@ -284,6 +295,7 @@ def main() -> None:
             "load_at_start": os.getloadavg(),
         },
         "corpus": counts,
+        "command": command_line(),
     }
     stages = {
         "ingest": lambda: stage_ingest(corpus, small),
@@ -299,16 +311,10 @@ def main() -> None:
     for name in stages:
         path = WORK / f"stage_{name}.json"
         if not path.exists():
-            print(f"stage {name} not run yet; no report", flush=True)
+            print(f"stage {name} not run yet: run with --only {name} (or without --only)")
             return
         results[name] = json.loads(path.read_text())
-    (HERE / "bench_speed.json").write_text(json.dumps(results, indent=1))
-    md = write_report(results)
-    (HERE / "bench_speed.md").write_text(md)
-    from results_md import write_section
-
-    write_section(HERE / "RESULTS.md", md, "bench_speed")
-    print(md)
+    harness.finish(args, write_report, results)
 
 
 if __name__ == "__main__":

@@ -10,48 +10,32 @@ calibration (searched space as auto decides), hybrid index (BM25 included).
 Writes ``benchmarks/bench_writes.json`` and its section of ``benchmarks/RESULTS.md``.
 
 Usage:
-    python benchmarks/bench_writes.py [--rows 3000] [--changed 100]
+    python benchmarks/bench_writes.py [--data DIR] [--rows 3000] [--changed 100]
+    python benchmarks/bench_writes.py --smoke    # tiny sizes, RESULTS.md untouched
+    python benchmarks/bench_writes.py --render   # only rewrite the section from the JSON
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import shutil
-import time
-from pathlib import Path
 from typing import Any
 
+import harness
 import pyarrow as pa
 import pyarrow.parquet as pq
-from results_md import write_section
+from harness import WORK, command_line, data_dir, load_average, markdown, timed
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-ROOT = Path(__file__).resolve().parents[1]
+__all__ = ["main", "render"]
 
 
-def _timed(fn: Any) -> tuple[float, Any]:
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
-
-
-def main() -> None:
-    """Run the measurements and write the JSON and the RESULTS.md section."""
+def measure(data: Any, rows: int, n: int) -> dict[str, Any]:
+    """Seconds of a rebuild, an upsert and a delete of ``n`` rows, compact and recalibrate."""
     from flowsearch import build_index, compact, delete, recalibrate, upsert
     from flowsearch.evaluation.datasets import load_stsb, unique_texts
 
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rows", type=int, default=3000)
-    parser.add_argument("--changed", type=int, default=100)
-    args = parser.parse_args()
-    data = os.environ.get("FLOWSEARCH_DATA", str(ROOT.parent / "shared" / "data"))
     pairs = [load_stsb(data, split) for split in ("train", "dev", "test")]
-    texts = unique_texts([t for p in pairs for t in (*p.s1, *p.s2)])[: args.rows]
-    work = ROOT / "benchmarks" / "_work" / "writes"
+    texts = unique_texts([t for p in pairs for t in (*p.s1, *p.s2)])[:rows]
+    work = WORK / "writes"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     corpus = work / "corpus.parquet"
@@ -60,44 +44,62 @@ def main() -> None:
     index = work / "index"
     build_index(corpus, index)  # warm-up: model load, caches
     seconds: dict[str, float] = {}
-    seconds["build (re-encodes)"], _ = _timed(lambda: build_index(corpus, index, overwrite=True))
-    n = args.changed
+    seconds["build (re-encodes)"] = timed(lambda: build_index(corpus, index, overwrite=True))[1]
     changed = [{"id": ids[i], "text": texts[-1 - i]} for i in range(n)]
-    seconds[f"upsert {n} rows"], _ = _timed(lambda: upsert(index, changed))
-    seconds[f"delete {n} ids"], _ = _timed(lambda: delete(index, ids[n : 2 * n]))
-    seconds["compact"], freed = _timed(lambda: compact(index))
-    seconds["recalibrate (whitening)"], _ = _timed(
-        lambda: recalibrate(index, calibration="whitening")
-    )
-    seconds["recalibrate (auto: whitening-flow)"], _ = _timed(lambda: recalibrate(index))
+    seconds[f"upsert {n} rows"] = timed(lambda: upsert(index, changed))[1]
+    seconds[f"delete {n} ids"] = timed(lambda: delete(index, ids[n : 2 * n]))[1]
+    freed, seconds["compact"] = timed(lambda: compact(index))
+    seconds["recalibrate (whitening)"] = timed(lambda: recalibrate(index, calibration="whitening"))[
+        1
+    ]
+    seconds["recalibrate (auto: whitening-flow)"] = timed(lambda: recalibrate(index))[1]
     build = seconds["build (re-encodes)"]
-    doc = {
+    return {
         "rows": len(texts),
         "changed": n,
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
         "vs_build": {k: round(v / build, 4) for k, v in seconds.items()},
         "compact": freed,
-        "load_average": os.getloadavg()[0],
+        "load_average": load_average()[0],
+        "command": command_line(),
     }
-    (ROOT / "benchmarks" / "bench_writes.json").write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The RESULTS.md section, from the JSON document :func:`measure` returns."""
     lines = [
-        "## Writes beside a rebuild (`benchmarks/bench_writes.py`)",
-        "",
-        f"{len(texts):,} unique STS-B sentences, bundled model, `mean`, `auto`, hybrid index; "
+        f"{doc['rows']:,} unique STS-B sentences, bundled model, `mean`, `auto`, hybrid index; "
         f"one run, load average {doc['load_average']:.1f} on 2 cores. `recalibrate` refits on the "
         "raw vectors the shards keep and rewrites the searched space without the encoder.",
         "",
         "| operation | seconds | x build |",
         "|---|---:|---:|",
     ]
-    for name, value in seconds.items():
-        lines.append(f"| {name} | {value:.2f} | {value / build:.3f} |")
-    lines.append("")
-    lines.append(
-        f"compact dropped {freed['dropped']} rows and freed {freed['bytes_freed'] / 2**20:.2f} MiB."
+    for name, value in doc["seconds"].items():
+        lines.append(f"| {name} | {value:.2f} | {doc['vs_build'][name]:.3f} |")
+    freed = doc["compact"]
+    lines += [
+        "",
+        f"compact dropped {freed['dropped']} rows and freed "
+        f"{freed['bytes_freed'] / 2**20:.2f} MiB.",
+    ]
+    return markdown(
+        "Writes beside a rebuild (`benchmarks/bench_writes.py`)",
+        lines,
+        doc,
+        f"python benchmarks/bench_writes.py --rows {doc['rows']} --changed {doc['changed']}",
     )
-    write_section(ROOT / "benchmarks" / "RESULTS.md", "\n".join(lines), "bench_writes")
-    print("\n".join(lines))
+
+
+def main() -> None:
+    """Run the measurements and write the JSON and the RESULTS.md section."""
+    parser = harness.arguments(__doc__, "300 rows, 20 changed", "bench_writes", markdown=False)
+    parser.add_argument("--rows", type=int, default=3000)
+    parser.add_argument("--changed", type=int, default=100)
+    args = harness.parse(parser, rows=300, changed=20)
+    if harness.rendered(args, render):
+        return
+    harness.finish(args, render, measure(data_dir(args.data), args.rows, args.changed))
 
 
 if __name__ == "__main__":

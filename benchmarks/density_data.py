@@ -43,6 +43,15 @@ class Texts:
     foreign: dict[str, list[str]]
     dev: dict[str, BeirDataset]
 
+    def sizes(self) -> dict[str, str]:
+        """How many texts each group holds, as the reports print them."""
+        return {
+            "passages": f"{len(self.passages):,}",
+            "questions": f"{len(self.questions):,}",
+            "off": ", ".join(f"{len(v)} {k}" for k, v in self.off_queries.items()),
+            "foreign": ", ".join(f"{len(v)} {k}" for k, v in self.foreign.items()),
+        }
+
     def all_texts(self) -> list[str]:
         texts = [*self.passages, *self.questions]
         for group in (*self.off_queries.values(), *self.foreign.values()):
@@ -53,21 +62,24 @@ class Texts:
         return unique_texts(texts)
 
 
-def load_texts(data: Path, dev_dir: Path) -> Texts:
-    """The study's text sets (deterministic)."""
+def load_texts(data: Path, dev_dir: Path, limit: int | None = None) -> Texts:
+    """The study's text sets (deterministic); ``limit`` keeps the first passages and questions
+    only (a smoke run)."""
     qnli = load_qnli(data, "dev")
-    passages = unique_texts([t.strip() for t in qnli.s2 if t.strip()])
+    passages = unique_texts([t.strip() for t in qnli.s2 if t.strip()])[:limit]
     dev = {name: load_beir(dev_dir / name) for name in DEV_SETS}
-    questions = list(dev["qnli-dev"].queries.values())
+    questions = list(dev["qnli-dev"].queries.values())[:limit]
     off = {
-        name.split("-")[0]: list(dev[name].queries.values()) for name in ("stsb-para", "sick-para")
+        name.split("-")[0]: list(dev[name].queries.values())[:limit]
+        for name in ("stsb-para", "sick-para")
     }
     qnli_set = set(passages)
     rng = np.random.default_rng(0)
     foreign = {}
     for name in ("stsb-para", "sick-para", "snli-entail"):
         pool = [t for t in dev[name].texts if t not in qnli_set]
-        pick = np.sort(rng.choice(len(pool), min(FOREIGN_PER_SET, len(pool)), replace=False))
+        n = min(FOREIGN_PER_SET, len(pool), limit or len(pool))
+        pick = np.sort(rng.choice(len(pool), n, replace=False))
         foreign[name.split("-")[0]] = [pool[i] for i in pick]
     return Texts(passages, questions, off, foreign, dev)
 

@@ -2,12 +2,15 @@ r"""Builds BEIR-format retrieval development sets from ``../shared/data`` (issue
 
 Usage::
 
-    python benchmarks/make_dev_sets.py DATA_DIR [OUT_DIR] [--sets qnli-dev,stsb-para]
+    python benchmarks/make_dev_sets.py [DATA_DIR] [OUT_DIR] [--sets qnli-dev,stsb-para]
                                         [--max-corpus N]
+    python benchmarks/make_dev_sets.py --smoke    # 300 passages each, under _work/smoke
 
-``OUT_DIR`` defaults to ``benchmarks/_work/dev_sets`` (git-ignored: evaluation data is never
-committed). Each set is a directory ``load_beir`` and BEIR's own loader read, plus a
-``dataset.json`` saying how it was made and whether to evaluate with ``ignore_identical_ids``.
+``DATA_DIR`` defaults to ``$FLOWSEARCH_DATA``, else ``../shared/data``; ``OUT_DIR`` to
+``benchmarks/_work/dev_sets`` (git-ignored: evaluation data is never committed). The benchmarks
+that need the sets build them themselves (``harness.dev_sets``). Each set is a directory
+``load_beir`` and BEIR's own loader read, plus a ``dataset.json`` saying how it was made and
+whether to evaluate with ``ignore_identical_ids``.
 
 - ``qnli-dev`` (asymmetric, question -> passage): QNLI dev questions; relevant = the sentences
   labelled ``entailment`` (they answer the question); corpus = every distinct dev sentence.
@@ -42,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import WORK, data_dir
+
 from flowsearch.evaluation.beir import write_beir
 from flowsearch.evaluation.datasets import (
     load_qnli,
@@ -55,7 +60,7 @@ __all__ = ["SETS", "DevSet", "make_dev_sets", "text_id"]
 
 LOG = logging.getLogger(__name__)
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "_work" / "dev_sets"
+DEFAULT_OUT = WORK / "dev_sets"
 
 
 def text_id(text: str, prefix: str = "s") -> str:
@@ -212,13 +217,16 @@ def make_dev_sets(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("data_dir", help="the evaluation data folder (../shared/data)")
+    parser.add_argument("data_dir", nargs="?", default=None, help="evaluation data folder")
     parser.add_argument("out_dir", nargs="?", default=str(DEFAULT_OUT))
     parser.add_argument("--sets", default=",".join(SETS), help="comma-separated set names")
     parser.add_argument("--max-corpus", type=int, default=None, help="subsample larger corpora")
+    parser.add_argument("--smoke", action="store_true", help="300 passages, under _work/smoke")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.out_dir, args.max_corpus = str(WORK / "smoke" / "dev_sets"), 300
     names = [n.strip() for n in args.sets.split(",") if n.strip()]
-    records = make_dev_sets(args.data_dir, args.out_dir, names, args.max_corpus)
+    records = make_dev_sets(data_dir(args.data_dir), args.out_dir, names, args.max_corpus)
     print(f"{'set':<14} {'corpus':>8} {'queries':>8} {'rel/query':>9}  (in {args.out_dir})")
     for name, info in records.items():
         print(f"{name:<14} {info['corpus']:>8} {info['queries']:>8} {info['mean_relevant']:>9.3f}")

@@ -5,6 +5,8 @@ spectra, and the "when does calibration help?" study that sets ``calibration="au
 Usage (the default sweep takes under 30 minutes on 2 CPU cores)::
 
     FLOWSEARCH_DATA=../shared/data .venv/bin/python benchmarks/run_sts.py
+    # the tiny test model, mean pooling only, into benchmarks/_work/smoke/sts (minutes):
+    .venv/bin/python benchmarks/run_sts.py --smoke
     # the paper's own setting, for a user who has bert-base-uncased:
     .venv/bin/python benchmarks/run_sts.py --model bert-base-uncased --max-length 64 \
         --text senteval --poolings mean,first_last_avg,cls --no-study
@@ -25,11 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from results_md import write_section  # noqa: E402
-from sts_analysis import (  # noqa: E402
+from harness import HERE, ROOT, WORK, data_dir, write_section
+from sts_analysis import (
     choose_rule,
     edit_distance,
     lexical_table,
@@ -39,24 +38,23 @@ from sts_analysis import (  # noqa: E402
     random_model_dir,
     spectrum,
 )
-from sts_encoding import MultiPoolEncoder  # noqa: E402
-from sts_report import render  # noqa: E402
+from sts_encoding import MultiPoolEncoder
+from sts_report import render
 
-from flowsearch.calibration import make_calibrator  # noqa: E402
-from flowsearch.calibration.anisotropy import STATISTICS, anisotropy_stats  # noqa: E402
-from flowsearch.evaluation import (  # noqa: E402
+from flowsearch.calibration import make_calibrator
+from flowsearch.calibration.anisotropy import STATISTICS, anisotropy_stats
+from flowsearch.evaluation import (
     EvalSession,
     PairSet,
     VectorCache,
     load_sick,
     load_stsb,
 )
-from flowsearch.evaluation.datasets import unique_texts  # noqa: E402
-from flowsearch.evaluation.metrics import cosine_pairs, spearman100  # noqa: E402
-from flowsearch.evaluation.session import STS_TASKS  # noqa: E402
+from flowsearch.evaluation.datasets import unique_texts
+from flowsearch.evaluation.metrics import cosine_pairs, spearman100
+from flowsearch.evaluation.session import STS_TASKS
 
 LOG = logging.getLogger("run_sts")
-HERE = Path(__file__).resolve().parent
 
 TABLE2_CALS = ("none", "whitening", "whitening-k", "flow", "whitening-flow", "flow-nli")
 TABLE5_CALS = ("none", "sn", "natsv", "sn-natsv", "whitening", "flow", "whitening-flow")
@@ -68,7 +66,7 @@ STUDY_CALS = ("flow", "whitening", "whitening-flow")
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="HF id or local dir (default: bundled MiniLM)")
-    p.add_argument("--data", default=os.environ.get("FLOWSEARCH_DATA", "../shared/data"))
+    p.add_argument("--data", default=None, help="evaluation data (default $FLOWSEARCH_DATA)")
     p.add_argument("--max-length", type=int, default=None)
     p.add_argument("--text", choices=("raw", "senteval"), default="raw")
     p.add_argument(
@@ -104,7 +102,16 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--out", default=str(HERE), help="folder for RESULTS.md, JSON, figures/")
     p.add_argument("--cache", default=None, help="vector cache folder")
-    return p.parse_args(argv)
+    p.add_argument("--smoke", action="store_true", help="tiny test model, mean only, no figures")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.model = str(ROOT / "tests" / "assets" / "tiny_bert")
+        args.poolings, args.qnli_poolings, args.study, args.variants = "mean", "mean", False, False
+        args.nli_sentences, args.out = 500, str(WORK / "smoke" / "sts")
+        args.cache = args.cache or str(WORK / "smoke" / "cache")
+    if not args.render_only:
+        args.data = str(data_dir(args.data))
+    return args
 
 
 def _views(model: str | None, max_length: int | None, poolings: list[str]):
@@ -217,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     started = time.perf_counter()
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     figs = out / "figures"
     if args.render_only:
         return _render_only(out)

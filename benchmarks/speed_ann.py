@@ -22,6 +22,7 @@ from typing import Any
 import faiss
 import numpy as np
 from faiss.contrib.ivf_tools import add_preassigned
+from harness import exact_top, recall, single_query_ms
 
 from flowsearch.ann import faiss_index as fx
 
@@ -40,27 +41,16 @@ def _now() -> float:
 
 
 def truth(x: np.ndarray, q: np.ndarray, k: int = 10) -> tuple[np.ndarray, float]:
-    """Exact top-k rows (int64 (q, k)) and the Flat index's batch QPS."""
+    """Exact top-k rows (int64 (q, k)) and the Flat scan's batch QPS."""
     start = _now()
-    _, rows = fx.exact_knn(q, (x[i : i + _CHUNK * 4] for i in range(0, len(x), _CHUNK * 4)), k)
+    rows = exact_top(q, x, k, chunk_rows=_CHUNK * 4)[1]
     return rows, len(q) / (_now() - start)
 
 
 def _p50_ms(index: faiss.Index, q: np.ndarray, k: int) -> float:
     """Single-query p50 ms on one OpenMP thread (as ``Searcher`` runs one query)."""
-    return fx.single_threaded(lambda: _p50_ms_here(index, q, k))
-
-
-def _p50_ms_here(index: faiss.Index, q: np.ndarray, k: int) -> float:
-    sub = q[:_LATENCY_QUERIES]
-    for row in sub[:10]:
-        index.search(row[None], k)
-    times = []
-    for row in sub:
-        start = _now()
-        index.search(row[None], k)
-        times.append(_now() - start)
-    return float(np.median(times) * 1e3)
+    search = lambda row: index.search(row[None], k)  # noqa: E731
+    return float(fx.single_threaded(lambda: single_query_ms(search, q[:_LATENCY_QUERIES])))
 
 
 def _sweep(
@@ -80,7 +70,7 @@ def _sweep(
         points.append(
             {
                 "param": value,
-                "recall": fx.recall_at_k(found, gt, k),
+                "recall": recall(found, gt, k),
                 "qps": qps,
                 "p50_ms": _p50_ms(index, q, k),
             }
@@ -244,7 +234,7 @@ def rescored(
         points.append(
             {
                 "depth": depth,
-                "recall": fx.recall_at_k(top, gt, k),
+                "recall": recall(top, gt, k),
                 "qps": qps,
                 "p50_ms": float(np.median(times) * 1e3),
             }

@@ -25,6 +25,7 @@ from typing import Any
 
 import faiss
 import numpy as np
+from harness import exact_top, recall
 from speed_ann import IVF_NPROBES, jitter, jitter_scale, rescored, study, truth
 
 from flowsearch import Searcher
@@ -55,21 +56,21 @@ def proxy_agreement(
     curves: dict[str, list[float]] = {"real": [p["recall"] for p in real]}
     for noise in PROXY_NOISES:
         q = fx.probe_queries(x, 256, noise=noise, seed=0)
-        gt = fx.exact_knn(q, [x], k)[1]
+        gt = exact_top(q, x, k)[1]
         rec = []
         for p in probes:
             ivf.nprobe = p
-            rec.append(fx.recall_at_k(index.search(q, k)[1], gt, k))
+            rec.append(recall(index.search(q, k)[1], gt, k))
         curves[f"noise {noise}"] = rec
     rng = np.random.default_rng(0)
     pick = rng.choice(len(x), size=256, replace=False)
-    gt = fx.exact_knn(x[pick], [x], k + 1)[1]
+    gt = exact_top(x[pick], x, k + 1)[1]
     rec = []
     for p in probes:
         ivf.nprobe = p
         found = index.search(x[pick], k + 1)[1]
         drop = [(f[f != r][:k], t[t != r][:k]) for f, t, r in zip(found, gt, pick, strict=True)]
-        rec.append(fx.recall_at_k(np.array([a for a, _ in drop]), np.array([b for _, b in drop])))
+        rec.append(recall(np.array([a for a, _ in drop]), np.array([b for _, b in drop]), k))
     curves["leave-one-out"] = rec
     return {"nprobe": probes, "curves": curves}
 

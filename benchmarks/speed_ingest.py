@@ -14,21 +14,24 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness import ROOT
+
 __all__ = ["run_ingest"]
 
 
 def run_ingest(corpus: Path, index_dir: Path, *args: str) -> dict[str, Any]:
-    """Run ``flowsearch index CORPUS --index DIR --overwrite --json ARGS`` (niced) and return
+    """Run ``flowsearch index CORPUS --index DIR --overwrite --json ARGS`` (niced, through
+    ``flowsearch.cli.main``: the package has no ``__main__``) and return
     its JSON summary plus ``wall_s`` and ``peak_rss_bytes``.
 
     Raises:
         RuntimeError: the command failed (its stderr tail in the message).
     """
     cmd = [
-        "nice", "-n", "5", sys.executable, "-m", "flowsearch.cli", "index", str(corpus),
-        "--index", str(index_dir), "--overwrite", "--json", *args,
+        "nice", "-n", "5", sys.executable, "-c", "from flowsearch.cli import main; main()",
+        "index", str(corpus), "--index", str(index_dir), "--overwrite", "--json", *args,
     ]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path.cwd())}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}  # this checkout's
     out_path, err_path = index_dir.with_suffix(".out"), index_dir.with_suffix(".err")
     start = time.perf_counter()
     with out_path.open("wb") as out, err_path.open("wb") as err:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from harness import exact_top, recall, timed
 
 from flowsearch import Searcher
 from flowsearch.ann import faiss_index as fx
@@ -33,9 +34,8 @@ __all__ = ["latency", "recall_of_index", "batch_qps"]
 
 
 def _ms(fn: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.perf_counter()
-    out = fn()
-    return out, (time.perf_counter() - start) * 1e3
+    out, seconds = timed(fn)
+    return out, seconds * 1e3
 
 
 def latency(
@@ -74,7 +74,7 @@ def latency(
             note("faiss, all OpenMP threads", _ms(lambda Z=Z: fx.search(v.faiss_index, Z, 10))[1])
             valid = np.unique(rows[rows >= 0])
             v.reader._cache = cache
-            note("join", _ms(lambda valid=valid: v.reader.rows(valid))[1])
+            note("join", _ms(lambda valid=valid: v.reader.records(valid))[1])
             for name, fn in (extra or {}).items():
                 note(name, _ms(lambda q=q, fn=fn: fn(q))[1])
         # the headline ratio in its own pass: in the loop above the search goes first on caches
@@ -127,13 +127,12 @@ def latency(
 
 
 def recall_of_index(s: Searcher, Z: np.ndarray, k: int = 10) -> dict[str, Any]:
-    """recall@k of the index's own FAISS index (as configured) against exact search over the
-    stored vectors, for query vectors ``Z`` in the searched space."""
-    x = s.vectors()
-    exact = fx.exact_knn(Z, [x], k)[1]
+    """The index's own FAISS index (as configured) against exact search over the stored
+    vectors, for query vectors ``Z`` in the searched space: ``{"recall", "found", "exact"}``
+    (recall@k over all queries; the rows, int64 (q, k), to score any subset with ``recall``)."""
+    exact = exact_top(Z, s.vectors(), k)[1]
     _, found = fx.search(s._version.faiss_index, Z, k)
-    per_query = np.array([len(set(f) & set(t)) / k for f, t in zip(found, exact, strict=True)])
-    return {"recall": float(per_query.mean()), "per_query": per_query, "exact": exact}
+    return {"recall": recall(found, exact, k), "found": found, "exact": exact}
 
 
 def batch_qps(s: Searcher, queries: list[str], batch: int = 64) -> float:

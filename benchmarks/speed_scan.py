@@ -9,12 +9,12 @@ recall?"""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 import faiss
 import numpy as np
+from harness import exact_top, recall, single_query_ms
 
 from flowsearch import Searcher
 from flowsearch.ann import faiss_index as fx
@@ -28,18 +28,9 @@ EFS = (16, 32, 64, 128, 256, 512, 1024)
 
 def _p50_ms(index: faiss.Index, q: np.ndarray, k: int = 10) -> float:
     """Single-query p50 ms on one OpenMP thread (as ``Searcher`` runs one query)."""
-    return fx.single_threaded(lambda: _p50_ms_here(index, q, k))
-
-
-def _p50_ms_here(index: faiss.Index, q: np.ndarray, k: int = 10) -> float:
-    for row in q[:5]:
-        index.search(row[None], k)
-    times = []
-    for row in q:
-        start = time.perf_counter()
-        index.search(row[None], k)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times) * 1e3)
+    return float(
+        fx.single_threaded(lambda: single_query_ms(lambda row: index.search(row[None], k), q, 5))
+    )
 
 
 def _set(index: faiss.Index, knob: str, value: int) -> None:
@@ -58,24 +49,24 @@ def knob_curves(s: Searcher, zq: np.ndarray, x: np.ndarray, n_lat: int = 200) ->
     name, largest = knob
     values = [v for v in (EFS if name == "efSearch" else (8, 16, 32, 64, 128, 256, 512, 1024))]
     values = [v for v in values if v <= largest]
-    gt = fx.exact_knn(zq, [x], 10)[1]
+    gt = exact_top(zq, x, 10)[1]
     half = len(zq) // 2
     curves: dict[str, list[float]] = {"real": [], "real questions": [], "real sentences": []}
     p50: list[float] = []
     for v in values:
         _set(index, name, v)
         found = index.search(zq, 10)[1]
-        curves["real"].append(fx.recall_at_k(found, gt))
-        curves["real questions"].append(fx.recall_at_k(found[:half], gt[:half]))
-        curves["real sentences"].append(fx.recall_at_k(found[half:], gt[half:]))
+        curves["real"].append(recall(found, gt))
+        curves["real questions"].append(recall(found[:half], gt[:half]))
+        curves["real sentences"].append(recall(found[half:], gt[half:]))
         p50.append(_p50_ms(index, zq[:n_lat]))
     for noise in NOISES:
         pq = fx.probe_queries(x, 256, noise=noise, seed=0)
-        pgt = fx.exact_knn(pq, [x], 10)[1]
+        pgt = exact_top(pq, x, 10)[1]
         curve = []
         for v in values:
             _set(index, name, v)
-            curve.append(fx.recall_at_k(index.search(pq, 10)[1], pgt))
+            curve.append(recall(index.search(pq, 10)[1], pgt))
         curves[f"tuning queries, noise {noise}"] = curve
     fx.set_params(index, s.manifest.faiss.params)  # back to what auto chose
     return {

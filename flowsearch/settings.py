@@ -90,6 +90,13 @@ class Settings:
     #: write's cost stays bounded; ``compact`` merges bigger tiers).
     write_merge_max_rows: int = 200_000
 
+    # --- calibration: what auto fits -------------------------------------------------------
+    #: When ``auto`` keeps the encoder's space, the flow it fits serves only the raw
+    #: log-density figures, so it is fitted on at most this many of the fit rows (a seeded
+    #: uniform sample; ~130 rows per dimension at 384). Fitting it on 200k rows added 0.84 GB to
+    #: the ingest's peak memory, on 50k nothing above the vectors themselves (bench_speed).
+    density_fit_rows: int = 50_000
+
     # --- search -----------------------------------------------------------------------------
     #: Candidates each side contributes to hybrid fusion (at least k).
     hybrid_candidates: int = 100
@@ -150,6 +157,47 @@ class Settings:
     drift_min_rows: int = 5
     #: A write scores at most this many of its new rows (a seeded sample) for the drift report.
     drift_max_rows: int = 2000
+
+    # --- encode: texts to raw vectors ----------------------------------------------------
+    #: Texts the ``static`` pooling tokenises and averages at once: bounds its memory (the
+    #: token ids of 8192 passages) while keeping each sparse product large.
+    static_chunk_texts: int = 8192
+    #: ``Encoder.encode(progress=None)`` draws a progress bar from this many texts on (a
+    #: query or a small batch never does).
+    progress_min_texts: int = 2000
+
+    # --- evaluation ----------------------------------------------------------------------
+    #: ``eval retrieval`` scores a BEIR directory whose qrels name corpus ids its corpus lacks
+    #: (those passages are unreachable, as BEIR's and MTEB's evaluators score them: some
+    #: official releases are so), and refuses one where more than this share of the qrels'
+    #: judgements miss: most missing means the qrels belong to another corpus.
+    qrels_missing_max_share: float = 0.5
+
+    # --- search: hybrid fusion (flowsearch.search.fusion.fuse) ----------------------------
+    #: Dense weight of the hybrid score for a transformer pooling: the best mean nDCG@10 over
+    #: the five dev sets for the bundled ``mean`` (0.8303 with weights chosen leave-one-set-out,
+    #: against 0.8286 for the best published rule and 0.8000 for RRF; bench_fusion).
+    fusion_dense_weight: float = 0.55
+    #: Dense weight for a static pooling (a table lookup, Model2Vec included): its dense side
+    #: trails BM25 on question -> passage search (bench_fusion: 0.7702 leave-one-set-out).
+    fusion_dense_weight_static: float = 0.2
+
+    # --- calibration: memory and speed of the calibrators ---------------------------------
+    #: Rows a calibrator centres or converts at a time while fitting (whitening's covariance,
+    #: the flow's constant-dimension check and float32 training matrix): the extra memory is
+    #: this many float64 rows, not a copy of the corpus.
+    calibration_fit_chunk_rows: int = 16_384
+    #: Rows the flow's inference map (float64 numpy) takes at a time: bounds each of its
+    #: temporaries to this many rows (unchunked, every operation on 20k x 384 rows allocates
+    #: 61 MB afresh); the whitening front's one large product runs on a whole block.
+    calibration_block_rows: int = 4096
+    #: Largest matrix product (multiply-adds) in one chunk of the flow's steps; a block runs
+    #: through them in chunks of rows that keep every product of the coupling networks below
+    #: it. OpenBLAS computes a product below 2^19 multiply-adds on the calling thread and
+    #: splits larger ones over its threads, which on a busy machine then wait for each other:
+    #: at load 9 on 2 cores, an (86 x 192) @ (192 x 32) product took 5-50 times as long as an
+    #: (84 x 192) one (benchmarks/bench_flow_steps.py measures the whole map).
+    calibration_chunk_macs: int = 500_000
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (unknown names are refused)."""

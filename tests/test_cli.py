@@ -130,7 +130,7 @@ def test_add_then_duplicate_add(built, tmp_path):
     doc = json.loads(result.stdout)
     assert doc["kind"] == "add" and doc["n_written"] == doc["n_inserted"] == 10
     assert doc["n_live"] == 90 and doc["segments"] == 2 and doc["version"] == 2
-    assert doc["drift"]["judged_rows"] == 10 and doc["drift"]["verdict"] != "not judged"
+    assert doc["drift"]["n_judged"] == 10 and doc["drift"]["verdict"] != "not judged"
     again = runner.invoke(app, ["add", str(extra), "--index", str(out)])
     assert again.exit_code == 2 and again.stdout == ""
     assert again.stderr.startswith("error: 10 id(s) are already in the index")

@@ -59,7 +59,7 @@ EXPECTED = [("a", "the cat", 2001), ("b", "the dog", 2002), ("d", "the bird", No
 )
 def test_every_format_yields_the_same_rows(tmp_path, name):
     plan = scan_corpus(_write(tmp_path / name, ROWS))
-    assert (plan.rows_in, plan.rows, plan.skipped, plan.id_type) == (4, 3, 1, "string")
+    assert (plan.n_rows_in, plan.n_rows, plan.n_skipped, plan.id_type) == (4, 3, 1, "string")
     assert plan.metadata_columns == ["year"] and pa.types.is_integer(plan.metadata_schema[0].type)
     assert _rows(plan) == EXPECTED
 
@@ -135,19 +135,29 @@ def test_late_keys_and_late_types_grow_the_inference_block(tmp_path, monkeypatch
     for name in ("late.jsonl", "late.csv"):
         plan = scan_corpus(tmp_path / name)
         tags = [t for _, _, m in plan.batches(1000) for t in m.column("tag").to_pylist()]
-        assert tags[-1] == "late" and plan.rows == 400
+        assert tags[-1] == "late" and plan.n_rows == 400
 
 
-def test_upsert_replaces_and_add_refuses(tmp_path):
+def test_a_write_checks_the_schema_and_the_id_type(tmp_path):
+    """Into an existing index, every record is checked against its schema and id type."""
+    from flowsearch.storage.schema import columns_of
+
     path = _write(tmp_path / "c.jsonl", ROWS)
-    existing = pa.array(["b", "d", "zz"])
-    plan = scan_corpus(path, existing_ids=existing, on_existing="replace")
-    assert plan.replaced_ids.to_pylist() == ["b", "d"] and plan.rows == 3
-    assert scan_corpus(path).replaced_ids.to_pylist() == []
-    with pytest.raises(FlowsearchError, match=r"2 id\(s\) are already in the index \(e.g. 'b'\)"):
-        scan_corpus(path, existing_ids=existing)
+    schema = columns_of(pa.schema([("year", pa.int64())]))
+    plan = scan_corpus(path, schema=schema, id_type="string")
+    assert plan.metadata_schema == pa.schema([("year", pa.int64())]) and plan.n_rows == 3
+    typed = [{"id": 1, "text": "a", "year": 1.0}, {"id": 2, "text": "b", "year": 2.0}]
+    plan = scan_corpus(typed, schema=schema, id_type="string")  # ints into a string index
+    assert plan.metadata_schema.field("year").type == pa.int64()
+    ids = [i.to_pylist() for i, _, _ in plan.batches(10)]
+    assert ids == [["1", "2"]]
+    with pytest.raises(FlowsearchError, match="record 2: column 'year' expects int64, got double"):
+        scan_corpus([{"id": 1, "text": "a", "year": 1.0}, {"id": 2, "text": "b", "year": 2.5}],
+                    schema=schema, id_type="int")  # fmt: skip
+    with pytest.raises(FlowsearchError, match="integer ids, this corpus has string ids"):
+        scan_corpus(path, schema=schema, id_type="int")
     with pytest.raises(FlowsearchError, match="duplicate|more than once"):
-        scan_corpus(ROWS + ROWS[:1], on_existing="replace")
+        scan_corpus(ROWS + ROWS[:1])
 
 
 # --- bad input: one line each, naming the file (column, row/line) and the fix ---------------
@@ -219,7 +229,7 @@ def _bad(tmp_path: Path) -> dict[str, tuple[object, dict, str]]:
         "all-null texts": (t / "nulltext.jsonl", {}, "has no non-blank 'text' values"),
         "text column absent": (t / "ok.parquet", {"text_column": "body"},
                                r"no text column 'body' in .*ok\.parquet \(columns: id, text, "
-                               r"year\); pass text_column="),  # fmt: skip
+                               r"year\); name the text column with text_column="),  # fmt: skip
         "id column absent": (t / "ok.parquet", {"id_column": "key"}, "no id column 'key'"),
         "null id": (t / "nullid.csv", {}, r"nullid\.csv have a null or empty id .*row 2"),
         "duplicate ids": (t / "dup.jsonl", {}, r"1 id\(s\) occur more than once .*'a'"),
@@ -241,7 +251,6 @@ def _bad(tmp_path: Path) -> dict[str, tuple[object, dict, str]]:
         "header-only csv": (t / "header.csv", {}, "the corpus has no rows; nothing to index"),
         "blank jsonl": (t / "blank.jsonl", {}, r"blank\.jsonl holds no JSON records"),
         "truncated gzip": (t / "cut.jsonl.gz", {}, r"cut\.jsonl\.gz is a truncated or corrupt"),
-        "bad on_existing": (ROWS, {"on_existing": "merge"}, "use 'refuse' or 'replace'"),
     }  # fmt: skip
 
 
@@ -253,7 +262,7 @@ BAD_CASES = [
     "text column absent", "id column absent", "null id", "duplicate ids", "fractional id",
     "no supported files", "unknown format", "reserved column", "metadata types", "id kinds",
     "missing metadata", "records keys", "records types", "records not dicts", "records null id",
-    "no records", "bad on_existing", "header-only csv", "blank jsonl", "truncated gzip",
+    "no records", "header-only csv", "blank jsonl", "truncated gzip",
 ]  # fmt: skip
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from flowsearch.encode.encoder import POOLINGS, Encoder
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import BadInput, FlowsearchError, NotFound
 
 TEXTS = [
     "the cat sat on the mat",
@@ -191,12 +193,17 @@ def test_encode_poolings_equals_one_encoder_per_pooling(tiny_model_dir):
         np.testing.assert_array_equal(together[pooling], alone)
     # a static encoder computes the contextual poolings too (the model loads on demand)
     static = Encoder(str(tiny_model_dir), pooling="static")
-    assert static._model is None
+    assert not _model_loaded(static)
     again = static.encode_poolings(TEXTS, ["mean", "static"], batch_size=2)
     np.testing.assert_array_equal(again["mean"], together["mean"])
     np.testing.assert_array_equal(again["static"], together["static"])
     with pytest.raises(FlowsearchError, match="unknown pooling"):
         enc.encode_poolings(TEXTS, ["max"])
+
+
+def _model_loaded(enc: Encoder) -> bool:
+    """Whether the encoder holds a torch model in memory."""
+    return enc._runner is not None and enc._runner.loaded
 
 
 def _first_release_encode(hf_model, texts, pooling, batch_size):
@@ -255,7 +262,7 @@ def test_each_pooling_runs_only_what_it_reads(tiny_model_dir, monkeypatch):
     """static runs no model; embedding_layer only the embeddings; cls/mean no hidden states."""
     calls = []
     enc = Encoder(str(tiny_model_dir), pooling="mean")
-    model = enc._torch_model()
+    model = enc._torch().model()
     real_forward = type(model).forward
 
     def spy(self, *args, **kwargs):
@@ -273,7 +280,7 @@ def test_each_pooling_runs_only_what_it_reads(tiny_model_dir, monkeypatch):
     calls.clear()
     static = Encoder(str(tiny_model_dir), pooling="static")
     static.encode(TEXTS)
-    assert calls == [] and static._model is None
+    assert calls == [] and not _model_loaded(static)
 
 
 def test_describe_names_backend_and_variant(tiny_model_dir):
@@ -290,3 +297,70 @@ def test_describe_names_backend_and_variant(tiny_model_dir):
         Encoder(str(tiny_model_dir), backend="tensorrt")
     with pytest.raises(FlowsearchError, match="unknown static variant"):
         Encoder(str(tiny_model_dir), pooling="static", static_variant="positions")
+
+
+RECORDED = Path(__file__).resolve().parent / "assets" / "encoder_vectors.npz"
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    """Vectors the encoder returned before the encode package was split into modules
+    (recorded with the pre-refactor code on the same texts)."""
+    with np.load(RECORDED) as data:
+        return {k: data[k] for k in data.files}
+
+
+@pytest.mark.parametrize("pooling", [p for p in POOLINGS if p != "static"])
+def test_torch_vectors_equal_the_recorded_ones_bit_for_bit(tiny_model_dir, recorded, pooling):
+    texts = [str(t) for t in recorded["texts"]]
+    got = Encoder(str(tiny_model_dir), pooling=pooling).encode(texts, batch_size=3)
+    np.testing.assert_array_equal(got, recorded[f"tiny__{pooling}__torch"])
+
+
+@pytest.mark.parametrize("variant", ["raw", "raw+special", "layernorm", "layernorm+special"])
+def test_static_vectors_equal_the_recorded_ones_bit_for_bit(tiny_model_dir, recorded, variant):
+    texts = [str(t) for t in recorded["texts"]]
+    enc = Encoder(str(tiny_model_dir), pooling="static", static_variant=variant)
+    np.testing.assert_array_equal(
+        enc.encode(texts, batch_size=3), recorded[f"tiny__static__{variant}"]
+    )
+
+
+@pytest.mark.slow
+def test_bundled_vectors_equal_the_recorded_ones(recorded):
+    texts = [str(t) for t in recorded["texts"]]
+    np.testing.assert_array_equal(
+        Encoder().encode(texts, batch_size=3), recorded["mini__mean__torch"]
+    )
+    static = Encoder(pooling="static").encode(texts, batch_size=3)
+    np.testing.assert_array_equal(static, recorded["mini__static__raw"])
+
+
+def test_device_is_resolved_only_when_torch_runs(tiny_model_dir):
+    static = Encoder(str(tiny_model_dir), pooling="static")
+    assert "device='auto'" in repr(static) and static._device is None
+    assert static.device in ("cpu", "cuda") and static._device == static.device
+    assert Encoder(str(tiny_model_dir), device="cpu").device == "cpu"
+    with pytest.raises(BadInput, match="runs on the CPU") as err:
+        Encoder(str(tiny_model_dir), backend="onnx", device="cuda")
+    assert err.value.param == "device"
+
+
+def test_errors_name_their_kind_and_parameter(tiny_model_dir, tmp_path):
+    cases = [
+        (lambda: Encoder(str(tiny_model_dir), pooling="max"), BadInput, "pooling"),
+        (lambda: Encoder(str(tiny_model_dir), max_length=1), BadInput, "max_length"),
+        (lambda: Encoder(str(tiny_model_dir), max_length=True), BadInput, "max_length"),
+        (lambda: Encoder(str(tiny_model_dir), max_length=1000), BadInput, "max_length"),
+        (lambda: Encoder(str(tmp_path / "nowhere")), NotFound, "model"),
+        (lambda: Encoder(str(tmp_path)), NotFound, "model"),
+        (lambda: Encoder(str(tiny_model_dir)).encode([1]), BadInput, "texts"),
+        (lambda: Encoder(str(tiny_model_dir)).encode(["a"], batch_size=0), BadInput, "batch_size"),
+    ]
+    for make, kind, param in cases:
+        with pytest.raises(kind) as err:
+            make()
+        assert err.value.param == param, err.value
+    with pytest.raises(BadInput) as err:
+        Encoder(str(tiny_model_dir), max_length=1000)
+    assert err.value.render("cli").endswith("pass --max-length 128 or less")

@@ -3,15 +3,20 @@ values, the vector cache, and the runner's JSON shape with a tiny model."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
 
+from flowsearch.calibration import make_calibrator
+from flowsearch.encode.encoder import Encoder
 from flowsearch.errors import FlowsearchError
 from flowsearch.evaluation import (
     STS_TASKS,
+    PairSet,
     VectorCache,
     auc100,
     cosine_pairs,
@@ -26,7 +31,7 @@ from flowsearch.evaluation import (
     spearman100,
     sts_correlations,
 )
-from flowsearch.evaluation.datasets import STS_YEARS
+from flowsearch.evaluation.datasets import STS_YEARS, unique_texts
 
 WORDS = [
     "a", "the", "man", "woman", "dog", "cat", "is", "are", "playing", "running", "eating",
@@ -282,27 +287,159 @@ def test_cache_dir_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert VectorCache().root == tmp_path
 
 
-# -- runner -----------------------------------------------------------------------------------
+# -- runner: hand-computed cases ------------------------------------------------------------
 
 
-def _check_sts_shape(out: dict, tasks: list[str]) -> None:
+class TableEncoder:
+    """A fake encoder that looks every text up in a table (an unknown text is a KeyError)."""
+
+    def __init__(self, table: dict[str, list[float]]) -> None:
+        self.table = table
+
+    def describe(self) -> dict[str, object]:
+        return {"model": "table", "revision": "r", "pooling": "mean", "max_length": 8, "dim": 2}
+
+    def encode(self, texts, batch_size: int = 64, progress: bool | None = None) -> np.ndarray:
+        return np.array([self.table[t] for t in texts], dtype=np.float32)
+
+
+def _angle(degrees: float) -> list[float]:
+    return [math.cos(math.radians(degrees)), math.sin(math.radians(degrees))]
+
+
+def _hand_pairs(tag: str, angles: list[float], table: dict[str, list[float]]) -> list[str]:
+    """Pairs whose cosines are cos(angle): s1 along x, s2 at the angle; their lines' texts."""
+    s1 = [f"{tag} first {i}" for i in range(len(angles))]
+    s2 = [f"{tag} second {i}" for i in range(len(angles))]
+    for a, b, deg in zip(s1, s2, angles, strict=True):
+        table[a], table[b] = [1.0, 0.0], _angle(deg)
+    return [f"{a}\t{b}" for a, b in zip(s1, s2, strict=True)]
+
+
+def hand_data_dir(root: Path) -> tuple[Path, TableEncoder]:
+    """STS-B, STS13 and QNLI files whose cosines and gold scores give known correlations."""
+    table: dict[str, list[float]] = {}
+    # STS-B: cosines 1, .87, .5, 0 against gold 4, 5, 2, 1: one swap, rho = 1 - 6*2/(4*15) = 0.8
+    rows = _hand_pairs("stsb", [0, 30, 60, 90], table)
+    lines = [f"g\tf\t2012\t{i}\t{g}\t{r}" for i, (g, r) in enumerate(zip([4, 5, 2, 1], rows))]
+    for split in ("train", "dev", "test"):
+        _write(root / "stsb" / f"sts-{split}.csv", lines)
+    # STS13 (raw text): FNWN rho 0.8 (as STS-B), headlines -1, OnWN +1
+    subsets = {
+        "FNWN": ([0, 30, 60, 90], ["4", "5", "2", "1"]),
+        "headlines": ([0, 45, 80], ["1", "2", "3"]),
+        "OnWN": ([10, 50, 70], ["5", "3", "2"]),
+    }
+    for name, (angles, gold) in subsets.items():
+        folder = root / "sts_raw" / "sts13"
+        _write(folder / f"STS.input.{name}.txt", _hand_pairs(name, angles, table))
+        _write(folder / f"STS.gs.{name}.txt", gold)
+    # QNLI: cosines .1, .4, .35, .8 for labels 0, 0, 1, 1: 3 of 4 positive-negative pairs
+    # ordered right, AUC 75
+    qnli = ["index\tquestion\tsentence\tlabel"]
+    for i, (cos, label) in enumerate(
+        zip([0.1, 0.4, 0.35, 0.8], ["not_entailment"] * 2 + ["entailment"] * 2)
+    ):
+        question, sentence = f"question {i}", f"sentence {i}"
+        table[question], table[sentence] = [1.0, 0.0], [cos, math.sqrt(1 - cos**2)]
+        qnli.append(f"{i}\t{question}\t{sentence}\t{label}")
+    _write(root / "qnli" / "dev.tsv", qnli)
+    return root, TableEncoder(table)
+
+
+def test_run_sts_and_qnli_by_hand(tmp_path: Path) -> None:
+    data, encoder = hand_data_dir(tmp_path / "data")
+    out = run_sts(data_dir=data, tasks=["STSB", "STS13"], encoder=encoder, cache_dir=tmp_path)
     assert set(out) == {"model", "pooling", "calibration", "max_length", "results", "avg"}
-    assert list(out["results"]) == tasks
-    for task, res in out["results"].items():
-        keys = {"spearman", "wmean"} if task.startswith("STS1") else {"spearman"}
-        assert set(res) == keys
-        assert all(isinstance(v, float) and -100 <= v <= 100 for v in res.values())
-    expected = sum(r["spearman"] for r in out["results"].values()) / len(tasks)
-    assert out["avg"] == pytest.approx(expected)
+    assert (out["model"], out["pooling"], out["calibration"]) == ("table", "mean", "none")
+    assert out["results"]["STSB"] == {"spearman": pytest.approx(80.0)}
+    sts13 = out["results"]["STS13"]
+    # wmean: subsets weighted by size, (4 * 80 + 3 * -100 + 3 * 100) / 10
+    assert sts13["wmean"] == pytest.approx(32.0)
+    # all: one rho over the ten pairs pooled (scipy's, the reference)
+    cos = [math.cos(math.radians(d)) for d in [0, 30, 60, 90, 0, 45, 80, 10, 50, 70]]
+    gold = [4, 5, 2, 1, 1, 2, 3, 5, 3, 2]
+    assert sts13["spearman"] == pytest.approx(100 * scipy.stats.spearmanr(cos, gold).statistic)
+    assert out["avg"] == pytest.approx((80.0 + sts13["spearman"]) / 2)
+    qnli = run_qnli(data_dir=data, encoder=encoder, cache_dir=tmp_path)
+    assert qnli["results"] == {"QNLI": {"auc": pytest.approx(75.0)}}
 
 
-def test_run_sts_json_shape_with_tiny_model(
+# -- runner: the tiny model against an independent computation ------------------------------
+
+
+def _vectors(encoder: Encoder, texts: list[str]) -> dict[str, np.ndarray]:
+    """Each text's vector, encoded as the session encodes a set (one call, batches of 64)."""
+    return dict(zip(texts, encoder.encode(texts, batch_size=64, progress=False), strict=True))
+
+
+def _fit_texts(data: Path, task: str) -> list[str]:
+    """The sentences a task's calibrators are fitted on: every split's, first seen first."""
+    if task == "STSB":
+        return unique_texts(
+            [t for s in ("train", "dev", "test") for t in load_stsb(data, s).sentences()]
+        )
+    return load_sts_year(data, int(task[3:])).sentences()
+
+
+def _expected(pairs: PairSet, vec: dict[str, np.ndarray], transform=None) -> dict[str, float]:
+    """Spearman x 100 (pooled, and per-subset size-weighted) of cosine after ``transform``,
+    computed with numpy and scipy apart from the package's code."""
+    a = np.array([vec[t] for t in pairs.s1], dtype=np.float64)
+    b = np.array([vec[t] for t in pairs.s2], dtype=np.float64)
+    if transform is not None:
+        a, b = transform(a), transform(b)
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    rho = lambda m: 100 * scipy.stats.spearmanr(cos[m], pairs.scores[m]).statistic  # noqa: E731
+    labels = np.array(pairs.subsets)
+    wmean = sum(rho(labels == n) * (labels == n).sum() for n in set(pairs.subsets)) / len(labels)
+    return {"spearman": rho(np.ones(len(cos), bool)), "wmean": wmean}
+
+
+def test_run_sts_with_tiny_model_is_the_direct_computation(
     data_dir: Path, tiny_bert: Path, tmp_path: Path
 ) -> None:
     out = run_sts(str(tiny_bert), pooling="mean", data_dir=data_dir, cache_dir=tmp_path)
-    _check_sts_shape(out, list(STS_TASKS))
+    assert set(out) == {"model", "pooling", "calibration", "max_length", "results", "avg"}
+    assert list(out["results"]) == list(STS_TASKS)
     assert Path(out["model"]).resolve() == tiny_bert.resolve()
     assert (out["pooling"], out["calibration"], out["max_length"]) == ("mean", "none", 128)
+    encoder = Encoder(str(tiny_bert), pooling="mean")
+    for task, pairs in (
+        ("STSB", load_stsb(data_dir, "test")),
+        ("STS12", load_sts_year(data_dir, 12)),
+    ):
+        want = _expected(pairs, _vectors(encoder, _fit_texts(data_dir, task)))
+        got = out["results"][task]
+        assert got["spearman"] == pytest.approx(want["spearman"], abs=1e-6), task
+        if task == "STS12":
+            assert got["wmean"] == pytest.approx(want["wmean"], abs=1e-6)
+    assert set(out["results"]["STSB"]) == {"spearman"}
+    assert set(out["results"]["STS16"]) == {"spearman", "wmean"}
+    expected_avg = sum(r["spearman"] for r in out["results"].values()) / len(STS_TASKS)
+    assert out["avg"] == pytest.approx(expected_avg)
+
+
+def _natsv_k(setting: str, vec: dict[str, np.ndarray], fit: np.ndarray, dev: PairSet) -> int:
+    """The paper's choice of k: best STS-B dev Spearman over 1..20, each k fitted on its own."""
+    scores = {}
+    for k in range(1, min(20, fit.shape[1] - 1, len(fit) - 1) + 1):
+        cal = make_calibrator(setting, k=k).fit(fit)
+        scores[k] = _expected(dev, vec, cal.transform)["spearman"]
+    return max(scores, key=lambda k: (scores[k], -k))
+
+
+def _calibrator(setting: str, fit: np.ndarray, snli: np.ndarray | None, natsv_k: int):
+    """The calibrator each setting names, fitted as session.py's docstring says."""
+    if setting in ("flow", "whitening-flow"):
+        return make_calibrator(setting, seed=0).fit(fit)
+    if setting == "flow-nli":
+        return make_calibrator("flow", seed=0).fit(snli)
+    if setting == "whitening-k":
+        return make_calibrator("whitening", k=16).fit(fit)  # half the tiny model's 32 dims
+    if setting in ("natsv", "sn-natsv"):
+        return make_calibrator(setting, k=natsv_k).fit(fit)
+    return make_calibrator(setting).fit(fit)
 
 
 @pytest.mark.parametrize(
@@ -317,8 +454,29 @@ def test_run_sts_every_calibration(
         str(tiny_bert), pooling="cls", calibration=calibration, data_dir=data_dir,
         tasks=["STSB", "STS13"], cache_dir=cache,
     )  # fmt: skip
-    _check_sts_shape(out, ["STS13", "STSB"])
-    assert out["calibration"] == calibration
+    assert out["calibration"] == calibration and list(out["results"]) == ["STS13", "STSB"]
+    encoder = Encoder(str(tiny_bert), pooling="cls")
+    snli = None  # flow-nli's fit set: every SNLI sentence, as the session encodes it
+    if calibration == "flow-nli":
+        snli = encoder.encode(load_snli_sentences(data_dir), batch_size=64, progress=False)
+    stsb_vec = _vectors(encoder, _fit_texts(data_dir, "STSB"))
+    stsb_fit = np.array(list(stsb_vec.values()))
+    k = (
+        _natsv_k(calibration, stsb_vec, stsb_fit, load_stsb(data_dir, "dev"))
+        if "natsv" in calibration
+        else 0
+    )
+    for task, pairs in (
+        ("STSB", load_stsb(data_dir, "test")),
+        ("STS13", load_sts_year(data_dir, 13)),
+    ):
+        vec = _vectors(encoder, _fit_texts(data_dir, task))
+        cal = _calibrator(calibration, np.array(list(vec.values())), snli, k)
+        want = _expected(pairs, vec, cal.transform)
+        got = out["results"][task]
+        assert got["spearman"] == pytest.approx(want["spearman"], abs=1e-6), task
+        if task == "STS13":
+            assert got["wmean"] == pytest.approx(want["wmean"], abs=1e-6)
 
 
 def test_run_sts_encodes_once_per_dataset(data_dir: Path, tmp_path: Path) -> None:
@@ -353,14 +511,29 @@ def test_whitening_flow_setting_is_the_flow_behind_whitening(
     assert wflow.fit_stats["rows"] == len(U)
     W = wflow.whitening._transform(U[:, wflow.active])
     np.testing.assert_allclose(np.cov(W, rowvar=False, bias=True), np.eye(W.shape[1]), atol=1e-6)
-    assert set(session.sts("SICKR", "whitening-flow")) == {"spearman"}
+    # scored on the SICK test pairs, through that calibrator
+    enc = session.encoder
+    pairs = load_sick(data_dir, "test")
+    a, b = wflow.transform(enc.encode(pairs.s1)), wflow.transform(enc.encode(pairs.s2))
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    want = 100 * scipy.stats.spearmanr(cos, pairs.scores).statistic
+    assert session.sts("SICKR", "whitening-flow") == {"spearman": pytest.approx(want, abs=1e-6)}
 
 
-def test_run_qnli_json_shape(data_dir: Path, tiny_bert: Path, tmp_path: Path) -> None:
+def test_run_qnli_with_tiny_model_is_the_direct_computation(
+    data_dir: Path, tiny_bert: Path, tmp_path: Path
+) -> None:
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
     out = run_qnli(str(tiny_bert), data_dir=data_dir, cache_dir=tmp_path, calibration="whitening")
     assert set(out) == {"model", "pooling", "calibration", "results"}
-    assert set(out["results"]) == {"QNLI"} and set(out["results"]["QNLI"]) == {"auc"}
-    assert 0.0 <= out["results"]["QNLI"]["auc"] <= 100.0
+    pairs = load_qnli(data_dir)
+    vec = _vectors(Encoder(str(tiny_bert), pooling="mean"), pairs.sentences())
+    cal = make_calibrator("whitening").fit(np.array(list(vec.values())))
+    a = cal.transform(np.array([vec[t] for t in pairs.s1]))
+    b = cal.transform(np.array([vec[t] for t in pairs.s2]))
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    want = 100 * sklearn_metrics.roc_auc_score(pairs.scores, cos)
+    assert out["results"] == {"QNLI": {"auc": pytest.approx(want, abs=1e-6)}}
 
 
 def test_runner_errors_name_the_problem(data_dir: Path, tmp_path: Path) -> None:

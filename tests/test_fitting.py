@@ -28,7 +28,7 @@ def test_auto_searches_partial_whitening_on_an_anisotropic_corpus_with_enough_ro
     assert (name, config) == ("gaussian", {"power": 0.25})
     assert spec.calibrated and cal.name == name == spec.calibrator
     assert spec.config == {"k": None, "power": 0.25} == cal.config
-    assert spec.auto == AutoDecision("mean_cosine", 0.33, True)
+    assert spec.auto == AutoDecision(statistic="mean_cosine", threshold=0.33, calibrated=True)
     assert spec.anisotropy["mean_cosine"] > 0.9
     assert "search in the gaussian space (gaussian, power=0.25)" in spec.decision
     assert np.isfinite(cal.log_prob(U[:5])).all()  # a density for the drift and query reports
@@ -53,10 +53,10 @@ def test_auto_keeps_the_encoder_space_when_isotropic_or_too_small():
 
 
 def test_a_density_only_flow_is_fitted_on_a_sample(monkeypatch):
-    from flowsearch.space import fitting
+    from flowsearch.settings import override
 
-    monkeypatch.setattr(fitting, "DENSITY_FIT_ROWS", 150)
-    cal, iso = fit_for_index(_isotropic(400), "auto")
+    with override(density_fit_rows=150):
+        cal, iso = fit_for_index(_isotropic(400), "auto")
     assert iso.space == "encoder" and iso.fit_rows == 150 and cal.name == AUTO_FITS
     assert iso.anisotropy == fit_for_index(_isotropic(400), "none")[1].anisotropy  # all rows
     # a searched space is fitted on every row: the sample is for the density alone

@@ -1,9 +1,10 @@
 """``auto``'s large-corpus path (IVF-PQ with an exact re-rank) through ingest, writes and mmap.
 
-The thresholds are lowered so a thousand-odd rows take the path a corpus past
-``AUTO_GRAPH_MAX_ROWS`` takes. Recall and mmap are checked on the bundled model's ``static``
-pooling (dim 384, real word embeddings, calibrated by ``auto`` as ingest does); the writes on the
-tiny test BERT (dim 32: PQ training on 48 sub-quantizers is most of a 384-d build's time).
+The thresholds are lowered (``settings.override``) so a thousand-odd rows take the path a
+segment past ``Settings.graph_max_rows`` takes. Recall and mmap are checked on the bundled
+model's ``static`` pooling (dim 384, real word embeddings, calibrated by ``auto`` as ingest
+does); the writes on the tiny test BERT (dim 32: PQ training on 48 sub-quantizers is most of a
+384-d build's time).
 """
 
 from __future__ import annotations
@@ -16,16 +17,17 @@ import pytest
 from corpus_helpers import sentences, write_corpus
 
 from flowsearch import Searcher, build_index, compact, delete, upsert
-from flowsearch.ann import faiss_index as fx
+from flowsearch.ann.factory import large_factory
+from flowsearch.settings import override
 from flowsearch.writes.upsert import add_to_index
 
 ROWS = 1_500
 
 
 @pytest.fixture
-def large_auto(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fx, "AUTO_FLAT_MAX_ROWS", 500)
-    monkeypatch.setattr(fx, "AUTO_GRAPH_MAX_ROWS", 1_000)
+def large_auto() -> Any:
+    with override(flat_max_rows=500, graph_max_rows=1_000):
+        yield
 
 
 def _recall(s: Searcher, queries: list[str], k: int = 10) -> float:
@@ -47,28 +49,42 @@ def _recall(s: Searcher, queries: list[str], k: int = 10) -> float:
 
 
 def _ids(s: Searcher) -> list[Any]:
-    """The id of every row in row order, None for a deleted one."""
-    from flowsearch.storage.rows import live_ids
-
-    ids, deleted = live_ids(s.root, s.manifest)
-    return [None if deleted is not None and deleted[n] else i for n, i in enumerate(ids)]
+    """The id of every row of the pinned version in global row order, None for a deleted one."""
+    out: list[Any] = []
+    for seg, dead in zip(s.version.segments, s.version.deleted, strict=True):
+        ids = [i for chunk in seg.reader.column_chunks("id") for i in chunk]
+        out += [None if dead is not None and dead[n] else i for n, i in enumerate(ids)]
+    return out
 
 
 QUERIES = sentences(60, seed=777)
 
 
-def test_large_corpus_path_builds_searches_and_maps(tmp_path: Path, large_auto: None) -> None:
-    corpus = write_corpus(tmp_path / "c.parquet", n=ROWS)
-    summary = build_index(corpus, tmp_path / "idx", pooling="static", lexical=False)
-    assert summary["factory"] == fx.large_factory(ROWS, summary["dim"]) == "IVF32,PQ48,RFlat"
-    ram = Searcher.open(tmp_path / "idx", gpu=False)
-    params = ram.manifest.faiss.params
+@pytest.fixture(scope="module")
+def static_index(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """The bundled model's ``static`` pooling, built past the lowered thresholds."""
+    tmp = tmp_path_factory.mktemp("large")
+    corpus = write_corpus(tmp / "c.parquet", n=ROWS)
+    with override(flat_max_rows=500, graph_max_rows=1_000):
+        summary = build_index(corpus, tmp / "idx", pooling="static", lexical=False)
+    return tmp / "idx", summary
+
+
+def test_large_corpus_path_builds_searches_and_maps(static_index: tuple[Path, Any]) -> None:
+    index, summary = static_index
+    assert summary["factory"] == large_factory(ROWS, summary["dim"]) == "IVF32,PQ48,RFlat"
+    ram = Searcher.open(index, gpu=False)
+    params = ram.manifest.segments[0].ann.params
     assert params.startswith("nprobe=") and ",k_factor_rf=" in params
     assert _recall(ram, QUERIES) >= 0.9  # tuned to 0.95 on probe queries
-    mapped = Searcher.open(tmp_path / "idx", gpu=False, mmap=True, encoder=ram.encoder)
+    mapped = Searcher.open(index, gpu=False, mmap=True, encoder=ram.encoder)
     for a, b in zip(ram.search(QUERIES, k=10), mapped.search(QUERIES, k=10), strict=True):
         assert [h.id for h in b] == [h.id for h in a]
         np.testing.assert_allclose([h.score for h in b], [h.score for h in a], atol=1e-5)
+
+
+def test_large_corpus_path_filters_memory_mapped(static_index: tuple[Path, Any]) -> None:
+    mapped = Searcher.open(static_index[0], gpu=False, mmap=True)
     hits = mapped.search(QUERIES[0], k=5, where="year >= 2015")
     assert len(hits) == 5 and all(h.metadata["year"] >= 2015 for h in hits)
 
@@ -78,14 +94,17 @@ def test_large_corpus_path_survives_writes(
 ) -> None:
     index = tmp_path / "idx"
     build_index(write_corpus(tmp_path / "c.parquet", n=ROWS), index, model=str(model_dir))
-    add_to_index(write_corpus(tmp_path / "more.parquet", n=300, seed=5, id_prefix="m"), index)
+    add_to_index(index, write_corpus(tmp_path / "more.parquet", n=300, seed=5, id_prefix="m"))
     new_texts = sentences(40, seed=99)
     upsert(index, [{"id": f"d{i}", "text": t, "topic": "x", "year": 2001} for i, t in
                    enumerate(new_texts)])  # fmt: skip
     gone = [f"d{i}" for i in range(100, 140)]
-    assert delete(index, gone).deleted == len(gone)
+    assert delete(index, gone).n_deleted == len(gone)
     s = Searcher.open(index, gpu=False, mmap=True)
-    assert s.manifest.faiss.factory == "IVF32,PQ4,RFlat" and s.manifest.rows == ROWS + 340
+    # each segment's factory by its own size: the build's past the lowered thresholds, the
+    # small ones the writes added exact
+    assert [g.ann.factory for g in s.manifest.segments] == ["IVF32,PQ4,RFlat", "Flat", "Flat"]
+    assert s.manifest.n_rows == ROWS + 340 and s.manifest.n_live == ROWS + 260
     for mode in ("dense", "hybrid"):
         for hits in s.search(QUERIES, k=20, mode=mode):
             assert len(hits) == 20
@@ -98,9 +117,9 @@ def test_large_corpus_path_survives_writes(
     result = compact(index)
     assert result["dropped"] == 80  # 40 replaced + 40 deleted
     s = Searcher.open(index, gpu=False, mmap=True)
-    assert s.manifest.faiss.factory.endswith(",RFlat") and ",k_factor_rf=" in (
-        s.manifest.faiss.params
-    )
-    assert s.manifest.rows == ROWS + 260
+    big = max(s.manifest.segments, key=lambda g: g.n_rows)  # rewritten without its dead rows
+    assert big.n_rows == ROWS - 80 and big.ann.factory == "IVF32,PQ4,RFlat"
+    assert ",k_factor_rf=" in big.ann.params and s.manifest.n_deleted == 0
+    assert s.manifest.n_rows == ROWS + 260
     assert _recall(s, QUERIES) >= 0.9
     assert not {h.id for hits in s.search(QUERIES, k=20) for h in hits} & set(gone)

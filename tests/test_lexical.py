@@ -258,7 +258,10 @@ def test_upper_bound_bounds_every_score(method):
     n = bm25.n_live
     expected = top * (idf(method, bm25.df("tide"), n) + idf(method, bm25.df("moon"), n))
     assert bm25.upper_bound("tide moon") == pytest.approx(expected, rel=1e-5)
-    assert bm25.upper_bound("zebra") == 0.0
+    # a term no row holds counts at the rarest document frequency (the score's floor is 0)
+    rarest = 1 if method == "atire" else 0
+    assert bm25.upper_bound("zebra") == pytest.approx(top * idf(method, rarest, n), rel=1e-5)
+    assert bm25.upper_bound("the of a") == 0.0  # stopwords only: no term at all
 
 
 # -- the block cache ---------------------------------------------------------------------------

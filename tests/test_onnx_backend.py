@@ -91,3 +91,40 @@ def test_missing_onnxruntime_says_how_to_install(tiny_model_dir, cache, monkeypa
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     with pytest.raises(FlowsearchError, match=r"pip install 'flowsearch\[onnx\]'"):
         Encoder(str(tiny_model_dir), backend="onnx")
+
+
+def test_a_cached_int8_graph_needs_no_fp32_graph(tiny_model_dir, cache):
+    first = Encoder(str(tiny_model_dir), backend="onnx", quantize="int8")
+    int8 = first._onnx[()].path
+    fp32 = [p for p in cache.glob("*.onnx") if p != int8]
+    assert len(fp32) == 1  # built once, to quantise from
+    fp32[0].unlink()
+    again = Encoder(str(tiny_model_dir), backend="onnx", quantize="int8")
+    assert not again._onnx[()].exported and again._onnx[()].path == int8
+    assert sorted(cache.glob("*.onnx")) == [int8]  # the fp32 graph was not exported again
+    np.testing.assert_array_equal(again.encode(TEXTS), first.encode(TEXTS))
+
+
+def test_the_cache_check_hashes_only_a_file_its_record_does_not_describe(tiny_model_dir, cache):
+    import json
+    import os
+
+    path = Encoder(str(tiny_model_dir), backend="onnx")._onnx[()].path
+    record = path.with_suffix(".json")
+    stamped = json.loads(record.read_text())
+    assert stamped["size"] == path.stat().st_size and len(stamped["sha256"]) == 64
+    # a record of the first release (a hash only) is checked by hash, then completed
+    record.write_text(
+        json.dumps({k: v for k, v in stamped.items() if k not in ("size", "mtime_ns")})
+    )
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # a copy's time
+    reopened = Encoder(str(tiny_model_dir), backend="onnx")._onnx[()]
+    assert not reopened.exported
+    assert json.loads(record.read_text())["mtime_ns"] == path.stat().st_mtime_ns
+    # a file changed since (same size, another time) is hashed, found corrupt, exported again
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    assert Encoder(str(tiny_model_dir), backend="onnx")._onnx[()].exported

@@ -5,20 +5,21 @@ from __future__ import annotations
 import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from corpus_helpers import sentences, version_dirs, write_corpus
+from corpus_helpers import sentences, write_corpus
 
 from flowsearch.encode.encoder import Encoder
 from flowsearch.errors import FlowsearchError
 from flowsearch.search.searcher import Hit, Searcher
 from flowsearch.search.version import index_info
+from flowsearch.settings import override
 from flowsearch.space.reference import reference_of
 from flowsearch.storage import manifest as mf
+from flowsearch.storage.writer import open_writer
 from flowsearch.writes.build import build_index
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,8 +48,12 @@ def test_hits_are_ranked_joined_and_typed(searcher, index_dir):
     assert top.metadata == {"topic": corpus[7]["topic"], "year": corpus[7]["year"]}
     dense = searcher.search(corpus[7]["text"], k=5, mode="dense")[0]
     assert dense.id == "d7" and dense.score == pytest.approx(1.0, abs=1e-5)
-    assert top.log_density is not None and np.isfinite(top.log_density)
-    assert len({h.log_density for h in hits}) == 1  # the query's, on every hit
+    assert top.dense_score is not None and top.lexical_score is not None  # hybrid: both sides
+    assert dense.lexical_score is None and dense.dense_score == pytest.approx(dense.score)
+    # the query's log-density is in its report, once (not on every hit)
+    report = searcher.query(corpus[7]["text"], k=5).report
+    _, lp = searcher.embed([corpus[7]["text"]])
+    assert report.log_density == pytest.approx(float(lp[0])) and np.isfinite(report.log_density)
     assert json.loads(json.dumps(top.to_dict()))["id"] == "d7"
 
 
@@ -87,7 +92,11 @@ def test_search_vectors_and_brute_force_agree(searcher):
         ids = [f"d{j}" for j in order]
         assert [h.id for h in by_text[i]] == [h.id for h in by_vec[i]] == ids
         assert [h.score for h in by_text[i]] == [h.score for h in by_vec[i]]
-        np.testing.assert_allclose([h.score for h in by_vec[i]], brute[i, order], rtol=1e-5)
+        # the raw cosine is the dense score; the score is its place above the background
+        np.testing.assert_allclose([h.dense_score for h in by_vec[i]], brute[i, order], rtol=1e-5)
+        bg = searcher.version.fusion().dense_background
+        want = np.clip((brute[i, order] - bg) / (1 - bg), 0, 1)
+        np.testing.assert_allclose([h.score for h in by_vec[i]], want, rtol=1e-5, atol=1e-6)
     with pytest.raises(FlowsearchError, match="dim"):
         searcher.search_vectors(np.ones((1, 5), np.float32))
 
@@ -107,7 +116,8 @@ def test_verify_catches_corruption(tmp_path, index_dir):
     shutil.copytree(index_dir, copy)
     m = mf.read(copy)
     Searcher.open(copy, verify=True)
-    shard = m.path(copy, m.shards[0].path)
+    seg = copy / m.segments[0].dir
+    shard = seg / m.segments[0].parts[0].path
     original = shard.read_bytes()
     data = bytearray(original)
     data[len(data) // 2] ^= 0xFF
@@ -121,10 +131,11 @@ def test_verify_catches_corruption(tmp_path, index_dir):
         Searcher.open(copy)
     shard.write_bytes(original)
     Searcher.open(copy, verify=True)
-    (m.path(copy) / "stray.txt").write_text("x")
+    (seg / "stray.txt").write_text("x")
     with pytest.raises(FlowsearchError, match="unexpected file"):
         Searcher.open(copy)
-    m.path(copy, "index.faiss").unlink()
+    (seg / "stray.txt").unlink()
+    (seg / m.segments[0].ann.path).unlink()
     with pytest.raises(FlowsearchError, match="missing"):
         Searcher.open(copy)
 
@@ -136,7 +147,9 @@ def test_mismatched_encoder_or_calibrator_is_refused(tmp_path, index_dir, model_
     shutil.copytree(index_dir, copy)
     m = mf.read(copy)
     config = {**m.calibration.config, "depth": 99}
-    mf.write(copy, replace(m, calibration=replace(m.calibration, config=config)))
+    with open_writer(copy) as writer:  # a version whose manifest names another calibrator
+        writer.publish(kind="test", n_rows=0,
+                       calibration=m.calibration.model_copy(update={"config": config}))  # fmt: skip
     with pytest.raises(FlowsearchError, match="calibrator"):
         Searcher.open(copy)
     with pytest.raises(FlowsearchError, match="no index"):
@@ -170,30 +183,28 @@ def test_other_factories_are_built_and_searched(tmp_path, model_dir, factory):
     corpus = write_corpus(tmp_path / "c.parquet", n=90, seed=5)
     build_index(corpus, tmp_path / "idx", model=str(model_dir), index_factory=factory)
     searcher = Searcher.open(tmp_path / "idx")
-    assert searcher.manifest.faiss.factory == factory
+    assert [s.ann.factory for s in searcher.manifest.segments] == [factory]
     texts = pq.read_table(corpus).column("text").to_pylist()
     hits = searcher.search(texts[:5], k=3)
     assert [h[0].id for h in hits] == [f"d{i}" for i in range(5)]
 
 
-def test_open_searcher_keeps_its_index_through_a_rebuild(tmp_path, model_dir, monkeypatch):
-    from flowsearch.storage import rows as store
-
-    monkeypatch.setattr(store, "SHARD_ROWS", 10)  # several shards
+def test_open_searcher_keeps_its_index_through_a_rebuild(tmp_path, model_dir):
     corpus = write_corpus(tmp_path / "a.parquet", n=60, seed=11)
     table = pq.read_table(corpus)
     out = tmp_path / "idx"
-    build_index(corpus, out, model=str(model_dir), calibration="none")
+    with override(part_rows=10):  # several parts
+        build_index(corpus, out, model=str(model_dir), calibration="none")
     s = Searcher.open(out)
-    assert len(s.manifest.shards) == 6 and s.manifest.version == 1
+    assert len(s.manifest.segments[0].parts) == 6 and s.manifest.version == 1
     assert s.refresh() is False  # nothing newer yet
     # rebuild the same directory twice from the same rows in reverse order: the second
-    # rebuild deletes version 1, whose files the open searcher still reads
+    # rebuild deletes version 1's segment, whose files the open searcher still reads
     pq.write_table(table.take(list(range(59, -1, -1))), tmp_path / "b.parquet")
     for _ in range(2):
         build_index(tmp_path / "b.parquet", out, model=str(model_dir), calibration="none",
                     overwrite=True)  # fmt: skip
-    assert version_dirs(out) == ["v000002", "v000003"]
+    assert sorted(p.name for p in (out / "segments").iterdir()) == ["s000002", "s000003"]
     ids, texts = table.column("id").to_pylist(), table.column("text").to_pylist()
     for i in (0, 7, 25, 59):
         hit = s.search(texts[i], k=1, mode="dense")[0]
@@ -239,7 +250,7 @@ def test_embed_takes_one_flow_pass_when_it_can(searcher, monkeypatch):
 
 
 def test_index_on_gpu_is_searched_under_the_lock(index_dir, monkeypatch):
-    from flowsearch.ann import faiss_index as fx
+    from flowsearch.ann import io as ann_io
 
     held: list[bool] = []
     box: dict[str, Searcher] = {}
@@ -249,11 +260,11 @@ def test_index_on_gpu_is_searched_under_the_lock(index_dir, monkeypatch):
             self.inner, self.ntotal, self.d = inner, inner.ntotal, inner.d
 
         def search(self, q, k):
-            held.append(box["s"]._index_lock.locked())
+            held.append(box["s"]._gpu_lock.locked())
             return self.inner.search(q, k)
 
-    monkeypatch.setattr(fx, "num_gpus", lambda: 1)
-    monkeypatch.setattr(fx, "to_gpu", Moved)
+    monkeypatch.setattr(ann_io, "num_gpus", lambda: 1)
+    monkeypatch.setattr(ann_io, "to_gpu", Moved)
     box["s"] = Searcher.open(index_dir)
     assert len(box["s"].search("the cat", k=3)) == 3 and held == [True]
     cpu = Searcher.open(index_dir, gpu=False)
@@ -265,31 +276,33 @@ def test_open_encoder_takes_the_manifest_source_for_a_relative_model_name(index_
 
     spec = mf.read(index_dir).encoder
     assert spec.model == spec.source and Path(spec.source).is_absolute()
-    old_style = replace(spec, model="tiny-bert")  # a relative name, as older manifests kept it
-    assert open_encoder(old_style).model_id == spec.source
+    old_style = spec.model_copy(update={"model": "tiny-bert"})  # a relative name, as older
+    assert open_encoder(old_style.identity(), old_style.source).model_id == spec.source
     with pytest.raises(FlowsearchError, match="revision"):
-        open_encoder(replace(spec, revision="0" * 40))
+        wrong = spec.model_copy(update={"revision": "0" * 40})
+        open_encoder(wrong.identity(), spec.source)
 
 
 def test_query_result_and_info(searcher, index_dir):
     result = searcher.query("the red car", k=4)
     assert result.query == "the red car" and [h.rank for h in result.hits] == [1, 2, 3, 4]
     assert [h.id for h in result.hits] == [h.id for h in searcher.search("the red car", k=4)]
-    report = result.density
+    report = result.report
     m = searcher.manifest
     ref = reference_of(m)  # 150 rows hold none out: every row against the others
-    assert ref is not None and ref.method == "leave-one-out" and ref.rows == 150
-    assert report.log_density == pytest.approx(result.hits[0].log_density)
+    assert ref is not None and ref.method == "leave-one-out" and ref.n_measured == 150
+    assert report.log_density == pytest.approx(float(searcher.embed(["the red car"])[1][0]))
     assert report.verdict != "not judged" and report.reason is None
     assert report.percentile == pytest.approx(ref.percentile(report.top_score), abs=0.05)
     doc = json.loads(json.dumps(result.to_dict()))
-    assert set(doc) == {"query", "hits", "density"} and doc["density"]["verdict"] == report.verdict
+    assert set(doc) == {"query", "hits", "report"} and doc["report"]["verdict"] == report.verdict
     info = searcher.info()
     assert info.manifest == m and info.path == str(index_dir.resolve())
-    assert info.bytes["total"] == sum(r.bytes for r in m.files.values())
-    assert info.verified.files == len(m.files)
+    files = [*m.calibration.files.values(), *(r for s in m.segments for r in s.files.values())]
+    assert info.bytes["total"] == sum(r.bytes for r in files)
+    assert info.verified.n_files == len(files)
     cold = index_info(index_dir, verify=True)  # no model load
-    assert cold.manifest == m and cold.verified.hashed == len(m.files)
+    assert cold.manifest == m and cold.verified.n_hashed == len(files)
     assert cold.to_dict() == info.to_dict() | {"verified": cold.verified.to_dict()}
 
 
@@ -311,3 +324,37 @@ def test_a_moved_model_is_found_with_model(tmp_path, model_dir):
     (other / "config.json").write_text((other / "config.json").read_text().replace("0.02", "0.03"))
     with pytest.raises(FlowsearchError, match="revision"):
         Searcher.open(out, model=other)  # not the same model: refused
+
+
+def test_several_segments_answer_as_one_compacted_segment(tmp_path, model_dir):
+    """Search fans out over segments: dense (exact Flat), lexical (BM25 with corpus-wide
+    statistics over live rows) and hybrid give what one segment holding the same live rows
+    gives, so scores do not depend on how the corpus is cut."""
+    from flowsearch.writes.compact import compact
+    from flowsearch.writes.delete import delete
+    from flowsearch.writes.upsert import add_to_index, upsert
+
+    out = tmp_path / "idx"
+    build_index(write_corpus(tmp_path / "c.parquet", n=50, seed=21), out, model=str(model_dir),
+                calibration="none")  # fmt: skip
+    add_to_index(out, write_corpus(tmp_path / "a.parquet", n=10, seed=22, id_prefix="a"))
+    texts = sentences(5, seed=23)
+    upsert(out, [{"id": i, "text": t} for i, t in zip(["d1", "d2", "a3", "n1", "n2"], texts)])
+    delete(out, ["d4", "a5", "n1", "d40"])
+    split = Searcher.open(out)
+    assert len(split.manifest.segments) == 3 and split.manifest.n_deleted == 7
+    compact(out, full=True)
+    whole = Searcher.open(out, encoder=split.encoder)
+    assert len(whole.manifest.segments) == 1 and len(whole) == len(split) == 58
+    queries = [*sentences(6, seed=24), texts[0], "cat dog"]
+    for mode in ("dense", "lexical", "hybrid"):
+        for k in (1, 10, 58):
+            a = split.search(queries, k=k, mode=mode)
+            b = whole.search(queries, k=k, mode=mode)
+            for q, x, y in zip(queries, a, b, strict=True):
+                assert [h.id for h in x] == [h.id for h in y], (mode, k, q)
+                np.testing.assert_allclose([h.score for h in x], [h.score for h in y], rtol=1e-5)
+                assert [h.text for h in x] == [h.text for h in y]
+    every = {h.id for h in split.search("the", k=1000, mode="dense")}
+    assert len(every) == 58 and not {"d4", "a5", "n1", "d40"} & every
+    assert split.search(texts[0], k=1, mode="dense")[0].id == "d1"  # its new text

@@ -19,7 +19,9 @@ def U():
 
 def test_calibrated_space_is_the_calibrators_output_normalised(U):
     cal = make_calibrator("whitening").fit(U)
-    space = SearchSpace(cal, CalibrationSpec("whitening", "whitening", "calibrated"))
+    space = SearchSpace(
+        cal, CalibrationSpec(name="whitening", calibrator="whitening", space="calibrated")
+    )
     Z, lp = space.project(U[:5])
     np.testing.assert_allclose(Z, normalise(cal.transform(U[:5])), atol=1e-6)
     np.testing.assert_allclose(np.linalg.norm(Z, axis=1), 1.0, atol=1e-6)
@@ -28,7 +30,7 @@ def test_calibrated_space_is_the_calibrators_output_normalised(U):
 
 def test_encoder_space_keeps_raw_vectors_but_reports_the_flow_density(U):
     cal = make_calibrator("flow", seed=0, levels=2, depth=2, width=8).fit(U)
-    space = SearchSpace(cal, CalibrationSpec("auto", "flow", "encoder"))
+    space = SearchSpace(cal, CalibrationSpec(name="auto", calibrator="flow", space="encoder"))
     Z, lp = space.project(U[:5])
     np.testing.assert_allclose(Z, normalise(U[:5]), atol=1e-6)
     np.testing.assert_allclose(lp, cal.log_prob(U[:5]), rtol=1e-9)
@@ -37,14 +39,17 @@ def test_encoder_space_keeps_raw_vectors_but_reports_the_flow_density(U):
 
 def test_flow_space_gives_vectors_and_density_in_one_pass(U):
     cal = make_calibrator("flow", seed=0, levels=2, depth=2, width=8).fit(U)
-    space = SearchSpace(cal, CalibrationSpec("flow", "flow", "calibrated"))
+    space = SearchSpace(cal, CalibrationSpec(name="flow", calibrator="flow", space="calibrated"))
     Z, lp = space.project(U[:5])
     np.testing.assert_allclose(Z, normalise(cal.transform(U[:5])), atol=1e-5)
     np.testing.assert_allclose(lp, cal.log_prob(U[:5]), rtol=1e-9)
 
 
 def test_embedding_needs_an_encoder(U):
-    space = SearchSpace(make_calibrator("none").fit(U), CalibrationSpec("none", "none", "encoder"))
+    space = SearchSpace(
+        make_calibrator("none").fit(U),
+        CalibrationSpec(name="none", calibrator="none", space="encoder"),
+    )
     with pytest.raises(FlowsearchError, match="no encoder"):
         space.embed(["a text"])
 

@@ -133,3 +133,13 @@ def test_model2vec_matches_the_library(tmp_path, tiny_model_dir):
     np.testing.assert_allclose(
         Encoder(str(root), pooling="static").encode(TEXTS[:3]), theirs, atol=1e-5
     )
+
+
+def test_chunking_never_changes_a_static_vector(tiny_model_dir):
+    from flowsearch.settings import override
+
+    texts = [f"the cat sat on the mat {i}" * (i % 4 + 1) for i in range(9)]
+    enc = Encoder(str(tiny_model_dir), pooling="static")
+    whole = enc.encode(texts)
+    with override(static_chunk_texts=2):
+        np.testing.assert_array_equal(enc.encode(texts), whole)

@@ -3,7 +3,7 @@ r"""Reading, writing and searching vector indexes, on the CPU or the GPU.
 Example:
     >>> index = faiss.IndexFlatIP(2)
     >>> index.add(np.eye(2, dtype=np.float32))
-    >>> search(index, np.ones((1, 2), np.float32), 5)[1].tolist()
+    >>> search(index, np.array([[1.0, 0.5]], np.float32), 5)[1].tolist()
     [[0, 1]]
 """
 

@@ -132,6 +132,11 @@ def _print_table(task: Task, result: dict[str, Any], keep: bool) -> None:
     if result.get("index_dir") and keep:
         table.caption = literal(f"index kept at {result['index_dir']}")
     stdout_console().print(table)
+    if result.get("unreachable_judgements"):
+        stdout_console().print(literal(
+            f"note: {result['unreachable_judgements']:,} judgement(s) of the qrels name passages "
+            "the corpus lacks; scored as unreachable, as BEIR and MTEB score them"
+        ))  # fmt: skip
 
 
 def _retrieval(

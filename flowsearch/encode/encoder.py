@@ -1,27 +1,18 @@
 r"""Sentence vectors from a Hugging Face encoder, pooled the ways the BERT-flow paper studies.
 
-The encoder is the first step of the data flow and by far its most expensive one, so this module
-cares about speed: texts are tokenised once, sorted by length and batched so that padding is
-minimal, the model runs under :func:`torch.inference_mode` (fp16 on a GPU), and each pooling runs
-only as much of the model as it reads. ``backend="onnx"`` runs the same model with ONNX Runtime
-(:mod:`flowsearch.encode.onnx`), optionally quantised to int8.
+Poolings (all attention-mask aware, padding never counts): ``cls`` (the last layer at the first
+token); ``mean`` (mean of the last layer, as sentence-transformers); ``last2avg`` (of the average
+of the last two layers); ``first_last_avg`` (of the first transformer layer and the last,
+``hidden_states[1]`` and ``[-1]``: the BERT-flow code's "last2avg", docs/ENCODERS.md);
+``static`` (position-free mean of word-embedding rows, a table lookup with no transformer pass,
+:mod:`flowsearch.encode.static`; a Model2Vec directory is a static model); ``embedding_layer``
+(mean of ``hidden_states[0]``, which adds position embeddings).
 
-Pooling strategies (all attention-mask aware, padding never counts):
-
-- ``cls``: the last layer's vector at the first token.
-- ``mean``: mean of the last layer's token vectors (what sentence-transformers computes).
-- ``last2avg``: mean over tokens of the average of the last two layers.
-- ``first_last_avg``: mean over tokens of the average of the first transformer layer and the last
-  (Hugging Face ``hidden_states[1]`` and ``hidden_states[-1]``). This is what the BERT-flow
-  reference code computes under the name "last2avg": it indexes ``all_encoder_layers[-i]`` for
-  ``i in range(2)``, and ``[-0]`` is the first layer, not the second to last (acknowledged on its
-  issue tracker). We offer both under honest names.
-- ``static``: position-free: the mean of the model's word embeddings, looked up by token id with
-  no transformer pass (:mod:`flowsearch.encode.static`; variants in ``static_variant``). A Model2Vec
-  directory is a static model too. Non-contextual and strongly anisotropic: where calibration
-  matters most.
-- ``embedding_layer``: the first release's ``static``: mean of the embedding layer's outputs
-  (``hidden_states[0]``), which add position embeddings and so encode a text's length.
+Texts are tokenised once, sorted by length and batched so that padding is minimal; a pooling runs
+only as much of the model as it reads, on torch (:mod:`~flowsearch.encode.torch_runner`, fp16 on
+a GPU) or ONNX Runtime (:mod:`~flowsearch.encode.onnx`, optionally int8). ``torch`` and
+``transformers`` are imported only when a model runs in torch or is exported: a static or cached
+ONNX encoder of a local model never imports them.
 
 References:
     Li et al., "On the Sentence Embeddings from Pre-trained Language Models", EMNLP 2020.
@@ -29,30 +20,35 @@ References:
 
 from __future__ import annotations
 
-import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from flowsearch.encode.model_files import (
-    bundled_model_dir,
-    declared_max_length,
-    has_safetensors,
-    looks_like_path,
-    revision,
-    transformer_dir,
+from flowsearch.encode.identity import first_difference, mismatch_error, reopen_options
+from flowsearch.encode.loading import load_parts, loading_errors
+from flowsearch.encode.model_files import DEFAULT_MODEL, looks_like_path
+from flowsearch.encode.onnx import OnnxEncoder, session_threads
+from flowsearch.encode.options import (
+    BACKENDS,
+    POOLINGS,
+    QUANTIZATIONS,
+    Backend,
+    Pooling,
+    Quantize,
+    check_options,
+    check_poolings,
+    checked_texts,
 )
-from flowsearch.encode.pooling import LAYERS_READ, padded, pool_numpy, pool_torch
-from flowsearch.encode.static import STATIC_VARIANTS, StaticTable, is_model2vec_dir
-from flowsearch.errors import FlowsearchError, NotFound
+from flowsearch.encode.pooling import LAYERS_READ, padded, pool_numpy
+from flowsearch.encode.static import StaticTable
+from flowsearch.encode.torch_runner import TorchRunner, default_device
+from flowsearch.errors import BadInput, NotFound
 from flowsearch.progress import Stages
-
-if TYPE_CHECKING:
-    from flowsearch.encode.onnx import OnnxEncoder
-    from flowsearch.storage.manifest import EncoderSpec
+from flowsearch.settings import current
 
 __all__ = [
     "BACKENDS",
@@ -66,25 +62,8 @@ __all__ = [
     "open_encoder",
 ]
 
-LOG = logging.getLogger(__name__)
-
-Pooling = Literal["cls", "mean", "last2avg", "first_last_avg", "static", "embedding_layer"]
-POOLINGS: tuple[str, ...] = get_args(Pooling)
-Backend = Literal["torch", "onnx"]
-BACKENDS: tuple[str, ...] = get_args(Backend)
-Quantize = Literal["int8"]
-QUANTIZATIONS: tuple[str, ...] = get_args(Quantize)
-
-#: The name manifests record for ``model=None``: the bundled all-MiniLM-L6-v2 weights.
-DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-
-_MAX_LENGTH_CAP = 512
-# Below this many texts no progress bar is drawn unless asked for.
-_PROGRESS_MIN_TEXTS = 2000
-# Texts tokenised and averaged at once by the static path (bounds its memory).
-_STATIC_CHUNK = 8192
-# Encoder options an index records beyond model/pooling/max_length, passed again on reopening.
-_REOPEN_OPTIONS = ("backend", "quantize")
+Vectors = npt.NDArray[np.float32]
+Ids = npt.NDArray[np.int64]
 
 
 class Encoder:
@@ -108,6 +87,17 @@ class Encoder:
         trust_remote_code: Let ``transformers`` run code shipped with the model. Off by
             default: only for models you trust.
 
+    Attributes:
+        model_id: the model's recorded name: :data:`DEFAULT_MODEL`, a directory's absolute
+            path, or a hub id.
+        revision: the model's content hash (16 hex digits; local) or commit (hub).
+        pooling, max_length, dim, backend, quantize: as :meth:`describe` reports them.
+
+    Raises:
+        BadInput: an unknown or inconsistent option, or ``max_length`` above the model's limit.
+        NotFound: no such model directory, or a model ``transformers`` cannot load.
+        MissingExtra: ``backend="onnx"`` without onnxruntime installed.
+
     Example:
         >>> enc = Encoder()  # doctest: +SKIP
         >>> enc.encode(["a cat sat", "a dog ran"]).shape  # doctest: +SKIP
@@ -126,171 +116,78 @@ class Encoder:
         static_variant: str = "raw",
         trust_remote_code: bool = False,
     ) -> None:
-        _check_options(pooling, max_length, backend, quantize, static_variant)
-        import torch
-
+        check_options(pooling, max_length, backend, quantize, static_variant)
+        if backend == "onnx" and device is not None and not device.startswith("cpu"):
+            raise BadInput(
+                "backend='onnx' runs on the CPU", "pass {device='cpu'} or omit it", param="device"
+            )
         self.pooling = pooling
         self.backend = backend
         self.quantize = quantize
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if backend == "onnx" and not self.device.startswith("cpu"):
-            raise FlowsearchError("backend='onnx' runs on the CPU; pass device='cpu' or omit it")
-        self._trust = trust_remote_code
-        self._model: Any = None
+        self._device = "cpu" if backend == "onnx" else device
+        self._static_variant = static_variant
         self._static: StaticTable | None = None
         self._onnx: dict[tuple[str, ...], OnnxEncoder] = {}
-        self._m2v_tokenizer: Any = None
-        self._static_variant = static_variant
-
-        root = bundled_model_dir() if model is None else Path(model).expanduser()
-        # a local directory is named by its absolute path, so an index built with a relative
-        # path can be reopened from anywhere; a hub id stays as given
-        self.model_id = (
-            DEFAULT_MODEL if model is None else str(root.resolve()) if root.is_dir() else str(model)
-        )
-        local = root.is_dir()
-        if not local and looks_like_path(str(model)):
-            raise FlowsearchError(f"model directory {str(model)!r} does not exist; check the path")
-        self._source: str | Path = transformer_dir(root) if local else str(model)
-        self._local = local
-
-        if local and is_model2vec_dir(root):
-            self._init_model2vec(root, max_length)
-            return
-
-        from transformers import AutoConfig, AutoTokenizer
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        try:
-            self._tokenizer = AutoTokenizer.from_pretrained(self._source, **self._load_options())
-            self._config = AutoConfig.from_pretrained(self._source, **self._load_options())
-            if pooling != "static" or not local:
-                self._torch_model()
-        except (OSError, ValueError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise FlowsearchError(
-                f"cannot load model {self.model_id!r} ({first}); pass a local directory with its "
-                "weights or an id already in the Hugging Face cache"
-            ) from exc
-        self.dim = int(self._config.hidden_size)
-        limit = self._position_limit()
-        if max_length is not None and max_length > limit:
-            raise FlowsearchError(
-                f"max_length {max_length} exceeds what {self.model_id!r} can read ({limit} "
-                f"tokens); pass --max-length {limit} or less"
+        self._runner: TorchRunner | None = None
+        self._parts = load_parts(model, max_length, trust_remote_code=trust_remote_code)
+        parts = self._parts
+        if parts.model2vec and pooling != "static":
+            raise BadInput(
+                f"{parts.source.model_id!r} is a Model2Vec static model", "use {pooling='static'}"
             )
-        self.max_length = max_length or min(
-            self._default_max_length(root if local else None), limit
-        )
-        if local:
-            self.revision = revision(Path(self._source))
-        else:
-            self.revision = str(getattr(self._config, "_commit_hash", None) or "unknown")
-        if pooling == "static":
-            self._static_table()
-        elif backend == "onnx":
-            self._onnx_encoder(LAYERS_READ[pooling])
-            self._model = None  # the session holds the weights now; reloaded only to re-export
+        self._static = parts.table
+        self._tokens = parts.tokens
+        self.model_id = parts.source.model_id
+        self.dim = parts.dim
+        self.max_length = parts.max_length
+        self.revision = parts.revision
+        with loading_errors(self.model_id):  # load what the pooling runs: fail now, not later
+            if pooling == "static":
+                self._static_table()
+            elif backend == "onnx":
+                self._onnx_encoder(LAYERS_READ[pooling])
+            else:
+                self._torch().model()
 
-    def _init_model2vec(self, root: Path, max_length: int | None) -> None:
-        """A Model2Vec ``StaticModel`` directory: its table and tokenizer, no transformer."""
-        import json
+    @property
+    def device(self) -> str:
+        """Where the torch backend runs the model (resolved on first need: CUDA if present)."""
+        if self._device is None:
+            self._device = default_device()
+        return self._device
 
-        from tokenizers import Tokenizer
-
-        if self.pooling != "static":
-            raise FlowsearchError(
-                f"{self.model_id!r} is a Model2Vec static model; use pooling='static'"
-            )
-        self._static = StaticTable.from_model2vec(root)
-        self._m2v_tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
-        self._m2v_tokenizer.no_truncation()
-        self._m2v_tokenizer.no_padding()
-        declared = json.loads((root / "config.json").read_text()).get("max_length")
-        self.max_length = max_length or (declared if isinstance(declared, int) else 512)
-        self.dim = self._static.dim
-        self.revision = revision(root)
-        self._config = None
-
-    def _load_options(self) -> dict[str, Any]:
-        options: dict[str, Any] = {}
-        if self._local:
-            options["local_files_only"] = True
-        if self._trust:
-            options["trust_remote_code"] = True
-        return options
-
-    def _torch_model(self, eager: bool = False) -> Any:
-        """The ``transformers`` model, loaded on first need (``static`` never needs it)."""
-        if self._model is not None and not eager:
-            return self._model
-        from transformers import AutoModel
-
-        options = self._load_options()
-        if self._local and has_safetensors(Path(self._source)):
-            options["use_safetensors"] = True
-        if eager:  # the attention pattern ONNX Runtime knows how to fuse
-            options["attn_implementation"] = "eager"
-        model = AutoModel.from_pretrained(self._source, **options).eval()
-        if eager:
-            return model
-        model.to(self.device)
-        if self.device.startswith("cuda"):
-            model.half()
-        self._model = model
-        return model
+    def _torch(self) -> TorchRunner:
+        """The torch runner of this model (the model itself loads on first use)."""
+        if self._runner is None:
+            self._runner = TorchRunner(self._parts.source.path, self._parts.options, self.device)
+        return self._runner
 
     def _static_table(self) -> StaticTable:
         """The table ``static`` averages, read on first need."""
         if self._static is None:
-            variant = self._static_variant
-            if self._local:
-                self._static = StaticTable.from_transformer(
-                    Path(self._source), variant, self._config
-                )
-            else:
-                self._static = StaticTable.from_transformer(
-                    Path("."), variant, self._config, model=self._torch_model()
-                )
+            variant, config, source = self._static_variant, self._parts.config, self._parts.source
+            if source.local:
+                self._static = StaticTable.from_transformer(Path(source.path), variant, config)
+            else:  # a hub model's table comes from the loaded model
+                model = self._torch().model()
+                self._static = StaticTable.from_transformer(Path("."), variant, config, model)
         return self._static
 
-    def _onnx_encoder(self, outputs: tuple[str, ...]) -> OnnxEncoder:
+    def _onnx_encoder(self, outputs: Sequence[str]) -> OnnxEncoder:
         """The cached ONNX graph returning ``outputs`` beside the last hidden state."""
-        from flowsearch.encode.onnx import OnnxEncoder
-
         key = tuple(sorted(outputs))
         if key not in self._onnx:
-            import torch
-
+            local = self._parts.source.local
             self._onnx[key] = OnnxEncoder(
-                lambda: self._torch_model(eager=True),
+                lambda: self._torch().eager_model(),
                 # a local model is its content hash, wherever it lives; a hub id needs its name
-                identity=self.revision if self._local else f"{self.model_id}@{self.revision}",
+                identity=self.revision if local else f"{self.model_id}@{self.revision}",
                 outputs=key,
-                config=self._config,
+                config=self._parts.config,
                 quantize=self.quantize,
-                threads=torch.get_num_threads(),
+                threads=session_threads(),
             )
         return self._onnx[key]
-
-    def _position_limit(self) -> int:
-        """Tokens the model can take at most (its position embeddings, or the tokenizer's)."""
-        limits = [100_000]
-        tok_limit = getattr(self._tokenizer, "model_max_length", None)
-        if isinstance(tok_limit, int) and 0 < tok_limit < 100_000:
-            limits.append(tok_limit)
-        pos_limit = getattr(self._config, "max_position_embeddings", None)
-        if isinstance(pos_limit, int) and pos_limit > 0:
-            limits.append(pos_limit)
-        return min(limits)
-
-    def _default_max_length(self, root: Path | None) -> int:
-        if root is not None:
-            declared = declared_max_length(root, transformer_dir(root))
-            if declared:
-                return min(declared, _MAX_LENGTH_CAP)
-        return min(self._position_limit(), _MAX_LENGTH_CAP)
 
     @property
     def variant(self) -> str | None:
@@ -322,28 +219,30 @@ class Encoder:
         extra = f", variant={self.variant!r}" if self.variant else ""
         if self.backend != "torch":
             extra += f", backend={self.backend!r}, quantize={self.quantize!r}"
+        device = self._device or "auto"  # not resolved: no model has run in torch yet
         return (
             f"Encoder(model={self.model_id!r}, pooling={self.pooling!r}, "
-            f"max_length={self.max_length}, device={self.device!r}{extra})"
+            f"max_length={self.max_length}, device={device!r}{extra})"
         )
 
     def encode(
-        self,
-        texts: Sequence[str] | str,
-        batch_size: int = 64,
-        progress: bool | None = None,
-    ) -> np.ndarray:
+        self, texts: Sequence[str] | str, batch_size: int = 64, progress: bool | None = None
+    ) -> Vectors:
         r"""Encodes texts into sentence vectors.
 
         Arguments:
             texts: The texts (a single string is taken as a list of one).
             batch_size: Texts per forward pass. Batches are formed from texts of similar
                 length, so padding costs little.
-            progress: Draw a progress bar on stderr. ``None`` draws one for long inputs only.
+            progress: Draw a progress bar on stderr. ``None`` draws one from
+                :attr:`~flowsearch.settings.Settings.progress_min_texts` texts on.
 
         Returns:
             A float32 array of shape ``(len(texts), dim)``, rows in input order; unnormalised
             (except a Model2Vec model whose config asks for unit vectors).
+
+        Raises:
+            BadInput: ``texts`` is not a list of strings, or ``batch_size`` < 1.
         """
         return self.encode_poolings(texts, (self.pooling,), batch_size, progress)[self.pooling]
 
@@ -353,188 +252,143 @@ class Encoder:
         poolings: Sequence[str] = POOLINGS,
         batch_size: int = 64,
         progress: bool | None = None,
-    ) -> dict[str, np.ndarray]:
+    ) -> dict[str, Vectors]:
         r"""Several poolings of the same texts from one forward pass (for comparing them).
 
         The pass stops at what the poolings read: ``static`` alone runs no model,
         ``embedding_layer`` alone only the embedding layer, ``cls``/``mean`` skip returning the
         intermediate layers. ``static`` uses this encoder's ``static_variant``.
 
+        Arguments:
+            texts: as for :meth:`encode`.
+            poolings: names from :data:`POOLINGS`; a contextual one loads the model if this
+                encoder has not yet (a ``static`` encoder of a transformer can give them all).
+            batch_size: texts per forward pass.
+            progress: as for :meth:`encode`.
+
         Returns:
             ``{pooling: float32 (len(texts), dim)}``; each equals what an :class:`Encoder` with
             that pooling (same model, max_length and backend) returns from :meth:`encode`.
+
+        Raises:
+            BadInput: an unknown pooling, a contextual pooling of a Model2Vec model, bad
+                ``texts`` or ``batch_size`` < 1.
         """
-        texts = _checked_texts(texts)
-        for pooling in poolings:
-            if pooling not in POOLINGS:
-                raise FlowsearchError(
-                    f"unknown pooling {pooling!r}; choose from {', '.join(POOLINGS)}"
-                )
+        texts = checked_texts(texts)
+        check_poolings(poolings)
         contextual = [p for p in dict.fromkeys(poolings) if p != "static"]
-        if contextual and self._m2v_tokenizer is not None:
-            raise FlowsearchError(
-                f"{self.model_id!r} is a Model2Vec static model; it has only pooling 'static'"
+        if contextual and self._parts.model2vec:
+            raise BadInput(
+                f"{self.model_id!r} is a Model2Vec static model; it has only pooling 'static'",
+                param="poolings",
             )
         if batch_size < 1:
-            raise FlowsearchError(f"batch_size must be >= 1, got {batch_size}")
+            raise BadInput(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
         out = {p: np.empty((len(texts), self.dim), dtype=np.float32) for p in poolings}
         if not texts:
             return out
-        show = progress if progress is not None else len(texts) >= _PROGRESS_MIN_TEXTS
+        show = progress if progress is not None else len(texts) >= current().progress_min_texts
         stages = Stages(show=show)
         with stages.live(), stages.task("encoding", total=len(texts)) as advance:
             if "static" in out:
-                table = self._static_table()
-                for start in range(0, len(texts), _STATIC_CHUNK):
-                    chunk = texts[start : start + _STATIC_CHUNK]
-                    out["static"][start : start + len(chunk)] = table.vectors(
-                        self._static_ids(chunk)
-                    )
-                    if not contextual:
-                        advance(len(chunk))
+                self._encode_static(texts, out["static"], advance if not contextual else None)
             if contextual:
                 self._encode_contextual(texts, contextual, batch_size, out, advance)
         return out
 
-    def _static_ids(self, texts: list[str]) -> list[list[int]]:
-        """Token ids for the static table: truncated to the same words the model would read."""
-        if self._m2v_tokenizer is not None:
-            encoded = self._m2v_tokenizer.encode_batch(texts, add_special_tokens=False)
-            return [e.ids[: self.max_length] for e in encoded]
-        assert self._static is not None
-        keep = self._static.special_tokens
-        limit = self.max_length - (0 if keep else self._tokenizer.num_special_tokens_to_add())
-        return self._tokenizer(
-            texts,
-            add_special_tokens=keep,
-            truncation=True,
-            max_length=max(limit, 1),
-            padding=False,
-            return_attention_mask=False,
-            return_token_type_ids=False,
-        )["input_ids"]
+    def _encode_static(
+        self, texts: list[str], out: Vectors, advance: Callable[[int], None] | None
+    ) -> None:
+        """Fills ``out`` with the static vectors of ``texts``, a chunk at a time."""
+        table = self._static_table()
+        special = table.special_tokens
+        # truncated to the words the model itself would read (its limit counts [CLS], [SEP]);
+        # a Model2Vec tokenizer adds no special tokens
+        dropped = 0 if special or self._parts.model2vec else self._tokens.num_special()
+        limit = max(self.max_length - dropped, 1)
+        step = current().static_chunk_texts
+        for start in range(0, len(texts), step):
+            chunk = texts[start : start + step]
+            ids = self._tokens.ids(chunk, limit, special=special)
+            out[start : start + len(chunk)] = table.vectors(ids)
+            if advance is not None:
+                advance(len(chunk))
 
     def _encode_contextual(
         self,
         texts: list[str],
         poolings: list[str],
         batch_size: int,
-        out: dict[str, np.ndarray],
-        advance: Any,
+        out: dict[str, Vectors],
+        advance: Callable[[int], None],
     ) -> None:
-        import torch
-
-        ids = self._tokenizer(
-            texts,
-            truncation=True,
-            max_length=self.max_length,
-            padding=False,
-            return_attention_mask=False,
-            return_token_type_ids=False,
-        )["input_ids"]
+        """Fills ``out[p]`` for each contextual pooling: length-sorted padded batches."""
+        ids = self._tokens.ids(texts, self.max_length)
         order = np.argsort([-len(x) for x in ids], kind="stable")
-        pad_id = self._tokenizer.pad_token_id or 0
         needs = tuple(sorted({n for p in poolings for n in LAYERS_READ[p]}))
-        onnx = self._onnx_encoder(needs) if self.backend == "onnx" else None
-        with torch.inference_mode():
-            for start in range(0, len(order), batch_size):
-                rows = order[start : start + batch_size]
-                input_ids, mask = padded([ids[i] for i in rows], pad_id)
-                if onnx is not None:
-                    pooled = pool_numpy(onnx.run(input_ids, mask), mask, poolings)
-                else:
-                    batch = {
-                        "input_ids": torch.from_numpy(input_ids).to(self.device),
-                        "attention_mask": torch.from_numpy(mask).to(self.device),
-                    }
-                    tensors = pool_torch(self._torch_model(), batch, poolings)
-                    pooled = {p: v.float().cpu().numpy() for p, v in tensors.items()}
-                for pooling, vectors in pooled.items():
-                    out[pooling][rows] = vectors
-                advance(len(rows))
+        if self.backend == "onnx":
+            graph = self._onnx_encoder(needs)
+
+            def run(input_ids: Ids, mask: Ids) -> dict[str, Vectors]:
+                return pool_numpy(graph.run(input_ids, mask), mask, poolings)
+        else:
+            runner = self._torch()
+
+            def run(input_ids: Ids, mask: Ids) -> dict[str, Vectors]:
+                return runner.pool(input_ids, mask, poolings)
+
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            input_ids, mask = padded([ids[i] for i in rows], self._tokens.pad_id)
+            for pooling, vectors in run(input_ids, mask).items():
+                out[pooling][rows] = vectors
+            advance(len(rows))
 
 
-def _check_options(
-    pooling: str, max_length: int | None, backend: str, quantize: str | None, variant: str
-) -> None:
-    if pooling not in POOLINGS:
-        raise FlowsearchError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
-    if max_length is not None and (not isinstance(max_length, int) or max_length < 2):
-        raise FlowsearchError(f"max_length must be an integer >= 2, got {max_length!r}")
-    if backend not in BACKENDS:
-        raise FlowsearchError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if quantize is not None and quantize not in QUANTIZATIONS:
-        raise FlowsearchError(
-            f"unknown quantize {quantize!r}; choose one of {', '.join(QUANTIZATIONS)} or none"
-        )
-    if quantize is not None and backend != "onnx":
-        raise FlowsearchError(f"quantize={quantize!r} needs backend='onnx'")
-    if backend == "onnx" and pooling == "static":
-        raise FlowsearchError(
-            "pooling 'static' is a table lookup that runs no model, so backend 'onnx' has "
-            "nothing to run; use backend 'torch' with it"
-        )
-    if variant not in STATIC_VARIANTS:
-        raise FlowsearchError(
-            f"unknown static variant {variant!r}; choose one of {', '.join(STATIC_VARIANTS)}"
-        )
-
-
-def _checked_texts(texts: Sequence[str] | str) -> list[str]:
-    if isinstance(texts, str):
-        return [texts]
-    if texts is None:
-        raise FlowsearchError("texts is None; pass a list of strings")
-    try:
-        items = list(texts)
-    except TypeError as exc:
-        raise FlowsearchError(
-            f"texts must be a list of strings, got {type(texts).__name__}"
-        ) from exc
-    for i, text in enumerate(items):
-        if not isinstance(text, str):
-            raise FlowsearchError(
-                f"texts[{i}] is {type(text).__name__}, not a string; "
-                "drop or convert non-text entries first"
-            )
-    return items
-
-
-def open_encoder(spec: EncoderSpec, encoder: Encoder | None = None, model: Any = None) -> Encoder:
-    """The encoder an index's manifest names, checked against it.
+def open_encoder(
+    described: Mapping[str, Any],
+    source: str | None,
+    *,
+    encoder: Encoder | None = None,
+    model: str | os.PathLike[str] | None = None,
+) -> Encoder:
+    """The encoder an index's record names, checked against the record.
 
     Args:
-        spec: the manifest's encoder record.
-        encoder: an already loaded Encoder to reuse; it must describe itself identically.
-        model: where the model is now, when its directory has moved since the index was built
-            (its content hash must still match the recorded revision).
+        described: the recorded fields (what :meth:`Encoder.describe` returned when the index
+            was built): ``model``, ``revision``, ``pooling``, ``max_length``, ``dim`` and the
+            options it recorded (``variant``, ``backend``, ``quantize``; a missing one is
+            neither passed nor compared).
+        source: how to load the model again: ``None`` for the bundled model, else the hub id
+            or the directory (absolute) it was built from.
+        encoder: an already loaded encoder to reuse instead; it must describe itself as
+            recorded.
+        model: where the model is now, when its directory has moved since the index was
+            built (its content hash must still match the recorded revision).
+
+    Returns:
+        The encoder, loaded or reused.
 
     Raises:
-        FlowsearchError: a model, revision, pooling, max_length, dim or option other than the
-            index's.
+        NotFound: the recorded model directory is gone (and no ``model`` says where it went).
+        BadInput: the encoder (reused, moved or reloaded) differs from the record in any field;
+            the message names the field, both values and the fix.
     """
     if encoder is None:
-        source = str(model) if model is not None else spec.source
-        options = {k: v for k, v in spec.options.items() if k in _REOPEN_OPTIONS}
-        variant = spec.options.get("variant")
-        if spec.pooling == "static" and variant in STATIC_VARIANTS:
-            options["static_variant"] = variant
-        gone = source is not None and model is None and not Path(source).exists()
-        if gone and looks_like_path(str(source)):
+        place = str(model) if model is not None else source
+        gone = place is not None and model is None and not Path(place).exists()
+        if gone and looks_like_path(str(place)):
             raise NotFound(
-                f"the index's model directory {source} is gone",
+                f"the index's model directory {place} is gone",
                 "if the model moved, pass {model=DIR} with its new place",
                 param="model",
             )
-        encoder = Encoder(source, pooling=spec.pooling, max_length=spec.max_length, **options)
-    got = encoder.describe()
-    relocated = model is not None or encoder.model_id == spec.source
-    for key, want in spec.identity().items():
-        if key == "model" and relocated:
-            continue  # the same weights (the revision is compared) in another place
-        if got.get(key) != want:
-            raise FlowsearchError(
-                f"encoder {key} {got.get(key)!r} differs from the index's {want!r}; "
-                "query with the index's model and pooling, or rebuild the index"
-            )
-    return encoder
+        loaded = Encoder(place, **reopen_options(described))
+    else:
+        loaded = encoder
+    relocated = model is not None or loaded.model_id == source
+    difference = first_difference(loaded.describe(), described, relocated=relocated)
+    if difference is not None:
+        moved_to = str(model) if model is not None else None
+        raise mismatch_error(difference, reused=encoder is not None, moved_to=moved_to)
+    return loaded

@@ -18,10 +18,11 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+import numpy.typing as npt
 
 if TYPE_CHECKING:
     import torch
@@ -39,7 +40,9 @@ LAYERS_READ: dict[str, tuple[str, ...]] = {
 }
 
 
-def padded(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+def padded(
+    rows: Sequence[Sequence[int]], pad_id: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Right-pads token ids to the batch's longest row: int64 ``(ids, mask)``, both (n, width)."""
     width = max(len(r) for r in rows)
     input_ids = np.full((len(rows), width), pad_id, dtype=np.int64)
@@ -57,6 +60,14 @@ def pool_torch(
 
     ``embedding_layer`` alone runs only the embedding layer; ``cls``/``mean`` alone do not ask
     the model for its intermediate layers.
+
+    Args:
+        model: a ``transformers`` encoder model.
+        batch: ``input_ids`` and ``attention_mask``, int64 ``(batch, seq)`` tensors.
+        poolings: contextual pooling names (keys of :data:`LAYERS_READ`).
+
+    Returns:
+        ``{pooling: (batch, dim) tensor}`` in the model's dtype.
     """
     mask = batch["attention_mask"].unsqueeze(-1)
     if all(p == "embedding_layer" for p in poolings) and hasattr(model, "embeddings"):
@@ -87,23 +98,44 @@ def pool_torch(
 
 
 def pool_numpy(
-    outputs: dict[str, np.ndarray], mask: np.ndarray, poolings: Sequence[str]
-) -> dict[str, np.ndarray]:
-    """The poolings of an ONNX graph's outputs (same definitions as :func:`pool_torch`)."""
+    outputs: Mapping[str, npt.NDArray[np.float32]],
+    mask: npt.NDArray[np.int64],
+    poolings: Sequence[str],
+) -> dict[str, npt.NDArray[np.float32]]:
+    """The poolings of an ONNX graph's outputs (same definitions as :func:`pool_torch`).
+
+    Args:
+        outputs: ``last_hidden_state`` and the layers :data:`LAYERS_READ` names, each float32
+            ``(batch, seq, dim)``.
+        mask: int64 ``(batch, seq)``, 1 on real tokens.
+        poolings: contextual pooling names.
+
+    Returns:
+        ``{pooling: float32 (batch, dim)}``.
+    """
     last = outputs["last_hidden_state"]
     weights = mask[:, :, None].astype(np.float32)
     count = np.maximum(weights.sum(axis=1), 1.0)
-    layers = {
-        "mean": lambda: last,
-        "last2avg": lambda: (last + outputs["penultimate_layer"]) / 2,
-        "first_last_avg": lambda: (outputs["first_layer"] + last) / 2,
-        "embedding_layer": lambda: outputs["embedding_output"],
-    }
     pooled = {}
     for pooling in poolings:
         if pooling == "cls":
             pooled[pooling] = np.ascontiguousarray(last[:, 0], dtype=np.float32)
         else:
-            tokens = layers[pooling]()
+            tokens = _token_vectors(outputs, pooling)
             pooled[pooling] = ((tokens * weights).sum(axis=1) / count).astype(np.float32)
     return pooled
+
+
+def _token_vectors(
+    outputs: Mapping[str, npt.NDArray[np.float32]], pooling: str
+) -> npt.NDArray[np.float32]:
+    """The per-token vectors ``pooling`` averages, from an ONNX graph's outputs."""
+    last = outputs["last_hidden_state"]
+    if pooling == "mean":
+        return last
+    # float32 halved by a Python int stays float32 (numpy's stubs say float64)
+    if pooling == "last2avg":
+        return cast("npt.NDArray[np.float32]", (last + outputs["penultimate_layer"]) / 2)
+    if pooling == "first_last_avg":
+        return cast("npt.NDArray[np.float32]", (outputs["first_layer"] + last) / 2)
+    return outputs["embedding_output"]  # embedding_layer

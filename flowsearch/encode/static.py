@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import numpy as np
+import numpy.typing as npt
 
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import BadInput
 
 __all__ = [
     "STATIC_VARIANTS",
@@ -65,7 +67,9 @@ def is_model2vec_dir(root: Path) -> bool:
     return cfg.get("model_type") == "model2vec" or "StaticModel" in (cfg.get("architectures") or [])
 
 
-def mean_of_rows(table: np.ndarray, ids: Sequence[Sequence[int]]) -> np.ndarray:
+def mean_of_rows(
+    table: npt.NDArray[np.float32], ids: Sequence[Sequence[int]]
+) -> npt.NDArray[np.float32]:
     r"""The mean of ``table``'s rows named by each list of ids, by one sparse product.
 
     Arguments:
@@ -104,7 +108,7 @@ class StaticTable:
 
     def __init__(
         self,
-        table: np.ndarray,
+        table: npt.ArrayLike,
         variant: str,
         special_tokens: bool = False,
         drop_ids: frozenset[int] = frozenset(),
@@ -126,21 +130,28 @@ class StaticTable:
         cls,
         model_dir: Path,
         variant: str = "raw",
-        config: Any = None,
+        config: Mapping[str, Any] | None = None,
         model: Any = None,
     ) -> StaticTable:
         r"""The word-embedding table of a transformer directory, read without building the model.
 
+        A single ``model.safetensors`` file is read with numpy (no ``torch``, no
+        ``transformers``); other weight layouts load the model through ``transformers``.
+
         Arguments:
             model_dir: a local ``transformers`` directory.
             variant: one of :data:`STATIC_VARIANTS`.
-            config: its ``transformers`` config (for ``layer_norm_eps``).
-            model: an already loaded model, used when the weights are not a single
-                safetensors file (then the table comes from ``get_input_embeddings()``).
+            config: its ``config.json`` (for ``layer_norm_eps``).
+            model: an already loaded model; its ``get_input_embeddings()`` is the table.
+
+        Raises:
+            BadInput: an unknown variant, or a LayerNorm variant of a model without one.
         """
         if variant not in STATIC_VARIANTS:
-            raise FlowsearchError(
-                f"unknown static variant {variant!r}; choose one of {', '.join(STATIC_VARIANTS)}"
+            raise BadInput(
+                f"unknown static variant {variant!r}",
+                f"choose one of {', '.join(STATIC_VARIANTS)}",
+                param="static_variant",
             )
         layernorm = variant.startswith("layernorm")
         tensors = _embedding_tensors(model_dir, layernorm) if model is None else None
@@ -150,12 +161,14 @@ class StaticTable:
             tensors = _embedding_tensors_of(model, layernorm)
         table = tensors["word"]
         if layernorm:
-            eps = float(getattr(config, "layer_norm_eps", None) or 1e-12)
+            eps = float((config or {}).get("layer_norm_eps") or 1e-12)
             table = _layer_norm(table, tensors["ln_weight"], tensors["ln_bias"], eps)
         return cls(table, variant, special_tokens=variant.endswith("+special"))
 
     @classmethod
-    def _from_loaded_model(cls, model_dir: Path, variant: str, config: Any) -> StaticTable:
+    def _from_loaded_model(
+        cls, model_dir: Path, variant: str, config: Mapping[str, Any] | None
+    ) -> StaticTable:
         from transformers import AutoModel
 
         model = AutoModel.from_pretrained(model_dir, local_files_only=True)
@@ -174,9 +187,10 @@ class StaticTable:
         with safe_open(str(root / "model.safetensors"), framework="numpy") as fh:
             keys = set(fh.keys())
             if "embeddings" not in keys:
-                raise FlowsearchError(
-                    f"{root / 'model.safetensors'} has no 'embeddings' tensor; is {str(root)!r} "
-                    "a Model2Vec directory saved by StaticModel.save_pretrained?"
+                raise BadInput(
+                    f"{root / 'model.safetensors'} has no 'embeddings' tensor",
+                    f"is {str(root)!r} a Model2Vec directory saved by StaticModel.save_pretrained?",
+                    param="model",
                 )
             table = fh.get_tensor("embeddings").astype(np.float32)
             mapping = fh.get_tensor("mapping") if "mapping" in keys else None
@@ -193,7 +207,7 @@ class StaticTable:
         drop = frozenset() if unk is None else frozenset({unk})
         return cls(table, variant, special_tokens=False, drop_ids=drop, normalize=normalize)
 
-    def vectors(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
+    def vectors(self, ids: Sequence[Sequence[int]]) -> npt.NDArray[np.float32]:
         """float32 ``(len(ids), dim)``: the (optionally normalised) mean row per text."""
         if self.drop_ids:
             ids = [[t for t in row if t not in self.drop_ids] for row in ids]
@@ -204,41 +218,87 @@ class StaticTable:
         return out
 
 
-def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+def _layer_norm(
+    x: npt.NDArray[np.float32],
+    weight: npt.NDArray[np.float32],
+    bias: npt.NDArray[np.float32],
+    eps: float,
+) -> npt.NDArray[np.float32]:
     mean = x.mean(axis=1, keepdims=True)
     var = x.var(axis=1, keepdims=True)
-    return ((x - mean) / np.sqrt(var + eps) * weight + bias).astype(np.float32)
-
-
-def _embedding_tensors(model_dir: Path, layernorm: bool) -> dict[str, np.ndarray] | None:
-    """The word-embedding (and LayerNorm) tensors from a single safetensors file, if found."""
-    path = model_dir / "model.safetensors"
-    if not path.is_file():
-        return None
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="numpy") as fh:
-        keys = list(fh.keys())
-        words = [k for k in keys if k.endswith("word_embeddings.weight")]
-        if len(words) != 1:
-            return None
-        prefix = words[0][: -len("word_embeddings.weight")]
-        out = {"word": fh.get_tensor(words[0]).astype(np.float32)}
-        if layernorm:
-            for name, key in (("ln_weight", "LayerNorm.weight"), ("ln_bias", "LayerNorm.bias")):
-                if prefix + key not in keys:
-                    return None
-                out[name] = fh.get_tensor(prefix + key).astype(np.float32)
+    out: npt.NDArray[np.float32] = ((x - mean) / np.sqrt(var + eps) * weight + bias).astype(
+        np.float32
+    )
     return out
 
 
-def _embedding_tensors_of(model: Any, layernorm: bool) -> dict[str, np.ndarray]:
+def _embedding_tensors(
+    model_dir: Path, layernorm: bool
+) -> dict[str, npt.NDArray[np.float32]] | None:
+    """The word-embedding (and LayerNorm) tensors from a single safetensors file, if found.
+
+    A float32 word table is memory-mapped, not read: a query touches a few of its rows, and
+    reading all of them (47 MB for a BERT-base vocabulary at dim 384) was most of a cold static
+    query's encoder time. Other dtypes are read and converted to float32.
+    """
+    path = model_dir / "model.safetensors"
+    if not path.is_file():
+        return None
+    layout = _safetensors_layout(path)
+    words = [k for k in layout if k.endswith("word_embeddings.weight")]
+    if len(words) != 1:
+        return None
+    prefix = words[0][: -len("word_embeddings.weight")]
+    names = {"word": words[0]}
+    if layernorm:
+        names |= {"ln_weight": prefix + "LayerNorm.weight", "ln_bias": prefix + "LayerNorm.bias"}
+        if any(key not in layout for key in names.values()):
+            return None
+    out: dict[str, npt.NDArray[np.float32]] = {}
+    for name, key in names.items():
+        dtype, shape, offset = layout[key]
+        if dtype == "F32" and sys.byteorder == "little":
+            out[name] = np.memmap(path, dtype=np.float32, mode="r", offset=offset, shape=shape)
+        else:
+            out[name] = _read_tensor(path, key)
+    return out
+
+
+def _safetensors_layout(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
+    """Each tensor of a safetensors file: ``(dtype, shape, byte offset in the file)``.
+
+    The format: an 8-byte little-endian header length, a JSON header naming each tensor's
+    dtype, shape and ``data_offsets`` relative to the end of the header, then the data.
+    """
+    with path.open("rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(size))
+    start = 8 + size
+    return {
+        name: (str(info["dtype"]), tuple(int(n) for n in info["shape"]), start + int(begin))
+        for name, info in header.items()
+        if name != "__metadata__"
+        for begin in (info["data_offsets"][0],)
+    }
+
+
+def _read_tensor(path: Path, key: str) -> npt.NDArray[np.float32]:
+    """One tensor of a safetensors file, read whole and converted to float32."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as fh:
+        return np.asarray(fh.get_tensor(key), dtype=np.float32)
+
+
+def _embedding_tensors_of(model: Any, layernorm: bool) -> dict[str, npt.NDArray[np.float32]]:
     out = {"word": model.get_input_embeddings().weight.detach().float().cpu().numpy()}
     if layernorm:
         norm = getattr(getattr(model, "embeddings", None), "LayerNorm", None)
         if norm is None:
-            raise FlowsearchError(
-                "this model has no embedding LayerNorm; use static variant 'raw' or 'raw+special'"
+            raise BadInput(
+                "this model has no embedding LayerNorm",
+                "use static variant 'raw' or 'raw+special'",
+                param="static_variant",
             )
         out["ln_weight"] = norm.weight.detach().float().cpu().numpy()
         out["ln_bias"] = norm.bias.detach().float().cpu().numpy()

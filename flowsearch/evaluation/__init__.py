@@ -2,6 +2,11 @@
 
 ``run_sts`` / ``run_qnli`` / ``run_retrieval`` are what ``flowsearch eval`` calls;
 :class:`EvalSession` is what the benchmarks use to sweep calibration settings over one encoding.
+Retrieval metrics (nDCG, recall, MRR) are pytrec_eval's (:mod:`.ranking_metrics`); Spearman and
+AUC are scipy's (:mod:`.metrics`).
+
+Layer: beside ``cli`` and ``server``; it may import every package below (encoder, calibration,
+storage, search, writes), and nothing imports it but the command line and the benchmarks.
 """
 
 from __future__ import annotations
@@ -18,14 +23,13 @@ from flowsearch.evaluation.datasets import (
     resolve_data_dir,
 )
 from flowsearch.evaluation.metrics import auc100, cosine_pairs, spearman100, sts_correlations
-from flowsearch.evaluation.retrieval import (
+from flowsearch.evaluation.ranking_metrics import (
     mrr_at_k,
     ndcg_at_k,
     recall_at_k,
     retrieval_scores,
-    run_retrieval,
-    search_run,
 )
+from flowsearch.evaluation.retrieval import run_retrieval, search_run
 from flowsearch.evaluation.runner import parse_tasks, run_qnli, run_sts
 from flowsearch.evaluation.session import CALIBRATIONS, STS_TASKS, EvalSession, load_task
 

@@ -12,6 +12,12 @@ As BEIR's own loader does, queries without any qrels row are dropped, and a pass
 dense model is ``title + " " + text`` when it has a non-empty title (BEIR's dense retrievers join
 the two with a space), else ``text``. Every id is read as a string.
 
+Qrels that name corpus ids the corpus lacks are kept, with a warning: some official BEIR
+releases are so, and BEIR's and MTEB's evaluators score them (those relevant passages are
+unreachable and count against every run). When more than
+:attr:`~flowsearch.settings.Settings.qrels_missing_max_share` of the judgements miss, the qrels
+belong to another corpus, and the directory is refused.
+
 Example:
     >>> ds = load_beir("benchmarks/_work/dev_sets/stsb-para")  # doctest: +SKIP
     >>> len(ds.doc_ids), len(ds.queries), ds.mean_relevant()  # doctest: +SKIP
@@ -28,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flowsearch.errors import FlowsearchError
+from flowsearch import settings
+from flowsearch.errors import BadInput, NotFound
 
 __all__ = ["BeirDataset", "find_qrels", "load_beir", "passage_text", "write_beir"]
 
@@ -49,6 +56,7 @@ class BeirDataset:
         metadata: the other keys of each corpus line, length n.
         queries: query id -> query text, only queries that have qrels, in file order.
         qrels: query id -> {corpus id: grade}; a grade <= 0 means judged not relevant.
+        missing_ids: corpus ids the qrels name that the corpus lacks, sorted (unreachable).
     """
 
     name: str
@@ -58,12 +66,18 @@ class BeirDataset:
     metadata: list[dict[str, Any]]
     queries: dict[str, str]
     qrels: Qrels
+    missing_ids: tuple[str, ...] = ()
 
     def mean_relevant(self) -> float:
         """Mean number of relevant (grade > 0) passages per query."""
         if not self.qrels:
             return 0.0
         return sum(sum(g > 0 for g in d.values()) for d in self.qrels.values()) / len(self.qrels)
+
+    def unreachable_judgements(self) -> int:
+        """How many (query, corpus id) judgements name a passage the corpus lacks."""
+        missing = set(self.missing_ids)
+        return sum(d in missing for docs in self.qrels.values() for d in docs)
 
 
 def passage_text(title: str | None, text: str | None) -> str:
@@ -77,13 +91,13 @@ def find_qrels(root: str | os.PathLike[str], split: str = "test") -> Path:
     """The qrels file of ``split``: ``qrels/<split>.tsv``, else ``qrels.tsv``.
 
     Raises:
-        FlowsearchError: neither file exists.
+        NotFound: neither file exists.
     """
     root = Path(root)
     for path in (root / "qrels" / f"{split}.tsv", root / "qrels.tsv"):
         if path.is_file():
             return path
-    raise FlowsearchError(
+    raise NotFound(
         f"no qrels in {root}: expected qrels/{split}.tsv or qrels.tsv (query-id, corpus-id, score)"
     )
 
@@ -91,7 +105,7 @@ def find_qrels(root: str | os.PathLike[str], split: str = "test") -> Path:
 def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for every non-blank line; a bad line is named with its number."""
     if not path.is_file():
-        raise FlowsearchError(
+        raise NotFound(
             f"{path} is missing: a BEIR directory holds corpus.jsonl, queries.jsonl and "
             "qrels/test.tsv"
         )
@@ -102,13 +116,13 @@ def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as err:
-                raise FlowsearchError(
+                raise BadInput(
                     f"{path}:{lineno} is not valid JSON ({err.msg}); fix or remove that line"
                 ) from None
             if not isinstance(obj, dict):
-                raise FlowsearchError(f"{path}:{lineno} is not a JSON object; expected {{...}}")
+                raise BadInput(f"{path}:{lineno} is not a JSON object; expected {{...}}")
             if "_id" not in obj:
-                raise FlowsearchError(f'{path}:{lineno} has no "_id"; every line needs one')
+                raise BadInput(f'{path}:{lineno} has no "_id"; every line needs one')
             yield lineno, obj
 
 
@@ -117,7 +131,7 @@ def _text_field(obj: dict[str, Any], key: str, path: Path, lineno: int) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise FlowsearchError(
+        raise BadInput(
             f"{path}:{lineno} has a {type(value).__name__} as {key!r}; expected a string"
         )
     return value
@@ -132,7 +146,7 @@ def _read_corpus(path: Path) -> tuple[list[str], list[str], list[str], list[dict
     for lineno, obj in _json_lines(path):
         doc_id = str(obj["_id"])
         if doc_id in first_line:
-            raise FlowsearchError(
+            raise BadInput(
                 f"{path}:{lineno} repeats _id {doc_id!r} (first on line {first_line[doc_id]}); "
                 "corpus ids must be unique"
             )
@@ -143,7 +157,7 @@ def _read_corpus(path: Path) -> tuple[list[str], list[str], list[str], list[dict
         texts.append(passage_text(title, _text_field(obj, "text", path, lineno)))
         metadata.append({k: v for k, v in obj.items() if k not in ("_id", "title", "text")})
     if not ids:
-        raise FlowsearchError(f"{path} holds no passages")
+        raise BadInput(f"{path} holds no passages")
     return ids, texts, titles, metadata
 
 
@@ -152,7 +166,7 @@ def _read_queries(path: Path) -> dict[str, str]:
     for lineno, obj in _json_lines(path):
         qid = str(obj["_id"])
         if qid in queries:
-            raise FlowsearchError(f"{path}:{lineno} repeats query _id {qid!r}; ids must be unique")
+            raise BadInput(f"{path}:{lineno} repeats query _id {qid!r}; ids must be unique")
         queries[qid] = _text_field(obj, "text", path, lineno)
     return queries
 
@@ -162,24 +176,50 @@ def _read_qrels(path: Path) -> Qrels:
     with path.open(encoding="utf-8", newline="") as handle:
         lines = [line.rstrip("\r\n") for line in handle]
     if not lines:
-        raise FlowsearchError(f"{path} is empty; expected a header and query-id, corpus-id, score")
+        raise BadInput(f"{path} is empty; expected a header and query-id, corpus-id, score")
     for lineno, line in enumerate(lines[1:], start=2):  # line 1 is the header
         if not line.strip():
             continue
         cols = line.split("\t")
         if len(cols) < 3:
-            raise FlowsearchError(
+            raise BadInput(
                 f"{path}:{lineno} has {len(cols)} tab-separated columns, expected 3: "
                 "query-id, corpus-id, score"
             )
         try:
             grade = int(float(cols[2]))
         except ValueError:
-            raise FlowsearchError(
+            raise BadInput(
                 f"{path}:{lineno} has score {cols[2]!r}; expected an integer grade"
             ) from None
         qrels.setdefault(cols[0], {})[cols[1]] = grade
     return qrels
+
+
+def _missing_corpus_ids(qrels: Qrels, doc_ids: list[str], qrels_path: Path) -> tuple[str, ...]:
+    """Corpus ids the qrels name that the corpus lacks: warned about when a few, refused when
+    more than the settings' share of the judgements (then the qrels are another corpus's)."""
+    known = set(doc_ids)
+    judgements = [d for docs in qrels.values() for d in docs]
+    missing = sorted({d for d in judgements if d not in known})
+    if not missing:
+        return ()
+    absent = sum(d not in known for d in judgements)
+    counts = f"{absent:,} of {len(judgements):,} judgements name {len(missing):,} corpus id(s)"
+    if absent > settings.current().qrels_missing_max_share * len(judgements):
+        raise BadInput(
+            f"{counts} absent from corpus.jsonl (e.g. {missing[0]!r}): the qrels in "
+            f"{qrels_path} do not belong to this corpus",
+            fix="check that corpus.jsonl and the qrels come from the same dataset",
+        )
+    LOG.warning(
+        "%s: %s absent from corpus.jsonl (e.g. %r); those passages are unreachable and are "
+        "scored as BEIR and MTEB score them",
+        qrels_path,
+        counts,
+        missing[0],
+    )
+    return tuple(missing)
 
 
 def load_beir(root: str | os.PathLike[str], split: str = "test") -> BeirDataset:
@@ -190,40 +230,36 @@ def load_beir(root: str | os.PathLike[str], split: str = "test") -> BeirDataset:
         split: which ``qrels/<split>.tsv`` to read (a bare ``qrels.tsv`` serves any split).
 
     Returns:
-        The dataset, with only the queries that have qrels.
+        The dataset, with only the queries that have qrels; ``missing_ids`` lists the corpus ids
+        the qrels name that the corpus lacks (a warning is logged when there are any).
 
     Raises:
-        FlowsearchError: a missing directory or file, a line that is not JSON (named with its
-            number), repeated ids, or qrels naming a query or passage that does not exist.
+        NotFound: a missing directory or file.
+        BadInput: a line that is not JSON (named with its number), repeated ids, qrels naming a
+            query that does not exist, or qrels most of whose judgements name absent passages.
     """
     path = Path(root).expanduser()
     if not path.is_dir():
-        raise FlowsearchError(f"BEIR directory {path} does not exist")
+        raise NotFound(f"BEIR directory {path} does not exist")
     ids, texts, titles, metadata = _read_corpus(path / "corpus.jsonl")
     all_queries = _read_queries(path / "queries.jsonl")
     qrels_path = find_qrels(path, split)
     qrels = _read_qrels(qrels_path)
     unknown_q = [q for q in qrels if q not in all_queries]
     if unknown_q:
-        raise FlowsearchError(
+        raise BadInput(
             f"{qrels_path} names {len(unknown_q)} query id(s) absent from queries.jsonl "
             f"(e.g. {unknown_q[0]!r}); the qrels do not belong to these queries"
         )
-    known_docs = set(ids)
-    unknown_d = sorted({d for docs in qrels.values() for d in docs if d not in known_docs})
-    if unknown_d:
-        raise FlowsearchError(
-            f"{qrels_path} names {len(unknown_d)} corpus id(s) absent from corpus.jsonl "
-            f"(e.g. {unknown_d[0]!r}); the qrels do not belong to this corpus"
-        )
+    missing = _missing_corpus_ids(qrels, ids, qrels_path)
     queries = {q: t for q, t in all_queries.items() if q in qrels}
     if not queries:
-        raise FlowsearchError(f"{qrels_path} judges no query; nothing to evaluate")
+        raise BadInput(f"{qrels_path} judges no query; nothing to evaluate")
     dropped = len(all_queries) - len(queries)
     if dropped:
         LOG.info("%s: %d queries without qrels dropped (as BEIR does)", path.name, dropped)
     ordered = {q: qrels[q] for q in queries}  # qrels in the queries' file order
-    return BeirDataset(path.name, ids, texts, titles, metadata, queries, ordered)
+    return BeirDataset(path.name, ids, texts, titles, metadata, queries, ordered, missing)
 
 
 def write_beir(

@@ -125,7 +125,7 @@ class VectorCache:
         path = self.path_for(encoder.describe(), dataset, texts)
         if self.enabled and path.is_file():
             try:
-                vectors = np.load(path, allow_pickle=False)
+                vectors: np.ndarray = np.load(path, allow_pickle=False)
             except (OSError, ValueError) as exc:
                 LOG.warning("cache file %s unreadable (%s); encoding again", path, exc)
             else:

@@ -27,7 +27,7 @@ from typing import Literal
 
 import numpy as np
 
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import BadInput, NotFound
 
 __all__ = [
     "STS_YEARS",
@@ -91,19 +91,19 @@ def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
     """The evaluation data folder: ``data_dir``, else ``$FLOWSEARCH_DATA``.
 
     Raises:
-        FlowsearchError: when neither is given or the folder does not exist.
+        NotFound: when neither is given or the folder does not exist.
     """
     if data_dir is None:
         env = os.environ.get("FLOWSEARCH_DATA")
         if not env:
-            raise FlowsearchError(
+            raise NotFound(
                 "no evaluation data folder given: pass --data DIR or set FLOWSEARCH_DATA "
                 "(the folder holding stsb/, sick/, sts12/ ... qnli/, snli/)"
             )
         data_dir = env
     path = Path(data_dir).expanduser()
     if not path.is_dir():
-        raise FlowsearchError(
+        raise NotFound(
             f"evaluation data folder {path} does not exist: pass --data DIR or set FLOWSEARCH_DATA"
         )
     return path
@@ -112,7 +112,7 @@ def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
 def _read_lines(path: Path) -> list[str]:
     """Lines of a UTF-8 file without their ``\n`` / ``\r\n`` ends; a missing file is named."""
     if not path.is_file():
-        raise FlowsearchError(
+        raise NotFound(
             f"evaluation file {path} is missing: check --data / FLOWSEARCH_DATA points at the "
             "folder described in shared/data/README.md"
         )
@@ -124,7 +124,7 @@ def _read_lines(path: Path) -> list[str]:
 def _columns(line: str, needed: int, path: Path, lineno: int) -> list[str]:
     cols = line.split("\t")
     if len(cols) < needed:
-        raise FlowsearchError(
+        raise BadInput(
             f"{path}:{lineno} has {len(cols)} tab-separated columns, expected at least {needed}: "
             "the file is not in the format shared/data/README.md describes"
         )
@@ -176,7 +176,7 @@ def load_sick(
         "test": "SICK_test_annotated.txt",
     }
     if split not in fname:
-        raise FlowsearchError(f"unknown SICK split {split!r}: use one of {sorted(fname)}")
+        raise BadInput(f"unknown SICK split {split!r}: use one of {sorted(fname)}")
     # pair_ID, sentence_A, sentence_B, relatedness_score, entailment_judgment
     return _headed_pairs(root / fname[split], f"SICKR-{split}", float)
 
@@ -190,7 +190,7 @@ def load_sts_year(
     A pair whose gold line is empty is unscored and skipped.
     """
     if year not in STS_YEARS:
-        raise FlowsearchError(f"unknown STS year {year}: use one of {sorted(STS_YEARS)}")
+        raise BadInput(f"unknown STS year {year}: use one of {sorted(STS_YEARS)}")
     base = resolve_data_dir(data_dir)
     root = base / f"sts{year}" if variant == "senteval" else base / "sts_raw" / f"sts{year}"
     s1: list[str] = []
@@ -203,7 +203,7 @@ def load_sts_year(
         gold = _read_lines(gold_path)
         inputs = _read_lines(input_path)
         if len(gold) != len(inputs):
-            raise FlowsearchError(
+            raise BadInput(
                 f"{gold_path} has {len(gold)} lines but {input_path} has {len(inputs)}: "
                 "the STS files are out of step"
             )

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.stats import rankdata, spearmanr
 
+from flowsearch.errors import BadInput
+
 __all__ = ["auc100", "cosine_pairs", "spearman100", "sts_correlations"]
 
 LOG = logging.getLogger(__name__)
@@ -38,12 +40,13 @@ def cosine_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 2:
-        raise ValueError(
+        raise BadInput(
             f"cosine_pairs needs two (n, d) arrays of one shape, got {a.shape}, {b.shape}"
         )
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
     dots = np.einsum("ij,ij->i", a, b)
-    return np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+    cosines: np.ndarray = np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+    return cosines
 
 
 def spearman100(pred: np.ndarray, gold: np.ndarray) -> float:
@@ -51,7 +54,7 @@ def spearman100(pred: np.ndarray, gold: np.ndarray) -> float:
     pred = np.asarray(pred, dtype=np.float64)
     gold = np.asarray(gold, dtype=np.float64)
     if pred.shape != gold.shape or pred.ndim != 1 or len(pred) < 2:
-        raise ValueError(f"spearman100 needs two 1-d arrays of one length >= 2, got {pred.shape}")
+        raise BadInput(f"spearman100 needs two 1-d arrays of one length >= 2, got {pred.shape}")
     rho = spearmanr(pred, gold).statistic
     return float(rho) * 100.0
 
@@ -77,7 +80,7 @@ def sts_correlations(
         return {"spearman": overall, "wmean": overall}
     labels = np.asarray(list(subsets))
     if len(labels) != len(pred):
-        raise ValueError(f"{len(labels)} subset labels for {len(pred)} pairs")
+        raise BadInput(f"{len(labels)} subset labels for {len(pred)} pairs")
     total = 0.0
     weight = 0
     for name in dict.fromkeys(labels.tolist()):
@@ -98,7 +101,7 @@ def auc100(scores: np.ndarray, labels: np.ndarray) -> float:
     n_pos = int(labels.sum())
     n_neg = int(len(labels) - n_pos)
     if scores.shape != labels.shape or n_pos == 0 or n_neg == 0:
-        raise ValueError("auc100 needs one score per label and both classes present")
+        raise BadInput("auc100 needs one score per label and both classes present")
     ranks = rankdata(scores)
     u_stat = ranks[labels].sum() - n_pos * (n_pos + 1) / 2.0
     return float(u_stat / (n_pos * n_neg)) * 100.0

@@ -1,26 +1,13 @@
-r"""Retrieval quality the way BEIR reports it: metrics, and ``flowsearch eval retrieval``.
-
-Metrics follow trec_eval, which BEIR calls through pytrec_eval (Thakur et al. 2021; Van Gysel &
-de Rijke 2018), and match ``pytrec_eval`` to 1e-9 (tests/test_retrieval.py):
-
-- A run is ranked by score descending, ties broken by document id *descending* (trec_eval's
-  order, whatever order the retriever returned them in).
-- nDCG@k (``ndcg_cut_k``): gain = the qrels grade (linear, negative grades count 0), discount
-  ``log2(rank + 1)``; the ideal ranking is the query's judged grades sorted, cut at k.
-- recall@k (``recall_k``): relevant (grade >= 1) documents in the top k over all relevant ones.
-- MRR@k: ``recip_rank`` of the run cut at its top k in the order above (BEIR's ``mrr``).
-- A query is scored when it is in both the qrels and the run (an empty run entry scores 0);
-  the mean is over those queries, as BEIR averages pytrec_eval's output.
+r"""``flowsearch eval retrieval``: a BEIR directory through the product, scored as BEIR scores it.
 
 :func:`run_retrieval` runs the product path end to end: the corpus is written to Parquet,
-indexed with :func:`flowsearch.build_index`, and every query is answered by
-:meth:`flowsearch.Searcher.search`.
+indexed with :func:`flowsearch.build_index`, every query is answered by
+:meth:`flowsearch.Searcher.search` (:func:`search_run`), and the run is scored by
+:mod:`flowsearch.evaluation.ranking_metrics` (pytrec_eval).
 
 Example:
-    >>> qrels = {"q1": {"d1": 2, "d2": 1}}
-    >>> run = {"q1": {"d2": 0.9, "d1": 0.8, "d3": 0.1}}
-    >>> round(ndcg_at_k(qrels, run, 10)["q1"], 4), mrr_at_k(qrels, run, 10)["q1"]
-    (0.8597, 1.0)
+    >>> out = run_retrieval("scifact", modes="all")  # doctest: +SKIP
+    >>> out["results"]["hybrid"]["ndcg@10"]  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -35,139 +22,25 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
-
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import BadInput
+from flowsearch.evaluation import ranking_metrics
 from flowsearch.evaluation.beir import BeirDataset, load_beir
+from flowsearch.evaluation.ranking_metrics import retrieval_scores
 
-__all__ = [
-    "MODES",
-    "Mode",
-    "drop_identical_ids",
-    "mrr_at_k",
-    "ndcg_at_k",
-    "ranked_ids",
-    "recall_at_k",
-    "retrieval_scores",
-    "run_retrieval",
-    "search_run",
-    "write_corpus_parquet",
-]
+__all__ = ["MODES", "Mode", "run_retrieval", "search_run", "write_corpus_parquet"]
 
 LOG = logging.getLogger(__name__)
 
-Qrels = Mapping[str, Mapping[str, int]]
-Run = Mapping[str, Mapping[str, float]]
 Mode = Literal["dense", "lexical", "hybrid"]
 MODES: tuple[str, ...] = ("dense", "lexical", "hybrid")
 
 
-def ranked_ids(scores: Mapping[str, float], k: int | None = None) -> list[str]:
-    """Document ids of one query's run in trec_eval's order: score descending, then id descending.
-
-    Args:
-        scores: doc id -> score.
-        k: keep the first ``k`` (all when None).
-    """
-    if not scores:
-        return []
-    ids = np.array(list(scores.keys()), dtype=str)
-    values = np.fromiter(scores.values(), dtype=np.float64, count=len(scores))
-    # lexsort's last key is the primary one; ascending by (score, id) reversed is both descending.
-    order = np.lexsort((ids, values))[::-1]
-    return ids[order[:k]].tolist()
-
-
-def _scored(qrels: Qrels, run: Run) -> list[str]:
-    """The queries trec_eval scores: judged and present in the run, in the run's order."""
-    return [q for q in run if q in qrels]
-
-
-def _grades(ranked: list[str], judged: Mapping[str, int]) -> np.ndarray:
-    """float64 grade of each ranked document (0 when unjudged)."""
-    return np.array([judged.get(d, 0) for d in ranked], dtype=np.float64)
-
-
-def ndcg_at_k(qrels: Qrels, run: Run, k: int = 10) -> dict[str, float]:
-    r"""nDCG@k per query with graded gains (trec_eval's ``ndcg_cut_k``, BEIR's NDCG@k).
-
-    Args:
-        qrels: query id -> {doc id: grade}.
-        run: query id -> {doc id: score}.
-        k: rank cut-off.
-
-    Returns:
-        query id -> nDCG@k in [0, 1]; 0 for a query with no positive grade.
-    """
-    out: dict[str, float] = {}
-    discount = 1.0 / np.log2(np.arange(2, k + 2, dtype=np.float64))
-    for qid in _scored(qrels, run):
-        gains = np.maximum(_grades(ranked_ids(run[qid], k), qrels[qid]), 0.0)
-        ideal = np.sort(np.maximum(np.fromiter(qrels[qid].values(), np.float64), 0.0))[::-1][:k]
-        idcg = float(ideal @ discount[: len(ideal)])
-        dcg = float(gains @ discount[: len(gains)])
-        out[qid] = dcg / idcg if idcg > 0 else 0.0
-    return out
-
-
-def recall_at_k(qrels: Qrels, run: Run, k: int = 100) -> dict[str, float]:
-    """Recall@k per query: relevant (grade >= 1) docs in the top k over all relevant (0 if none)."""
-    out: dict[str, float] = {}
-    for qid in _scored(qrels, run):
-        n_rel = sum(g >= 1 for g in qrels[qid].values())
-        found = int((_grades(ranked_ids(run[qid], k), qrels[qid]) >= 1).sum())
-        out[qid] = found / n_rel if n_rel else 0.0
-    return out
-
-
-def mrr_at_k(qrels: Qrels, run: Run, k: int = 10) -> dict[str, float]:
-    """Reciprocal rank of the first relevant (grade >= 1) doc within the top k, per query."""
-    out: dict[str, float] = {}
-    for qid in _scored(qrels, run):
-        hits = np.flatnonzero(_grades(ranked_ids(run[qid], k), qrels[qid]) >= 1)
-        out[qid] = 1.0 / float(hits[0] + 1) if hits.size else 0.0
-    return out
-
-
-def drop_identical_ids(run: Run) -> dict[str, dict[str, float]]:
-    """The run without any document whose id equals its query's id.
-
-    The protocol of argument-retrieval sets (BEIR's ``ignore_identical_ids``), where every query
-    is also a passage of the corpus and would otherwise find itself first.
-    """
-    return {q: {d: s for d, s in docs.items() if d != q} for q, docs in run.items()}
-
-
-def retrieval_scores(
-    qrels: Qrels,
-    run: Run,
-    *,
-    ndcg_k: int = 10,
-    recall_k: int = 100,
-    mrr_k: int = 10,
-    ignore_identical_ids: bool = False,
-) -> dict[str, float]:
-    """Mean nDCG@10, recall@100 and MRR@10 over the scored queries (see the module docstring).
-
-    Returns:
-        ``{"ndcg@10", "recall@100", "mrr@10", "queries"}`` (names follow the cut-offs).
-
-    Raises:
-        FlowsearchError: no query of the run is judged.
-    """
-    if ignore_identical_ids:
-        run = drop_identical_ids(run)
-    scored = _scored(qrels, run)
-    if not scored:
-        raise FlowsearchError("no query of the run has qrels; check the query ids match")
-    per_metric = {
-        f"ndcg@{ndcg_k}": ndcg_at_k(qrels, run, ndcg_k),
-        f"recall@{recall_k}": recall_at_k(qrels, run, recall_k),
-        f"mrr@{mrr_k}": mrr_at_k(qrels, run, mrr_k),
-    }
-    out = {name: float(np.mean(list(vals.values()))) for name, vals in per_metric.items()}
-    out["queries"] = len(scored)
-    return out
+def __getattr__(name: str) -> Any:
+    """The metrics (``ndcg_at_k``, ``retrieval_scores``, ...) lived here before
+    :mod:`~flowsearch.evaluation.ranking_metrics`: imports of them from here keep working."""
+    if name in ranking_metrics.__all__:
+        return getattr(ranking_metrics, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def search_run(
@@ -261,20 +134,106 @@ def write_corpus_parquet(dataset: BeirDataset, path: str | os.PathLike[str]) -> 
 
 
 def _modes(modes: str | Sequence[str]) -> list[str]:
+    """The modes asked for, in order, ``"all"`` expanded; unknown names refused."""
     items = [modes] if isinstance(modes, str) else list(modes)
     wanted: list[str] = []
     for item in items:
-        names = list(MODES) if item == "all" else [item]
-        for name in names:
+        for name in list(MODES) if item == "all" else [item]:
             if name not in MODES:
-                raise FlowsearchError(
-                    f"unknown retrieval mode {item!r}; choose dense, lexical, hybrid or all"
+                raise BadInput(
+                    f"unknown retrieval mode {item!r}",
+                    fix="choose dense, lexical, hybrid or all",
+                    param="mode",
                 )
             if name not in wanted:
                 wanted.append(name)
     if not wanted:
-        raise FlowsearchError("no retrieval mode given; e.g. --mode dense")
+        raise BadInput("no retrieval mode given", fix="e.g. {mode=dense}", param="mode")
     return wanted
+
+
+def _check_k(k: int) -> None:
+    if k < 10:
+        raise BadInput(
+            f"k must be at least 10 for nDCG@10 and MRR@10, got {k}", fix="pass {k=100}", param="k"
+        )
+    if k < 100:
+        LOG.warning("k=%d < 100: recall@100 counts only the top %d", k, k)
+
+
+def _index_and_score(
+    dataset: BeirDataset,
+    parquet: Path,
+    target: Path,
+    modes: list[str],
+    build: dict[str, Any],
+    search: dict[str, Any],
+    seconds: dict[str, Any],
+) -> dict[str, Any]:
+    """Writes the corpus to ``parquet``, indexes it at ``target`` with ``build`` options,
+    searches it per mode with ``search`` options; what was evaluated and its ``results``."""
+    from flowsearch.search.searcher import Searcher
+    from flowsearch.writes.build import build_index
+
+    start = time.perf_counter()
+    write_corpus_parquet(dataset, parquet)
+    summary = build_index(parquet, target, **build).to_dict()
+    seconds["index"] = time.perf_counter() - start
+    searcher = Searcher.open(target)
+    try:
+        results = _score_modes(searcher, dataset, modes, seconds=seconds["search"], **search)
+        return {**_describe(dataset, searcher, summary), "results": results}
+    finally:
+        searcher.close()
+
+
+def _score_modes(
+    searcher: Any,
+    dataset: BeirDataset,
+    modes: list[str],
+    *,
+    k: int,
+    batch_size: int,
+    ignore_identical_ids: bool,
+    seconds: dict[str, float],
+) -> dict[str, dict[str, float]]:
+    """``{mode: {"ndcg@10", "recall@100", "mrr@10"}}``, each mode's search time in ``seconds``."""
+    results: dict[str, dict[str, float]] = {}
+    for mode in modes:
+        start = time.perf_counter()
+        run = search_run(
+            searcher,
+            dataset.queries,
+            k=k,
+            mode=mode,
+            batch_size=batch_size,
+            ignore_identical_ids=ignore_identical_ids,
+        )
+        seconds[mode] = time.perf_counter() - start
+        scores = retrieval_scores(dataset.qrels, run, ignore_identical_ids=ignore_identical_ids)
+        scores.pop("queries")
+        results[mode] = scores
+        LOG.info("%s %s: %s", dataset.name, mode, scores)
+    return results
+
+
+def _describe(dataset: BeirDataset, searcher: Any, summary: dict[str, Any]) -> dict[str, Any]:
+    """What was evaluated: the set's sizes and the index's encoder and searched space."""
+    encoder = searcher.manifest.encoder
+    record = searcher.manifest.calibration
+    return {
+        "dataset": dataset.name,
+        "corpus_rows": len(dataset.doc_ids),
+        "indexed_rows": len(searcher),
+        "skipped": summary.get("n_skipped", 0),
+        "queries": len(dataset.queries),
+        "missing_corpus_ids": len(dataset.missing_ids),
+        "unreachable_judgements": dataset.unreachable_judgements(),
+        "model": encoder.model,
+        "pooling": encoder.pooling,
+        "calibrator": record.calibrator,
+        "space": record.space,
+    }
 
 
 def run_retrieval(
@@ -293,6 +252,9 @@ def run_retrieval(
 ) -> dict[str, Any]:
     r"""Indexes a BEIR directory with the product and scores its search, per mode.
 
+    Qrels naming passages the corpus lacks are scored as unreachable (see
+    :func:`~flowsearch.evaluation.beir.load_beir`); the result counts them.
+
     Args:
         beir_dir: a BEIR-format directory (see :mod:`flowsearch.evaluation.beir`).
         modes: any of ``"dense"``, ``"lexical"``, ``"hybrid"``, or ``"all"``.
@@ -309,84 +271,41 @@ def run_retrieval(
             ``index_factory``, ``overwrite``).
 
     Returns:
-        ``{"dataset", "corpus_rows", "queries", "model", "pooling", "calibration",
+        ``{"dataset", "corpus_rows", "indexed_rows", "skipped", "queries",
+        "missing_corpus_ids", "unreachable_judgements", "model", "pooling", "calibration",
         "calibrator", "space", "k", "ignore_identical_ids", "index_dir", "results": {mode:
         {"ndcg@10", "recall@100", "mrr@10"}}, "seconds": {"load", "index", "search": {mode},
         "total"}}``.
 
     Raises:
-        FlowsearchError: a bad directory or file, an unknown mode or calibration, k < 10.
+        NotFound: a missing directory or file.
+        BadInput: a bad file, an unknown mode or calibration, k < 10.
     """
-    from flowsearch.search.searcher import Searcher
-    from flowsearch.writes.build import build_index
-
     wanted = _modes(modes)
-    if k < 10:
-        raise FlowsearchError(f"k must be at least 10 for nDCG@10 and MRR@10, got {k}")
-    if k < 100:
-        LOG.warning("k=%d < 100: recall@100 counts only the top %d", k, k)
+    _check_k(k)
     t0 = time.perf_counter()
     dataset = load_beir(beir_dir)
-    seconds: dict[str, Any] = {"load": time.perf_counter() - t0}
+    seconds: dict[str, Any] = {"load": time.perf_counter() - t0, "search": {}}
     scratch = Path(tempfile.mkdtemp(prefix="flowsearch-retrieval-"))
     target = Path(index_dir).expanduser() if index_dir is not None else scratch / "index"
-    searcher = None
+    build: dict[str, Any] = {"model": model, "pooling": pooling, "calibration": calibration}
+    build.update(batch_size=batch_size, **index_options)
+    search = {"k": k, "batch_size": batch_size, "ignore_identical_ids": ignore_identical_ids}
     try:
-        parquet = write_corpus_parquet(dataset, scratch / "corpus.parquet")
-        t1 = time.perf_counter()
-        summary = build_index(
-            parquet,
-            target,
-            model=model,
-            pooling=pooling,
-            calibration=calibration,
-            batch_size=batch_size,
-            **index_options,
+        out = _index_and_score(
+            dataset, scratch / "corpus.parquet", target, wanted, build, search, seconds
         )
-        seconds["index"] = time.perf_counter() - t1
-        searcher = Searcher.open(target)
-        results: dict[str, dict[str, float]] = {}
-        seconds["search"] = {}
-        for mode in wanted:
-            t2 = time.perf_counter()
-            run = search_run(
-                searcher,
-                dataset.queries,
-                k=k,
-                mode=mode,
-                batch_size=batch_size,
-                ignore_identical_ids=ignore_identical_ids,
-            )
-            seconds["search"][mode] = time.perf_counter() - t2
-            scores = retrieval_scores(dataset.qrels, run, ignore_identical_ids=ignore_identical_ids)
-            scores.pop("queries")
-            results[mode] = scores
-            LOG.info("%s %s: %s", dataset.name, mode, scores)
-        encoder = searcher.manifest.encoder
-        record = searcher.manifest.calibration
-        out: dict[str, Any] = {
-            "dataset": dataset.name,
-            "corpus_rows": len(dataset.doc_ids),
-            "indexed_rows": len(searcher),
-            "skipped": summary.get("skipped", 0),
-            "queries": len(dataset.queries),
-            "model": encoder.model,
-            "pooling": encoder.pooling,
-            "calibration": calibration,
-            "calibrator": record.calibrator,
-            "space": record.space,
-            "k": k,
-            "ignore_identical_ids": ignore_identical_ids,
-            "index_dir": str(target) if (keep or index_dir is not None) else None,
-            "results": results,
-            "seconds": seconds,
-        }
     finally:
-        if searcher is not None:
-            searcher.close()
         if keep and index_dir is None:
             (scratch / "corpus.parquet").unlink(missing_ok=True)
         else:
             shutil.rmtree(scratch, ignore_errors=True)
     seconds["total"] = time.perf_counter() - t0
-    return out
+    return {
+        **out,
+        "calibration": calibration,
+        "k": k,
+        "ignore_identical_ids": ignore_identical_ids,
+        "index_dir": str(target) if (keep or index_dir is not None) else None,
+        "seconds": seconds,
+    }

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import BadInput
 from flowsearch.evaluation.cache import SupportsEncode, VectorCache
 from flowsearch.evaluation.datasets import TextVariant, resolve_data_dir
 from flowsearch.evaluation.session import CALIBRATIONS, STS_TASKS, EvalSession
@@ -37,12 +37,12 @@ def parse_tasks(tasks: str | Sequence[str] | None) -> list[str]:
         if not name:
             continue
         if name not in STS_TASKS:
-            raise FlowsearchError(
+            raise BadInput(
                 f"unknown STS task {item!r}; choose from {', '.join(STS_TASKS)} (comma-separated)"
             )
         wanted.append(name)
     if not wanted:
-        raise FlowsearchError("no STS task given; e.g. --tasks STSB,SICKR")
+        raise BadInput("no STS task given; e.g. --tasks STSB,SICKR")
     return [t for t in STS_TASKS if t in wanted]
 
 
@@ -61,7 +61,7 @@ def _session(
     quantize: str | None = None,
 ) -> EvalSession:
     if calibration not in CALIBRATIONS:
-        raise FlowsearchError(
+        raise BadInput(
             f"unknown calibration {calibration!r}; choose one of {', '.join(CALIBRATIONS)}"
         )
     # Check the data folder before loading a model: a missing folder is the common mistake.

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from flowsearch.calibration import Calibrator, make_calibrator
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import BadInput
 from flowsearch.evaluation.cache import SupportsEncode, VectorCache
 from flowsearch.evaluation.datasets import (
     PairSet,
@@ -105,7 +105,7 @@ def load_task(task: str, data_dir: str | Path | None, text: TextVariant = "raw")
     if task == "QNLI":
         pairs = load_qnli(data_dir, "dev")
         return TaskData(task, pairs, pairs.sentences())
-    raise FlowsearchError(f"unknown task {task!r}; choose from {', '.join(STS_TASKS)}, QNLI")
+    raise BadInput(f"unknown task {task!r}; choose from {', '.join(STS_TASKS)}, QNLI")
 
 
 def _natsv_dev_scores(
@@ -141,7 +141,8 @@ def _natsv_dev_scores(
         if sn is not None:
             X = (X - sn[0]) / sn[1]
         X = X - mu
-        return X - (X @ directions[:, :k]) @ directions[:, :k].T
+        projected: np.ndarray = X - (X @ directions[:, :k]) @ directions[:, :k].T
+        return projected
 
     return {k: spearman100(cosine_pairs(project(a, k), project(b, k)), gold) for k in candidates}
 
@@ -178,7 +179,7 @@ class EvalSession:
         nli_sentences: int | None = None,
     ) -> None:
         if text not in ("raw", "senteval"):
-            raise FlowsearchError(f"unknown text variant {text!r}; use 'raw' or 'senteval'")
+            raise BadInput(f"unknown text variant {text!r}; use 'raw' or 'senteval'")
         self.encoder = encoder
         self.data_dir = resolve_data_dir(data_dir)
         self.cache = cache if cache is not None else VectorCache()
@@ -265,7 +266,7 @@ class EvalSession:
     def calibrator(self, setting: str, task: str) -> Calibrator | None:
         """A calibrator for ``setting`` fitted for ``task`` (``None`` for ``"none"``)."""
         if setting not in CALIBRATIONS:
-            raise FlowsearchError(
+            raise BadInput(
                 f"unknown calibration {setting!r}; choose one of {', '.join(CALIBRATIONS)}"
             )
         if setting == "none":
@@ -305,7 +306,7 @@ class EvalSession:
     def sts(self, task: str, calibration: str = "none") -> dict[str, float]:
         """``{"spearman"}`` (STS-B, SICK-R) or ``{"spearman", "wmean"}`` (STS12-16), rho x 100."""
         if task not in STS_TASKS:
-            raise FlowsearchError(f"unknown STS task {task!r}; choose from {', '.join(STS_TASKS)}")
+            raise BadInput(f"unknown STS task {task!r}; choose from {', '.join(STS_TASKS)}")
         pairs = self.task(task).pairs
         sims = self.similarities(task, calibration)
         if task in ("STSB", "SICKR"):

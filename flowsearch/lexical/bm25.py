@@ -169,12 +169,19 @@ class Bm25:
     def upper_bound(self, query: str) -> float:
         """A score no row can exceed for ``query``: the sum over its terms (each time it occurs)
         of idf times the supremum of the method's tfc (1 for lucene and robertson, k1 + 1 for
-        atire), rounded up to a float32 value; 0.0 when no live row holds a query term."""
+        atire), rounded up to a float32 value. A term no live row holds counts at the rarest
+        document frequency (0; 1 for atire, whose idf is infinite at 0), so a query of made-up
+        words cannot reach a high share of its bound through the one real word it holds (the
+        hit's score, :func:`flowsearch.search.scores.normalise_lexical`). 0.0 for a query
+        without terms."""
         terms = tokenize_batch([query])[0]
+        if not self.n_live:
+            return 0.0
         blocks = self._blocks(list(dict.fromkeys(terms)))
         top = tfc_supremum(self.method, self.k1)
-        dfs = [len(blocks[t][0]) for t in terms]
-        bound = sum(idf(self.method, df, self.n_live) * top for df in dfs if df)
+        rarest = 1 if self.method == "atire" else 0
+        dfs = [len(blocks[t][0]) or rarest for t in terms]
+        bound = sum(max(idf(self.method, df, self.n_live), 0.0) * top for df in dfs)
         if not bound:
             return 0.0
         # the float32 sums may round up: a margin far above their error, then an ulp

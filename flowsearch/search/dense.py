@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["merge_top_k", "search_segments"]
+__all__ = ["cosines", "merge_top_k", "search_segments"]
 
 
 def merge_top_k(
@@ -83,3 +83,30 @@ def search_segments(
         return empty.astype(np.float32), empty.astype(np.int64)
     kept = [i for i, keep in enumerate(rows) if keep is None or len(keep)]
     return merge_top_k(answers, offsets[kept], k)
+
+
+def cosines(
+    segments: Sequence[Any], offsets: np.ndarray, queries: np.ndarray, rows: np.ndarray
+) -> np.ndarray:
+    """The cosine of each query (float32 (q, d), searched space) with each of its ``rows``
+    (int64 (q, c) global rows, -1 for none): float64 (q, c), NaN where a row's vector cannot
+    be read back from its vector index (an index that cannot reconstruct, or -1)."""
+    out = np.full(rows.shape, np.nan)
+    wanted = np.unique(rows[rows >= 0])
+    if not len(wanted):
+        return out
+    seg_of = np.searchsorted(offsets, wanted, side="right") - 1
+    vectors: dict[int, np.ndarray] = {}
+    for s in np.unique(seg_of):
+        pick = wanted[seg_of == s]
+        try:
+            found = segments[int(s)].ann.reconstruct_batch(pick - offsets[s])
+        except (RuntimeError, AttributeError):  # e.g. a memory-mapped IVF without a direct map
+            continue
+        vectors.update(zip(pick.tolist(), np.asarray(found, np.float32)))
+    for qi in range(len(rows)):
+        for j, row in enumerate(rows[qi]):
+            vector = vectors.get(int(row))
+            if vector is not None:
+                out[qi, j] = float(queries[qi] @ vector)
+    return out

@@ -1,29 +1,39 @@
 r"""Hybrid search: fuse the dense and lexical candidates of each query into one ranking.
 
-Each side gives its top candidates as ``(scores float32 (q, k_side), rows int64 (q, k_side))``,
-row -1 for padding (what :func:`flowsearch.ann.faiss_index.search` and
-:meth:`flowsearch.lexical.bm25.Bm25.search` return). Only candidates are fused: a row that
-neither side returned is never a hit.
+:func:`fuse` (the default) scores every candidate either side returned by
+``weight * normalise_dense(cosine) + (1 - weight) * normalise_lexical(BM25)``
+(:mod:`flowsearch.search.scores`: the cosine above the corpus's background similarity, and
+BM25 as a share of the query's upper bound, both in [0, 1]). Given each side's score of the
+other side's candidates ("complete" scores), a hit's score depends only on its own cosine, its
+own BM25, the query's upper bound and the index's reference: it is comparable across queries,
+does not move when other rows join the candidates, and a nonsense query scores low instead of
+the 1.0 a per-query min-max gives its best row. ``benchmarks/bench_fusion.py`` measured it
+against the published rules on the dev sets (benchmarks/RESULTS.md, "Hybrid fusion").
 
-- :func:`convex` (the default): min-max normalise each side's scores per query, then
-  ``weight * dense + (1 - weight) * lexical``. Bruch et al. (2022) found a convex combination of
-  normalised scores more robust than rank fusion and cheap to tune (one weight).
-- :func:`rrf`: reciprocal-rank fusion (Cormack et al., 2009), which ignores score values.
+:func:`convex` (per-query min-max, the second release's rule) and :func:`rrf` stay as the
+published baselines.
 
-Every result keeps both sides' raw scores, so a hit can report ``dense_score`` and
-``lexical_score`` (NaN for the side that did not return it).
+Each side's candidates are ``(scores float (q, k_side), rows int (q, k_side))``, row -1 for
+padding (what :func:`flowsearch.ann.io.search` and
+:meth:`flowsearch.lexical.bm25.Bm25.search` return).
 
 References:
     Bruch, Gai & Ingber, "An Analysis of Fusion Functions for Hybrid Retrieval", ACM TOIS 2023
-    (arXiv:2210.11934, 2022).
+    (arXiv:2210.11934): a convex combination of normalised scores beats RRF, normalised with
+    theoretical bounds where they exist, and scored on both sides for every candidate.
     Cormack, Clarke & Buettcher, "Reciprocal Rank Fusion outperforms Condorcet and Individual
     Rank Learning Methods", SIGIR 2009.
 
 Example:
-    >>> dense = (np.array([[0.9, 0.5]], np.float32), np.array([[4, 7]]))
-    >>> lexical = (np.array([[12.0, 3.0]], np.float32), np.array([[7, 2]]))
-    >>> convex(dense, lexical, k=3, weight=0.3).rows.tolist()  # 7: 0.7, 4: 0.3, 2: 0
-    [[7, 4, 2]]
+    >>> from flowsearch.search.scores import FusionReference
+    >>> ref = FusionReference(n_measured=0, n_rows=1000, dense_background=0.2)
+    >>> dense = (np.array([[0.9, 0.6]]), np.array([[4, 7]]))        # cosines
+    >>> lexical = (np.array([[6.0, 2.0]]), np.array([[7, 2]]))      # BM25
+    >>> out = fuse(dense, lexical, ref, k=3, upper=np.array([10.0]), weight=0.5,
+    ...            dense_of_lexical=np.array([[0.6, 0.1]]),      # cosines of rows 7, 2
+    ...            lexical_of_dense=np.array([[0.0, 6.0]]))      # BM25 of rows 4, 7
+    >>> out.rows.tolist(), out.scores.round(4).tolist()
+    ([[7, 4, 2]], [[0.55, 0.4375, 0.1]])
 """
 
 from __future__ import annotations
@@ -32,17 +42,23 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-__all__ = ["FusedHits", "Hits", "convex", "rrf"]
+from flowsearch.errors import BadInput
+from flowsearch.search.scores import FusionReference, normalise_dense, normalise_lexical
+from flowsearch.settings import current
+
+__all__ = ["FusedHits", "Hits", "Kind", "convex", "fuse", "rrf"]
 
 LOG = logging.getLogger(__name__)
 
 #: One side's candidates: ``(scores float (q, k_side), rows int (q, k_side))``, row -1 = none.
 Hits = tuple[np.ndarray, np.ndarray]
-# (each side's value per union row, NaN = absent) -> (fused scores, tie-break keys, larger first)
-Fuser = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, tuple[np.ndarray, ...]]]
+#: The encoder's kind, which picks the default dense weight: a transformer pooling, or a static
+#: table lookup (``static`` pooling, Model2Vec included).
+Kind = Literal["transformer", "static"]
 
 
 @dataclass(frozen=True)
@@ -51,10 +67,10 @@ class FusedHits:
 
     Attributes:
         rows: int64, the fused ranking, best first; -1 for padding.
-        scores: float32, the fused score; -inf for padding.
-        dense_scores: float32, the dense side's raw score of the row; NaN when the dense side
-            did not return it (and for padding).
-        lexical_scores: float32, the same for the lexical side.
+        scores: float64, the fused score; -inf for padding.
+        dense_scores: float32, the dense side's raw score (cosine) of the row; NaN when the
+            dense side did not score it (and for padding).
+        lexical_scores: float32, the same for the lexical side (BM25).
     """
 
     rows: np.ndarray
@@ -63,16 +79,101 @@ class FusedHits:
     lexical_scores: np.ndarray
 
 
+def fuse(
+    dense: Hits,
+    lexical: Hits,
+    reference: FusionReference | None,
+    k: int,
+    *,
+    upper: np.ndarray,
+    kind: Kind = "transformer",
+    weight: float | None = None,
+    dense_of_lexical: np.ndarray | None = None,
+    lexical_of_dense: np.ndarray | None = None,
+) -> FusedHits:
+    r"""Hybrid top-``k``: ``weight * normalise_dense + (1 - weight) * normalise_lexical``.
+
+    Every row either side returned is a candidate. Give each side's score of the other side's
+    candidates (``dense_of_lexical``, ``lexical_of_dense``: "complete" scores) and a hit's
+    score depends only on its own cosine, BM25, the query's upper bound and the reference, so
+    it does not move when other rows join or leave either side's candidates; a row sharing no
+    term with the query has BM25 0, which is a score, not a missing one. Without them a side's
+    missing score counts as 0 (its floor), so a row's score depends on whether the other side
+    happened to return it: no longer a property of the hit, and on the dev sets 0.003 nDCG@10
+    lower on average for the bundled ``mean`` (0.010 on question -> passage search; no
+    difference for ``static``).
+
+    The fused score is in [0, 1] and non-decreasing in each side's raw score (strictly above
+    the side's floor: the dense background, BM25 0). Equal scores go to the lower row.
+
+    Args:
+        dense: the dense candidates, ``(cosines (q, kd), rows (q, kd))``.
+        lexical: the lexical candidates, ``(BM25 (q, kl), rows (q, kl))``.
+        reference: the index's :class:`~flowsearch.search.scores.FusionReference` (None: a
+            background of 0, see :func:`~flowsearch.search.scores.normalise_dense`).
+        k: hits per query (>= 1).
+        upper: float (q,): each query's BM25 upper bound (see
+            :func:`~flowsearch.search.scores.normalise_lexical`).
+        kind: picks the default weight: ``settings.fusion_dense_weight`` for a transformer
+            pooling, ``settings.fusion_dense_weight_static`` for a static one.
+        weight: the dense side's weight in [0, 1], instead of the default.
+        dense_of_lexical: float (q, kl): the cosine of each lexical candidate (the query's
+            searched vector dotted with the row's stored vector); NaN where unknown.
+        lexical_of_dense: float (q, kd): the BM25 of each dense candidate for the query (0
+            when it holds no query term); NaN where unknown.
+
+    Returns:
+        :class:`FusedHits` of shape (q, k).
+    """
+    if weight is None:
+        weight = _default_weight(kind)
+    if not 0.0 <= weight <= 1.0:
+        raise BadInput(f"weight must be in [0, 1], got {weight}", param="weight")
+    own_dense, own_lexical = dense, lexical
+    if dense_of_lexical is not None:
+        dense = _extended(own_dense, own_lexical[1], dense_of_lexical, "dense_of_lexical")
+    if lexical_of_dense is not None:
+        lexical = _extended(own_lexical, own_dense[1], lexical_of_dense, "lexical_of_dense")
+    bounds = np.asarray(upper, np.float64).reshape(-1)
+    if len(bounds) != len(dense[1]):
+        raise BadInput(f"upper has {len(bounds)} entries for {len(dense[1])} queries",
+                       "pass one BM25 upper bound per query", param="upper")  # fmt: skip
+
+    def rule(d: np.ndarray, lx: np.ndarray, i: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        nd = np.nan_to_num(normalise_dense(d, reference))
+        nl = np.nan_to_num(normalise_lexical(lx[None, :], bounds[i : i + 1])[0])
+        return weight * nd + (1.0 - weight) * nl, ()
+
+    return _fuse(dense, lexical, k, rule)
+
+
+def _default_weight(kind: str) -> float:
+    if kind == "transformer":
+        return current().fusion_dense_weight
+    if kind == "static":
+        return current().fusion_dense_weight_static
+    raise BadInput(f"unknown encoder kind {kind!r}; use 'transformer' or 'static'", param="kind")
+
+
+def _extended(side: Hits, rows: np.ndarray, scores: np.ndarray, name: str) -> Hits:
+    """``side`` followed by the other side's ``rows`` with ``scores`` (this side's score of
+    them): a row already in ``side`` keeps its own (first) entry."""
+    own_s, own_r = _side(side, "side")
+    scores = np.asarray(scores, np.float64)
+    if scores.shape != np.shape(rows):
+        raise BadInput(f"{name} has shape {scores.shape}, its rows {np.shape(rows)}",
+                       "give one score per candidate of the other side", param=name)  # fmt: skip
+    return np.concatenate([own_s, scores], 1), np.concatenate([own_r, np.asarray(rows)], 1)
+
+
 def convex(dense: Hits, lexical: Hits, k: int, weight: float) -> FusedHits:
-    r"""Convex combination of per-query min-max normalised scores (Bruch et al., 2022).
+    r"""Convex combination of per-query min-max normalised scores (the second release's rule).
 
     Each side's scores are mapped to [0, 1] over that side's candidates for the query,
-    ``(s - min) / (max - min)``: cosine and BM25 live on unrelated scales (BM25 is unbounded and
-    grows with query length), so raw scores cannot be added, and the per-query range makes one
-    weight mean the same for short and long queries. A candidate missing from a side gets that
-    side's 0, like its worst candidate. A side whose candidates all score the same (one
-    candidate, or ties) gives them all 1: they are that side's best. A side without candidates
-    contributes 0 to every row.
+    ``(s - min) / (max - min)``. A candidate missing from a side gets that side's 0. A side
+    whose candidates all score the same gives them all 1. Kept as a baseline: its score
+    depends on the other candidates, and every query's best row scores near 1 (see
+    benchmarks/RESULTS.md, "Hybrid fusion").
 
     Equal fused scores are ordered by the heavier side's normalised score (a row it did not
     return counts as below 0), then the other side's, then the lower row, so ``weight=1``
@@ -84,45 +185,40 @@ def convex(dense: Hits, lexical: Hits, k: int, weight: float) -> FusedHits:
         lexical: the lexical candidates, ``(scores (q, kl), rows (q, kl))``.
         k: hits per query (>= 1).
         weight: the dense side's weight, in [0, 1].
-
-    Returns:
-        :class:`FusedHits` of shape (q, k).
     """
     if not 0.0 <= weight <= 1.0:
-        raise ValueError(f"weight must be in [0, 1], got {weight}")
+        raise BadInput(f"weight must be in [0, 1], got {weight}", param="weight")
 
-    def fuse(d: np.ndarray, lx: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    def rule(d: np.ndarray, lx: np.ndarray, _: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         nd, nl = _min_max(d), _min_max(lx)
         fused = weight * np.nan_to_num(nd) + (1 - weight) * np.nan_to_num(nl)
         heavy, light = (nd, nl) if weight >= 0.5 else (nl, nd)
         return fused, (np.nan_to_num(heavy, nan=-1.0), np.nan_to_num(light, nan=-1.0))
 
-    return _fuse(dense, lexical, k, fuse)
+    return _fuse(dense, lexical, k, rule)
 
 
 def rrf(dense: Hits, lexical: Hits, k: int, k_rrf: float = 60.0) -> FusedHits:
     r"""Reciprocal-rank fusion (Cormack et al., 2009): ``sum over sides of 1 / (k_rrf + rank)``.
 
     ``rank`` is 1-based in the side's own order; a side that did not return a row adds nothing.
-    Equal fused scores go to the row with the better best rank, then the lower row.
+    Equal fused scores go to the row with the better best rank, then the lower row. A ranking
+    rule, not a score: the sums depend on the other candidates and mean nothing across queries.
 
     Args:
         dense: the dense candidates, ``(scores (q, kd), rows (q, kd))``, best first.
         lexical: the lexical candidates, ``(scores (q, kl), rows (q, kl))``, best first.
         k: hits per query (>= 1).
         k_rrf: the damping constant (> 0); 60 as in the paper.
-
-    Returns:
-        :class:`FusedHits` of shape (q, k); ``scores`` are the RRF sums.
     """
     if not k_rrf > 0:
-        raise ValueError(f"k_rrf must be > 0, got {k_rrf}")
+        raise BadInput(f"k_rrf must be > 0, got {k_rrf}", param="k_rrf")
 
-    def fuse(rd: np.ndarray, rl: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    def rule(rd: np.ndarray, rl: np.ndarray, _: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         fused = np.nan_to_num(1.0 / (k_rrf + rd)) + np.nan_to_num(1.0 / (k_rrf + rl))
         return fused, (-np.fmin(rd, rl),)
 
-    return _fuse(dense, lexical, k, fuse, by_rank=True)
+    return _fuse(dense, lexical, k, rule, by_rank=True)
 
 
 def _min_max(scores: np.ndarray) -> np.ndarray:
@@ -136,24 +232,29 @@ def _min_max(scores: np.ndarray) -> np.ndarray:
     return (scores - low) / (high - low)
 
 
-def _fuse(dense: Hits, lexical: Hits, k: int, fuse: Fuser, by_rank: bool = False) -> FusedHits:
-    """Per query: the union of both sides' candidates, scored by ``fuse``, top ``k``.
+# (each side's value per union row, NaN = absent; the query) -> (fused, tie-break keys)
+Rule = Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, tuple[np.ndarray, ...]]]
 
-    ``fuse(d, l)`` gets, for the union's rows (ascending), each side's raw score (or, with
-    ``by_rank``, its 1-based rank in the side's order), NaN where the side did not return the
-    row, and returns the fused scores and tie-break keys (larger first); the lower row breaks
-    the remaining ties.
+
+def _fuse(dense: Hits, lexical: Hits, k: int, rule: Rule, by_rank: bool = False) -> FusedHits:
+    """Per query: the union of both sides' candidates, scored by ``rule``, top ``k``.
+
+    ``rule(d, l, i)`` gets, for query ``i``'s union rows (ascending), each side's raw score
+    (or, with ``by_rank``, its 1-based rank in the side's order), NaN where the side did not
+    return the row, and returns the fused scores and tie-break keys (larger first); the lower
+    row breaks the remaining ties.
     """
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise BadInput(f"k must be >= 1, got {k!r}", param="k")
     d_scores, d_rows = _side(dense, "dense")
     l_scores, l_rows = _side(lexical, "lexical")
     if len(d_rows) != len(l_rows):
-        raise ValueError(f"dense has {len(d_rows)} queries, lexical {len(l_rows)}")
+        raise BadInput(f"dense has {len(d_rows)} queries, lexical {len(l_rows)}",
+                       "give both sides the same queries")  # fmt: skip
     q = len(d_rows)
     out = FusedHits(
         rows=np.full((q, k), -1, np.int64),
-        scores=np.full((q, k), -np.inf, np.float32),
+        scores=np.full((q, k), -np.inf, np.float64),
         dense_scores=np.full((q, k), np.nan, np.float32),
         lexical_scores=np.full((q, k), np.nan, np.float32),
     )
@@ -165,14 +266,13 @@ def _fuse(dense: Hits, lexical: Hits, k: int, fuse: Fuser, by_rank: bool = False
             continue
         raw_d, raw_l = _align(union, d), _align(union, lx)
         if by_rank:
-            fused, keys = fuse(_align(union, d, rank=True), _align(union, lx, rank=True))
+            fused, keys = rule(_align(union, d, rank=True), _align(union, lx, rank=True), i)
         else:
-            fused, keys = fuse(raw_d, raw_l)
-        fused32 = fused.astype(np.float32)  # rank on the scores the caller sees
-        order = np.lexsort((union, *(-key for key in reversed(keys)), -fused32))[:k]
+            fused, keys = rule(raw_d, raw_l, i)
+        order = np.lexsort((union, *(-key for key in reversed(keys)), -fused))[:k]
         n = len(order)
         out.rows[i, :n] = union[order]
-        out.scores[i, :n] = fused32[order]
+        out.scores[i, :n] = fused[order]
         out.dense_scores[i, :n] = raw_d[order]
         out.lexical_scores[i, :n] = raw_l[order]
     return out
@@ -181,10 +281,10 @@ def _fuse(dense: Hits, lexical: Hits, k: int, fuse: Fuser, by_rank: bool = False
 def _side(hits: Hits, name: str) -> tuple[np.ndarray, np.ndarray]:
     scores, rows = (np.asarray(a) for a in hits)
     if scores.ndim != 2 or scores.shape != rows.shape:
-        raise ValueError(
+        raise BadInput(
             f"{name} hits must be (scores, rows) of one 2-D shape, got {scores.shape} and "
-            f"{rows.shape}"
-        )
+            f"{rows.shape}", "pass (q, k) arrays",
+        )  # fmt: skip
     return scores.astype(np.float64), rows.astype(np.int64)
 
 

@@ -19,13 +19,16 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 
 from flowsearch.ann import io as ann_io
 from flowsearch.errors import BadInput
 from flowsearch.search import dense
+from flowsearch.search.arguments import MODES, checked_k, checked_mode, checked_queries
+from flowsearch.search.dense import cosines
+from flowsearch.search.hits import above, to_hits
 from flowsearch.search.results import Hit, QueryResult
 from flowsearch.search.version import IndexInfo, Opened, Version, load, open_current, sizes
 from flowsearch.settings import current
@@ -33,17 +36,9 @@ from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.layout import MANIFEST_NAME
 
-__all__ = ["HYBRID_WEIGHT", "HYBRID_WEIGHT_STATIC", "MODES", "Hit", "QueryResult", "Searcher"]
+__all__ = ["MODES", "Hit", "QueryResult", "Searcher"]
 
 LOG = logging.getLogger(__name__)
-
-#: Search modes: the encoder's side, BM25's side, or both fused.
-MODES = ("dense", "lexical", "hybrid")
-#: Weight of the dense side in hybrid's convex fusion for transformer poolings
-#: (benchmarks/bench_retrieval.md).
-HYBRID_WEIGHT = 0.6
-#: Dense weight for ``static`` poolings (a table lookup, Model2Vec included).
-HYBRID_WEIGHT_STATIC = 0.3
 
 
 def _stat(root: Path) -> tuple[int, int, int] | None:
@@ -246,12 +241,12 @@ class Searcher:
                 mode or one the index cannot serve, a ``min_score`` that is not a number.
         """
         single = isinstance(query, str)
-        queries = _checked_queries(query)
-        k = _checked_k(k)
+        queries = checked_queries(query)
+        k = checked_k(k)
         if not queries:
             return []
         hits = self._run(self._version, queries, k, where, mode)[0]
-        hits = _above(hits, min_score)
+        hits = above(hits, min_score)
         return hits[0] if single else hits
 
     def query(
@@ -278,9 +273,9 @@ class Searcher:
         """Several queries' results, each with its report, from one version (one encoder call
         for all)."""
         version = self._version
-        queries = _checked_queries(queries)
-        hits, lp, top = self._run(version, queries, _checked_k(k), where, mode)
-        hits = _above(hits, min_score)
+        queries = checked_queries(queries)
+        hits, lp, top = self._run(version, queries, checked_k(k), where, mode)
+        hits = above(hits, min_score)
         out = []
         for i, text in enumerate(queries):
             report = self._report(
@@ -308,13 +303,18 @@ class Searcher:
     def _run(
         self, version: Version, queries: list[str], k: int, where: str | None, mode: str | None
     ) -> tuple[list[list[Hit]], np.ndarray | None, np.ndarray | None]:
-        """(hits, query log-densities or None, best dense score over the whole index or None)."""
-        mode = _checked_mode(version, mode)
+        """(hits, query log-densities or None, best dense score over the whole index or None).
+
+        Scores (see :mod:`flowsearch.search.scores`): dense, the cosine's place between the
+        corpus's background and 1; lexical, BM25 as a share of the query's upper bound;
+        hybrid, their weighted mean (:func:`flowsearch.search.fusion.fuse`, each candidate
+        scored by both sides)."""
+        mode = checked_mode(version, mode)
         rows = self._matching(version, where)
         if rows is not None and not len(rows):
             return [[] for _ in queries], None, None
         k = min(k, max(version.manifest.n_live, 1))
-        lp = top = None
+        lp = top = Z = None
         dense_hits = lexical_hits = None
         candidates = k if mode != "hybrid" else max(k, current().hybrid_candidates)
         if mode in ("dense", "hybrid"):
@@ -323,25 +323,38 @@ class Searcher:
             if rows is None and dense_hits[0].shape[1]:  # a filter's best row is not the index's
                 top = np.where(dense_hits[1][:, 0] >= 0, dense_hits[0][:, 0], np.nan)
         if mode in ("lexical", "hybrid"):
-            allowed = None
-            if rows is not None:
-                allowed = np.zeros(version.n_rows, dtype=bool)
-                allowed[rows] = True
-            lexical_hits = version.lexical.search(queries, candidates, allowed=allowed)
-        if dense_hits is not None and lexical_hits is not None:
-            from flowsearch.search.fusion import convex
+            lexical_hits = version.lexical.search(queries, candidates, allowed=_mask(version, rows))
+        return self._scored(version, queries, k, Z, dense_hits, lexical_hits), lp, top
 
-            static = version.manifest.encoder.pooling == "static"
-            weight = HYBRID_WEIGHT_STATIC if static else HYBRID_WEIGHT
-            fused = convex(dense_hits, lexical_hits, k, weight=weight)
+    def _scored(self, version: Version, queries: list[str], k: int, Z: np.ndarray | None,
+                dense_hits: Any, lexical_hits: Any) -> list[list[Hit]]:  # fmt: skip
+        """Each side's raw scores made scores with a meaning, fused in hybrid mode."""
+        from flowsearch.search.fusion import fuse
+        from flowsearch.search.scores import normalise_dense, normalise_lexical
+
+        reference = version.fusion()
+        upper = None
+        if lexical_hits is not None:
+            upper = np.array([version.lexical.upper_bound(q) for q in queries], np.float64)
+        if dense_hits is not None and lexical_hits is not None:
+            assert Z is not None and upper is not None
+            kind: Literal["transformer", "static"] = (
+                "static" if version.manifest.encoder.pooling == "static" else "transformer"
+            )
+            of_lexical = cosines(version.segments, version.offsets, Z, lexical_hits[1])
+            of_dense = _bm25_of(version, queries, dense_hits[1])
+            fused = fuse(dense_hits, lexical_hits, reference, k, upper=upper, kind=kind,
+                         dense_of_lexical=of_lexical, lexical_of_dense=of_dense)  # fmt: skip
             parts = (fused.dense_scores, fused.lexical_scores)
-            return _hits(version, fused.scores, fused.rows, parts), lp, top
+            return to_hits(version, fused.scores, fused.rows, parts)
         if dense_hits is not None:
-            parts = (dense_hits[0], np.full_like(dense_hits[0], np.nan))
-            return _hits(version, *dense_hits, parts), lp, top
-        assert lexical_hits is not None
-        parts = (np.full_like(lexical_hits[0], np.nan), lexical_hits[0])
-        return _hits(version, *lexical_hits, parts), lp, top
+            cos, found = dense_hits
+            parts = (cos, np.full_like(cos, np.nan))
+            return to_hits(version, normalise_dense(cos, reference), found, parts)
+        assert lexical_hits is not None and upper is not None
+        bm25, found = lexical_hits
+        parts = (np.full_like(bm25, np.nan), bm25)
+        return to_hits(version, normalise_lexical(bm25, upper), found, parts)
 
     def _dense(
         self, version: Version, Z: np.ndarray, k: int, rows: np.ndarray | None
@@ -387,103 +400,37 @@ class Searcher:
             )
         if not np.isfinite(Z).all():
             raise BadInput("vectors hold NaN or infinite values", "pass finite vectors")
-        k = min(_checked_k(k), max(version.manifest.n_live, 1))
-        scores, found = self._dense(version, Z, k, None)
-        return _hits(version, scores, found, (scores, np.full_like(scores, np.nan)))
+        from flowsearch.search.scores import normalise_dense
+
+        k = min(checked_k(k), max(version.manifest.n_live, 1))
+        cos, found = self._dense(version, Z, k, None)
+        parts = (cos, np.full_like(cos, np.nan))
+        return to_hits(version, normalise_dense(cos, version.fusion()), found, parts)
 
     def vectors(self) -> np.ndarray:
         """Every stored vector of the searched space, float32 (rows, dim), in global row
         order (deleted rows included)."""
-        parts = [seg.rows.vectors("vector") for seg in self._version.segments]
+        parts = [seg.reader.vectors("vector") for seg in self._version.segments]
         parts = [p for p in parts if len(p)]
         if not parts:
             return np.zeros((0, self.manifest.dim), dtype=np.float32)
         return np.concatenate(parts).astype(np.float32, copy=False)
 
 
-def _hits(
-    version: Version,
-    scores: np.ndarray,
-    rows: np.ndarray,
-    parts: tuple[np.ndarray, np.ndarray],
-) -> list[list[Hit]]:
-    """Hits for global ``rows`` (q, k) with their scores and component scores."""
-    valid = np.unique(rows[rows >= 0])
-    by_row: dict[int, dict[str, Any]] = {}
-    if valid.size:
-        seg_of, local = version.locate(valid)
-        for s in np.unique(seg_of):
-            pick = np.flatnonzero(seg_of == s)
-            fetched = version.segments[int(s)].rows.rows(local[pick])
-            by_row.update(zip(valid[pick].tolist(), fetched, strict=True))
-    columns = version.manifest.metadata_columns
-    out = []
-    for qi in range(len(rows)):
-        hits: list[Hit] = []
-        for j, row in enumerate(rows[qi]):
-            if row < 0:
-                continue
-            rec = by_row[int(row)]
-            d, x = float(parts[0][qi, j]), float(parts[1][qi, j])
-            meta = rec["metadata"]
-            hits.append(
-                Hit.model_construct(
-                    id=rec["id"],
-                    score=float(scores[qi, j]),
-                    rank=len(hits) + 1,
-                    text=rec["text"],
-                    metadata={c: meta.get(c) for c in columns} if columns else dict(meta),
-                    dense_score=None if np.isnan(d) else d,
-                    lexical_score=None if np.isnan(x) else x,
-                )
-            )
-        out.append(hits)
+def _mask(version: Version, rows: np.ndarray | None) -> np.ndarray | None:
+    """A filter's rows as a bool mask over the version's global rows (None: no filter)."""
+    if rows is None:
+        return None
+    allowed = np.zeros(version.n_rows, dtype=bool)
+    allowed[rows] = True
+    return allowed
+
+
+def _bm25_of(version: Version, queries: list[str], rows: np.ndarray) -> np.ndarray:
+    """Each query's BM25 for each of its ``rows`` (int64 (q, c), -1 for none): float64."""
+    out = np.full(rows.shape, np.nan)
+    for qi, query in enumerate(queries):
+        valid = rows[qi] >= 0
+        if valid.any():
+            out[qi, valid] = version.lexical.score_rows(query, rows[qi, valid])
     return out
-
-
-def _above(hits: list[list[Hit]], min_score: float | None) -> list[list[Hit]]:
-    """Each query's hits scoring at least ``min_score`` (ranks kept: they were best first)."""
-    if min_score is None:
-        return hits
-    if (
-        isinstance(min_score, bool)
-        or not isinstance(min_score, (int, float, np.floating))
-        or (not np.isfinite(min_score))
-    ):
-        raise BadInput(f"min_score must be a number, got {min_score!r}", param="min_score")
-    return [[h for h in per_query if h.score >= min_score] for per_query in hits]
-
-
-def _checked_mode(version: Version, mode: str | None) -> str:
-    if mode is None:
-        return "hybrid" if version.lexical is not None else "dense"
-    if mode not in MODES:
-        raise BadInput(f"unknown mode {mode!r}", f"choose one of {', '.join(MODES)}", param="mode")
-    if mode != "dense" and version.lexical is None:
-        raise BadInput(
-            f"mode {mode!r} needs a lexical index, and this index was built without one",
-            "use {mode='dense'} or rebuild it with a lexical side",
-            param="mode",
-        )
-    return mode
-
-
-def _checked_queries(query: Any) -> list[str]:
-    queries = [query] if isinstance(query, str) else query
-    if not isinstance(queries, (list, tuple)):
-        raise BadInput(
-            f"query must be a string or a list of strings, got {type(query).__name__}",
-            param="query",
-        )
-    for q in queries:
-        if not isinstance(q, str):
-            raise BadInput(f"queries must be strings, got {type(q).__name__}", param="query")
-        if not q.strip():
-            raise BadInput("the query is empty", "pass some text to search for", param="query")
-    return list(queries)
-
-
-def _checked_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise BadInput(f"k must be a positive integer, got {k!r}", param="k")
-    return int(k)

@@ -186,12 +186,23 @@ class Version:
     verified: Verification
     lexical: Any = None
     _reference: Any = None
+    _fusion: Any = None
     _filter: Any = None
     _filter_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def n_rows(self) -> int:
         return int(self.offsets[-1])
+
+    def fusion(self) -> Any:
+        """The version's :class:`~flowsearch.search.scores.FusionReference`, or None (an index
+        built before it: a background of 0)."""
+        if self._fusion is None:
+            from flowsearch.search.scores import FusionReference
+
+            raw = self.manifest.fusion_reference
+            self._fusion = FusionReference.from_dict(raw) if raw else False
+        return self._fusion or None
 
     def reference(self) -> Any:
         """The version's :class:`~flowsearch.space.reference.Reference` (read once), or None."""

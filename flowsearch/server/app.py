@@ -155,11 +155,11 @@ def create_app(index_dir: str | os.PathLike[str], api_key: str | None = None) ->
         yield
         service.searcher.close()  # release the index's files on shutdown
 
-    import flowsearch
+    from flowsearch._version import __version__
 
     app = FastAPI(
         title="flowsearch",
-        version=flowsearch.__version__,
+        version=__version__,
         description="Semantic search over a calibrated (BERT-flow) index.",
         default_response_class=SafeJSONResponse,
         lifespan=lifespan,
@@ -202,7 +202,7 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
     async def upsert(body: UpsertRequest) -> SafeJSONResponse:
         """Insert or replace records by id -> the write's :class:`WriteResult` (``n_written``,
         ``n_inserted``, ``n_replaced``, ``drift``, ...), as ``flowsearch upsert --json``."""
-        from flowsearch import upsert as upsert_records
+        from flowsearch.writes.upsert import upsert as upsert_records
 
         # the server's own encoder: a write never loads a second copy of the model
         encoder = service.searcher.encoder
@@ -215,7 +215,7 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
     async def delete(body: DeleteRequest) -> SafeJSONResponse:
         """Delete records by id -> the write's :class:`WriteResult` (``n_deleted``, ``missing``:
         the ids not found, ``version``), as ``flowsearch delete --json``."""
-        from flowsearch import delete as delete_ids
+        from flowsearch.writes.delete import delete as delete_ids
 
         result = await service.write(lambda: delete_ids(service.index_dir, list(body.ids)))
         return SafeJSONResponse(result.to_dict())

@@ -7,7 +7,7 @@ or a Model2Vec model, and ``embedding_layer``), and there are at least
 :data:`~flowsearch.space.reference.MIN_ROWS_PER_DIM` rows per dimension. Then it fits and searches
 :data:`AUTO_SEARCHES`, partial whitening with a Gaussian density
 (``make_calibrator("gaussian", power=0.25)``); otherwise it fits :data:`AUTO_FITS`
-(``whitening-flow``, on at most :data:`DENSITY_FIT_ROWS` of the rows: it serves the density
+(``whitening-flow``, on at most ``Settings.density_fit_rows`` of the rows: it serves the density
 alone) and searches the encoder's own space. Either way the fitted calibrator has a density for
 the drift and query reports. A named calibration is fitted and always searched; a
 calibrator fitted elsewhere (the paper's "flow (NLI)" setting) is loaded and checked against the
@@ -46,12 +46,14 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from flowsearch.errors import FlowsearchError
+from flowsearch.settings import current
 from flowsearch.space.reference import MIN_ROWS_PER_DIM
 from flowsearch.storage.manifest import AutoDecision, CalibrationSpec
 
@@ -59,7 +61,6 @@ __all__ = [
     "AUTO_CALIBRATES_POOLINGS",
     "AUTO_FITS",
     "AUTO_SEARCHES",
-    "DENSITY_FIT_ROWS",
     "fit_for_index",
     "load_fitted",
 ]
@@ -78,11 +79,6 @@ AUTO_SEARCHES: tuple[str, dict[str, Any]] = ("gaussian", {"power": 0.25})
 #: a Model2Vec model; ``embedding_layer``: the embedding layer's outputs). See the module
 #: docstring for the measurements.
 AUTO_CALIBRATES_POOLINGS: frozenset[str] = frozenset({"static", "embedding_layer"})
-#: When ``auto`` keeps the encoder's space, the flow it fits serves only the density (drift
-#: reports, ``Hit.log_density``), so it is fitted on at most this many of the fit rows (a seeded
-#: uniform sample; ~130 rows per dimension at 384). Fitting it on 200k rows added 0.84 GB to the
-#: ingest's peak memory, on 50k nothing above the vectors themselves (benchmarks/bench_speed.md).
-DENSITY_FIT_ROWS = 50_000
 _SEEDED = ("flow", "whitening-flow")
 
 
@@ -108,6 +104,77 @@ def load_fitted(calibrator: str | os.PathLike[str], calibration: str, dim: int) 
     return cal
 
 
+@dataclass(frozen=True)
+class _Choice:
+    """What to fit, and what ``auto`` measured to choose it."""
+
+    name: str
+    config: dict[str, Any]
+    searched: bool = False
+    anisotropic: bool = False
+    by_kind: bool = False
+    enough: bool = True
+
+
+def _choose(U: np.ndarray, calibration: str, stats: dict[str, float], pooling: str | None
+            ) -> tuple[_Choice, np.ndarray]:  # fmt: skip
+    """The calibrator to fit (and the rows to fit it on: a density-only flow needs a sample)."""
+    from flowsearch.calibration.anisotropy import should_calibrate
+
+    if calibration != "auto":
+        return _Choice(calibration, {"seed": 0} if calibration in _SEEDED else {}), U
+    if len(U) < 2:  # nothing to fit a density on: the identity, in the encoder's space
+        return _Choice("none", {}, enough=False), U
+    anisotropic = bool(should_calibrate(stats))
+    by_kind = pooling in AUTO_CALIBRATES_POOLINGS
+    enough = len(U) >= MIN_ROWS_PER_DIM * U.shape[1]
+    searched = (anisotropic or by_kind) and enough
+    if searched:
+        name, config = AUTO_SEARCHES
+        return _Choice(name, dict(config), True, anisotropic, by_kind, enough), U
+    most = current().density_fit_rows
+    if len(U) > most:  # a density only: a sample is enough
+        U = U[np.sort(np.random.default_rng(0).choice(len(U), most, replace=False))]
+    return _Choice(AUTO_FITS, {"seed": 0}, False, anisotropic, by_kind, enough), U
+
+
+def _auto_decision(choice: _Choice, stats: dict[str, float], pooling: str | None,
+                   U: np.ndarray) -> str:  # fmt: skip
+    """``auto``'s decision in words: the statistic, its threshold, why this space."""
+    from flowsearch.calibration.anisotropy import AUTO_STATISTIC, AUTO_THRESHOLD
+
+    strength = "".join(f", {k}={v}" for k, v in choice.config.items())
+    kind_only = choice.by_kind and not choice.anisotropic
+    short = not choice.enough and (choice.anisotropic or choice.by_kind)
+    return (
+        f"{AUTO_STATISTIC}={stats.get(AUTO_STATISTIC, float('nan')):.4f} "
+        f"{'>' if choice.anisotropic else '<='} {AUTO_THRESHOLD}"
+        + (f", but pooling {pooling!r} is non-contextual" if kind_only else "")
+        + (f", but {len(U)} rows < {MIN_ROWS_PER_DIM} x dim {U.shape[1]}" if short else "")
+        + (f": search in the {choice.name} space ({choice.name}{strength})" if choice.searched
+           else ": search in the encoder space")
+    )  # fmt: skip
+
+
+Space = Literal["calibrated", "encoder"]
+
+
+def _space(
+    choice: _Choice, calibration: str, stats: dict[str, float], pooling: str | None, U: np.ndarray
+) -> tuple[Space, str, AutoDecision | None]:
+    """The searched space, the decision in words, and ``auto``'s record."""
+    from flowsearch.calibration.anisotropy import AUTO_STATISTIC, AUTO_THRESHOLD
+
+    if calibration == "auto":
+        auto = AutoDecision(statistic=AUTO_STATISTIC, threshold=float(AUTO_THRESHOLD),
+                            calibrated=choice.searched)  # fmt: skip
+        space: Space = "calibrated" if choice.searched else "encoder"
+        return space, _auto_decision(choice, stats, pooling, U), auto
+    if calibration == "none":  # the identity: say so, search the encoder's own vectors
+        return "encoder", "calibration='none': the encoder's own space", None
+    return "calibrated", f"forced: calibration={calibration!r}", None
+
+
 def fit_for_index(
     U: np.ndarray,
     calibration: str,
@@ -131,57 +198,25 @@ def fit_for_index(
         ``(calibrator, spec)``.
     """
     from flowsearch.calibration import make_calibrator
-    from flowsearch.calibration.anisotropy import (
-        AUTO_STATISTIC,
-        AUTO_THRESHOLD,
-        anisotropy_stats,
-        should_calibrate,
-    )
+    from flowsearch.calibration.anisotropy import anisotropy_stats
 
-    stats = {k: float(v) for k, v in anisotropy_stats(U).items()}
+    # a statistic of pairs needs two rows at least (a one-row index is searched as it is)
+    stats = {k: float(v) for k, v in anisotropy_stats(U).items()} if len(U) >= 2 else {}
     auto = None
+    space: Literal["calibrated", "encoder"]
     if loaded is not None:
         cal = loaded
         fitted_on = str(Path(loaded_from).resolve()) if loaded_from else "elsewhere"
         space, decision = "calibrated", "forced: a calibrator fitted elsewhere"
     else:
-        anisotropic = bool(should_calibrate(stats))
-        by_kind = pooling in AUTO_CALIBRATES_POOLINGS
-        kind_only = by_kind and not anisotropic
-        enough = len(U) >= MIN_ROWS_PER_DIM * U.shape[1]
-        searched = calibration == "auto" and (anisotropic or by_kind) and enough
-        if calibration != "auto":
-            name, config = calibration, {"seed": 0} if calibration in _SEEDED else {}
-        elif searched:
-            name, config = AUTO_SEARCHES
-        else:
-            name, config = AUTO_FITS, {"seed": 0}
-            if len(U) > DENSITY_FIT_ROWS:  # a density only: a sample is enough
-                pick = np.random.default_rng(0).choice(len(U), DENSITY_FIT_ROWS, replace=False)
-                U = U[np.sort(pick)]
-        cal = make_calibrator(name, **config)
-        with status(f"fitting {name} on {len(U):,} rows") if status else contextlib.nullcontext():
-            cal.fit(U)
+        choice, U = _choose(U, calibration, stats, pooling)
+        cal = make_calibrator(choice.name, **choice.config)
+        showing = status(f"fitting {choice.name} on {len(U):,} rows") if status else None
+        with showing or contextlib.nullcontext():
+            # the identity learns only the dimension, which one row gives (a 1-row index)
+            cal.fit(np.vstack([U, U]) if choice.name == "none" and len(U) == 1 else U)
         fitted_on = "corpus"
-        if calibration == "auto":
-            space = "calibrated" if searched else "encoder"
-            strength = "".join(f", {k}={v}" for k, v in config.items())
-            decision = (
-                f"{AUTO_STATISTIC}={stats.get(AUTO_STATISTIC, float('nan')):.4f} "
-                f"{'>' if anisotropic else '<='} {AUTO_THRESHOLD}"
-                + (f", but pooling {pooling!r} is non-contextual" if kind_only else "")
-                + ("" if enough or not (anisotropic or by_kind) else
-                   f", but {len(U)} rows < {MIN_ROWS_PER_DIM} x dim {U.shape[1]}")
-                + (f": search in the {name} space ({name}{strength})" if searched
-                   else ": search in the encoder space")
-            )  # fmt: skip
-            auto = AutoDecision(
-                statistic=AUTO_STATISTIC, threshold=float(AUTO_THRESHOLD), calibrated=searched
-            )
-        elif calibration == "none":  # the identity: say so, search the encoder's own vectors
-            space, decision = "encoder", "calibration='none': the encoder's own space"
-        else:
-            space, decision = "calibrated", f"forced: calibration={calibration!r}"
+        space, decision, auto = _space(choice, calibration, stats, pooling, U)
     LOG.info("calibration: %s", decision)
     spec = CalibrationSpec(
         name=calibration if loaded is None else cal.name,

@@ -1,4 +1,5 @@
-r"""The text and id columns of a corpus: their types checked, their values normalised.
+r"""A corpus's columns: the text and id columns present and typed, values normalised, the
+metadata columns' types unified across files.
 
 A text column must hold text: strings (or dictionary-encoded strings), or binary that is valid
 UTF-8; numbers, booleans, lists, structs and dates are refused rather than indexed as "3.0".
@@ -17,7 +18,15 @@ import pyarrow.compute as pc
 from flowsearch.errors import BadInput
 from flowsearch.storage.readers import Source
 
-__all__ = ["check_text_type", "normal_ids", "row_label", "text_strings", "valid_text_mask"]
+__all__ = [
+    "check_text_type",
+    "checked_columns",
+    "metadata_schema",
+    "normal_ids",
+    "row_label",
+    "text_strings",
+    "valid_text_mask",
+]
 
 
 def row_label(source: Source, index: int) -> str:
@@ -123,3 +132,66 @@ def normal_ids(array: pa.Array, source: Source, name: str, first_row: int) -> pa
         f"id column {name!r} in {source.name} holds {type_} values; ids must be integers or "
         "strings (pass id_column=None to number the rows)"
     )
+
+
+def checked_columns(
+    schemas: list[pa.Schema], sources: list[Source], text_column: str, id_column: str | None
+) -> str | None:
+    """Check the text and id columns are there; the id column to use (None: row numbers)."""
+    for schema, source in zip(schemas, sources):
+        names = schema.names
+        if text_column not in names:
+            raise BadInput(
+                f"no text column {text_column!r} in {source.name} (columns: {', '.join(names)})",
+                "name the text column with {text_column=...}",
+                cli="name the text column with --text-column",
+                http='give every record a "text" field',
+                param="text_column",
+            )
+        if id_column is not None and id_column != "id" and id_column not in names:
+            raise BadInput(
+                f"no id column {id_column!r} in {source.name} (columns: {', '.join(names)})",
+                "name the id column with {id_column=...} (id_column=None numbers the rows)",
+                cli="name the id column with --id-column (leave out an `id` column to number "
+                "the rows)",
+                param="id_column",
+            )
+        check_text_type(schema.field(text_column).type, source, text_column)
+    if id_column == "id":  # the default: use it when there, row numbers when not
+        has_id = ["id" in schema.names for schema in schemas]
+        if not any(has_id):
+            return None
+        if not all(has_id):
+            missing = sources[has_id.index(False)].name
+            raise BadInput(f"{missing} has no 'id' column but other files do; add it")
+    return id_column
+
+
+def metadata_schema(schemas: list[pa.Schema], sources: list[Source], names: list[str]) -> pa.Schema:
+    """The metadata columns' types, unified across files (see the module docstring)."""
+    for schema, source in zip(schemas, sources):
+        missing = [c for c in names if c not in schema.names]
+        if missing:
+            raise BadInput(
+                f"{source.name} has no column {missing[0]!r} that {sources[0].name} has; give "
+                "every file the same columns (null values are fine)"
+            )
+    parts = [pa.schema([schema.field(c) for c in names]) for schema in schemas]
+    try:
+        return pa.unify_schemas(parts, promote_options="permissive")
+    except (pa.ArrowException, ValueError, TypeError):
+        pass
+    for column in names:
+        typed = [(p.field(column).type, s.name) for p, s in zip(parts, sources)]
+        typed = [(t, name) for t, name in typed if not pa.types.is_null(t)]
+        try:
+            pa.unify_schemas(
+                [pa.schema([(column, t)]) for t, _ in typed], promote_options="permissive"
+            )
+        except (pa.ArrowException, ValueError, TypeError):
+            (t1, f1), (t2, f2) = next((a, b) for a in typed for b in typed if a[0] != b[0])
+            raise BadInput(
+                f"column {column!r} is {t1} in {f1} but {t2} in {f2}; give it one type in "
+                "every file"
+            ) from None
+    raise BadInput("the files' columns cannot be combined; give them the same types")

@@ -24,27 +24,28 @@ Example:
 
 from __future__ import annotations
 
-import glob
 import logging
-import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from flowsearch.errors import BadInput
+from flowsearch.storage import corpus_files
 from flowsearch.storage.columns import (
-    check_text_type,
+    checked_columns,
+    metadata_schema,
     normal_ids,
     row_label,
     text_strings,
     valid_text_mask,
 )
+from flowsearch.storage.corpus_files import Corpus, resolve_files
 from flowsearch.storage.manifest import SchemaColumn
-from flowsearch.storage.readers import MAX_BLOCK, BlockTooSmall, Source, format_of, records_table
+from flowsearch.storage.readers import MAX_BLOCK, BlockTooSmall, Source
 from flowsearch.storage.rows import RESERVED_COLUMNS
 
 __all__ = ["Corpus", "CorpusPlan", "resolve_files", "scan_corpus"]
@@ -52,91 +53,6 @@ __all__ = ["Corpus", "CorpusPlan", "resolve_files", "scan_corpus"]
 LOG = logging.getLogger(__name__)
 
 _SCAN_ROWS = 65_536
-_PathLike: TypeAlias = "str | os.PathLike[str]"
-#: What ``scan_corpus`` takes: path(s), or records in memory.
-Corpus: TypeAlias = "_PathLike | Sequence[_PathLike] | pa.Table | Sequence[Mapping[str, Any]]"
-_SUPPORTED = "Parquet, JSON Lines or CSV"
-
-
-def _wanted(path: Path, root: Path) -> bool:
-    parts = path.relative_to(root).parts if path.is_relative_to(root) else (path.name,)
-    hidden = any(part.startswith((".", "_")) for part in parts)
-    return not hidden and path.is_file() and format_of(path) is not None
-
-
-def resolve_files(corpus: _PathLike | Sequence[_PathLike]) -> list[Path]:
-    """The corpus files a path argument names (file, directory, glob, or a list of those).
-
-    Directories and globs keep the files of a supported format, sorted; a file named directly
-    must have one (or be Parquet by its content). A file named twice is read once.
-
-    Raises:
-        FlowsearchError: nothing there, or a file of no supported format.
-    """
-    items = [corpus] if isinstance(corpus, (str, os.PathLike)) else list(corpus)
-    files: list[Path] = []
-    for item in items:
-        path = Path(item).expanduser()
-        if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if _wanted(p, path))
-            if not found:
-                raise BadInput(f"no {_SUPPORTED} files in directory {path}; point at a corpus")
-            files.extend(found)
-        elif path.is_file():
-            if format_of(path) is None and not _looks_parquet(path):
-                raise BadInput(
-                    f"{path}: unknown corpus format {''.join(path.suffixes) or '(no suffix)'!r}; "
-                    "use .parquet, .jsonl, .json, .csv or .tsv (text formats may end in .gz)"
-                )
-            files.append(path)
-        elif glob.has_magic(str(item)):
-            matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
-            found = [p for p in matches if p.is_file() and format_of(p) is not None]
-            if not found:
-                raise BadInput(f"no {_SUPPORTED} files match {item!s}; check the pattern")
-            files.extend(found)
-        else:
-            raise BadInput(
-                f"corpus not found: {path}; give a {_SUPPORTED} file, a directory or a glob"
-            )
-    return list(dict.fromkeys(files))
-
-
-def _looks_parquet(path: Path) -> bool:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(4) == b"PAR1"
-    except OSError:
-        return False
-
-
-def _sources(corpus: Corpus) -> list[Source]:
-    """The corpus as sources: files of known formats, or one in-memory table."""
-    if isinstance(corpus, pa.Table):
-        return [Source("records", "table", table=corpus)]
-    if isinstance(corpus, (str, os.PathLike)):
-        items: list[Any] = [corpus]
-    elif isinstance(corpus, Sequence):
-        items = list(corpus)
-    else:
-        raise BadInput(
-            f"a corpus is a path, a list of paths, a pyarrow Table or a list of dicts, "
-            f"not {type(corpus).__name__}"
-        )
-    if not items:
-        raise BadInput("the corpus is an empty list; give paths or records")
-    if any(isinstance(item, Mapping) for item in items):
-        return [Source("records", "table", table=records_table(items))]
-    bad = next((x for x in items if not isinstance(x, (str, os.PathLike))), None)
-    if bad is not None:
-        raise BadInput(f"a corpus list holds paths or dicts, not {type(bad).__name__}")
-    sources = []
-    for path in resolve_files(items):
-        fmt = format_of(path) or "parquet"
-        if path.stat().st_size == 0:
-            raise BadInput(f"{path} is empty (0 bytes); remove it or write it again")
-        sources.append(Source(str(path), fmt, path=path))
-    return sources
 
 
 @dataclass
@@ -148,27 +64,24 @@ class CorpusPlan:
         text_column: the column holding the passages.
         id_column: the id column, or None when ids are row numbers (``auto_id_start`` + row).
         id_type: ``"int"`` or ``"string"``.
-        rows_in: rows in the corpus.
-        rows: rows that will be indexed (texts neither null nor blank).
-        skipped: rows skipped for a null or blank text.
+        n_rows_in: rows in the corpus.
+        n_rows: rows that will be indexed (texts neither null nor blank).
+        n_skipped: rows skipped for a null or blank text.
         metadata_columns: the other columns, in the first file's order.
         auto_id_start: first row-number id when ``id_column`` is None.
         metadata_schema: the metadata columns' types, unified over all files.
-        replaced_ids: ids that replace rows already in the index (``on_existing="replace"``),
-            as int64 or string; empty otherwise.
     """
 
     files: list[Path]
     text_column: str
     id_column: str | None
     id_type: str
-    rows_in: int
-    rows: int
-    skipped: int
+    n_rows_in: int
+    n_rows: int
+    n_skipped: int
     metadata_columns: list[str] = field(default_factory=list)
     auto_id_start: int = 0
     metadata_schema: pa.Schema = field(default_factory=lambda: pa.schema([]))
-    replaced_ids: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))
     sources: list[Source] = field(default_factory=list, repr=False)
     ids_as: str | None = None
 
@@ -201,65 +114,6 @@ class CorpusPlan:
                 if meta.schema != self.metadata_schema:
                     meta = meta.cast(self.metadata_schema)
                 yield ids, text.to_pylist(), meta
-
-
-def _columns(
-    schemas: list[pa.Schema], sources: list[Source], text_column: str, id_column: str | None
-) -> str | None:
-    """Check the text and id columns are there; the id column to use (None: row numbers)."""
-    for schema, source in zip(schemas, sources):
-        names = schema.names
-        if text_column not in names:
-            raise BadInput(
-                f"no text column {text_column!r} in {source.name} (columns: {', '.join(names)}); "
-                "pass text_column="
-            )
-        if id_column is not None and id_column != "id" and id_column not in names:
-            raise BadInput(
-                f"no id column {id_column!r} in {source.name} (columns: {', '.join(names)}); "
-                "pass id_column= (None numbers the rows)"
-            )
-        check_text_type(schema.field(text_column).type, source, text_column)
-    if id_column == "id":  # the default: use it when there, row numbers when not
-        has_id = ["id" in schema.names for schema in schemas]
-        if not any(has_id):
-            return None
-        if not all(has_id):
-            missing = sources[has_id.index(False)].name
-            raise BadInput(f"{missing} has no 'id' column but other files do; add it")
-    return id_column
-
-
-def _metadata_schema(
-    schemas: list[pa.Schema], sources: list[Source], names: list[str]
-) -> pa.Schema:
-    """The metadata columns' types, unified across files (see the module docstring)."""
-    for schema, source in zip(schemas, sources):
-        missing = [c for c in names if c not in schema.names]
-        if missing:
-            raise BadInput(
-                f"{source.name} has no column {missing[0]!r} that {sources[0].name} has; give "
-                "every file the same columns (null values are fine)"
-            )
-    parts = [pa.schema([schema.field(c) for c in names]) for schema in schemas]
-    try:
-        return pa.unify_schemas(parts, promote_options="permissive")
-    except (pa.ArrowException, ValueError, TypeError):
-        pass
-    for column in names:
-        typed = [(p.field(column).type, s.name) for p, s in zip(parts, sources)]
-        typed = [(t, name) for t, name in typed if not pa.types.is_null(t)]
-        try:
-            pa.unify_schemas(
-                [pa.schema([(column, t)]) for t, _ in typed], promote_options="permissive"
-            )
-        except (pa.ArrowException, ValueError, TypeError):
-            (t1, f1), (t2, f2) = next((a, b) for a in typed for b in typed if a[0] != b[0])
-            raise BadInput(
-                f"column {column!r} is {t1} in {f1} but {t2} in {f2}; give it one type in "
-                "every file"
-            ) from None
-    raise BadInput("the files' columns cannot be combined; give them the same types")
 
 
 @dataclass
@@ -324,8 +178,10 @@ def _scan_once(
                 at = first_row + pc.index(missing, True).as_py()
                 raise BadInput(
                     f"{count} row(s) of {source.name} have a null or empty id in {id_column!r} "
-                    f"(first: {row_label(source, at)}); fill them, or pass id_column= of a "
-                    "complete column (None numbers the rows)"
+                    f"(first: {row_label(source, at)})",
+                    "fill them, or name a complete id column with {id_column=...}",
+                    cli="fill them, or name a complete id column with --id-column",
+                    param="id_column",
                 )
             scan.ids.append(ids.filter(keep))
         if check is not None and check.metadata:
@@ -349,8 +205,6 @@ def scan_corpus(
     id_column: str | None = "id",
     *,
     strict: bool = False,
-    existing_ids: pa.Array | None = None,
-    on_existing: Literal["refuse", "replace"] = "refuse",
     auto_id_start: int = 0,
     schema: Sequence[SchemaColumn] | None = None,
     id_type: str | None = None,
@@ -364,9 +218,6 @@ def scan_corpus(
         id_column: column with unique ids; when it is the default ``"id"`` and absent, row
             numbers are the ids. None always uses row numbers.
         strict: refuse null or blank texts instead of skipping them.
-        existing_ids: ids already in the index.
-        on_existing: ``"refuse"`` any overlap with ``existing_ids`` (``add``), or ``"replace"``:
-            the overlap becomes :attr:`CorpusPlan.replaced_ids` (``upsert``).
         auto_id_start: first row-number id.
         schema: the index's metadata schema, for a write into an existing index: every value
             must cast losslessly to its column's type (:func:`flowsearch.storage.schema.conform`);
@@ -380,21 +231,12 @@ def scan_corpus(
     Raises:
         FlowsearchError: one line naming the file (column, row) and the fix, for a missing or
             unreadable file, an unsupported or corrupt one, a missing column, a text column that
-            is not text, reserved column names, null, fractional or duplicate ids, ids already in
-            the index (``"refuse"``), null or blank texts under ``strict``, or no rows to index.
+            is not text, reserved column names, null, fractional or duplicate ids, ids of
+            another type than the index's, null or blank texts under ``strict``, or no rows.
     """
-    if on_existing not in ("refuse", "replace"):
-        raise BadInput(f"on_existing={on_existing!r}; use 'refuse' or 'replace'")
-    sources = _sources(corpus)
-    schemas = []
-    for source in sources:
-        while True:
-            try:
-                schemas.append(source.schema())
-                break
-            except BlockTooSmall:
-                source.block_size = min(source.block_size * 2, MAX_BLOCK)
-    id_column = _columns(schemas, sources, text_column, id_column)
+    sources = corpus_files.sources(corpus)
+    schemas = [_schema(source) for source in sources]
+    id_column = checked_columns(schemas, sources, text_column, id_column)
     metadata = [c for c in schemas[0].names if c not in (text_column, id_column)]
     clash = [c for c in metadata if c in RESERVED_COLUMNS]
     if clash:
@@ -402,12 +244,56 @@ def scan_corpus(
             f"column(s) {', '.join(repr(c) for c in clash)} clash with the index's own columns "
             f"({', '.join(RESERVED_COLUMNS)}); rename or drop them"
         )
-    meta_schema = _metadata_schema(schemas, sources, metadata)
+    meta_schema = metadata_schema(schemas, sources, metadata)
     check = None
     if schema is not None:
         check = _Check(schema, metadata, id_type or "int", auto_id_start)
         meta_schema = _target_schema(meta_schema, schema)
 
+    rows_in, skipped, id_chunks = _scan_all(sources, text_column, id_column, check)
+    if skipped and strict:
+        raise BadInput(
+            f"{skipped} row(s) have a null or blank {text_column!r}",
+            "drop them, or pass {strict=False} to skip them",
+            param="strict",
+        )
+    rows = rows_in - skipped
+    if rows == 0:
+        what = "has no rows" if rows_in == 0 else f"has no non-blank {text_column!r} values"
+        raise BadInput(f"the corpus {what}; nothing to index")
+
+    id_type = _checked_ids(id_chunks, id_column, check)
+    if skipped:
+        LOG.warning("skipping %d row(s) with a null or blank %r", skipped, text_column)
+    return CorpusPlan(
+        files=[s.path for s in sources if s.path is not None],
+        text_column=text_column,
+        id_column=id_column,
+        id_type=id_type,
+        n_rows_in=rows_in,
+        n_rows=rows,
+        n_skipped=skipped,
+        metadata_columns=metadata,
+        auto_id_start=auto_id_start,
+        metadata_schema=meta_schema,
+        sources=sources,
+        ids_as=id_type if id_column is not None else None,
+    )
+
+
+def _schema(source: Source) -> pa.Schema:
+    """A source's columns, growing its JSON/CSV block size until the reader can tell."""
+    while True:
+        try:
+            return source.schema()
+        except BlockTooSmall:
+            source.block_size = min(source.block_size * 2, MAX_BLOCK)
+
+
+def _scan_all(
+    sources: list[Source], text_column: str, id_column: str | None, check: _Check | None
+) -> tuple[int, int, list[pa.Array]]:
+    """Every source scanned: ``(rows in, rows skipped, id chunks)``; ids of one type."""
     rows_in = skipped = 0
     id_chunks: list[pa.Array] = []
     id_kinds: dict[str, str] = {}
@@ -420,46 +306,21 @@ def scan_corpus(
     if len(id_kinds) > 1:
         (k1, f1), (k2, f2) = id_kinds.items()
         raise BadInput(
-            f"ids in {id_column!r} are {k1}s in {f1} but {k2}s in {f2}; give them one type"
+            f"ids in {id_column!r} are {k1}s in {f1} but {k2}s in {f2}", "give them one type"
         )
-    if skipped and strict:
-        raise BadInput(
-            f"{skipped} row(s) have a null or blank {text_column!r}; drop them, or pass "
-            "strict=False to skip them"
-        )
-    rows = rows_in - skipped
-    if rows == 0:
-        what = "has no rows" if rows_in == 0 else f"has no non-blank {text_column!r} values"
-        raise BadInput(f"the corpus {what}; nothing to index")
+    return rows_in, skipped, id_chunks
 
-    id_type = "int"
-    replaced: pa.Array = pa.array([], pa.string())
-    if id_column is not None:
-        all_ids = pa.chunked_array(id_chunks).combine_chunks()
-        id_type = "int" if pa.types.is_integer(all_ids.type) else "string"
-        if check is not None and id_type != check.id_type:
-            all_ids, id_type = _index_ids(all_ids, check.id_type, id_column), check.id_type
-        replaced = pa.array([], all_ids.type)
-        _refuse_duplicates(all_ids, id_column)
-        if existing_ids is not None and len(existing_ids):
-            replaced = _overlap(all_ids, existing_ids, id_column, on_existing)
-    if skipped:
-        LOG.warning("skipping %d row(s) with a null or blank %r", skipped, text_column)
-    return CorpusPlan(
-        files=[s.path for s in sources if s.path is not None],
-        text_column=text_column,
-        id_column=id_column,
-        id_type=id_type,
-        rows_in=rows_in,
-        rows=rows,
-        skipped=skipped,
-        metadata_columns=metadata,
-        auto_id_start=auto_id_start,
-        metadata_schema=meta_schema,
-        replaced_ids=replaced,
-        sources=sources,
-        ids_as=id_type if id_column is not None else None,
-    )
+
+def _checked_ids(chunks: list[pa.Array], id_column: str | None, check: _Check | None) -> str:
+    """The plan's id type, after checking its ids are unique (and of the index's type)."""
+    if id_column is None:
+        return "int"
+    all_ids = pa.chunked_array(chunks).combine_chunks()
+    id_type = "int" if pa.types.is_integer(all_ids.type) else "string"
+    if check is not None and id_type != check.id_type:
+        all_ids, id_type = _index_ids(all_ids, check.id_type, id_column), check.id_type
+    _refuse_duplicates(all_ids, id_column)
+    return id_type
 
 
 def _target_schema(corpus: pa.Schema, schema: Sequence[SchemaColumn]) -> pa.Schema:
@@ -491,26 +352,6 @@ def _refuse_duplicates(ids: pa.Array, id_column: str) -> None:
             f"{len(dup)} id(s) occur more than once in {id_column!r} (e.g. {example!r}); "
             "ids must be unique"
         )
-
-
-def _overlap(ids: pa.Array, existing_ids: pa.Array, id_column: str, on_existing: str) -> pa.Array:
-    """The ids already in the index (refused unless ``on_existing="replace"``)."""
-    existing = existing_ids.cast(
-        pa.int64() if pa.types.is_integer(existing_ids.type) else pa.string()
-    )
-    if _kind(existing.type) != _kind(ids.type):
-        raise BadInput(
-            f"the index has {_kind(existing.type)} ids, this corpus has {_kind(ids.type)} ids "
-            f"in {id_column!r}; convert them to match"
-        )
-    taken = pc.filter(ids, pc.is_in(ids, value_set=existing))
-    if len(taken) and on_existing == "refuse":
-        raise BadInput(
-            f"{len(taken)} id(s) are already in the index (e.g. {taken[0].as_py()!r}); remove "
-            "them from the corpus, upsert them to replace those rows, or rebuild with "
-            "overwrite=True"
-        )
-    return taken
 
 
 def _kind(type_: Any) -> str:

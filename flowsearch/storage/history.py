@@ -91,7 +91,15 @@ def repair(index_dir: Path, manifest: Manifest | None) -> None:
             os.fsync(handle.fileno())
     if manifest is None or manifest.last_write is None:
         return
-    last = WriteRecord.model_validate_json(lines[-1]).version if lines else 0
+    last = 0
+    if lines:
+        try:
+            last = WriteRecord.model_validate_json(lines[-1]).version
+        except ValidationError:
+            raise IndexDamaged(
+                f"{path} line {len(lines)} is not a write record",
+                "remove that line (the index itself is not affected)",
+            ) from None
     if last < manifest.version and manifest.last_write.version == manifest.version:
         append(index_dir, manifest.last_write)
 

@@ -111,6 +111,33 @@ def from_legacy(raw: dict[str, Any], index_dir: Path) -> mf.Manifest:
         ) from None
 
 
+def _segment(raw: dict[str, Any], root: str, files: dict[str, mf.FileRecord]
+             ) -> mf.SegmentRecord:  # fmt: skip
+    """The old version's files as one segment (its FAISS ids, global rows, are its rows)."""
+    faiss, lexical = raw["faiss"], raw.get("lexical")
+    seg = mf.SegmentRecord(
+        name=LEGACY_SEGMENT,
+        dir=root,
+        n_rows=int(raw["rows"]),
+        n_deleted=int(raw.get("deleted", 0)),
+        parts=tuple(
+            mf.PartRecord(path=s["path"], n_rows=int(s["rows"])) for s in raw.get("shards", [])
+        ),  # fmt: skip
+        ann=mf.AnnRecord(
+            path="index.faiss",
+            factory=faiss["factory"],
+            params=faiss.get("params", ""),
+            data=_IVF_DATA if _IVF_DATA in files else None,
+        ),  # fmt: skip
+        postings=lexical.get("path", "lexical") if lexical else None,
+        deletions=raw.get("tombstones"),
+        files=files,
+    )
+    if sum(p.n_rows for p in seg.parts) != seg.n_rows or seg.n_deleted > seg.n_rows:
+        raise IndexDamaged("the manifest's row counts are inconsistent", "rebuild the index")
+    return seg
+
+
 def _describe(raw: dict[str, Any], index_dir: Path) -> mf.Manifest:
     root = raw.get("root", ".")
     if root != ".":
@@ -118,34 +145,12 @@ def _describe(raw: dict[str, Any], index_dir: Path) -> mf.Manifest:
     files = {
         mf.safe_relpath(k, "file path"): mf.FileRecord(**v) for k, v in raw.get("files", {}).items()
     }
-    cal_files = {
-        k[len("calibrator/") :]: v for k, v in files.items() if k.startswith("calibrator/")
-    }
-    seg_files = {k: v for k, v in files.items() if not k.startswith("calibrator/")}
-    shards = list(raw.get("shards", []))
-    faiss = raw["faiss"]
-    lexical = raw.get("lexical")
+    inside = "calibrator/"
     cal = dict(raw["calibration"])
     cal["path"] = "calibrator" if root == "." else f"{root}/calibrator"
-    cal["files"] = cal_files
-    seg = mf.SegmentRecord(
-        name=LEGACY_SEGMENT,
-        dir=root,
-        n_rows=int(raw["rows"]),
-        n_deleted=int(raw.get("deleted", 0)),
-        parts=tuple(mf.PartRecord(path=s["path"], n_rows=int(s["rows"])) for s in shards),
-        ann=mf.AnnRecord(
-            path="index.faiss",
-            factory=faiss["factory"],
-            params=faiss.get("params", ""),
-            data=_IVF_DATA if _IVF_DATA in seg_files else None,
-        ),
-        postings=lexical.get("path", "lexical") if lexical else None,
-        deletions=raw.get("tombstones"),
-        files=seg_files,
-    )
-    if sum(p.n_rows for p in seg.parts) != seg.n_rows or seg.n_deleted > seg.n_rows:
-        raise IndexDamaged("the manifest's row counts are inconsistent", "rebuild the index")
+    cal["files"] = {k[len(inside) :]: v for k, v in files.items() if k.startswith(inside)}
+    seg = _segment(raw, root, {k: v for k, v in files.items() if not k.startswith(inside)})
+    faiss, lexical, shards = raw["faiss"], raw.get("lexical"), list(raw.get("shards", []))
     cols = raw["columns"]
     enc = dict(raw["encoder"])
     options = dict(enc.pop("options", {}))

@@ -44,6 +44,8 @@ def typed_ids(ids: Sequence[Any], id_type: str, param: str = "ids") -> pa.Array:
     """
     out: list[Any] = []
     for given in ids:
+        if isinstance(given, np.integer):
+            given = int(given)
         if isinstance(given, bool) or not isinstance(given, (int, str)):
             raise BadInput(
                 f"id {given!r} is a {type(given).__name__}; ids are integers or strings",
@@ -95,7 +97,7 @@ def find_live(
         if strings and candidates:
             reader = RowReader(folder, seg.parts)
             try:
-                stored = reader.rows(np.array([r for _, r in candidates], dtype=np.int64))
+                stored = reader.records(np.array([r for _, r in candidates], dtype=np.int64))
             finally:
                 reader.close()
             wanted = ids.to_pylist()

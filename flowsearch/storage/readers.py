@@ -176,7 +176,7 @@ def _line(text: str) -> str:
     return flat if len(flat) <= 200 else flat[:197] + "..."
 
 
-def reading_error(exc: BaseException, source: Source) -> BadInput:
+def reading_error(exc: BaseException, source: Source) -> FlowsearchError:
     """One line for an error met reading ``source``: what went wrong, where, and the fix."""
     where = source.name
     if isinstance(exc, FlowsearchError):

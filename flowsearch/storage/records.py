@@ -16,9 +16,9 @@ import os
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from flowsearch.errors import IndexDamaged
 
@@ -44,7 +44,7 @@ __all__ = [
     "utc_now",
 ]
 
-FORMAT = "flowsearch-index"
+FORMAT: Final = "flowsearch-index"
 #: 1: first release (files in the index directory); 2: one directory per version;
 #: 3: segments, deletion files, a schema, the history beside the manifest.
 FORMAT_VERSION = 3
@@ -179,13 +179,13 @@ class CalibrationSpec(BaseModel):
 class DensityStats(BaseModel):
     """Per-row log-density statistics of a set of rows under the index's flow."""
 
-    model_config = _FROZEN
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
     mean_log_prob: float
     std_log_prob: float
     p01: float
     p05: float
     median: float
-    rows: int
+    n_rows: int = Field(validation_alias=AliasChoices("n_rows", "rows"))
 
 
 class HeldOut(BaseModel):
@@ -193,14 +193,14 @@ class HeldOut(BaseModel):
     new row is judged against.
 
     Attributes:
-        rows: how many rows were held out.
+        n_rows: how many rows were held out.
         density: their log-densities under the flow (None without a flow).
         percents: the percentiles ``top_score`` holds (ascending).
         top_score: each held-out row's best cosine to another row, at ``percents``.
     """
 
-    model_config = _FROZEN
-    rows: int
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+    n_rows: int = Field(validation_alias=AliasChoices("n_rows", "rows"))
     density: DensityStats | None = None
     percents: tuple[float, ...] = ()
     top_score: tuple[float, ...] = ()
@@ -335,6 +335,9 @@ class Manifest(BaseModel):
     #: own rows sit to each other, what queries and new rows are judged against (the previous
     #: release's ``held_out`` is read in its place; ``flowsearch.space.reference.reference_of``)
     reference: dict[str, Any] | None = None
+    #: the JSON form of :class:`flowsearch.search.scores.FusionReference`: the corpus's
+    #: background similarity a dense score is measured from (None: a background of 0)
+    fusion_reference: dict[str, Any] | None = None
     skipped: int = 0
     next_auto_id: int = 0
     next_segment: int = 1

@@ -114,20 +114,35 @@ def _family(type_: pa.DataType) -> str:
     return str(type_)
 
 
+def _compatible(given: pa.DataType, target: pa.DataType) -> bool:
+    """Same family all the way down: list items and struct members (by name) too."""
+    if pa.types.is_null(given):
+        return True
+    family = _family(given)
+    if family != _family(target):
+        return False
+    if family == "list":
+        return _compatible(given.value_type, target.value_type)
+    if family == "struct":
+        members = {f.name: f.type for f in target}
+        return all(f.name in members and _compatible(f.type, members[f.name]) for f in given)
+    return True
+
+
 def _lossless(values: pa.Array, target: pa.DataType) -> pa.Array | None:
     """``values`` cast to ``target`` when every value survives the round trip, else None."""
     if values.type.equals(target):
         return values
     if pa.types.is_null(values.type):
         return pa.nulls(len(values), target)
-    if _family(values.type) != _family(target):
+    if not _compatible(values.type, target):
         return None
     try:
         cast = pc.cast(values, target, safe=True)
         back = pc.cast(cast, values.type, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
-    same = pc.equal(back, values) if _family(target) != "list" else None
+    same = pc.equal(back, values) if _family(target) not in ("list", "struct") else None
     if same is not None and not pc.all(pc.or_kleene(same, pc.is_null(values))).as_py():
         return None
     if same is None and back.to_pylist() != values.to_pylist():

@@ -5,7 +5,8 @@ file, and the calibrator's files) must be there with its recorded size; small fi
 ``Settings.cheap_checksum_bytes``) are checksummed on every open, all of them with
 ``checksums=True`` (``info --verify``, ``Searcher.open(verify=True)``), which also checks the
 history log. A file in a segment's directory that the manifest does not name is refused (older
-deletion files, which earlier versions still use, excepted).
+deletion files, which earlier versions still use, and a killed atomic write's temporary file
+excepted; the next writer removes both).
 
 Example:
     >>> verify(Path("idx"), read(Path("idx")), checksums=True).n_hashed  # doctest: +SKIP
@@ -84,11 +85,8 @@ def verify_files(
 def _extra_files(folder: Path, seg: mf.SegmentRecord) -> None:
     for path in folder.rglob("*"):
         rel = path.relative_to(folder).as_posix()
-        if (
-            path.is_file()
-            and rel not in seg.files
-            and not rel.startswith(("deleted-v", ".deleted-v"))
-        ):
+        leftover = rel.startswith("deleted-v") or (path.name.startswith(".") and ".tmp-" in rel)
+        if path.is_file() and rel not in seg.files and not leftover:
             raise IndexDamaged(
                 f"unexpected file in the index: {path}", "remove it or rebuild the index"
             )

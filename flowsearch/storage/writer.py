@@ -54,11 +54,11 @@ import numpy as np
 
 from flowsearch._version import __version__
 from flowsearch.atomic import atomic_write_text, fsync_dir, fsync_tree
-from flowsearch.errors import BadInput, FlowsearchError, IndexDamaged, IndexLocked, WriteFailed
+from flowsearch.errors import FlowsearchError, IndexDamaged, IndexLocked, WriteFailed
 from flowsearch.storage import deletions, history
 from flowsearch.storage import manifest as mf
+from flowsearch.storage.cleanup import check_target, clean, remove_failed_first_build
 from flowsearch.storage.layout import (
-    CALIBRATORS_DIR,
     LOCK_NAME,
     MANIFEST_NAME,
     SEGMENTS_DIR,
@@ -69,44 +69,9 @@ from flowsearch.storage.layout import (
     segment_name,
 )
 
-__all__ = ["Writer", "check_target", "file_records", "open_writer", "referenced"]
+__all__ = ["Writer", "file_records", "open_writer", "referenced"]
 
 LOG = logging.getLogger(__name__)
-
-#: What the first two formats kept in the index directory itself (format 1) or per version.
-LEGACY_ENTRIES = ("calibrator", "shards", "index.faiss", "versions")
-
-
-def check_target(index_dir: Path, overwrite: bool) -> None:
-    """Refuse to build over a file, a foreign directory, or an index without ``overwrite``.
-
-    Raises:
-        BadInput: naming the problem and the fix.
-    """
-    if index_dir.is_file():
-        raise BadInput(f"{index_dir} is a file, not an index directory", "choose another path")
-    if not index_dir.is_dir():
-        return
-    if mf.is_index_dir(index_dir):
-        if not overwrite:
-            raise BadInput(
-                f"an index already exists at {index_dir}",
-                "pass {overwrite=True} to replace it",
-                param="overwrite",
-            )
-        return
-    ours = {LOCK_NAME, SEGMENTS_DIR, CALIBRATORS_DIR}
-    foreign = [p.name for p in index_dir.iterdir() if p.name not in ours and not _tmp(p)]
-    if foreign:
-        raise BadInput(
-            f"{index_dir} exists and is not a flowsearch index (it holds {foreign[0]!r}, ...)",
-            "choose another index directory; refusing to replace it",
-        )
-
-
-def _tmp(path: Path) -> bool:
-    """A temporary file an atomic write was killed inside (``atomic.py``)."""
-    return path.name.startswith(f".{mf.MANIFEST_NAME}.tmp-")
 
 
 def file_records(directory: Path) -> dict[str, mf.FileRecord]:
@@ -349,7 +314,9 @@ def open_writer(
         check_target(root, overwrite)
     else:
         mf.read(root)  # "no index at ...", before creating anything
-    created = not root.exists()
+    # a first build into nothing, or into an empty directory, leaves nothing if it fails
+    existed = root.is_dir()
+    created = not root.exists() or (existed and not any(root.iterdir()))
     with _lock(root, wait):
         writer = None
         try:
@@ -362,9 +329,9 @@ def open_writer(
                 for stage in writer._stages:
                     shutil.rmtree(stage, ignore_errors=True)
                 if writer.published is not None:
-                    _clean(root, referenced(writer.published) | referenced(writer.base))
+                    clean(root, referenced(writer.published) | referenced(writer.base))
             if created and not mf.is_index_dir(root):
-                _remove_failed_first_build(root)
+                remove_failed_first_build(root, keep_root=existed)
 
 
 def _start(root: Path, new: bool, overwrite: bool) -> Writer:
@@ -374,56 +341,10 @@ def _start(root: Path, new: bool, overwrite: bool) -> Writer:
     elif base is None:
         raise IndexDamaged(f"{root} is not a flowsearch index (no {MANIFEST_NAME})")
     history.repair(root, base if base is not None and base.format_version == 3 else None)
-    _clean(root, referenced(base))
+    clean(root, referenced(base))
     writer = Writer(root, base, new)
     if not new and base is not None and base.format_version < mf.FORMAT_VERSION:
         from flowsearch.storage.legacy import convert
 
         convert(writer)
     return writer
-
-
-def _clean(root: Path, keep: set[str]) -> None:
-    """Remove what no version in ``keep`` needs: staging directories, unreferenced segments and
-    calibrators, old deletion files, the old formats' files once converted, temp manifests."""
-    for path in root.glob(f".{MANIFEST_NAME}.tmp-*"):
-        path.unlink(missing_ok=True)
-    for kind in (SEGMENTS_DIR, CALIBRATORS_DIR):
-        folder = root / kind
-        if not folder.is_dir():
-            continue
-        for path in folder.iterdir():
-            rel = f"{kind}/{path.name}"
-            if path.name.startswith(STAGE_PREFIX) or rel not in keep:
-                LOG.info("removing %s", path)
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
-            elif kind == SEGMENTS_DIR:
-                for file in [*path.glob("deleted-v*.npy"), *path.glob(".deleted-v*.tmp-*")]:
-                    if f"{rel}/{file.name}" not in keep:
-                        file.unlink(missing_ok=True)
-    legacy_kept = any(k == "." or k.startswith("versions/") or k in LEGACY_ENTRIES for k in keep)
-    versions = root / "versions"
-    if versions.is_dir():
-        for path in versions.iterdir():
-            if f"versions/{path.name}" not in keep:
-                shutil.rmtree(path, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            versions.rmdir()
-    if not legacy_kept:
-        for name in LEGACY_ENTRIES[:3]:
-            path = root / name
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            elif path.is_file():
-                path.unlink()
-
-
-def _remove_failed_first_build(root: Path) -> None:
-    """Leave nothing of a first build that failed (the directory it created)."""
-    for kind in (SEGMENTS_DIR, CALIBRATORS_DIR):
-        with contextlib.suppress(OSError):
-            (root / kind).rmdir()
-    if {p.name for p in root.iterdir()} <= {LOCK_NAME}:
-        with contextlib.suppress(OSError):
-            (root / LOCK_NAME).unlink()
-            root.rmdir()

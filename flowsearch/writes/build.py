@@ -33,11 +33,13 @@ from flowsearch.space.reference import (
     reference_rows,
     split_fit_rows,
 )
+from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
+from flowsearch.storage.cleanup import check_target
 from flowsearch.storage.corpus import CorpusPlan, scan_corpus
 from flowsearch.storage.rows import rows_table
-from flowsearch.storage.writer import Writer, check_target, open_writer
-from flowsearch.writes.engine import CHUNK_ROWS, finish_build, fit_space
+from flowsearch.storage.writer import Writer, open_writer
+from flowsearch.writes.engine import CHUNK_ROWS, BuildOptions, finish_build, fit_space
 from flowsearch.writes.results import WriteResult, result_of
 from flowsearch.writes.segments import SegmentBuilder
 
@@ -137,89 +139,79 @@ def build_index(
             param="engine",
         )
     with st.timed("load model"):
-        from flowsearch.encode.encoder import Encoder
-
-        options: dict[str, Any] = {}
-        if backend != "torch" or quantize is not None:  # only encoders that have them
-            options = {"backend": backend, "quantize": quantize}
-        enc = Encoder(model, pooling=pooling, max_length=max_length, **options)
-        loaded = load_fitted(calibrator, calibration, enc.dim) if calibrator is not None else None
-        check_factory(index_factory, (loaded.dim_out if loaded else None) or enc.dim)
+        enc, loaded, encoder_options = _load(
+            model, pooling, max_length, backend, quantize, calibrator, calibration, index_factory
+        )
     builder: Any = _build
     if engine == "ray":  # imported only here: `ray` is an optional extra
         from flowsearch.writes import ray_engine
 
-        builder = ray_engine.builder(address, model, options)
-    kwargs = dict(
-        source=_source(model, enc),
-        calibration=calibration,
-        loaded=loaded,
-        loaded_from=calibrator,
-        index_factory=index_factory,
-        batch_size=batch_size,
-        fit_sample=fit_sample,
-        lexical=lexical,
-    )
+        builder = ray_engine.builder(address, model, encoder_options)
+    options = BuildOptions(
+        source=_source(model, enc), calibration=calibration, loaded=loaded,
+        loaded_from=calibrator, index_factory=index_factory, batch_size=batch_size,
+        fit_sample=fit_sample, lexical=lexical,
+    )  # fmt: skip
     with open_writer(target, new=True, overwrite=overwrite, wait=wait) as writer, st.live():
-        manifest = builder(writer, plan, enc, st, **kwargs)
-    out = result_of("build", target, manifest, st, n_written=plan.rows, n_skipped=plan.skipped)
-    LOG.info("indexed %d rows into %s in %.1f s", plan.rows, target, out.seconds["total"])
+        manifest = builder(writer, plan, enc, st, options)
+    out = result_of("build", target, manifest, st, n_written=plan.n_rows, n_skipped=plan.n_skipped)
+    LOG.info("indexed %d rows into %s in %.1f s", plan.n_rows, target, out.seconds["total"])
     return out
 
 
 def _encode_pass(enc: Any, plan: CorpusPlan, raw_path: Path, batch_size: int, st: Stages) -> None:
     """Encode every row to float32, appended to ``raw_path`` (rows in corpus order)."""
-    with st.task("encoding", total=plan.rows) as advance, open(raw_path, "wb") as out:
+    with st.task("encoding", total=plan.n_rows) as advance, open(raw_path, "wb") as out:
         for _ids, texts, _ in plan.batches(CHUNK_ROWS):
             U = enc.encode(texts, batch_size=batch_size, progress=False)
             out.write(np.ascontiguousarray(U, dtype=np.float32).tobytes())
             advance(len(texts))
 
 
+def _load(model: Any, pooling: str, max_length: int | None, backend: str, quantize: str | None,
+          calibrator: Any, calibration: str, index_factory: str
+          ) -> tuple[Any, Any, dict[str, Any]]:  # fmt: skip
+    """The encoder, a calibrator fitted elsewhere (or None), the encoder's extra options; the
+    factory checked against the searched dimension before any encoding."""
+    from flowsearch.encode.encoder import Encoder
+
+    options: dict[str, Any] = {}
+    if backend != "torch" or quantize is not None:  # only encoders that have them
+        options = {"backend": backend, "quantize": quantize}
+    enc = Encoder(model, pooling=pooling, max_length=max_length, **options)
+    loaded = load_fitted(calibrator, calibration, enc.dim) if calibrator is not None else None
+    check_factory(index_factory, (loaded.dim_out if loaded else None) or enc.dim)
+    return enc, loaded, options
+
+
 def _build(
-    writer: Writer,
-    plan: CorpusPlan,
-    enc: Any,
-    st: Stages,
-    *,
-    source: str | None,
-    calibration: str,
-    loaded: Any,
-    loaded_from: Any,
-    index_factory: str,
-    batch_size: int,
-    fit_sample: int,
-    lexical: bool,
+    writer: Writer, plan: CorpusPlan, enc: Any, st: Stages, options: BuildOptions
 ) -> mf.Manifest:
     """Encode, calibrate, write the segment and publish (under the writer lock)."""
     work = writer.stage()
     with st.timed("encode"):
-        _encode_pass(enc, plan, work / "raw.f32", batch_size, st)
-    raw = np.memmap(work / "raw.f32", dtype=np.float32, mode="r").reshape(plan.rows, enc.dim)
+        _encode_pass(enc, plan, work / "raw.f32", options.batch_size, st)
+    raw = np.memmap(work / "raw.f32", dtype=np.float32, mode="r").reshape(plan.n_rows, enc.dim)
     with st.timed("fit"):
-        fit_idx, held_idx = split_fit_rows(plan.rows, fit_sample)
-        space, index, factory = fit_space(
-            np.asarray(raw[fit_idx]),
-            enc,
-            plan.rows,
-            st,
-            calibration,
-            loaded,
-            loaded_from,
-            index_factory,
-        )
-    builder = SegmentBuilder(
-        writer,
-        dim=space.dim,
-        n_rows=plan.rows,
-        requested=index_factory,
-        lexical=lexical,
-        strict_factory=True,
-        index=index,
-        factory=factory,
-    )
+        fit_idx, held_idx = split_fit_rows(plan.n_rows, options.fit_sample)
+        space, index, factory = fit_space(np.asarray(raw[fit_idx]), enc, plan.n_rows, st, options)
+    builder = SegmentBuilder(writer, dim=space.dim, n_rows=plan.n_rows,
+                             requested=options.index_factory, lexical=options.lexical,
+                             strict_factory=True, index=index, factory=factory)  # fmt: skip
+    with st.timed("write segment"):
+        lps = _write_rows(builder, plan, raw, space, st)
+    measured, method = reference_rows(plan.n_rows, held_idx)
+    measured_raw = np.asarray(raw[measured])
+    del raw
+    return finish_build(writer, builder, space, enc, plan, lps,
+                        (measured, measured_raw, method), options)  # fmt: skip
+
+
+def _write_rows(builder: SegmentBuilder, plan: CorpusPlan, raw: np.ndarray,
+                space: SearchSpace, st: Stages) -> list[np.ndarray]:  # fmt: skip
+    """Every row projected and written to the segment; their log-densities (row order)."""
     lps: list[np.ndarray] = []
-    with st.timed("write segment"), st.task("writing rows", total=plan.rows) as advance:
+    with st.task("writing rows", total=plan.n_rows) as advance:
         row = 0
         for ids, texts, meta in plan.batches(CHUNK_ROWS):
             U = np.asarray(raw[row : row + len(texts)])
@@ -229,18 +221,4 @@ def _build(
             builder.add(rows_table(ids, texts, meta, Z, U), Z)
             row += len(texts)
             advance(len(texts))
-    measured, method = reference_rows(plan.rows, held_idx)
-    measured_raw = np.asarray(raw[measured])
-    del raw
-    return finish_build(
-        writer,
-        builder,
-        space,
-        enc,
-        plan,
-        lps,
-        (measured, measured_raw, method),
-        source=source,
-        index_factory=index_factory,
-        lexical=lexical,
-    )
+    return lps

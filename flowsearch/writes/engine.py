@@ -10,7 +10,7 @@ Example:
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,34 +34,60 @@ from flowsearch.storage.layout import CALIBRATORS_DIR
 from flowsearch.storage.writer import Writer
 from flowsearch.writes.segments import SegmentBuilder
 
-__all__ = ["CHUNK_ROWS", "finish_build", "fit_space", "template"]
+__all__ = [
+    "CHUNK_ROWS",
+    "BuildOptions",
+    "finish_build",
+    "fit_space",
+    "fusion_reference",
+    "template",
+]
 
 CHUNK_ROWS = 2048  # texts per encoder call: enough to batch by length, small enough for progress
 
 
+@dataclass(frozen=True)
+class BuildOptions:
+    """What a build was asked for, beyond the corpus and the encoder (both engines).
+
+    Attributes:
+        source: how to load the model again (None: the bundled one).
+        calibration: ``auto``, a calibrator name or ``none``.
+        loaded: a calibrator fitted elsewhere, used instead of fitting (or None).
+        loaded_from: where ``loaded`` was read from.
+        index_factory: ``auto`` or a FAISS factory string.
+        batch_size: texts per encoder forward pass.
+        fit_sample: rows the calibrator is fitted on, at most.
+        lexical: build BM25 postings.
+    """
+
+    source: str | None
+    calibration: str
+    loaded: Any
+    loaded_from: Any
+    index_factory: str
+    batch_size: int
+    fit_sample: int
+    lexical: bool
+
+
 def fit_space(
-    U_fit: np.ndarray,
-    enc: Any,
-    n_rows: int,
-    st: Stages,
-    calibration: str,
-    loaded: Any,
-    loaded_from: str | os.PathLike[str] | None,
-    index_factory: str,
+    U_fit: np.ndarray, enc: Any, n_rows: int, st: Stages, options: BuildOptions
 ) -> tuple[SearchSpace, Any, str]:
     """Fit the calibrator on the raw fit rows, make the searched space and the empty vector
     index of the build's segment, trained on a projected sample (both engines):
     ``(space, index, resolved factory)``."""
     cal, spec = fit_for_index(
         U_fit,
-        calibration,
-        loaded=loaded,
-        loaded_from=loaded_from,
+        options.calibration,
+        loaded=options.loaded,
+        loaded_from=options.loaded_from,
         status=lambda what: st.status(what, follow="flowsearch.calibration"),
         pooling=enc.pooling,
     )
     space = SearchSpace(cal, spec, enc)
-    factory = auto_factory(n_rows, dim=space.dim) if index_factory == "auto" else index_factory
+    requested = options.index_factory
+    factory = auto_factory(n_rows, dim=space.dim) if requested == "auto" else requested
     index = new_index(space.dim, factory)
     if not index.is_trained:
         sample = ann_build.training_sample(index, U_fit, space.project)
@@ -77,10 +103,7 @@ def finish_build(
     plan: CorpusPlan,
     lps: list[np.ndarray],
     measured: tuple[np.ndarray, np.ndarray, Method],
-    *,
-    source: str | None,
-    index_factory: str,
-    lexical: bool,
+    options: BuildOptions,
 ) -> mf.Manifest:
     """Finish the build's segment, save the calibrator, measure the reference (the rows
     ``measured[0]`` with raw vectors ``measured[1]``, chosen by
@@ -88,12 +111,13 @@ def finish_build(
     record = builder.finish()
     spec = _save_calibrator(writer, space)
     all_lp = np.concatenate(lps) if lps else None
-    reference = _reference(builder.index, space, measured, all_lp, plan.rows)
-    manifest = template(enc, source, space, spec, plan, index_factory, lexical)
+    reference = _reference(builder.index, space, measured, all_lp, plan.n_rows)
+    manifest = template(enc, space, spec, plan, options)
     manifest = manifest.model_copy(
         update={
             "density": density_stats(all_lp) if all_lp is not None else None,
             "reference": reference.model_dump(mode="json"),
+            "fusion_reference": fusion_reference(builder.vector_sum, record.n_rows),
         }
     )
     return writer.publish(
@@ -104,6 +128,14 @@ def finish_build(
     )
 
 
+def fusion_reference(total: np.ndarray, n_rows: int) -> dict[str, Any] | None:
+    """The manifest's ``fusion_reference`` from the sum of the searched vectors (None under two
+    rows: no pair to average over)."""
+    from flowsearch.search.scores import build_reference
+
+    return build_reference(total, n_rows).to_dict() if n_rows >= 2 else None
+
+
 def _save_calibrator(writer: Writer, space: SearchSpace) -> mf.CalibrationSpec:
     stage = writer.stage(CALIBRATORS_DIR)
     space.calibrator.save(stage)
@@ -111,25 +143,23 @@ def _save_calibrator(writer: Writer, space: SearchSpace) -> mf.CalibrationSpec:
 
 
 def template(
-    enc: Any,
-    source: str | None,
-    space: SearchSpace,
-    spec: mf.CalibrationSpec,
-    plan: CorpusPlan,
-    index_factory: str,
-    lexical: bool,
+    enc: Any, space: SearchSpace, spec: mf.CalibrationSpec, plan: CorpusPlan, options: BuildOptions
 ) -> mf.Manifest:
     """The new index's manifest fields (the writer adds segments, version and times)."""
     return mf.Manifest(
-        encoder=mf.EncoderSpec.from_description(enc.describe(), source),
+        encoder=mf.EncoderSpec.from_description(enc.describe(), options.source),
         dim=space.dim,
         calibration=spec,
-        ann_requested=index_factory,
-        lexical=mf.LexicalSpec() if lexical else None,
-        columns=mf.Columns(text=plan.text_column, id=plan.id_column, id_type=plan.id_type),
+        ann_requested=options.index_factory,
+        lexical=mf.LexicalSpec() if options.lexical else None,
+        columns=mf.Columns(
+            text=plan.text_column,
+            id=plan.id_column,
+            id_type="int" if plan.id_type == "int" else "string",
+        ),
         schema=schema.columns_of(plan.metadata_schema),
-        skipped=int(plan.skipped),
-        next_auto_id=int(plan.rows_in),
+        skipped=int(plan.n_skipped),
+        next_auto_id=int(plan.n_rows_in),
     )
 
 
@@ -148,7 +178,7 @@ def _reference(
     spec = space.spec
     mean_cosine = spec.anisotropy.get("mean_cosine") if spec.space == "encoder" else None
     if not len(rows):
-        return Reference(method=method, rows=0, corpus_rows=n_rows, space=spec.space)
+        return Reference(method=method, n_measured=0, n_corpus=n_rows, space=spec.space)
     Z = space.project(np.asarray(raw), want_density=False)[0]
     scores, found = ann_io.search(index, Z, 2)
     top = best_other_score(scores, found, rows)
@@ -156,7 +186,7 @@ def _reference(
     return Reference.from_scores(
         top,
         method=method,
-        corpus_rows=n_rows,
+        n_corpus=n_rows,
         space=spec.space,
         mean_cosine=mean_cosine,
         log_densities=lp[rows] if keep_lp and lp is not None else None,

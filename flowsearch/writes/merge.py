@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,10 +45,12 @@ LOG = logging.getLogger(__name__)
 
 def tier_of(n_live: int) -> int:
     """The size tier of a segment with ``n_live`` live rows (0: under the floor)."""
-    floor = current().floor_segment_rows
-    if n_live < floor:
-        return 0
-    return 1 + int(math.log(n_live / floor, current().merge_factor))
+    floor, factor = current().floor_segment_rows, current().merge_factor
+    tier = 0
+    while n_live >= floor:  # integers: a segment of exactly floor x factor**t rows is tier t + 1
+        tier += 1
+        floor *= factor
+    return tier
 
 
 def tiers(sizes: Sequence[int]) -> list[list[int]]:
@@ -118,6 +119,7 @@ def merge(
     schema: Sequence[SchemaColumn],
     project: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]] | None = None,
     lps: list[np.ndarray] | None = None,
+    sums: list[np.ndarray] | None = None,
 ) -> SegmentRecord | None:
     """Merge the named segments' live rows into one new segment (None when none is live: the
     segments are just dropped). Returns the new segment's record.
@@ -126,6 +128,7 @@ def merge(
         project: recalibrate: map the stored raw vectors (float32 (n, dim_in)) to new searched
             vectors and log-densities (the ``vector`` column is rewritten); None copies it.
         lps: where ``project``'s log-densities are appended (row order).
+        sums: where the merged segment's sum of searched vectors is appended.
     """
     wanted = set(names)
     records = [s for s in writer.segments if s.name in wanted]
@@ -156,6 +159,8 @@ def merge(
 
         postings = Postings.merge(parts)
     LOG.info("merged %d segments (%d live rows) into one", len(records), n_live)
+    if sums is not None:
+        sums.append(builder.vector_sum)
     return builder.finish(postings=postings)
 
 

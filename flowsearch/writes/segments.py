@@ -33,7 +33,7 @@ from flowsearch.errors import BadInput
 from flowsearch.storage.keys import KeyIndex
 from flowsearch.storage.layout import ANN_FILE, KEYS_FILE, POSTINGS_DIR
 from flowsearch.storage.manifest import AnnRecord, SegmentRecord
-from flowsearch.storage.rows import PartWriter, RowReader
+from flowsearch.storage.rows import PartWriter, RowReader, matrix
 from flowsearch.storage.writer import Writer
 
 __all__ = ["SegmentBuilder", "resolve_factory"]
@@ -91,11 +91,14 @@ class SegmentBuilder:
         self._parts: tuple[Any, ...] | None = None
         self._data: str | None = None
         self.n_rows = 0
+        #: float64 (dim,): the sum of the searched vectors added (the fusion reference's input)
+        self.vector_sum = np.zeros(dim, dtype=np.float64)
 
     def add(self, table: pa.Table, vectors: np.ndarray) -> None:
         """Append rows (``rows_table`` form) and their searched vectors (float32 (n, dim))."""
         self.parts.write(table)
         self.n_rows += table.num_rows
+        self.vector_sum += np.asarray(vectors, np.float64).sum(axis=0)
         if self.index.is_trained:
             ann_build.add(self.index, vectors, self.factory)
             return
@@ -109,6 +112,7 @@ class SegmentBuilder:
         :meth:`use_index`)."""
         self.parts.write(table)
         self.n_rows += table.num_rows
+        self.vector_sum += matrix(table.column("vector")).astype(np.float64).sum(axis=0)
 
     def close_parts(self) -> tuple[Any, ...]:
         """Finish the Parquet parts (before :meth:`finish`, to read them); returns them."""

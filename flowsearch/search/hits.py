@@ -1,0 +1,72 @@
+r"""Joining a search's global rows to hits: id, text, metadata, scores; dropping weak hits.
+
+Example:
+    >>> above([[Hit(id="a", score=0.9, rank=1, text="t"), Hit(id="b", score=0.1, rank=2,
+    ...          text="u")]], 0.5)[0][0].id
+    'a'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from flowsearch.errors import BadInput
+from flowsearch.search.results import Hit
+from flowsearch.search.version import Version
+
+__all__ = ["above", "to_hits"]
+
+
+def to_hits(
+    version: Version,
+    scores: np.ndarray,
+    rows: np.ndarray,
+    parts: tuple[np.ndarray, np.ndarray],
+) -> list[list[Hit]]:
+    """Hits for global ``rows`` (q, k) with their scores and component scores."""
+    valid = np.unique(rows[rows >= 0])
+    by_row: dict[int, dict[str, Any]] = {}
+    if valid.size:
+        seg_of, local = version.locate(valid)
+        for s in np.unique(seg_of):
+            pick = np.flatnonzero(seg_of == s)
+            fetched = version.segments[int(s)].reader.records(local[pick])
+            by_row.update(zip(valid[pick].tolist(), fetched, strict=True))
+    columns = version.manifest.metadata_columns
+    out = []
+    for qi in range(len(rows)):
+        hits: list[Hit] = []
+        for j, row in enumerate(rows[qi]):
+            if row < 0:
+                continue
+            rec = by_row[int(row)]
+            d, x = float(parts[0][qi, j]), float(parts[1][qi, j])
+            meta = rec["metadata"]
+            hits.append(
+                Hit.model_construct(
+                    id=rec["id"],
+                    score=float(scores[qi, j]),
+                    rank=len(hits) + 1,
+                    text=rec["text"],
+                    metadata={c: meta.get(c) for c in columns} if columns else dict(meta),
+                    dense_score=None if np.isnan(d) else d,
+                    lexical_score=None if np.isnan(x) else x,
+                )
+            )
+        out.append(hits)
+    return out
+
+
+def above(hits: list[list[Hit]], min_score: float | None) -> list[list[Hit]]:
+    """Each query's hits scoring at least ``min_score`` (ranks kept: they were best first)."""
+    if min_score is None:
+        return hits
+    if (
+        isinstance(min_score, bool)
+        or not isinstance(min_score, (int, float, np.floating))
+        or (not np.isfinite(min_score))
+    ):
+        raise BadInput(f"min_score must be a number, got {min_score!r}", param="min_score")
+    return [[h for h in per_query if h.score >= min_score] for per_query in hits]

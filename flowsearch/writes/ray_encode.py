@@ -1,0 +1,220 @@
+r"""The Ray engine's first stage: read every corpus file and encode its rows on Ray Data.
+
+One read task per corpus file streams its rows through the project's own readers (the same
+parsing, ids, skipped texts and metadata types as the local path), tagging each row with a sort
+key (file number, row in file); a pool of :class:`EncoderActor` (one per GPU, else CPU actors,
+each building its encoder once, restarted and its batch retried if its process dies) adds the
+raw vectors; the rows land as Parquet in a scratch directory, read back in row order
+(:func:`encode_on_ray`, :func:`read_rows`). See :mod:`flowsearch.writes.ray_engine`.
+
+Example:
+    >>> files = encode_on_ray(ray, plan, enc, scratch / "raw", model=None, options={},
+    ...                       batch_size=64, actors=None, fault_marker=None)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from flowsearch.errors import FlowsearchError
+from flowsearch.storage.corpus import CorpusPlan
+from flowsearch.storage.rows import vector_column
+from flowsearch.writes.engine import CHUNK_ROWS
+
+__all__ = ["ROW", "EncoderActor", "encode_on_ray", "matrix", "read_rows"]
+
+LOG = logging.getLogger(__name__)
+
+# The sort key's column: a name no corpus column can take (metadata may not start with
+# "__flowsearch").
+ROW = "__flowsearch_row"
+_FILE_SHIFT = 32  # sort key = file number << 32 | row within file
+
+
+def _file_plans(plan: CorpusPlan) -> list[CorpusPlan]:
+    """One plan per corpus file; row-number ids continue across files as in the local path."""
+    plans = []
+    start = plan.auto_id_start
+    for source in plan.sources:
+        plans.append(replace(plan, sources=[copy.copy(source)], auto_id_start=start))
+        if plan.id_column is None:  # only row-number ids need each file's row count
+            start += _rows_in(source, plan.text_column)
+    return plans
+
+
+def _rows_in(source: Any, text_column: str) -> int:
+    if source.format == "parquet":
+        return int(pq.ParquetFile(source.path).metadata.num_rows)
+    return sum(batch.num_rows for batch in source.batches(65_536, [text_column]))
+
+
+def _read_files(items: dict[str, np.ndarray], plans: list[CorpusPlan]) -> Iterator[pa.Table]:
+    """Ray task: the rows to index of the files numbered ``items["file"]``, with their sort key."""
+    for number in items["file"]:
+        seq = int(number) << _FILE_SHIFT
+        for ids, texts, meta in plans[int(number)].batches(CHUNK_ROWS):
+            n = len(texts)
+            columns = {ROW: pa.array(np.arange(seq, seq + n, dtype=np.int64)), "id": ids}
+            columns["text"] = pa.array(texts, pa.string())
+            columns.update({name: meta.column(name) for name in meta.column_names})
+            seq += n
+            yield pa.table(columns)
+
+
+class EncoderActor:
+    """Ray actor: builds the encoder once, adds a ``raw`` float32 vector column to each batch.
+
+    Args:
+        model: model id or directory (None: bundled).
+        pooling: the encoder's pooling.
+        max_length: tokens per passage.
+        options: extra Encoder options (``backend``, ``quantize``).
+        batch_size: texts per forward pass.
+        threads: torch threads (the CPUs the actor was given).
+        fault_marker: testing only: the first call that finds this file missing creates it and
+            ends the actor's process, so tests can watch Ray restart the actor and retry.
+    """
+
+    def __init__(
+        self,
+        model: str | None,
+        pooling: str,
+        max_length: int | None,
+        options: dict[str, Any],
+        batch_size: int,
+        threads: int,
+        fault_marker: str | None = None,
+    ) -> None:
+        import torch
+
+        from flowsearch.encode.encoder import Encoder
+
+        torch.set_num_threads(max(1, threads))
+        self.encoder = Encoder(model, pooling=pooling, max_length=max_length, **options)
+        self.batch_size = batch_size
+        self.fault_marker = fault_marker
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        if self.fault_marker and not os.path.exists(self.fault_marker):
+            Path(self.fault_marker).touch()
+            os._exit(1)  # a crash mid-run, not an exception: Ray must restart the process
+        texts = table.column("text").to_pylist()
+        U = self.encoder.encode(texts, batch_size=self.batch_size, progress=False)
+        return table.append_column("raw", vector_column(U))
+
+
+def _actors(ray: Any, requested: int | None) -> tuple[int, dict[str, Any]]:
+    """How many encoder actors, and each one's resources: a GPU each when there are GPUs,
+    else one CPU each, leaving one CPU for the read and write tasks."""
+    resources = ray.cluster_resources()
+    gpus = int(resources.get("GPU", 0))
+    if gpus:
+        return requested or gpus, {"num_gpus": 1, "num_cpus": 1}
+    cpus = int(resources.get("CPU", 1))
+    return requested or max(1, cpus - 1), {"num_cpus": 1}
+
+
+# --- between the stages: order the raw files, read the fit sample ---------------------------
+
+
+def _ordered_files(folder: Path) -> list[tuple[Path, int]] | None:
+    """The raw Parquet files in row order with their row counts, or None when their key ranges
+    interleave (then the dataset is sorted instead)."""
+    spans = []
+    for path in sorted(folder.glob("*.parquet")):
+        keys = pq.read_table(path, columns=[ROW]).column(ROW).to_numpy()
+        if not len(keys):
+            continue
+        if np.any(np.diff(keys) <= 0):
+            return None
+        spans.append((int(keys[0]), int(keys[-1]), path, len(keys)))
+    spans.sort(key=lambda s: s[0])
+    if any(a[1] >= b[0] for a, b in zip(spans, spans[1:])):
+        return None
+    return [(path, n) for _, _, path, n in spans]
+
+
+def read_rows(files: list[tuple[Path, int]], wanted: np.ndarray) -> np.ndarray:
+    """float32 (m, dim): the raw vectors of rows ``wanted`` (sorted global row numbers)."""
+    parts, start = [], 0
+    for path, n in files:
+        lo, hi = np.searchsorted(wanted, [start, start + n])
+        if hi > lo:
+            raw = pq.read_table(path, columns=["raw"]).column("raw")
+            take = pa.array(wanted[lo:hi] - start)
+            parts.append(matrix(raw.take(take)))
+        start += n
+    return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
+
+
+def matrix(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A ``fixed_size_list<float>`` column as float32 (n, d)."""
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+    dim = col.type.list_size
+    flat = [c.flatten().to_numpy(zero_copy_only=False) for c in chunks]
+    if not flat:
+        return np.zeros((0, dim), dtype=np.float32)
+    return np.concatenate(flat).astype(np.float32).reshape(-1, dim)
+
+
+def encode_on_ray(
+    ray: Any,
+    plan: CorpusPlan,
+    enc: Any,
+    raw_dir: Path,
+    *,
+    model: Any,
+    options: dict[str, Any],
+    batch_size: int,
+    actors: int | None,
+    fault_marker: str | None,
+) -> list[tuple[Path, int]]:
+    """Stage 1: read and encode every row on Ray into Parquet files in ``raw_dir``; returns
+    them in row order with their row counts."""
+    n_actors, resources = _actors(ray, actors)
+    plans = _file_plans(plan)
+    items = ray.data.from_items([{"file": i} for i in range(len(plans))])
+    rows = items.map_batches(_read_files, batch_size=1, fn_kwargs={"plans": plans}, num_cpus=0.5)
+    encoded = rows.map_batches(
+        EncoderActor,
+        batch_size=CHUNK_ROWS,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=n_actors),
+        fn_constructor_kwargs={
+            "model": None if model is None else str(model),
+            "pooling": enc.pooling,
+            "max_length": enc.max_length,
+            "options": options,
+            "batch_size": batch_size,
+            "threads": int(resources["num_cpus"]),
+            "fault_marker": fault_marker,
+        },
+        # Ray Data restarts a dead actor and retries its batch by default (max_restarts=-1,
+        # max_task_retries=-1 for actor pools), which is what a crashed encoder needs.
+        **resources,
+    )
+    encoded.write_parquet(str(raw_dir))
+    files = _ordered_files(raw_dir)
+    if files is None:  # key ranges interleave: sort once, then read in file order
+        LOG.info("raw vectors out of order; sorting them")
+        sorted_dir = raw_dir.with_name("sorted")
+        ray.data.read_parquet(str(raw_dir)).sort(ROW).write_parquet(str(sorted_dir))
+        shutil.rmtree(raw_dir)
+        files = _ordered_files(sorted_dir)
+        if files is None:
+            raise FlowsearchError("Ray returned the encoded rows out of order; please report")
+    found = sum(n for _, n in files)
+    if found != plan.n_rows:
+        raise FlowsearchError(f"Ray encoded {found} rows, the corpus has {plan.n_rows}; rerun")
+    return files

@@ -1,0 +1,144 @@
+"""Dense search over segments (flowsearch.search.dense): per-segment answers merged into one
+exact top-k; a Flat index cut into segments answers exactly as one segment does."""
+
+from __future__ import annotations
+
+import faiss
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flowsearch.search.dense import merge_top_k, search_segments
+from flowsearch.search.segment import SegmentReader
+
+F32 = np.float32
+
+
+def _answer(scores, rows):
+    return np.array(scores, F32), np.array(rows, np.int64)
+
+
+def test_merge_is_the_top_k_by_score_over_every_segment():
+    answers = [
+        _answer([[0.9, 0.5, 0.1], [0.3, 0.2, 0.1]], [[2, 0, 1], [0, 1, 2]]),  # rows 0..2
+        _answer([[0.7, 0.6], [0.8, 0.05]], [[1, 0], [0, 1]]),  # rows 10..11
+        _answer([[0.95], [0.0]], [[0], [0]]),  # row 20
+    ]
+    offsets = np.array([0, 10, 20, 21])
+    scores, rows = merge_top_k(answers, offsets, 4)
+    assert rows.tolist() == [[20, 2, 11, 10], [10, 0, 1, 2]]
+    np.testing.assert_array_equal(
+        scores, np.array([[0.95, 0.9, 0.7, 0.6], [0.8, 0.3, 0.2, 0.1]], F32)
+    )
+    assert scores.dtype == F32 and rows.dtype == np.int64
+
+
+def test_ties_go_to_the_lower_global_row():
+    answers = [
+        _answer([[0.5, 0.5, 0.2]], [[4, 1, 0]]),  # a segment listing its tie high row first
+        _answer([[0.5, 0.5]], [[1, 0]]),  # rows 5 and 6 after offset
+    ]
+    scores, rows = merge_top_k(answers, np.array([0, 5, 7]), 4)
+    assert rows.tolist() == [[1, 4, 5, 6]] and scores.tolist() == [[0.5] * 4]
+    _, rows = merge_top_k(answers[::-1], np.array([0, 2, 7]), 3)  # the other order: same rule
+    assert rows.tolist() == [[0, 1, 3]]
+
+
+def test_missing_hits_are_skipped_and_short_answers_padded():
+    answers = [
+        _answer(
+            [[0.9, -3.4e38, -3.4e38], [-3.4e38, -3.4e38, -3.4e38]], [[0, -1, -1], [-1, -1, -1]]
+        ),
+        _answer([[0.4], [-3.4e38]], [[0], [-1]]),
+    ]
+    scores, rows = merge_top_k(answers, np.array([0, 3, 4]), 5)
+    # as wide as the most hits any query has (2), never wider than k; -1 and -inf pad
+    assert rows.tolist() == [[0, 3], [-1, -1]]
+    assert scores[0].tolist() == pytest.approx([0.9, 0.4]) and np.isneginf(scores[1]).all()
+    scores, rows = merge_top_k(answers, np.array([0, 3, 4]), 1)
+    assert rows.tolist() == [[0], [-1]]
+    none = [_answer([[-1.0]], [[-1]])]
+    assert merge_top_k(none, np.array([0, 1]), 3)[1].shape == (1, 0)
+    assert merge_top_k([], np.array([0]), 3)[1].shape == (0, 0)
+
+
+def _flat(x: np.ndarray) -> SegmentReader:
+    """A segment reader holding only an exact index over ``x`` (what search reads)."""
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    return SegmentReader(record=None, folder=None, rows=None, ann=index, postings=None)  # type: ignore[arg-type]
+
+
+def _search(x, cuts, queries, k, deleted, keep):
+    """search_segments over ``x`` cut at ``cuts`` (global ``deleted`` mask, ``keep`` rows)."""
+    bounds = [0, *cuts, len(x)]
+    segments = [_flat(x[a:b]) for a, b in zip(bounds, bounds[1:])]
+    offsets = np.array(bounds, np.int64)
+    dead = [deleted[a:b] if deleted[a:b].any() else None for a, b in zip(bounds, bounds[1:])]
+    rows = [None] * len(segments)
+    if keep is not None:
+        rows = [keep[(keep >= a) & (keep < b)] - a for a, b in zip(bounds, bounds[1:])]
+    return search_segments(segments, dead, offsets, queries, k, rows)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(7, 120),
+    n_queries=st.integers(1, 24),  # past FAISS's BLAS threshold (20 queries) too
+    k=st.integers(1, 130),
+    seed=st.integers(0, 2**32 - 1),
+    deleted_share=st.sampled_from([0.0, 0.1, 0.6]),
+    filtered=st.booleans(),
+    data=st.data(),
+)
+def test_a_flat_index_cut_into_segments_answers_exactly_as_one(
+    n, n_queries, k, seed, deleted_share, filtered, data
+):
+    rng = np.random.default_rng(seed)
+    dim = 8
+    x = rng.normal(size=(n, dim)).astype(F32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    queries = rng.normal(size=(n_queries, dim)).astype(F32)
+    deleted = rng.random(n) < deleted_share
+    keep = np.flatnonzero(rng.random(n) < 0.5).astype(np.int64) if filtered else None
+    whole = _search(x, [], queries, k, deleted, keep)
+    for parts in (3, 7):
+        cuts = sorted(
+            data.draw(st.sets(st.integers(1, n - 1), min_size=parts - 1, max_size=parts - 1))
+        )
+        got = _search(x, cuts, queries, k, deleted, keep)
+        np.testing.assert_array_equal(got[1], whole[1])
+        np.testing.assert_array_equal(got[0], whole[0])
+    # and both are the exact answer over the searchable rows (checked against float64)
+    allowed = ~deleted
+    if keep is not None:
+        mask = np.zeros(n, bool)
+        mask[keep] = True
+        allowed &= mask
+    width = min(k, int(allowed.sum()))
+    assert whole[1].shape == (n_queries, width)
+    exact = np.where(allowed, queries.astype(np.float64) @ x.T.astype(np.float64), -np.inf)
+    for q in range(n_queries):
+        found = whole[1][q]
+        assert allowed[found].all() and len(set(found.tolist())) == width
+        np.testing.assert_allclose(whole[0][q], exact[q, found], rtol=1e-5, atol=1e-6)
+        assert np.all(np.diff(whole[0][q]) <= 0)
+        others = np.delete(exact[q], found)
+        if width and others.size:  # nothing left out scores above the last hit
+            assert others.max() <= whole[0][q][-1] + 1e-5
+
+
+@pytest.mark.parametrize("cuts", [[], [3], [2, 5, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]])
+@pytest.mark.parametrize("n_queries", [1, 25])  # FAISS's scan and BLAS paths
+def test_exact_ties_across_segments_go_to_the_lowest_rows(cuts, n_queries):
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(12, 8)).astype(F32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    x[[1, 4, 6, 7, 10]] = x[0]  # six copies of one vector
+    queries = np.repeat(x[:1], n_queries, axis=0)
+    deleted = np.zeros(12, bool)
+    deleted[4] = True
+    scores, rows = _search(x, cuts, queries, 4, deleted, None)
+    assert rows.tolist() == [[0, 1, 6, 7]] * n_queries
+    assert len(set(scores.ravel().tolist())) == 1
