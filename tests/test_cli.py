@@ -57,14 +57,14 @@ def test_query_json_matches_api_and_brute_force(built):
     doc = json.loads(result.stdout)  # stdout is exactly one JSON document
     assert set(doc) == {"query", "hits", "report"} and doc["query"] == query
     assert all(set(h) == HIT_FIELDS for h in doc["hits"])  # the same fields in every mode
-    # dense mode: the score is the cosine, and BM25 scored nothing
-    assert all(h["dense_score"] == h["score"] and h["lexical_score"] is None for h in doc["hits"])
+    # dense mode: the raw cosine beside the score, and BM25 scored nothing
+    assert all(h["dense_score"] is not None and h["lexical_score"] is None for h in doc["hits"])
     searcher = Searcher.open(out)
     result = searcher.query(query, k=7, mode="dense")
     assert doc["report"] == json.loads(json.dumps(result.report.to_dict()))
     # 80 rows < 3 x dim 32: the flow's figures mean nothing, so none is shown, nor a verdict
     assert doc["report"]["log_density"] is None and doc["report"]["verdict"] == "not judged"
-    assert doc["report"]["top_score"] == pytest.approx(doc["hits"][0]["score"])
+    assert doc["report"]["top_score"] == pytest.approx(doc["hits"][0]["dense_score"])
     api = searcher.search(query, k=7, mode="dense")
     Z, _ = searcher.embed([query])
     vec = searcher.search_vectors(Z, k=7)[0]
@@ -73,7 +73,9 @@ def test_query_json_matches_api_and_brute_force(built):
     assert [h["id"] for h in doc["hits"]] == [h.id for h in api] == [h.id for h in vec]
     assert [h["id"] for h in doc["hits"]] == [f"d{i}" for i in order]
     assert [h["score"] for h in doc["hits"]] == [h.score for h in api] == [h.score for h in vec]
-    np.testing.assert_allclose([h["score"] for h in doc["hits"]], brute[order], rtol=1e-5)
+    scores = [h["score"] for h in doc["hits"]]
+    assert scores == sorted(scores, reverse=True)  # the score orders as the cosine does
+    np.testing.assert_allclose([h["dense_score"] for h in doc["hits"]], brute[order], rtol=1e-5)
     assert [h["rank"] for h in doc["hits"]] == list(range(1, 8))
 
 
@@ -316,7 +318,8 @@ def test_calibrated_space_is_searched_and_verified(whitened, model_dir):
         brute = (unit(cal.transform(u[None]))[0] @ stored.T).astype(np.float64)
         order = np.argsort(-brute, kind="stable")[:8]
         assert [h["id"] for h in hits] == [ids[i] for i in order]
-        np.testing.assert_allclose([h["score"] for h in hits], brute[order], rtol=1e-4, atol=1e-5)
+        cosines = [h["dense_score"] for h in hits]
+        np.testing.assert_allclose(cosines, brute[order], rtol=1e-4, atol=1e-5)
         raw_order = np.argsort(-(unit(u[None])[0] @ unit(raw).T), kind="stable")[:8]
         differs += [ids[i] for i in raw_order] != [h["id"] for h in hits]
     assert differs > 0  # the encoder's own space would have ranked them otherwise

@@ -285,12 +285,6 @@ def test_an_odd_part_name_is_no_traceback(cli, index, corpora, name):
     Searcher.open(index, verify=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="storage/history.py repair() parses the log's last line with "
-    "WriteRecord.model_validate_json, unguarded: a pydantic ValidationError escapes every write "
-    "(a traceback on the CLI, a 500 over HTTP) instead of IndexDamaged naming history.jsonl",
-)
 def test_a_write_after_a_damaged_history_is_one_line(cli, index):
     """A history whose last line is not a record (edited by hand): `info --verify` names it,
     and a write is refused in one line naming it, the index unchanged (or goes on, the log
