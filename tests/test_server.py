@@ -905,15 +905,15 @@ def test_responses_validate_against_their_models(
 def test_library_errors_map_by_class(
     app_client: Any, monkeypatch: pytest.MonkeyPatch, error: str, status: int, detail: str
 ) -> None:
-    import flowsearch
     from flowsearch import errors
+    from flowsearch.writes import delete as delete_module
 
     def fail(*args: Any, **kwargs: Any) -> Any:
         if error == "ValueError":
             raise ValueError("a bug")
         raise getattr(errors, error)("another writer", "pass {wait=30}", param="wait")
 
-    monkeypatch.setattr(flowsearch, "delete", fail)
+    monkeypatch.setattr(delete_module, "delete", fail)  # what the route calls
     r = app_client.post("/delete", json={"ids": ["d1"]})
     assert (r.status_code, r.json()) == (status, {"detail": detail})
 
