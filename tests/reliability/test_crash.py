@@ -47,7 +47,7 @@ from flowsearch.writes.upsert import add_to_index
 from .conftest import answers, answers_of, leftovers
 
 #: kill trials per write kind in the default suite, and with ``-m slow``
-FAST_TRIALS = 3
+FAST_TRIALS = 2
 SLOW_TRIALS = 16
 #: seconds every fsync of a killed command takes (a busy disk)
 SLOW_DISK = 0.02

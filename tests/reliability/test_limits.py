@@ -20,8 +20,8 @@ from flowsearch.settings import current
 from flowsearch.storage import manifest as mf
 
 #: small writes in the manifest-growth test (one-row upserts and one-id deletes, alternating):
-#: the default suite's (25 merges of the lowest tier), and ``-m slow``'s
-N_WRITES = 500
+#: the default suite's (15 merges of the lowest tier), and ``-m slow``'s
+N_WRITES = 300
 N_WRITES_SLOW = 2000
 HUGE_K = 10**9
 
