@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flowsearch.calibration import make_calibrator
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import BadInput
 from flowsearch.space.fitting import AUTO_FITS, AUTO_SEARCHES, fit_for_index, load_fitted
 from flowsearch.space.reference import MIN_ROWS_PER_DIM
 from flowsearch.storage.manifest import AutoDecision
@@ -105,10 +105,12 @@ def test_a_calibrator_fitted_elsewhere(tmp_path):
     loaded = load_fitted(tmp_path / "cal", "auto", 8)
     cal, spec = fit_for_index(_isotropic(50), "auto", loaded=loaded, loaded_from=tmp_path / "cal")
     assert cal is loaded and spec.fitted_on == str((tmp_path / "cal").resolve())
-    with pytest.raises(FlowsearchError, match="contradicts"):
+    with pytest.raises(BadInput, match="contradicts") as caught:
         load_fitted(tmp_path / "cal", "flow", 8)
-    with pytest.raises(FlowsearchError, match="fitted on 8-d"):
+    assert caught.value.param == "calibration" and "--calibration" in caught.value.render("cli")
+    with pytest.raises(BadInput, match="fitted on 8-d") as caught:
         load_fitted(tmp_path / "cal", "auto", 16)
+    assert caught.value.param == "calibrator" and caught.value.exit_code == 2
 
 
 @pytest.mark.parametrize("pooling", ["static", "embedding_layer"])

@@ -149,6 +149,23 @@ def test_bad_input_fails_before_ray(tmp_path: Path, model_dir: Path) -> None:
     assert not (tmp_path / "idx" / "manifest.json").exists()
 
 
+def test_ray_missing_or_unreachable_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowsearch.errors import BadInput, MissingExtra
+    from flowsearch.writes import ray_engine
+
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "ray", None)  # as if the extra were not installed
+        with pytest.raises(MissingExtra, match="not installed") as caught:
+            ray_engine._import_ray()
+        assert "flowsearch[ray]" in caught.value.render("cli") and caught.value.http_status == 501
+    with (
+        pytest.raises(BadInput, match="cannot connect to Ray") as caught,
+        ray_engine.ray_session("ray://127.0.0.1:1"),
+    ):
+        pass
+    assert caught.value.param == "address" and "--address" in caught.value.render("cli")
+
+
 def test_local_build_never_imports_ray(tmp_path: Path, model_dir: Path, repo_root: Path) -> None:
     corpus = write_corpus(tmp_path / "c.parquet", n=20)
     code = (

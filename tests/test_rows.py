@@ -181,3 +181,14 @@ def test_matrix_and_vector_column_round_trip():
     np.testing.assert_array_equal(store.matrix(pa.chunked_array([col.slice(0, 1), col[1:]])), x)
     empty = store.matrix(pa.chunked_array([], type=pa.list_(pa.float32(), 3)))
     assert empty.shape == (0, 3) and empty.dtype == np.float32
+
+
+def test_vectors_at_reads_rows_in_any_order_across_parts_and_groups(tmp_path):
+    parts, (_, _, _, vectors, raw) = _segment(tmp_path, 100, 40, 16)
+    reader = store.RowReader(tmp_path, parts)
+    want = np.array([99, 0, 41, 40, 39, 17, 17, 63])  # part and group edges, a repeat
+    np.testing.assert_array_equal(reader.vectors_at(want), vectors[want])
+    np.testing.assert_array_equal(reader.vectors_at(want, "raw"), reader.vectors("raw")[want])
+    assert reader.vectors_at([]).shape == (0, vectors.shape[1])
+    with pytest.raises(IndexError):
+        reader.vectors_at([100])

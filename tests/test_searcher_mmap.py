@@ -38,3 +38,29 @@ def test_mmap_filters(tmp_path: Path, model_dir: Path, factory: str) -> None:
     assert len(hits) == 5 and all(h.metadata["year"] >= 2010 for h in hits)
     if factory == "Flat":  # exact either way; a mapped IVF index has no direct map, so its
         assert [h.id for h in hits] == [h.id for h in want]  # filtered search probes lists
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF4,Flat", "HNSW8"])
+def test_vectors_read_back_and_background_with_deletions(
+    tmp_path: Path, model_dir: Path, factory: str
+) -> None:
+    """A segment's vectors read back by row (from its vector index, or from its Parquet rows
+    when a mapped IVF index has no direct map) are the stored ones, so a version's background
+    over its live rows is the same mapped or not."""
+    from flowsearch import delete
+
+    corpus = write_corpus(tmp_path / "c.parquet", n=200)
+    build_index(corpus, tmp_path / "idx", model=str(model_dir), index_factory=factory,
+                calibration="none", lexical=False)  # fmt: skip
+    delete(tmp_path / "idx", [f"d{i}" for i in range(0, 200, 3)])
+    ram = Searcher.open(tmp_path / "idx", gpu=False)
+    mapped = Searcher.open(tmp_path / "idx", gpu=False, mmap=True, encoder=ram.encoder)
+    stored = ram.vectors()
+    rows = np.array([199, 0, 3, 150, 77])
+    for searcher in (ram, mapped):
+        segment = searcher.version.segments[0]
+        np.testing.assert_allclose(segment.vectors(rows), stored[rows], atol=1e-6)
+    live = stored[np.arange(200) % 3 != 0].astype(np.float64)
+    brute = ((live @ live.T).sum() - len(live)) / (len(live) * (len(live) - 1))
+    for searcher in (ram, mapped):
+        assert searcher.version.fusion().dense_background == pytest.approx(brute, abs=1e-6)

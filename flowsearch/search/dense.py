@@ -89,8 +89,8 @@ def cosines(
     segments: Sequence[Any], offsets: np.ndarray, queries: np.ndarray, rows: np.ndarray
 ) -> np.ndarray:
     """The cosine of each query (float32 (q, d), searched space) with each of its ``rows``
-    (int64 (q, c) global rows, -1 for none): float64 (q, c), NaN where a row's vector cannot
-    be read back from its vector index (an index that cannot reconstruct, or -1)."""
+    (int64 (q, c) global rows, -1 for none): float64 (q, c), NaN for -1 (vectors read back by
+    :meth:`~flowsearch.search.segment.SegmentReader.vectors`)."""
     out = np.full(rows.shape, np.nan)
     wanted = np.unique(rows[rows >= 0])
     if not len(wanted):
@@ -99,11 +99,8 @@ def cosines(
     vectors: dict[int, np.ndarray] = {}
     for s in np.unique(seg_of):
         pick = wanted[seg_of == s]
-        try:
-            found = segments[int(s)].ann.reconstruct_batch(pick - offsets[s])
-        except (RuntimeError, AttributeError):  # e.g. a memory-mapped IVF without a direct map
-            continue
-        vectors.update(zip(pick.tolist(), np.asarray(found, np.float32)))
+        found = segments[int(s)].vectors(pick - offsets[s])
+        vectors.update(zip(pick.tolist(), found))
     for qi in range(len(rows)):
         for j, row in enumerate(rows[qi]):
             vector = vectors.get(int(row))

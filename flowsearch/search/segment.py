@@ -54,6 +54,18 @@ class SegmentReader:
         self.postings = postings
         self._table: pa.Table | None = None
 
+    def vectors(self, rows: np.ndarray) -> np.ndarray:
+        """Searched vectors at local ``rows``, float32 (len(rows), dim): read back from the
+        vector index when it can (exact for Flat, HNSW and IVF-Flat; decoded codes for PQ),
+        else from the rows' Parquet row groups (a memory-mapped IVF without a direct map)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if not len(rows):
+            return np.zeros((0, self.ann.d), dtype=np.float32)
+        try:
+            return np.asarray(self.ann.reconstruct_batch(rows), dtype=np.float32)
+        except (RuntimeError, AttributeError):
+            return self.reader.vectors_at(rows)
+
     @classmethod
     def open(
         cls,

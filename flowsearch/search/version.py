@@ -195,14 +195,28 @@ class Version:
         return int(self.offsets[-1])
 
     def fusion(self) -> Any:
-        """The version's :class:`~flowsearch.search.scores.FusionReference`, or None (an index
-        built before it: a background of 0)."""
+        """The version's :class:`~flowsearch.search.scores.FusionReference`: the mean cosine
+        between its live rows, from its segments' recorded vector sums minus their deleted
+        rows' vectors (read back once per version). None (a background of 0) under two live
+        rows, or for a segment of the second release not yet converted by a write."""
         if self._fusion is None:
-            from flowsearch.search.scores import FusionReference
-
-            raw = self.manifest.fusion_reference
-            self._fusion = FusionReference.from_dict(raw) if raw else False
+            self._fusion = self._measure_fusion() or False
         return self._fusion or None
+
+    def _measure_fusion(self) -> Any:
+        from flowsearch.search.scores import build_reference
+
+        dim, total = self.manifest.dim, np.zeros(self.manifest.dim, dtype=np.float64)
+        for seg, reader, dead in zip(self.manifest.segments, self.segments, self.deleted,
+                                     strict=True):  # fmt: skip
+            summed = seg.vectors_summed(dim)
+            if summed is None:
+                return None
+            total += summed
+            if dead is not None and dead.any():
+                total -= reader.vectors(np.flatnonzero(dead)).astype(np.float64).sum(axis=0)
+        n_live = self.manifest.n_live
+        return build_reference(total, n_live) if n_live >= 2 else None
 
     def reference(self) -> Any:
         """The version's :class:`~flowsearch.space.reference.Reference` (read once), or None."""

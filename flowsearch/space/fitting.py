@@ -52,7 +52,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import BadInput
 from flowsearch.settings import current
 from flowsearch.space.reference import MIN_ROWS_PER_DIM
 from flowsearch.storage.manifest import AutoDecision, CalibrationSpec
@@ -86,20 +86,23 @@ def load_fitted(calibrator: str | os.PathLike[str], calibration: str, dim: int) 
     """A calibrator fitted before, checked against the requested name and the encoder's dim.
 
     Raises:
-        FlowsearchError: an unreadable calibrator, a contradicting ``calibration``, another dim.
+        BadInput: an unreadable calibrator, a contradicting ``calibration``, another dim.
     """
     from flowsearch.calibration import load_calibrator
 
     cal = load_calibrator(calibrator)
     if calibration not in ("auto", cal.name):
-        raise FlowsearchError(
-            f"calibration={calibration!r} contradicts the {cal.name!r} calibrator in "
-            f"{calibrator}; leave calibration out or make them agree"
+        raise BadInput(
+            f"calibration={calibration!r} contradicts the {cal.name!r} calibrator in {calibrator}",
+            "leave {calibration} out or make it agree with the calibrator",
+            param="calibration",
         )
     if cal.dim_in != dim:
-        raise FlowsearchError(
+        raise BadInput(
             f"the calibrator in {calibrator} was fitted on {cal.dim_in}-d vectors, this "
-            f"encoder gives {dim}-d; use the same model and pooling"
+            f"encoder gives {dim}-d",
+            "use the model and pooling the calibrator was fitted with",
+            param="calibrator",
         )
     return cal
 

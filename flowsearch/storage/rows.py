@@ -252,6 +252,26 @@ class RowReader:
                     }
         return out  # type: ignore[return-value]
 
+    def vectors_at(self, rows: Sequence[int] | np.ndarray, name: str = "vector") -> np.ndarray:
+        """A vector column at local ``rows`` (in that order), float32 (len(rows), d): reads only
+        the row groups holding them (not cached: the join's cache holds the other columns)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
+            raise IndexError(f"row out of range 0..{len(self) - 1}")
+        dim = self.schema.field(name).type.list_size if name in self.schema.names else 0
+        out = np.zeros((len(rows), dim), dtype=np.float32)
+        part_of = np.searchsorted(self.starts, rows, side="right") - 1
+        for part in np.unique(part_of):
+            gstarts = self._group_starts[int(part)]
+            pos = np.flatnonzero(part_of == part)
+            local = rows[pos] - self.starts[part]
+            group_of = np.searchsorted(gstarts, local, side="right") - 1
+            for group in np.unique(group_of):
+                sel = group_of == group
+                table = self._files[int(part)].read_row_group(int(group), columns=[name])
+                out[pos[sel]] = matrix(table.column(name))[local[sel] - gstarts[group]]
+        return out
+
     def column_chunks(self, name: str) -> Iterator[Any]:
         """A column part by part: ``vector``/``raw`` as float32 (n, d), others as lists."""
         for handle in self._files:

@@ -57,7 +57,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flowsearch.ann import ondisk
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import BadInput, FlowsearchError, MissingExtra
 from flowsearch.progress import Stages
 from flowsearch.space.reference import reference_rows, split_fit_rows
 from flowsearch.space.search_space import SearchSpace, load_index_calibrator
@@ -85,8 +85,9 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise FlowsearchError(
-            "engine='ray' needs Ray Data; install the extra: pip install 'flowsearch[ray]'"
+        raise MissingExtra(
+            "engine='ray' needs Ray Data, which is not installed",
+            "install the extra: pip install 'flowsearch[ray]'",
         ) from None
     return ray
 
@@ -111,8 +112,10 @@ def ray_session(address: str | None = None) -> Iterator[Any]:
     try:
         ray.init(address=address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise FlowsearchError(
-            f"cannot connect to Ray at {address!r} ({exc}); check the address"
+        raise BadInput(
+            f"cannot connect to Ray at {address!r} ({exc})",
+            "check the {address} (a running cluster's address), or leave it out",
+            param="address",
         ) from None
     try:
         yield ray
