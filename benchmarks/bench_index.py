@@ -241,10 +241,13 @@ def render(res: dict[str, Any]) -> str:
             f"{r['ingest']['peer_runs']}); {r['query']['queries']} queries x "
             f"{r['query']['repeats']} rounds."
         )
+    # the second release's runs wrote shards; the third release writes one segment
+    stages = {k for r in res["corpora"].values() for k in r["ingest"]["flowsearch_stage_seconds"]}
+    written = "shard writing" if "write shards" in stages else "segment writing"
     lines += [
         "",
         "Where the time goes: encoding is nearly all of ingest for both engines; flowsearch adds "
-        "the flow fit, segment writing (text + float32 vector + float16 raw vector, zstd) and "
+        f"the flow fit, {written} (text + float32 vector + float16 raw vector, zstd) and "
         "checksums. Per query (dense mode, as the peer) it adds the calibrator's log-density and "
         "the Parquet join (one row group per hit) to the encoder call both pay.",
     ]
