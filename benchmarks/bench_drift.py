@@ -147,7 +147,7 @@ class Index:
         return Reference.from_scores(
             top,
             method=method,
-            corpus_rows=len(self.texts),
+            n_corpus=len(self.texts),
             space=self.spec.space,
             mean_cosine=self.mean_cosine,
             log_densities=None if self.lp is None else self.lp[rows],
@@ -267,7 +267,7 @@ def study_set(name: str, sets: dict[str, Any], store: VectorStore, pooling: str,
             "decision": index.spec.decision,
             "reference": {
                 "method": ref.method,
-                "rows": ref.rows,
+                "rows": ref.n_measured,
                 "p05": ref.score_at(5.0),
                 "median": ref.score_at(50.0),
             },  # fmt: skip
@@ -303,7 +303,7 @@ def demo(pooling: str, sets: dict[str, Any], per_set: int = 200) -> dict[str, An
             out["flagged"][g] = round(float(np.mean(flagged)), 4) if flagged else None
         m = s.manifest
         out["space"] = m.calibration.space
-        out["reference_rows"] = (m.reference or {}).get("rows")
+        out["reference_rows"] = (m.reference or {}).get("n_measured")
         out["examples"] = {q: s.query(q, k=1, mode="dense").density.to_words()
                            for q in (DEMO_QUESTIONS[0], "asdf qwerty zxcv",
                                      "A man is playing a guitar.")}  # fmt: skip

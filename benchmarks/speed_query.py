@@ -6,10 +6,10 @@ called directly: ``space.encoder.encode([q])`` (the encoder), ``space.project(ra
 want_density=False)`` (calibrator + normalise), ``space.project(raw)`` minus that (the flow's
 log-density), the FAISS search (on one OpenMP thread, as ``Searcher`` runs a single query, and
 again with FAISS's default thread count, for comparison), and the Parquet join
-(``RowReader.rows``, with the row groups the search decoded dropped from the reader's cache
-again, so the join is not timed warm from the search's own reads). The pieces use the one
-segment of the Searcher's pinned version (``Searcher.version.segments[0]``: its ``rows`` and
-``ann``): a benchmark may look inside.
+(``RowReader.records``, with the row groups the search decoded dropped from the reader's cache
+again, so the join is not timed warm from the search's own reads). The pieces use the one segment
+of the Searcher's pinned version (``Searcher.version.segments[0]``: its ``rows`` and ``ann``): a
+benchmark may look inside.
 
 The peer (sentence-transformers ``encode`` + ``faiss.IndexFlatIP`` + a dict from row to text) is
 timed in a second pass of each round, alternating with ``Searcher.search`` query by query (which
@@ -76,7 +76,7 @@ def latency(
             valid = np.unique(rows[rows >= 0])
             for key in [key for key in cache if key not in before]:
                 del cache[key]
-            note("join", _ms(lambda valid=valid: seg.rows.rows(valid))[1])
+            note("join", _ms(lambda valid=valid: seg.rows.records(valid))[1])
             for name, fn in (extra or {}).items():
                 note(name, _ms(lambda q=q, fn=fn: fn(q))[1])
         # the headline ratio in its own pass: in the loop above the search goes first on caches

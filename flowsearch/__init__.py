@@ -16,12 +16,16 @@ __all__ = [
     "Encoder",
     "FlowsearchError",
     "Hit",
+    "QueryResult",
     "Searcher",
+    "Settings",
+    "WriteResult",
     "__version__",
     "add_to_index",
     "build_index",
     "compact",
     "delete",
+    "index_history",
     "index_info",
     "load_calibrator",
     "make_calibrator",
@@ -32,12 +36,16 @@ __all__ = [
 _LAZY = {
     "Encoder": "flowsearch.encode.encoder",
     "FlowsearchError": "flowsearch.errors",
-    "Hit": "flowsearch.search.searcher",
+    "Hit": "flowsearch.search.results",
+    "QueryResult": "flowsearch.search.results",
     "Searcher": "flowsearch.search.searcher",
+    "Settings": "flowsearch.settings",
+    "WriteResult": "flowsearch.writes.results",
     "add_to_index": "flowsearch.writes.upsert",
     "build_index": "flowsearch.writes.build",
     "compact": "flowsearch.writes.compact",
     "delete": "flowsearch.writes.delete",
+    "index_history": "flowsearch.search.version",
     "index_info": "flowsearch.search.version",
     "load_calibrator": "flowsearch.calibration",
     "make_calibrator": "flowsearch.calibration",
@@ -49,11 +57,14 @@ if TYPE_CHECKING:
     from flowsearch.calibration import load_calibrator, make_calibrator
     from flowsearch.encode.encoder import Encoder
     from flowsearch.errors import FlowsearchError
-    from flowsearch.search.searcher import Hit, Searcher
-    from flowsearch.search.version import index_info
+    from flowsearch.search.results import Hit, QueryResult
+    from flowsearch.search.searcher import Searcher
+    from flowsearch.search.version import index_history, index_info
+    from flowsearch.settings import Settings
     from flowsearch.writes.build import build_index
     from flowsearch.writes.compact import compact, recalibrate
     from flowsearch.writes.delete import delete
+    from flowsearch.writes.results import WriteResult
     from flowsearch.writes.upsert import add_to_index, upsert
 
 

@@ -182,6 +182,23 @@ class Settings:
     #: trails BM25 on question -> passage search (bench_fusion: 0.7702 leave-one-set-out).
     fusion_dense_weight_static: float = 0.2
 
+    # --- calibration: memory and speed of the calibrators ---------------------------------
+    #: Rows a calibrator centres or converts at a time while fitting (whitening's covariance,
+    #: the flow's constant-dimension check and float32 training matrix): the extra memory is
+    #: this many float64 rows, not a copy of the corpus.
+    calibration_fit_chunk_rows: int = 16_384
+    #: Rows the flow's inference map (float64 numpy) takes at a time: bounds each of its
+    #: temporaries to this many rows (unchunked, every operation on 20k x 384 rows allocates
+    #: 61 MB afresh); the whitening front's one large product runs on a whole block.
+    calibration_block_rows: int = 4096
+    #: Largest matrix product (multiply-adds) in one chunk of the flow's steps; a block runs
+    #: through them in chunks of rows that keep every product of the coupling networks below
+    #: it. OpenBLAS computes a product below 2^19 multiply-adds on the calling thread and
+    #: splits larger ones over its threads, which on a busy machine then wait for each other:
+    #: at load 9 on 2 cores, an (86 x 192) @ (192 x 32) product took 5-50 times as long as an
+    #: (84 x 192) one (benchmarks/bench_flow_steps.py measures the whole map).
+    calibration_chunk_macs: int = 500_000
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (unknown names are refused)."""
         names = {f.name for f in dataclasses.fields(self)}

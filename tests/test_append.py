@@ -42,12 +42,12 @@ def test_add_appends_rows_and_reports_drift(tmp_path, model_dir, corpus):
     assert (m.encoder, m.density, m.columns, m.schema_) == (
         first.encoder, first.density, first.columns, first.schema_)  # fmt: skip
     drift = summary["drift"]  # each new row's best score against the 120 rows held before
-    assert set(drift) == set(DriftReport.model_fields) and drift["judged_rows"] == 20
+    assert set(drift) == set(DriftReport.model_fields) and drift["n_judged"] == 20
     Z = Searcher.open(out).vectors()
     best = (Z[120:] @ Z[:120].T).max(axis=1)
     assert drift["median_score"] == pytest.approx(float(np.median(best)), abs=1e-5)
     ref = reference_of(first)  # 120 rows hold none out: leave-one-out over all of them
-    assert ref.method == "leave-one-out" and ref.rows == 120
+    assert ref.method == "leave-one-out" and ref.n_measured == 120
     assert drift["median_percentile"] == pytest.approx(np.median(ref.percentiles(best)), abs=0.1)
     assert drift["reference_log_density"] == ref.log_density_median  # 120 >= 3 x dim 32
     records = history.read(out)

@@ -116,7 +116,7 @@ def test_add_then_duplicate_add(built, tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["added"] == 10 and doc["rows"] == 90
-    assert doc["drift"]["judged_rows"] == 10 and doc["drift"]["verdict"] != "not judged"
+    assert doc["drift"]["n_judged"] == 10 and doc["drift"]["verdict"] != "not judged"
     again = runner.invoke(app, ["add", str(extra), "--index", str(out)])
     assert again.exit_code == 2 and again.stdout == ""
     assert again.stderr.startswith("error: 10 id(s) are already in the index")

@@ -59,7 +59,7 @@ EXPECTED = [("a", "the cat", 2001), ("b", "the dog", 2002), ("d", "the bird", No
 )
 def test_every_format_yields_the_same_rows(tmp_path, name):
     plan = scan_corpus(_write(tmp_path / name, ROWS))
-    assert (plan.rows_in, plan.rows, plan.skipped, plan.id_type) == (4, 3, 1, "string")
+    assert (plan.n_rows_in, plan.n_rows, plan.n_skipped, plan.id_type) == (4, 3, 1, "string")
     assert plan.metadata_columns == ["year"] and pa.types.is_integer(plan.metadata_schema[0].type)
     assert _rows(plan) == EXPECTED
 
@@ -135,7 +135,7 @@ def test_late_keys_and_late_types_grow_the_inference_block(tmp_path, monkeypatch
     for name in ("late.jsonl", "late.csv"):
         plan = scan_corpus(tmp_path / name)
         tags = [t for _, _, m in plan.batches(1000) for t in m.column("tag").to_pylist()]
-        assert tags[-1] == "late" and plan.rows == 400
+        assert tags[-1] == "late" and plan.n_rows == 400
 
 
 def test_a_write_checks_the_schema_and_the_id_type(tmp_path):
@@ -145,7 +145,7 @@ def test_a_write_checks_the_schema_and_the_id_type(tmp_path):
     path = _write(tmp_path / "c.jsonl", ROWS)
     schema = columns_of(pa.schema([("year", pa.int64())]))
     plan = scan_corpus(path, schema=schema, id_type="string")
-    assert plan.metadata_schema == pa.schema([("year", pa.int64())]) and plan.rows == 3
+    assert plan.metadata_schema == pa.schema([("year", pa.int64())]) and plan.n_rows == 3
     typed = [{"id": 1, "text": "a", "year": 1.0}, {"id": 2, "text": "b", "year": 2.0}]
     plan = scan_corpus(typed, schema=schema, id_type="string")  # ints into a string index
     assert plan.metadata_schema.field("year").type == pa.int64()

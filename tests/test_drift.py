@@ -16,7 +16,7 @@ SCORES = np.random.default_rng(0).normal(0.55, 0.08, 2000)  # the corpus's own b
 
 
 def _ref(**kw) -> Reference:
-    return Reference.from_scores(SCORES, method="held-out", corpus_rows=20_000, **kw)
+    return Reference.from_scores(SCORES, method="held-out", n_corpus=20_000, **kw)
 
 
 @pytest.mark.parametrize("n", [6, 20, 100, 501])
@@ -114,7 +114,7 @@ def test_not_judged_and_raw_figures():
 
 def test_a_sample_of_a_large_write_names_both_counts():
     report = drift_report(np.percentile(SCORES, np.linspace(10, 90, 50)), _ref(), rows=10_000)
-    assert (report.rows, report.scored_rows, report.judged_rows) == (10_000, 50, 50)
+    assert (report.n_rows, report.n_scored, report.n_judged) == (10_000, 50, 50)
     assert report.to_words().startswith("50 of the 10,000 new rows sit like the corpus")
     assert DriftReport.from_record(report.to_dict()) == report  # as the history stores it
     old = {"mean_log_prob": -14239.7, "corpus_mean_log_prob": 657.7, "gap_std": 8471.83,
@@ -140,5 +140,5 @@ def test_upsert_judges_an_edited_row_against_the_others_not_its_old_self(tmp_pat
     kept = np.delete(np.arange(120), 5)
     best = float((Z[kept] @ Z[120]).max())
     assert best < 0.999 and drift["median_score"] == pytest.approx(best, abs=1e-5)
-    assert drift["judged_rows"] == 1 and drift["warn"] is False
+    assert drift["n_judged"] == 1 and drift["warn"] is False
     assert DriftReport.model_validate(drift).to_words().endswith("one row is too few to call drift")

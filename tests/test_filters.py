@@ -48,15 +48,15 @@ def _metadata(rng: np.random.Generator, n: int) -> pa.Table:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Three shards written by the store's own writer, their full table and vectors."""
+    """Three parts written by the store's own writer, their full table and vectors."""
     root = tmp_path_factory.mktemp("filters")
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(ROWS, DIM)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     meta = _metadata(rng, ROWS)
     texts = [f"passage {i} about {'tides' if i % 7 == 0 else 'heat pumps'}" for i in range(ROWS)]
-    writer = store.ShardWriter(root, shard_rows=SHARD_ROWS, row_group_rows=128)
-    writer.write(store.shard_table([f"doc{i}" for i in range(ROWS)], texts, meta, vectors, vectors))
+    writer = store.PartWriter(root, part_rows=SHARD_ROWS, row_group_rows=128)
+    writer.write(store.rows_table([f"doc{i}" for i in range(ROWS)], texts, meta, vectors, vectors))
     shards = writer.close()
     assert len(shards) == 3
     table = meta.append_column("id", pa.array([f"doc{i}" for i in range(ROWS)]))
@@ -73,8 +73,8 @@ def _segments(root: Path, shards: list) -> list[SegmentRef]:
     refs, offset = [], 0
     for shard in shards:
         path = root / shard.path
-        refs.append(SegmentRef(shard.path, offset, shard.rows, lambda p=path: pq.read_table(p)))
-        offset += shard.rows
+        refs.append(SegmentRef(shard.path, offset, shard.n_rows, lambda p=path: pq.read_table(p)))
+        offset += shard.n_rows
     return refs
 
 

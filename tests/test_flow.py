@@ -39,7 +39,7 @@ def test_inverse_is_exact(levels, depth, dim):
     assert rel < 1e-4
     # a bijection both ways, at full precision, even for a flow far from its fitted state
     _perturb(cal.module)
-    cal._prepare()  # the fused inference form is rebuilt after any parameter change
+    cal._assemble()  # the frozen inference form is rebuilt after any parameter change
     G = np.random.default_rng(1).normal(size=(50, dim))
     assert np.abs(cal._transform(cal._inverse(G)) - G).max() < 1e-9
     assert np.abs(cal._inverse(cal._transform(U)) - U).max() / np.abs(U).max() < 1e-9
@@ -52,7 +52,7 @@ def test_log_prob_is_change_of_variables_with_autograd_jacobian(name):
     cal = make_calibrator(name, levels=2, depth=2, width=8).fit(U)
     assert cal.fit_stats["constant_dims"] == 1
     _perturb(cal.module, seed=3)
-    cal._prepare()
+    cal._assemble()
     lp = cal.log_prob(U[:5])
     assert lp.shape == (5,) and lp.dtype == np.float64
     for u, expected in zip(torch.from_numpy(U[:5]), lp):
@@ -66,7 +66,7 @@ def test_log_prob_is_change_of_variables_with_autograd_jacobian(name):
 def test_gradients_reach_every_parameter():
     flow = GlowFlow(10, levels=2, depth=2, width=8)
     x = torch.randn(64, 10)
-    flow(x, init=True)
+    flow.initialize(x)
     _perturb(flow)
     (-flow.log_prob(x).mean()).backward()
     for name, p in flow.named_parameters():
@@ -207,43 +207,44 @@ def test_whitening_flow_starts_from_whitened_vectors(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["flow", "whitening-flow"])
-def test_fused_inference_form_equals_the_module(name):
-    from flowsearch.calibration.glow import FusedGlow
-
+def test_frozen_inference_form_equals_the_module(name):
     U = cone(500, 13)
     U[:, 4] = 1e-32
     cal = make_calibrator(name, levels=3, depth=2, width=8).fit(U)
     _perturb(cal.module, seed=11)  # every parameter matters, zero-initialised ones included
-    x = torch.from_numpy(U[:, cal.active])
+    cal._assemble()
     with torch.no_grad():
-        z_module, ld_module = cal.module(x)
-        z_fused, ld_fused = FusedGlow(cal.module)(x)
-    np.testing.assert_allclose(z_fused.numpy(), z_module.numpy(), rtol=0, atol=1e-10)
-    assert float(ld_fused) == pytest.approx(float(ld_module), abs=1e-10)
-    cal._prepare()
-    z_full, ld_full = cal.torch_forward(torch.from_numpy(U))
-    np.testing.assert_allclose(cal._transform(U), z_full.detach().numpy(), atol=1e-10)
+        z_module, ld_module = cal.torch_forward(torch.from_numpy(U))
+    z, lp = cal.transform_and_log_prob(U)
+    np.testing.assert_allclose(cal._transform(U), z_module.numpy(), rtol=1e-12, atol=1e-10)
+    np.testing.assert_allclose(z, z_module.numpy(), rtol=1e-6, atol=1e-6)  # float32
+    expected_lp = -0.5 * ((z_module**2).sum(1) + 13 * math.log(2 * math.pi)) + ld_module
+    np.testing.assert_allclose(lp, expected_lp.numpy(), rtol=1e-12, atol=1e-9)
 
 
 @pytest.mark.parametrize("name", ["flow", "whitening-flow"])
-def test_small_batches_take_the_numpy_path_with_the_same_numbers(name):
-    """Queries (few rows) run the fused map in numpy; it must equal the torch path exactly
-    enough, constant dimensions included, and never touch torch's process-wide thread count."""
-    import torch
-
-    from flowsearch.calibration import flow as flow_module
+def test_chunking_does_not_change_the_numbers_nor_touch_torch(name):
+    """Inference runs the frozen numpy map in blocks of rows, the flow in chunks of them: any
+    size gives the same numbers (constant dimensions included), and torch's process-wide thread
+    count is never touched (queries run beside each other)."""
+    from flowsearch.settings import override
 
     rng = np.random.default_rng(3)
     U = rng.normal(size=(600, 12)) @ rng.normal(size=(12, 12))
     U[:, 5] = 0.25  # a constant dimension
     cal = make_calibrator(name, seed=0, levels=2, depth=2, width=16).fit(U)
-    Q = U[:7] + rng.normal(scale=0.1, size=(7, 12))
+    Q = U[:37] + rng.normal(scale=0.1, size=(37, 12))
     threads = torch.get_num_threads()
-    z_small, lp_small = cal.transform_and_log_prob(Q)
+    z_one, lp_one = cal.transform_and_log_prob(Q)
     assert torch.get_num_threads() == threads
-    big = np.concatenate([Q, np.repeat(Q[:1], flow_module.SMALL_BATCH, axis=0)])
-    z_big, lp_big = cal.transform_and_log_prob(big)
-    np.testing.assert_allclose(z_small, z_big[:7], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(lp_small, lp_big[:7], rtol=1e-9, atol=1e-7)
-    np.testing.assert_allclose(cal.transform(Q), z_small, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(cal.log_prob(Q), lp_small, rtol=1e-12)
+    with override(calibration_block_rows=7, calibration_chunk_macs=1):  # chunks of 1 row
+        z_five, lp_five = cal.transform_and_log_prob(Q)
+        back = cal.inverse(z_five)
+    # float64 maps of the same rows (BLAS may sum in another order for another row count);
+    # the float32 outputs agree to their last bit or so
+    np.testing.assert_allclose(z_five, z_one, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(lp_five, lp_one, rtol=1e-12)
+    np.testing.assert_allclose(back, cal.inverse(z_one), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(cal.transform(Q), z_one, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(cal.log_prob(Q), lp_one, rtol=1e-12)
+    np.testing.assert_allclose(cal.transform(Q[:1]), z_one[:1], rtol=1e-6, atol=1e-6)

@@ -18,7 +18,7 @@ from flowsearch.search.scores import FusionReference
 from flowsearch.settings import override
 
 REPO = Path(__file__).resolve().parents[1]
-REF = FusionReference(rows=0, n_rows=1000, dense_background=0.1)
+REF = FusionReference(n_measured=0, n_rows=1000, dense_background=0.1)
 
 
 def _hits(*queries: list[tuple[int, float]], width: int | None = None):

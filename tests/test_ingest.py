@@ -54,7 +54,7 @@ def test_build_writes_a_complete_index(built, model_dir):
     assert cal.anisotropy["mean_cosine"] > 0.5 and cal.auto is not None
     assert cal.auto.calibrated is True and cal.calibrated and cal.config["power"] == 0.25
     assert cal.space == "calibrated" and "gaussian space" in cal.decision
-    assert m.density is not None and m.density.rows == 120
+    assert m.density is not None and m.density.n_rows == 120
     assert m.density.std_log_prob > 0 and np.isfinite(m.density.mean_log_prob)
     (seg,) = m.segments
     assert m.ann_requested == "auto" and seg.ann == mf.AnnRecord(path="ann.faiss", factory="Flat")
@@ -211,7 +211,8 @@ def test_blank_texts_are_skipped_and_counted(tmp_path, model_dir):
     m = mf.read(tmp_path / "idx")
     assert (m.n_rows, m.skipped, m.next_auto_id, m.calibration.calibrator) == (2, 2, 4, "none")
     hits = Searcher.open(tmp_path / "idx").search("dog", k=5)
-    assert [h.id for h in hits] == ["d", "a"] and hits[0].score == pytest.approx(1.0, abs=1e-5)
+    assert [h.id for h in hits] == ["d", "a"]
+    assert hits[0].dense_score == pytest.approx(1.0, abs=1e-5)
 
 
 def test_existing_targets_are_refused(tmp_path, model_dir, corpus, built):

@@ -52,7 +52,7 @@ def _ids(s: Searcher) -> list[Any]:
     """The id of every row of the pinned version in global row order, None for a deleted one."""
     out: list[Any] = []
     for seg, dead in zip(s.version.segments, s.version.deleted, strict=True):
-        ids = [i for chunk in seg.rows.column_chunks("id") for i in chunk]
+        ids = [i for chunk in seg.reader.column_chunks("id") for i in chunk]
         out += [None if dead is not None and dead[n] else i for n, i in enumerate(ids)]
     return out
 

@@ -65,8 +65,8 @@ def _rows(index_dir: Path) -> tuple[list[Any], np.ndarray, np.ndarray]:
     s = Searcher.open(index_dir)
     try:
         (segment,) = s.version.segments  # a build writes one segment, on either engine
-        ids = segment.rows.table(["id"]).column("id").to_pylist()
-        return ids, segment.rows.vectors("raw"), s.vectors()
+        ids = segment.reader.table(["id"]).column("id").to_pylist()
+        return ids, segment.reader.vectors("raw"), s.vectors()
     finally:
         s.close()
 

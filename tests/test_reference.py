@@ -28,13 +28,13 @@ from flowsearch.storage import manifest as mf
 
 def _ref(n: int = 1000, method: str = "held-out") -> Reference:
     # best scores spread evenly over [0.4, 0.8]: 5th percentile 0.42, median 0.6
-    return Reference.from_scores(np.linspace(0.4, 0.8, n), method=method, corpus_rows=10 * n)
+    return Reference.from_scores(np.linspace(0.4, 0.8, n), method=method, n_corpus=10 * n)
 
 
 def test_density_stats():
     lp = np.arange(101, dtype=float)
     stats = density_stats(lp)
-    assert stats.mean_log_prob == 50 and stats.median == 50 and stats.rows == 101
+    assert stats.mean_log_prob == 50 and stats.median == 50 and stats.n_rows == 101
     assert stats.p01 == pytest.approx(1.0) and stats.p05 == pytest.approx(5.0)
 
 
@@ -96,8 +96,8 @@ def test_percentile_of_interpolates_clamps_and_splits_ties():
 
 def test_reference_percentiles_match_the_share_of_rows_below():
     scores = np.random.default_rng(0).normal(0.5, 0.1, 800)
-    ref = Reference.from_scores(scores, method="held-out", corpus_rows=8000)
-    assert ref.percents == PERCENTS and len(ref.scores) == 101 and ref.rows == 800
+    ref = Reference.from_scores(scores, method="held-out", n_corpus=8000)
+    assert ref.percents == PERCENTS and len(ref.scores) == 101 and ref.n_measured == 800
     probe = np.array([0.3, 0.42, 0.5, 0.61, 0.7])
     share = np.array([100 * np.mean(scores < x) for x in probe])
     np.testing.assert_allclose(ref.percentiles(probe), share, atol=1.0)
@@ -106,18 +106,18 @@ def test_reference_percentiles_match_the_share_of_rows_below():
 
 def test_reference_drops_nan_rows_and_keeps_log_densities_only_when_finite():
     ref = Reference.from_scores(np.array([0.5, np.nan, 0.7]), method="leave-one-out",
-                                corpus_rows=3, log_densities=np.array([1.0, 2.0, 9.0]))  # fmt: skip
-    assert ref.rows == 2 and ref.log_density_median == 2.0
-    bad = Reference.from_scores(np.array([0.5, 0.7]), method="leave-one-out", corpus_rows=2,
+                                n_corpus=3, log_densities=np.array([1.0, 2.0, 9.0]))  # fmt: skip
+    assert ref.n_measured == 2 and ref.log_density_median == 2.0
+    bad = Reference.from_scores(np.array([0.5, 0.7]), method="leave-one-out", n_corpus=2,
                                 log_densities=np.array([1.0, -np.inf]))  # fmt: skip
     assert bad.log_density_median is None
-    empty = Reference.from_scores(np.array([np.nan]), method="leave-one-out", corpus_rows=1)
-    assert not empty.measured and empty.rows == 0
+    empty = Reference.from_scores(np.array([np.nan]), method="leave-one-out", n_corpus=1)
+    assert not empty.measured and empty.n_measured == 0
 
 
 def test_reference_is_small_and_round_trips_through_json():
     ref = Reference.from_scores(np.random.default_rng(1).random(2000), method="held-out",
-                                corpus_rows=20_000, space="encoder", mean_cosine=0.04)  # fmt: skip
+                                n_corpus=20_000, space="encoder", mean_cosine=0.04)  # fmt: skip
     text = json.dumps(ref.model_dump())
     assert len(text) < 2500  # the manifest stays small
     assert Reference.model_validate(json.loads(text)) == ref
@@ -125,7 +125,7 @@ def test_reference_is_small_and_round_trips_through_json():
 
 def test_why_unusable_names_the_missing_reference_and_too_few_rows():
     assert "no reference" in why_unusable(None)
-    few = Reference.from_scores(np.linspace(0, 1, 30), method="leave-one-out", corpus_rows=30)
+    few = Reference.from_scores(np.linspace(0, 1, 30), method="leave-one-out", n_corpus=30)
     assert "holds 30 rows, too few" in why_unusable(few)
     assert why_unusable(_ref()) is None
     with override(reference_min_rows=10):
@@ -163,26 +163,26 @@ def test_the_previous_releases_held_out_record_still_gives_a_reference():
     # what the previous release stored: held-out rows' best scores at nine percentiles
     density = mf.DensityStats(mean_log_prob=260.0, std_log_prob=40.0, p01=150.0, p05=190.0,
                               median=262.0, rows=391)  # fmt: skip
-    held = mf.HeldOut(rows=391, density=density,
+    held = mf.HeldOut(n_rows=391, density=density,
                       percents=(1.0, 5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0),
                       top_score=(0.30, 0.40, 0.45, 0.52, 0.58, 0.64, 0.70, 0.74, 0.80))  # fmt: skip
     m = _manifest(3913).model_copy(update={"held_out": held})
     ref = reference_of(m)
-    assert ref is not None and ref.method == "held-out" and ref.rows == 391
-    assert ref.corpus_rows == 3913 and ref.space == "encoder" and ref.mean_cosine == 0.05
+    assert ref is not None and ref.method == "held-out" and ref.n_measured == 391
+    assert ref.n_corpus == 3913 and ref.space == "encoder" and ref.mean_cosine == 0.05
     assert ref.score_at(5.0) == 0.40 and ref.percentile(0.55) == pytest.approx(37.5)
     assert ref.log_density_median == 262.0  # 5000 fit rows >= 3 x dim 4: reliable
     cal = m.calibration.model_copy(update={"fit_rows": 5})
     unreliable = m.model_copy(update={"calibration": cal})
     assert reference_of(unreliable).log_density_median is None
     # a corpus under 500 rows held none out: no reference, as before
-    assert reference_of(m.model_copy(update={"held_out": mf.HeldOut(rows=0)})) is None
+    assert reference_of(m.model_copy(update={"held_out": mf.HeldOut(n_rows=0)})) is None
     assert reference_of(_manifest()) is None
 
 
 def test_reference_round_trips_through_the_manifest_and_wins_over_held_out():
     ref = _ref(200, "leave-one-out")
-    held = mf.HeldOut(rows=60, percents=(5.0, 50.0), top_score=(0.1, 0.2))
+    held = mf.HeldOut(n_rows=60, percents=(5.0, 50.0), top_score=(0.1, 0.2))
     m = _manifest().model_copy(update={"reference": ref.model_dump(mode="json"), "held_out": held})
     again = mf.from_json(json.loads(json.dumps(m.to_json_dict())))
     assert reference_of(again) == ref
@@ -207,14 +207,14 @@ def test_build_measures_held_out_rows_or_every_row_of_a_small_corpus(tmp_path, m
     m = s.manifest
     _, held = split_fit_rows(600, 200_000)
     ref = reference_of(m)
-    assert ref is not None and ref.method == "held-out" and ref.rows == len(held) == 60
+    assert ref is not None and ref.method == "held-out" and ref.n_measured == len(held) == 60
     assert m.calibration.fit_rows == 540 and ref.space == "calibrated" and ref.mean_cosine is None
     raw = np.asarray(pq.read_table(corpus).column("text").to_pylist())
     cal = load_calibrator(tmp_path / "idx" / m.calibration.path)
     Z = s.vectors()
     S = Z[held] @ Z.T
     S[np.arange(len(held)), held] = -np.inf
-    expect = Reference.from_scores(S.max(1), method="held-out", corpus_rows=600)
+    expect = Reference.from_scores(S.max(1), method="held-out", n_corpus=600)
     np.testing.assert_allclose(ref.scores, expect.scores, atol=1e-5)
     lp = cal.log_prob(s.encoder.encode(list(raw[held])))
     assert ref.log_density_median == pytest.approx(float(np.median(lp)), rel=1e-4)
@@ -228,7 +228,7 @@ def test_build_measures_held_out_rows_or_every_row_of_a_small_corpus(tmp_path, m
     build_index(small, tmp_path / "small", model=str(model_dir), calibration="flow")
     s = Searcher.open(tmp_path / "small")
     ref = reference_of(s.manifest)
-    assert ref is not None and ref.method == "leave-one-out" and ref.rows == 120
+    assert ref is not None and ref.method == "leave-one-out" and ref.n_measured == 120
     text = pq.read_table(small).column("text")[7].as_py()
     report = s.query(text, k=1, mode="dense").report
     assert report.verdict == "in-distribution" and report.percentile == 100.0

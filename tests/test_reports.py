@@ -17,7 +17,7 @@ from flowsearch.storage.manifest import AutoDecision, CalibrationSpec
 def _ref(**kw) -> Reference:
     # best scores spread evenly over [0.4, 0.8]: 5th percentile 0.42, median 0.6
     return Reference.from_scores(np.linspace(0.4, 0.8, 1001), method="held-out",
-                                 corpus_rows=10_000, **kw)  # fmt: skip
+                                 n_corpus=10_000, **kw)  # fmt: skip
 
 
 def test_verdict_is_the_percentile_among_the_corpus_passages():
@@ -70,7 +70,7 @@ def test_not_judged_reasons_in_words():
     assert query_report(float("nan"), ref).top_score is None
     missing = query_report(0.6, None)
     assert missing.verdict == "not judged" and "no reference" in missing.reason
-    few = Reference.from_scores(np.linspace(0.4, 0.8, 12), method="leave-one-out", corpus_rows=12)
+    few = Reference.from_scores(np.linspace(0.4, 0.8, 12), method="leave-one-out", n_corpus=12)
     assert "holds 12 rows, too few" in query_report(0.6, few).reason
 
 

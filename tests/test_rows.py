@@ -67,11 +67,11 @@ def test_rows_by_local_number_and_columns(tmp_path):
     reader = store.RowReader(tmp_path, parts, store.RowCache(max_bytes=1))  # caches nothing
     assert len(reader) == 100 and reader.metadata_columns == ("year",)
     want = [99, 0, 41, 40, 39, 57, 0]
-    got = reader.rows(want)
+    got = reader.records(want)
     assert [r["id"] for r in got] == [ids[i] for i in want]
     assert [r["text"] for r in got] == [texts[i] for i in want]
     assert got[2]["metadata"] == {"year": 41 % 7 + 2000}
-    assert reader.rows([]) == []
+    assert reader.records([]) == []
     np.testing.assert_array_equal(reader.vectors("vector"), vectors)
     np.testing.assert_allclose(reader.vectors("raw"), raw, atol=2e-3, rtol=1e-3)  # float16
     assert [len(c) for c in reader.column_chunks("id")] == [40, 40, 20]
@@ -81,13 +81,13 @@ def test_rows_by_local_number_and_columns(tmp_path):
     assert [b.num_rows for b in reader.batches(["id"])] == [40, 40, 20]
     for bad in ([100], [-1]):
         with pytest.raises(IndexError):
-            reader.rows(bad)
+            reader.records(bad)
 
 
 def test_the_row_cache_keeps_to_its_byte_budget_and_is_shared(tmp_path):
     parts, (ids, *_) = _segment(tmp_path, 80, 40, 8)
     reader = store.RowReader(tmp_path, parts)  # a private cache, large enough for all groups
-    assert [r["id"] for r in reader.rows(range(80))] == ids
+    assert [r["id"] for r in reader.records(range(80))] == ids
     keys = [(str(tmp_path), part, group) for part in (0, 1) for group in range(5)]
     assert all(reader._cache.get(key) is not None for key in keys)
     size = pq.ParquetFile(tmp_path / parts[0].path).read_row_group(0, ["id", "text", "year"]).nbytes
@@ -95,7 +95,7 @@ def test_the_row_cache_keeps_to_its_byte_budget_and_is_shared(tmp_path):
     shared = store.RowCache(max_bytes=budget)
     first = store.RowReader(tmp_path, parts, shared)
     for start in range(0, 80, 8):  # group by group, each read once
-        assert [r["id"] for r in first.rows(range(start, start + 8))] == ids[start : start + 8]
+        assert [r["id"] for r in first.records(range(start, start + 8))] == ids[start : start + 8]
     kept = [key for key in keys if shared.get(key) is not None]
     assert kept == keys[-3:]  # least recently used out
     # a second reader of the same segment answers from the shared cache: its files unread
@@ -106,9 +106,9 @@ def test_the_row_cache_keeps_to_its_byte_budget_and_is_shared(tmp_path):
 
     for handle in second._files:
         handle.read_row_group = unread
-    assert [r["id"] for r in second.rows(range(56, 80))] == ids[56:80]
+    assert [r["id"] for r in second.records(range(56, 80))] == ids[56:80]
     with pytest.raises(AssertionError, match="cache holds"):
-        second.rows([0])
+        second.records([0])
     # one entry larger than the whole budget is not kept (and evicts nothing)
     tiny = store.RowCache(max_bytes=10)
     tiny.put(("x", 0, 0), 11, {"id": ["a"]})
@@ -126,10 +126,10 @@ def test_rows_from_the_cache_are_the_callers_own(tmp_path):
     )  # fmt: skip
     writer.write(table)
     reader = store.RowReader(tmp_path, writer.close())
-    first = reader.rows([0])[0]
+    first = reader.records([0])[0]
     first["metadata"]["tags"].append("mutated")
     first["metadata"]["where"]["city"] = "mutated"
-    assert reader.rows([0, 1]) == [
+    assert reader.records([0, 1]) == [
         {"id": "a", "text": "x", "metadata": {"tags": ["p", "q"], "where": {"city": "Oslo"}}},
         {"id": "b", "text": "y", "metadata": {"tags": ["r"], "where": {"city": "Rome"}}},
     ]
@@ -145,11 +145,12 @@ def test_a_reader_keeps_the_files_it_opened_after_they_are_unlinked(tmp_path):
     other, (ids2, *_) = _segment(folder, 90, 30, 8, start=1000, seed=1)
     assert other == parts and ids2 != ids  # the same names, other rows
     want = [89, 0, 45, 31]
-    got = reader.rows(want)
+    got = reader.records(want)
     assert [(r["id"], r["text"]) for r in got] == [(ids[i], texts[i]) for i in want]
     assert [i for c in reader.column_chunks("id") for i in c] == ids
     np.testing.assert_array_equal(reader.vectors(), vectors)
-    assert [r["id"] for r in store.RowReader(folder, other).rows(want)] == [ids2[i] for i in want]
+    found = store.RowReader(folder, other).records(want)
+    assert [r["id"] for r in found] == [ids2[i] for i in want]
 
 
 def test_a_closed_reader_releases_its_files(tmp_path):

@@ -37,13 +37,13 @@ def test_background_is_the_mean_cosine_between_distinct_rows(offset):
     brute = (cos.sum() - np.trace(cos)) / (60 * 59)
     ref = build_reference(Z.sum(0), 60)
     assert ref.dense_background == pytest.approx(brute, abs=1e-9)
-    assert ref.rows == 0 and ref.n_rows == 60
+    assert ref.n_measured == 0 and ref.n_rows == 60
     # from reference rows: each one's mean cosine to the other rows, averaged
     some = np.array([3, 10, 41])
     per_row = [(cos[r].sum() - cos[r, r]) / 59 for r in some]
     by_rows = build_reference(Z.sum(0), 60, Z[some])
     assert by_rows.dense_background == pytest.approx(np.mean(per_row), abs=1e-9)
-    assert by_rows.rows == 3
+    assert by_rows.n_measured == 3
     if offset:  # an anisotropic corpus has a clearly positive background
         assert ref.dense_background > 0.3
 
@@ -54,11 +54,11 @@ def test_reference_round_trips_through_json_and_refuses_damage():
     assert len(text) < 200
     assert FusionReference.from_dict(json.loads(text)) == ref
     with pytest.raises(IndexDamaged, match="malformed"):
-        FusionReference.from_dict({"rows": 0, "n_rows": 10})
+        FusionReference.from_dict({"n_measured": 0, "n_rows": 10})
     with pytest.raises(IndexDamaged, match="malformed"):
-        FusionReference.from_dict({"rows": 0, "n_rows": 10, "dense_background": "x"})
+        FusionReference.from_dict({"n_measured": 0, "n_rows": 10, "dense_background": "x"})
     with pytest.raises(IndexDamaged, match="below 1"):
-        FusionReference.from_dict({"rows": 0, "n_rows": 10, "dense_background": 1.0})
+        FusionReference.from_dict({"n_measured": 0, "n_rows": 10, "dense_background": 1.0})
     with pytest.raises(IndexDamaged, match="below 1"):
         FusionReference(0, 10, math.nan)
 
@@ -204,3 +204,56 @@ def test_nonsense_queries_score_low_on_the_sample_corpus():
     assert np.all(d_bad < 0.3) and np.all(h_bad < 0.2)
     assert l_bad[0] == 0.0 and l_bad[-1] == 0.0  # no corpus term; stopwords only
     assert d_good.min() > d_bad.max() and h_good.min() > h_bad.max()
+
+
+def _background(vectors: np.ndarray) -> float:
+    """The mean cosine over distinct pairs of unit rows, by brute force."""
+    cos = vectors.astype(np.float64) @ vectors.astype(np.float64).T
+    n = len(vectors)
+    return float((cos.sum() - np.trace(cos)) / (n * (n - 1)))
+
+
+def test_every_write_keeps_the_dense_background_current(tmp_path, model_dir):
+    """The background a dense score is measured from is the mean cosine between the stored rows
+    of the version searched, after a build, an add of other material, a delete (deleted rows
+    count until a merge drops them) and a full compaction (live rows only)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from corpus_helpers import sentences, write_corpus
+
+    from flowsearch.search.searcher import Searcher
+    from flowsearch.writes.build import build_index
+    from flowsearch.writes.compact import compact
+    from flowsearch.writes.delete import delete
+    from flowsearch.writes.upsert import add_to_index
+
+    idx = tmp_path / "idx"
+    build_index(write_corpus(tmp_path / "a.parquet", n=80, seed=1), idx, model=str(model_dir))
+
+    def measured() -> tuple[float, np.ndarray, int]:
+        searcher = Searcher.open(idx)
+        try:
+            version = searcher.version
+            return version.fusion().dense_background, searcher.vectors(), len(version.segments)
+        finally:
+            searcher.close()
+
+    first, stored, _ = measured()
+    assert first == pytest.approx(_background(stored), abs=1e-9)
+    short = sentences(60, seed=7, length=(2, 3))  # other material: two- and three-word texts
+    other = pa.table({"id": [f"b{i}" for i in range(60)], "text": short,
+                      "topic": ["x"] * 60, "year": pa.array([2000] * 60, pa.int32())})  # fmt: skip
+    pq.write_table(other, tmp_path / "b.parquet")
+    add_to_index(idx, tmp_path / "b.parquet")
+    grown, stored, n_segments = measured()
+    assert n_segments == 2 and len(stored) == 140
+    assert grown == pytest.approx(_background(stored), abs=1e-9)
+    delete(idx, [f"d{i}" for i in range(0, 80, 2)])
+    after_delete, stored, _ = measured()
+    assert after_delete == pytest.approx(grown, abs=1e-12) and len(stored) == 140
+    compact(idx, full=True)
+    compacted, kept, n_segments = measured()
+    assert n_segments == 1 and len(kept) == 100
+    assert compacted == pytest.approx(_background(kept), abs=1e-9)
+    # each write that changed the stored rows moved it: none was left stale
+    assert len({round(first, 6), round(grown, 6), round(compacted, 6)}) == 3

@@ -290,7 +290,7 @@ def test_query_result_and_info(searcher, index_dir):
     report = result.report
     m = searcher.manifest
     ref = reference_of(m)  # 150 rows hold none out: every row against the others
-    assert ref is not None and ref.method == "leave-one-out" and ref.rows == 150
+    assert ref is not None and ref.method == "leave-one-out" and ref.n_measured == 150
     assert report.log_density == pytest.approx(float(searcher.embed(["the red car"])[1][0]))
     assert report.verdict != "not judged" and report.reason is None
     assert report.percentile == pytest.approx(ref.percentile(report.top_score), abs=0.05)

@@ -49,7 +49,7 @@ def test_load_pins_every_segment_of_the_current_version(index, encoder):
     split = v.split(np.array([2, 59, 61, 64]))
     assert [s.tolist() for s in split] == [[2, 59], [1, 4]]
     assert v.split(None) == [None, None]
-    assert [r["id"] for r in v.segments[1].rows.rows([0, 4])] == ["a0", "a4"]
+    assert [r["id"] for r in v.segments[1].reader.records([0, 4])] == ["a0", "a4"]
 
 
 def test_a_versions_filter_gives_global_rows(index, encoder):

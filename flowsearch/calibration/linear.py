@@ -2,26 +2,24 @@ r"""Linear calibrators: the baselines of Li et al. 2020 (section 4.3) and BERT-w
 
 - ``none``: identity.
 - ``sn``: standard normalisation, ``(u - mu) / sigma`` per dimension.
-- ``natsv``: "nulling away the top-k singular vectors" (Mu et al. 2017, all-but-the-top):
+- ``natsv``: "nulling away the top-k singular vectors" (Mu et al. 2018, all-but-the-top):
   centre, then remove the projection on the top-k principal directions.
 - ``sn-natsv``: ``sn`` followed by ``natsv``.
-- ``whitening``: ``(u - mu) W`` with ``W = U diag(1/sqrt(S))`` from the SVD of the covariance
-  (Su et al. 2021), optionally keeping only the first ``k`` columns (dimension reduction), and
-  optionally at a lower *strength*: eigenvalues raised to ``-power`` instead of ``-1/2``
-  (partial whitening), and/or the covariance shrunk toward the identity,
-  ``S + shrinkage * tr(S)/d`` (Ledoit and Wolf 2004), so that directions of small variance are
-  amplified less. Full whitening equalises every direction, including ones that carry little
-  meaning (e.g. a text's length, issue 16); a weaker map keeps part of the original spectrum.
+- ``whitening``: ``(u - mu) W`` with ``W = U diag(S^-power)`` from the SVD ``U S U^T`` of the
+  covariance (Su et al. 2021; ``power`` 1/2 is full whitening), optionally keeping only the first
+  ``k`` columns (dimension reduction), optionally with the covariance shrunk toward the
+  identity, ``S + shrinkage * tr(S)/d`` (Ledoit and Wolf 2004).
+- ``gaussian``: whitening's map, and the log-density of the fitted full-covariance Gaussian.
 
-Degenerate input (constant dimensions, duplicated rows, fewer rows than dimensions) gives
-zero or near-zero variances. Dividing by them would blow noise up to infinity, so scales are
-floored: ``sn`` at a small fraction of the median standard deviation, ``whitening`` at the
-smallest eigenvalue the data really has (directions the corpus does not span are scaled like
-its least-varying real direction, no more).
+Degenerate input (constant dimensions, duplicated rows, fewer rows than dimensions) gives zero
+or near-zero variances. Dividing by them would blow noise up to infinity, so scales are floored:
+``sn`` at a small fraction of the median standard deviation, ``whitening`` at the smallest
+eigenvalue the data really has (directions the corpus does not span are scaled like its
+least-varying real direction, no more).
 
 References:
     Li et al., "On the Sentence Embeddings from Pre-trained Language Models", EMNLP 2020.
-    Mu, Bhat and Viswanath, "All-but-the-Top: Simple and Effective Postprocessing for Word
+    Mu and Viswanath, "All-but-the-Top: Simple and Effective Postprocessing for Word
     Representations", ICLR 2018.
     Su et al., "Whitening Sentence Representations for Better Semantics and Faster
     Retrieval", arXiv:2103.15316, 2021.
@@ -31,12 +29,16 @@ References:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from flowsearch.calibration.base import Calibrator, as_matrix, register
-from flowsearch.errors import FlowsearchError
+from flowsearch.calibration.maps import LOG_2PI, standardise, unstandardise, unwhiten, whiten
+from flowsearch.calibration.state import BadState, Spec, require_positive
+from flowsearch.errors import BadInput
+from flowsearch.settings import current
 
 __all__ = [
     "FULL_POWER",
@@ -48,32 +50,24 @@ __all__ = [
     "Whitening",
 ]
 
-# sigma below this fraction of the median sigma counts as a constant dimension.
+#: sigma below this fraction of the median sigma counts as a constant dimension.
 _SN_FLOOR = 1e-3
-# Eigenvalues below this fraction of the largest are numerically zero.
+#: Eigenvalues below this fraction of the largest are numerically zero.
 _EIG_RTOL = 1e-9
-
-
-#: Rows centred at a time when whitening computes its covariance (bounds the extra memory).
-_COV_CHUNK = 16_384
-
-
-def _sn_params(U: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    mu = U.mean(axis=0)
-    sigma = U.std(axis=0)
-    positive = sigma[sigma > 0]
-    floor = _SN_FLOOR * float(np.median(positive)) if positive.size else 1.0
-    return mu, np.maximum(sigma, max(floor, 1e-30))
-
-
-def _top_directions(X: np.ndarray, k: int) -> np.ndarray:
-    """The top-k right singular vectors of centred ``X``, as columns ``(d, k)``."""
-    _, _, vt = np.linalg.svd(X, full_matrices=False)
-    return vt[:k].T.copy()
-
-
 #: The exponent of full whitening (eigenvalues ^ -1/2), the default strength.
 FULL_POWER = 0.5
+
+
+def _vector(d: int) -> Spec:
+    return Spec((d,), "float64")
+
+
+def _check_k(k: Any, name: str, minimum: int) -> int | None:
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < minimum:
+        raise BadInput(f"{name}: k must be an integer >= {minimum}, got {k!r}", param="k")
+    return int(k)
 
 
 def _check_strength(power: Any, shrinkage: Any) -> dict[str, float]:
@@ -83,23 +77,15 @@ def _check_strength(power: Any, shrinkage: Any) -> dict[str, float]:
     for name, value, low, high in (("power", power, 0.0, FULL_POWER),
                                    ("shrinkage", shrinkage, 0.0, float("inf"))):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-            raise FlowsearchError(f"whitening: {name} must be a number, got {value!r}")
+            raise BadInput(f"whitening: {name} must be a number, got {value!r}", param=name)
         if not (low <= float(value) <= high) or not np.isfinite(float(value)):
             bound = f"in [{low}, {high}]" if np.isfinite(high) else f">= {low}"
-            raise FlowsearchError(f"whitening: {name} must be {bound}, got {value!r}")
+            raise BadInput(f"whitening: {name} must be {bound}, got {value!r}", param=name)
     if float(power) != FULL_POWER:
         out["power"] = float(power)
     if float(shrinkage) != 0.0:
         out["shrinkage"] = float(shrinkage)
     return out
-
-
-def _check_k(k: Any, name: str, minimum: int) -> int | None:
-    if k is None:
-        return None
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < minimum:
-        raise FlowsearchError(f"{name}: k must be an integer >= {minimum}, got {k!r}")
-    return int(k)
 
 
 @register("none")
@@ -120,7 +106,14 @@ class Identity(Calibrator):
     def state(self) -> dict[str, np.ndarray]:
         return {"dim": np.array([self.dim_in], dtype=np.int64)}
 
-    def _load_state(self, tensors: dict[str, np.ndarray]) -> None:
+    def _state_spec(self, tensors: Mapping[str, np.ndarray]) -> dict[str, Spec]:
+        return {"dim": Spec((1,), "int64")}
+
+    def _check_values(self, tensors: Mapping[str, np.ndarray]) -> None:
+        if int(tensors["dim"][0]) != self.dim_in:
+            raise BadState(f"tensor 'dim' is {int(tensors['dim'][0])}, dim_in is {self.dim_in}")
+
+    def _load_state(self, tensors: Mapping[str, np.ndarray]) -> None:
         pass
 
 
@@ -138,18 +131,29 @@ class StandardNormalization(Calibrator):
     _invertible = True
 
     def _fit(self, U: np.ndarray) -> None:
-        self.mu, self.sigma = _sn_params(U)
+        self.mu = U.mean(axis=0)
+        sigma = U.std(axis=0)
+        positive = sigma[sigma > 0]
+        floor = _SN_FLOOR * float(np.median(positive)) if positive.size else 1.0
+        self.sigma = np.maximum(sigma, max(floor, 1e-30))
 
     def _transform(self, U: np.ndarray) -> np.ndarray:
-        return (U - self.mu) / self.sigma
+        return standardise(U, self.mu, self.sigma)
 
     def _inverse(self, Z: np.ndarray) -> np.ndarray:
-        return Z * self.sigma + self.mu
+        return unstandardise(Z, self.mu, self.sigma)
 
     def state(self) -> dict[str, np.ndarray]:
         return {"mu": self.mu, "sigma": self.sigma}
 
-    def _load_state(self, tensors: dict[str, np.ndarray]) -> None:
+    def _state_spec(self, tensors: Mapping[str, np.ndarray]) -> dict[str, Spec]:
+        d = self._need_fitted()
+        return {"mu": _vector(d), "sigma": _vector(d)}
+
+    def _check_values(self, tensors: Mapping[str, np.ndarray]) -> None:
+        require_positive(tensors, ["sigma"])
+
+    def _load_state(self, tensors: Mapping[str, np.ndarray]) -> None:
         self.mu, self.sigma = tensors["mu"], tensors["sigma"]
 
 
@@ -158,8 +162,8 @@ class NullTopSingular(Calibrator):
     r"""Nulls away the top-``k`` singular vectors (NATSV) of the centred vectors.
 
     Arguments:
-        k: How many leading principal directions to remove (the paper tunes 1..20 on STS-B
-            dev; its Table 5 reports k = 10 alone and k = 6 after SN).
+        k: How many leading principal directions to remove, ``1 <= k < d`` (the paper tunes
+            1..20 on STS-B dev; its Table 5 reports k = 10 alone and k = 6 after SN).
     """
 
     def __init__(self, k: int = 6) -> None:
@@ -168,24 +172,40 @@ class NullTopSingular(Calibrator):
     def _fit(self, U: np.ndarray) -> None:
         k = self.config["k"]
         if k >= U.shape[1]:
-            raise FlowsearchError(f"natsv: k={k} must be smaller than the dimension {U.shape[1]}")
+            raise BadInput(f"natsv: k={k} must be smaller than the dimension {U.shape[1]}")
         self.mu = U.mean(axis=0)
-        self.directions = _top_directions(U - self.mu, k)
+        _, _, vt = np.linalg.svd(U - self.mu, full_matrices=False)
+        self.directions = vt[:k].T.copy()
 
     def _transform(self, U: np.ndarray) -> np.ndarray:
         X = U - self.mu
-        return X - (X @ self.directions) @ self.directions.T
+        out: np.ndarray = X - (X @ self.directions) @ self.directions.T
+        return out
 
     def state(self) -> dict[str, np.ndarray]:
         return {"mu": self.mu, "directions": self.directions}
 
-    def _load_state(self, tensors: dict[str, np.ndarray]) -> None:
+    def _state_spec(self, tensors: Mapping[str, np.ndarray]) -> dict[str, Spec]:
+        d = self._need_fitted()
+        return {"mu": _vector(d), "directions": Spec((d, self.config["k"]), "float64")}
+
+    def _check_values(self, tensors: Mapping[str, np.ndarray]) -> None:
+        if self.config["k"] >= self._need_fitted():
+            raise BadState(f"k={self.config['k']} is not below dim_in={self.dim_in}")
+
+    def _load_state(self, tensors: Mapping[str, np.ndarray]) -> None:
         self.mu, self.directions = tensors["mu"], tensors["directions"]
 
 
 @register("sn-natsv")
 class SNNullTop(Calibrator):
-    """Standard normalisation, then NATSV on the normalised vectors (paper's SN + NATSV)."""
+    """Standard normalisation, then NATSV on the normalised vectors (paper's SN + NATSV).
+
+    Arguments:
+        k: As for ``natsv``.
+    """
+
+    _PARTS = ("sn.", "natsv.")
 
     def __init__(self, k: int = 6) -> None:
         super().__init__(k=_check_k(k, "sn-natsv", 1))
@@ -205,31 +225,36 @@ class SNNullTop(Calibrator):
             **{f"natsv.{k}": v for k, v in self._natsv.state().items()},
         }
 
-    def _load_state(self, tensors: dict[str, np.ndarray]) -> None:
-        assert self.dim_in is not None
+    def _state_spec(self, tensors: Mapping[str, np.ndarray]) -> dict[str, Spec]:
+        d = self._need_fitted()
+        directions = Spec((d, self.config["k"]), "float64")
+        return {"sn.mu": _vector(d), "sn.sigma": _vector(d), "natsv.mu": _vector(d),
+                "natsv.directions": directions}  # fmt: skip
+
+    def _load_state(self, tensors: Mapping[str, np.ndarray]) -> None:
+        d = self._need_fitted()
         for part, prefix in ((self._sn, "sn."), (self._natsv, "natsv.")):
-            own = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-            part.restore(own, self.dim_in)
+            part.restore(
+                {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}, d
+            )
 
 
 @register("whitening")
 class Whitening(Calibrator):
-    r"""BERT-whitening: ``z = (u - mu) W[:, :k]``, ``W = U diag(S^-power)``, ``USU^T = cov``.
+    r"""BERT-whitening: ``z = (u - mu) W[:, :k]``, ``W = U diag(S^-power)``, ``U S U^T = cov``.
 
     Arguments:
-        k: Keep the first ``k`` whitened dimensions (largest variance first); ``None`` keeps
-            all of them, which makes the map invertible.
-        power: The strength: each principal direction is divided by its variance to this
-            power. ``0.5`` (default) is full whitening (identity covariance); ``0.25`` is
-            partial whitening (the spread of standard deviations is square-rooted); ``0``
-            only centres and rotates (cosine of the centred vectors).
-        shrinkage: ``lambda >= 0``: whiten with ``S + lambda * tr(S)/d`` instead of ``S``
-            (shrinkage toward the identity); ``0`` (default) is none. Large values tend
-            toward centring only.
+        k: Keep the first ``k`` whitened dimensions (largest variance first), ``k <= d``;
+            ``None`` keeps all of them, which makes the map invertible.
+        power: The strength, in ``[0, 0.5]``: each principal direction is divided by its
+            variance to this power. ``0.5`` (default) is full whitening (identity covariance);
+            ``0.25`` is partial whitening (the spread of standard deviations is
+            square-rooted); ``0`` only centres and rotates.
+        shrinkage: ``lambda >= 0``: whiten with ``S + lambda * tr(S)/d`` instead of ``S``;
+            ``0`` (default) is none. Large values tend toward centring only.
 
     Every strength is a full-rank linear map, so the calibrator stays invertible (with
-    ``k=None``). The defaults give bit for bit the map of earlier releases, and only
-    non-default strengths are written to the config.
+    ``k=None``). Only non-default strengths are written to the config.
 
     Example:
         >>> rng = np.random.default_rng(0)
@@ -265,16 +290,17 @@ class Whitening(Calibrator):
     def dim_out(self) -> int | None:
         if self.dim_in is None:
             return None
-        return self.config["k"] or self.dim_in
+        return int(self.config["k"] or self.dim_in)
 
     def _fit(self, U: np.ndarray) -> None:
         k = self.config["k"]
         if k is not None and k > U.shape[1]:
-            raise FlowsearchError(f"whitening: k={k} exceeds the dimension {U.shape[1]}")
+            raise BadInput(f"whitening: k={k} exceeds the dimension {U.shape[1]}", param="k")
         self.mu = U.mean(axis=0)
         cov = np.zeros((U.shape[1], U.shape[1]))
-        for start in range(0, len(U), _COV_CHUNK):  # centred in chunks: no copy of U
-            X = U[start : start + _COV_CHUNK] - self.mu
+        chunk = current().calibration_fit_chunk_rows
+        for start in range(0, len(U), chunk):  # centred in chunks: no copy of U
+            X = U[start : start + chunk] - self.mu
             cov += X.T @ X
         cov /= U.shape[0]
         eigvecs, eigvals, _ = np.linalg.svd(cov)
@@ -284,7 +310,7 @@ class Whitening(Calibrator):
         variances = np.maximum(eigvals, floor)
         if self.shrinkage:
             variances = variances + self.shrinkage * float(eigvals.mean())  # tr(cov) / d
-        # the default keeps the exact expression of earlier releases (bit-identical scales)
+        # full whitening keeps the first release's expression (bit-identical scales)
         self.scales = np.sqrt(variances) if self.power == FULL_POWER else variances**self.power
         self.rotation = eigvecs
         self._fit_variances(np.maximum(eigvals, floor))
@@ -294,15 +320,24 @@ class Whitening(Calibrator):
 
     def _transform(self, U: np.ndarray) -> np.ndarray:
         k = self.dim_out
-        return ((U - self.mu) @ self.rotation[:, :k]) / self.scales[:k]
+        return whiten(U, self.mu, self.rotation[:, :k], self.scales[:k])
 
     def _inverse(self, Z: np.ndarray) -> np.ndarray:
-        return (Z * self.scales) @ self.rotation.T + self.mu
+        return unwhiten(Z, self.mu, self.rotation, self.scales)
 
     def state(self) -> dict[str, np.ndarray]:
         return {"mu": self.mu, "rotation": self.rotation, "scales": self.scales}
 
-    def _load_state(self, tensors: dict[str, np.ndarray]) -> None:
+    def _state_spec(self, tensors: Mapping[str, np.ndarray]) -> dict[str, Spec]:
+        d = self._need_fitted()
+        return {"mu": _vector(d), "rotation": Spec((d, d), "float64"), "scales": _vector(d)}
+
+    def _check_values(self, tensors: Mapping[str, np.ndarray]) -> None:
+        require_positive(tensors, ["scales"])
+        if self.config["k"] is not None and self.config["k"] > self._need_fitted():
+            raise BadState(f"k={self.config['k']} exceeds dim_in={self.dim_in}")
+
+    def _load_state(self, tensors: Mapping[str, np.ndarray]) -> None:
         self.mu, self.rotation, self.scales = tensors["mu"], tensors["rotation"], tensors["scales"]
 
 
@@ -312,9 +347,8 @@ class Gaussian(Whitening):
 
     The map is :class:`Whitening`'s (same ``k``, ``power`` and ``shrinkage``); ``log_prob`` is
     the log-density of ``u`` under ``N(mu, cov)``, the maximum-likelihood Gaussian (principal
-    variances floored as for the map, never shrunk), whatever strength the map has. It is the
-    linear counterpart of the flow: a density for drift and query reports at the cost of one
-    matrix product, and a search space that can be weaker than full whitening.
+    variances floored as for the map, never shrunk), whatever strength the map has: a density
+    at the cost of one matrix product.
 
     Example:
         >>> U = np.random.default_rng(0).normal(size=(4000, 3)) * [2.0, 1.0, 0.5]
@@ -324,23 +358,24 @@ class Gaussian(Whitening):
         True
     """
 
-    _LOG_2PI = float(np.log(2 * np.pi))
-
     def _fit_variances(self, variances: np.ndarray) -> None:
         self.variances = variances
 
     def _log_prob_of_rotated(self, X: np.ndarray) -> np.ndarray:
         maha = (X * X / self.variances).sum(axis=1)
-        const = float(np.log(self.variances).sum()) + len(self.variances) * self._LOG_2PI
-        return -0.5 * (maha + const)
+        const = float(np.log(self.variances).sum()) + len(self.variances) * LOG_2PI
+        out: np.ndarray = -0.5 * (maha + const)
+        return out
 
     def log_prob(self, U: Any) -> np.ndarray:
-        """Per-row log-density of ``U`` under the fitted Gaussian, float64 ``(n,)``."""
+        """Per-row log-density of ``U`` ``(n, dim_in)`` under the fitted Gaussian: float64
+        ``(n,)``."""
         X = (as_matrix(U, self._need_fitted()) - self.mu) @ self.rotation
         return self._log_prob_of_rotated(X)
 
     def transform_and_log_prob(self, U: Any) -> tuple[np.ndarray, np.ndarray]:
-        """``(transform(U), log_prob(U))`` from one rotation of ``U`` (what a query needs)."""
+        """``(transform(U), log_prob(U))`` from one rotation of ``U`` (what a query needs):
+        float32 ``(n, dim_out)``, float64 ``(n,)``."""
         X = (as_matrix(U, self._need_fitted()) - self.mu) @ self.rotation
         k = self.dim_out
         Z = (X[:, :k] / self.scales[:k]).astype(np.float32)
@@ -349,6 +384,13 @@ class Gaussian(Whitening):
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "variances": self.variances}
 
-    def _load_state(self, tensors: dict[str, np.ndarray]) -> None:
+    def _state_spec(self, tensors: Mapping[str, np.ndarray]) -> dict[str, Spec]:
+        return {**super()._state_spec(tensors), "variances": _vector(self._need_fitted())}
+
+    def _check_values(self, tensors: Mapping[str, np.ndarray]) -> None:
+        super()._check_values(tensors)
+        require_positive(tensors, ["variances"])
+
+    def _load_state(self, tensors: Mapping[str, np.ndarray]) -> None:
         super()._load_state(tensors)
         self.variances = tensors["variances"]

@@ -26,7 +26,7 @@ References:
 
 Example:
     >>> from flowsearch.search.scores import FusionReference
-    >>> ref = FusionReference(rows=0, n_rows=1000, dense_background=0.2)
+    >>> ref = FusionReference(n_measured=0, n_rows=1000, dense_background=0.2)
     >>> dense = (np.array([[0.9, 0.6]]), np.array([[4, 7]]))        # cosines
     >>> lexical = (np.array([[6.0, 2.0]]), np.array([[7, 2]]))      # BM25
     >>> out = fuse(dense, lexical, ref, k=3, upper=np.array([10.0]), weight=0.5,

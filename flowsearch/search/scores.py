@@ -64,14 +64,14 @@ class FusionReference:
     r"""What a dense score is judged against: the manifest's ``fusion_reference`` (~50 bytes).
 
     Attributes:
-        rows: how many reference rows the background was averaged over (0: every pair of
-            the corpus's rows).
+        n_measured: how many reference rows the background was averaged over (0: every pair
+            of the corpus's rows).
         n_rows: rows in the corpus when it was measured.
         dense_background: the mean cosine, in the searched space, between a reference row
             and the corpus's other rows; in [-1, 1).
     """
 
-    rows: int
+    n_measured: int
     n_rows: int
     dense_background: float
 
@@ -85,7 +85,7 @@ class FusionReference:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (what the manifest stores)."""
-        return {"rows": self.rows, "n_rows": self.n_rows,
+        return {"n_measured": self.n_measured, "n_rows": self.n_rows,
                 "dense_background": self.dense_background}  # fmt: skip
 
     @classmethod
@@ -96,7 +96,7 @@ class FusionReference:
             IndexDamaged: a missing key or a value of the wrong kind.
         """
         try:
-            return cls(int(raw["rows"]), int(raw["n_rows"]), float(raw["dense_background"]))
+            return cls(int(raw["n_measured"]), int(raw["n_rows"]), float(raw["dense_background"]))
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, IndexDamaged):
                 raise

@@ -8,7 +8,7 @@ every version that contains its segment: a searcher's ``refresh()`` opens only n
 
 Example:
     >>> seg = SegmentReader.open(Path("idx"), manifest.segments[0], dim=384)  # doctest: +SKIP
-    >>> seg.rows.rows([0])[0]["id"]  # doctest: +SKIP
+    >>> seg.reader.records([0])[0]["id"]  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class SegmentReader:
     Attributes:
         record: the segment's record as first opened (its deletion file varies by version).
         folder: its directory.
-        rows: its row reader.
+        reader: its row reader.
         ann: its FAISS index (ids are local rows).
         postings: its BM25 postings, or None.
     """
@@ -49,7 +49,7 @@ class SegmentReader:
     ) -> None:
         self.record = record
         self.folder = folder
-        self.rows = rows
+        self.reader = rows
         self.ann = ann
         self.postings = postings
         self._table: pa.Table | None = None
@@ -121,12 +121,12 @@ class SegmentReader:
         """The columns a ``where`` filter reads (id, text, metadata), in local row order,
         read through the open part files."""
         if self._table is None:
-            self._table = self.rows.table()
+            self._table = self.reader.table()
         return self._table
 
     def close(self) -> None:
         """Release the files."""
-        self.rows.close()
+        self.reader.close()
         self._table = None
         with contextlib.suppress(Exception):
             self.ann = None

@@ -155,11 +155,11 @@ def create_app(index_dir: str | os.PathLike[str], api_key: str | None = None) ->
         yield
         service.searcher.close()  # release the index's files on shutdown
 
-    import flowsearch
+    from flowsearch._version import __version__
 
     app = FastAPI(
         title="flowsearch",
-        version=flowsearch.__version__,
+        version=__version__,
         description="Semantic search over a calibrated (BERT-flow) index.",
         default_response_class=SafeJSONResponse,
         lifespan=lifespan,
@@ -201,7 +201,7 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
     @app.post("/upsert", dependencies=guard, response_model=WriteResult)
     async def upsert(body: UpsertRequest) -> SafeJSONResponse:
         """Insert or replace records by id -> the library's summary (``upserted``, ...)."""
-        from flowsearch import upsert as upsert_records
+        from flowsearch.writes.upsert import upsert as upsert_records
 
         # the server's own encoder: a write never loads a second copy of the model
         encoder = service.searcher.encoder
@@ -213,7 +213,7 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
     @app.post("/delete", dependencies=guard, response_model=WriteResult)
     async def delete(body: DeleteRequest) -> SafeJSONResponse:
         """Delete records by id -> ``{"deleted": n, "missing": [ids not found], "version"}``."""
-        from flowsearch import delete as delete_ids
+        from flowsearch.writes.delete import delete as delete_ids
 
         result = await service.write(lambda: delete_ids(service.index_dir, list(body.ids)))
         return SafeJSONResponse(result.to_dict())

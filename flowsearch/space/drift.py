@@ -24,7 +24,7 @@ word prepended sat 235 corpus standard deviations "below". It stays a raw figure
 Example:
     >>> from flowsearch.space.reference import Reference
     >>> ref = Reference.from_scores(np.linspace(0.2, 0.6, 201), method="held-out",
-    ...                             corpus_rows=2000, space="encoder")
+    ...                             n_corpus=2000, space="encoder")
     >>> report = drift_report(np.full(8, 0.21), ref)
     >>> report.verdict, report.warn, report.median_percentile
     ('apart from the corpus', True, 2.5)
@@ -99,8 +99,8 @@ class DriftReport(BaseModel):
     """Where new rows sit among the corpus's own passages (see :func:`drift_report`).
 
     Attributes:
-        rows: new rows written; scored_rows: how many of them were scored (a sample of a large
-            write), judged_rows: how many had a best score (another row to be near).
+        n_rows: new rows written; n_scored: how many of them were scored (a sample of a large
+            write), n_judged: how many had a best score (another row to be near).
         verdict: see :data:`DriftVerdict`; warn: True only for ``apart from the corpus``.
         reason: why it was not judged; None otherwise.
         median_percentile: the judged rows' median percentile among the reference (0-100).
@@ -115,9 +115,9 @@ class DriftReport(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
-    rows: int
-    scored_rows: int
-    judged_rows: int
+    n_rows: int
+    n_scored: int
+    n_judged: int
     verdict: DriftVerdict
     warn: bool = False
     reason: str | None = None
@@ -155,7 +155,7 @@ class DriftReport(BaseModel):
         matters."""
         if self.verdict == "not judged" or self.median_percentile is None:
             return f"drift not judged: {self.reason}"
-        m, n = self.median_percentile, self.judged_rows
+        m, n = self.median_percentile, self.n_judged
         if n == 1:
             where = (
                 f"less like the corpus than {share_words(100 - m)} of its own passages"
@@ -163,7 +163,9 @@ class DriftReport(BaseModel):
                 else f"closer to the corpus than {share_words(m)} of its own passages"
             )
             return f"the new row is {where} (percentile {m:.0f}); one row is too few to call drift"
-        rows = f"the {n:,} new rows" if n == self.rows else f"{n:,} of the {self.rows:,} new rows"
+        rows = (
+            f"the {n:,} new rows" if n == self.n_rows else f"{n:,} of the {self.n_rows:,} new rows"
+        )
         figures = f"median percentile {m:.0f} ({self._interval_words()})"
         if self.verdict == "too few to tell":
             return f"{rows}: {figures}; too few to tell whether they differ from the corpus"
@@ -188,7 +190,7 @@ class DriftReport(BaseModel):
 
     def to_explain(self) -> str:
         """The raw figures behind the report, in one line (``--explain``)."""
-        parts = [f"{self.judged_rows:,} of {self.rows:,} new rows scored against the index"]
+        parts = [f"{self.n_judged:,} of {self.n_rows:,} new rows scored against the index"]
         if self.median_score is not None and self.reference_median is not None:
             parts.append(
                 f"median best score {self.median_score:.3f} (the corpus's passages: "
@@ -259,7 +261,7 @@ def drift_report(
     scores = np.asarray(best_scores, np.float64).ravel()
     total = len(scores) if rows is None else int(rows)
     judged = scores[np.isfinite(scores)]
-    base: dict[str, Any] = {"rows": total, "scored_rows": len(scores), "judged_rows": len(judged)}
+    base: dict[str, Any] = {"n_rows": total, "n_scored": len(scores), "n_judged": len(judged)}
     reason = why_unusable(reference)
     if reason is None and not len(judged):
         reason = "no new row had an existing row to be compared with"

@@ -23,7 +23,7 @@ How the figures become verdicts and words: :mod:`flowsearch.space.reports` (quer
 
 Example:
     >>> ref = Reference.from_scores(np.linspace(0.2, 0.6, 201), method="leave-one-out",
-    ...                             corpus_rows=201)
+    ...                             n_corpus=201)
     >>> round(ref.percentile(0.5), 1), ref.score_at(5.0)
     (75.0, 0.22)
 """
@@ -149,7 +149,7 @@ def density_stats(lp: np.ndarray) -> Any:
         p01=float(q[0]),
         p05=float(q[1]),
         median=float(q[2]),
-        rows=int(lp.size),
+        n_rows=int(lp.size),
     )
 
 
@@ -192,8 +192,8 @@ class Reference(BaseModel):
     Attributes:
         method: ``held-out`` (rows the calibrator was not fitted on) or ``leave-one-out``
             (rows of the whole index, each against the others).
-        rows: how many rows were measured.
-        corpus_rows: rows in the index when they were measured.
+        n_measured: how many rows were measured.
+        n_corpus: rows in the index when they were measured.
         space: the space the scores were measured in (``calibrated`` or ``encoder``; None when
             not recorded, as in the previous release's records).
         percents: ascending percentiles (0-100) that ``scores`` holds.
@@ -206,8 +206,8 @@ class Reference(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
     method: Method
-    rows: int = Field(ge=0)
-    corpus_rows: int = Field(ge=0)
+    n_measured: int = Field(ge=0)
+    n_corpus: int = Field(ge=0)
     space: str | None = None
     percents: tuple[float, ...] = ()
     scores: tuple[float, ...] = ()
@@ -220,7 +220,7 @@ class Reference(BaseModel):
         best_scores: np.ndarray,
         *,
         method: Method,
-        corpus_rows: int,
+        n_corpus: int,
         space: str | None = None,
         mean_cosine: float | None = None,
         log_densities: np.ndarray | None = None,
@@ -231,7 +231,7 @@ class Reference(BaseModel):
             best_scores: float (m,), each measured row's best score to another row of the
                 index (:func:`best_other_score`); NaN entries (no other row found) are dropped.
             method: how the rows were chosen (:func:`reference_rows`).
-            corpus_rows: rows in the index.
+            n_corpus: rows in the index.
             space: the searched space (the calibration record's ``space``).
             mean_cosine: the calibration record's ``anisotropy["mean_cosine"]`` when the index
                 searches the encoder's own space, else None.
@@ -250,8 +250,8 @@ class Reference(BaseModel):
                 median = float(np.median(lp))
         return cls(
             method=method,
-            rows=int(len(top)),
-            corpus_rows=int(corpus_rows),
+            n_measured=int(len(top)),
+            n_corpus=int(n_corpus),
             space=space,
             percents=PERCENTS if values else (),
             scores=values,
@@ -283,8 +283,8 @@ class Reference(BaseModel):
             return "no reference: queries and new rows are not judged"
         how = "held out of the calibrator's fit" if self.method == "held-out" else "leave-one-out"
         return (
-            f"{self.rows:,} of the corpus's own passages, each scored against its closest other "
-            f"passage ({how}); a query less like the corpus than "
+            f"{self.n_measured:,} of the corpus's own passages, each scored against its closest "
+            f"other passage ({how}); a query less like the corpus than "
             f"{100 - current().ood_percentile:g}% of them is flagged"
         )
 
@@ -293,9 +293,9 @@ def why_unusable(reference: Reference | None) -> str | None:
     """Why ``reference`` cannot judge a query or new rows, in words; None when it can."""
     if reference is None or not reference.measured:
         return "the index records no reference to judge against; rebuilding it measures one"
-    if reference.rows < current().reference_min_rows:
+    if reference.n_measured < current().reference_min_rows:
         return (
-            f"the index holds {reference.corpus_rows} rows, too few to know what is usual "
+            f"the index holds {reference.n_corpus} rows, too few to know what is usual "
             f"for it ({current().reference_min_rows} needed)"
         )
     return None
@@ -363,8 +363,8 @@ def reference_of(manifest: Any) -> Reference | None:
     rows = _get(manifest, "rows")
     return Reference(
         method="held-out",
-        rows=int(_get(held, "rows", 0)),
-        corpus_rows=int(rows if rows is not None else _get(manifest, "n_rows", 0)),
+        n_measured=int(_get(held, "n_rows", 0) or _get(held, "rows", 0) or 0),
+        n_corpus=int(rows if rows is not None else _get(manifest, "n_rows", 0)),
         space=space,
         percents=tuple(float(p) for p in _get(held, "percents")),
         scores=tuple(float(v) for v in _get(held, "top_score")),

@@ -14,7 +14,7 @@ Example:
     >>> import numpy as np
     >>> from flowsearch.space.reference import Reference
     >>> ref = Reference.from_scores(np.linspace(0.2, 0.6, 201), method="leave-one-out",
-    ...                             corpus_rows=201)
+    ...                             n_corpus=201)
     >>> print(query_report(0.212, ref).to_words())  # doctest: +NORMALIZE_WHITESPACE
     unlike the corpus: this query is less like it than 97% of the corpus's own passages;
     its hits may be weak matches
@@ -52,7 +52,7 @@ class QueryReport(BaseModel):
         top_score: the query's best dense score over the whole index (raw).
         reference_cut: the reference's score at ``Settings.ood_percentile`` (raw).
         reference_median: the reference's median score (raw).
-        reference_rows: rows the reference measured; reference_method: how.
+        n_reference: rows the reference measured; reference_method: how.
         log_density: the query's log-density under the calibrator (raw; shown only with a
             reliable calibrator; it tracks text length, so it is never judged).
         reference_log_density: the reference rows' median log-density (raw).
@@ -65,7 +65,7 @@ class QueryReport(BaseModel):
     top_score: float | None = None
     reference_cut: float | None = None
     reference_median: float | None = None
-    reference_rows: int | None = None
+    n_reference: int | None = None
     reference_method: str | None = None
     log_density: float | None = None
     reference_log_density: float | None = None
@@ -96,7 +96,7 @@ class QueryReport(BaseModel):
             parts.append(f"best dense score {self.top_score:.3f}")
         if self.percentile is not None and self.reference_cut is not None:
             parts.append(
-                f"percentile {self.percentile:.1f} among {self.reference_rows:,} passages' best "
+                f"percentile {self.percentile:.1f} among {self.n_reference:,} passages' best "
                 f"score to another passage ({self.reference_method}; "
                 f"{current().ood_percentile:g}th percentile {self.reference_cut:.3f}, median "
                 f"{self.reference_median:.3f})"
@@ -134,7 +134,7 @@ def query_report(
         raw.update(
             reference_cut=reference.score_at(current().ood_percentile),
             reference_median=reference.score_at(50.0),
-            reference_rows=reference.rows,
+            n_reference=reference.n_measured,
             reference_method=reference.method,
         )
         if reference.log_density_median is not None:

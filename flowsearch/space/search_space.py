@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import BadInput, FlowsearchError, IndexDamaged, NotFound
 from flowsearch.storage.manifest import CalibrationSpec, Manifest
 
 __all__ = ["SearchSpace", "normalise"]
@@ -63,19 +63,16 @@ class SearchSpace:
         encoder (``encoder`` reused if given; ``model`` points at a moved model directory).
 
         Raises:
-            FlowsearchError: the calibrator is not the one the manifest names, or the encoder
-                differs from the index's.
+            IndexDamaged: the calibrator is missing, malformed or not the one the manifest names.
+            FlowsearchError: the encoder differs from the index's.
         """
-        from flowsearch.calibration import load_calibrator
         from flowsearch.encode.encoder import open_encoder
 
         folder = Path(index_dir) / manifest.calibration.path
-        if not folder.is_dir():
-            raise FileNotFoundError(folder)
-        calibrator = load_calibrator(folder)
+        calibrator = load_index_calibrator(folder)
         spec = manifest.calibration
         if calibrator.name != spec.calibrator or calibrator.config != dict(spec.config):
-            raise FlowsearchError(
+            raise IndexDamaged(
                 f"the calibrator in {folder} ({calibrator.name}) is not the one the manifest "
                 f"names ({spec.calibrator}); the index is damaged, rebuild it"
             )
@@ -123,3 +120,21 @@ def _has_density(calibrator: Any) -> bool:
 
     method = getattr(type(calibrator), "log_prob", None)
     return method is not None and method is not Calibrator.log_prob
+
+
+def load_index_calibrator(folder: str | Path) -> Any:
+    """The calibrator an index stores in ``folder``. A malformed one is damage to the index
+    (:class:`~flowsearch.errors.IndexDamaged`), not the user's input to fix; a missing one raises
+    FileNotFoundError, which :func:`~flowsearch.search.version.open_current` retries with the
+    current version before calling it damage."""
+    from flowsearch.calibration import load_calibrator
+
+    try:
+        return load_calibrator(folder)
+    except NotFound as exc:  # removed by a cleanup meanwhile: open_current reads again
+        raise FileNotFoundError(exc.problem) from exc
+    except BadInput as exc:
+        raise IndexDamaged(
+            f"the index's calibrator is unusable: {exc.problem}",
+            fix="the index is damaged: rebuild it, or restore its calibrator folder",
+        ) from exc

@@ -64,9 +64,9 @@ class CorpusPlan:
         text_column: the column holding the passages.
         id_column: the id column, or None when ids are row numbers (``auto_id_start`` + row).
         id_type: ``"int"`` or ``"string"``.
-        rows_in: rows in the corpus.
-        rows: rows that will be indexed (texts neither null nor blank).
-        skipped: rows skipped for a null or blank text.
+        n_rows_in: rows in the corpus.
+        n_rows: rows that will be indexed (texts neither null nor blank).
+        n_skipped: rows skipped for a null or blank text.
         metadata_columns: the other columns, in the first file's order.
         auto_id_start: first row-number id when ``id_column`` is None.
         metadata_schema: the metadata columns' types, unified over all files.
@@ -76,9 +76,9 @@ class CorpusPlan:
     text_column: str
     id_column: str | None
     id_type: str
-    rows_in: int
-    rows: int
-    skipped: int
+    n_rows_in: int
+    n_rows: int
+    n_skipped: int
     metadata_columns: list[str] = field(default_factory=list)
     auto_id_start: int = 0
     metadata_schema: pa.Schema = field(default_factory=lambda: pa.schema([]))
@@ -270,9 +270,9 @@ def scan_corpus(
         text_column=text_column,
         id_column=id_column,
         id_type=id_type,
-        rows_in=rows_in,
-        rows=rows,
-        skipped=skipped,
+        n_rows_in=rows_in,
+        n_rows=rows,
+        n_skipped=skipped,
         metadata_columns=metadata,
         auto_id_start=auto_id_start,
         metadata_schema=meta_schema,

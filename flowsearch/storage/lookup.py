@@ -97,7 +97,7 @@ def find_live(
         if strings and candidates:
             reader = RowReader(folder, seg.parts)
             try:
-                stored = reader.rows(np.array([r for _, r in candidates], dtype=np.int64))
+                stored = reader.records(np.array([r for _, r in candidates], dtype=np.int64))
             finally:
                 reader.close()
             wanted = ids.to_pylist()

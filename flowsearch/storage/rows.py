@@ -15,7 +15,7 @@ Example:
     >>> writer = PartWriter(segment_dir)  # doctest: +SKIP
     >>> writer.write(rows_table(ids, texts, None, vectors, raw))  # doctest: +SKIP
     >>> parts = writer.close()  # doctest: +SKIP
-    >>> RowReader(segment_dir, parts).rows([3, 0])  # doctest: +SKIP
+    >>> RowReader(segment_dir, parts).records([3, 0])  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ class RowReader:
         self._cache.put(key, table.nbytes, columns)
         return columns
 
-    def rows(self, rows: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
+    def records(self, rows: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
         """Rows at local positions ``rows`` as ``{"id", "text", "metadata"}``, in that order."""
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size and (rows.min() < 0 or rows.max() >= len(self)):

@@ -154,14 +154,14 @@ def build_index(
     )  # fmt: skip
     with open_writer(target, new=True, overwrite=overwrite, wait=wait) as writer, st.live():
         manifest = builder(writer, plan, enc, st, options)
-    out = result_of("build", target, manifest, st, n_written=plan.rows, n_skipped=plan.skipped)
-    LOG.info("indexed %d rows into %s in %.1f s", plan.rows, target, out.seconds["total"])
+    out = result_of("build", target, manifest, st, n_written=plan.n_rows, n_skipped=plan.n_skipped)
+    LOG.info("indexed %d rows into %s in %.1f s", plan.n_rows, target, out.seconds["total"])
     return out
 
 
 def _encode_pass(enc: Any, plan: CorpusPlan, raw_path: Path, batch_size: int, st: Stages) -> None:
     """Encode every row to float32, appended to ``raw_path`` (rows in corpus order)."""
-    with st.task("encoding", total=plan.rows) as advance, open(raw_path, "wb") as out:
+    with st.task("encoding", total=plan.n_rows) as advance, open(raw_path, "wb") as out:
         for _ids, texts, _ in plan.batches(CHUNK_ROWS):
             U = enc.encode(texts, batch_size=batch_size, progress=False)
             out.write(np.ascontiguousarray(U, dtype=np.float32).tobytes())
@@ -191,16 +191,16 @@ def _build(
     work = writer.stage()
     with st.timed("encode"):
         _encode_pass(enc, plan, work / "raw.f32", options.batch_size, st)
-    raw = np.memmap(work / "raw.f32", dtype=np.float32, mode="r").reshape(plan.rows, enc.dim)
+    raw = np.memmap(work / "raw.f32", dtype=np.float32, mode="r").reshape(plan.n_rows, enc.dim)
     with st.timed("fit"):
-        fit_idx, held_idx = split_fit_rows(plan.rows, options.fit_sample)
-        space, index, factory = fit_space(np.asarray(raw[fit_idx]), enc, plan.rows, st, options)
-    builder = SegmentBuilder(writer, dim=space.dim, n_rows=plan.rows,
+        fit_idx, held_idx = split_fit_rows(plan.n_rows, options.fit_sample)
+        space, index, factory = fit_space(np.asarray(raw[fit_idx]), enc, plan.n_rows, st, options)
+    builder = SegmentBuilder(writer, dim=space.dim, n_rows=plan.n_rows,
                              requested=options.index_factory, lexical=options.lexical,
                              strict_factory=True, index=index, factory=factory)  # fmt: skip
     with st.timed("write segment"):
         lps = _write_rows(builder, plan, raw, space, st)
-    measured, method = reference_rows(plan.rows, held_idx)
+    measured, method = reference_rows(plan.n_rows, held_idx)
     measured_raw = np.asarray(raw[measured])
     del raw
     return finish_build(writer, builder, space, enc, plan, lps,
@@ -211,7 +211,7 @@ def _write_rows(builder: SegmentBuilder, plan: CorpusPlan, raw: np.ndarray,
                 space: SearchSpace, st: Stages) -> list[np.ndarray]:  # fmt: skip
     """Every row projected and written to the segment; their log-densities (row order)."""
     lps: list[np.ndarray] = []
-    with st.task("writing rows", total=plan.rows) as advance:
+    with st.task("writing rows", total=plan.n_rows) as advance:
         row = 0
         for ids, texts, meta in plan.batches(CHUNK_ROWS):
             U = np.asarray(raw[row : row + len(texts)])

@@ -39,7 +39,6 @@ __all__ = [
     "BuildOptions",
     "finish_build",
     "fit_space",
-    "fusion_reference",
     "template",
 ]
 
@@ -111,13 +110,12 @@ def finish_build(
     record = builder.finish()
     spec = _save_calibrator(writer, space)
     all_lp = np.concatenate(lps) if lps else None
-    reference = _reference(builder.index, space, measured, all_lp, plan.rows)
+    reference = _reference(builder.index, space, measured, all_lp, plan.n_rows)
     manifest = template(enc, space, spec, plan, options)
     manifest = manifest.model_copy(
         update={
             "density": density_stats(all_lp) if all_lp is not None else None,
             "reference": reference.model_dump(mode="json"),
-            "fusion_reference": fusion_reference(builder.vector_sum, record.n_rows),
         }
     )
     return writer.publish(
@@ -126,14 +124,6 @@ def finish_build(
         template=manifest,
         detail={"segment": record.name, "factory": record.ann.factory},
     )
-
-
-def fusion_reference(total: np.ndarray, n_rows: int) -> dict[str, Any] | None:
-    """The manifest's ``fusion_reference`` from the sum of the searched vectors (None under two
-    rows: no pair to average over)."""
-    from flowsearch.search.scores import build_reference
-
-    return build_reference(total, n_rows).to_dict() if n_rows >= 2 else None
 
 
 def _save_calibrator(writer: Writer, space: SearchSpace) -> mf.CalibrationSpec:
@@ -158,8 +148,8 @@ def template(
             id_type="int" if plan.id_type == "int" else "string",
         ),
         schema=schema.columns_of(plan.metadata_schema),
-        skipped=int(plan.skipped),
-        next_auto_id=int(plan.rows_in),
+        skipped=int(plan.n_skipped),
+        next_auto_id=int(plan.n_rows_in),
     )
 
 
@@ -178,7 +168,7 @@ def _reference(
     spec = space.spec
     mean_cosine = spec.anisotropy.get("mean_cosine") if spec.space == "encoder" else None
     if not len(rows):
-        return Reference(method=method, rows=0, corpus_rows=n_rows, space=spec.space)
+        return Reference(method=method, n_measured=0, n_corpus=n_rows, space=spec.space)
     Z = space.project(np.asarray(raw), want_density=False)[0]
     scores, found = ann_io.search(index, Z, 2)
     top = best_other_score(scores, found, rows)
@@ -186,7 +176,7 @@ def _reference(
     return Reference.from_scores(
         top,
         method=method,
-        corpus_rows=n_rows,
+        n_corpus=n_rows,
         space=spec.space,
         mean_cosine=mean_cosine,
         log_densities=lp[rows] if keep_lp and lp is not None else None,

@@ -85,7 +85,7 @@ def remeasure(writer: Writer, space: SearchSpace, lps: np.ndarray | None = None)
     total = int(offsets[-1])
     rows, method = reference_rows(total, np.zeros(0, np.int64))
     if not len(rows):
-        return Reference(method=method, rows=0, corpus_rows=total, space=space.spec.space)
+        return Reference(method=method, n_measured=0, n_corpus=total, space=space.spec.space)
     seg_of = np.searchsorted(offsets, rows, side="right") - 1
     parts = []
     for i, seg in enumerate(segments):
@@ -107,7 +107,7 @@ def remeasure(writer: Writer, space: SearchSpace, lps: np.ndarray | None = None)
     return Reference.from_scores(
         top,
         method=method,
-        corpus_rows=total,
+        n_corpus=total,
         space=spec.space,
         mean_cosine=spec.anisotropy.get("mean_cosine") if spec.space == "encoder" else None,
     )

@@ -215,6 +215,6 @@ def encode_on_ray(
         if files is None:
             raise FlowsearchError("Ray returned the encoded rows out of order; please report")
     found = sum(n for _, n in files)
-    if found != plan.rows:
-        raise FlowsearchError(f"Ray encoded {found} rows, the corpus has {plan.rows}; rerun")
+    if found != plan.n_rows:
+        raise FlowsearchError(f"Ray encoded {found} rows, the corpus has {plan.n_rows}; rerun")
     return files

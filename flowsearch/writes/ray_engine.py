@@ -60,7 +60,7 @@ from flowsearch.ann import ondisk
 from flowsearch.errors import FlowsearchError
 from flowsearch.progress import Stages
 from flowsearch.space.reference import reference_rows, split_fit_rows
-from flowsearch.space.search_space import SearchSpace
+from flowsearch.space.search_space import SearchSpace, load_index_calibrator
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.corpus import CorpusPlan
 from flowsearch.storage.layout import ANN_DATA_FILE
@@ -165,14 +165,12 @@ _SPACES: dict[str, SearchSpace] = {}  # per worker process: the calibrator, load
 
 
 def _worker_space(files: dict[str, bytes], spec: mf.CalibrationSpec) -> SearchSpace:
-    from flowsearch.calibration import load_calibrator
-
     key = hashlib.sha256(b"".join(files[k] for k in sorted(files))).hexdigest()
     if key not in _SPACES:
         with tempfile.TemporaryDirectory() as folder:
             for name, data in files.items():
                 (Path(folder) / name).write_bytes(data)
-            _SPACES[key] = SearchSpace(load_calibrator(folder), spec)
+            _SPACES[key] = SearchSpace(load_index_calibrator(folder), spec)
     return _SPACES[key]
 
 
@@ -278,8 +276,8 @@ def _project_on_ray(
         else:
             builder.add(rows, ray_encode.matrix(rows.column("vector")))
         written += rows.num_rows
-    if written != plan.rows:
-        raise FlowsearchError(f"Ray projected {written} rows, the corpus has {plan.rows}")
+    if written != plan.n_rows:
+        raise FlowsearchError(f"Ray projected {written} rows, the corpus has {plan.n_rows}")
     return lps
 
 
@@ -303,10 +301,10 @@ def build_on_ray(
                                          options=encoder_options, batch_size=options.batch_size,
                                          actors=actors, fault_marker=fault_marker)  # fmt: skip
     with st.timed("fit"):
-        fit_idx, held_idx = split_fit_rows(plan.rows, options.fit_sample)  # as the local path
+        fit_idx, held_idx = split_fit_rows(plan.n_rows, options.fit_sample)  # as the local path
         U_fit = ray_encode.read_rows(files, fit_idx)
-        space, index, factory = fit_space(U_fit, enc, plan.rows, st, options)
-    builder = SegmentBuilder(writer, dim=space.dim, n_rows=plan.rows,
+        space, index, factory = fit_space(U_fit, enc, plan.n_rows, st, options)
+    builder = SegmentBuilder(writer, dim=space.dim, n_rows=plan.n_rows,
                              requested=options.index_factory, lexical=options.lexical,
                              strict_factory=True, index=index, factory=factory)  # fmt: skip
     on_disk = ondisk.mergeable(index)  # IVF: filled per part on Ray, merged on disk
@@ -316,7 +314,7 @@ def build_on_ray(
         with st.timed("fill IVF"), st.status("filling IVF lists on Ray, merging them on disk"):
             filled = _fill_on_ray(ray, index, builder.stage, builder.close_parts(), scratch)
             builder.use_index(filled, data=ANN_DATA_FILE)
-    measured, method = reference_rows(plan.rows, held_idx)
+    measured, method = reference_rows(plan.n_rows, held_idx)
     measured_raw = ray_encode.read_rows(files, measured)
     shutil.rmtree(scratch)
     return finish_build(writer, builder, space, enc, plan, lps,

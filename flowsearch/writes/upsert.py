@@ -190,21 +190,21 @@ def _write(
             space = SearchSpace.open(target, base, encoder, model=model)
         record, scored = _write_segment(writer, base, plan, space, batch_size, st)
         with st.timed("drift"):
-            drift = _drift(writer, base, replaced, scored, plan.rows)
+            drift = _drift(writer, base, replaced, scored, plan.n_rows)
         for name, rows in replaced.items():
             writer.delete_rows(name, rows)
         new_schema = schema_mod.merged(base.schema_, plan.metadata_schema)
         merged = _merge(writer, base, new_schema) if merge_segments else 0
         n_replaced = int(sum(len(r) for r in replaced.values()))
         changes = _changes(base, plan, space, model, new_schema)
-        detail = {"segment": record.name, "inserted": plan.rows - n_replaced,
+        detail = {"segment": record.name, "inserted": plan.n_rows - n_replaced,
                   "replaced": n_replaced, "merged": merged, "drift": drift.to_dict()}  # fmt: skip
-        manifest = writer.publish(kind=kind, n_rows=plan.rows, detail=detail, **changes)
+        manifest = writer.publish(kind=kind, n_rows=plan.n_rows, detail=detail, **changes)
     if drift.warn:
         LOG.warning("%s", drift.to_words())
-    return result_of(kind, target, manifest, st, n_written=plan.rows,
-                     n_inserted=plan.rows - n_replaced, n_replaced=n_replaced,
-                     n_skipped=plan.skipped, merged=merged, drift=drift,
+    return result_of(kind, target, manifest, st, n_written=plan.n_rows,
+                     n_inserted=plan.n_rows - n_replaced, n_replaced=n_replaced,
+                     n_skipped=plan.n_skipped, merged=merged, drift=drift,
                      factory=record.ann.factory)  # fmt: skip
 
 
@@ -212,8 +212,8 @@ def _changes(base: mf.Manifest, plan: CorpusPlan, space: SearchSpace, model: Any
              schema: tuple[mf.SchemaColumn, ...]) -> dict[str, Any]:  # fmt: skip
     """The manifest fields a write of new rows changes (besides its segments)."""
     changes: dict[str, Any] = {
-        "skipped": base.skipped + plan.skipped,
-        "next_auto_id": plan.auto_id_start + plan.rows_in,
+        "skipped": base.skipped + plan.n_skipped,
+        "next_auto_id": plan.auto_id_start + plan.n_rows_in,
         "schema_": schema,
     }
     if model is not None:  # the model moved: remember where it is now
@@ -287,15 +287,15 @@ def _write_segment(
     builder = SegmentBuilder(
         writer,
         dim=base.dim,
-        n_rows=plan.rows,
+        n_rows=plan.n_rows,
         requested=base.ann_requested,
         lexical=base.lexical is not None,
     )
-    scored = sample_positions(plan.rows)
+    scored = sample_positions(plan.n_rows)
     Zs: list[np.ndarray] = []
     lps: list[np.ndarray] = []
     row = 0
-    with st.task("writing rows", total=plan.rows) as advance:
+    with st.task("writing rows", total=plan.n_rows) as advance:
         for ids, texts, meta in plan.batches(CHUNK_ROWS):
             with st.timed("encode"):
                 U = space.encoder.encode(texts, batch_size=batch_size, progress=False)
