@@ -23,12 +23,12 @@ Writes ``benchmarks/bench_cold_query.json``, ``.md`` and its section of RESULTS.
 Usage:
     python benchmarks/bench_cold_query.py [--repeats 5] [--baseline ../main]
         [--peers-python /tmp/peers-venv/bin/python] [--work /tmp/cold-query]
+    python benchmarks/bench_cold_query.py --smoke     # one round, figures untouched
     python benchmarks/bench_cold_query.py --render
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from results_md import publish
+import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = str(Path(__file__).resolve().with_suffix(""))
@@ -96,7 +96,7 @@ lap("encoder: model, ONNX session or table")
 enc.encode([query])
 lap("first encode")
 from flowsearch.calibration import load_calibrator
-load_calibrator(mf.read(index).path(index, mf.CALIBRATOR_DIR))
+load_calibrator(index / mf.read(index).calibration.path)
 lap("calibrator")
 searcher = Searcher.open(index, encoder=enc)
 lap("open the index (ann, rows, lexical)")
@@ -410,18 +410,17 @@ def _import_lines(imports: dict[str, float], eager: list[dict[str, Any]]) -> lis
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__, "one round", "cold-query", data=False)
+    parser.set_defaults(out=OUT)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--baseline", type=Path, help="another checkout to time beside ours")
     parser.add_argument("--peers-python", help="a Python with txtai and chromadb installed")
     parser.add_argument("--work", type=Path, default=Path("/tmp/flowsearch-cold-query"))
-    parser.add_argument("--render", action="store_true")
-    args = parser.parse_args()
-    if args.render:
-        print(publish(OUT, render, "cold-query", None))
+    args = harness.parse(parser, repeats=1)
+    if harness.rendered(args, render):
         return
     args.work.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"command": " ".join(["python", *sys.argv]), "repeats": args.repeats}
+    report: dict[str, Any] = {"command": harness.command_line(), "repeats": args.repeats}
     if args.baseline is not None:
         args.baseline = args.baseline.resolve()
         report["baseline"] = _commit(args.baseline)
@@ -440,7 +439,7 @@ def main() -> None:
     report["imports"] = import_costs(args.work, 3)
     report["eager"] = eager_imports(indexes["static"], args.work)
     report["machine_after"] = machine()
-    print(publish(OUT, render, "cold-query", report))
+    harness.finish(args, render, report)
 
 
 if __name__ == "__main__":

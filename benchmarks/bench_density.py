@@ -251,9 +251,9 @@ def study(pooling: str, texts: Texts, store: VectorStore, enc: Any) -> dict[str,
 
 
 def fusion(pooling: str, texts: Texts, store: VectorStore) -> dict[str, Any]:
-    from flowsearch.lexical.legacy import LexicalIndex
-
     from flowsearch.evaluation.retrieval import drop_identical_ids, ndcg_at_k
+    from flowsearch.lexical.bm25 import Bm25
+    from flowsearch.lexical.postings import Postings
     from flowsearch.search.fusion import convex
 
     per_set = {}
@@ -272,7 +272,7 @@ def fusion(pooling: str, texts: Texts, store: VectorStore) -> dict[str, Any]:
         ref_top = neighbour_scores(Zs, Zfit)[0]
         cand = 100
         d_scores, d_rows = harness.exact_top(Zq, Zc, cand)
-        lex = LexicalIndex.build(ds.texts)
+        lex = Bm25([(Postings.build(ds.texts), None)])  # one segment's postings
         l_scores, l_rows = lex.search([ds.queries[q] for q in qids], cand)
         assert lp is not None and lps is not None
         per_set[name] = {

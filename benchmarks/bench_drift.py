@@ -2,10 +2,12 @@ r"""Reports in plain words (issue 24): how often the query verdict and the drift
 
 Usage::
 
-    PYTHONPATH=. python benchmarks/make_dev_sets.py ../shared/data benchmarks/_work/dev_sets \
-        --max-corpus 3000
-    PYTHONPATH=. python benchmarks/bench_drift.py [--dev benchmarks/_work/dev_sets]
-        [--poolings mean,static] [--batches 200] [--report-only]
+    PYTHONPATH=. python benchmarks/bench_drift.py [--data ../shared/data] [--dev DIR]
+        [--poolings mean,static] [--batches 200] [--render]
+    PYTHONPATH=. python benchmarks/bench_drift.py --smoke   # static, 5 batches; figures untouched
+
+The dev sets are ``make_dev_sets.py``'s at ``--max-corpus 3000`` (built under
+``benchmarks/_work/dev_sets_3000`` when ``--dev`` is not given).
 
 Writes ``benchmarks/bench_drift.json``, ``.md`` and its section of RESULTS.md.
 
@@ -45,7 +47,6 @@ passages) and 200 queries of each dev set.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -60,7 +61,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_drift_report import BATCH_SIZES, SETS, VARIANTS, markdown  # noqa: E402
 from density_data import VectorStore  # noqa: E402
-from results_md import publish  # noqa: E402
+from harness import arguments, command_line, data_dir, dev_sets, finish, parse, rendered  # noqa: E402
 
 from flowsearch.evaluation.beir import load_beir  # noqa: E402
 from flowsearch.settings import current  # noqa: E402
@@ -294,7 +295,7 @@ def demo(pooling: str, sets: dict[str, Any], per_set: int = 200) -> dict[str, An
             groups[name] = [qs[i] for i in sorted(rng.choice(len(qs), per_set, replace=False))]
         out: dict[str, Any] = {"flagged": {}, "not_judged": {}, "reason": None}
         for g, qs in groups.items():
-            reports = [s.query(q, k=1, mode="dense").density for q in qs]
+            reports = [s.query(q, k=1, mode="dense").report for q in qs]
             judged = [r for r in reports if r.verdict != "not judged"]
             out["not_judged"][g] = round(1 - len(judged) / len(reports), 4)
             if len(judged) < len(reports):
@@ -304,7 +305,7 @@ def demo(pooling: str, sets: dict[str, Any], per_set: int = 200) -> dict[str, An
         m = s.manifest
         out["space"] = m.calibration.space
         out["reference_rows"] = (m.reference or {}).get("n_measured")
-        out["examples"] = {q: s.query(q, k=1, mode="dense").density.to_words()
+        out["examples"] = {q: s.query(q, k=1, mode="dense").report.to_words()
                            for q in (DEMO_QUESTIONS[0], "asdf qwerty zxcv",
                                      "A man is playing a guitar.")}  # fmt: skip
         s.close()
@@ -326,23 +327,21 @@ def load_sets(dev: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--dev", default=str(HERE / "_work" / "dev_sets"))
+    p = arguments(__doc__, "static only, 5 batches per drift cell", "bench_drift")
+    p.add_argument("--dev", default=None, help="the dev sets (default: built from --data)")
     p.add_argument("--vectors", default=str(HERE / "_work" / "density_vectors"))
     p.add_argument("--poolings", default="mean,static")
     p.add_argument("--batches", type=int, default=200, help="batches per drift cell")
-    p.add_argument("--out", default=str(HERE / "bench_drift"))
-    p.add_argument("--report-only", action="store_true")
-    args = p.parse_args(argv)
+    args = parse(p, argv, poolings="static", batches=5)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if args.report_only:
-        print(publish(args.out, markdown, "bench_drift", None))
+    if rendered(args, markdown):
         return 0
     from flowsearch.encode.encoder import Encoder
 
     t0 = time.perf_counter()
     load = [round(x, 2) for x in os.getloadavg()]
-    sets = load_sets(Path(args.dev))
+    dev = Path(args.dev) if args.dev else dev_sets(data_dir(args.data), 3000)[0]
+    sets = load_sets(dev)
     res: dict[str, Any] = {"poolings": {}, "batches": args.batches}
     for pooling in args.poolings.split(","):
         store = VectorStore(Path(args.vectors) / f"{pooling}.npz", Encoder(None, pooling=pooling))
@@ -356,9 +355,10 @@ def main(argv: list[str] | None = None) -> int:
         f"the start, {res['load_average'][1][0]} at the end. Dev sets from `make_dev_sets.py "
         f"--max-corpus 3000`: per set 2,500 rows indexed, {ASIDE} kept aside as new rows; "
         + ", ".join(f"{n} {len(sets[n]['queries'])} queries" for n in SETS)
-        + f". Command: `PYTHONPATH=. python benchmarks/bench_drift.py --batches {args.batches}`."
+        + f". Command: `{command_line()}`."
     )
-    print(publish(args.out, markdown, "bench_drift", res))
+    res["command"] = command_line()
+    finish(args, markdown, res)
     return 0
 
 

@@ -12,6 +12,7 @@ holds, and how long a filter heavy in total takes to stop with a 1 s timeout.
 Run from the repository root (about a minute on 2 cores)::
 
     PYTHONPATH=. python benchmarks/bench_filter_segments.py [--rows 200000] [--repeats 40]
+    PYTHONPATH=. python benchmarks/bench_filter_segments.py --smoke   # figures untouched
 
 It writes ``benchmarks/bench_filter_segments.{json,md}`` and its section of RESULTS.md;
 ``--render`` rewrites them from the saved JSON.
@@ -19,21 +20,18 @@ It writes ``benchmarks/bench_filter_segments.{json,md}`` and its section of RESU
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import duckdb
+import harness
 import numpy as np
 import pyarrow as pa
-from results_md import publish
 
 from flowsearch.search.filters import MetadataFilter, SegmentRef, VersionFilter
 
-OUT = str(Path(__file__).with_name("bench_filter_segments"))
 WORDS = ["tide", "moon", "sea", "heat", "pump", "bread", "yeast", "salt", "river", "stone"]
 PREDICATES = {
     "1% (bucket = 7)": "bucket = 7",
@@ -189,26 +187,24 @@ def render(report: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(
+        __doc__, "2,000 rows, 3 repeats", "bench_filter_segments", data=False
+    )
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=40)
-    parser.add_argument("--render", action="store_true")
-    args = parser.parse_args()
-    if args.render:
-        print(publish(OUT, render, "bench_filter_segments", None))
+    args = harness.parse(parser, rows=2_000, repeats=3)
+    if harness.rendered(args, render):
         return
     table = corpus(args.rows)
     report: dict[str, Any] = {
         "rows": args.rows,
         "repeats": args.repeats,
-        "command": "PYTHONPATH=. python benchmarks/bench_filter_segments.py"
-        + (f" --rows {args.rows}" if args.rows != 200_000 else "")
-        + (f" --repeats {args.repeats}" if args.repeats != 40 else ""),
+        "command": harness.command_line(),
         "by_segments": {str(s): compare(table, s, args.repeats) for s in (1, 10)},
         "stop": heavy_stop(table),
     }
     report["load_average"] = list(os.getloadavg())
-    print(publish(OUT, render, "bench_filter_segments", report))
+    harness.finish(args, render, report)
 
 
 if __name__ == "__main__":

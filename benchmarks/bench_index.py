@@ -8,12 +8,12 @@ robust to the machine's load even when the absolute numbers are not.
 Corpora: ``data/sample.parquet`` (the shipped sample) and a synthetic corpus of ``--rows``
 passages (default 20,000) made at run time by splicing halves of the sample's sentences.
 
-- Ingest: rows/s of ``build_index`` (encode, fit the flow, write shards, build the index) against
-  the peer's read + encode + index + save, both without model loading. On the sample, two runs
-  of each, interleaved, best kept. On the synthetic corpus the peer encodes a uniform
-  ``--peer-rows`` subset (its rate does not depend on corpus size) once before and once after
-  flowsearch's single run, and its rate is the mean: both see the same machine load. This keeps
-  the run short on 2 cores; ``--peer-rows 0`` has the peer encode everything.
+- Ingest: rows/s of ``build_index`` (encode, fit the flow, write the segment: rows, vector
+  index, postings) against the peer's read + encode + index + save, both without model loading.
+  On the sample, two runs of each, interleaved, best kept. On the synthetic corpus the peer
+  encodes a uniform ``--peer-rows`` subset (its rate does not depend on corpus size) once before
+  and once after flowsearch's single run, and its rate is the mean: both see the same machine
+  load. This keeps the run short on 2 cores; ``--peer-rows 0`` has the peer encode everything.
 - Query: one query at a time (an online service), k=10, after a warm-up; each query is timed for
   flowsearch (``Searcher.search``: encode, calibrate, search, join to Parquet rows) and then for
   the peer (encode, search, list lookup), ``--repeats`` rounds. On the synthetic corpus the peer's
@@ -136,7 +136,6 @@ def bench_corpus(
     name: str, path: Path, work: Path, peer: Peer, queries: list[str], args: argparse.Namespace
 ) -> dict[str, Any]:
     from flowsearch import Searcher, build_index
-    from flowsearch.storage.rows import RowReader
 
     n = pq.ParquetFile(path).metadata.num_rows
     peer_rows = None
@@ -148,7 +147,7 @@ def bench_corpus(
     def run_fs() -> dict[str, Any]:
         print(f"[{name}] flowsearch ingest of {n} rows", flush=True)
         out = build_index(path, work / f"idx-{name}", overwrite=True)
-        fs_secs.append(out["seconds"]["total"] - out["seconds"]["load model"])
+        fs_secs.append(out.seconds["total"] - out.seconds["load model"])
         loads.append(os.getloadavg()[0])
         return out
 
@@ -169,9 +168,8 @@ def bench_corpus(
         fs_rate, peer_rate = n / fs_secs[0], peer_n / float(np.mean(peer_secs))
     searcher = Searcher.open(work / f"idx-{name}")
     if peer_n != n:  # the peer searches as many rows as flowsearch: the same model's vectors
-        m = searcher.manifest
-        reader = RowReader(m.path(work / f"idx-{name}"), m.shards)
-        raw = reader.column("raw")
+        segments = searcher.version.segments  # a fresh build: one segment, in corpus order
+        raw = np.concatenate([seg.rows.vectors("raw") for seg in segments])
         table = pq.read_table(path, columns=["id", "text"])
         peer.use_vectors(
             raw / np.linalg.norm(raw, axis=1, keepdims=True),
@@ -186,14 +184,14 @@ def bench_corpus(
             "peer_rows_per_s": peer_rate,
             "peer_rows_encoded": peer_n,
             "ratio": fs_rate / peer_rate,
-            "flowsearch_stage_seconds": summary["seconds"],
+            "flowsearch_stage_seconds": summary.seconds,
             "flowsearch_runs": len(fs_secs),
             "peer_runs": len(peer_secs),
             "load_after_each_run": loads,
         },
         "query": bench_queries(searcher, peer, queries, args.repeats),
         "space": searcher.manifest.calibration.space,
-        "index_bytes": summary["bytes"],
+        "index_bytes": summary.bytes,
     }
     print(
         f"[{name}] {result['ingest']['ratio']:.2f}x ingest, {result['query']['ratio_p50']:.2f}x p50"
@@ -243,10 +241,13 @@ def render(res: dict[str, Any]) -> str:
             f"{r['ingest']['peer_runs']}); {r['query']['queries']} queries x "
             f"{r['query']['repeats']} rounds."
         )
+    # the second release's runs wrote shards; the third release writes one segment
+    stages = {k for r in res["corpora"].values() for k in r["ingest"]["flowsearch_stage_seconds"]}
+    written = "shard writing" if "write shards" in stages else "segment writing"
     lines += [
         "",
         "Where the time goes: encoding is nearly all of ingest for both engines; flowsearch adds "
-        "the flow fit, shard writing (text + float32 vector + float16 raw vector, zstd) and "
+        f"the flow fit, {written} (text + float32 vector + float16 raw vector, zstd) and "
         "checksums. Per query (dense mode, as the peer) it adds the calibrator's log-density and "
         "the Parquet join (one row group per hit) to the encoder call both pay.",
     ]

@@ -34,6 +34,7 @@ Usage (about 10 minutes on 2 loaded cores)::
 
     PYTHONPATH=. python benchmarks/bench_lexical.py [--data ../shared/data] [--rows 200000]
         [--queries 500] [--repeats 3] [--big-rows 1000000]
+    PYTHONPATH=. python benchmarks/bench_lexical.py --smoke     # tiny sizes, figures untouched
     PYTHONPATH=. python benchmarks/bench_lexical.py --render
 """
 
@@ -51,9 +52,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 from lexical_latency import latency_table, render_latency
-from results_md import publish
 
 from flowsearch import settings
 from flowsearch.evaluation import datasets as ds
@@ -344,23 +345,25 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "big_segment": big_segment(real, args.big_rows, queries),
         "big_vocabulary": vocabulary,
         "huge_k": peak_for_huge_k(Bm25([(one, None)]), queries),
-        "command": "PYTHONPATH=. python benchmarks/bench_lexical.py " + " ".join(sys.argv[1:]),
+        "command": harness.command_line(),
         "load_average": [load_start, os.getloadavg()[0]],
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
     }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser = harness.arguments(
+        __doc__, "2,000 rows, 20 queries, one pass, a 5,000-row big segment", "bench_lexical"
+    )
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--queries", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=3, help="passes over the queries")
     parser.add_argument("--big-rows", type=int, default=1_000_000)
-    parser.add_argument("--render", action="store_true", help="only re-render from the JSON")
-    args = parser.parse_args()
-    report = None if args.render else measure(args)
-    print(publish(str(HERE / "bench_lexical"), render, "bench_lexical", report))
+    args = harness.parse(parser, rows=2_000, queries=20, repeats=1, big_rows=5_000)
+    if harness.rendered(args, render):
+        return
+    args.data = harness.data_dir(args.data)
+    harness.finish(args, render, measure(args))
 
 
 if __name__ == "__main__":

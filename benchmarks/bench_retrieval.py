@@ -14,16 +14,17 @@ Writes ``benchmarks/bench_retrieval.json`` (every measured row) and
 (git-ignored). Vectors are cached in ``benchmarks/_work/cache``
 (:class:`~flowsearch.evaluation.cache.VectorCache`), so each (set, pooling) is encoded once.
 
-Method. Every (set, encoder) is encoded once; each calibrator is fitted on the corpus's raw
-vectors (the "target" setting) and queries are projected by the library's
+Method. Every (set, encoder) is encoded once; each calibrator is fitted on the corpus's raw vectors
+(the "target" setting) and queries are projected by the library's
 :class:`~flowsearch.space.search_space.SearchSpace` (L2-normalised). Dense search is exact
 (``faiss.contrib.exhaustive_search.knn``, inner product over every passage, top 100); lexical
-search is the product's
-:class:`~flowsearch.lexical.bm25.LexicalIndex` (stemmed BM25); hybrid is
-:func:`flowsearch.search.fusion.convex` (or ``rrf``) over 100 candidates a side, as
-``Searcher.search`` does. Symmetric sets fetch one hit more and drop the query's own id
-(``ignore_identical_ids``). Metrics are :func:`flowsearch.evaluation.retrieval.retrieval_scores`
-(nDCG@10, recall@100, MRR@10). One configuration is re-run through the full product path
+search is the product's :class:`~flowsearch.lexical.bm25.Bm25` over one segment's postings (stemmed
+BM25); hybrid is :func:`flowsearch.search.fusion.convex` (or ``rrf``) over 100 candidates a side,
+as ``Searcher.search`` did until the third release (which fuses with
+:func:`~flowsearch.search.fusion.fuse`: ``bench_fusion.py`` measures both). Symmetric sets fetch
+one hit more and drop the query's own id (``ignore_identical_ids``). Metrics are
+:func:`flowsearch.evaluation.ranking_metrics.retrieval_scores` (nDCG@10, recall@100, MRR@10). One
+configuration is re-run through the full product path
 (:func:`~flowsearch.evaluation.retrieval.run_retrieval`: build_index + Searcher) as a check.
 
 A Model2Vec model distilled from the bundled model (``--m2v DIR``; made by
@@ -147,7 +148,7 @@ def project(cal: Any, spec: CalibrationSpec, U: np.ndarray) -> np.ndarray:
 def fit_named(name: str, config: dict[str, Any], Uc: np.ndarray) -> tuple[Any, CalibrationSpec]:
     cal = make_calibrator(name, **config).fit(Uc)
     space = "encoder" if name == "none" else "calibrated"
-    return cal, CalibrationSpec(name, name, space)
+    return cal, CalibrationSpec(name=name, calibrator=name, space=space)
 
 
 class Study:
@@ -180,9 +181,10 @@ class Study:
 
     def lexical_hits(self, ds: DevSet) -> tuple[np.ndarray, np.ndarray]:
         if ds.name not in self.lexical:
-            from flowsearch.lexical.bm25 import LexicalIndex
+            from flowsearch.lexical.bm25 import Bm25
+            from flowsearch.lexical.postings import Postings
 
-            lex = LexicalIndex.build(ds.texts[: ds.n_corpus])
+            lex = Bm25([(Postings.build(ds.texts[: ds.n_corpus]), None)])  # one segment
             queries = [ds.texts[r] for r in ds.query_rows]
             self.lexical[ds.name] = lex.search(queries, K + 1)
             self.add(ds, "bm25", "-", "lexical", score_run(ds, *self.lexical[ds.name]))
@@ -282,27 +284,43 @@ def speed(texts: list[str], m2v: Path | None) -> dict[str, Any]:
     return out
 
 
+def product_weights() -> tuple[float, float]:
+    """The Searcher's hybrid dense weights (transformer, static): ``settings`` since the third
+    release, which fuses with :func:`flowsearch.search.fusion.fuse`."""
+    from flowsearch.settings import current
+
+    tuned = current()
+    return tuned.fusion_dense_weight, tuned.fusion_dense_weight_static
+
+
 def product_check(ds_dir: Path, label: str, study: Study, ds: DevSet) -> dict[str, Any]:
-    """One configuration through build_index + Searcher, beside this script's own figures
-    (lexical and hybrid; hybrid at the weight the Searcher uses for the pooling)."""
+    """One configuration through build_index + Searcher, beside this script's own figures.
+
+    Dense (calibration ``none``, an exact index at these sizes) and lexical must agree with this
+    script's; the product's hybrid is :func:`~flowsearch.search.fusion.fuse` (scores with a
+    meaning) at the Searcher's weight, shown beside this script's ``convex`` at that weight:
+    since the third release they are different rules (``bench_fusion.py`` compares them)."""
     from flowsearch.evaluation.retrieval import run_retrieval
-    from flowsearch.search.searcher import HYBRID_WEIGHT, HYBRID_WEIGHT_STATIC
 
     pooling, _, variant = label.partition(":")
     if variant not in ("", "raw"):
         return {}
-    result = run_retrieval(ds_dir, pooling=pooling, calibration="none", modes=["lexical", "hybrid"],
+    modes = ["dense", "lexical", "hybrid"]
+    result = run_retrieval(ds_dir, pooling=pooling, calibration="none", modes=modes,
                            ignore_identical_ids=ds.ignore_identical)  # fmt: skip
-    weight = HYBRID_WEIGHT_STATIC if pooling == "static" else HYBRID_WEIGHT  # as the Searcher
+    transformer, static = product_weights()
+    weight = static if pooling == "static" else transformer  # as the Searcher
     mine = {
+        "dense": study.find(set=ds.name, encoder=label, calibration="none", mode="dense")[-1],
         "lexical": study.find(set=ds.name, mode="lexical")[-1],
         "hybrid": study.find(
             set=ds.name, encoder=label, calibration="none", mode="hybrid", weight=weight
         )[-1],  # fmt: skip
     }
     return {"set": ds.name, "encoder": label, "calibration": "none", "weight": weight,
+            "hybrid_rules": {"product": "fuse", "this_script": "convex"},
             "product": {m: {k: round(v, 4) for k, v in result["results"][m].items()}
-                        for m in ("lexical", "hybrid")},
+                        for m in modes},
             "this_script": {m: {k: r[k] for k in METRICS} for m, r in mine.items()}}  # fmt: skip
 
 
@@ -410,6 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         study.encode(label, make_encoder(label, m2v))
     strength_sweep(study, [default_variant, *others], default_variant, args.quick)
     weights = (0.0, 0.3, 0.5, 0.7, 1.0) if args.quick else WEIGHTS
+    weights = tuple(sorted({*weights, *product_weights()}))  # the product check's too
     autos = autos_and_hybrid(study, [*STATIC_ENCODERS, *others], default_variant, weights)
     n_speed = 64 if args.smoke else 500 if args.quick else 1500
     timing = speed(sets[0].texts[:n_speed], m2v)
@@ -426,6 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "auto": autos,
         "speed": timing,
         "product_check": check,
+        "hybrid_weights": dict(zip(("transformer", "static"), product_weights(), strict=True)),
         "encode_cpu_seconds": study.encode_seconds,
         "load_average_end": harness.load_average(),
         "command": harness.command_line(),

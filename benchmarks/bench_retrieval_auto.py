@@ -116,9 +116,11 @@ def paired_ci(delta: np.ndarray, seed: int = 0, draws: int = 2000) -> list[float
 
 def part_b(ds: DevSet, label: str, U: np.ndarray, lexical: Any) -> dict[str, Any]:
     """Fitting on passages vs passages + half the queries, scored on the other half; dense and
-    hybrid (the static weight, as the Searcher fuses)."""
+    hybrid (``convex``, the second release's rule, at the Searcher's static dense weight)."""
     from flowsearch.search.fusion import convex
-    from flowsearch.search.searcher import HYBRID_WEIGHT_STATIC
+    from flowsearch.settings import current
+
+    weight = current().fusion_dense_weight_static
 
     Uc = U[: ds.n_corpus]
     positions = np.arange(len(ds.query_ids))
@@ -130,7 +132,7 @@ def part_b(ds: DevSet, label: str, U: np.ndarray, lexical: Any) -> dict[str, Any
     row: dict[str, Any] = {"set": ds.name, "encoder": label, "fit_queries": len(fit_half),
                            "fit_queries_not_in_corpus": new_texts,
                            "test_queries": len(test_half),
-                           "hybrid_weight": HYBRID_WEIGHT_STATIC}  # fmt: skip
+                           "hybrid_weight": weight}  # fmt: skip
     per: dict[str, np.ndarray] = {}
     fits = {"passages": Uc, "passages+queries": np.concatenate([Uc, Uq_fit])}
     for cal_label, (name, cfg) in CALS.items():
@@ -139,7 +141,7 @@ def part_b(ds: DevSet, label: str, U: np.ndarray, lexical: Any) -> dict[str, Any
                 continue
             cal, spec = fit_named(name, cfg, fit)
             dense = dense_top(project(cal, spec, Uq_test), project(cal, spec, Uc), 101)
-            fused = convex(dense, lex, 101, weight=HYBRID_WEIGHT_STATIC)
+            fused = convex(dense, lex, 101, weight=weight)
             for mode, hits in (("dense", dense), ("hybrid", (fused.scores, fused.rows))):
                 key = f"{mode}: {cal_label} / {fit_label}" if name != "none" else f"{mode}: none"
                 per[key] = per_query(test, hits)
@@ -159,11 +161,13 @@ _LEXICAL: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
 
 def lexical_hits(ds: DevSet) -> tuple[np.ndarray, np.ndarray]:
-    """BM25's top 101 for every query of ``ds`` (the product's LexicalIndex), computed once."""
+    """BM25's top 101 for every query of ``ds`` (the product's BM25 over one segment's
+    postings), computed once."""
     if ds.name not in _LEXICAL:
-        from flowsearch.lexical.legacy import LexicalIndex
+        from flowsearch.lexical.bm25 import Bm25
+        from flowsearch.lexical.postings import Postings
 
-        lex = LexicalIndex.build(ds.texts[: ds.n_corpus])
+        lex = Bm25([(Postings.build(ds.texts[: ds.n_corpus]), None)])
         _LEXICAL[ds.name] = lex.search([ds.texts[r] for r in ds.query_rows], 101)
     return _LEXICAL[ds.name]
 

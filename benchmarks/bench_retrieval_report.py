@@ -14,8 +14,11 @@ from harness import produced_by
 __all__ = ["best_weight", "render"]
 
 SETS = ("qnli-dev", "stsb-para", "sick-para", "snli-entail")
-#: The dense weight proposed for static poolings (searcher.py's HYBRID_WEIGHT is for the rest).
+#: The dense weight the second release proposed for static poolings (0.6 for the rest).
 STATIC_WEIGHT = 0.3
+#: The hybrid weights of a report that does not record its own: the second release's Searcher
+#: (the ``convex`` rule) used 0.6 for transformer poolings and 0.3 for static ones.
+SECOND_RELEASE_WEIGHTS = {"transformer": 0.6, "static": STATIC_WEIGHT}
 SHORT = {"qnli-dev": "qnli", "stsb-para": "stsb", "sick-para": "sick", "snli-entail": "snli"}
 
 
@@ -212,10 +215,10 @@ def render(report: dict[str, Any]) -> str:
         ("mean", "none"),
     ]
     out += ["Dense:", "", *_dense_table(rows, tier)]
-    from flowsearch.search.searcher import HYBRID_WEIGHT
-
+    chosen = report.get("hybrid_weights") or SECOND_RELEASE_WEIGHTS
+    transformer, static = chosen["transformer"], chosen["static"]
     body = []
-    weights = sorted({HYBRID_WEIGHT, STATIC_WEIGHT})
+    weights = sorted({transformer, static})
     pairs = [(default, "none"), (default, "auto"), ("model2vec", "auto"), ("mean", "auto")]
     for (enc, cal), w in ((p, w) for p in pairs for w in weights):
         got = [_find(rows, set=s, encoder=enc, calibration=cal, mode="hybrid", weight=w)
@@ -227,8 +230,8 @@ def render(report: dict[str, Any]) -> str:
     body.append(["BM25 alone", "-", *(_cell(g) for g in lex),
                  _mean(g["ndcg@10"] if g else None for g in lex)])  # fmt: skip
     out += [
-        f"Hybrid at the default dense weight {HYBRID_WEIGHT} and the proposed static one "
-        f"{STATIC_WEIGHT}:",
+        f"Hybrid (`convex`) at the Searcher's dense weights of the run, {transformer} for "
+        f"transformer poolings and {static} for static ones:",
         "",
         *_table(["search", "calibration", *(SHORT[s] for s in SETS), "mean nDCG@10"], body),
     ]
@@ -236,8 +239,17 @@ def render(report: dict[str, Any]) -> str:
     if check:
         out += [f"Product-path check (build_index + Searcher on {check['set']}, "
                 f"`{check['encoder']}`, calibration `{check['calibration']}`, hybrid weight "
-                f"{check['weight']}): product {check['product']}; this script "
+                f"{check['weight']}{_rules(check)}): product {check['product']}; this script "
                 f"{check['this_script']}.", ""]  # fmt: skip
     default = f"python benchmarks/bench_retrieval.py --max-corpus {report['max_corpus']}"
     out += [produced_by(report, default)]
     return "\n".join(out) + "\n"
+
+
+def _rules(check: dict[str, Any]) -> str:
+    """The hybrid rules the product check compared, when they differ (the third release's
+    product fuses with ``fuse``, this script with ``convex``)."""
+    rules = check.get("hybrid_rules")
+    if not rules or rules["product"] == rules["this_script"]:
+        return ""
+    return f"; hybrid rule: product `{rules['product']}`, this script `{rules['this_script']}`"

@@ -14,8 +14,8 @@ Stages (each cached in ``benchmarks/_work/scale``; ``build`` and ``serve`` run i
 processes so their RSS is theirs alone):
 
 - ``prepare``: encode, calibrate, jitter, project; exact truth (timed: Flat's batch QPS).
-- ``build``: what ingest does with ``index_factory="auto"`` past ``AUTO_GRAPH_MAX_ROWS``, at
-  1M (:mod:`flowsearch.ann.faiss_index`: train on a bounded sample, add in chunks, tune ``nprobe``
+- ``build``: what ingest does with ``index_factory="auto"`` past ``Settings.graph_max_rows``, at
+  1M (:mod:`flowsearch.ann.build`: train on a bounded sample, add in chunks, tune ``nprobe``
   and ``k_factor`` on probe queries, write): seconds per step, peak RSS, bytes on disk.
 - ``serve``: open the index memory-mapped as ``Searcher.open(mmap=True)`` does, RSS after open
   and after 1,000 single queries, p50 latency, batch QPS, recall@10 vs Flat on the 2,000 real
@@ -142,7 +142,7 @@ def prepare(corpus: Path, queries: list[str]) -> dict[str, Any]:
         np.save(raw, U)
     U, Uq = np.load(raw), np.load(raw_q)
     t = time.perf_counter()
-    cal, spec = fit_for_index(U, "auto")
+    cal, spec = fit_for_index(U, "auto", pooling="static")  # as build_index does
     space = SearchSpace(cal, spec)
     out["calibration"] = {"name": spec.calibrator, "space": spec.space, "fit_s": 0.0}
     out["calibration"]["fit_s"] = time.perf_counter() - t
@@ -172,7 +172,10 @@ def prepare(corpus: Path, queries: list[str]) -> dict[str, Any]:
 def build() -> dict[str, Any]:
     import faiss
 
-    from flowsearch.ann import faiss_index as fx
+    from flowsearch.ann import build as ann_build
+    from flowsearch.ann import io as ann_io
+    from flowsearch.ann.factory import auto_factory, new_index
+    from flowsearch.settings import current
 
     faiss.omp_set_num_threads(2)
     if not (WORK / "z_1m.npy").is_file():
@@ -181,32 +184,32 @@ def build() -> dict[str, Any]:
     chunks = lambda: (np.asarray(Z[i : i + CHUNK]) for i in range(0, len(Z), CHUNK))  # noqa: E731
     seconds: dict[str, float] = {}
     with _PeakAnon() as peak:
-        # what auto builds past AUTO_GRAPH_MAX_ROWS (2M), measured at 1M
+        # what auto builds past Settings.graph_max_rows (2M), measured at 1M
         # (Flat up to the default 100k rows; a --smoke run is below that too, so its limit is
         # lowered as well and the smoke run takes the same path)
-        factory = fx.auto_factory(
+        factory = auto_factory(
             len(Z), min(len(Z) - 1, 100_000), graph_max_rows=len(Z) - 1, dim=Z.shape[1]
         )
         t = time.perf_counter()
-        index = fx.new_index(Z.shape[1], factory)
-        # as ingest.training_sample: a seeded uniform sample, then train() bounds it further
+        index = new_index(Z.shape[1], factory)
+        # as ann.build.training_sample: a seeded uniform sample, then train() bounds it further
         size = min(len(Z), 262_144)
         pick = np.sort(np.random.default_rng(0).choice(len(Z), size=size, replace=False))
         sample = np.asarray(Z[pick])
-        fx.train(index, sample, factory)
+        ann_build.train(index, sample, factory)
         seconds["train"] = time.perf_counter() - t
         print(factory, "trained", seconds, flush=True)
         t = time.perf_counter()
         for part in chunks():
-            fx.add(index, part, factory)
+            ann_build.add(index, part, factory)
         seconds["add"] = time.perf_counter() - t
         print("added", seconds, flush=True)
         t = time.perf_counter()
-        params, tuned = fx.tune_search(index, sample, chunks)
+        params, tuned = ann_build.tune_search(index, sample, chunks)
         seconds["tune"] = time.perf_counter() - t
         print("tuned", params, tuned, seconds, flush=True)
         t = time.perf_counter()
-        fx.write_index(index, WORK / "index.faiss")
+        ann_io.write_index(index, WORK / "index.faiss")
         seconds["write"] = time.perf_counter() - t
     out = {
         "factory": factory,
@@ -217,7 +220,7 @@ def build() -> dict[str, Any]:
         "peak_anon_mb": peak.peak,
         "peak_rss_mb": _status()["peak_rss"],
         "index_bytes": (WORK / "index.faiss").stat().st_size,
-        "train_rows": min(len(sample), fx.IVF_TRAIN_PER_LIST * _nlist(factory)),
+        "train_rows": min(len(sample), current().ivf_train_per_list * _nlist(factory)),
     }
     (WORK / "build.json").write_text(json.dumps(out, indent=1))
     return out
@@ -233,7 +236,7 @@ def _nlist(factory: str) -> int:
 def serve() -> dict[str, Any]:
     import faiss
 
-    from flowsearch.ann import faiss_index as fx
+    from flowsearch.ann import io as ann_io
 
     faiss.omp_set_num_threads(2)
     if not (WORK / "build.json").is_file():
@@ -242,19 +245,19 @@ def serve() -> dict[str, Any]:
     Zq, truth = np.load(WORK / "z_queries.npy"), np.load(WORK / "truth.npy")
     out: dict[str, Any] = {"before_open": _status()}
     t = time.perf_counter()
-    index = fx.read_index(WORK / "index.faiss", built["params"], mmap=built["factory"])
+    index = ann_io.read_index(WORK / "index.faiss", built["params"], mmap=built["factory"])
     out["open_s"] = time.perf_counter() - t
     out["after_open"] = _status()
     lat = []
     for q in Zq[:1000]:
         t = time.perf_counter()
-        fx.search(index, q[None], 10)
+        ann_io.search(index, q[None], 10)
         lat.append(time.perf_counter() - t)
     out["after_1000_queries"] = _status()
     out["single_query_p50_ms"] = 1000 * float(np.median(lat))
     out["single_query_qps"] = len(lat) / float(np.sum(lat))
     t = time.perf_counter()
-    _, found = fx.search(index, Zq, 10)
+    _, found = ann_io.search(index, Zq, 10)
     out["batch_qps"] = len(Zq) / (time.perf_counter() - t)
     out["recall@10"] = harness.recall(found, truth, 10)
     half = len(Zq) // 2  # the corpus file lists 1,000 questions, then 1,000 held-out sentences

@@ -100,7 +100,7 @@ def stage_ingest_mean(corpus: Path) -> dict[str, Any]:
 
 
 def _raw(s: Any) -> np.ndarray:
-    return np.asarray(s._version.reader.column("raw"), dtype=np.float32)
+    return np.asarray(harness.segment_of(s).rows.vectors("raw"), dtype=np.float32)
 
 
 def _auto_calibrator(s: Any) -> tuple[str, dict[str, Any]]:
@@ -177,7 +177,7 @@ def _peer(s: Any) -> Any:
     flat = faiss.IndexFlatIP(s.manifest.dim)
     raw = _raw(s)
     flat.add(raw / np.linalg.norm(raw, axis=1, keepdims=True))
-    texts = dict(enumerate(s._version.reader.column("text")))
+    texts = dict(enumerate(harness.segment_of(s).rows.table(["text"]).column("text").to_pylist()))
 
     def peer(q: str) -> list[str]:
         e = st.encode([q], normalize_embeddings=True, convert_to_numpy=True)
@@ -193,14 +193,14 @@ def _faiss_200k(queries: list[str]) -> dict[str, Any]:
     it) for the same query, so a 200k search with the ``mean`` encoder can be composed per query
     in one iteration. Both are 384-d unit vectors; HNSW's cost follows efSearch and dim."""
     from flowsearch import Searcher
-    from flowsearch.ann import faiss_index as fx
+    from flowsearch.ann import io as ann_io
 
     s200 = Searcher.open(WORK / "static_200k")
     Z = dict(zip(queries, s200.embed(queries)[0], strict=True))
-    index = s200._version.faiss_index
+    index = harness.segment_of(s200).ann
 
     def step(q: str) -> Any:
-        return fx.single_threaded(lambda: fx.search(index, Z[q][None], 10))
+        return ann_io.single_threaded(lambda: ann_io.search(index, Z[q][None], 10))
 
     return {"faiss 200k (static 200k index's HNSW32)": step}
 
@@ -231,9 +231,10 @@ def stage_query(queries: list[str]) -> dict[str, Any]:
         rec = recall_of_index(s, s.embed(queries)[0])
         found, exact = rec["found"], rec["exact"]
         half = len(queries) // 2
+        ann = harness.segment_of(s).record.ann
         out[name] = {
-            "factory": s.manifest.faiss.factory,
-            "params": s.manifest.faiss.params,
+            "factory": ann.factory,
+            "params": ann.params,
             "space": s.manifest.calibration.space,
             "calibration": s.manifest.calibration.name,
             "calibrator": s.manifest.calibration.calibrator,

@@ -48,7 +48,13 @@ def measure(data: Any, rows: int, n: int) -> dict[str, Any]:
     changed = [{"id": ids[i], "text": texts[-1 - i]} for i in range(n)]
     seconds[f"upsert {n} rows"] = timed(lambda: upsert(index, changed))[1]
     seconds[f"delete {n} ids"] = timed(lambda: delete(index, ids[n : 2 * n]))[1]
-    freed, seconds["compact"] = timed(lambda: compact(index))
+    compacted, seconds["compact"] = timed(lambda: compact(index))
+    freed = {
+        "version": compacted.version,
+        "rows": compacted.n_live,
+        "dropped": compacted.n_dropped,
+        "bytes_freed": compacted.bytes_freed,
+    }
     seconds["recalibrate (whitening)"] = timed(lambda: recalibrate(index, calibration="whitening"))[
         1
     ]

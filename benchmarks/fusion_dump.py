@@ -29,9 +29,10 @@ index ``auto``, BM25 on) into ``benchmarks/_work/fusion/<encoder>/<set>/index`` 
 
 Candidates come from the public API: :meth:`flowsearch.Searcher.embed` and
 :meth:`~flowsearch.Searcher.vectors` (an exact scan, which is what the ``auto`` Flat index of a
-corpus this size does), and a :class:`~flowsearch.lexical.bm25.LexicalIndex` built on the same
-texts; both are checked against ``Searcher.search(..., mode="dense"|"lexical")`` on the first
-:data:`CHECK_QUERIES` queries (same rows, scores within 1e-4), so the dump is the product's search.
+corpus this size does), and the product's :class:`~flowsearch.lexical.bm25.Bm25` over postings
+built from the same texts (one segment); both are checked against ``Searcher.search(...,
+mode="dense"|"lexical")`` on the first :data:`CHECK_QUERIES` queries (same rows, scores within
+1e-4), so the dump is the product's search.
 """
 
 from __future__ import annotations
@@ -140,10 +141,11 @@ class Bm25:
     """BM25 of whole corpus rows per query, and query upper bounds, from the product's index."""
 
     def __init__(self, texts: list[str]) -> None:
-        from flowsearch.lexical.bm25 import LexicalIndex
+        from flowsearch.lexical import bm25
+        from flowsearch.lexical.postings import Postings
         from flowsearch.lexical.tokens import tokenize_batch
 
-        self.index = LexicalIndex.build(texts)
+        self.index = bm25.Bm25([(Postings.build(texts), None)])  # one segment, nothing deleted
         self.n = len(texts)
         df: dict[str, int] = {}
         for doc in tokenize_batch(texts):

@@ -58,6 +58,7 @@ __all__ = [
     "rounds",
     "sample_queries",
     "script",
+    "segment_of",
     "single_query_ms",
     "synthetic_corpus",
     "timed",
@@ -215,6 +216,23 @@ def real_corpus(data: Path, rows: int, n_queries: int) -> tuple[Path, list[str],
     from speed_corpus import corpus_and_queries
 
     return corpus_and_queries(data, WORK, rows, n_queries)
+
+
+def segment_of(searcher: Any) -> Any:
+    """The one segment of a searcher's version (a freshly built index has one): its
+    ``SegmentReader``, whose ``rows`` (the Parquet rows), ``ann`` (the FAISS index, ids are its
+    rows) and ``record.ann`` (factory and search parameters) the speed scripts measure.
+
+    Raises:
+        SystemExit: the index holds more than one segment (compact it with ``--full``).
+    """
+    segments = searcher.version.segments
+    if len(segments) != 1:
+        raise SystemExit(
+            f"{searcher.root} holds {len(segments)} segments; this measures a one-segment "
+            "index: run `flowsearch compact --full` on it or rebuild it"
+        )
+    return segments[0]
 
 
 # -- timing ------------------------------------------------------------------------------------

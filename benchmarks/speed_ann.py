@@ -24,7 +24,7 @@ import numpy as np
 from faiss.contrib.ivf_tools import add_preassigned
 from harness import exact_top, recall, single_query_ms
 
-from flowsearch.ann import faiss_index as fx
+from flowsearch.ann import io as ann_io
 
 __all__ = ["IVF_NPROBES", "HNSW_EFS", "jitter", "rescored", "study", "truth"]
 
@@ -50,7 +50,7 @@ def truth(x: np.ndarray, q: np.ndarray, k: int = 10) -> tuple[np.ndarray, float]
 def _p50_ms(index: faiss.Index, q: np.ndarray, k: int) -> float:
     """Single-query p50 ms on one OpenMP thread (as ``Searcher`` runs one query)."""
     search = lambda row: index.search(row[None], k)  # noqa: E731
-    return float(fx.single_threaded(lambda: single_query_ms(search, q[:_LATENCY_QUERIES])))
+    return float(ann_io.single_threaded(lambda: single_query_ms(search, q[:_LATENCY_QUERIES])))
 
 
 def _sweep(
@@ -230,7 +230,7 @@ def rescored(
                 times.append(_now() - start)
             return times
 
-        times = fx.single_threaded(single)  # one query on one thread, as Searcher runs it
+        times = ann_io.single_threaded(single)  # one query on one thread, as Searcher runs it
         points.append(
             {
                 "depth": depth,

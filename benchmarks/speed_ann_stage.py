@@ -25,11 +25,12 @@ from typing import Any
 
 import faiss
 import numpy as np
-from harness import exact_top, recall
+from harness import exact_top, recall, segment_of
 from speed_ann import IVF_NPROBES, jitter, jitter_scale, rescored, study, truth
 
 from flowsearch import Searcher
-from flowsearch.ann import faiss_index as fx
+from flowsearch.ann import build as ann_build
+from flowsearch.ann.factory import ivf_factory
 from flowsearch.calibration import make_calibrator
 from flowsearch.space.search_space import normalise
 
@@ -55,7 +56,7 @@ def proxy_agreement(
     probes = [int(p["param"]) for p in real]
     curves: dict[str, list[float]] = {"real": [p["recall"] for p in real]}
     for noise in PROXY_NOISES:
-        q = fx.probe_queries(x, 256, noise=noise, seed=0)
+        q = ann_build.probe_queries(x, 256, noise=noise, seed=0)
         gt = exact_top(q, x, k)[1]
         rec = []
         for p in probes:
@@ -83,7 +84,7 @@ def _label(spec: Any) -> str:
 
 def stage_ann(work: Any, queries: list[str], million: int) -> dict[str, Any]:
     s = Searcher.open(work / "static_200k")
-    U = np.asarray(s._version.reader.column("raw"), dtype=np.float32)
+    U = np.asarray(segment_of(s).rows.vectors("raw"), dtype=np.float32)
     Uq = s.space.encoder.encode(queries, progress=False)
     spec = s.manifest.calibration
     own = _label(spec) + (" (index)" if spec.calibrated else " (index, encoder space)")
@@ -94,7 +95,7 @@ def stage_ann(work: Any, queries: list[str], million: int) -> dict[str, Any]:
     if os.environ.get("BENCH_SPEED_WHITENING_FLOW") == "1":
         maps["whitening-flow"] = make_calibrator("whitening-flow", seed=0).fit(U).transform
     n = len(U)
-    nlist = fx.ivf_factory(n).split(",")[0]
+    nlist = ivf_factory(n).split(",")[0]
     out: dict[str, Any] = {
         "rows": n,
         "queries": len(queries),
@@ -153,7 +154,7 @@ def stage_ann(work: Any, queries: list[str], million: int) -> dict[str, Any]:
         scale = jitter_scale(U)
         u1m = jitter(U, copies, scale)
         hnsw_ok = res200["raw"]["types"]["HNSW32"]["build_s"] <= HNSW_1M_MAX_200K_BUILD_S
-        nlist1m = int(fx.ivf_factory(len(u1m)).split(",")[0][3:])
+        nlist1m = int(ivf_factory(len(u1m)).split(",")[0][3:])
         res1m: dict[str, Any] = {"_jitter_scale": scale, "_copies": copies, "_hnsw": hnsw_ok}
         for name in ("raw", own):
             if time.time() > deadline:

@@ -6,9 +6,10 @@ called directly: ``space.encoder.encode([q])`` (the encoder), ``space.project(ra
 want_density=False)`` (calibrator + normalise), ``space.project(raw)`` minus that (the flow's
 log-density), the FAISS search (on one OpenMP thread, as ``Searcher`` runs a single query, and
 again with FAISS's default thread count, for comparison), and the Parquet join
-(``RowReader.rows``, with the reader's row-group cache put back as the search found it, so
-the join is not timed warm from the search's own reads). The pieces use the Searcher's pinned
-version (``_version``): a benchmark may look inside.
+(``RowReader.records``, with the row groups the search decoded dropped from the reader's cache
+again, so the join is not timed warm from the search's own reads). The pieces use the one segment
+of the Searcher's pinned version (``Searcher.version.segments[0]``: its ``rows`` and ``ann``): a
+benchmark may look inside.
 
 The peer (sentence-transformers ``encode`` + ``faiss.IndexFlatIP`` + a dict from row to text) is
 timed in a second pass of each round, alternating with ``Searcher.search`` query by query (which
@@ -20,15 +21,14 @@ Besides each step's p50 / p95, the paired ratios ``search/encoder`` (main pass) 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from harness import exact_top, recall, timed
+from harness import exact_top, recall, segment_of, timed
 
 from flowsearch import Searcher
-from flowsearch.ann import faiss_index as fx
+from flowsearch.ann import io as ann_io
 
 __all__ = ["latency", "recall_of_index", "batch_qps"]
 
@@ -47,7 +47,8 @@ def latency(
 ) -> dict[str, dict[str, float]]:
     """p50 / p95 ms of each step over ``rounds`` x ``queries`` (after a warm-up); ``extra``:
     more named steps, each timed on the same query in the same iteration."""
-    v = s._version
+    seg = segment_of(s)
+    cache = seg.rows._cache._cache  # the searcher's row-group cache (an LRU mapping)
     steps: dict[str, list[float]] = {}
 
     def note(name: str, ms: float) -> None:
@@ -60,7 +61,7 @@ def latency(
     for _ in range(rounds):
         for q in queries:
             # the join below must meet the row-group cache as the search met it, not warmed by it
-            cache = OrderedDict(v.reader._cache)
+            before = set(cache)
             note("search", _ms(lambda q=q: s.search(q, k=10, mode="dense"))[1])
             raw, ms = _ms(lambda q=q: s.space.encoder.encode([q], progress=False))
             note("encoder", ms)
@@ -68,13 +69,14 @@ def latency(
             note("calibrator", ms)
             note("calibrator+density", _ms(lambda raw=raw: s.space.project(raw))[1])
             (_, rows), ms = _ms(
-                lambda Z=Z: fx.single_threaded(lambda: fx.search(v.faiss_index, Z, 10))
+                lambda Z=Z: ann_io.single_threaded(lambda: ann_io.search(seg.ann, Z, 10))
             )
             note("faiss", ms)  # as Searcher runs one query: FAISS on the calling thread alone
-            note("faiss, all OpenMP threads", _ms(lambda Z=Z: fx.search(v.faiss_index, Z, 10))[1])
+            note("faiss, all OpenMP threads", _ms(lambda Z=Z: ann_io.search(seg.ann, Z, 10))[1])
             valid = np.unique(rows[rows >= 0])
-            v.reader._cache = cache
-            note("join", _ms(lambda valid=valid: v.reader.records(valid))[1])
+            for key in [key for key in cache if key not in before]:
+                del cache[key]
+            note("join", _ms(lambda valid=valid: seg.rows.records(valid))[1])
             for name, fn in (extra or {}).items():
                 note(name, _ms(lambda q=q, fn=fn: fn(q))[1])
         # the headline ratio in its own pass: in the loop above the search goes first on caches
@@ -131,7 +133,7 @@ def recall_of_index(s: Searcher, Z: np.ndarray, k: int = 10) -> dict[str, Any]:
     vectors, for query vectors ``Z`` in the searched space: ``{"recall", "found", "exact"}``
     (recall@k over all queries; the rows, int64 (q, k), to score any subset with ``recall``)."""
     exact = exact_top(Z, s.vectors(), k)[1]
-    _, found = fx.search(s._version.faiss_index, Z, k)
+    _, found = ann_io.search(segment_of(s).ann, Z, k)
     return {"recall": recall(found, exact, k), "found": found, "exact": exact}
 
 

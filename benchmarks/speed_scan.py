@@ -14,10 +14,12 @@ from typing import Any
 
 import faiss
 import numpy as np
-from harness import exact_top, recall, single_query_ms
+from harness import exact_top, recall, segment_of, single_query_ms
 
 from flowsearch import Searcher
-from flowsearch.ann import faiss_index as fx
+from flowsearch.ann import build as ann_build
+from flowsearch.ann import io as ann_io
+from flowsearch.settings import current
 
 __all__ = ["stage_scan"]
 
@@ -29,7 +31,9 @@ EFS = (16, 32, 64, 128, 256, 512, 1024)
 def _p50_ms(index: faiss.Index, q: np.ndarray, k: int = 10) -> float:
     """Single-query p50 ms on one OpenMP thread (as ``Searcher`` runs one query)."""
     return float(
-        fx.single_threaded(lambda: single_query_ms(lambda row: index.search(row[None], k), q, 5))
+        ann_io.single_threaded(
+            lambda: single_query_ms(lambda row: index.search(row[None], k), q, 5)
+        )
     )
 
 
@@ -42,10 +46,11 @@ def _set(index: faiss.Index, knob: str, value: int) -> None:
 
 def knob_curves(s: Searcher, zq: np.ndarray, x: np.ndarray, n_lat: int = 200) -> dict[str, Any]:
     """recall@10 and p50 by the index's search parameter, real vs tuning queries."""
-    index = s._version.faiss_index
-    knob = fx.search_knob(index)
+    seg = segment_of(s)
+    index, ann = seg.ann, seg.record.ann
+    knob = ann_build.search_knob(index)
     if knob is None:
-        return {"factory": s.manifest.faiss.factory, "_skipped": "exact index: nothing to tune"}
+        return {"factory": ann.factory, "_skipped": "exact index: nothing to tune"}
     name, largest = knob
     values = [v for v in (EFS if name == "efSearch" else (8, 16, 32, 64, 128, 256, 512, 1024))]
     values = [v for v in values if v <= largest]
@@ -61,24 +66,24 @@ def knob_curves(s: Searcher, zq: np.ndarray, x: np.ndarray, n_lat: int = 200) ->
         curves["real sentences"].append(recall(found[half:], gt[half:]))
         p50.append(_p50_ms(index, zq[:n_lat]))
     for noise in NOISES:
-        pq = fx.probe_queries(x, 256, noise=noise, seed=0)
+        pq = ann_build.probe_queries(x, 256, noise=noise, seed=0)
         pgt = exact_top(pq, x, 10)[1]
         curve = []
         for v in values:
             _set(index, name, v)
             curve.append(recall(index.search(pq, 10)[1], pgt))
         curves[f"tuning queries, noise {noise}"] = curve
-    fx.set_params(index, s.manifest.faiss.params)  # back to what auto chose
+    ann_io.set_params(index, ann.params)  # back to what auto chose
     return {
-        "factory": s.manifest.faiss.factory,
-        "params": s.manifest.faiss.params,
+        "factory": ann.factory,
+        "params": ann.params,
         "calibrator": s.manifest.calibration.calibrator,
         "space": s.manifest.calibration.space,
         "knob": name,
         "values": values,
         "curves": curves,
         "p50_ms": p50,
-        "auto_noise": fx.AUTO_QUERY_NOISE,
+        "auto_noise": current().query_noise,
     }
 
 

@@ -1,0 +1,151 @@
+r"""The storage engine's costs (issue 22): writes at 20k, 200k and 1M rows beside LanceDB, query
+latency over segments, what the merge policy leaves, and ``refresh()`` as writes accumulate.
+
+Stages (``--stage all`` runs them in this order; a stage alone keeps the others' figures from
+the saved JSON):
+
+- ``writes`` (:mod:`storage_writes`): add, upsert and delete of ``--batch`` rows (1,000) into
+  one-segment indexes of 20k, 200k and 1M rows (``static`` pooling; the 1M index twice: ``Flat``
+  and ``auto``, which builds ``HNSW32``) and a 20k ``mean`` index, each on a fresh copy, beside
+  LanceDB on the same rows and vectors; time (flowsearch's stages: encoding, drift, the rest),
+  bytes of new files and the process's write and read counters;
+- ``segments`` (:mod:`storage_segments`): single-query latency, dense and hybrid, of the 200k
+  rows as 1, 10 and 50 segments (``Flat`` and ``auto``), and whether the ``Flat`` top-k equals
+  the one segment's;
+- ``policy``: ``--policy-writes`` upserts of ``--batch`` rows into the 200k ``auto`` index with
+  the default merge policy: segments left and latency then;
+- ``refresh`` (:mod:`storage_refresh`): ``Searcher.refresh()`` and a one-id delete after 1, 100,
+  1,000 and 10,000 writes, and the manifest's and history's sizes.
+
+Corpus: the 1M-row real-text corpus of ``speed_corpus.py`` (distinct sentences of the evaluation
+data topped up with splices of two of them); the smaller indexes hold its first rows; the base
+indexes are built once under ``benchmarks/_work/storage/base`` (the 1M ones take minutes).
+
+Usage (about 45 minutes on 2 loaded cores, the first time 25 more for the base indexes)::
+
+    python benchmarks/bench_storage.py [--stage all|writes|segments|policy|refresh]
+        [--rounds 3] [--batch 1000] [--no-lancedb] [--no-hnsw-1m]
+    python benchmarks/bench_storage.py --smoke     # small indexes, a minute or two; no figures
+    python benchmarks/bench_storage.py --render    # the section again from bench_storage.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import harness
+from storage_indexes import BaseSpec
+
+__all__ = ["main"]
+
+LOG = logging.getLogger("bench_storage")
+
+STAGES = ("writes", "segments", "policy", "refresh")
+
+
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = harness.arguments(
+        __doc__, "indexes of 500-10k rows, 100-row writes, one round", "bench_storage"
+    )
+    parser.add_argument("--stage", default="all", choices=("all", *STAGES))
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds (after one untimed)")
+    parser.add_argument("--batch", type=int, default=1000, help="rows per write")
+    parser.add_argument("--no-lancedb", dest="lancedb", action="store_false")
+    parser.add_argument(
+        "--no-hnsw-1m", dest="hnsw_1m", action="store_false",
+        help="skip the 1M HNSW32 index (its build is the longest step)",
+    )  # fmt: skip
+    parser.add_argument("--queries", type=int, default=200, help="latency queries")
+    parser.add_argument("--policy-writes", type=int, default=100)
+    parser.add_argument("--checkpoints", default="1,100,1000,10000", help="refresh: writes")
+    parser.add_argument("--sizes", default="20000,200000,1000000", help="writes: index rows")
+    parser.add_argument(
+        "--mean-rows", type=int, default=None, help="writes: rows of the mean index (default: "
+        "the smallest size; encoding a 1M-row mean index takes hours on 2 cores)",
+    )  # fmt: skip
+    parser.add_argument("--segment-rows", type=int, default=200_000)
+    parser.add_argument("--segment-counts", default="10,50")
+    return harness.parse(
+        parser, argv, rounds=1, batch=100, queries=20, policy_writes=12, hnsw_1m=False,
+        checkpoints="1,10,100", sizes="2000,10000", mean_rows=500, segment_rows=6_000,
+        segment_counts="3,6",
+    )  # fmt: skip
+
+
+def ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+def write_specs(args: argparse.Namespace) -> list[BaseSpec]:
+    """The indexes the writes stage measures: ``static`` at every size (the largest also with
+    ``auto``'s graph when asked), and a ``mean`` index at the smallest size."""
+    sizes = ints(args.sizes)
+    largest = max(sizes)
+    specs = [BaseSpec(n, factory="Flat" if n == largest else "auto") for n in sizes]
+    if args.hnsw_1m:
+        specs.append(BaseSpec(largest))
+    specs.append(BaseSpec(args.mean_rows or min(sizes), pooling="mean"))
+    return specs
+
+
+def run_stage(name: str, args: argparse.Namespace, data: Path, work: Path) -> dict[str, Any]:
+    from storage_refresh import refresh_costs
+    from storage_segments import measure_segments, policy
+    from storage_writes import measure_writes, summarise
+
+    rows = args.segment_rows
+    if name == "writes":
+        out = measure_writes(data, write_specs(args), work, rounds=args.rounds,
+                             batch=args.batch, lance_too=args.lancedb)  # fmt: skip
+        out["summary"] = summarise(out["runs"])
+        return out
+    if name == "segments":
+        families = {"Flat": BaseSpec(rows, factory="Flat"), "auto": BaseSpec(rows)}
+        return measure_segments(data, families, work, ints(args.segment_counts),
+                                queries=args.queries, rounds=args.rounds,
+                                batch=args.batch)  # fmt: skip
+    if name == "policy":
+        return policy(data, BaseSpec(rows), work, writes=args.policy_writes, batch=args.batch,
+                      queries=args.queries, rounds=args.rounds)  # fmt: skip
+    smallest = min(ints(args.sizes))
+    return refresh_costs(data, BaseSpec(smallest), work, checkpoints=ints(args.checkpoints),
+                         repeats=200 if not args.smoke else 20,
+                         published=20 if not args.smoke else 3)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    from storage_report import render
+
+    args = arguments(argv)
+    if harness.rendered(args, render):
+        return 0
+    data = harness.data_dir(args.data)
+    work = harness.WORK / ("smoke/storage" if args.smoke else "storage")
+    saved = Path(args.out + ".json")
+    report: dict[str, Any] = {}
+    if saved.exists() and not args.smoke and args.stage != "all":
+        report = json.loads(saved.read_text())
+    stages = STAGES if args.stage == "all" else (args.stage,)
+    for name in stages:
+        start, load = time.perf_counter(), harness.load_average()
+        LOG.info("stage %s", name)
+        report[name] = run_stage(name, args, data, work)
+        report[name]["run"] = {
+            "seconds": round(time.perf_counter() - start, 1),
+            "load": [load, harness.load_average()],
+            "command": harness.command_line(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        }
+    report["machine"] = harness.machine()
+    report["command"] = harness.command_line()
+    harness.finish(args, render, report)
+    return 0
+
+
+if __name__ == "__main__":
+    harness.script(main)

@@ -1,0 +1,246 @@
+r"""The corpora, base indexes and write batches of ``bench_storage.py``, and what a write
+costs in bytes.
+
+Corpus: the real-text corpus of ``speed_corpus.py`` at 1,000,000 rows (every distinct sentence
+of the evaluation data, about 65k, topped up with seeded splices of two real sentences); the
+20k and 200k indexes hold its first rows. Base indexes are built once under
+``_work/storage/base/`` and never written to: every measured write runs on a fresh copy
+(:func:`fresh_copy`: hard links for the immutable files, real copies of the files a write
+changes in place), so every size starts from one segment and no earlier write.
+
+A write batch (:func:`write_batches`) replaces 500 rows spread over the index and inserts 500
+new ids, with texts that are in no index (seeded splices of another seed); the delete batch
+names 1,000 other ids, spread over the index.
+
+Example:
+    >>> before = io_counters()  # doctest: +SKIP
+    >>> files = snapshot(index)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import harness
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = [
+    "BaseSpec",
+    "WriteBatch",
+    "base_index",
+    "corpus_prefix",
+    "fresh_copy",
+    "io_counters",
+    "new_bytes",
+    "new_texts",
+    "records_table",
+    "snapshot",
+    "write_batches",
+]
+
+LOG = logging.getLogger(__name__)
+
+#: Rows of the corpus every size is a prefix of, and its held-out queries.
+CORPUS_ROWS = 1_000_000
+QUERIES = 2_000
+#: Files a write changes in place (everything else in an index is written once, then renamed).
+IN_PLACE = ("history.jsonl", "manifest.json", ".lock")
+
+
+@dataclass(frozen=True)
+class BaseSpec:
+    """A base index: its rows, pooling and vector index factory (``auto`` or a FAISS string)."""
+
+    rows: int
+    pooling: str = "static"
+    factory: str = "auto"
+
+    @property
+    def name(self) -> str:
+        if self.rows < 1000:
+            size = str(self.rows)
+        elif self.rows < 1_000_000:
+            size = f"{self.rows // 1000}k"
+        else:
+            size = f"{self.rows // 10**6}m"
+        fac = "" if self.factory == "auto" else "_" + self.factory.lower().replace(",", "_")
+        return f"{self.pooling}_{size}{fac}"
+
+
+@dataclass(frozen=True)
+class WriteBatch:
+    """One size's writes: the upsert records (500 replacing, 500 new), the ``add`` records
+    (1,000 new ids) and the ids to delete (1,000, none of the upserted)."""
+
+    upsert: list[dict[str, Any]]
+    add: list[dict[str, Any]]
+    delete: list[int]
+
+
+def corpus(data: Path) -> tuple[Path, list[str]]:
+    """The 1M-row corpus and its held-out queries (built once, under ``_work``)."""
+    path, queries, _ = harness.real_corpus(data, CORPUS_ROWS, QUERIES)
+    return path, queries
+
+
+def corpus_prefix(data: Path, rows: int, work: Path) -> Path:
+    """A Parquet file of the corpus's first ``rows`` rows (``id`` int64, ``text``)."""
+    path, _ = corpus(data)
+    if rows >= CORPUS_ROWS:
+        return path
+    out = work / f"corpus_{rows}.parquet"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        table = pq.read_table(path).slice(0, rows)
+        pq.write_table(table, out, row_group_size=16_384)
+    return out
+
+
+def base_index(data: Path, spec: BaseSpec, work: Path) -> tuple[Path, dict[str, Any]]:
+    """The base index of ``spec`` (built once under ``work/base``) and its build record:
+    seconds per stage, factory, space, load average at the start and end."""
+    from flowsearch import build_index
+
+    target = work / "base" / spec.name
+    record_path = target.with_name(spec.name + ".build.json")
+    if (target / "manifest.json").exists() and record_path.exists():
+        return target, json.loads(record_path.read_text())
+    source = corpus_prefix(data, spec.rows, work)
+    load_before = harness.load_average()
+    LOG.info("building %s (%d rows, %s, %s)", spec.name, spec.rows, spec.pooling, spec.factory)
+    start = time.perf_counter()
+    result = build_index(
+        source, target, pooling=spec.pooling, index_factory=spec.factory, overwrite=True
+    )
+    record = {
+        "rows": spec.rows,
+        "pooling": spec.pooling,
+        "factory_requested": spec.factory,
+        "factory": result.factory,
+        "space": result.space,
+        "calibration": result.calibration,
+        "wall_s": round(time.perf_counter() - start, 1),
+        "seconds": result.seconds,
+        "bytes": result.bytes,
+        "load": [load_before, harness.load_average()],
+    }
+    record_path.write_text(json.dumps(record, indent=1) + "\n")
+    return target, record
+
+
+def fresh_copy(base: Path, target: Path) -> Path:
+    """A copy of the index ``base`` at ``target`` that writes cannot reach back into: the
+    immutable files hard-linked, the files a write changes in place (:data:`IN_PLACE`) copied."""
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(base, target, copy_function=os.link)
+    for name in IN_PLACE:
+        path = target / name
+        if path.exists():
+            path.unlink()
+            shutil.copy2(base / name, path)
+    return target
+
+
+def write_batches(data: Path, rows: int, size: int = 1000, seed: int = 7) -> WriteBatch:
+    """The writes measured on an index of the corpus's first ``rows`` rows (ids 0..rows-1):
+    an upsert of ``size`` records (half replacing ids spread over the index, half new), an add
+    of ``size`` new ids, a delete of ``size`` other ids spread over the index."""
+    half = size // 2
+    texts = new_texts(data, 2 * size, seed)
+    replaced = (np.arange(half) * (rows // half)).tolist()
+    upsert = [{"id": i, "text": t} for i, t in zip(replaced, texts[:half], strict=True)]
+    upsert += [{"id": CORPUS_ROWS + i, "text": t} for i, t in enumerate(texts[half:size])]
+    add = [{"id": 2 * CORPUS_ROWS + i, "text": t} for i, t in enumerate(texts[size:])]
+    deleted = (np.arange(size) * (rows // size) + 1).tolist()
+    return WriteBatch(upsert=upsert, add=add, delete=deleted)
+
+
+def new_texts(data: Path, n: int, seed: int = 7) -> list[str]:
+    """``n`` distinct texts in no index of this corpus: seeded splices of two real sentences
+    (a seed of their own) that the 1M-row corpus does not hold."""
+    sentences, known = _pool(data)
+    return _new_texts(sentences, known, n, seed)
+
+
+@functools.lru_cache(maxsize=2)
+def _pool(data: Path) -> tuple[list[str], frozenset[str]]:
+    """The real sentences splices are made of, and every text of the 1M-row corpus."""
+    from bench_lexical import real_sentences
+
+    path, _ = corpus(data)
+    sentences, _ = real_sentences(data)
+    return sentences, frozenset(pq.read_table(path, columns=["text"]).column("text").to_pylist())
+
+
+def _new_texts(sentences: list[str], known: frozenset[str], n: int, seed: int) -> list[str]:
+    """``n`` distinct splices of two real sentences that are not in ``known``."""
+    rng = np.random.default_rng(seed)
+    words = [s.split() for s in sentences]
+    out: list[str] = []
+    seen: set[str] = set()
+    while len(out) < n:
+        a, b = rng.integers(len(words), size=2)
+        first, second = words[a], words[b]
+        text = " ".join(first[: len(first) // 2] + second[len(second) // 2 :])
+        if text and text not in seen and text not in known:
+            seen.add(text)
+            out.append(text)
+    return out
+
+
+def records_table(records: list[dict[str, Any]]) -> pa.Table:
+    """Records as an Arrow table (``id`` int64, ``text``)."""
+    return pa.table(
+        {
+            "id": pa.array([r["id"] for r in records], pa.int64()),
+            "text": [r["text"] for r in records],
+        }
+    )
+
+
+# -- what a write costs in bytes ---------------------------------------------------------------
+
+
+def io_counters() -> dict[str, int]:
+    """This process's I/O counters (``/proc/self/io``): ``wchar`` (bytes handed to write
+    calls), ``write_bytes`` (bytes it sent to the storage layer), ``rchar``, ``read_bytes``."""
+    out = {}
+    with open("/proc/self/io") as handle:
+        for line in handle:
+            name, _, value = line.partition(":")
+            out[name.strip()] = int(value)
+    return {k: out[k] for k in ("wchar", "write_bytes", "rchar", "read_bytes")}
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root``: ``{relative path: (inode, bytes)}``."""
+    out = {}
+    for path in root.rglob("*"):
+        if path.is_file():
+            st = path.stat()
+            out[path.relative_to(root).as_posix()] = (st.st_ino, st.st_size)
+    return out
+
+
+def new_bytes(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> int:
+    """Bytes of files that are new in ``after`` (a new path or a new inode), plus what files
+    kept in place grew by (an appended log)."""
+    total = 0
+    for rel, (inode, size) in after.items():
+        old = before.get(rel)
+        if old is None or old[0] != inode:
+            total += size
+        elif size > old[1]:
+            total += size - old[1]
+    return total
