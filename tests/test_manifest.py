@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -239,7 +240,9 @@ def test_second_release_index_answers_identically_and_converts(tmp_path, mode):
                                                                     mode=search_mode)]
                 for q in expected}  # fmt: skip
 
-    before = answers(Searcher.open(index, model=model, verify=True))
+    before_write = Searcher.open(index, model=model, verify=True)
+    assert before_write.version.fusion() is None  # no recorded sums: a background of 0
+    before = answers(before_write)
     for query, hits in expected.items():
         assert [h[0] for h in before[query]] == [h[0] for h in hits]
         assert [h[1] for h in before[query]] == pytest.approx([h[1] for h in hits], abs=1e-6)
@@ -247,6 +250,11 @@ def test_second_release_index_answers_identically_and_converts(tmp_path, mode):
            model=model)  # fmt: skip
     m = mf.read(index)
     assert m.format_version == mf.FORMAT_VERSION and m.n_deleted == 3
+    if mode == "dense":  # converted: every segment's vector sum recorded, a background known
+        converted = Searcher.open(index, model=model)
+        Z = converted.vectors().astype(np.float64)
+        brute = ((Z @ Z.T).sum() - len(Z)) / (len(Z) * (len(Z) - 1))
+        assert converted.version.fusion().dense_background == pytest.approx(brute, abs=1e-6)
     if mode == "lexical":  # the new row changes BM25's corpus statistics
         return
     after = answers(Searcher.open(index, model=model, verify=True))

@@ -204,3 +204,56 @@ def test_nonsense_queries_score_low_on_the_sample_corpus():
     assert np.all(d_bad < 0.3) and np.all(h_bad < 0.2)
     assert l_bad[0] == 0.0 and l_bad[-1] == 0.0  # no corpus term; stopwords only
     assert d_good.min() > d_bad.max() and h_good.min() > h_bad.max()
+
+
+def _background(vectors: np.ndarray) -> float:
+    """The mean cosine over distinct pairs of unit rows, by brute force."""
+    cos = vectors.astype(np.float64) @ vectors.astype(np.float64).T
+    n = len(vectors)
+    return float((cos.sum() - np.trace(cos)) / (n * (n - 1)))
+
+
+def test_every_write_keeps_the_dense_background_current(tmp_path, model_dir):
+    """The background a dense score is measured from is the mean cosine between the stored rows
+    of the version searched, after a build, an add of other material, a delete (deleted rows
+    count until a merge drops them) and a full compaction (live rows only)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from corpus_helpers import sentences, write_corpus
+
+    from flowsearch.search.searcher import Searcher
+    from flowsearch.writes.build import build_index
+    from flowsearch.writes.compact import compact
+    from flowsearch.writes.delete import delete
+    from flowsearch.writes.upsert import add_to_index
+
+    idx = tmp_path / "idx"
+    build_index(write_corpus(tmp_path / "a.parquet", n=80, seed=1), idx, model=str(model_dir))
+
+    def measured() -> tuple[float, np.ndarray, int]:
+        searcher = Searcher.open(idx)
+        try:
+            version = searcher.version
+            return version.fusion().dense_background, searcher.vectors(), len(version.segments)
+        finally:
+            searcher.close()
+
+    first, stored, _ = measured()
+    assert first == pytest.approx(_background(stored), abs=1e-9)
+    short = sentences(60, seed=7, length=(2, 3))  # other material: two- and three-word texts
+    other = pa.table({"id": [f"b{i}" for i in range(60)], "text": short,
+                      "topic": ["x"] * 60, "year": pa.array([2000] * 60, pa.int32())})  # fmt: skip
+    pq.write_table(other, tmp_path / "b.parquet")
+    add_to_index(idx, tmp_path / "b.parquet")
+    grown, stored, n_segments = measured()
+    assert n_segments == 2 and len(stored) == 140
+    assert grown == pytest.approx(_background(stored), abs=1e-9)
+    delete(idx, [f"d{i}" for i in range(0, 80, 2)])
+    after_delete, stored, _ = measured()
+    assert after_delete == pytest.approx(grown, abs=1e-12) and len(stored) == 140
+    compact(idx, full=True)
+    compacted, kept, n_segments = measured()
+    assert n_segments == 1 and len(kept) == 100
+    assert compacted == pytest.approx(_background(kept), abs=1e-9)
+    # each write that changed the stored rows moved it: none was left stale
+    assert len({round(first, 6), round(grown, 6), round(compacted, 6)}) == 3

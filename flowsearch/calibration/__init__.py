@@ -17,6 +17,6 @@ from __future__ import annotations
 from flowsearch.calibration import flow as _flow  # noqa: F401 - registers the flows
 from flowsearch.calibration import linear as _linear  # noqa: F401 - registers the linear ones
 from flowsearch.calibration.base import CALIBRATORS, Calibrator, make_calibrator, names
-from flowsearch.calibration.files import load as load_calibrator
+from flowsearch.calibration.loader import load as load_calibrator
 
 __all__ = ["CALIBRATORS", "Calibrator", "load_calibrator", "make_calibrator", "names"]

@@ -5,11 +5,11 @@ hyper-parameters), ``dim_in`` and ``fit_stats``; ``weights.safetensors`` holds t
 :meth:`~flowsearch.calibration.base.Calibrator.state`. Indexes carry such a directory (their
 ``calibrator/``), so the format stays readable by every later release.
 
-Loading checks everything before using anything: a directory that is not a whole, consistent
-calibrator raises one :class:`~flowsearch.errors.NotFound` (a missing directory or file) or
-:class:`~flowsearch.errors.BadInput` (``param="calibrator"``: malformed content) naming the file,
-what is wrong and the fix. A caller that read the directory from an index, not from the user,
-re-raises the latter as :class:`~flowsearch.errors.IndexDamaged`.
+Loading (:func:`flowsearch.calibration.loader.load`) checks everything before using anything: a
+directory that is not a whole, consistent calibrator raises one :class:`~flowsearch.errors.NotFound`
+(a missing directory or file) or :class:`~flowsearch.errors.BadInput` (``param="calibrator"``:
+malformed content) naming the file, what is wrong and the fix. A caller that read the directory from
+an index, not from the user, re-raises the latter as :class:`~flowsearch.errors.IndexDamaged`.
 
 Example:
     >>> import tempfile
@@ -17,8 +17,8 @@ Example:
     >>> cal = make_calibrator("sn").fit(np.random.default_rng(0).normal(size=(20, 3)))
     >>> folder = tempfile.mkdtemp()
     >>> save(cal, folder)
-    >>> load(folder).transform(np.zeros((1, 3))).shape
-    (1, 3)
+    >>> sorted(p.name for p in Path(folder).iterdir())
+    ['config.json', 'weights.safetensors']
 """
 
 from __future__ import annotations
@@ -27,18 +27,23 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any, TypeGuard
 
 import numpy as np
 
 from flowsearch.atomic import atomic_write
-from flowsearch.calibration.state import BadState
-from flowsearch.errors import BadInput, FlowsearchError, NotFound
+from flowsearch.errors import BadInput, NotFound
 
-if TYPE_CHECKING:
-    from flowsearch.calibration.base import Calibrator
-
-__all__ = ["CONFIG_FILE", "FORMAT_VERSION", "WEIGHTS_FILE", "load", "save"]
+__all__ = [
+    "CONFIG_FILE",
+    "FORMAT_VERSION",
+    "WEIGHTS_FILE",
+    "malformed",
+    "read_config",
+    "read_weights",
+    "require_files",
+    "save",
+]
 
 #: The version of the on-disk form this code writes and the newest it reads.
 FORMAT_VERSION = 1
@@ -50,13 +55,13 @@ _FIX = "fit the calibrator and save it again, or pass another {calibrator} direc
 _FIX_CLI = "pass another --calibrator directory (an index's calibrator/ folder)"
 
 
-def _malformed(file: Path, problem: str) -> BadInput:
+def malformed(file: Path, problem: str) -> BadInput:
     return BadInput(f"{file}: {problem}", fix=_FIX, param="calibrator", cli=_FIX_CLI)
 
 
-def save(cal: Calibrator, directory: str | os.PathLike[str]) -> None:
-    """Writes ``cal`` (fitted) into ``directory``: the weights first, then the config, each
-    replaced atomically.
+def save(cal: Any, directory: str | os.PathLike[str]) -> None:
+    """Writes ``cal`` (a fitted :class:`~flowsearch.calibration.base.Calibrator`) into
+    ``directory``: the weights first, then the config, each replaced atomically.
 
     Raises:
         BadInput: ``cal`` is not fitted.
@@ -81,31 +86,7 @@ def save(cal: Calibrator, directory: str | os.PathLike[str]) -> None:
     )
 
 
-def load(directory: str | os.PathLike[str]) -> Calibrator:
-    """Loads a calibrator written by :func:`save` (``Calibrator.save``).
-
-    Raises:
-        NotFound: no such directory, or ``config.json`` / ``weights.safetensors`` missing.
-        BadInput: anything else wrong (``param="calibrator"``): a file beside the two, invalid
-            JSON, a missing or ill-typed key, an unknown calibrator, a newer format, an
-            unreadable weights file, a missing, extra, ill-shaped, wrong-dtype or non-finite
-            array, arrays that disagree with the config.
-    """
-    path = Path(directory)
-    cfg_path, weights_path = path / CONFIG_FILE, path / WEIGHTS_FILE
-    _require_files(path, cfg_path, weights_path)
-    meta = _read_config(cfg_path)
-    cal = _make(cfg_path, meta)
-    tensors = _read_weights(weights_path)
-    try:
-        cal.restore(tensors, meta["dim_in"])
-    except BadState as exc:
-        raise _malformed(weights_path, f"{exc} for the {cal.name} calibrator") from None
-    cal.fit_stats = dict(meta.get("fit_stats", {}))
-    return cal
-
-
-def _require_files(path: Path, cfg_path: Path, weights_path: Path) -> None:
+def require_files(path: Path, cfg_path: Path, weights_path: Path) -> None:
     """Both files there, nothing else: anything beside them (a pickle, a torch.save file) is
     refused rather than ignored, so that no one is led to think it was used (and none of it is
     ever unpickled)."""
@@ -129,17 +110,17 @@ def _require_files(path: Path, cfg_path: Path, weights_path: Path) -> None:
         )
 
 
-def _read_config(cfg_path: Path) -> dict[str, Any]:
+def read_config(cfg_path: Path) -> dict[str, Any]:
     """The checked content of ``config.json``."""
     try:
         meta = json.loads(cfg_path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise _malformed(cfg_path, f"unreadable or not JSON ({exc})") from None
+        raise malformed(cfg_path, f"unreadable or not JSON ({exc})") from None
     if not isinstance(meta, dict):
-        raise _malformed(cfg_path, f"holds {type(meta).__name__}, not a JSON object")
+        raise malformed(cfg_path, f"holds {type(meta).__name__}, not a JSON object")
     version = meta.get("format_version")
     if not _is_int(version):
-        raise _malformed(cfg_path, f"'format_version' is {version!r}, not an integer")
+        raise malformed(cfg_path, f"'format_version' is {version!r}, not an integer")
     if version > FORMAT_VERSION:
         raise BadInput(
             f"{cfg_path}: format version {version} is newer than this flowsearch reads "
@@ -155,35 +136,20 @@ def _read_config(cfg_path: Path) -> dict[str, Any]:
     )
     for key, kind, ok in checks:
         if key not in meta and key != "fit_stats":  # fit_stats: informative only
-            raise _malformed(cfg_path, f"key {key!r} is missing")
+            raise malformed(cfg_path, f"key {key!r} is missing")
         if key in meta and not ok(meta[key]):
-            raise _malformed(cfg_path, f"{key!r} is {meta[key]!r}, not {kind}")
+            raise malformed(cfg_path, f"{key!r} is {meta[key]!r}, not {kind}")
     return meta
 
 
-def _make(cfg_path: Path, meta: dict[str, Any]) -> Calibrator:
-    """The unfitted calibrator the config names, with its options."""
-    from flowsearch.calibration.base import make_calibrator, names
-
-    if meta["name"] not in names():
-        raise _malformed(
-            cfg_path,
-            f"unknown calibrator {meta['name']!r} (this flowsearch knows {', '.join(names())})",
-        )
-    try:
-        return make_calibrator(meta["name"], **meta["config"])
-    except FlowsearchError as exc:
-        raise _malformed(cfg_path, f"bad 'config': {exc.problem}") from None
-
-
-def _read_weights(weights_path: Path) -> dict[str, np.ndarray]:
+def read_weights(weights_path: Path) -> dict[str, np.ndarray]:
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
     try:
         return load_file(str(weights_path))
     except (OSError, ValueError, TypeError, SafetensorError) as exc:
-        raise _malformed(weights_path, f"unreadable ({exc})") from None
+        raise malformed(weights_path, f"unreadable ({exc})") from None
 
 
 def _is_int(value: Any) -> TypeGuard[int]:

@@ -41,6 +41,18 @@ class Task(str, enum.Enum):
     retrieval = "retrieval"
 
 
+Backend = Annotated[
+    str, typer.Option(help=f"Encoder runtime: {choices(BACKENDS)}.", metavar="NAME")
+]
+Quantize = Annotated[
+    str | None, typer.Option(help=f"{choices(QUANTIZATIONS)} (onnx backend only).", metavar="NAME")
+]
+IgnoreIdenticalIds = Annotated[
+    bool, flag("--ignore-identical-ids", help="retrieval: drop a hit whose id is the query's.")
+]
+Keep = Annotated[bool, flag("--keep", help="retrieval: keep the index built.")]
+
+
 @app.command("eval")
 @user_errors
 def eval_cmd(
@@ -65,13 +77,8 @@ def eval_cmd(
     ] = None,
     max_length: Annotated[int | None, typer.Option(help="Tokens per text.")] = None,
     batch_size: Annotated[int, typer.Option(help="Texts per encoder pass.")] = 64,
-    backend: Annotated[
-        str, typer.Option(help=f"Encoder runtime: {choices(BACKENDS)}.", metavar="NAME")
-    ] = "torch",
-    quantize: Annotated[
-        str | None,
-        typer.Option(help=f"{choices(QUANTIZATIONS)} (onnx backend only).", metavar="NAME"),
-    ] = None,
+    backend: Backend = "torch",
+    quantize: Quantize = None,
     tasks: Annotated[
         str | None, typer.Option(help="sts only: comma list, e.g. STSB,SICKR (default all).")
     ] = None,
@@ -79,14 +86,8 @@ def eval_cmd(
         str,
         typer.Option(help=f"retrieval: {choices((*MODES, 'all'))}.", metavar="MODE"),
     ] = "all",
-    ignore_identical_ids: Annotated[
-        bool,
-        flag(
-            "--ignore-identical-ids",
-            help="retrieval: drop a hit whose id is the query's.",
-        ),
-    ] = False,
-    keep: Annotated[bool, flag("--keep", help="retrieval: keep the index built.")] = False,
+    ignore_identical_ids: IgnoreIdenticalIds = False,
+    keep: Keep = False,
     as_json: AsJson = False,
 ) -> None:
     """Evaluate an encoder + calibration: STS (Spearman), QNLI (AUC), retrieval (nDCG@10)."""

@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any, overload
 
 import numpy as np
 
@@ -27,8 +27,7 @@ from flowsearch.ann import io as ann_io
 from flowsearch.errors import BadInput
 from flowsearch.search import dense
 from flowsearch.search.arguments import MODES, checked_k, checked_mode, checked_queries
-from flowsearch.search.dense import cosines
-from flowsearch.search.hits import above, to_hits
+from flowsearch.search.hits import above, scored_hits, to_hits
 from flowsearch.search.results import Hit, QueryResult
 from flowsearch.search.version import IndexInfo, Opened, Version, load, open_current, sizes
 from flowsearch.settings import current
@@ -324,37 +323,7 @@ class Searcher:
                 top = np.where(dense_hits[1][:, 0] >= 0, dense_hits[0][:, 0], np.nan)
         if mode in ("lexical", "hybrid"):
             lexical_hits = version.lexical.search(queries, candidates, allowed=_mask(version, rows))
-        return self._scored(version, queries, k, Z, dense_hits, lexical_hits), lp, top
-
-    def _scored(self, version: Version, queries: list[str], k: int, Z: np.ndarray | None,
-                dense_hits: Any, lexical_hits: Any) -> list[list[Hit]]:  # fmt: skip
-        """Each side's raw scores made scores with a meaning, fused in hybrid mode."""
-        from flowsearch.search.fusion import fuse
-        from flowsearch.search.scores import normalise_dense, normalise_lexical
-
-        reference = version.fusion()
-        upper = None
-        if lexical_hits is not None:
-            upper = np.array([version.lexical.upper_bound(q) for q in queries], np.float64)
-        if dense_hits is not None and lexical_hits is not None:
-            assert Z is not None and upper is not None
-            kind: Literal["transformer", "static"] = (
-                "static" if version.manifest.encoder.pooling == "static" else "transformer"
-            )
-            of_lexical = cosines(version.segments, version.offsets, Z, lexical_hits[1])
-            of_dense = _bm25_of(version, queries, dense_hits[1])
-            fused = fuse(dense_hits, lexical_hits, reference, k, upper=upper, kind=kind,
-                         dense_of_lexical=of_lexical, lexical_of_dense=of_dense)  # fmt: skip
-            parts = (fused.dense_scores, fused.lexical_scores)
-            return to_hits(version, fused.scores, fused.rows, parts)
-        if dense_hits is not None:
-            cos, found = dense_hits
-            parts = (cos, np.full_like(cos, np.nan))
-            return to_hits(version, normalise_dense(cos, reference), found, parts)
-        assert lexical_hits is not None and upper is not None
-        bm25, found = lexical_hits
-        parts = (np.full_like(bm25, np.nan), bm25)
-        return to_hits(version, normalise_lexical(bm25, upper), found, parts)
+        return scored_hits(version, queries, k, Z, dense_hits, lexical_hits), lp, top
 
     def _dense(
         self, version: Version, Z: np.ndarray, k: int, rows: np.ndarray | None
@@ -424,13 +393,3 @@ def _mask(version: Version, rows: np.ndarray | None) -> np.ndarray | None:
     allowed = np.zeros(version.n_rows, dtype=bool)
     allowed[rows] = True
     return allowed
-
-
-def _bm25_of(version: Version, queries: list[str], rows: np.ndarray) -> np.ndarray:
-    """Each query's BM25 for each of its ``rows`` (int64 (q, c), -1 for none): float64."""
-    out = np.full(rows.shape, np.nan)
-    for qi, query in enumerate(queries):
-        valid = rows[qi] >= 0
-        if valid.any():
-            out[qi, valid] = version.lexical.score_rows(query, rows[qi, valid])
-    return out

@@ -195,13 +195,21 @@ class Version:
         return int(self.offsets[-1])
 
     def fusion(self) -> Any:
-        """The version's :class:`~flowsearch.search.scores.FusionReference`, or None (an index
-        built before it: a background of 0)."""
+        """The version's :class:`~flowsearch.search.scores.FusionReference`: the mean cosine
+        between its stored rows (deleted rows count until a merge drops them), from its
+        segments' vector sums. None (a background of 0) under two rows, or for a segment of the
+        second release not yet converted by a write."""
         if self._fusion is None:
-            from flowsearch.search.scores import FusionReference
+            from flowsearch.search.scores import build_reference
 
-            raw = self.manifest.fusion_reference
-            self._fusion = FusionReference.from_dict(raw) if raw else False
+            dim = self.manifest.dim
+            sums = [s.vectors_summed(dim) for s in self.manifest.segments]
+            known = [total for total in sums if total is not None]
+            n_rows = sum(s.n_rows for s in self.manifest.segments)
+            if n_rows < 2 or len(known) < len(sums):
+                self._fusion = False
+            else:
+                self._fusion = build_reference(np.sum(known, axis=0), n_rows)
         return self._fusion or None
 
     def reference(self) -> Any:

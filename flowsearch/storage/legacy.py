@@ -21,6 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -214,6 +215,9 @@ def convert(writer: Any) -> None:
     reader = RowReader(src, old.parts)
     try:
         ids = pa.chunked_array([pa.array(c) for c in reader.column_chunks("id")])
+        total = np.zeros(base.dim, dtype=np.float64)
+        for chunk in reader.column_chunks("vector"):  # one part at a time
+            total += chunk.astype(np.float64).sum(axis=0)
     finally:
         reader.close()
     keys = KeyIndex.build(ids)
@@ -237,6 +241,7 @@ def convert(writer: Any) -> None:
         postings=POSTINGS_DIR if old.postings is not None else None,
         keys="keys.npy",
         deletions=rel,
+        vector_sum=mf.encode_vector_sum(total),
     )
     _carry_history(writer.index_dir, base)
 

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any, Final, Literal
 
+import numpy as np
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from flowsearch.errors import IndexDamaged
@@ -39,6 +41,7 @@ __all__ = [
     "SchemaColumn",
     "SegmentRecord",
     "WriteRecord",
+    "encode_vector_sum",
     "safe_relpath",
     "sha256_file",
     "utc_now",
@@ -265,6 +268,10 @@ class SegmentRecord(BaseModel):
         keys: its id lookup file (None in a legacy segment, built on its first write).
         deletions: its current deletion file (None: nothing deleted).
         files: every file (relative to ``dir``) with size and checksum.
+        vector_sum: the sum of its rows' searched vectors, deleted rows included (float64
+            little-endian, base64; :meth:`vectors_summed`): a version's dense background is
+            computed from its segments' sums (``flowsearch.search.scores``), so every write
+            keeps it current. None in a segment written before it was recorded.
     """
 
     model_config = _FROZEN
@@ -278,6 +285,7 @@ class SegmentRecord(BaseModel):
     keys: str | None = None
     deletions: str | None = None
     files: dict[str, FileRecord] = Field(default_factory=dict)
+    vector_sum: str | None = None
 
     @field_validator("dir")
     @classmethod
@@ -288,6 +296,31 @@ class SegmentRecord(BaseModel):
     def n_live(self) -> int:
         """Rows a search can return."""
         return self.n_rows - self.n_deleted
+
+    def vectors_summed(self, dim: int) -> np.ndarray | None:
+        """:attr:`vector_sum` as float64 (dim,), or None when not recorded.
+
+        Raises:
+            IndexDamaged: it does not decode to ``dim`` finite numbers.
+        """
+        if self.vector_sum is None:
+            return None
+        try:
+            raw = base64.b64decode(self.vector_sum.encode("ascii"), validate=True)
+            total = np.frombuffer(raw, dtype="<f8").astype(np.float64)
+        except ValueError:
+            total = np.zeros(0)
+        if total.shape != (dim,) or not np.isfinite(total).all():
+            raise IndexDamaged(
+                f"segment {self.name}'s vector_sum is not {dim} finite numbers",
+                "the manifest is damaged: rebuild the index",
+            )
+        return total
+
+
+def encode_vector_sum(total: np.ndarray) -> str:
+    """The :attr:`SegmentRecord.vector_sum` form of a float64 (dim,) sum."""
+    return base64.b64encode(np.asarray(total, dtype="<f8").tobytes()).decode("ascii")
 
 
 class WriteRecord(BaseModel):
@@ -335,9 +368,6 @@ class Manifest(BaseModel):
     #: own rows sit to each other, what queries and new rows are judged against (the previous
     #: release's ``held_out`` is read in its place; ``flowsearch.space.reference.reference_of``)
     reference: dict[str, Any] | None = None
-    #: the JSON form of :class:`flowsearch.search.scores.FusionReference`: the corpus's
-    #: background similarity a dense score is measured from (None: a background of 0)
-    fusion_reference: dict[str, Any] | None = None
     skipped: int = 0
     next_auto_id: int = 0
     next_segment: int = 1

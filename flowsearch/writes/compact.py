@@ -32,7 +32,6 @@ from flowsearch.storage.layout import CALIBRATORS_DIR
 from flowsearch.storage.rows import RowReader
 from flowsearch.storage.verify import verify
 from flowsearch.storage.writer import Writer, open_writer
-from flowsearch.writes.engine import fusion_reference
 from flowsearch.writes.measure import remeasure
 from flowsearch.writes.merge import merge, plan_merges
 from flowsearch.writes.results import WriteResult, result_of
@@ -195,7 +194,6 @@ def _rewrite(writer: Writer, base: mf.Manifest, space: SearchSpace) -> mf.Manife
     space.calibrator.save(stage)
     spec = writer.set_calibrator(stage, space.spec)
     lps: list[np.ndarray] = []
-    sums: list[np.ndarray] = []
     names = [s.name for s in writer.segments]
     for name in names:  # one new segment per old one: sizes and merge tiers stay
         merge(
@@ -207,7 +205,6 @@ def _rewrite(writer: Writer, base: mf.Manifest, space: SearchSpace) -> mf.Manife
             schema=base.schema_,
             project=space.project,
             lps=lps,
-            sums=sums,
         )
     reference = remeasure(writer, space)  # the old one was measured in the old space
     changes: dict[str, Any] = {
@@ -216,7 +213,6 @@ def _rewrite(writer: Writer, base: mf.Manifest, space: SearchSpace) -> mf.Manife
         "density": density_stats(np.concatenate(lps)) if lps else None,
         "held_out": None,
         "reference": reference.model_dump(mode="json"),
-        "fusion_reference": fusion_reference(np.sum(sums, axis=0), base.n_live) if sums else None,
     }
     return writer.publish(
         kind="recalibrate",

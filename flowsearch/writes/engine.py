@@ -39,7 +39,6 @@ __all__ = [
     "BuildOptions",
     "finish_build",
     "fit_space",
-    "fusion_reference",
     "template",
 ]
 
@@ -117,7 +116,6 @@ def finish_build(
         update={
             "density": density_stats(all_lp) if all_lp is not None else None,
             "reference": reference.model_dump(mode="json"),
-            "fusion_reference": fusion_reference(builder.vector_sum, record.n_rows),
         }
     )
     return writer.publish(
@@ -126,14 +124,6 @@ def finish_build(
         template=manifest,
         detail={"segment": record.name, "factory": record.ann.factory},
     )
-
-
-def fusion_reference(total: np.ndarray, n_rows: int) -> dict[str, Any] | None:
-    """The manifest's ``fusion_reference`` from the sum of the searched vectors (None under two
-    rows: no pair to average over)."""
-    from flowsearch.search.scores import build_reference
-
-    return build_reference(total, n_rows).to_dict() if n_rows >= 2 else None
 
 
 def _save_calibrator(writer: Writer, space: SearchSpace) -> mf.CalibrationSpec:

@@ -119,7 +119,6 @@ def merge(
     schema: Sequence[SchemaColumn],
     project: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]] | None = None,
     lps: list[np.ndarray] | None = None,
-    sums: list[np.ndarray] | None = None,
 ) -> SegmentRecord | None:
     """Merge the named segments' live rows into one new segment (None when none is live: the
     segments are just dropped). Returns the new segment's record.
@@ -128,7 +127,6 @@ def merge(
         project: recalibrate: map the stored raw vectors (float32 (n, dim_in)) to new searched
             vectors and log-densities (the ``vector`` column is rewritten); None copies it.
         lps: where ``project``'s log-densities are appended (row order).
-        sums: where the merged segment's sum of searched vectors is appended.
     """
     wanted = set(names)
     records = [s for s in writer.segments if s.name in wanted]
@@ -159,8 +157,6 @@ def merge(
 
         postings = Postings.merge(parts)
     LOG.info("merged %d segments (%d live rows) into one", len(records), n_live)
-    if sums is not None:
-        sums.append(builder.vector_sum)
     return builder.finish(postings=postings)
 
 

@@ -33,6 +33,7 @@ from flowsearch.errors import BadInput
 from flowsearch.storage.keys import KeyIndex
 from flowsearch.storage.layout import ANN_FILE, KEYS_FILE, POSTINGS_DIR
 from flowsearch.storage.manifest import AnnRecord, SegmentRecord
+from flowsearch.storage.records import encode_vector_sum
 from flowsearch.storage.rows import PartWriter, RowReader, matrix
 from flowsearch.storage.writer import Writer
 
@@ -91,7 +92,8 @@ class SegmentBuilder:
         self._parts: tuple[Any, ...] | None = None
         self._data: str | None = None
         self.n_rows = 0
-        #: float64 (dim,): the sum of the searched vectors added (the fusion reference's input)
+        #: float64 (dim,): the sum of the searched vectors added (recorded with the segment: the
+        #: version's dense background is computed from its segments' sums)
         self.vector_sum = np.zeros(dim, dtype=np.float64)
 
     def add(self, table: pa.Table, vectors: np.ndarray) -> None:
@@ -175,6 +177,7 @@ class SegmentBuilder:
             ann=AnnRecord(path=ANN_FILE, factory=self.factory, params=params, data=self._data),
             postings=POSTINGS_DIR if postings is not None else None,
             keys=KEYS_FILE,
+            vector_sum=encode_vector_sum(self.vector_sum),
             **fields,
         )
 
