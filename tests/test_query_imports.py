@@ -86,3 +86,37 @@ def test_a_query_on_a_flow_index_loads_no_torch(case, tmp_path, model_dir):
     loaded = seen.pop("loaded")
     assert loaded.pop("onnxruntime") == (options.get("backend") == "onnx"), loaded
     assert not any(loaded.values()), loaded  # torch, transformers, ...
+
+
+LOAD = r"""
+import json, sys, tempfile
+import numpy as np
+from flowsearch.calibration import load_calibrator, make_calibrator
+make_calibrator("flow"), make_calibrator("whitening-flow")
+cal = load_calibrator(sys.argv[1])
+U = np.random.default_rng(0).normal(size=(5, cal.dim_in))
+z, lp = cal.transform_and_log_prob(U)
+back = cal.inverse(cal.transform(U))
+assert np.isfinite(lp).all() and np.abs(back - U).max() < 1e-4
+again = tempfile.mkdtemp()
+cal.save(again)
+assert (load_calibrator(again).log_prob(U) == cal.log_prob(U)).all()
+before = "torch" in sys.modules
+cal.module  # the trainable form: asked for, so torch comes
+print(json.dumps({"before": before, "after": "torch" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("case", ["flow", "whitening-flow"])
+def test_loading_running_and_saving_a_flow_imports_no_torch(case, tmp_path):
+    folder = ROOT / "tests" / "assets" / "calibrators" / case
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD, str(folder)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"before": False, "after": True}
