@@ -45,12 +45,12 @@ from flowsearch.calibration.linear import Whitening
 from flowsearch.calibration.maps import LOG_2PI, log_normal
 from flowsearch.calibration.state import BadState, Spec, require_permutation, require_positive
 from flowsearch.calibration.stepmath import (
-    STD_FLOOR,
     Bijection,
     Frozen,
     SetAsideMath,
     WhitenMath,
     compose,
+    constant_channels,
 )
 from flowsearch.errors import BadInput
 from flowsearch.settings import current
@@ -151,7 +151,8 @@ class FlowCalibrator(Calibrator):
 
         with trainable.single_thread():
             started = time.perf_counter()
-            self._split_constant_dims(U)
+            fixed_map = constant_channels(U)
+            self.active, self.constant, self.constant_mu, self.constant_scale = fixed_map
             if self.config["prewhiten"]:
                 self.whitening = Whitening()
                 self.whitening.fit(U if self.constant.size == 0 else U[:, self.active])
@@ -174,23 +175,6 @@ class FlowCalibrator(Calibrator):
             "std_log_prob": float(lp.std()),
         }
 
-    def _split_constant_dims(self, U: np.ndarray) -> None:
-        """Sets :attr:`active` / :attr:`constant` and the constant dimensions' fixed map."""
-        mean = U.mean(axis=0)
-        square = np.zeros(U.shape[1])
-        chunk = current().calibration_fit_chunk_rows
-        for start in range(0, len(U), chunk):  # centred in chunks: no (n, d) temporary
-            square += ((U[start : start + chunk] - mean) ** 2).sum(axis=0)
-        std = np.sqrt(square / len(U))
-        typical = float(np.median(std)) or 1.0
-        constant = std < STD_FLOOR * typical
-        if constant.all():
-            raise BadInput("flow: every dimension is constant; the vectors carry no signal")
-        self.active = np.flatnonzero(~constant)
-        self.constant = np.flatnonzero(constant)
-        self.constant_mu = U[:, self.constant].mean(axis=0)
-        self.constant_scale = np.full(len(self.constant), typical)
-
     def _fixed_log_prob(self) -> float:
         """What the fixed maps add to the flow's log-density: the constant dimensions at their
         mean, and the whitening's log-determinant."""
@@ -201,11 +185,9 @@ class FlowCalibrator(Calibrator):
 
     @property
     def module(self) -> GlowFlow | None:
-        """The trainable flow (torch, float64) over the modelled dimensions; None unfitted.
-
-        A loaded calibrator builds it from its saved arrays on first access, which imports
-        torch; inference never needs it. After changing its parameters, call
-        :meth:`_assemble`."""
+        """The trainable flow (torch, float64) over the modelled dimensions; None unfitted. A
+        loaded calibrator builds it from its arrays on first access, which imports torch;
+        inference never needs it. After changing its parameters, call :meth:`_assemble`."""
         if self._module is None and self._saved is not None:
             from flowsearch.calibration.trainable import from_saved
 
@@ -220,22 +202,18 @@ class FlowCalibrator(Calibrator):
         assert self.module is not None, "fit or load first"
         # Through the saved form's arrays, at float64: a fitted calibrator and the same one
         # saved and loaded compute their coefficients alike, to the last bit.
-        self._frozen = self._frozen_from(to_saved(self.module, np.float64))
+        self._frozen = self._whole(to_saved(self.module, np.float64))
         self._bijection = None  # torch_forward builds it again, on the module as it is
 
-    def _frozen_from(self, saved: Mapping[str, np.ndarray]) -> Frozen:
-        """The whole frozen map from the flow's arrays by their saved names."""
-        cfg, dim = self.config, len(self.active)
-        return self._whole(frozen_flow(saved, dim, cfg["levels"], cfg["depth"], cfg["width"]))
-
-    def _whole(self, flow: Bijection[np.ndarray]) -> Frozen:
-        """The whole frozen map ``u -> z`` around the frozen flow: ``SetAside(active ->
-        [Whiten ->] flow; constant -> (u - mu) / scale)``."""
-        inner = flow
+    def _whole(self, saved: Mapping[str, np.ndarray]) -> Frozen:
+        """The whole frozen map ``u -> z`` from the flow's arrays (by their saved names):
+        ``SetAside(active -> [Whiten ->] flow; constant -> (u - mu) / scale)``."""
+        shape = (self.config["levels"], self.config["depth"], self.config["width"])
+        inner: Bijection[np.ndarray] = frozen_flow(saved, len(self.active), *shape)
         if self.whitening is not None:
             w = self.whitening
             front = Frozen(WhitenMath, WhitenMath.coefs(w.mu, w.rotation, w.scales))
-            inner = compose([front, flow])
+            inner = compose([front, inner])
         fixed = (self.active, self.constant, self.constant_mu, self.constant_scale)
         return Frozen(SetAsideMath, SetAsideMath.coefs(inner, *fixed))
 
@@ -384,7 +362,7 @@ class FlowCalibrator(Calibrator):
             self.whitening.restore(whiten, len(self.active))
         self._saved = {k[5:]: v for k, v in tensors.items() if k.startswith("flow.")}
         self._module = self._bijection = None
-        self._frozen = self._frozen_from(self._saved)
+        self._frozen = self._whole(self._saved)
 
 
 @register("whitening-flow")

@@ -20,7 +20,8 @@ since none has a Jacobian that depends on ``x``: a 0-d tensor in torch, a float 
 Here: the protocol every step form follows (:class:`Bijection`), the frozen forms
 (:class:`Frozen`, :class:`Chunked`), and the math of the composites (:class:`ComposeMath` in
 sequence, :class:`SplitMath` for multi-scale factoring out, :class:`SetAsideMath` for constant
-channels) and of :class:`WhitenMath`, a fixed whitening map.
+channels, which :func:`constant_channels` finds) and of :class:`WhitenMath`, a fixed whitening
+map.
 
 References:
     Dinh, Sohl-Dickstein and Bengio, "Density estimation using Real NVP", ICLR 2017
@@ -54,6 +55,7 @@ from flowsearch.calibration.maps import (
     whiten,
     zero,
 )
+from flowsearch.errors import BadInput
 from flowsearch.settings import current
 
 __all__ = [
@@ -68,6 +70,7 @@ __all__ = [
     "StepMath",
     "WhitenMath",
     "compose",
+    "constant_channels",
     "scoped",
 ]
 
@@ -311,3 +314,31 @@ class SetAsideMath(StepMath):
         k = len(c.active)
         parts = [c.inner.inverse(y[:, :k]), unstandardise(y[:, k:], c.mu, c.scale)]
         return cat(parts)[:, c.order]
+
+
+def constant_channels(U: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Which channels of ``U`` ``(n, d)`` a flow sets aside, and their fixed map: ``(active,
+    constant, mu, scale)``, the int64 indices of the channels with spread and of those whose
+    spread is below :data:`STD_FLOOR` of the typical (median) one, and the latter's mean and
+    scale (the typical spread) for :class:`SetAsideMath`.
+
+    Raises:
+        BadInput: every channel is constant.
+    """
+    mean = U.mean(axis=0)
+    square = np.zeros(U.shape[1])
+    chunk = current().calibration_fit_chunk_rows
+    for start in range(0, len(U), chunk):  # centred in chunks: no (n, d) temporary
+        square += ((U[start : start + chunk] - mean) ** 2).sum(axis=0)
+    std = np.sqrt(square / len(U))
+    typical = float(np.median(std)) or 1.0
+    constant = std < STD_FLOOR * typical
+    if constant.all():
+        raise BadInput("flow: every dimension is constant; the vectors carry no signal")
+    active, constant_idx = np.flatnonzero(~constant), np.flatnonzero(constant)
+    return (
+        active,
+        constant_idx,
+        U[:, constant_idx].mean(axis=0),
+        np.full(len(constant_idx), typical),
+    )
