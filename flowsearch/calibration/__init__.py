@@ -7,12 +7,14 @@ and imports only ``flowsearch.errors``, ``flowsearch.settings`` and ``flowsearch
 All calibrators share one protocol (:class:`Calibrator`: ``fit``, ``transform``, ``inverse``,
 ``log_prob``, ``save``) and one registry (:func:`make_calibrator`, :func:`load_calibrator`,
 :func:`names`). The flows (``flow``, ``whitening-flow``) are small steps composed
-(:mod:`~flowsearch.calibration.steps`, :mod:`~flowsearch.calibration.glow`) and load torch on
-first use; the linear ones need numpy only. ``docs/CALIBRATION.md`` tells why each is as it is.
+(:mod:`~flowsearch.calibration.stepmath`, :mod:`~flowsearch.calibration.glowmath`): fitting
+one imports torch, loading and running one does not (its steps run frozen in numpy); the linear
+ones need numpy only. ``docs/CALIBRATION.md`` tells why each is as it is.
 """
 
 from __future__ import annotations
 
+from flowsearch.calibration import flow as _flow  # noqa: F401 - registers the flows
 from flowsearch.calibration import linear as _linear  # noqa: F401 - registers the linear ones
 from flowsearch.calibration.base import CALIBRATORS, Calibrator, make_calibrator, names
 from flowsearch.calibration.loader import load as load_calibrator

@@ -11,7 +11,6 @@ References:
 
 from __future__ import annotations
 
-import importlib
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -34,17 +33,11 @@ __all__ = [
 
 #: name -> calibrator class; filled by :func:`register`.
 CALIBRATORS: dict[str, type[Calibrator]] = {}
-#: Calibrators registered by a module imported on first use (the flow needs torch, which
-#: ``import flowsearch.calibration`` must not load).
-LAZY: dict[str, str] = {
-    "flow": "flowsearch.calibration.flow",
-    "whitening-flow": "flowsearch.calibration.flow",
-}
 
 
 def names() -> list[str]:
     """Every calibrator name :func:`make_calibrator` accepts, sorted."""
-    return sorted(set(CALIBRATORS) | set(LAZY))
+    return sorted(CALIBRATORS)
 
 
 C = TypeVar("C", bound="type[Calibrator]")
@@ -271,8 +264,6 @@ def make_calibrator(name: str, **config: Any) -> Calibrator:
         >>> cal.fit(np.random.default_rng(0).normal(size=(50, 4))).transform(np.ones((1, 4))).shape
         (1, 4)
     """
-    if isinstance(name, str) and name not in CALIBRATORS and name in LAZY:
-        importlib.import_module(LAZY[name])
     cls = CALIBRATORS.get(name) if isinstance(name, str) else None
     if cls is None:
         raise BadInput(

@@ -14,10 +14,13 @@ similarity is then taken between ``z``'s. The whole map is one composed step
   same prior, since a flow cannot model a direction without spread;
 - ``whitening-flow`` puts a fixed whitening map in front (``prewhiten=True``).
 
-``log p(u) = log N(z; 0, I) + log|det dz/du|``, exactly. Fitting runs in torch (float32);
-transform, inverse and density run the same steps' frozen float64 numpy form, in blocks of
-``Settings.calibration_block_rows`` rows (the flow itself in smaller chunks, see
-:meth:`~flowsearch.calibration.glow.GlowFlow.freeze`).
+``log p(u) = log N(z; 0, I) + log|det dz/du|``, exactly. Fitting runs in torch (float32,
+:mod:`~flowsearch.calibration.trainable`); transform, inverse and density run the same steps'
+frozen float64 numpy form, in blocks of ``Settings.calibration_block_rows`` rows (the flow
+itself in smaller chunks, see :func:`~flowsearch.calibration.glowmath.chunked`). This module
+imports no torch: a loaded calibrator restores its frozen form straight from the saved arrays
+(:func:`~flowsearch.calibration.glowmath.frozen_flow`), and builds the torch modules only when
+asked for them (:attr:`FlowCalibrator.module`, :meth:`FlowCalibrator.torch_forward`).
 
 References:
     Li et al., "On the Sentence Embeddings from Pre-trained Language Models", EMNLP 2020.
@@ -32,21 +35,31 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from flowsearch.calibration.base import Calibrator, check_rows, register
-from flowsearch.calibration.glow import GlowFlow
+from flowsearch.calibration.glowmath import frozen_flow, saved_spec
 from flowsearch.calibration.linear import Whitening
 from flowsearch.calibration.maps import LOG_2PI, log_normal
 from flowsearch.calibration.state import BadState, Spec, require_permutation, require_positive
-from flowsearch.calibration.steps import STD_FLOOR, Bijection, Compose, SetAside, Step, Whiten
-from flowsearch.calibration.training import maximise_likelihood, single_thread
+from flowsearch.calibration.stepmath import (
+    Bijection,
+    Frozen,
+    SetAsideMath,
+    WhitenMath,
+    compose,
+    constant_channels,
+)
 from flowsearch.errors import BadInput
 from flowsearch.settings import current
+
+if TYPE_CHECKING:  # torch only where the trainable form is asked for
+    from torch import Tensor
+
+    from flowsearch.calibration.glow import GlowFlow
+    from flowsearch.calibration.steps import SetAside
 
 __all__ = ["FlowCalibrator", "WhiteningFlowCalibrator"]
 
@@ -88,7 +101,8 @@ class FlowCalibrator(Calibrator):
             starts from decorrelated vectors. Not in the paper.
 
     Attributes:
-        module: The fitted flow over the modelled dimensions (float64), None unfitted.
+        module: The trainable flow over the modelled dimensions (torch, float64), None unfitted;
+            a loaded calibrator builds it on first access (see :attr:`module`).
         whitening: The whitening front layer (``prewhiten``), else None.
         active, constant: Indices of the modelled and the set-aside (constant) input dimensions.
         callback: Called as ``callback(step, total_steps, bits_per_dim)`` while fitting.
@@ -121,38 +135,32 @@ class FlowCalibrator(Calibrator):
         _check_config(config)
         config.update(epochs=float(epochs), lr=float(lr), seed=int(seed), prewhiten=bool(prewhiten))
         super().__init__(**config)
-        self.module: GlowFlow | None = None
         self.whitening: Whitening | None = None
         self.active = self.constant = np.empty(0, np.int64)
         self.constant_mu = self.constant_scale = np.empty(0)
         self.callback: Callable[[int, int, float], None] | None = None
-        self.bijection: Step | None = None
+        self._module: GlowFlow | None = None
+        self._saved: dict[str, np.ndarray] | None = None  # the flow's arrays, as loaded
+        self._bijection: SetAside | None = None
         self._frozen: Bijection[np.ndarray] | None = None
 
     # -- fitting ---------------------------------------------------------------------------
 
-    def _build(self, dim: int) -> GlowFlow:
-        """An unfitted flow of ``dim`` channels; the seed fixes its initial weights."""
-        cfg = self.config
-        gen = torch.Generator().manual_seed(cfg["seed"])
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg["seed"])
-            return GlowFlow(dim, cfg["levels"], cfg["depth"], cfg["width"], cfg["permutation"], gen)
-
     def _fit(self, U: np.ndarray) -> None:
-        with single_thread():
+        from flowsearch.calibration import trainable  # torch: to fit, not to load or run
+
+        with trainable.single_thread():
             started = time.perf_counter()
-            self._split_constant_dims(U)
-            data = self._training_matrix(U)
-            module = self._build(len(self.active))
+            fixed_map = constant_channels(U)
+            self.active, self.constant, self.constant_mu, self.constant_scale = fixed_map
+            if self.config["prewhiten"]:
+                self.whitening = Whitening()
+                self.whitening.fit(U if self.constant.size == 0 else U[:, self.active])
+            data = trainable.training_rows(U, self.active, self.whitening)
             fixed, to_bits = self._fixed_log_prob(), 1.0 / (U.shape[1] * math.log(2))
-            cfg = self.config
-            fit = maximise_likelihood(
-                module, data, epochs=cfg["epochs"], lr=cfg["lr"], batch_size=cfg["batch_size"],
-                init_rows=cfg["init_rows"], seed=cfg["seed"],
-                bits=lambda loss: (loss - fixed) * to_bits, callback=self.callback,
-            )  # fmt: skip
-        self.module = module.eval().double()
+            bits = lambda loss: (loss - fixed) * to_bits  # noqa: E731
+            self._module, fit = trainable.fit(self.config, data, bits, self.callback)
+        self._saved = None
         self._assemble()
         lp = self._log_prob(U)
         self.fit_stats = {
@@ -167,40 +175,6 @@ class FlowCalibrator(Calibrator):
             "std_log_prob": float(lp.std()),
         }
 
-    def _split_constant_dims(self, U: np.ndarray) -> None:
-        """Sets :attr:`active` / :attr:`constant` and the constant dimensions' fixed map."""
-        mean = U.mean(axis=0)
-        square = np.zeros(U.shape[1])
-        chunk = current().calibration_fit_chunk_rows
-        for start in range(0, len(U), chunk):  # centred in chunks: no (n, d) temporary
-            square += ((U[start : start + chunk] - mean) ** 2).sum(axis=0)
-        std = np.sqrt(square / len(U))
-        typical = float(np.median(std)) or 1.0
-        constant = std < STD_FLOOR * typical
-        if constant.all():
-            raise BadInput("flow: every dimension is constant; the vectors carry no signal")
-        self.active = np.flatnonzero(~constant)
-        self.constant = np.flatnonzero(constant)
-        self.constant_mu = U[:, self.constant].mean(axis=0)
-        self.constant_scale = np.full(len(self.constant), typical)
-
-    def _training_matrix(self, U: np.ndarray) -> Tensor:
-        """The flow's input rows as float32 (whitened first with ``prewhiten``), built in chunks:
-        no float64 copy of ``U``."""
-        every = len(self.active) == U.shape[1]
-        if self.config["prewhiten"]:
-            self.whitening = Whitening()
-            self.whitening.fit(U if every else U[:, self.active])
-        data = torch.empty((len(U), len(self.active)), dtype=torch.float32)
-        chunk = current().calibration_fit_chunk_rows
-        for start in range(0, len(U), chunk):
-            part = U[start : start + chunk]
-            part = part if every else part[:, self.active]
-            if self.whitening is not None:
-                part = self.whitening.transform64(part)
-            data[start : start + len(part)] = torch.from_numpy(part.astype(np.float32))
-        return data
-
     def _fixed_log_prob(self) -> float:
         """What the fixed maps add to the flow's log-density: the constant dimensions at their
         mean, and the whitening's log-determinant."""
@@ -209,18 +183,39 @@ class FlowCalibrator(Calibrator):
             fixed -= np.log(self.whitening.scales).sum()
         return float(fixed)
 
+    @property
+    def module(self) -> GlowFlow | None:
+        """The trainable flow (torch, float64) over the modelled dimensions; None unfitted. A
+        loaded calibrator builds it from its arrays on first access, which imports torch;
+        inference never needs it. After changing its parameters, call :meth:`_assemble`."""
+        if self._module is None and self._saved is not None:
+            from flowsearch.calibration.trainable import from_saved
+
+            self._module = from_saved(self.config, len(self.active), self._saved)
+        return self._module
+
     def _assemble(self) -> None:
-        """The whole map ``u -> z`` as one step (float64), and its frozen inference form.
-        Call again after changing :attr:`module`'s parameters."""
+        """Rebuilds the inference form from :attr:`module` (after fitting, or after a change
+        of its parameters)."""
+        from flowsearch.calibration.trainable import to_saved
+
         assert self.module is not None, "fit or load first"
-        inner: Step = self.module
+        # Through the saved form's arrays, at float64: a fitted calibrator and the same one
+        # saved and loaded compute their coefficients alike, to the last bit.
+        self._frozen = self._whole(to_saved(self.module, np.float64))
+        self._bijection = None  # torch_forward builds it again, on the module as it is
+
+    def _whole(self, saved: Mapping[str, np.ndarray]) -> Frozen:
+        """The whole frozen map ``u -> z`` from the flow's arrays (by their saved names):
+        ``SetAside(active -> [Whiten ->] flow; constant -> (u - mu) / scale)``."""
+        shape = (self.config["levels"], self.config["depth"], self.config["width"])
+        inner: Bijection[np.ndarray] = frozen_flow(saved, len(self.active), *shape)
         if self.whitening is not None:
             w = self.whitening
-            front = Whiten(*(torch.from_numpy(a) for a in (w.mu, w.rotation, w.scales)))
-            inner = Compose({"whiten": front, "flow": self.module})
+            front = Frozen(WhitenMath, WhitenMath.coefs(w.mu, w.rotation, w.scales))
+            inner = compose([front, inner])
         fixed = (self.active, self.constant, self.constant_mu, self.constant_scale)
-        self.bijection = SetAside(inner, *(torch.from_numpy(np.asarray(a)) for a in fixed))
-        self._frozen = self.bijection.freeze()
+        return Frozen(SetAsideMath, SetAsideMath.coefs(inner, *fixed))
 
     # -- inference -------------------------------------------------------------------------
 
@@ -291,22 +286,27 @@ class FlowCalibrator(Calibrator):
 
     def torch_forward(self, u: Tensor) -> tuple[Tensor, Tensor]:
         r"""The differentiable map ``u -> (z, log|det dz/du|)`` (float64 ``(n, d)``, ``()``),
-        for checks and research: ``z`` is the flow's output followed by the constant dims'."""
-        assert self.bijection is not None, "fit or load first"
-        return cast(tuple[Tensor, Tensor], self.bijection(u))
+        for checks and research: ``z`` is the flow's output followed by the constant dims'.
+        Imports torch (the inference methods do not)."""
+        assert self.module is not None, "fit or load first"
+        if self._bijection is None:
+            from flowsearch.calibration.trainable import whole_map
+
+            fixed = (self.active, self.constant, self.constant_mu, self.constant_scale)
+            self._bijection = whole_map(self.module, self.whitening, fixed)
+        return cast("tuple[Tensor, Tensor]", self._bijection(u))
 
     # -- saved form (format 1) -------------------------------------------------------------
 
     def state(self) -> dict[str, np.ndarray]:
-        assert self.module is not None, "fit or load first"
-        names = self.module.file_names()
-        tensors = {
-            f"flow.{names[k]}": v.detach()
-            .cpu()
-            .numpy()
-            .astype(np.float32 if v.is_floating_point() else np.int64)
-            for k, v in self.module.state_dict().items()
-        }
+        if self._module is not None:  # fitted, or built from the saved arrays and maybe changed
+            from flowsearch.calibration.trainable import to_saved
+
+            flow = to_saved(self._module)
+        else:
+            assert self._saved is not None, "fit or load first"
+            flow = self._saved
+        tensors = {f"flow.{k}": v for k, v in flow.items()}
         tensors.update(
             active=self.active.astype(np.int64),
             constant=self.constant.astype(np.int64),
@@ -340,11 +340,9 @@ class FlowCalibrator(Calibrator):
         if self.config["prewhiten"]:
             specs["whiten.mu"] = specs["whiten.scales"] = Spec((k,), "float64")
             specs["whiten.rotation"] = Spec((k, k), "float64")
-        module = self._build(k)
-        names = module.file_names()
-        for key, value in module.state_dict().items():
-            dtype = "float32" if value.is_floating_point() else "int64"
-            specs[f"flow.{names[key]}"] = Spec(tuple(value.shape), dtype)
+        cfg = self.config
+        flow = saved_spec(k, cfg["levels"], cfg["depth"], cfg["width"])
+        specs.update({f"flow.{name}": spec for name, spec in flow.items()})
         return specs
 
     def _check_values(self, tensors: Mapping[str, np.ndarray]) -> None:
@@ -362,13 +360,9 @@ class FlowCalibrator(Calibrator):
             whiten = {k[7:]: v for k, v in tensors.items() if k.startswith("whiten.")}
             self.whitening = Whitening()
             self.whitening.restore(whiten, len(self.active))
-        module = self._build(len(self.active))
-        names = module.file_names()
-        module.load_state_dict(
-            {k: torch.from_numpy(tensors[f"flow.{v}"]) for k, v in names.items()}
-        )
-        self.module = module.eval().double()
-        self._assemble()
+        self._saved = {k[5:]: v for k, v in tensors.items() if k.startswith("flow.")}
+        self._module = self._bijection = None
+        self._frozen = self._whole(self._saved)
 
 
 @register("whitening-flow")

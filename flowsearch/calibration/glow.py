@@ -1,16 +1,16 @@
-r"""BERT-flow's Glow on vectors: its steps, and their composition into a multi-scale flow.
+r"""BERT-flow's Glow on vectors as trainable torch modules: its steps and the multi-scale flow.
 
 ``u -> z`` in ``levels`` levels; each is ``depth`` steps of actnorm (data-dependent
 initialisation) -> fixed channel permutation (reversal, as the reference; ``random`` as an
-option) -> additive coupling ``y2 = x2 + g(x1)``. Between levels the last half of the channels
-is factored out under the standard-normal prior (multi-scale, no squeeze: vectors have no
-spatial axes to fold); ``z`` is every factored-out part in level order, then the last level's
-output. Additive couplings and permutations preserve volume, so ``log|det dz/du|`` is the
-actnorms' ``sum(log s)``.
+option) -> additive coupling ``y2 = x2 + g(x1)``, with half the channels factored out between
+levels (:mod:`~flowsearch.calibration.glowmath` tells the whole map).
 
 The steps (:class:`ActNorm`, :class:`Permutation`, :class:`AdditiveCoupling` with its network
-:class:`ShiftNet`) are :class:`~flowsearch.calibration.steps.Step`\ s: each defines its map,
-inverse and log-determinant once, for torch and for the frozen numpy form.
+:class:`ShiftNet`) are :class:`~flowsearch.calibration.steps.Step`\ s holding the parameters;
+their math (map, inverse, log-determinant, coefficients) is in
+:mod:`~flowsearch.calibration.glowmath`, once for torch and for the frozen numpy form, and so is
+the layout :class:`GlowFlow` is built from. Used to fit a flow and to differentiate one;
+inference restores the frozen form from the saved arrays without this module.
 
 The saved form (``weights.safetensors``, format 1) names each step's tensors as the first
 release's module did, ``steps.{level}.{step}.{actnorm|coupling}...`` and
@@ -23,8 +23,6 @@ References:
     (actnorm, section 3.1; the multi-scale architecture, figure 2).
     Dinh, Krueger and Bengio, "NICE: Non-linear Independent Components Estimation", ICLR 2015
     (additive coupling, section 3.2).
-    Dinh, Sohl-Dickstein and Bengio, "Density estimation using Real NVP", ICLR 2017
-    (factoring out half the dimensions at each scale, section 3.6).
 
 Example:
     >>> flow = GlowFlow(6, levels=2, depth=1, width=4)
@@ -37,23 +35,28 @@ Example:
 
 from __future__ import annotations
 
-from typing import Generic, Literal, NamedTuple, cast
+from typing import Literal, cast
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from flowsearch.calibration.maps import (
-    A,
-    actnorm,
-    actnorm_inverse,
-    cat,
-    linear,
-    log_normal,
-    relu,
-    zero,
+from flowsearch.calibration.glowmath import (
+    LOGSCALE_FACTOR,
+    ActNormCoefs,
+    ActNormMath,
+    CouplingCoefs,
+    CouplingMath,
+    PermutationCoefs,
+    PermutationMath,
+    ShiftNetCoefs,
+    ShiftNetMath,
+    chunked,
+    halves,
+    layout,
 )
-from flowsearch.calibration.steps import STD_FLOOR, Bijection, Chunked, Compose, Split, Step
+from flowsearch.calibration.maps import linear, log_normal, relu
+from flowsearch.calibration.steps import STD_FLOOR, Bijection, Compose, Split, Step
 
 __all__ = [
     "ActNorm",
@@ -66,49 +69,28 @@ __all__ = [
 ]
 
 
-# -- actnorm -------------------------------------------------------------------------------
-
-
-class ActNormCoefs(NamedTuple, Generic[A]):
-    """Bias ``(d,)``, scale ``exp(f logs)`` and its inverse ``(d,)``, log-det ``f sum(logs)``."""
-
-    bias: A
-    scale: A
-    inv_scale: A
-    ladj: A | float
-
-
 class ActNorm(Step):
     r"""Glow's actnorm: ``y = (x + b) * exp(f * logs)`` per channel; ``log|det| = f * sum(logs)``.
 
-    ``logs`` is stored divided by ``logscale_factor`` ``f`` (3, as in Glow's code), which
-    speeds up its optimisation. :meth:`initialize` sets ``b`` and ``logs`` so that a batch comes
-    out with zero mean and unit variance per channel, except that a (near-)constant channel
-    keeps a neutral scale: blowing it up to unit variance would amplify whatever later steps add
-    to it, step after step, until overflow.
+    ``logs`` is stored divided by ``f`` (:data:`~flowsearch.calibration.glowmath.LOGSCALE_FACTOR`,
+    3 as in Glow's code), which speeds up its optimisation. :meth:`initialize` sets ``b`` and
+    ``logs`` so that a batch comes out with zero mean and unit variance per channel, except that
+    a (near-)constant channel keeps a neutral scale: blowing it up to unit variance would amplify
+    whatever later steps add to it, step after step, until overflow.
 
     Arguments:
         dim: Channels.
-        logscale_factor: ``f``.
     """
 
-    def __init__(self, dim: int, logscale_factor: float = 3.0) -> None:
+    math = ActNormMath
+
+    def __init__(self, dim: int) -> None:
         super().__init__()
-        self.logscale_factor = logscale_factor
         self.bias = nn.Parameter(torch.zeros(dim))
         self.logs = nn.Parameter(torch.zeros(dim))
 
     def coefs(self) -> ActNormCoefs[Tensor]:
-        log_s = self.logs * self.logscale_factor
-        return ActNormCoefs(self.bias, log_s.exp(), (-log_s).exp(), log_s.sum())
-
-    @staticmethod
-    def call(c: ActNormCoefs[A], x: A) -> tuple[A, A | float]:
-        return actnorm(x, c.bias, c.scale), c.ladj
-
-    @staticmethod
-    def inv(c: ActNormCoefs[A], y: A) -> A:
-        return actnorm_inverse(y, c.bias, c.inv_scale)
+        return ActNormMath.coefs(self.param)
 
     @torch.no_grad()
     def initialize(self, x: Tensor) -> Tensor:
@@ -118,19 +100,8 @@ class ActNorm(Step):
         typical = typical if typical > 0 else std.new_tensor(1.0)
         std = torch.where(std < STD_FLOOR * typical, typical, std)
         self.bias.copy_(-mean)
-        self.logs.copy_(-std.log() / self.logscale_factor)
-        y, _ = self.call(self.coefs(), x)
-        return y
-
-
-# -- permutation ---------------------------------------------------------------------------
-
-
-class PermutationCoefs(NamedTuple, Generic[A]):
-    """The permutation and its inverse, int64 ``(d,)``."""
-
-    perm: A
-    inv_perm: A
+        self.logs.copy_(-std.log() / LOGSCALE_FACTOR)
+        return self(x)[0]
 
 
 class Permutation(Step):
@@ -143,6 +114,7 @@ class Permutation(Step):
         perm: A permutation of ``range(d)``, int64 ``(d,)``.
     """
 
+    math = PermutationMath
     perm: Tensor
     inv_perm: Tensor
 
@@ -152,38 +124,14 @@ class Permutation(Step):
         self.register_buffer("inv_perm", torch.argsort(perm))
 
     def coefs(self) -> PermutationCoefs[Tensor]:
-        return PermutationCoefs(self.perm, self.inv_perm)
-
-    @staticmethod
-    def call(c: PermutationCoefs[A], x: A) -> tuple[A, A | float]:
-        return x[:, c.perm], zero(x)
-
-    @staticmethod
-    def inv(c: PermutationCoefs[A], y: A) -> A:
-        return y[:, c.inv_perm]
-
-
-# -- additive coupling ---------------------------------------------------------------------
-
-
-class ShiftNetCoefs(NamedTuple, Generic[A]):
-    """The three linear maps' weights ``(out, in)``, the two actnorms', the last bias, scale."""
-
-    w1: A
-    norm1: ActNormCoefs[A]
-    w2: A
-    norm2: ActNormCoefs[A]
-    w3: A
-    b3: A
-    s3: A
+        return PermutationMath.coefs(self.param)
 
 
 class _ZeroLinear(nn.Module):
-    """``(W x + b) * exp(3 logs)`` with everything zero at first: the coupling starts inert."""
+    """``(W x + b) * exp(f logs)`` with everything zero at first: the coupling starts inert."""
 
-    def __init__(self, d_in: int, d_out: int, logscale_factor: float = 3.0) -> None:
+    def __init__(self, d_in: int, d_out: int) -> None:
         super().__init__()
-        self.logscale_factor = logscale_factor
         self.linear = nn.Linear(d_in, d_out)
         self.logs = nn.Parameter(torch.zeros(d_out))
         nn.init.zeros_(self.linear.weight)
@@ -192,7 +140,8 @@ class _ZeroLinear(nn.Module):
 
 class ShiftNet(nn.Module):
     r"""The coupling's network ``g``: linear -> actnorm -> ReLU -> linear -> actnorm -> ReLU ->
-    zero-initialised linear, as in BERT-flow's reference code (``glow_ops_1x1.py``).
+    zero-initialised linear, as in BERT-flow's reference code (``glow_ops_1x1.py``); its math is
+    :class:`~flowsearch.calibration.glowmath.ShiftNetMath`.
 
     Arguments:
         d_in: Channels it reads (the coupling's first half).
@@ -211,39 +160,14 @@ class ShiftNet(nn.Module):
             nn.init.normal_(fc.weight, std=0.05)
 
     def coefs(self) -> ShiftNetCoefs[Tensor]:
-        out = self.out
-        s3 = (out.logs * out.logscale_factor).exp()
-        return ShiftNetCoefs(
-            self.fc1.weight,
-            self.norm1.coefs(),
-            self.fc2.weight,
-            self.norm2.coefs(),
-            out.linear.weight,
-            out.linear.bias,
-            s3,
-        )
-
-    @staticmethod
-    def call(c: ShiftNetCoefs[A], x: A) -> A:
-        """``g(x)``: ``(n, d_in)`` to ``(n, d_out)``."""
-        h = relu(actnorm(linear(x, c.w1), c.norm1.bias, c.norm1.scale))
-        h = relu(actnorm(linear(h, c.w2), c.norm2.bias, c.norm2.scale))
-        shift: A = linear(h, c.w3, c.b3) * c.s3
-        return shift
+        return ShiftNetMath.coefs(lambda name: cast(Tensor, self.get_parameter(name)))
 
     @torch.no_grad()
     def initialize(self, x: Tensor) -> Tensor:
         """Initialises both actnorms on ``x``'s activations; returns ``g(x)``."""
         h = relu(self.norm1.initialize(linear(x, self.fc1.weight)))
         relu(self.norm2.initialize(linear(h, self.fc2.weight)))
-        return self.call(self.coefs(), x)
-
-
-class CouplingCoefs(NamedTuple, Generic[A]):
-    """Channels of the conditioning half, and the network (None with one channel)."""
-
-    d1: int
-    net: ShiftNetCoefs[A] | None
+        return ShiftNetMath.call(self.coefs(), x)
 
 
 class AdditiveCoupling(Step):
@@ -257,27 +181,16 @@ class AdditiveCoupling(Step):
         width: Hidden width of ``g`` (:class:`ShiftNet`).
     """
 
+    math = CouplingMath
+
     def __init__(self, dim: int, width: int) -> None:
         super().__init__()
-        self.d1 = dim - dim // 2
+        self.dim = dim
+        self.d1 = halves(dim)[0]
         self.net = ShiftNet(self.d1, dim // 2, width) if dim // 2 else None
 
     def coefs(self) -> CouplingCoefs[Tensor]:
-        return CouplingCoefs(self.d1, None if self.net is None else self.net.coefs())
-
-    @staticmethod
-    def call(c: CouplingCoefs[A], x: A) -> tuple[A, A | float]:
-        if c.net is None:
-            return x, zero(x)
-        x1 = x[:, : c.d1]
-        return cat([x1, x[:, c.d1 :] + ShiftNet.call(c.net, x1)]), zero(x)
-
-    @staticmethod
-    def inv(c: CouplingCoefs[A], y: A) -> A:
-        if c.net is None:
-            return y
-        y1 = y[:, : c.d1]
-        return cat([y1, y[:, c.d1 :] - ShiftNet.call(c.net, y1)])
+        return CouplingMath.coefs(self.param, self.dim)
 
     @torch.no_grad()
     def initialize(self, x: Tensor) -> Tensor:
@@ -288,11 +201,6 @@ class AdditiveCoupling(Step):
 
 
 # -- the flow ------------------------------------------------------------------------------
-
-
-def halves(d: int) -> tuple[int, int]:
-    """How ``d`` channels split: the kept (first) part gets the odd channel."""
-    return d - d // 2, d // 2
 
 
 class GlowStep(Compose):
@@ -316,36 +224,11 @@ class GlowStep(Compose):
         self.level, self.index = level, index
 
 
-def _level(
-    dim: int,
-    level: int,
-    shape: tuple[int, int, int],
-    permutation: Literal["reverse", "random"],
-    generator: torch.Generator | None,
-) -> dict[str, Step]:
-    """Level ``level``'s steps, then (unless it is the last) the split into the next level.
-    Built in this order so that a seed draws the same initial weights as the first release."""
-    levels, depth, width = shape
-    steps: dict[str, Step] = {}
-    for index in range(depth):
-        if permutation == "reverse":
-            perm = torch.arange(dim - 1, -1, -1)
-        else:
-            perm = torch.randperm(dim, generator=generator)
-        steps[f"step{index}"] = GlowStep(dim, width, perm, level, index)
-    if level + 1 < levels:
-        # Once a level is down to one channel its couplings have nothing to condition on and
-        # act as the identity; the actnorms still fit that channel's scale.
-        keep = halves(dim)[0]
-        inner = Compose(_level(keep, level + 1, shape, permutation, generator))
-        steps["split"] = Split(keep, inner)
-    return steps
-
-
 class GlowFlow(Compose):
     r"""The multi-scale flow ``u -> z`` (same dimension), differentiable.
 
-    ``flow(u)`` gives ``(z, log|det dz/du|)``, ``flow.inverse(z)`` gives ``u``.
+    ``flow(u)`` gives ``(z, log|det dz/du|)``, ``flow.inverse(z)`` gives ``u``. Its layout is
+    :func:`~flowsearch.calibration.glowmath.layout`'s.
 
     Arguments:
         dim: Input dimension.
@@ -366,15 +249,20 @@ class GlowFlow(Compose):
         permutation: Literal["reverse", "random"] = "reverse",
         generator: torch.Generator | None = None,
     ) -> None:
-        super().__init__(_level(dim, 0, (levels, depth, width), permutation, generator))
+        def step(d: int, level: int, index: int) -> Step:
+            if permutation == "reverse":
+                perm = torch.arange(d - 1, -1, -1)
+            else:
+                perm = torch.randperm(d, generator=generator)
+            return GlowStep(d, width, perm, level, index)
+
+        super().__init__(layout(dim, levels, depth, step, lambda k, s: Split(k, Compose(s))))
         self.dim, self.width = dim, width
 
     def freeze(self) -> Bijection[np.ndarray]:
-        """The frozen flow, run in chunks of rows whose largest matrix product (the first
-        level's coupling network: ``(d - d // 2) x width`` per row) stays below
-        ``Settings.calibration_chunk_macs`` (see :class:`~flowsearch.calibration.steps.Chunked`).
-        """
-        return Chunked(super().freeze(), halves(self.dim)[0] * self.width)
+        """The frozen flow, run in chunks of rows (see
+        :func:`~flowsearch.calibration.glowmath.chunked`)."""
+        return chunked(super().freeze(), self.dim, self.width)
 
     def log_prob(self, u: Tensor) -> Tensor:
         """``log N(z; 0, I) + log|det dz/du|`` per row: ``(n,)``."""

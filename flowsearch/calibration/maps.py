@@ -38,10 +38,13 @@ __all__ = [
     "actnorm",
     "actnorm_inverse",
     "cat",
+    "exp",
     "linear",
+    "log",
     "log_normal",
     "relu",
     "standardise",
+    "undo_order",
     "unstandardise",
     "unwhiten",
     "whiten",
@@ -71,6 +74,33 @@ def cat(parts: Sequence[A]) -> A:
     import torch
 
     return torch.cat(list(parts), dim=1)
+
+
+def exp(x: A) -> A:
+    """``e^x`` elementwise."""
+    if isinstance(x, np.ndarray):
+        out: np.ndarray = np.exp(x)
+        return out
+    return x.exp()
+
+
+def log(x: A) -> A:
+    """The natural logarithm elementwise."""
+    if isinstance(x, np.ndarray):
+        out: np.ndarray = np.log(x)
+        return out
+    return x.log()
+
+
+def undo_order(first: A, second: A) -> A:
+    """The column order that puts ``[x[:, first], x[:, second]]`` back as ``x``, for disjoint
+    int64 index vectors covering ``range(d)``: ``argsort(concat(first, second))``."""
+    if isinstance(first, np.ndarray):
+        out: np.ndarray = np.argsort(np.concatenate([first, second]))
+        return out
+    import torch
+
+    return torch.argsort(torch.cat([first, second]))
 
 
 def linear(x: A, weight: A, bias: A | None = None) -> A:

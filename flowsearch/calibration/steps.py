@@ -1,29 +1,18 @@
-r"""What a step of a flow is, how steps compose, and the fixed maps around a flow.
+r"""A flow's steps as trainable torch modules, the composites, and the fixed whitening map.
 
 A :class:`Step` is a small invertible map, a ``torch.nn.Module`` holding its parameters. Its
-math is two static functions of its *coefficients* (what the parameters give, e.g.
-``exp(logs)``):
-
-- ``call(c, x) -> (y, log|det dy/dx|)`` and ``inv(c, y) -> x``,
-
-written with :mod:`~flowsearch.calibration.maps`, so they run on torch tensors and on numpy
-arrays alike. ``step(x)`` runs them on the live parameters (differentiable: fitting, autograd
+math is its *math class* (:mod:`~flowsearch.calibration.stepmath`): static functions of its
+*coefficients* (what the parameters give, e.g. ``exp(logs)``), written once for tensors and
+numpy arrays. ``step(x)`` runs them on the live parameters (differentiable: fitting, autograd
 checks); :meth:`Step.freeze` copies the coefficients once to float64 numpy and gives a
-:class:`Frozen` step that runs the *same* functions without torch (inference). There is one
-definition of each step's math.
+:class:`~flowsearch.calibration.stepmath.Frozen` step that runs the *same* functions without
+torch (inference). A saved calibrator is restored into that frozen form without building these
+modules at all (:func:`~flowsearch.calibration.glowmath.frozen_flow`): this module, and torch,
+are imported only to fit a flow or to differentiate one.
 
-Rows are the batch: ``x`` is ``(n, d)``. The log-determinant is a scalar for every step here,
-since none has a Jacobian that depends on ``x``: a 0-d tensor in torch, a float when frozen.
-
-Here: the composites (:class:`Compose` in sequence, :class:`Split` for multi-scale factoring
-out, :class:`SetAside` for constant channels) and :class:`Whiten`, a fixed whitening map. The
-flow's learned steps are in :mod:`~flowsearch.calibration.glow`.
-
-References:
-    Dinh, Sohl-Dickstein and Bengio, "Density estimation using Real NVP", ICLR 2017
-    (factoring out half the dimensions at each scale, section 3.6).
-    Su et al., "Whitening Sentence Representations for Better Semantics and Faster Retrieval",
-    arXiv:2103.15316, 2021 (the whitening map).
+Here: :class:`Step`, the composites (:class:`Compose` in sequence, :class:`Split` for
+multi-scale factoring out, :class:`SetAside` for constant channels) and :class:`Whiten`, a
+fixed whitening map. The flow's learned steps are in :mod:`~flowsearch.calibration.glow`.
 
 Example:
     >>> mu, rotation, scales = torch.zeros(2), torch.eye(2), torch.tensor([2.0, 4.0])
@@ -35,14 +24,28 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Generic, NamedTuple, Protocol, cast
+from functools import reduce
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from flowsearch.calibration.maps import A, cat, standardise, unstandardise, unwhiten, whiten, zero
-from flowsearch.settings import current
+from flowsearch.calibration.stepmath import (
+    STD_FLOOR,
+    Bijection,
+    Chunked,
+    ComposeCoefs,
+    ComposeMath,
+    Frozen,
+    SetAsideCoefs,
+    SetAsideMath,
+    SplitCoefs,
+    SplitMath,
+    StepMath,
+    WhitenCoefs,
+    WhitenMath,
+)
 
 __all__ = [
     "STD_FLOOR",
@@ -56,122 +59,45 @@ __all__ = [
     "Whiten",
 ]
 
-#: A channel whose spread is below this fraction of the typical one counts as constant.
-STD_FLOOR = 1e-3
-
-
-class Bijection(Protocol[A]):
-    """What a composite step calls its parts through: a :class:`Step` (tensors), a
-    :class:`Frozen` or :class:`Chunked` one (float64 arrays)."""
-
-    def __call__(self, x: A) -> tuple[A, A | float]: ...
-
-    def inverse(self, y: A) -> A: ...
-
 
 class Step(nn.Module):
     r"""An invertible map ``y = f(x)`` on rows, with ``log|det df/dx|``.
 
-    Subclasses define :meth:`coefs` and the static ``call`` / ``inv``; the rest follows.
+    Subclasses name their math class (:attr:`math`) and define :meth:`coefs`; the rest follows.
     """
 
+    #: The step's math: ``call`` and ``inv`` on its coefficients.
+    math: ClassVar[type[StepMath]] = StepMath
+
     def coefs(self) -> Any:
-        """The coefficients ``call`` and ``inv`` need, from the live parameters (a named tuple
-        of tensors, ints and child steps)."""
+        """The coefficients the math needs, from the live parameters (a named tuple of tensors,
+        ints and child steps)."""
         raise NotImplementedError
 
-    @staticmethod
-    def call(c: Any, x: A) -> tuple[A, A | float]:
-        """``(f(x), log|det df/dx|)`` for rows ``x`` ``(n, d_in)``: ``(n, d_out)`` and a scalar
-        (a 0-d tensor for tensors, a float for arrays)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def inv(c: Any, y: A) -> A:
-        """``f^-1(y)`` for rows ``y`` ``(n, d_out)``."""
-        raise NotImplementedError
+    def param(self, name: str) -> Tensor:
+        """A parameter or buffer by its state-dict key (e.g. ``net.fc1.weight``): the
+        :data:`~flowsearch.calibration.stepmath.Params` lookup the math classes read."""
+        return cast(Tensor, reduce(getattr, name.split("."), self))
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(y, log|det dy/dx|)`` on the live parameters (differentiable; a 0-d log-det)."""
-        return cast(tuple[Tensor, Tensor], self.call(self.coefs(), x))
+        return cast(tuple[Tensor, Tensor], self.math.call(self.coefs(), x))
 
     def inverse(self, y: Tensor) -> Tensor:
         """``x`` such that ``self(x)[0] == y``."""
-        return self.inv(self.coefs(), y)
+        return cast(Tensor, self.math.inv(self.coefs(), y))
 
     @torch.no_grad()
     def initialize(self, x: Tensor) -> Tensor:
         """Data-dependent initialisation on a batch ``x``; returns ``f(x)`` for the next step.
-        Only steps with such an initialisation (:class:`ActNorm`) override it."""
-        y, _ = self.call(self.coefs(), x)
-        return y
+        Only steps with such an initialisation (``ActNorm``) override it."""
+        return self(x)[0]
 
     def freeze(self) -> Bijection[np.ndarray]:
         """The inference form: this step's math on float64 numpy copies of its coefficients
-        (a :class:`Frozen`). Build it again after any parameter change."""
-        return Frozen(type(self), _to_numpy(self.coefs()))
-
-
-class Frozen:
-    """A step's inference form: the step's own ``call`` / ``inv`` on numpy coefficients.
-
-    Calling it takes and returns float64 numpy arrays, as :class:`Step` does tensors.
-    """
-
-    __slots__ = ("coefs", "step")
-
-    def __init__(self, step: type[Step], coefs: Any) -> None:
-        self.step = step
-        self.coefs = coefs
-
-    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, float]:
-        """``(y, log|det dy/dx|)`` for float64 rows ``x``."""
-        y, ladj = self.step.call(self.coefs, x)
-        return y, float(ladj)
-
-    def inverse(self, y: np.ndarray) -> np.ndarray:
-        """``x`` such that ``self(x)[0] == y``."""
-        return self.step.inv(self.coefs, y)
-
-    def __repr__(self) -> str:
-        return f"Frozen({self.step.__name__})"
-
-
-class Chunked:
-    """A frozen step run over its rows in chunks: rows are independent, so the result is the
-    step's own; every temporary, and every matrix product, stays as small as a chunk. The
-    step's log-determinant must not depend on the rows (true of every step here).
-
-    Arguments:
-        inner: The frozen step.
-        macs_per_row: Multiply-adds per row of the step's largest matrix product; a chunk has
-            ``Settings.calibration_chunk_macs // macs_per_row`` rows (read at call time).
-    """
-
-    __slots__ = ("inner", "macs_per_row")
-
-    def __init__(self, inner: Bijection[np.ndarray], macs_per_row: int) -> None:
-        self.inner = inner
-        self.macs_per_row = macs_per_row
-
-    def rows(self) -> int:
-        """Rows per chunk now."""
-        return max(1, current().calibration_chunk_macs // self.macs_per_row)
-
-    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | float]:
-        """``(y, log|det dy/dx|)`` as the inner step gives them."""
-        size = self.rows()
-        if len(x) <= size:
-            return self.inner(x)
-        parts = [self.inner(x[i : i + size]) for i in range(0, len(x), size)]
-        return np.concatenate([y for y, _ in parts]), parts[0][1]
-
-    def inverse(self, y: np.ndarray) -> np.ndarray:
-        """``x`` such that ``self(x)[0] == y``."""
-        size = self.rows()
-        if len(y) <= size:
-            return self.inner.inverse(y)
-        return np.concatenate([self.inner.inverse(y[i : i + size]) for i in range(0, len(y), size)])
+        (a :class:`~flowsearch.calibration.stepmath.Frozen`). Build it again after any
+        parameter change."""
+        return Frozen(self.math, _to_numpy(self.coefs()))
 
 
 def _to_numpy(value: Any) -> Any:
@@ -196,18 +122,14 @@ def _to_numpy(value: Any) -> Any:
 # -- composites ----------------------------------------------------------------------------
 
 
-class ComposeCoefs(NamedTuple, Generic[A]):
-    """The steps in order."""
-
-    steps: tuple[Bijection[A], ...]
-
-
 class Compose(Step):
     r"""Steps in sequence: ``f = f_n o ... o f_1``; ``log|det|`` is the sum of theirs.
 
     Arguments:
         steps: The steps in order, by name (the name is their key in the state dict).
     """
+
+    math = ComposeMath
 
     def __init__(self, steps: Mapping[str, Step]) -> None:
         super().__init__()
@@ -220,21 +142,7 @@ class Compose(Step):
         return [cast(Step, getattr(self, name)) for name in self.names]
 
     def coefs(self) -> ComposeCoefs[Tensor]:
-        return ComposeCoefs(tuple(self.parts()))
-
-    @staticmethod
-    def call(c: ComposeCoefs[A], x: A) -> tuple[A, A | float]:
-        ladj: A | float = zero(x)
-        for step in c.steps:
-            x, step_ladj = step(x)
-            ladj = ladj + step_ladj
-        return x, ladj
-
-    @staticmethod
-    def inv(c: ComposeCoefs[A], y: A) -> A:
-        for step in reversed(c.steps):
-            y = step.inverse(y)
-        return y
+        return ComposeMath.coefs(self.parts())
 
     @torch.no_grad()
     def initialize(self, x: Tensor) -> Tensor:
@@ -243,23 +151,16 @@ class Compose(Step):
         return x
 
 
-class SplitCoefs(NamedTuple, Generic[A]):
-    """Channels that go on, and the step they go through."""
-
-    keep: int
-    inner: Bijection[A]
-
-
 class Split(Step):
-    r"""Multi-scale factoring out: ``y = [x[:, keep:], inner(x[:, :keep])]``.
-
-    The last ``d - keep`` channels leave the flow here, straight to the prior; the first
-    ``keep`` go on through ``inner``. ``log|det|`` is ``inner``'s.
+    r"""Multi-scale factoring out: ``y = [x[:, keep:], inner(x[:, :keep])]``
+    (:class:`~flowsearch.calibration.stepmath.SplitMath`).
 
     Arguments:
         keep: Channels that go on.
         inner: The step they go through.
     """
+
+    math = SplitMath
 
     def __init__(self, keep: int, inner: Step) -> None:
         super().__init__()
@@ -267,34 +168,16 @@ class Split(Step):
         self.inner = inner
 
     def coefs(self) -> SplitCoefs[Tensor]:
-        return SplitCoefs(self.keep, self.inner)
-
-    @staticmethod
-    def call(c: SplitCoefs[A], x: A) -> tuple[A, A | float]:
-        y, ladj = c.inner(x[:, : c.keep])
-        return cat([x[:, c.keep :], y]), ladj
-
-    @staticmethod
-    def inv(c: SplitCoefs[A], y: A) -> A:
-        out = y.shape[1] - c.keep
-        return cat([c.inner.inverse(y[:, out:]), y[:, :out]])
+        return SplitMath.coefs(self.keep, self.inner)
 
     @torch.no_grad()
     def initialize(self, x: Tensor) -> Tensor:
         return torch.cat([x[:, self.keep :], self.inner.initialize(x[:, : self.keep])], dim=1)
 
 
-class WhitenCoefs(NamedTuple, Generic[A]):
-    """Mean ``(d,)``, rotation ``(d, d)``, scales ``(d,)``, log-det ``-sum(log scales)``."""
-
-    mu: A
-    rotation: A
-    scales: A
-    ladj: A | float
-
-
 class Whiten(Step):
-    r"""A fixed whitening map ``y = ((x - mu) R) / s`` (R orthogonal); ``log|det| = -sum(log s)``.
+    r"""A fixed whitening map ``y = ((x - mu) R) / s`` (R orthogonal); ``log|det| = -sum(log s)``
+    (:class:`~flowsearch.calibration.stepmath.WhitenMath`).
 
     Not fitted by gradient: its arrays come from a fitted whitening calibrator (buffers).
 
@@ -302,6 +185,7 @@ class Whiten(Step):
         mu: Mean ``(d,)``; rotation: orthogonal ``(d, d)``; scales: positive ``(d,)``.
     """
 
+    math = WhitenMath
     mu: Tensor
     rotation: Tensor
     scales: Tensor
@@ -313,36 +197,12 @@ class Whiten(Step):
         self.register_buffer("scales", scales)
 
     def coefs(self) -> WhitenCoefs[Tensor]:
-        return WhitenCoefs(self.mu, self.rotation, self.scales, -self.scales.log().sum())
-
-    @staticmethod
-    def call(c: WhitenCoefs[A], x: A) -> tuple[A, A | float]:
-        return whiten(x, c.mu, c.rotation, c.scales), c.ladj
-
-    @staticmethod
-    def inv(c: WhitenCoefs[A], y: A) -> A:
-        return unwhiten(y, c.mu, c.rotation, c.scales)
-
-
-class SetAsideCoefs(NamedTuple, Generic[A]):
-    """The inner step, the channel indices, the constant channels' mean and scale, the order
-    that undoes ``[active, constant]``, and the constant channels' log-det."""
-
-    inner: Bijection[A]
-    active: A
-    constant: A
-    mu: A
-    scale: A
-    order: A
-    ladj: A | float
+        return WhitenMath.coefs(self.mu, self.rotation, self.scales)
 
 
 class SetAside(Step):
-    r"""Constant channels set aside: ``y = [inner(x[:, active]), (x[:, constant] - mu) / scale]``.
-
-    A channel that is constant over the corpus carries no information and would give the
-    likelihood an unbounded direction; it gets this fixed standardisation instead of the flow.
-    ``log|det| = inner's - sum(log scale)``.
+    r"""Constant channels set aside: ``y = [inner(x[:, active]), (x[:, constant] - mu) / scale]``
+    (:class:`~flowsearch.calibration.stepmath.SetAsideMath`).
 
     Arguments:
         inner: The map of the active channels.
@@ -350,11 +210,11 @@ class SetAside(Step):
         mu, scale: The constant channels' mean and (positive) scale, ``(len(constant),)``.
     """
 
+    math = SetAsideMath
     active: Tensor
     constant: Tensor
     mu: Tensor
     scale: Tensor
-    order: Tensor
 
     def __init__(
         self, inner: Step, active: Tensor, constant: Tensor, mu: Tensor, scale: Tensor
@@ -365,26 +225,6 @@ class SetAside(Step):
         self.register_buffer("constant", constant)
         self.register_buffer("mu", mu)
         self.register_buffer("scale", scale)
-        self.register_buffer("order", torch.argsort(torch.cat([active, constant])))
 
     def coefs(self) -> SetAsideCoefs[Tensor]:
-        ladj = -self.scale.log().sum()
-        return SetAsideCoefs(
-            self.inner, self.active, self.constant, self.mu, self.scale, self.order, ladj
-        )
-
-    @staticmethod
-    def call(c: SetAsideCoefs[A], x: A) -> tuple[A, A | float]:
-        if not len(c.constant):
-            return c.inner(x)
-        y, ladj = c.inner(x[:, c.active])
-        side = standardise(x[:, c.constant], c.mu, c.scale)
-        return cat([y, side]), ladj + c.ladj
-
-    @staticmethod
-    def inv(c: SetAsideCoefs[A], y: A) -> A:
-        if not len(c.constant):
-            return c.inner.inverse(y)
-        k = len(c.active)
-        parts = [c.inner.inverse(y[:, :k]), unstandardise(y[:, k:], c.mu, c.scale)]
-        return cat(parts)[:, c.order]
+        return SetAsideMath.coefs(self.inner, self.active, self.constant, self.mu, self.scale)
