@@ -265,6 +265,19 @@ def test_filter_and_modes_equal_library(client: httpx.Client, searcher: Searcher
             assert all(d or x for d, x in zip(dense, lexical, strict=True))
 
 
+def test_min_score_drops_what_the_library_drops(client: httpx.Client, searcher: Searcher) -> None:
+    query = "the cat and the dog"
+    scores = [h["score"] for h in client.post("/search", json={"query": query}).json()["hits"]]
+    cut = (scores[0] + scores[-1]) / 2  # between the best and the worst hit: some go
+    r = client.post("/search", json={"query": [query], "min_score": cut})
+    assert r.status_code == 200, r.text
+    kept = r.json()["results"][0]["hits"]
+    assert 0 < len(kept) < len(scores) and all(h["score"] >= cut for h in kept)
+    expected = searcher.query_batch([query], min_score=cut)
+    assert r.json()["results"] == _plain([res.to_dict() for res in expected])
+    assert client.post("/search", json={"query": query, "min_score": 1}).status_code == 200
+
+
 def test_concurrent_queries_equal_serial(reader: Server, searcher: Searcher) -> None:
     queries = sentences(25, seed=33)
     modes = ["dense", "lexical", "hybrid", None, "dense"]
@@ -484,6 +497,10 @@ BAD_SEARCH: list[Any] = [
     {"query": None},
     {"query": True},
     {"query": {"text": "a"}},
+    {"query": "a", "min_score": -0.1},
+    {"query": "a", "min_score": 1.5},
+    {"query": "a", "min_score": "0.2"},
+    {"query": "a", "min_score": True},
     {"query": [1]},
     {"query": ["a", None]},
     {"query": []},

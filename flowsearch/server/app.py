@@ -192,7 +192,9 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
         queries -> ``{"results": [...]}``, each query's answer in that same shape."""
         queries = [body.query] if isinstance(body.query, str) else body.query
         # one call: every query of a batch is answered from the same version
-        results = service.reader().query_batch(queries, k=body.k, where=body.where, mode=body.mode)
+        results = service.reader().query_batch(
+            queries, k=body.k, where=body.where, mode=body.mode, min_score=body.min_score
+        )
         answers = [result.to_dict() for result in results]
         if isinstance(body.query, str):
             return SafeJSONResponse(answers[0])

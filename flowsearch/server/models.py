@@ -70,6 +70,8 @@ class SearchRequest(BaseModel):
     k: Annotated[int, Field(ge=1, le=MAX_K)] = 10
     where: Annotated[str, StringConstraints(max_length=MAX_WHERE_CHARS)] | None = None
     mode: Literal["dense", "lexical", "hybrid"] | None = None
+    #: Drop hits whose score (in [0, 1], comparable across queries) is below this.
+    min_score: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
 
 
 class UpsertRequest(BaseModel):
