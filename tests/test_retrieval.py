@@ -322,7 +322,7 @@ def test_run_retrieval_dense_end_to_end(tmp_path, model_dir, monkeypatch):
     out = run_retrieval(beir_dir, model=str(model_dir), calibration="none", keep=True, k=20)
     json.dumps(out)  # JSON-able
     assert out["dataset"] == "synthetic"
-    assert (out["corpus_rows"], out["indexed_rows"], out["queries"]) == (30, 30, 12)
+    assert (out["n_corpus"], out["n_indexed"], out["queries"]) == (30, 30, 12)
     assert out["pooling"] == "mean" and out["calibration"] == "none" and out["space"] == "encoder"
     assert (out["missing_corpus_ids"], out["unreachable_judgements"]) == (0, 0)
     assert set(out["results"]) == {"dense"} and set(out["seconds"]["search"]) == {"dense"}
@@ -439,7 +439,7 @@ def test_run_retrieval_bundled_model_on_stsb_paraphrases(tmp_path, monkeypatch):
     out = run_retrieval(
         tmp_path / "stsb-para", ["dense", "lexical"], ignore_identical_ids=True, k=100
     )
-    assert (out["corpus_rows"], out["queries"]) == (6000, 1510)
+    assert (out["n_corpus"], out["queries"]) == (6000, 1510)
     published = {"dense": (0.938, 0.921), "lexical": (0.915, 0.895)}
     for mode, (ndcg, mrr) in published.items():
         assert out["results"][mode]["ndcg@10"] == pytest.approx(ndcg, abs=0.005), mode

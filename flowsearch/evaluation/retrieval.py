@@ -223,8 +223,8 @@ def _describe(dataset: BeirDataset, searcher: Any, summary: dict[str, Any]) -> d
     record = searcher.manifest.calibration
     return {
         "dataset": dataset.name,
-        "corpus_rows": len(dataset.doc_ids),
-        "indexed_rows": len(searcher),
+        "n_corpus": len(dataset.doc_ids),
+        "n_indexed": len(searcher),
         "skipped": summary.get("n_skipped", 0),
         "queries": len(dataset.queries),
         "missing_corpus_ids": len(dataset.missing_ids),
@@ -271,7 +271,7 @@ def run_retrieval(
             ``index_factory``, ``overwrite``).
 
     Returns:
-        ``{"dataset", "corpus_rows", "indexed_rows", "skipped", "queries",
+        ``{"dataset", "n_corpus", "n_indexed", "skipped", "queries",
         "missing_corpus_ids", "unreachable_judgements", "model", "pooling", "calibration",
         "calibrator", "space", "k", "ignore_identical_ids", "index_dir", "results": {mode:
         {"ndcg@10", "recall@100", "mrr@10"}}, "seconds": {"load", "index", "search": {mode},
