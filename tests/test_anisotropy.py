@@ -5,13 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flowsearch.calibration.anisotropy import (
-    AUTO_STATISTIC,
-    AUTO_THRESHOLD,
-    STATISTICS,
-    anisotropy_stats,
-    should_calibrate,
-)
+from flowsearch.calibration.anisotropy import STATISTICS, anisotropy_stats
+from flowsearch.space.fitting import AUTO_STATISTIC, AUTO_THRESHOLD, should_calibrate
 
 
 def _isotropic(n: int = 3000, d: int = 64, seed: int = 0) -> np.ndarray:

@@ -96,9 +96,9 @@ def test_stored_vectors_are_the_normalised_calibrated_raw_vectors(built):
 
 
 def test_auto_keeps_encoder_space_when_isotropic(tmp_path, model_dir, corpus, monkeypatch):
-    from flowsearch.calibration import anisotropy
+    from flowsearch.space import fitting
 
-    monkeypatch.setattr(anisotropy, "should_calibrate", lambda stats: False)
+    monkeypatch.setattr(fitting, "should_calibrate", lambda stats: False)
     out = tmp_path / "idx"
     build_index(corpus, out, model=str(model_dir), fit_sample=50)
     m = mf.read(out)
@@ -367,9 +367,9 @@ def test_auto_calibrates_a_static_pooling_below_the_threshold(tmp_path, model_di
                                                               monkeypatch):  # fmt: skip
     """build_index passes the encoder's pooling to auto: a static table lookup is calibrated
     even when the statistic says isotropic (the Model2Vec case, issue 16)."""
-    from flowsearch.calibration import anisotropy
+    from flowsearch.space import fitting
 
-    monkeypatch.setattr(anisotropy, "should_calibrate", lambda stats: False)
+    monkeypatch.setattr(fitting, "should_calibrate", lambda stats: False)
     out = tmp_path / "idx"
     build_index(corpus, out, model=str(model_dir), pooling="static")
     cal = mf.read(out).calibration

@@ -1,4 +1,4 @@
-r"""Anisotropy statistics of sentence vectors, and the rule ``calibration="auto"`` thresholds.
+r"""Anisotropy statistics of sentence vectors (``calibration="auto"`` thresholds one of them).
 
 Li et al. (2020) argue that BERT's sentence vectors occupy a narrow cone (high mean cosine between
 unrelated sentences, a few dominating directions), and that mapping them to an isotropic Gaussian
@@ -15,9 +15,9 @@ isotropic. The statistics here tell the two apart from the vectors alone, with n
   ``-1/2 mean(log eig(correlation))``: how much linear correlation whitening can remove.
 - ``norm_cv``: coefficient of variation of the row norms.
 
-All of them grow with anisotropy (``norm_cv`` only loosely). :func:`should_calibrate` thresholds
-:data:`AUTO_STATISTIC` at :data:`AUTO_THRESHOLD`; how that threshold was chosen, and on what
-measurements, is in ``docs/CALIBRATION.md``.
+All of them grow with anisotropy (``norm_cv`` only loosely). The policy that thresholds one of
+them, :func:`flowsearch.space.fitting.should_calibrate`, belongs to the space layer; how its
+threshold was chosen, and on what measurements, is in ``docs/CALIBRATION.md``.
 
 References:
     Li et al., "On the Sentence Embeddings from Pre-trained Language Models", EMNLP 2020.
@@ -31,7 +31,7 @@ Example:
     >>> iso = anisotropy_stats(rng.standard_normal((2000, 64)))
     >>> abs(iso["mean_cosine"]) < 0.05
     True
-    >>> should_calibrate(anisotropy_stats(rng.standard_normal((2000, 64)) + 5.0))
+    >>> anisotropy_stats(rng.standard_normal((2000, 64)) + 5.0)["mean_cosine"] > 0.9
     True
 """
 
@@ -41,7 +41,7 @@ import numpy as np
 
 from flowsearch.errors import BadInput
 
-__all__ = ["AUTO_STATISTIC", "AUTO_THRESHOLD", "STATISTICS", "anisotropy_stats", "should_calibrate"]
+__all__ = ["STATISTICS", "anisotropy_stats"]
 
 #: Names of the statistics :func:`anisotropy_stats` returns.
 STATISTICS: tuple[str, ...] = (
@@ -53,10 +53,6 @@ STATISTICS: tuple[str, ...] = (
     "norm_cv",
 )
 
-#: The statistic :func:`should_calibrate` thresholds.
-AUTO_STATISTIC: str = "mean_cosine"
-#: Calibrate when ``stats[AUTO_STATISTIC] > AUTO_THRESHOLD`` (docs/CALIBRATION.md).
-AUTO_THRESHOLD: float = 0.33
 
 # Correlation eigenvalues are floored here: with fewer rows than dimensions, or constant
 # dimensions, some are zero and log(0) would make gauss_gain infinite.
@@ -133,18 +129,3 @@ def _gauss_gain(centred: np.ndarray) -> float:
     corr = np.corrcoef(centred[:, live], rowvar=False)
     eig = np.clip(np.linalg.eigvalsh(corr), _EIG_FLOOR, None)
     return float(-0.5 * np.log(eig).mean())
-
-
-def should_calibrate(stats: dict[str, float]) -> bool:
-    """True when the vectors are anisotropic enough that search should use a calibrated space:
-    ``stats[AUTO_STATISTIC] > AUTO_THRESHOLD``.
-
-    Arguments:
-        stats: The output of :func:`anisotropy_stats` (at least :data:`AUTO_STATISTIC`).
-
-    Raises:
-        KeyError: ``stats`` lacks :data:`AUTO_STATISTIC`.
-    """
-    if AUTO_STATISTIC not in stats:
-        raise KeyError(f"should_calibrate needs the {AUTO_STATISTIC!r} statistic")
-    return bool(stats[AUTO_STATISTIC] > AUTO_THRESHOLD)

@@ -1,7 +1,7 @@
 r"""Choosing and fitting an index's calibrator, and deciding the space it searches.
 
 ``calibration="auto"`` searches a calibrated space only when the corpus's vectors are
-anisotropic (:func:`~flowsearch.calibration.anisotropy.should_calibrate`) or come from a
+anisotropic (:func:`should_calibrate`) or come from a
 non-contextual pooling (:data:`AUTO_CALIBRATES_POOLINGS`: ``static``, a transformer's token table
 or a Model2Vec model, and ``embedding_layer``), and there are at least
 :data:`~flowsearch.space.reference.MIN_ROWS_PER_DIM` rows per dimension. Then it fits and searches
@@ -56,6 +56,29 @@ from flowsearch.errors import BadInput
 from flowsearch.settings import current
 from flowsearch.space.reference import MIN_ROWS_PER_DIM
 from flowsearch.storage.manifest import AutoDecision, CalibrationSpec
+
+#: The anisotropy statistic (:func:`~flowsearch.calibration.anisotropy.anisotropy_stats`)
+#: :func:`should_calibrate` thresholds.
+AUTO_STATISTIC: str = "mean_cosine"
+#: Calibrate when ``stats[AUTO_STATISTIC] > AUTO_THRESHOLD`` (docs/CALIBRATION.md).
+AUTO_THRESHOLD: float = 0.33
+
+
+def should_calibrate(stats: dict[str, float]) -> bool:
+    """True when the vectors are anisotropic enough that search should use a calibrated space:
+    ``stats[AUTO_STATISTIC] > AUTO_THRESHOLD``.
+
+    Arguments:
+        stats: The output of :func:`~flowsearch.calibration.anisotropy.anisotropy_stats` (at
+            least :data:`AUTO_STATISTIC`).
+
+    Raises:
+        KeyError: ``stats`` lacks :data:`AUTO_STATISTIC`.
+    """
+    if AUTO_STATISTIC not in stats:
+        raise KeyError(f"should_calibrate needs the {AUTO_STATISTIC!r} statistic")
+    return bool(stats[AUTO_STATISTIC] > AUTO_THRESHOLD)
+
 
 __all__ = [
     "AUTO_CALIBRATES_POOLINGS",
@@ -122,8 +145,6 @@ class _Choice:
 def _choose(U: np.ndarray, calibration: str, stats: dict[str, float], pooling: str | None
             ) -> tuple[_Choice, np.ndarray]:  # fmt: skip
     """The calibrator to fit (and the rows to fit it on: a density-only flow needs a sample)."""
-    from flowsearch.calibration.anisotropy import should_calibrate
-
     if calibration != "auto":
         return _Choice(calibration, {"seed": 0} if calibration in _SEEDED else {}), U
     if len(U) < 2:  # nothing to fit a density on: the identity, in the encoder's space
@@ -144,8 +165,6 @@ def _choose(U: np.ndarray, calibration: str, stats: dict[str, float], pooling: s
 def _auto_decision(choice: _Choice, stats: dict[str, float], pooling: str | None,
                    U: np.ndarray) -> str:  # fmt: skip
     """``auto``'s decision in words: the statistic, its threshold, why this space."""
-    from flowsearch.calibration.anisotropy import AUTO_STATISTIC, AUTO_THRESHOLD
-
     strength = "".join(f", {k}={v}" for k, v in choice.config.items())
     kind_only = choice.by_kind and not choice.anisotropic
     short = not choice.enough and (choice.anisotropic or choice.by_kind)
@@ -166,8 +185,6 @@ def _space(
     choice: _Choice, calibration: str, stats: dict[str, float], pooling: str | None, U: np.ndarray
 ) -> tuple[Space, str, AutoDecision | None]:
     """The searched space, the decision in words, and ``auto``'s record."""
-    from flowsearch.calibration.anisotropy import AUTO_STATISTIC, AUTO_THRESHOLD
-
     if calibration == "auto":
         auto = AutoDecision(statistic=AUTO_STATISTIC, threshold=float(AUTO_THRESHOLD),
                             calibrated=choice.searched)  # fmt: skip

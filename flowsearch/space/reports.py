@@ -163,7 +163,7 @@ def query_report(
 def _anisotropic(reference: Reference) -> bool:
     """True when the reference was measured in an encoder space that ``auto`` calls
     anisotropic (its mean cosine above the threshold that makes ``auto`` calibrate)."""
-    from flowsearch.calibration.anisotropy import AUTO_THRESHOLD
+    from flowsearch.space.fitting import AUTO_THRESHOLD
 
     return reference.mean_cosine is not None and reference.mean_cosine > AUTO_THRESHOLD
 
@@ -208,8 +208,7 @@ def describe_space(calibration: Any, pooling: str | None = None) -> str:
         searches the encoder's own space (auto: its vectors are already spread out, mean
         cosine 0.05); a whitening-flow was fitted on 300 rows and kept for density
     """
-    from flowsearch.calibration.anisotropy import AUTO_STATISTIC, AUTO_THRESHOLD
-    from flowsearch.space.fitting import AUTO_CALIBRATES_POOLINGS
+    from flowsearch.space.fitting import AUTO_CALIBRATES_POOLINGS, AUTO_STATISTIC, AUTO_THRESHOLD
 
     name, calibrator = _field(calibration, "name"), _field(calibration, "calibrator")
     config = _field(calibration, "config") or {}
