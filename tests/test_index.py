@@ -312,3 +312,43 @@ def test_read_index_of_a_vanished_file_is_file_not_found(tmp_path):
     # a reader racing a cleanup retries with the current version on FileNotFoundError
     with pytest.raises(FileNotFoundError):
         aio.read_index(tmp_path / "gone.faiss")
+
+
+@pytest.mark.parametrize("removed", [0.001, 0.05, 0.2, 0.6])
+def test_filtered_search_is_exact_whichever_way_it_goes(removed, monkeypatch):
+    """Few rows removed: an unfiltered search a little deeper than k, the removed rows dropped
+    (queries left short go through the selector); many: the selector. Either way the answer of
+    a Flat index is the brute-force top-k among the rows kept, even for queries whose nearest
+    rows are all removed (four near-copies of each, all deleted)."""
+    from flowsearch.ann import prefilter
+
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((2880, 16)).astype(np.float32)
+    copies = np.repeat(base[:40], 3, axis=0) + 0.001 * rng.standard_normal((120, 16))
+    X = np.vstack([base, copies]).astype(np.float32)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    index = faiss.IndexFlatIP(16)
+    index.add(X)
+    dead = rng.random(len(X)) < removed
+    dead[:40] = dead[2880:] = True
+    Q = np.vstack([X[:40] + 0.01 * rng.standard_normal((40, 16)), rng.standard_normal((60, 16))])
+    Q = Q.astype(np.float32)
+    selected = []
+    real = prefilter._selected
+    monkeypatch.setattr(
+        prefilter, "_selected", lambda i, q, *a: selected.append(len(q)) or real(i, q, *a)
+    )
+    for k in (1, 10, 50):
+        with override(exact_below=0, postfilter_margin=0):  # as shallow as the path gets
+            scores, rows = prefilter.filtered_search(index, Q, k, excluded=dead)
+        keep = np.flatnonzero(~dead)
+        sims = Q @ X[keep].T
+        truth = keep[np.argsort(-sims, axis=1, kind="stable")[:, :k]]
+        assert not np.isin(rows, np.flatnonzero(dead)).any()
+        np.testing.assert_allclose(scores, np.take_along_axis(Q @ X.T, rows, axis=1), atol=1e-5)
+        np.testing.assert_allclose(scores, -np.sort(-sims, axis=1)[:, :k], atol=1e-5)
+        assert (rows == truth).mean() > 0.99  # ties of float32 scores may swap a pair
+    if removed < 0.25:  # the short queries, and only they, went through the selector
+        assert selected and all(0 < n < len(Q) for n in selected)
+    else:
+        assert selected == [len(Q)] * 3

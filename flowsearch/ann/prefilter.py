@@ -5,7 +5,10 @@ r"""Searching only the rows a filter kept: a FAISS pre-filter that returns the t
 only the rest: up to ``Settings.exact_below`` searchable rows by brute force over their own vectors
 (exact for any index), more through FAISS with an ID-selector bitmap (:func:`search_params`), so the
 answer is the top-k among matching rows, never a post-filtered top-k. An approximate index that
-found fewer than k of them is searched again exhaustively.
+found fewer than k of them is searched again exhaustively. When few rows are removed (deleted
+rows, a filter keeping most), an unfiltered search a little deeper than k finds the top-k among
+the rest for almost every query, at FAISS's fast path (a selector disables its matrix products);
+the few it leaves short take the selector's way (``Settings.postfilter_max_removed_share``).
 
 Example:
     >>> import faiss
@@ -18,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import faiss
@@ -218,13 +222,44 @@ def filtered_search(
         if result is not None:
             return _pad(*result, k, fill)
     kk = min(k, count)
+    if 1.0 - count / index.ntotal <= current().postfilter_max_removed_share:
+        scores, found, short = _postfiltered(index, queries, kk, mask, count, fill)
+        if len(short):
+            again = _selected(index, queries[short], kk, mask)
+            scores[short], found[short] = again
+        return _pad(scores, found, k, fill)
+    return _pad(*_selected(index, queries, kk, mask), k, fill)
+
+
+def _postfiltered(
+    index: faiss.Index, queries: np.ndarray, k: int, mask: np.ndarray, count: int, fill: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The top-k searchable rows read off an unfiltered search deep enough that k of them are
+    usually among it, and the queries (int64 positions) where they were not. A row ranked
+    below k searchable ones cannot be in their top-k, so for Flat the answer is exact."""
+    depth = math.ceil(k * index.ntotal / count) + current().postfilter_margin
+    scores, found = index.search(queries, min(depth, index.ntotal))
+    kept = found >= 0
+    kept[kept] = mask[found[kept]]
+    order = np.argsort(~kept, axis=1, kind="stable")[:, :k]  # searchable rows first, in rank
+    scores = np.take_along_axis(scores, order, axis=1)
+    found = np.take_along_axis(found, order, axis=1)
+    kept = np.take_along_axis(kept, order, axis=1)
+    scores[~kept], found[~kept] = fill, -1
+    return scores, found, np.flatnonzero(kept.sum(axis=1) < k)
+
+
+def _selected(
+    index: faiss.Index, queries: np.ndarray, kk: int, mask: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-kk through FAISS's ID selector; queries short of kk hits searched exhaustively."""
     scores, found = index.search(queries, kk, params=search_params(index, mask))
     short = np.flatnonzero((found >= 0).sum(axis=1) < kk)
     if len(short):
         LOG.debug("%d filtered queries short of %d hits: exhaustive search", len(short), kk)
         again = _exhaustive(index, queries[short], kk, mask)
         scores[short], found[short] = again
-    return _pad(scores, found, k, fill)
+    return scores, found
 
 
 def _exhaustive(
