@@ -101,7 +101,7 @@ class ActNorm(Step):
         std = torch.where(std < STD_FLOOR * typical, typical, std)
         self.bias.copy_(-mean)
         self.logs.copy_(-std.log() / LOGSCALE_FACTOR)
-        return self(x)[0]
+        return self.forward(x)[0]
 
 
 class Permutation(Step):

@@ -85,13 +85,13 @@ class Step(nn.Module):
 
     def inverse(self, y: Tensor) -> Tensor:
         """``x`` such that ``self(x)[0] == y``."""
-        return cast(Tensor, self.math.inv(self.coefs(), y))
+        return self.math.inv(self.coefs(), y)
 
     @torch.no_grad()
     def initialize(self, x: Tensor) -> Tensor:
         """Data-dependent initialisation on a batch ``x``; returns ``f(x)`` for the next step.
         Only steps with such an initialisation (``ActNorm``) override it."""
-        return self(x)[0]
+        return self.forward(x)[0]
 
     def freeze(self) -> Bijection[np.ndarray]:
         """The inference form: this step's math on float64 numpy copies of its coefficients

@@ -62,7 +62,8 @@ def choices(values: Sequence[str]) -> str:
 
 def flag(*names: str, help: str) -> typer.models.OptionInfo:
     """A boolean ``--x/--no-x`` flag whose help shows no value type (it takes none)."""
-    return typer.Option(*names, help=help, metavar="")
+    option: typer.models.OptionInfo = typer.Option(*names, help=help, metavar="")
+    return option
 
 
 IndexDir = Annotated[

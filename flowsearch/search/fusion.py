@@ -229,7 +229,8 @@ def _min_max(scores: np.ndarray) -> np.ndarray:
     low, high = scores[present].min(), scores[present].max()
     if high == low:
         return np.where(present, 1.0, np.nan)
-    return (scores - low) / (high - low)
+    scaled: np.ndarray = (scores - low) / (high - low)
+    return scaled
 
 
 # (each side's value per union row, NaN = absent; the query) -> (fused, tie-break keys)

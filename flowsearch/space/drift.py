@@ -60,7 +60,8 @@ def _half_binomial_cdf(n: int) -> np.ndarray:
     k = np.arange(n // 2 + 1)
     lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
     log_pmf = lgamma(n + 1.0) - lgamma(k + 1.0) - lgamma(n - k + 1.0) - n * math.log(2.0)
-    return np.minimum(np.cumsum(np.exp(log_pmf)), 1.0)
+    cdf: np.ndarray = np.minimum(np.cumsum(np.exp(log_pmf)), 1.0)
+    return cdf
 
 
 def median_interval(percentiles: np.ndarray, confidence: float) -> tuple[float, float, float]:

@@ -46,7 +46,7 @@ def read_rows(path: Path, n_rows: int) -> np.ndarray:
         IndexDamaged: not an int64 row list within ``[0, n_rows)``.
     """
     try:
-        rows = np.load(path, allow_pickle=False)
+        rows: np.ndarray = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise
     except (OSError, ValueError) as exc:
