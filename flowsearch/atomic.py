@@ -14,12 +14,13 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["atomic_write", "atomic_write_text", "fsync_dir", "fsync_tree"]
+__all__ = ["atomic_write", "atomic_write_text", "fsync_dir", "fsync_tree", "sha256_file"]
 
 
 def fsync_dir(path: Path) -> None:
@@ -74,3 +75,12 @@ def atomic_write(target: Path, write: Callable[[str], object]) -> None:
 def atomic_write_text(target: Path, text: str) -> None:
     """Atomically replace ``target`` with ``text`` (UTF-8)."""
     atomic_write(target, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()

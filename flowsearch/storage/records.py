@@ -12,7 +12,6 @@ Example:
 from __future__ import annotations
 
 import base64
-import hashlib
 import os
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -22,6 +21,7 @@ from typing import Any, Final, Literal
 import numpy as np
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
+from flowsearch.atomic import sha256_file
 from flowsearch.errors import IndexDamaged
 
 __all__ = [
@@ -58,15 +58,6 @@ _FROZEN = ConfigDict(frozen=True, extra="ignore")
 def utc_now() -> str:
     """The current time as an ISO-8601 UTC string (seconds), as manifests store it."""
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(2**20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def safe_relpath(value: Any, what: str = "path") -> str:
