@@ -15,7 +15,7 @@ import base64
 import os
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -23,6 +23,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from flowsearch.atomic import sha256_file
 from flowsearch.errors import IndexDamaged
+from flowsearch.storage.relpaths import inside as _inside
+from flowsearch.storage.relpaths import safe_relpath
 
 __all__ = [
     "FORMAT",
@@ -58,20 +60,6 @@ _FROZEN = ConfigDict(frozen=True, extra="ignore")
 def utc_now() -> str:
     """The current time as an ISO-8601 UTC string (seconds), as manifests store it."""
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-
-
-def safe_relpath(value: Any, what: str = "path") -> str:
-    """``value`` if it is a relative POSIX path that stays inside its directory.
-
-    Raises:
-        IndexDamaged: an absolute path, a ``..`` component, or not a string.
-    """
-    if not isinstance(value, str) or not value or "\\" in value or "\x00" in value:
-        raise IndexDamaged(f"manifest {what} {value!r} is not a relative path", "rebuild the index")
-    pure = PurePosixPath(value)
-    if pure.is_absolute() or ".." in pure.parts:
-        raise IndexDamaged(f"manifest {what} {value!r} leaves the index directory", "rebuild it")
-    return value
 
 
 class FileRecord(BaseModel):
@@ -164,6 +152,8 @@ class CalibrationSpec(BaseModel):
     path: str = "calibrator"
     files: dict[str, FileRecord] = Field(default_factory=dict)
 
+    _check_paths = field_validator("path", "files")(_inside("calibrator"))
+
     @property
     def calibrated(self) -> bool:
         """True when the index searches the calibrator's output."""
@@ -244,6 +234,8 @@ class AnnRecord(BaseModel):
     params: str = ""
     data: str | None = None  # an IVF index's lists on disk, beside ``path``
 
+    _check_paths = field_validator("path", "data")(_inside("vector index"))
+
 
 class SegmentRecord(BaseModel):
     """One immutable segment of a version.
@@ -277,6 +269,8 @@ class SegmentRecord(BaseModel):
     deletions: str | None = None
     files: dict[str, FileRecord] = Field(default_factory=dict)
     vector_sum: str | None = None
+
+    _check_paths = field_validator("postings", "keys", "deletions", "files")(_inside("segment"))
 
     @field_validator("dir")
     @classmethod

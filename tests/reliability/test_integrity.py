@@ -153,14 +153,6 @@ def test_damage_is_one_line_naming_the_file(kind, cli, index, encoder):
         assert cli.run("info", "--index", index).code == 0
 
 
-UNCHECKED_PATH = pytest.mark.xfail(
-    strict=True,
-    reason="storage/records.py validates only PartRecord.path and SegmentRecord.dir with "
-    "safe_relpath; the calibrator's path, a segment's ann/postings/keys/deletions and the keys "
-    "of its files are followed outside the index (reported to the lead)",
-)
-
-
 def _leave(raw: dict, field: str) -> None:
     seg = raw["segments"][0]
     if field == "part":
@@ -174,16 +166,16 @@ def _leave(raw: dict, field: str) -> None:
         seg["ann"]["path"] = "../../../etc/passwd"
     elif field == "deletion file":
         seg["deletions"] = "../../../etc/passwd"
+    elif field in ("postings", "keys"):
+        seg[field] = "/etc"
     else:
         raise AssertionError(field)
 
 
 @pytest.mark.parametrize(
     "field",
-    ["part", "segment dir", pytest.param("calibrator dir", marks=UNCHECKED_PATH),
-     pytest.param("ann file", marks=UNCHECKED_PATH),
-     pytest.param("deletion file", marks=UNCHECKED_PATH)],
-)  # fmt: skip
+    ["part", "segment dir", "calibrator dir", "ann file", "deletion file", "postings", "keys"],
+)
 def test_manifest_path_leaving_the_index_is_refused_by_the_cli(cli, index, field):
     """A manifest whose checksum was recomputed (a crafted one) but which points at ``../``:
     refused before any file is read, by readers and writers alike."""
