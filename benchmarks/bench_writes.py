@@ -75,10 +75,10 @@ def render(doc: dict[str, Any]) -> str:
     """The RESULTS.md section, from the JSON document :func:`measure` returns."""
     lines = [
         f"{doc['rows']:,} unique STS-B sentences, bundled model, `mean`, `auto`, hybrid index; "
-        f"one run, load average {doc['load_average']:.1f} on 2 cores, the third release's segments. "
-        "`upsert` and `delete` go through the library without a loaded encoder (the upsert's time "
-        "includes loading the model); `recalibrate` refits on the raw vectors every segment keeps "
-        "and rewrites the searched space without the encoder.",
+        f"one run, load average {doc['load_average']:.1f} on 2 cores, the third release's "
+        "segments. `upsert` and `delete` go through the library without a loaded encoder (the "
+        "upsert's time includes loading the model); `recalibrate` refits on the raw vectors "
+        "every segment keeps and rewrites the searched space without the encoder.",
         "",
         "| operation | seconds | x build |",
         "|---|---:|---:|",
