@@ -338,7 +338,7 @@ def render(report: dict[str, Any]) -> str:
     seconds = report["timing"]["seconds"]
     for name in CONFIGS:
         ours, base = med.get(f"ours | {name}"), med.get(f"baseline | {name}")
-        same = top.get(f"ours | {name}") == top.get(f"baseline | {name}")
+        same = top.get(f"ours | {name}") == top.get(f"baseline | {name}") if base else None
         ratio = f"{ours / base:.2f}" if ours and base else "-"
         paired = "-"
         if base:  # the two ran next to each other in every round: their ratio is steadier
@@ -346,13 +346,18 @@ def render(report: dict[str, Any]) -> str:
             paired = f"{statistics.median(each):.2f} ({min(each):.2f}-{max(each):.2f})"
         shown = f"{base:.2f}" if base else "-"
         lines.append(
-            f"| {name} | {ours:.2f} | {shown} | {ratio} | {paired} | {'yes' if same else 'no'} |"
+            f"| {name} | {ours:.2f} | {shown} | {ratio} | {paired} | "
+            + ("-" if same is None else "yes" if same else "no")
+            + " |"
         )
-    lines += [
-        "",
-        "Read the per-round ratios: each pair ran back to back, while the load of the shared "
-        "machine moved absolute seconds by 2-3x between rounds.",
-    ]
+    if "baseline" in report:
+        lines += [
+            "",
+            "Read the per-round ratios: each pair ran back to back, while the load of the shared "
+            "machine moved absolute seconds by 2-3x between rounds.",
+        ]
+    else:
+        lines += ["", "No baseline in this run (`--baseline` not given): absolute seconds only."]
     lines += _loaded_lines(report.get("loaded"))
     lines += _peer_lines(med, seconds)
     lines += _stage_lines(report["stages"])
