@@ -229,6 +229,28 @@ def import_costs(work: Path, repeats: int) -> dict[str, float]:
     return costs
 
 
+LOADED = r"""
+import atexit, json, os, sys
+heavy = ("torch", "transformers", "onnxruntime", "model2vec")
+atexit.register(lambda: open(os.environ["LOADED_OUT"], "w").write(
+    json.dumps({m: m in sys.modules for m in heavy})))
+from flowsearch.cli import main
+sys.exit(main())
+"""
+
+
+def heavy_modules(indexes: dict[str, Path], work: Path) -> dict[str, dict[str, bool]]:
+    """Per config, whether one cold ``flowsearch query`` left torch, transformers, onnxruntime
+    or model2vec in ``sys.modules`` (imported at all, directly or not, on that path)."""
+    out = {}
+    target = work / "loaded.json"
+    for name, index in indexes.items():
+        cmd = [sys.executable, "-c", LOADED, "query", QUERY, "--index", str(index), "--json"]
+        run(cmd, {**env_for(ROOT, work), "LOADED_OUT": str(target)})
+        out[name] = json.loads(target.read_text())
+    return out
+
+
 PROBE = r"""
 import json, os, sys, traceback
 found, seen = [], set()
@@ -316,7 +338,7 @@ def render(report: dict[str, Any]) -> str:
     seconds = report["timing"]["seconds"]
     for name in CONFIGS:
         ours, base = med.get(f"ours | {name}"), med.get(f"baseline | {name}")
-        same = top.get(f"ours | {name}") == top.get(f"baseline | {name}")
+        same = top.get(f"ours | {name}") == top.get(f"baseline | {name}") if base else None
         ratio = f"{ours / base:.2f}" if ours and base else "-"
         paired = "-"
         if base:  # the two ran next to each other in every round: their ratio is steadier
@@ -324,20 +346,41 @@ def render(report: dict[str, Any]) -> str:
             paired = f"{statistics.median(each):.2f} ({min(each):.2f}-{max(each):.2f})"
         shown = f"{base:.2f}" if base else "-"
         lines.append(
-            f"| {name} | {ours:.2f} | {shown} | {ratio} | {paired} | {'yes' if same else 'no'} |"
+            f"| {name} | {ours:.2f} | {shown} | {ratio} | {paired} | "
+            + ("-" if same is None else "yes" if same else "no")
+            + " |"
         )
-    lines += [
-        "",
-        "Read the per-round ratios: each pair ran back to back, while the load of the shared "
-        "machine moved absolute seconds by 2-3x between rounds. The torch backend is unchanged "
-        "(importing torch and transformers' model code is most of it). With the default "
-        "calibration a static or ONNX query still imports torch, through the flow calibrator "
-        "(the `calibrator` stage below); the `whitening` rows show those encoders without it.",
-    ]
+    if "baseline" in report:
+        lines += [
+            "",
+            "Read the per-round ratios: each pair ran back to back, while the load of the shared "
+            "machine moved absolute seconds by 2-3x between rounds.",
+        ]
+    else:
+        lines += ["", "No baseline in this run (`--baseline` not given): absolute seconds only."]
+    lines += _loaded_lines(report.get("loaded"))
     lines += _peer_lines(med, seconds)
     lines += _stage_lines(report["stages"])
     lines += _import_lines(report["imports"], report["eager"])
     return "\n".join(lines) + "\n"
+
+
+def _loaded_lines(loaded: dict[str, dict[str, bool]] | None) -> list[str]:
+    """Which heavy libraries one cold query imported, per config (measured, not assumed)."""
+    if not loaded:
+        return []
+    libs = list(next(iter(loaded.values())))
+    lines = [
+        "",
+        "Heavy libraries in `sys.modules` after one cold `flowsearch query` (imported at all, "
+        "directly or through another library):",
+        "",
+        "| encoder (index options) | " + " | ".join(f"`{lib}`" for lib in libs) + " |",
+        "|---|" + "---|" * len(libs),
+    ]
+    for name, mods in loaded.items():
+        lines.append(f"| {name} | " + " | ".join("yes" if mods[x] else "no" for x in libs) + " |")
+    return lines
 
 
 _VERSUS = ("mean, torch", "mean, onnx int8", "static", "static, whitening")
@@ -372,8 +415,8 @@ def _stage_lines(stages: dict[str, dict[str, float]]) -> list[str]:
     lines = [
         "",
         "Where our cold query's time goes (this branch, one process, median ms; a stage includes "
-        "the imports it triggers first, e.g. torch in `calibrator` for a flow, in `encoder` for "
-        "torch; the encoder stage repeats the model-file reads):",
+        "the imports it triggers first, e.g. torch in `encoder` for the torch backend; the "
+        "encoder stage repeats the model-file reads):",
         "",
         "| stage | " + " | ".join(stages) + " |",
         "|---|" + "---|" * len(stages),
@@ -438,6 +481,7 @@ def main() -> None:
     report["stages"] = stage_breakdown(indexes, args.work, max(3, args.repeats // 2))
     report["imports"] = import_costs(args.work, 3)
     report["eager"] = eager_imports(indexes["static"], args.work)
+    report["loaded"] = heavy_modules(indexes, args.work)
     report["machine_after"] = machine()
     harness.finish(args, render, report)
 

@@ -70,6 +70,10 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--segment-rows", type=int, default=200_000)
     parser.add_argument("--segment-counts", default="10,50")
+    parser.add_argument(
+        "--note", default=None, help="what this run left out and why (kept in the JSON and "
+        "shown in the section; with --render, added to the saved JSON)",
+    )  # fmt: skip
     return harness.parse(
         parser, argv, rounds=1, batch=100, queries=20, policy_writes=12, hnsw_1m=False,
         checkpoints="1,10,100", sizes="2000,10000", mean_rows=500, segment_rows=6_000,
@@ -122,11 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     from storage_report import render
 
     args = arguments(argv)
+    saved = Path(args.out + ".json")
+    if args.render and args.note is not None and saved.exists():
+        stored = json.loads(saved.read_text())
+        stored["note"] = args.note
+        saved.write_text(json.dumps(stored, indent=1) + "\n")
     if harness.rendered(args, render):
         return 0
     data = harness.data_dir(args.data)
     work = harness.WORK / ("smoke/storage" if args.smoke else "storage")
-    saved = Path(args.out + ".json")
     report: dict[str, Any] = {}
     if saved.exists() and not args.smoke and args.stage != "all":
         report = json.loads(saved.read_text())
@@ -141,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             "command": harness.command_line(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         }
+    if args.note is not None:
+        report["note"] = args.note
     report["machine"] = harness.machine()
     report["command"] = harness.command_line()
     harness.finish(args, render, report)

@@ -53,10 +53,9 @@ def _index_label(name: str, bases: dict[str, Any]) -> str:
 def writes_part(w: dict[str, Any]) -> list[str]:
     s, bases = w["summary"], w["bases"]
     lance = any("lancedb" in v for v in s.values())
+    sizes = sorted({b["rows"] for b in bases.values()})
     lines = [
-        "### Writes: 1,000 rows into 20k, 200k and 1M rows"
-        if w["batch"] == 1000
-        else f"### Writes: {w['batch']:,} rows",
+        f"### Writes: {w['batch']:,} rows into " + ", ".join(f"{n:,}" for n in sizes) + " rows",
         "",
         f"Medians of {w['rounds']} rounds after an untimed one, each write on a fresh copy of a "
         "one-segment index; every (index, engine, write) once per round, in turn "
@@ -340,6 +339,8 @@ def render(report: dict[str, Any]) -> str:
         "comes from `benchmarks/bench_storage.json`.",
         "",
     ]
+    if report.get("note"):  # what this run left out and why, as its command line said
+        body += [f"Note on this run: {report['note']}", ""]
     for name, part in (("writes", writes_part), ("segments", segments_part),
                        ("policy", policy_part), ("refresh", refresh_part)):  # fmt: skip
         if name in report:
