@@ -224,6 +224,24 @@ class Writer:
         history.append(self.index_dir, record)
         return manifest
 
+    def _check_carried(self) -> None:
+        """Refuse to write over a damaged index: every file of the segments the new version
+        starts from is present with its recorded size (a stat per file, before the write
+        stages anything; checksums are ``info --verify``'s)."""
+        for seg in self.segments:
+            if seg.name in self._staged:
+                continue
+            folder = self.index_dir / seg.dir
+            for rel, record in seg.files.items():
+                try:
+                    size = (folder / rel).stat().st_size
+                except FileNotFoundError:
+                    size = None
+                if size != record.bytes:
+                    what = "missing" if size is None else f"{size} bytes, not {record.bytes}"
+                    raise IndexDamaged(f"index file {folder / rel} is {what}",
+                                       "the index is damaged; rebuild it")  # fmt: skip
+
     def _place_stages(self) -> None:
         """Flush the staged directories and rename them to their final names."""
         moves = [
@@ -343,6 +361,8 @@ def _start(root: Path, new: bool, overwrite: bool) -> Writer:
     history.repair(root, base if base is not None and base.format_version == 3 else None)
     clean(root, referenced(base))
     writer = Writer(root, base, new)
+    if not new and base is not None and base.format_version == mf.FORMAT_VERSION:
+        writer._check_carried()
     if not new and base is not None and base.format_version < mf.FORMAT_VERSION:
         from flowsearch.storage.legacy import convert
 

@@ -289,3 +289,15 @@ def test_a_write_after_a_damaged_history_is_one_line(cli, index):
         one_error_line(result)
         assert path.name in result.err
         assert snapshot(index) == before
+
+
+@pytest.mark.parametrize("damage", [_missing, _truncate_part])
+def test_a_write_does_not_start_over_a_missing_or_resized_file(damage, cli, index):
+    """A delete reads neither the vector index nor the postings, yet the version it would
+    publish keeps them: it refuses, naming the file, and publishes nothing."""
+    path = damage(index)
+    before = snapshot(index)
+    result = cli.run("delete", "d1", "--index", index)
+    one_error_line(result)
+    assert path.name in result.err and "rebuild" in result.err
+    assert snapshot(index) == before  # not even a deletion file
