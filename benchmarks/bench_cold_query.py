@@ -462,6 +462,7 @@ def main() -> None:
     args = harness.parse(parser, repeats=1)
     if harness.rendered(args, render):
         return
+    args.work = args.work.resolve()  # the peers run from inside it: a relative path breaks
     args.work.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"command": harness.command_line(), "repeats": args.repeats}
     if args.baseline is not None:

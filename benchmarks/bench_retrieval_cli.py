@@ -34,6 +34,7 @@ import harness
 LOG = logging.getLogger("bench_retrieval_cli")
 SETS = harness.DEV_SETS
 MODES = ("dense", "lexical", "hybrid")
+TIERS = ("mean", "static", "model2vec")
 
 
 def tier_options(tier: str, m2v: str) -> list[str]:
@@ -116,6 +117,9 @@ def markdown(report: dict[str, Any]) -> str:
     commands = {re.sub(r"\S*/benchmarks/", "benchmarks/", r["command"]) for r in runs
                 if r["dataset"] == SETS[0]}  # fmt: skip
     lines += ["", *findings(runs)]
+    missing = [t for t in TIERS if t not in {r["tier"] for r in runs}]
+    if missing:  # a tier left out by --tiers: say so rather than let its rows vanish unexplained
+        lines += ["", "Not in this run: " + ", ".join(f"`{t}`" for t in missing) + " (`--tiers`)."]
     lines += ["", "Commands: " + "; ".join(f"`{c}`" for c in sorted(commands))]
     default = f"python benchmarks/bench_retrieval_cli.py --max-corpus {report['max_corpus']}"
     lines += ["", harness.produced_by(report, default)]
@@ -138,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = harness.arguments(__doc__, "300 passages, the static tier", "bench_retrieval_cli")
     parser.add_argument("--max-corpus", type=int, default=6000)
     parser.add_argument("--m2v", default=str(harness.WORK / "m2v_minilm"))
-    parser.add_argument("--tiers", default="mean,static,model2vec")
+    parser.add_argument("--tiers", default=",".join(TIERS))
     args = harness.parse(parser, argv, max_corpus=300, tiers="static")
     if harness.rendered(args, markdown):
         return 0
