@@ -30,7 +30,6 @@ from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.layout import CALIBRATORS_DIR
 from flowsearch.storage.rows import RowReader
-from flowsearch.storage.verify import verify
 from flowsearch.storage.writer import Writer, open_writer
 from flowsearch.writes.measure import remeasure
 from flowsearch.writes.merge import merge, plan_merges
@@ -73,7 +72,6 @@ def compact(
     with open_writer(root, wait=wait) as writer, st.live():
         base = writer.base
         assert base is not None
-        verify(root, base)
         before = sizes(root, base)["total"]
         groups = _merges(writer.base.segments if writer.base else (), full)
         if not groups:
@@ -173,7 +171,6 @@ def recalibrate(
     with open_writer(root, wait=wait) as writer, st.live():
         base = writer.base
         assert base is not None
-        verify(root, base)
         if base.n_live == 0:
             raise BadInput("every row is deleted", "build a new index instead")
         loaded = load_fitted(calibrator, calibration, base.encoder.dim) if calibrator else None

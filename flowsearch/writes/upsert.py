@@ -43,7 +43,6 @@ from flowsearch.storage import schema as schema_mod
 from flowsearch.storage.corpus import CorpusPlan, scan_corpus
 from flowsearch.storage.lookup import find_live
 from flowsearch.storage.rows import rows_table
-from flowsearch.storage.verify import verify
 from flowsearch.storage.writer import Writer, open_writer
 from flowsearch.writes.engine import CHUNK_ROWS
 from flowsearch.writes.measure import best_scores, sample_positions
@@ -182,7 +181,6 @@ def _write(
     with open_writer(target, wait=wait) as writer, st.live():
         base = writer.base
         assert base is not None
-        verify(target, base)
         with st.timed("scan"):
             plan = _plan(kind, base, corpus, text_column, id_column, strict)
             replaced = _replaced(writer, plan, kind)
