@@ -15,6 +15,7 @@ from corpus_helpers import sentences, siblings, write_corpus
 from typer.testing import CliRunner
 
 from flowsearch.cli import app, main
+from flowsearch.errors import BadInput
 from flowsearch.search.searcher import Searcher
 from flowsearch.space.reports import describe_space
 from flowsearch.storage import manifest as mf
@@ -620,3 +621,20 @@ def test_min_score_and_explain(built):
     )
     assert explained.exit_code == 0, explained.output
     assert "best dense score" in explained.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("cut", ["2", "-1", "20", "nan"])
+def test_min_score_outside_the_score_range_is_refused(built, cut):
+    """A cut outside [0, 1] (scores' range) is a slip, e.g. a percentage: refused, not obeyed
+    (above 1 used to drop every hit silently, below 0 none)."""
+    out, _ = built
+    args = ["query", "the cat", "--index", str(out), "--min-score", cut, "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: min_score")
+    if cut != "nan":
+        assert "[0, 1]" in result.stderr and "--min-score" in result.stderr
+    with pytest.raises(BadInput) as caught:
+        Searcher.open(out).search("the cat", min_score=float(cut))
+    assert caught.value.param == "min_score"
+    assert runner.invoke(app, [*args[:-3], "--min-score", "1", "--json"]).exit_code == 0
