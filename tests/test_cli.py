@@ -638,3 +638,19 @@ def test_min_score_outside_the_score_range_is_refused(built, cut):
         Searcher.open(out).search("the cat", min_score=float(cut))
     assert caught.value.param == "min_score"
     assert runner.invoke(app, [*args[:-3], "--min-score", "1", "--json"]).exit_code == 0
+
+
+def test_unknown_calibration_lists_every_name_a_write_takes(built, tmp_path):
+    """`index` and `recalibrate` take `auto`: the error's list of choices names it too."""
+    out, _ = built
+    before = (out / mf.MANIFEST_NAME).read_text()
+    corpus = write_corpus(tmp_path / "c.parquet", n=10, seed=1)
+    for args in (
+        ["index", str(corpus), "--index", str(tmp_path / "new"), "--calibration", "bogus"],
+        ["recalibrate", "--index", str(out), "--calibration", "bogus"],
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+        assert result.stderr.startswith("error: unknown calibration 'bogus'; choose one of auto, ")
+        assert "whitening" in result.stderr and "none" in result.stderr
+    assert not (tmp_path / "new").exists() and (out / mf.MANIFEST_NAME).read_text() == before

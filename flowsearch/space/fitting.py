@@ -84,6 +84,7 @@ __all__ = [
     "AUTO_CALIBRATES_POOLINGS",
     "AUTO_FITS",
     "AUTO_SEARCHES",
+    "checked_calibration",
     "fit_for_index",
     "load_fitted",
 ]
@@ -103,6 +104,26 @@ AUTO_SEARCHES: tuple[str, dict[str, Any]] = ("gaussian", {"power": 0.25})
 #: docstring for the measurements.
 AUTO_CALIBRATES_POOLINGS: frozenset[str] = frozenset({"static", "embedding_layer"})
 _SEEDED = ("flow", "whitening-flow")
+
+
+def checked_calibration(calibration: Any) -> None:
+    """Refuse, before any work, a ``calibration`` an index cannot be built or refitted with.
+
+    ``auto`` is this module's policy, not a calibrator, so the calibrators' own registry does not
+    list it; the error lists every name a build or ``recalibrate`` takes, ``auto`` first.
+
+    Raises:
+        BadInput: an unknown name (``param="calibration"``).
+    """
+    from flowsearch.calibration import names
+
+    if calibration == "auto" or (isinstance(calibration, str) and calibration in names()):
+        return
+    raise BadInput(
+        f"unknown calibration {calibration!r}",
+        f"choose one of {', '.join(('auto', *names()))}",
+        param="calibration",
+    )
 
 
 def load_fitted(calibrator: str | os.PathLike[str], calibration: str, dim: int) -> Any:
