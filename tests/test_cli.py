@@ -654,3 +654,18 @@ def test_unknown_calibration_lists_every_name_a_write_takes(built, tmp_path):
         assert result.stderr.startswith("error: unknown calibration 'bogus'; choose one of auto, ")
         assert "whitening" in result.stderr and "none" in result.stderr
     assert not (tmp_path / "new").exists() and (out / mf.MANIFEST_NAME).read_text() == before
+
+
+def test_text_that_is_not_text_gets_the_command_line_fix(built, tmp_path):
+    """The advice for a text column of numbers names the flag, not the Python keyword."""
+    out, _ = built
+    before = (out / mf.MANIFEST_NAME).read_text()
+    bad = tmp_path / "numtext.jsonl"
+    bad.write_text('{"id": "t6", "text": 5}\n')
+    result = runner.invoke(app, ["upsert", str(bad), "--index", str(out)])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+    assert "holds numbers (int64), not text; name the column of passages with --text-column" in (
+        result.stderr
+    )
+    assert "text_column=" not in result.stderr
+    assert (out / mf.MANIFEST_NAME).read_text() == before
