@@ -92,3 +92,18 @@ def test_add_warns_on_drift(tmp_path, model_dir, corpus, caplog):
     assert "sit apart from the corpus" in caplog.text and "recalibrate" in caplog.text
     assert "--" not in caplog.text  # the library names no CLI flags
     assert history.read(out)[-1].detail["drift"]["warn"] is True
+
+
+def test_write_result_counts_are_named_n_(tmp_path, model_dir, corpus):
+    """A write's JSON (library ``to_dict``, ``--json``, HTTP) names every count ``n_*`` (the
+    vocabulary of docs/ARCHITECTURE.md); the older names still read through ``result[key]``."""
+    out = tmp_path / "idx"
+    build_index(corpus, out, model=str(model_dir))
+    extra = write_corpus(tmp_path / "extra.parquet", n=5, seed=5, id_prefix="new")
+    result = add_to_index(out, extra)
+    doc = result.to_dict()
+    not_counts = {"version", "dim", "bytes", "bytes_freed"}  # a number, sizes in bytes
+    counts = {k for k, v in doc.items() if isinstance(v, int) and k not in not_counts}
+    assert counts and all(k.startswith("n_") for k in counts), sorted(counts)
+    assert (doc["n_segments"], doc["n_merged"], doc["n_written"]) == (2, 0, 5)
+    assert (result["segments"], result["merged"]) == (2, 0)  # the third release's first names

@@ -42,7 +42,7 @@ def test_index_json_summary(built):
     assert summary["kind"] == "build" and summary["index"] == str(out)
     assert summary["n_live"] == summary["n_written"] == m.n_live == 80
     assert summary["calibration"] == m.calibration.name == "auto"
-    assert summary["segments"] == len(m.segments) == 1
+    assert summary["n_segments"] == len(m.segments) == 1
     factory = m.segments[0].ann.factory
     assert summary["factory"] == factory == "Flat" and summary["version"] == m.version == 1
     # 80 rows < 3 x dim 32: auto keeps the encoder's space (see test_calibrated_space_...)
@@ -132,7 +132,7 @@ def test_add_then_duplicate_add(built, tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["kind"] == "add" and doc["n_written"] == doc["n_inserted"] == 10
-    assert doc["n_live"] == 90 and doc["segments"] == 2 and doc["version"] == 2
+    assert doc["n_live"] == 90 and doc["n_segments"] == 2 and doc["version"] == 2
     assert doc["drift"]["n_judged"] == 10 and doc["drift"]["verdict"] != "not judged"
     again = runner.invoke(app, ["add", str(extra), "--index", str(out)])
     assert again.exit_code == 2 and again.stdout == ""
@@ -585,14 +585,14 @@ def test_compact_full_and_the_history(built, tmp_path):
     result = runner.invoke(app, ["compact", "--full", "--index", str(out), "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["kind"] == "compact" and doc["segments"] == 1 and doc["merged"] == 2
+    assert doc["kind"] == "compact" and doc["n_segments"] == 1 and doc["n_merged"] == 2
     assert doc["n_dropped"] == 2 and doc["n_live"] == 88 and doc["bytes_freed"] > 0
     m = mf.read(out)
     assert len(m.segments) == 1 and m.n_deleted == 0 and m.n_rows == 88
     assert json.loads(runner.invoke(app, query).stdout)["hits"] == hits  # the same answers
     again = json.loads(runner.invoke(app, ["compact", "--full", "--index", str(out),
                                            "--json"]).stdout)  # fmt: skip
-    assert again["merged"] == 0 and again["version"] == m.version  # nothing to do: no write
+    assert again["n_merged"] == 0 and again["version"] == m.version  # nothing to do: no write
 
     history = runner.invoke(app, ["info", "--history", "--index", str(out), "--json"])
     records = json.loads(history.stdout)

@@ -79,15 +79,15 @@ def print_summary(result: Any, verb: str) -> None:
     line.append(verb, style="bold")
     line.append(
         f" {result.n_written:,} rows -> {visible(result.index)} "
-        f"(version {result.version}, {result.n_live:,} live rows in {result.segments} "
-        f"segment{'s' if result.segments != 1 else ''}, dim {result.dim}, "
+        f"(version {result.version}, {result.n_live:,} live rows in {result.n_segments} "
+        f"segment{'s' if result.n_segments != 1 else ''}, dim {result.dim}, "
         f"{result.bytes / 2**20:.1f} MiB) in {result.seconds.get('total', 0.0):.1f}s [{secs}]"
     )
     err.print(line)
     if result.n_skipped:
         err.print(f"skipped {result.n_skipped:,} rows with a null or blank text")
-    if result.merged:
-        err.print(f"merged {result.merged} small segments into one")
+    if result.n_merged:
+        err.print(f"merged {result.n_merged} small segments into one")
     drift = result.drift
     if drift is not None:
         err.print(Text(drift.to_words(), style="bold yellow" if drift.warn else ""))

@@ -223,8 +223,8 @@ def compact_cmd(
         print_json(result.to_dict())
         return
     typer.echo(
-        f"compacted {visible(index)}: {result.n_live:,} rows in {result.segments} segments, "
-        f"merged {result.merged}, dropped {result.n_dropped:,} deleted rows, freed "
+        f"compacted {visible(index)}: {result.n_live:,} rows in {result.n_segments} segments, "
+        f"merged {result.n_merged}, dropped {result.n_dropped:,} deleted rows, freed "
         f"{result.bytes_freed / 2**20:.2f} MiB (version {result.version})",
         err=True,
     )

@@ -104,7 +104,7 @@ def compact(
         st,
         n_written=written,
         n_dropped=dropped,
-        merged=merged,
+        n_merged=merged,
         bytes_freed=before - after,
     )
 
