@@ -669,3 +669,29 @@ def test_text_that_is_not_text_gets_the_command_line_fix(built, tmp_path):
     )
     assert "text_column=" not in result.stderr
     assert (out / mf.MANIFEST_NAME).read_text() == before
+
+
+def test_summaries_count_in_words(built, tmp_path):
+    """One row is "1 row", one segment "1 segment"; compact says what it did (or that there
+    was nothing to do) in lines that fit 80 columns."""
+    import shutil
+
+    out = tmp_path / "idx"
+    shutil.copytree(built[0], out)
+    wide = CliRunner(env={"COLUMNS": "80"})
+    deleted = wide.invoke(app, ["delete", "d1", "--index", str(out)])
+    assert deleted.stderr == f"deleted 1 row from {out}\n"
+    compacted = wide.invoke(app, ["compact", "--index", str(out)])
+    assert compacted.exit_code == 0, compacted.output
+    said = " ".join(compacted.stderr.split())
+    assert said.startswith(f"compacted {out} (version 3): 79 live rows in 1 segment; ")
+    assert "rewrote 1 segment, dropped 1 deleted row, freed " in said
+    assert all(len(line) <= 80 for line in compacted.stderr.splitlines())
+    again = wide.invoke(app, ["compact", "--index", str(out)])
+    assert " ".join(again.stderr.split()) == (
+        f"nothing to compact in {out} (version 3): 79 live rows in 1 segment"
+    )
+    history = wide.invoke(app, ["info", "--history", "--index", str(out)]).stdout.splitlines()
+    assert history[1].endswith(" delete 1 row") and " compact 79 rows " in history[2]
+    query = wide.invoke(app, ["query", "the cat", "--index", str(out), "-k", "1"])
+    assert query.stdout.splitlines()[0] == "'the cat': 1 hit"
