@@ -280,9 +280,11 @@ def policy(
         ids += [3 * CORPUS_ROWS + i * batch + j for j in range(batch - half)]
         records = [{"id": int(d), "text": t} for d, t in zip(ids, chunk, strict=True)]
         result, cost = timed_write(lambda records=records: upsert(index, records), index)
-        log.append({"write": i + 1, **cost, "segments": result.segments,
-                    "merged": result.merged, "seconds": dict(result.seconds)})  # fmt: skip
-        LOG.info("policy write %d: %.1f s, %d segments", i + 1, log[-1]["wall_s"], result.segments)
+        log.append({"write": i + 1, **cost, "segments": result.n_segments,
+                    "merged": result.n_merged, "seconds": dict(result.seconds)})  # fmt: skip
+        LOG.info(
+            "policy write %d: %.1f s, %d segments", i + 1, log[-1]["wall_s"], result.n_segments
+        )
     m = mf.read(index)
     out: dict[str, Any] = {
         "rows": spec.rows,

@@ -89,7 +89,7 @@ def ours(kind: str, index: Path, batch: WriteBatch) -> tuple[Any, dict[str, Any]
     cost["model_s"] = stages.get("load model", 0.0)
     cost["encode_s"] = stages.get("encode", 0.0) + cost["model_s"]  # both: the encoder's
     cost["drift_s"] = stages.get("drift", 0.0)
-    cost["segments_after"] = result.segments
+    cost["segments_after"] = result.n_segments
     cost["changed"] = {"add": result.n_written, "upsert": result.n_written,
                        "delete": result.n_deleted}[kind]  # fmt: skip
     if kind == "upsert":

@@ -92,3 +92,43 @@ def test_add_warns_on_drift(tmp_path, model_dir, corpus, caplog):
     assert "sit apart from the corpus" in caplog.text and "recalibrate" in caplog.text
     assert "--" not in caplog.text  # the library names no CLI flags
     assert history.read(out)[-1].detail["drift"]["warn"] is True
+
+
+def test_write_result_counts_are_named_n_(tmp_path, model_dir, corpus):
+    """A write's JSON (library ``to_dict``, ``--json``, HTTP) names every count ``n_*`` (the
+    vocabulary of docs/ARCHITECTURE.md); the older names still read through ``result[key]``."""
+    out = tmp_path / "idx"
+    build_index(corpus, out, model=str(model_dir))
+    extra = write_corpus(tmp_path / "extra.parquet", n=5, seed=5, id_prefix="new")
+    result = add_to_index(out, extra)
+    doc = result.to_dict()
+    not_counts = {"version", "dim", "bytes", "bytes_freed"}  # a number, sizes in bytes
+    counts = {k for k, v in doc.items() if isinstance(v, int) and k not in not_counts}
+    assert counts and all(k.startswith("n_") for k in counts), sorted(counts)
+    assert (doc["n_segments"], doc["n_merged"], doc["n_written"]) == (2, 0, 5)
+    assert (result["segments"], result["merged"]) == (2, 0)  # the third release's first names
+
+
+def test_a_string_index_takes_integer_ids_from_one_file_or_several(tmp_path, model_dir, corpus):
+    """The documented rule (a string index takes integers as their decimal text) holds for a
+    write of several files too: a directory whose files hold integer ids in one and string ids
+    in the next was refused, though each file alone was taken. 7 and "7" are one id."""
+    from flowsearch.writes.upsert import upsert
+
+    out = tmp_path / "idx"
+    build_index(corpus, out, model=str(model_dir))
+    files = tmp_path / "new"
+    files.mkdir()
+    (files / "a.jsonl").write_text('{"id": 7001, "text": "the cat sat on the mat"}\n')
+    (files / "b.jsonl").write_text('{"id": "s7002", "text": "the dog ran in the park"}\n')
+    result = upsert(out, files)
+    assert (result.n_inserted, result.n_live) == (2, 122)
+    hits = Searcher.open(out).search("the cat", k=200, where="id IN ('7001', 's7002')")
+    assert sorted(h.id for h in hits) == ["7001", "s7002"]
+    (files / "c.jsonl").write_text('{"id": "7001", "text": "the same id again"}\n')
+    before = (out / mf.MANIFEST_NAME).read_text()
+    with pytest.raises(FlowsearchError, match=r"1 id\(s\) occur more than once .*'7001'"):
+        upsert(out, files)
+    assert (out / mf.MANIFEST_NAME).read_text() == before
+    with pytest.raises(FlowsearchError, match="integers in .*a.jsonl but strings in"):
+        build_index(files, tmp_path / "fresh", model=str(model_dir))  # a build picks no type

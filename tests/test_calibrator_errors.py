@@ -14,6 +14,7 @@ from safetensors.numpy import load_file, save_file
 
 from flowsearch.calibration import load_calibrator, make_calibrator
 from flowsearch.errors import BadInput, FlowsearchError, NotFound
+from flowsearch.storage.layout import calibrator_dir
 
 CONFIG, WEIGHTS = "config.json", "weights.safetensors"
 FLOW = {"levels": 2, "depth": 1, "width": 4}
@@ -212,6 +213,10 @@ def test_missing_directory_or_file(saved, tmp_path, missing):
         load_calibrator(folder)
     assert str(folder) in str(info.value) and "\n" not in str(info.value)
     assert info.value.param == "calibrator" and "--calibrator" in info.value.render("cli")
+    # the folder the advice points at is where an index keeps its calibrator
+    where = calibrator_dir(1)
+    assert where.startswith("calibrators/")
+    assert all(where in info.value.render(surface) for surface in ("python", "cli"))
 
 
 def test_a_file_beside_the_two_is_refused(saved):

@@ -15,6 +15,7 @@ from corpus_helpers import sentences, siblings, write_corpus
 from typer.testing import CliRunner
 
 from flowsearch.cli import app, main
+from flowsearch.errors import BadInput
 from flowsearch.search.searcher import Searcher
 from flowsearch.space.reports import describe_space
 from flowsearch.storage import manifest as mf
@@ -41,7 +42,7 @@ def test_index_json_summary(built):
     assert summary["kind"] == "build" and summary["index"] == str(out)
     assert summary["n_live"] == summary["n_written"] == m.n_live == 80
     assert summary["calibration"] == m.calibration.name == "auto"
-    assert summary["segments"] == len(m.segments) == 1
+    assert summary["n_segments"] == len(m.segments) == 1
     factory = m.segments[0].ann.factory
     assert summary["factory"] == factory == "Flat" and summary["version"] == m.version == 1
     # 80 rows < 3 x dim 32: auto keeps the encoder's space (see test_calibrated_space_...)
@@ -131,7 +132,7 @@ def test_add_then_duplicate_add(built, tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["kind"] == "add" and doc["n_written"] == doc["n_inserted"] == 10
-    assert doc["n_live"] == 90 and doc["segments"] == 2 and doc["version"] == 2
+    assert doc["n_live"] == 90 and doc["n_segments"] == 2 and doc["version"] == 2
     assert doc["drift"]["n_judged"] == 10 and doc["drift"]["verdict"] != "not judged"
     again = runner.invoke(app, ["add", str(extra), "--index", str(out)])
     assert again.exit_code == 2 and again.stdout == ""
@@ -584,14 +585,14 @@ def test_compact_full_and_the_history(built, tmp_path):
     result = runner.invoke(app, ["compact", "--full", "--index", str(out), "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["kind"] == "compact" and doc["segments"] == 1 and doc["merged"] == 2
+    assert doc["kind"] == "compact" and doc["n_segments"] == 1 and doc["n_merged"] == 2
     assert doc["n_dropped"] == 2 and doc["n_live"] == 88 and doc["bytes_freed"] > 0
     m = mf.read(out)
     assert len(m.segments) == 1 and m.n_deleted == 0 and m.n_rows == 88
     assert json.loads(runner.invoke(app, query).stdout)["hits"] == hits  # the same answers
     again = json.loads(runner.invoke(app, ["compact", "--full", "--index", str(out),
                                            "--json"]).stdout)  # fmt: skip
-    assert again["merged"] == 0 and again["version"] == m.version  # nothing to do: no write
+    assert again["n_merged"] == 0 and again["version"] == m.version  # nothing to do: no write
 
     history = runner.invoke(app, ["info", "--history", "--index", str(out), "--json"])
     records = json.loads(history.stdout)
@@ -620,3 +621,77 @@ def test_min_score_and_explain(built):
     )
     assert explained.exit_code == 0, explained.output
     assert "best dense score" in explained.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("cut", ["2", "-1", "20", "nan"])
+def test_min_score_outside_the_score_range_is_refused(built, cut):
+    """A cut outside [0, 1] (scores' range) is a slip, e.g. a percentage: refused, not obeyed
+    (above 1 used to drop every hit silently, below 0 none)."""
+    out, _ = built
+    args = ["query", "the cat", "--index", str(out), "--min-score", cut, "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: min_score")
+    if cut != "nan":
+        assert "[0, 1]" in result.stderr and "--min-score" in result.stderr
+    with pytest.raises(BadInput) as caught:
+        Searcher.open(out).search("the cat", min_score=float(cut))
+    assert caught.value.param == "min_score"
+    assert runner.invoke(app, [*args[:-3], "--min-score", "1", "--json"]).exit_code == 0
+
+
+def test_unknown_calibration_lists_every_name_a_write_takes(built, tmp_path):
+    """`index` and `recalibrate` take `auto`: the error's list of choices names it too."""
+    out, _ = built
+    before = (out / mf.MANIFEST_NAME).read_text()
+    corpus = write_corpus(tmp_path / "c.parquet", n=10, seed=1)
+    for args in (
+        ["index", str(corpus), "--index", str(tmp_path / "new"), "--calibration", "bogus"],
+        ["recalibrate", "--index", str(out), "--calibration", "bogus"],
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+        assert result.stderr.startswith("error: unknown calibration 'bogus'; choose one of auto, ")
+        assert "whitening" in result.stderr and "none" in result.stderr
+    assert not (tmp_path / "new").exists() and (out / mf.MANIFEST_NAME).read_text() == before
+
+
+def test_text_that_is_not_text_gets_the_command_line_fix(built, tmp_path):
+    """The advice for a text column of numbers names the flag, not the Python keyword."""
+    out, _ = built
+    before = (out / mf.MANIFEST_NAME).read_text()
+    bad = tmp_path / "numtext.jsonl"
+    bad.write_text('{"id": "t6", "text": 5}\n')
+    result = runner.invoke(app, ["upsert", str(bad), "--index", str(out)])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+    assert "holds numbers (int64), not text; name the column of passages with --text-column" in (
+        result.stderr
+    )
+    assert "text_column=" not in result.stderr
+    assert (out / mf.MANIFEST_NAME).read_text() == before
+
+
+def test_summaries_count_in_words(built, tmp_path):
+    """One row is "1 row", one segment "1 segment"; compact says what it did (or that there
+    was nothing to do) in lines that fit 80 columns."""
+    import shutil
+
+    out = tmp_path / "idx"
+    shutil.copytree(built[0], out)
+    wide = CliRunner(env={"COLUMNS": "80"})
+    deleted = wide.invoke(app, ["delete", "d1", "--index", str(out)])
+    assert deleted.stderr == f"deleted 1 row from {out}\n"
+    compacted = wide.invoke(app, ["compact", "--index", str(out)])
+    assert compacted.exit_code == 0, compacted.output
+    said = " ".join(compacted.stderr.split())
+    assert said.startswith(f"compacted {out} (version 3): 79 live rows in 1 segment; ")
+    assert "rewrote 1 segment, dropped 1 deleted row, freed " in said
+    assert all(len(line) <= 80 for line in compacted.stderr.splitlines())
+    again = wide.invoke(app, ["compact", "--index", str(out)])
+    assert " ".join(again.stderr.split()) == (
+        f"nothing to compact in {out} (version 3): 79 live rows in 1 segment"
+    )
+    history = wide.invoke(app, ["info", "--history", "--index", str(out)]).stdout.splitlines()
+    assert history[1].endswith(" delete 1 row") and " compact 79 rows " in history[2]
+    query = wide.invoke(app, ["query", "the cat", "--index", str(out), "-k", "1"])
+    assert query.stdout.splitlines()[0] == "'the cat': 1 hit"

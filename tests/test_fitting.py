@@ -148,3 +148,26 @@ def test_a_non_contextual_pooling_still_needs_enough_rows():
 def test_a_named_calibration_ignores_the_pooling():
     _, spec = fit_for_index(_isotropic(100), "none", pooling="static")
     assert spec.space == "encoder"
+
+
+@pytest.mark.parametrize("name", ["whitening", "gaussian", "sn"])
+def test_a_named_covariance_fit_on_too_few_rows_is_flagged(name, caplog):
+    """Whitening 12 rows of 16 dimensions makes the rows equidistant (every best cosine
+    -1/(n-1)): the decision, the log and ``info``'s line say it overfits; a per-dimension
+    standardisation (sn) needs no covariance and is not flagged."""
+    from flowsearch.space.reports import describe_space
+
+    U = _isotropic(12, d=16)
+    with caplog.at_level("WARNING", logger="flowsearch"):
+        cal, spec = fit_for_index(U, name)
+    flagged = name != "sn"
+    assert ("12 rows < 3 x dim 16: too few, it overfits" in spec.decision) is flagged
+    assert any("fewer than 3 per dimension" in r.message for r in caplog.records) is flagged
+    assert ("too few for 16 dimensions, it overfits" in describe_space(spec)) is flagged
+    if name == "whitening":  # what the flag is about: every row equally far from every other
+        Z = cal.transform(U)
+        Z = Z / np.linalg.norm(Z, axis=1, keepdims=True)
+        cos = (Z @ Z.T)[~np.eye(len(U), dtype=bool)]
+        np.testing.assert_allclose(cos, -1 / (len(U) - 1), atol=1e-3)
+    _, enough = fit_for_index(_isotropic(MIN_ROWS_PER_DIM * 16, d=16), name)
+    assert "too few" not in enough.decision and "too few" not in describe_space(enough)

@@ -286,3 +286,19 @@ def test_second_release_hybrid_fuses_the_same_sides(tmp_path):
                 assert hit.dense_score == pytest.approx(dense[hit.id], abs=1e-6)
             if hit.id in lexical:
                 assert hit.lexical_score == pytest.approx(lexical[hit.id], abs=1e-6)
+
+
+@pytest.mark.parametrize("name", ["index_v1", "index_v2"])
+def test_a_converted_index_history_counts_the_build_rows(tmp_path, name):
+    """The first write moves an old index's history to history.jsonl; its build wrote the rows
+    no later write added (``info --history`` said "build 0 rows")."""
+    from flowsearch import upsert
+    from flowsearch.search.version import index_history
+
+    index = shutil.copytree(ASSETS / name, tmp_path / "old")
+    old = json.loads((index / "manifest.json").read_text())
+    upsert(index, [{"id": "q1", "text": "zzz unrelated"}], model=ASSETS / "tiny_bert")
+    records = index_history(index)
+    assert records[0].kind == "build" and records[0].n_rows == 120
+    added = sum(r.n_rows for r in records if r.kind in ("add", "upsert"))
+    assert records[0].n_rows + added - 1 == old["rows"]  # minus the row this write added

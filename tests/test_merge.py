@@ -193,7 +193,7 @@ def test_compact_merges_full_tiers_rewrites_deleted_rows_and_full_merges_all(tmp
     m = mf.read(root)
     # the tier of 2-5 rows: its three smallest (2, 3, 4) merge; the 40-row one is rewritten
     # without its deleted rows; the 5-row one stays as it was
-    assert result.merged == 4 and result.n_dropped == 2 and result.version == 3
+    assert result.n_merged == 4 and result.n_dropped == 2 and result.version == 3
     assert [s.n_rows for s in m.segments] == [5, 9, 38]
     assert m.segments[0].name == base.segments[2].name and m.n_deleted == 0
     assert result.bytes_freed > 0
@@ -201,7 +201,7 @@ def test_compact_merges_full_tiers_rewrites_deleted_rows_and_full_merges_all(tmp
     assert compact(root).version == 3  # nothing to do: no version written
     full = compact(root, full=True)
     m = mf.read(root)
-    assert full.merged == 3 and len(m.segments) == 1 and m.n_rows == 52
+    assert full.n_merged == 3 and len(m.segments) == 1 and m.n_rows == 52
     assert _ids(root, m) == everything
     assert compact(root, full=True).version == full.version  # one segment already
 
@@ -229,11 +229,11 @@ def test_writes_run_the_policy_within_their_bound(tmp_path, model_dir):
             upsert(root, [{"id": "n1", "text": "the new cat", "topic": "x", "year": 2001}])
             result = upsert(root, [{"id": "d3", "text": "the red sea", "topic": "y", "year": 1}])
             m = mf.read(root)
-            assert result.merged == merged and result.n_replaced == 1
+            assert result.n_merged == merged and result.n_replaced == 1
             assert len(m.segments) == (1 if merged else 3)
             assert m.n_live == 21 and m.n_deleted == (0 if merged else 1)
             if not merged:
-                assert compact(root).merged == 3 and len(mf.read(root).segments) == 1
+                assert compact(root).n_merged == 3 and len(mf.read(root).segments) == 1
         assert mf.read(root).n_live == 21
 
 

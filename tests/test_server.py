@@ -957,3 +957,25 @@ def test_delete_a_digit_that_is_not_a_number_is_400(int_ids: Path) -> None:
         assert c.get("/info").json()["version"] == 1  # nothing written
         r = c.post("/delete", json={"ids": ["3", 4]})  # canonical decimal text is an integer id
         assert r.status_code == 200 and r.json()["n_deleted"] == 2, r.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "detail"),
+    [
+        ("/search", {"query": ""}, "invalid request: query: String should have at least 1 "
+         "character or Input should be a valid list"),
+        ("/search", {"query": 5}, "invalid request: query: Input should be a valid string or "
+         "Input should be a valid list"),
+        ("/delete", {"ids": [{"a": 1}]}, "invalid request: ids.0: Input should be a valid string "
+         "or Input should be a valid integer"),
+        ("/search", b"{not json", "the body is not valid JSON (Expecting property name enclosed "
+         "in double quotes); send one JSON object"),
+    ],
+)  # fmt: skip
+def test_a_refused_body_names_the_fields_the_client_sent(
+    client: httpx.Client, path: str, body: Any, detail: str
+) -> None:
+    """No schema internals (``query.constrained-str``, ``1: JSON decode error``) in a detail:
+    the field as the client wrote it, once, with what it may be."""
+    r = _post(client, path, body)
+    assert r.status_code == 422 and r.json() == {"detail": detail}

@@ -52,7 +52,7 @@ WEIGHTS_FILE = "weights.safetensors"
 
 # The fix for a malformed calibrator directory, as each surface spells it.
 _FIX = "fit the calibrator and save it again, or pass another {calibrator} directory"
-_FIX_CLI = "pass another --calibrator directory (an index's calibrator/ folder)"
+_FIX_CLI = "pass another --calibrator directory (e.g. an index's calibrators/c000001 folder)"
 
 
 def malformed(file: Path, problem: str) -> BadInput:
@@ -95,7 +95,8 @@ def require_files(path: Path, cfg_path: Path, weights_path: Path) -> None:
         if not (required.is_dir() if required is path else required.is_file()):
             raise NotFound(
                 f"no saved calibrator at {path} ({what})",
-                fix="pass a directory written by Calibrator.save (an index's calibrator/ folder)",
+                fix="pass a directory written by Calibrator.save (e.g. an index's "
+                "calibrators/c000001 folder)",
                 param="calibrator",
                 cli=_FIX_CLI,
             )

@@ -17,6 +17,7 @@ from typing import Any
 from flowsearch.jsonable import to_json
 
 __all__ = [
+    "counted",
     "report_caption",
     "literal",
     "print_json",
@@ -63,6 +64,12 @@ def literal(text: Any) -> Any:
     return Text(visible(text))
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: ``counted(1, "row")`` is ``"1 row"``,
+    ``counted(1200, "deleted row")`` is ``"1,200 deleted rows"``."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def snippet(text: str, width: int = 90) -> str:
     """``text`` on one line, cut to ``width`` characters with an ellipsis."""
     text = " ".join(visible(text).split())
@@ -78,16 +85,16 @@ def print_summary(result: Any, verb: str) -> None:
     line = Text()
     line.append(verb, style="bold")
     line.append(
-        f" {result.n_written:,} rows -> {visible(result.index)} "
-        f"(version {result.version}, {result.n_live:,} live rows in {result.segments} "
-        f"segment{'s' if result.segments != 1 else ''}, dim {result.dim}, "
+        f" {counted(result.n_written, 'row')} -> {visible(result.index)} "
+        f"(version {result.version}, {counted(result.n_live, 'live row')} in "
+        f"{counted(result.n_segments, 'segment')}, dim {result.dim}, "
         f"{result.bytes / 2**20:.1f} MiB) in {result.seconds.get('total', 0.0):.1f}s [{secs}]"
     )
     err.print(line)
     if result.n_skipped:
-        err.print(f"skipped {result.n_skipped:,} rows with a null or blank text")
-    if result.merged:
-        err.print(f"merged {result.merged} small segments into one")
+        err.print(f"skipped {counted(result.n_skipped, 'row')} with a null or blank text")
+    if result.n_merged:
+        err.print(f"merged {result.n_merged} small segments into one")
     drift = result.drift
     if drift is not None:
         err.print(Text(drift.to_words(), style="bold yellow" if drift.warn else ""))

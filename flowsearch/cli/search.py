@@ -22,6 +22,7 @@ from flowsearch.cli.options import (
     flag,
 )
 from flowsearch.cli.output import (
+    counted,
     literal,
     print_json,
     report_caption,
@@ -77,7 +78,7 @@ def _print_hits(text: str, result: Any) -> None:
     from rich.table import Table
 
     console = stdout_console()
-    title = literal(f"{text!r}: {len(result.hits)} hits")
+    title = literal(f"{text!r}: {counted(len(result.hits), 'hit')}")
     caption = report_caption(result.report)
     if not result.hits:
         # an empty table is as narrow as its headers, and would fold the report into a column
@@ -140,7 +141,7 @@ def info_cmd(
 
 def _history_line(record: Any) -> str:
     detail = ", ".join(f"{k} {v}" for k, v in record.detail.items() if k != "drift" and v)
-    line = f"v{record.version} {record.time} {record.kind} {record.n_rows:,} rows"
+    line = f"v{record.version} {record.time} {record.kind} {counted(record.n_rows, 'row')}"
     return f"{line} ({detail})" if detail else line
 
 
@@ -175,9 +176,9 @@ def _info_rows(info: Any) -> list[tuple[str, str]]:
         ("size", ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in info.bytes.items())),
         (
             "verified",
-            f"{checked.n_files} files by size, {checked.n_hashed} by sha256{unhashed}"
+            f"{counted(checked.n_files, 'file')} by size, {checked.n_hashed} by sha256{unhashed}"
             + (
-                f"; {checked.history_records} log records"
+                f"; {counted(checked.history_records, 'history record')}"
                 if checked.history_records is not None
                 else ""
             ),

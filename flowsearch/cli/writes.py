@@ -38,7 +38,14 @@ from flowsearch.cli.options import (
     flag,
     wait_kwargs,
 )
-from flowsearch.cli.output import print_json, print_summary, visible
+from flowsearch.cli.output import (
+    counted,
+    literal,
+    print_json,
+    print_summary,
+    stderr_console,
+    visible,
+)
 from flowsearch.errors import BadInput
 
 __all__: list[str] = []
@@ -200,7 +207,7 @@ def delete_cmd(
     if as_json:
         print_json(result.to_dict())
         return
-    typer.echo(f"deleted {result.n_deleted:,} rows from {visible(index)}", err=True)
+    typer.echo(f"deleted {counted(result.n_deleted, 'row')} from {visible(index)}", err=True)
     if result.missing:
         shown = ", ".join(visible(m) for m in result.missing[:10])
         more = f" and {len(result.missing) - 10} more" if len(result.missing) > 10 else ""
@@ -222,11 +229,23 @@ def compact_cmd(
     if as_json:
         print_json(result.to_dict())
         return
-    typer.echo(
-        f"compacted {visible(index)}: {result.n_live:,} rows in {result.segments} segments, "
-        f"merged {result.merged}, dropped {result.n_dropped:,} deleted rows, freed "
-        f"{result.bytes_freed / 2**20:.2f} MiB (version {result.version})",
-        err=True,
+    stderr_console().print(literal(_compacted(index, result)))
+
+
+def _compacted(index: object, result: Any) -> str:
+    """``compact``'s summary: what it merged or rewrote, what it dropped, what it freed."""
+    where = f"{index} (version {result.version}): {counted(result.n_live, 'live row')} in "
+    where += counted(result.n_segments, "segment")
+    if not result.n_merged:
+        return f"nothing to compact in {where}"
+    done = (
+        f"merged {result.n_merged} segments into one"
+        if result.n_merged > 1
+        else "rewrote 1 segment"
+    )
+    return (
+        f"compacted {where}; {done}, dropped {counted(result.n_dropped, 'deleted row')}, "
+        f"freed {result.bytes_freed / 2**20:.2f} MiB"
     )
 
 
@@ -253,8 +272,10 @@ def recalibrate_cmd(
     if as_json:
         print_json(result.to_dict())
         return
-    typer.echo(
-        f"recalibrated {visible(index)} ({result.n_live:,} rows): {result.calibration}, "
-        f"{result.space} space ({result.decision}), version {result.version}",
-        err=True,
+    stderr_console().print(
+        literal(
+            f"recalibrated {index} (version {result.version}, "
+            f"{counted(result.n_live, 'live row')}): {result.calibration}, searches the "
+            f"{result.space} space ({result.decision})"
+        )
     )

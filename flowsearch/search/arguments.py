@@ -1,4 +1,4 @@
-r"""Checking a search's arguments: the query or queries, k, the mode.
+r"""Checking a search's arguments: the query or queries, k, the mode, min_score.
 
 Example:
     >>> checked_k(3), checked_queries("tides")
@@ -14,7 +14,7 @@ import numpy as np
 from flowsearch.errors import BadInput
 from flowsearch.search.version import Version
 
-__all__ = ["MODES", "checked_k", "checked_mode", "checked_queries"]
+__all__ = ["MODES", "checked_k", "checked_min_score", "checked_mode", "checked_queries"]
 
 #: Search modes: the encoder's side, BM25's side, or both fused.
 MODES = ("dense", "lexical", "hybrid")
@@ -53,3 +53,26 @@ def checked_k(k: Any) -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise BadInput(f"k must be a positive integer, got {k!r}", param="k")
     return int(k)
+
+
+def checked_min_score(min_score: Any) -> float | None:
+    """``min_score`` as a float in [0, 1] (the range of ``Hit.score``), or None.
+
+    A cut outside the scores' range is a mistake (above 1 drops every hit, below 0 none; a
+    percentage such as 20 is the usual slip), so it is refused rather than obeyed.
+    """
+    if min_score is None:
+        return None
+    if (
+        isinstance(min_score, bool)
+        or not isinstance(min_score, (int, float, np.integer, np.floating))
+        or not np.isfinite(min_score)
+    ):
+        raise BadInput(f"min_score must be a number, got {min_score!r}", param="min_score")
+    if not 0.0 <= min_score <= 1.0:
+        raise BadInput(
+            f"min_score {min_score!r} is outside [0, 1], the range of a hit's score",
+            "give {min_score} a value from 0 to 1, e.g. 0.2",
+            param="min_score",
+        )
+    return float(min_score)

@@ -12,7 +12,6 @@ from typing import Any, Literal
 
 import numpy as np
 
-from flowsearch.errors import BadInput
 from flowsearch.search import dense
 from flowsearch.search.results import Hit
 from flowsearch.search.version import Version
@@ -61,15 +60,12 @@ def to_hits(
 
 
 def above(hits: list[list[Hit]], min_score: float | None) -> list[list[Hit]]:
-    """Each query's hits scoring at least ``min_score`` (ranks kept: they were best first)."""
+    """Each query's hits scoring at least ``min_score`` (ranks kept: they were best first).
+
+    ``min_score`` was checked before the search (``arguments.checked_min_score``).
+    """
     if min_score is None:
         return hits
-    if (
-        isinstance(min_score, bool)
-        or not isinstance(min_score, (int, float, np.floating))
-        or (not np.isfinite(min_score))
-    ):
-        raise BadInput(f"min_score must be a number, got {min_score!r}", param="min_score")
     return [[h for h in per_query if h.score >= min_score] for per_query in hits]
 
 

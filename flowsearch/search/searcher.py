@@ -26,7 +26,13 @@ import numpy as np
 from flowsearch.ann import io as ann_io
 from flowsearch.errors import BadInput
 from flowsearch.search import dense
-from flowsearch.search.arguments import MODES, checked_k, checked_mode, checked_queries
+from flowsearch.search.arguments import (
+    MODES,
+    checked_k,
+    checked_min_score,
+    checked_mode,
+    checked_queries,
+)
 from flowsearch.search.hits import above, scored_hits, to_hits
 from flowsearch.search.results import Hit, QueryResult
 from flowsearch.search.version import IndexInfo, Opened, Version, load, open_current, sizes
@@ -233,15 +239,16 @@ class Searcher:
                 ``"year >= 2020 AND lang = 'en'"``: a pre-filter, the top-k among matching rows.
             mode: ``dense`` (the encoder), ``lexical`` (BM25) or ``hybrid`` (both, fused);
                 None: :attr:`default_mode`.
-            min_score: drop hits whose ``score`` is below this.
+            min_score: drop hits whose ``score`` is below this (in [0, 1]).
 
         Raises:
             BadInput: a query that is not a non-blank string, k < 1, a bad ``where``, an unknown
-                mode or one the index cannot serve, a ``min_score`` that is not a number.
+                mode or one the index cannot serve, a ``min_score`` outside [0, 1].
         """
         single = isinstance(query, str)
         queries = checked_queries(query)
         k = checked_k(k)
+        min_score = checked_min_score(min_score)
         if not queries:
             return []
         hits = self._run(self._version, queries, k, where, mode)[0]
@@ -273,7 +280,8 @@ class Searcher:
         for all)."""
         version = self._version
         queries = checked_queries(queries)
-        hits, lp, top = self._run(version, queries, checked_k(k), where, mode)
+        k, min_score = checked_k(k), checked_min_score(min_score)
+        hits, lp, top = self._run(version, queries, k, where, mode)
         hits = above(hits, min_score)
         out = []
         for i, text in enumerate(queries):

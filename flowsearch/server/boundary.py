@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -124,14 +125,32 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
+# A step of pydantic's error location that names a member of a union (``constrained-str``,
+# ``list[constrained-str]``, ``int``), not a field the client sent.
+_UNION_MEMBER = re.compile(r"^(constrained-\w+|\w+\[.*\]|str|int|float|bool|list|dict)$")
+
+
 def _validation_detail(exc: RequestValidationError) -> str:
-    """The first few problems of a refused body, each as ``field: message``."""
-    problems = []
-    for err in exc.errors()[:3]:
-        loc = ".".join(str(part) for part in err.get("loc", ()) if part != "body")
+    """The first few problems of a refused body, each as ``field: message``: a body that is
+    not JSON says so, and a field that may take several forms (a query or a list of queries)
+    is named once, its members' messages joined by "or"."""
+    errors = exc.errors()
+    broken = next((e for e in errors if e.get("type") == "json_invalid"), None)
+    if broken is not None:
+        why = (broken.get("ctx") or {}).get("error", "JSON decode error")
+        return one_line(f"the body is not valid JSON ({why}); send one JSON object", 300)
+    by_field: dict[str, list[str]] = {}
+    for err in errors:
+        parts = [str(p) for p in err.get("loc", ()) if p != "body"]
+        loc = ".".join(p for p in parts if not _UNION_MEMBER.match(p))
         msg = err.get("msg", "invalid")
-        problems.append(one_line(f"{loc}: {msg}" if loc else msg, 200))
-    more = len(exc.errors()) - len(problems)
+        if msg not in by_field.setdefault(loc, []):
+            by_field[loc].append(msg)
+    problems = [
+        one_line(f"{loc}: {' or '.join(msgs)}" if loc else " or ".join(msgs), 200)
+        for loc, msgs in list(by_field.items())[:3]
+    ]
+    more = len(by_field) - len(problems)
     return "invalid request: " + "; ".join(problems) + (f" (and {more} more)" if more > 0 else "")
 
 

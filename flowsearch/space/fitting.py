@@ -84,6 +84,8 @@ __all__ = [
     "AUTO_CALIBRATES_POOLINGS",
     "AUTO_FITS",
     "AUTO_SEARCHES",
+    "checked_calibration",
+    "too_few_rows",
     "fit_for_index",
     "load_fitted",
 ]
@@ -103,6 +105,40 @@ AUTO_SEARCHES: tuple[str, dict[str, Any]] = ("gaussian", {"power": 0.25})
 #: docstring for the measurements.
 AUTO_CALIBRATES_POOLINGS: frozenset[str] = frozenset({"static", "embedding_layer"})
 _SEEDED = ("flow", "whitening-flow")
+
+#: Calibrators whose fit inverts the corpus's covariance. Fitted on fewer rows than
+#: ``MIN_ROWS_PER_DIM`` per dimension they overfit it: with fewer rows than dimensions every
+#: corpus row comes out equidistant from every other (their best scores all -1/(n-1)), so the
+#: reference, the verdict and drift say nothing; on the 300-row sample corpus (384-d), forced
+#: whitening, gaussian and whitening-flow found 8 of 12 written questions' passages at rank 1
+#: where the encoder's own space, flow, sn and natsv found all 12.
+COVARIANCE_FITS: frozenset[str] = frozenset({"whitening", "gaussian", "whitening-flow"})
+
+
+def too_few_rows(calibrator: str | None, fit_rows: int, dim: int) -> bool:
+    """True when ``calibrator`` fitted on ``fit_rows`` rows of ``dim`` dimensions overfits
+    (:data:`COVARIANCE_FITS` below ``MIN_ROWS_PER_DIM`` rows per dimension)."""
+    return calibrator in COVARIANCE_FITS and 0 < fit_rows < MIN_ROWS_PER_DIM * dim
+
+
+def checked_calibration(calibration: Any) -> None:
+    """Refuse, before any work, a ``calibration`` an index cannot be built or refitted with.
+
+    ``auto`` is this module's policy, not a calibrator, so the calibrators' own registry does not
+    list it; the error lists every name a build or ``recalibrate`` takes, ``auto`` first.
+
+    Raises:
+        BadInput: an unknown name (``param="calibration"``).
+    """
+    from flowsearch.calibration import names
+
+    if calibration == "auto" or (isinstance(calibration, str) and calibration in names()):
+        return
+    raise BadInput(
+        f"unknown calibration {calibration!r}",
+        f"choose one of {', '.join(('auto', *names()))}",
+        param="calibration",
+    )
 
 
 def load_fitted(calibrator: str | os.PathLike[str], calibration: str, dim: int) -> Any:
@@ -192,7 +228,12 @@ def _space(
         return space, _auto_decision(choice, stats, pooling, U), auto
     if calibration == "none":  # the identity: say so, search the encoder's own vectors
         return "encoder", "calibration='none': the encoder's own space", None
-    return "calibrated", f"forced: calibration={calibration!r}", None
+    decision = f"forced: calibration={calibration!r}"
+    if too_few_rows(choice.name, len(U), U.shape[1]):
+        decision += (
+            f", but {len(U)} rows < {MIN_ROWS_PER_DIM} x dim {U.shape[1]}: too few, it overfits"
+        )
+    return "calibrated", decision, None
 
 
 def fit_for_index(
@@ -238,6 +279,12 @@ def fit_for_index(
         fitted_on = "corpus"
         space, decision, auto = _space(choice, calibration, stats, pooling, U)
     LOG.info("calibration: %s", decision)
+    if loaded is None and calibration != "auto" and too_few_rows(cal.name, len(U), U.shape[1]):
+        LOG.warning(
+            "%s fitted on %d rows, fewer than %d per dimension (%d): it overfits and search "
+            "suffers; calibration auto searches the encoder's own space until there are more",
+            cal.name, len(U), MIN_ROWS_PER_DIM, U.shape[1],
+        )  # fmt: skip
     spec = CalibrationSpec(
         name=calibration if loaded is None else cal.name,
         calibrator=cal.name,

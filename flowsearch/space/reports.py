@@ -208,7 +208,12 @@ def describe_space(calibration: Any, pooling: str | None = None) -> str:
         searches the encoder's own space (auto: its vectors are already spread out, mean
         cosine 0.05); a whitening-flow was fitted on 300 rows and kept for density
     """
-    from flowsearch.space.fitting import AUTO_CALIBRATES_POOLINGS, AUTO_STATISTIC, AUTO_THRESHOLD
+    from flowsearch.space.fitting import (
+        AUTO_CALIBRATES_POOLINGS,
+        AUTO_STATISTIC,
+        AUTO_THRESHOLD,
+        too_few_rows,
+    )
 
     name, calibrator = _field(calibration, "name"), _field(calibration, "calibrator")
     config = _field(calibration, "config") or {}
@@ -222,6 +227,9 @@ def describe_space(calibration: Any, pooling: str | None = None) -> str:
     if _field(calibration, "space") == "calibrated":
         what = f"searches {kind} of the encoder's space"
         if name != "auto":
+            dim = int(_field(calibration, "dim_out") or 0)
+            if fitted_on == "corpus" and too_few_rows(calibrator, fit_rows, dim):
+                return f"{what}, {where}: too few for {dim} dimensions, it overfits ({name})"
             return f"{what}, {where}" + ("" if fitted_on != "corpus" else f" (calibration={name})")
         non_contextual = pooling in AUTO_CALIBRATES_POOLINGS or (
             pooling is None and "non-contextual" in (_field(calibration, "decision") or "")

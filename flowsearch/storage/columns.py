@@ -98,8 +98,11 @@ def check_text_type(type_: pa.DataType, source: Source, name: str) -> None:
     else:
         what = f"{type_} values"
     raise BadInput(
-        f"text column {name!r} in {source.name} holds {what}, not text; pass the column of "
-        "passages as text_column=, or convert this one to strings"
+        f"text column {name!r} in {source.name} holds {what}, not text",
+        "name the column of passages with {text_column=...}, or convert this one to strings",
+        cli="name the column of passages with --text-column, or convert this one to strings",
+        http='give every record a "text" field holding a string',
+        param="text_column",
     )
 
 

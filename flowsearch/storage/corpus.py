@@ -303,7 +303,9 @@ def _scan_all(
         id_chunks.extend(scan.ids)
         if scan.ids:
             id_kinds.setdefault(_kind(scan.ids[0].type), source.name)
-    if len(id_kinds) > 1:
+    # a string index takes integer ids as their decimal text, from one file or from several
+    into_strings = check is not None and check.id_type == "string"
+    if len(id_kinds) > 1 and not into_strings:
         (k1, f1), (k2, f2) = id_kinds.items()
         raise BadInput(
             f"ids in {id_column!r} are {k1}s in {f1} but {k2}s in {f2}", "give them one type"
@@ -315,6 +317,8 @@ def _checked_ids(chunks: list[pa.Array], id_column: str | None, check: _Check | 
     """The plan's id type, after checking its ids are unique (and of the index's type)."""
     if id_column is None:
         return "int"
+    if check is not None and check.id_type == "string":  # files may mix ints and strings
+        chunks = [c if pa.types.is_string(c.type) else c.cast(pa.string()) for c in chunks]
     all_ids = pa.chunked_array(chunks).combine_chunks()
     id_type = "int" if pa.types.is_integer(all_ids.type) else "string"
     if check is not None and id_type != check.id_type:

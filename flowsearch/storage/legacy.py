@@ -255,7 +255,12 @@ def _carry_history(index_dir: Path, base: mf.Manifest) -> None:
     raw = json.loads((index_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
     if raw.get("format_version") == 1:
         raw = _v1_to_v2(raw)
-    records = [mf.WriteRecord(version=1, kind="build", time=base.created or "", n_rows=0)]
+    # the old formats appended every added or upserted row (replaced ones were tombstoned), so
+    # the build wrote the rows that no later write did
+    later = sum(int(old.get("rows", 0)) for old in raw.get("history", [])
+                if old.get("kind") in ("add", "upsert"))  # fmt: skip
+    built = max(0, int(raw.get("rows", 0)) - later)
+    records = [mf.WriteRecord(version=1, kind="build", time=base.created or "", n_rows=built)]
     for number, old in enumerate(raw.get("history", []), start=2):
         detail = dict(old.get("detail", {}))
         if old.get("drift"):

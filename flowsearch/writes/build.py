@@ -28,7 +28,7 @@ import numpy as np
 from flowsearch.ann.factory import check_factory
 from flowsearch.errors import BadInput
 from flowsearch.progress import Stages
-from flowsearch.space.fitting import load_fitted
+from flowsearch.space.fitting import checked_calibration, load_fitted
 from flowsearch.space.reference import (
     reference_rows,
     split_fit_rows,
@@ -67,10 +67,8 @@ def _checked_options(
         raise BadInput(
             f"unknown engine {engine!r}", f"choose one of {', '.join(ENGINES)}", param="engine"
         )
-    if calibrator is None and calibration != "auto":
-        from flowsearch.calibration import make_calibrator
-
-        make_calibrator(calibration)  # an unknown name fails here, before any encoding
+    if calibrator is None:
+        checked_calibration(calibration)  # an unknown name fails here, before any work
 
 
 def build_index(

@@ -24,7 +24,7 @@ import numpy as np
 from flowsearch.errors import BadInput
 from flowsearch.progress import Stages
 from flowsearch.search.version import sizes
-from flowsearch.space.fitting import fit_for_index, load_fitted
+from flowsearch.space.fitting import checked_calibration, fit_for_index, load_fitted
 from flowsearch.space.reference import density_stats
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
@@ -102,7 +102,7 @@ def compact(
         st,
         n_written=written,
         n_dropped=dropped,
-        merged=merged,
+        n_merged=merged,
         bytes_freed=before - after,
     )
 
@@ -160,10 +160,8 @@ def recalibrate(
         BadInput: an unknown calibration, a calibrator of another dimension, every row deleted.
         NotFound: no index.
     """
-    if calibrator is None and calibration != "auto":
-        from flowsearch.calibration import make_calibrator
-
-        make_calibrator(calibration)  # an unknown name fails before any work
+    if calibrator is None:
+        checked_calibration(calibration)  # an unknown name fails here, before any work
     if fit_sample < 2:
         raise BadInput(f"fit_sample must be >= 2, got {fit_sample}", param="fit_sample")
     st = Stages()

@@ -30,6 +30,9 @@ _OLD_KEYS = {
     "deleted": "n_deleted",
     "dropped": "n_dropped",
     "skipped": "n_skipped",
+    # counts were named n_* in the third release (docs/ARCHITECTURE.md)
+    "segments": "n_segments",
+    "merged": "n_merged",
 }
 
 
@@ -48,8 +51,8 @@ class WriteResult(BaseModel):
         missing: delete: ids that were not in the index (or deleted before).
         n_dropped: compact: deleted rows dropped from the rewritten segments.
         n_skipped: rows skipped for a null or blank text.
-        segments: segments in the version after the write.
-        merged: segments the write merged into one (its merge policy, or ``compact``).
+        n_segments: segments in the version after the write.
+        n_merged: segments the write merged into one (its merge policy, or ``compact``).
         dim: dimension of the searched vectors.
         calibration: the calibration asked for; ``space``: what is searched.
         factory: the vector index of the segment the write made (or the largest).
@@ -71,8 +74,8 @@ class WriteResult(BaseModel):
     missing: list[Any] = Field(default_factory=list)
     n_dropped: int = 0
     n_skipped: int = 0
-    segments: int = 0
-    merged: int = 0
+    n_segments: int = 0
+    n_merged: int = 0
     dim: int | None = None
     calibration: str | None = None
     space: str | None = None
@@ -118,7 +121,7 @@ def result_of(
         index=str(target),
         version=manifest.version,
         n_live=manifest.n_live,
-        segments=len(manifest.segments),
+        n_segments=len(manifest.segments),
         dim=manifest.dim,
         calibration=manifest.calibration.name,
         space=manifest.calibration.space,

@@ -202,7 +202,7 @@ def _write(
         LOG.warning("%s", drift.to_words())
     return result_of(kind, target, manifest, st, n_written=plan.n_rows,
                      n_inserted=plan.n_rows - n_replaced, n_replaced=n_replaced,
-                     n_skipped=plan.n_skipped, merged=merged, drift=drift,
+                     n_skipped=plan.n_skipped, n_merged=merged, drift=drift,
                      factory=record.ann.factory)  # fmt: skip
 
 

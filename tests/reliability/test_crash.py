@@ -345,7 +345,7 @@ def test_the_merge_trial_merges(bases, corpora, encoder, tmp_path):
     index = tmp_path / "idx"
     shutil.copytree(bases["segmented"], index)
     result = upsert(index, corpora["changed"], encoder=encoder)
-    assert result.merged == 10 and result.segments == 1 and result.n_replaced == 10
+    assert result.n_merged == 10 and result.n_segments == 1 and result.n_replaced == 10
     (segment,) = mf.read(index).segments
     assert segment.n_deleted == 0 and segment.n_rows == 60 + 8 * 3
 

@@ -149,7 +149,7 @@ def test_manifest_stays_small_and_the_log_lists_every_write(
     assert main(["info", "--history", "--index", str(index)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == n_writes + 2 and lines[-1].startswith(f"v{n_writes + 2} ")
-    assert " delete 1 rows" in lines[-1]
+    assert lines[-1].endswith(" delete 1 row")
 
 
 def test_info_history_lists_every_write_kind(cli, index, corpora):
