@@ -25,14 +25,9 @@ import numpy as np
 
 from flowsearch.ann import io as ann_io
 from flowsearch.errors import BadInput
+from flowsearch.search import arguments as args
 from flowsearch.search import dense
-from flowsearch.search.arguments import (
-    MODES,
-    checked_k,
-    checked_min_score,
-    checked_mode,
-    checked_queries,
-)
+from flowsearch.search.arguments import MODES
 from flowsearch.search.hits import above, scored_hits, to_hits
 from flowsearch.search.results import Hit, QueryResult
 from flowsearch.search.version import IndexInfo, Opened, Version, load, open_current, sizes
@@ -246,9 +241,9 @@ class Searcher:
                 mode or one the index cannot serve, a ``min_score`` outside [0, 1].
         """
         single = isinstance(query, str)
-        queries = checked_queries(query)
-        k = checked_k(k)
-        min_score = checked_min_score(min_score)
+        queries = args.checked_queries(query)
+        k = args.checked_k(k)
+        min_score = args.checked_min_score(min_score)
         if not queries:
             return []
         hits = self._run(self._version, queries, k, where, mode)[0]
@@ -279,8 +274,8 @@ class Searcher:
         """Several queries' results, each with its report, from one version (one encoder call
         for all)."""
         version = self._version
-        queries = checked_queries(queries)
-        k, min_score = checked_k(k), checked_min_score(min_score)
+        queries = args.checked_queries(queries)
+        k, min_score = args.checked_k(k), args.checked_min_score(min_score)
         hits, lp, top = self._run(version, queries, k, where, mode)
         hits = above(hits, min_score)
         out = []
@@ -316,7 +311,7 @@ class Searcher:
         corpus's background and 1; lexical, BM25 as a share of the query's upper bound;
         hybrid, their weighted mean (:func:`flowsearch.search.fusion.fuse`, each candidate
         scored by both sides)."""
-        mode = checked_mode(version, mode)
+        mode = args.checked_mode(version, mode)
         rows = self._matching(version, where)
         if rows is not None and not len(rows):
             return [[] for _ in queries], None, None
@@ -379,7 +374,7 @@ class Searcher:
             raise BadInput("vectors hold NaN or infinite values", "pass finite vectors")
         from flowsearch.search.scores import normalise_dense
 
-        k = min(checked_k(k), max(version.manifest.n_live, 1))
+        k = min(args.checked_k(k), max(version.manifest.n_live, 1))
         cos, found = self._dense(version, Z, k, None)
         parts = (cos, np.full_like(cos, np.nan))
         return to_hits(version, normalise_dense(cos, version.fusion()), found, parts)
