@@ -128,17 +128,8 @@ def add_cmd(
     """Append a corpus to an index (same encoder and calibrator); reports drift."""
     from flowsearch.writes.upsert import add_to_index
 
-    summary = add_to_index(
-        index,
-        corpus,
-        text_column=text_column,
-        id_column=id_column,
-        batch_size=batch_size,
-        strict=strict,
-        model=model,
-        **wait_kwargs(wait),
-    )
-    _done(summary, "added", as_json)
+    options = _corpus_options(text_column, id_column, batch_size, strict, model, wait)
+    _done(add_to_index(index, corpus, **options), "added", as_json)
 
 
 @app.command("upsert")
@@ -157,21 +148,26 @@ def upsert_cmd(
     """Insert new ids and replace existing ones (re-encoded under the frozen calibrator)."""
     from flowsearch.writes.upsert import upsert
 
-    summary = upsert(
-        index,
-        corpus,
-        text_column=text_column,
-        id_column=id_column,
-        batch_size=batch_size,
-        strict=strict,
-        model=model,
-        **wait_kwargs(wait),
-    )
+    options = _corpus_options(text_column, id_column, batch_size, strict, model, wait)
+    summary = upsert(index, corpus, **options)
     if as_json:
         print_json(summary.to_dict())
         return
     print_summary(summary, "upserted")
     typer.echo(f"{summary.n_inserted:,} inserted, {summary.n_replaced:,} replaced", err=True)
+
+
+def _corpus_options(
+    text_column: str | None,
+    id_column: str | None,
+    batch_size: int,
+    strict: bool,
+    model: str | None,
+    wait: float | None,
+) -> dict[str, Any]:
+    """The keyword arguments ``add`` and ``upsert`` pass on to the library alike."""
+    return {"text_column": text_column, "id_column": id_column, "batch_size": batch_size,
+            "strict": strict, "model": model, **wait_kwargs(wait)}  # fmt: skip
 
 
 def _read_ids(ids: list[str] | None, ids_file: Path | None) -> list[str]:
