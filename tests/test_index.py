@@ -352,3 +352,24 @@ def test_filtered_search_is_exact_whichever_way_it_goes(removed, monkeypatch):
         assert selected and all(0 < n < len(Q) for n in selected)
     else:
         assert selected == [len(Q)] * 3
+
+
+def test_filtered_search_past_deletions_on_an_l2_index_keeps_nearest_first():
+    """A factory string may build an L2 index (smaller is nearer): reading past deleted rows
+    keeps that order, ties to the lower row."""
+    from flowsearch.ann.prefilter import filtered_search
+
+    rng = np.random.default_rng(9)
+    X = rng.standard_normal((500, 8)).astype(np.float32)
+    X[[3, 7, 9]] = X[2]  # four copies
+    index = faiss.IndexFlatL2(8)
+    index.add(X)
+    dead = np.zeros(len(X), bool)
+    dead[[2, 100, 200]] = True
+    with override(exact_below=0):
+        scores, rows = filtered_search(index, X[2:3] + 1e-4, 5, excluded=dead)
+    keep = np.flatnonzero(~dead)
+    dist = ((X[keep] - (X[2] + 1e-4)) ** 2).sum(axis=1)
+    assert rows[0, :3].tolist() == [3, 7, 9]  # the tied copies, lowest row first
+    np.testing.assert_allclose(scores[0], np.sort(dist)[:5], rtol=1e-4, atol=1e-6)
+    assert rows[0].tolist() == keep[np.argsort(dist, kind="stable")[:5]].tolist()

@@ -184,8 +184,11 @@ def filtered_search(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-k among the searchable rows only (a pre-filter), shaped like ``index.search``.
 
-    Up to ``exact_below`` searchable rows are searched by brute force over their own vectors
-    (exact for every index type); more go through FAISS with an ID selector. For a Flat index
+    When at most ``Settings.postfilter_max_removed_share`` of the rows are removed, an
+    unfiltered search a little deeper than k is read past them (:func:`_postfiltered`; queries
+    it leaves short take the selector). Otherwise up to ``exact_below`` searchable rows are
+    searched by brute force over their own vectors (exact for every index type); more go
+    through FAISS with an ID selector. For a Flat index
     every answer is the exact top-k among the searchable rows; for an ANN index a query that
     found fewer than ``min(k, searchable)`` hits (its probed lists or graph neighbourhood held too
     few matching rows) is searched again exhaustively, so it never returns fewer than k hits
@@ -217,10 +220,6 @@ def filtered_search(
     if count == 0:
         empty = np.zeros((len(queries), 0), dtype=np.float32)
         return _pad(empty, empty.astype(np.int64), k, fill)
-    if count <= exact_below:
-        result = _exact(index, queries, k, np.flatnonzero(mask).astype(np.int64))
-        if result is not None:
-            return _pad(*result, k, fill)
     kk = min(k, count)
     if 1.0 - count / index.ntotal <= current().postfilter_max_removed_share:
         scores, found, short = _postfiltered(index, queries, kk, mask, count, fill)
@@ -228,6 +227,10 @@ def filtered_search(
             again = _selected(index, queries[short], kk, mask)
             scores[short], found[short] = again
         return _pad(scores, found, k, fill)
+    if count <= exact_below:
+        result = _exact(index, queries, k, np.flatnonzero(mask).astype(np.int64))
+        if result is not None:
+            return _pad(*result, k, fill)
     return _pad(*_selected(index, queries, kk, mask), k, fill)
 
 
@@ -241,7 +244,9 @@ def _postfiltered(
     scores, found = index.search(queries, min(depth, index.ntotal))
     kept = found >= 0
     kept[kept] = mask[found[kept]]
-    order = np.argsort(~kept, axis=1, kind="stable")[:, :k]  # searchable rows first, in rank
+    # searchable rows first, best first, equal scores to the lower row (as the exact paths)
+    worse = -scores if index.metric_type == faiss.METRIC_INNER_PRODUCT else scores
+    order = np.lexsort((found, worse, ~kept), axis=-1)[:, :k]
     scores = np.take_along_axis(scores, order, axis=1)
     found = np.take_along_axis(found, order, axis=1)
     kept = np.take_along_axis(kept, order, axis=1)
