@@ -231,35 +231,27 @@ class RowReader:
     def records(self, rows: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
         """Rows at local positions ``rows`` as ``{"id", "text", "metadata"}``, in that order."""
         rows = np.asarray(rows, dtype=np.int64)
-        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
-            raise IndexError(f"row out of range 0..{len(self) - 1}")
         out: list[dict[str, Any] | None] = [None] * len(rows)
-        part_of = np.searchsorted(self.starts, rows, side="right") - 1
-        for part in np.unique(part_of):
-            gstarts = self._group_starts[int(part)]
-            pos = np.flatnonzero(part_of == part)
-            local = rows[pos] - self.starts[part]
-            group_of = np.searchsorted(gstarts, local, side="right") - 1
-            for group in np.unique(group_of):
-                sel = pos[group_of == group]
-                columns = self._group(int(part), int(group))
-                for i, at in zip(sel, rows[sel] - self.starts[part] - gstarts[group], strict=True):
-                    out[i] = {
-                        "id": columns["id"][at],
-                        "text": columns["text"][at],
-                        # the caller owns what it gets: list/struct values are copied
-                        "metadata": {n: _own(columns[n][at]) for n in self.metadata_columns},
-                    }
+        for part, group, positions, offsets in self._row_groups_of(rows):
+            columns = self._group(part, group)
+            for i, at in zip(positions, offsets, strict=True):
+                out[i] = {
+                    "id": columns["id"][at],
+                    "text": columns["text"][at],
+                    # the caller owns what it gets: list/struct values are copied
+                    "metadata": {n: _own(columns[n][at]) for n in self.metadata_columns},
+                }
         return out  # type: ignore[return-value]
 
-    def vectors_at(self, rows: Sequence[int] | np.ndarray, name: str = "vector") -> np.ndarray:
-        """A vector column at local ``rows`` (in that order), float32 (len(rows), d): reads only
-        the row groups holding them (not cached: the join's cache holds the other columns)."""
-        rows = np.asarray(rows, dtype=np.int64)
+    def _row_groups_of(self, rows: np.ndarray) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+        """``rows`` (local, any order) grouped by the Parquet row group holding them:
+        ``(part, group, positions in rows, offsets in the group)`` per group touched.
+
+        Raises:
+            IndexError: a row outside the segment.
+        """
         if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
             raise IndexError(f"row out of range 0..{len(self) - 1}")
-        dim = self.schema.field(name).type.list_size if name in self.schema.names else 0
-        out = np.zeros((len(rows), dim), dtype=np.float32)
         part_of = np.searchsorted(self.starts, rows, side="right") - 1
         for part in np.unique(part_of):
             gstarts = self._group_starts[int(part)]
@@ -268,8 +260,17 @@ class RowReader:
             group_of = np.searchsorted(gstarts, local, side="right") - 1
             for group in np.unique(group_of):
                 sel = group_of == group
-                table = self._files[int(part)].read_row_group(int(group), columns=[name])
-                out[pos[sel]] = matrix(table.column(name))[local[sel] - gstarts[group]]
+                yield int(part), int(group), pos[sel], local[sel] - gstarts[group]
+
+    def vectors_at(self, rows: Sequence[int] | np.ndarray, name: str = "vector") -> np.ndarray:
+        """A vector column at local ``rows`` (in that order), float32 (len(rows), d): reads only
+        the row groups holding them (not cached: the join's cache holds the other columns)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        dim = self.schema.field(name).type.list_size if name in self.schema.names else 0
+        out = np.zeros((len(rows), dim), dtype=np.float32)
+        for part, group, positions, offsets in self._row_groups_of(rows):
+            table = self._files[part].read_row_group(group, columns=[name])
+            out[positions] = matrix(table.column(name))[offsets]
         return out
 
     def column_chunks(self, name: str) -> Iterator[Any]:
