@@ -51,10 +51,14 @@ class Verification(BaseModel):
 
 
 def verify_files(
-    folder: Path, files: Mapping[str, mf.FileRecord], checksums: bool = False
+    folder: Path,
+    files: Mapping[str, mf.FileRecord],
+    checksums: bool = False,
+    *,
+    small: bool = True,
 ) -> Verification:
-    """Check ``files`` (relative to ``folder``): present, recorded size, sha256 when small or
-    ``checksums``.
+    """Check ``files`` (relative to ``folder``): present, recorded size, sha256 when small
+    (unless ``small`` is False: sizes only) or ``checksums``.
 
     Raises:
         IndexDamaged: naming the first file missing or different.
@@ -71,7 +75,7 @@ def verify_files(
                 f"index file changed: {path} has {size} bytes, the manifest says {record.bytes}",
                 "the index is damaged; rebuild it",
             )
-        if checksums or size <= cheap:
+        if checksums or (small and size <= cheap):
             if mf.sha256_file(path) != record.sha256:
                 raise IndexDamaged(
                     f"checksum mismatch for {path}", "the index is corrupt; rebuild it"

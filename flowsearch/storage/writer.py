@@ -68,6 +68,7 @@ from flowsearch.storage.layout import (
     segment_dir,
     segment_name,
 )
+from flowsearch.storage.verify import verify_files
 
 __all__ = ["Writer", "file_records", "open_writer", "referenced"]
 
@@ -229,18 +230,8 @@ class Writer:
         starts from is present with its recorded size (a stat per file, before the write
         stages anything; checksums are ``info --verify``'s)."""
         for seg in self.segments:
-            if seg.name in self._staged:
-                continue
-            folder = self.index_dir / seg.dir
-            for rel, record in seg.files.items():
-                try:
-                    size = (folder / rel).stat().st_size
-                except FileNotFoundError:
-                    size = None
-                if size != record.bytes:
-                    what = "missing" if size is None else f"{size} bytes, not {record.bytes}"
-                    raise IndexDamaged(f"index file {folder / rel} is {what}",
-                                       "the index is damaged; rebuild it")  # fmt: skip
+            if seg.name not in self._staged:
+                verify_files(self.index_dir / seg.dir, seg.files, small=False)
 
     def _place_stages(self) -> None:
         """Flush the staged directories and rename them to their final names."""
