@@ -194,6 +194,30 @@ class Encoder:
         """How ``static`` reads its table (``None`` for the other poolings)."""
         return self._static.variant if self.pooling == "static" and self._static else None
 
+    @property
+    def window(self) -> int:
+        """Tokens of one text the encoder reads (``max_length`` less the special tokens it
+        adds); the rest of a longer text never reaches its vector."""
+        if self._parts.model2vec:
+            return int(self.max_length)
+        return max(int(self.max_length) - self._tokens.num_special(), 1)
+
+    def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        """Each text's tokens as ``(start, end)`` character offsets (no special tokens, no
+        truncation): where :mod:`flowsearch.encode.passages` may cut.
+
+        Raises:
+            BadInput: a tokenizer without offsets.
+        """
+        try:
+            return self._tokens.offsets(texts)
+        except ValueError as exc:
+            raise BadInput(
+                f"cannot cut texts into passages with {self.model_id!r} ({exc})",
+                "pass {passage_tokens=0} to read only each text's first tokens",
+                param="passage_tokens",
+            ) from None
+
     def describe(self) -> dict[str, object]:
         r"""What identifies this encoder's vectors; an index stores it and queries must match.
 

@@ -45,6 +45,11 @@ class Tokens(Protocol):
         """How many special tokens the tokenizer adds to one text ([CLS] and [SEP]: 2)."""
         ...
 
+    def offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        """Per text, each token's ``(start, end)`` character offsets into it (no special
+        tokens, no truncation): what :mod:`flowsearch.encode.passages` cuts passages on."""
+        ...
+
 
 class FastTokens:
     r"""A ``tokenizers.Tokenizer`` read from a ``tokenizer.json``.
@@ -101,6 +106,12 @@ class FastTokens:
         self._tokenizer.no_truncation()
         return len(self._tokenizer.encode("", add_special_tokens=True).ids)
 
+    def offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        """Token character offsets per text (see :meth:`Tokens.offsets`)."""
+        self._tokenizer.no_truncation()
+        encoded = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        return [[(int(a), int(b)) for a, b in e.offsets] for e in encoded]
+
 
 class HubTokens:
     r"""A ``transformers`` tokenizer (a hub id, or a directory without ``tokenizer.json``).
@@ -142,6 +153,25 @@ class HubTokens:
     def num_special(self) -> int:
         """Special tokens added to one text."""
         return int(self._tokenizer.num_special_tokens_to_add())
+
+    def offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        """Token character offsets per text (see :meth:`Tokens.offsets`).
+
+        Raises:
+            ValueError: a slow (Python) tokenizer, which has no offsets.
+        """
+        if not getattr(self._tokenizer, "is_fast", False):
+            raise ValueError("this model's tokenizer has no character offsets (not a fast one)")
+        encoded = self._tokenizer(
+            list(texts),
+            add_special_tokens=False,
+            truncation=False,
+            padding=False,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+            return_offsets_mapping=True,
+        )
+        return [[(int(a), int(b)) for a, b in row] for row in encoded["offset_mapping"]]
 
 
 def load_tokens(source: str, local: bool, options: Mapping[str, Any]) -> Tokens:

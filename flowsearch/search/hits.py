@@ -13,10 +13,10 @@ from typing import Any, Literal
 import numpy as np
 
 from flowsearch.search import dense
-from flowsearch.search.results import Hit
+from flowsearch.search.results import Highlight, Hit
 from flowsearch.search.version import Version
 
-__all__ = ["above", "scored_hits", "to_hits"]
+__all__ = ["above", "fetch", "scored_hits", "scored_rows", "to_hits"]
 
 
 def to_hits(
@@ -25,15 +25,9 @@ def to_hits(
     rows: np.ndarray,
     parts: tuple[np.ndarray, np.ndarray],
 ) -> list[list[Hit]]:
-    """Hits for global ``rows`` (q, k) with their scores and component scores."""
-    valid = np.unique(rows[rows >= 0])
-    by_row: dict[int, dict[str, Any]] = {}
-    if valid.size:
-        seg_of, local = version.locate(valid)
-        for s in np.unique(seg_of):
-            pick = np.flatnonzero(seg_of == s)
-            fetched = version.segments[int(s)].reader.records(local[pick])
-            by_row.update(zip(valid[pick].tolist(), fetched, strict=True))
+    """Hits for global ``rows`` (q, k) with their scores and component scores (a row that is
+    one passage of several gets its :class:`Highlight`)."""
+    by_row = fetch(version, rows)
     columns = version.manifest.metadata_columns
     out = []
     for qi in range(len(rows)):
@@ -44,6 +38,10 @@ def to_hits(
             rec = by_row[int(row)]
             d, x = float(parts[0][qi, j]), float(parts[1][qi, j])
             meta = rec["metadata"]
+            passage = rec.get("passage")
+            highlight = None
+            if passage is not None and passage[1] > 1:
+                highlight = _highlight(rec["text"], passage[2])
             hits.append(
                 Hit.model_construct(
                     id=rec["id"],
@@ -53,10 +51,31 @@ def to_hits(
                     metadata={c: meta.get(c) for c in columns} if columns else dict(meta),
                     dense_score=None if np.isnan(d) else d,
                     lexical_score=None if np.isnan(x) else x,
+                    highlight=highlight,
                 )
             )
         out.append(hits)
     return out
+
+
+def _highlight(text: str, start: int) -> Highlight:
+    """A passage (starting at ``start`` in its document) without its edge whitespace."""
+    body = text.strip()
+    at = start + (text.find(body) if body else 0)
+    return Highlight(start=at, end=at + len(body), text=body)
+
+
+def fetch(version: Version, rows: np.ndarray) -> dict[int, dict[str, Any]]:
+    """The records (``RowReader.records``) of the valid (>= 0) global ``rows``, by row."""
+    valid = np.unique(rows[rows >= 0])
+    by_row: dict[int, dict[str, Any]] = {}
+    if valid.size:
+        seg_of, local = version.locate(valid)
+        for s in np.unique(seg_of):
+            pick = np.flatnonzero(seg_of == s)
+            fetched = version.segments[int(s)].reader.records(local[pick])
+            by_row.update(zip(valid[pick].tolist(), fetched, strict=True))
+    return by_row
 
 
 def above(hits: list[list[Hit]], min_score: float | None) -> list[list[Hit]]:
@@ -81,6 +100,19 @@ def scored_hits(
     not searched), their scores made scores with a meaning (:mod:`flowsearch.search.scores`)
     and, with both sides, fused (:func:`flowsearch.search.fusion.fuse`, each candidate scored
     by both sides)."""
+    return to_hits(version, *scored_rows(version, queries, k, Z, dense_hits, lexical_hits))
+
+
+def scored_rows(
+    version: Version,
+    queries: list[str],
+    k: int,
+    Z: np.ndarray | None,
+    dense_hits: tuple[np.ndarray, np.ndarray] | None,
+    lexical_hits: tuple[np.ndarray, np.ndarray] | None,
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """What :func:`scored_hits` makes hits of: ``(scores (q, k'), global rows (q, k'), (raw
+    cosines, raw BM25))``, best first, -1 rows where none."""
     from flowsearch.search.fusion import fuse
     from flowsearch.search.scores import normalise_dense, normalise_lexical
 
@@ -98,15 +130,15 @@ def scored_hits(
         fused = fuse(dense_hits, lexical_hits, reference, k, upper=upper, kind=kind,
                      dense_of_lexical=of_lexical, lexical_of_dense=of_dense)  # fmt: skip
         parts = (fused.dense_scores, fused.lexical_scores)
-        return to_hits(version, fused.scores, fused.rows, parts)
+        return fused.scores, fused.rows, parts
     if dense_hits is not None:
         cos, found = dense_hits
         parts = (cos, np.full_like(cos, np.nan))
-        return to_hits(version, normalise_dense(cos, reference), found, parts)
+        return normalise_dense(cos, reference), found, parts
     assert lexical_hits is not None and upper is not None
     bm25, found = lexical_hits
     parts = (np.full_like(bm25, np.nan), bm25)
-    return to_hits(version, normalise_lexical(bm25, upper), found, parts)
+    return normalise_lexical(bm25, upper), found, parts
 
 
 def _bm25_of(version: Version, queries: list[str], rows: np.ndarray) -> np.ndarray:

@@ -17,22 +17,40 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flowsearch.space.reports import QueryReport
 
-__all__ = ["Hit", "QueryResult"]
+__all__ = ["Highlight", "Hit", "QueryResult"]
+
+
+class Highlight(BaseModel):
+    """The passage of a long document that matched (its best-scoring one).
+
+    Attributes:
+        start: where the passage starts in the document's text (a character offset).
+        end: where it ends (exclusive): ``hit.text[start:end] == highlight.text``.
+        text: the passage.
+    """
+
+    model_config = ConfigDict(frozen=True)
+    start: int
+    end: int
+    text: str
 
 
 class Hit(BaseModel):
     """One search result.
 
     Attributes:
-        id: the row's id (int or str, as indexed).
+        id: the document's id (int or str, as indexed).
         score: the hit's relevance score (see the README's "Scores": in every mode a number
             comparable across queries of one index; larger is better).
         rank: 1-based position in the hit list.
-        text: the passage.
-        metadata: the corpus's other columns for this row (None where the row lacks one).
+        text: the document's text.
+        metadata: the corpus's other columns for this document (None where it lacks one).
         dense_score: the raw cosine between the query and the row in the searched space (None
             when the dense side did not score the row).
         lexical_score: the raw BM25 score (None when the lexical side did not score the row).
+        highlight: for a document cut into passages (longer than the encoder's window), the
+            passage that scored best (the hit's scores are that passage's); None for a
+            document read whole.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -43,9 +61,11 @@ class Hit(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     dense_score: float | None = None
     lexical_score: float | None = None
+    highlight: Highlight | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form: rank, id, score, text, metadata, dense_score, lexical_score."""
+        """The JSON form: rank, id, score, text, metadata, dense_score, lexical_score,
+        highlight."""
         return self.model_dump(mode="json")
 
 

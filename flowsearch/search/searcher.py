@@ -28,6 +28,7 @@ from flowsearch.errors import BadInput
 from flowsearch.search import arguments as args
 from flowsearch.search import dense
 from flowsearch.search.arguments import MODES
+from flowsearch.search.documents import document_hits, has_passages
 from flowsearch.search.hits import above, scored_hits, to_hits
 from flowsearch.search.results import Hit, QueryResult
 from flowsearch.search.version import IndexInfo, Opened, Version, load, open_current, sizes
@@ -315,18 +316,30 @@ class Searcher:
         rows = self._matching(version, where)
         if rows is not None and not len(rows):
             return [[] for _ in queries], None, None
-        k = min(k, max(version.manifest.n_live, 1))
+        n_live = max(version.manifest.n_live, 1)
+        k = min(k, n_live)
         lp = top = Z = None
-        dense_hits = lexical_hits = None
-        candidates = k if mode != "hybrid" else max(k, current().hybrid_candidates)
         if mode in ("dense", "hybrid"):
             Z, lp = version.space.embed(queries)
-            dense_hits = self._dense(version, Z, candidates, rows)
-            if rows is None and dense_hits[0].shape[1]:  # a filter's best row is not the index's
-                top = np.where(dense_hits[1][:, 0] >= 0, dense_hits[0][:, 0], np.nan)
-        if mode in ("lexical", "hybrid"):
-            lexical_hits = version.lexical.search(queries, candidates, allowed=_mask(version, rows))
-        return scored_hits(version, queries, k, Z, dense_hits, lexical_hits), lp, top
+        passages = has_passages(version)
+        depth = k  # passages searched: deeper until they hold k documents (k counts documents)
+        while True:
+            dense_hits = lexical_hits = None
+            candidates = depth if mode != "hybrid" else max(depth, current().hybrid_candidates)
+            if Z is not None:
+                dense_hits = self._dense(version, Z, candidates, rows)
+                # a filter's best row is not the index's
+                if top is None and rows is None and dense_hits[0].shape[1]:
+                    top = np.where(dense_hits[1][:, 0] >= 0, dense_hits[0][:, 0], np.nan)
+            if mode in ("lexical", "hybrid"):
+                allowed = _mask(version, rows)
+                lexical_hits = version.lexical.search(queries, candidates, allowed=allowed)
+            if not passages:
+                return scored_hits(version, queries, k, Z, dense_hits, lexical_hits), lp, top
+            hits, done = document_hits(version, queries, k, depth, Z, dense_hits, lexical_hits)
+            if done or depth >= n_live:
+                return hits, lp, top
+            depth = min(depth * 4, n_live)
 
     def _dense(
         self, version: Version, Z: np.ndarray, k: int, rows: np.ndarray | None
@@ -374,7 +387,15 @@ class Searcher:
             raise BadInput("vectors hold NaN or infinite values", "pass finite vectors")
         from flowsearch.search.scores import normalise_dense
 
-        k = min(args.checked_k(k), max(version.manifest.n_live, 1))
+        n_live = max(version.manifest.n_live, 1)
+        k = min(args.checked_k(k), n_live)
+        depth = k
+        while has_passages(version):  # k documents, from as many passages as that takes
+            dense_hits = self._dense(version, Z, depth, None)
+            hits, done = document_hits(version, [""] * len(Z), k, depth, Z, dense_hits, None)
+            if done or depth >= n_live:
+                return hits
+            depth = min(depth * 4, n_live)
         cos, found = self._dense(version, Z, k, None)
         parts = (cos, np.full_like(cos, np.nan))
         return to_hits(version, normalise_dense(cos, version.fusion()), found, parts)

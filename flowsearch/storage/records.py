@@ -40,6 +40,7 @@ __all__ = [
     "LexicalSpec",
     "Manifest",
     "PartRecord",
+    "PassageSpec",
     "SchemaColumn",
     "SegmentRecord",
     "WriteRecord",
@@ -197,6 +198,17 @@ class LexicalSpec(BaseModel):
     params: dict[str, Any] = Field(default_factory=lambda: {"k1": 1.5, "b": 0.75})
 
 
+class PassageSpec(BaseModel):
+    """How the index cuts documents longer than the encoder's window into passages (every
+    write cuts the same way; ``flowsearch.encode.passages``). An index without one (built
+    before passages, or with ``passage_tokens=0``) reads only each text's first tokens."""
+
+    model_config = _FROZEN
+    tokens: int = Field(ge=1)
+    overlap: int = Field(ge=0)
+    window: int = Field(ge=1)
+
+
 class Columns(BaseModel):
     """The corpus columns: text, id (None: row numbers are ids) and the id type."""
 
@@ -344,6 +356,8 @@ class Manifest(BaseModel):
     calibration: CalibrationSpec
     ann_requested: str = "auto"
     lexical: LexicalSpec | None = None
+    #: how long documents are cut into passages (None: not cut, truncated to the window)
+    passages: PassageSpec | None = None
     columns: Columns
     schema_: tuple[SchemaColumn, ...] = Field(default=(), alias="schema")
     segments: tuple[SegmentRecord, ...] = ()

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 from flowsearch.errors import IndexDamaged
 from flowsearch.settings import current
 from flowsearch.storage.layout import part_file
+from flowsearch.storage.passages import PASSAGE_COLUMNS, has_passages
 from flowsearch.storage.records import PartRecord
 
 __all__ = [
@@ -76,9 +77,11 @@ def rows_table(
     metadata: pa.Table | None,
     vectors: np.ndarray,
     raw: np.ndarray,
+    passages: dict[str, pa.Array] | None = None,
 ) -> pa.Table:
-    """Assemble rows: ``id``, ``text``, metadata..., ``vector`` (float32 (n, d), unit rows in
-    the searched space), ``raw`` ((n, dim) encoder output, stored as float16)."""
+    """Assemble rows: ``id``, ``text``, metadata..., the passage columns when given
+    (:mod:`flowsearch.storage.passages`), ``vector`` (float32 (n, d), unit rows in the searched
+    space), ``raw`` ((n, dim) encoder output, stored as float16)."""
     columns: dict[str, Any] = {
         "id": ids if isinstance(ids, (pa.Array, pa.ChunkedArray)) else pa.array(ids),
         "text": texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else pa.array(texts),
@@ -86,6 +89,8 @@ def rows_table(
     if metadata is not None:
         for name in metadata.column_names:
             columns[name] = metadata.column(name)
+    if passages is not None:
+        columns.update(passages)
     columns["vector"] = vector_column(vectors, np.float32)
     columns["raw"] = vector_column(raw, np.float16)
     return pa.table(columns)
@@ -203,9 +208,10 @@ class RowReader:
         counts = [p.n_rows for p in self.parts]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.schema = self._files[0].schema_arrow if self._files else pa.schema([])
-        self.metadata_columns = tuple(
-            n for n in self.schema.names if n not in ("id", "text", *VECTOR_COLUMNS)
-        )
+        own = ("id", "text", *VECTOR_COLUMNS, *PASSAGE_COLUMNS)
+        self.metadata_columns = tuple(n for n in self.schema.names if n not in own)
+        #: the passage columns, when the segment's documents have several passages
+        self.passage_columns = PASSAGE_COLUMNS if has_passages(self.schema) else ()
 
     def close(self) -> None:
         """Release the part files (also done when the reader is garbage-collected)."""
@@ -222,14 +228,15 @@ class RowReader:
         cached = self._cache.get(key)
         if cached is not None:
             return cached
-        names = ["id", "text", *self.metadata_columns]
+        names = ["id", "text", *self.metadata_columns, *self.passage_columns]
         table = self._files[part].read_row_group(group, columns=names)
         columns = {name: table.column(name).to_pylist() for name in names}
         self._cache.put(key, table.nbytes, columns)
         return columns
 
     def records(self, rows: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
-        """Rows at local positions ``rows`` as ``{"id", "text", "metadata"}``, in that order."""
+        """Rows at local positions ``rows`` as ``{"id", "text", "metadata"}``, in that order
+        (and ``"passage"``: (number, count, start, end) when the segment has passages)."""
         rows = np.asarray(rows, dtype=np.int64)
         out: list[dict[str, Any] | None] = [None] * len(rows)
         for part, group, positions, offsets in self._row_groups_of(rows):
@@ -241,6 +248,8 @@ class RowReader:
                     # the caller owns what it gets: list/struct values are copied
                     "metadata": {n: _own(columns[n][at]) for n in self.metadata_columns},
                 }
+                if self.passage_columns:
+                    out[i]["passage"] = tuple(columns[n][at] for n in PASSAGE_COLUMNS)
         return out  # type: ignore[return-value]
 
     def _row_groups_of(self, rows: np.ndarray) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:

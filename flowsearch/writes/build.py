@@ -40,6 +40,7 @@ from flowsearch.storage.corpus import CorpusPlan, scan_corpus
 from flowsearch.storage.rows import rows_table
 from flowsearch.storage.writer import Writer, open_writer
 from flowsearch.writes.engine import CHUNK_ROWS, BuildOptions, finish_build, fit_space
+from flowsearch.writes.passages import Cuts, requested_sizes
 from flowsearch.writes.results import WriteResult, result_of
 from flowsearch.writes.segments import SegmentBuilder
 
@@ -92,6 +93,8 @@ def build_index(
     engine: str = "local",
     address: str | None = None,
     wait: float | None = None,
+    passage_tokens: int | None = None,
+    passage_overlap: int | None = None,
 ) -> WriteResult:
     r"""Index a corpus into ``index_dir`` (see the module docstring for the data flow).
 
@@ -117,6 +120,11 @@ def build_index(
         engine: ``local`` (this process) or ``ray`` (extra ``ray``).
         address: the Ray cluster to join (``engine="ray"``); None starts a local one.
         wait: seconds to wait for another writer (None: refuse at once).
+        passage_tokens: a text longer than the encoder's window is cut into passages of at
+            most this many tokens (:mod:`flowsearch.encode.passages`); None: the window;
+            0: not cut (only its first tokens are read, as before passages).
+        passage_overlap: tokens a passage shares with the previous one, at most; None: the
+            default (:data:`~flowsearch.encode.passages.DEFAULT_OVERLAP`).
 
     Returns:
         A :class:`~flowsearch.writes.results.WriteResult` (``kind="build"``).
@@ -141,14 +149,17 @@ def build_index(
             model, pooling, max_length, backend, quantize, calibrator, calibration, index_factory
         )
     builder: Any = _build
+    sizes = requested_sizes(enc, passage_tokens, passage_overlap)
     if engine == "ray":  # imported only here: `ray` is an optional extra
         from flowsearch.writes import ray_engine
+
+        sizes = _ray_sizes(sizes, passage_tokens)
 
         builder = ray_engine.builder(address, model, encoder_options)
     options = BuildOptions(
         source=_source(model, enc), calibration=calibration, loaded=loaded,
         loaded_from=calibrator, index_factory=index_factory, batch_size=batch_size,
-        fit_sample=fit_sample, lexical=lexical,
+        fit_sample=fit_sample, lexical=lexical, passages=sizes,
     )  # fmt: skip
     with open_writer(target, new=True, overwrite=overwrite, wait=wait) as writer, st.live():
         manifest = builder(writer, plan, enc, st, options)
@@ -157,10 +168,30 @@ def build_index(
     return out
 
 
-def _encode_pass(enc: Any, plan: CorpusPlan, raw_path: Path, batch_size: int, st: Stages) -> None:
-    """Encode every row to float32, appended to ``raw_path`` (rows in corpus order)."""
-    with st.task("encoding", total=plan.n_rows) as advance, open(raw_path, "wb") as out:
-        for _ids, texts, _ in plan.batches(CHUNK_ROWS):
+def _ray_sizes(sizes: Any, passage_tokens: int | None) -> Any:
+    """The Ray build does not cut documents yet: refused when asked for, else off (recorded
+    so: every later write of the index truncates the same way)."""
+    if sizes is not None and passage_tokens is not None:
+        raise BadInput(
+            "engine='ray' does not cut documents into passages yet",
+            "use {engine='local'}, or pass {passage_tokens=0}",
+            param="passage_tokens",
+        )
+    if sizes is not None:
+        LOG.warning(
+            "engine='ray': documents longer than the encoder's window (%d tokens) are read "
+            "to the window only (not cut into passages)",
+            sizes.window,
+        )
+    return None
+
+
+def _encode_pass(
+    enc: Any, plan: CorpusPlan, cuts: Cuts, raw_path: Path, batch_size: int, st: Stages
+) -> None:
+    """Encode every passage row to float32, appended to ``raw_path`` (rows in corpus order)."""
+    with st.task("encoding", total=cuts.n_rows) as advance, open(raw_path, "wb") as out:
+        for _ids, texts, _, _ in cuts.batches(plan):
             U = enc.encode(texts, batch_size=batch_size, progress=False)
             out.write(np.ascontiguousarray(U, dtype=np.float32).tobytes())
             advance(len(texts))
@@ -187,36 +218,40 @@ def _build(
 ) -> mf.Manifest:
     """Encode, calibrate, write the segment and publish (under the writer lock)."""
     work = writer.stage()
+    with st.timed("cut"):
+        cuts = Cuts(enc, plan, options.passages, CHUNK_ROWS)
+    n_rows = cuts.n_rows  # passage rows: the calibrator is fitted on passages
     with st.timed("encode"):
-        _encode_pass(enc, plan, work / "raw.f32", options.batch_size, st)
-    raw = np.memmap(work / "raw.f32", dtype=np.float32, mode="r").reshape(plan.n_rows, enc.dim)
+        _encode_pass(enc, plan, cuts, work / "raw.f32", options.batch_size, st)
+    raw = np.memmap(work / "raw.f32", dtype=np.float32, mode="r").reshape(n_rows, enc.dim)
     with st.timed("fit"):
-        fit_idx, held_idx = split_fit_rows(plan.n_rows, options.fit_sample)
-        space, index, factory = fit_space(np.asarray(raw[fit_idx]), enc, plan.n_rows, st, options)
-    builder = SegmentBuilder(writer, dim=space.dim, n_rows=plan.n_rows,
+        fit_idx, held_idx = split_fit_rows(n_rows, options.fit_sample)
+        space, index, factory = fit_space(np.asarray(raw[fit_idx]), enc, n_rows, st, options)
+    builder = SegmentBuilder(writer, dim=space.dim, n_rows=n_rows,
                              requested=options.index_factory, lexical=options.lexical,
                              strict_factory=True, index=index, factory=factory)  # fmt: skip
     with st.timed("write segment"):
-        lps = _write_rows(builder, plan, raw, space, st)
-    measured, method = reference_rows(plan.n_rows, held_idx)
+        lps = _write_rows(builder, plan, cuts, raw, space, st)
+    measured, method = reference_rows(n_rows, held_idx)
     measured_raw = np.asarray(raw[measured])
     del raw
     return finish_build(writer, builder, space, enc, plan, lps,
                         (measured, measured_raw, method), options)  # fmt: skip
 
 
-def _write_rows(builder: SegmentBuilder, plan: CorpusPlan, raw: np.ndarray,
+def _write_rows(builder: SegmentBuilder, plan: CorpusPlan, cuts: Cuts, raw: np.ndarray,
                 space: SearchSpace, st: Stages) -> list[np.ndarray]:  # fmt: skip
-    """Every row projected and written to the segment; their log-densities (row order)."""
+    """Every passage row projected and written to the segment; their log-densities (row
+    order)."""
     lps: list[np.ndarray] = []
-    with st.task("writing rows", total=plan.n_rows) as advance:
+    with st.task("writing rows", total=cuts.n_rows) as advance:
         row = 0
-        for ids, texts, meta in plan.batches(CHUNK_ROWS):
+        for ids, texts, meta, passages in cuts.batches(plan):
             U = np.asarray(raw[row : row + len(texts)])
             Z, lp = space.project(U)
             if lp is not None:
                 lps.append(lp)
-            builder.add(rows_table(ids, texts, meta, Z, U), Z)
+            builder.add(rows_table(ids, texts, meta, Z, U, passages), Z)
             row += len(texts)
             advance(len(texts))
     return lps

@@ -31,7 +31,8 @@ __all__ = ["delete"]
 def delete(
     index_dir: str | os.PathLike[str], ids: Sequence[Any], *, wait: float | None = None
 ) -> WriteResult:
-    """Delete rows by id: they are never returned again, by any search mode, filter or k.
+    """Delete documents by id (every row of one: all its passages): they are never returned
+    again, by any search mode, filter or k.
 
     Args:
         index_dir: the index directory.
@@ -81,4 +82,6 @@ def delete(
         manifest = writer.publish(
             kind="delete", n_rows=len(found), detail={"missing": len(missing)}
         )
-    return result_of("delete", target, manifest, st, n_deleted=len(found), missing=missing)
+    # a document of several passages is several rows: n_deleted counts documents (ids)
+    n_documents = len({p for p, _, _ in found})
+    return result_of("delete", target, manifest, st, n_deleted=n_documents, missing=missing)

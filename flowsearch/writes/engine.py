@@ -32,6 +32,7 @@ from flowsearch.storage import schema
 from flowsearch.storage.corpus import CorpusPlan
 from flowsearch.storage.layout import CALIBRATORS_DIR
 from flowsearch.storage.writer import Writer
+from flowsearch.writes.passages import spec_of
 from flowsearch.writes.segments import SegmentBuilder
 
 __all__ = [
@@ -58,6 +59,8 @@ class BuildOptions:
         batch_size: texts per encoder forward pass.
         fit_sample: rows the calibrator is fitted on, at most.
         lexical: build BM25 postings.
+        passages: how documents are cut (a
+            :class:`~flowsearch.encode.passages.PassageSizes`; None: not cut).
     """
 
     source: str | None
@@ -68,6 +71,7 @@ class BuildOptions:
     batch_size: int
     fit_sample: int
     lexical: bool
+    passages: Any = None
 
 
 def fit_space(
@@ -110,7 +114,7 @@ def finish_build(
     record = builder.finish()
     spec = _save_calibrator(writer, space)
     all_lp = np.concatenate(lps) if lps else None
-    reference = _reference(builder.index, space, measured, all_lp, plan.n_rows)
+    reference = _reference(builder.index, space, measured, all_lp, record.n_rows)
     manifest = template(enc, space, spec, plan, options)
     manifest = manifest.model_copy(
         update={
@@ -142,6 +146,7 @@ def template(
         calibration=spec,
         ann_requested=options.index_factory,
         lexical=mf.LexicalSpec() if options.lexical else None,
+        passages=spec_of(options.passages),
         columns=mf.Columns(
             text=plan.text_column,
             id=plan.id_column,

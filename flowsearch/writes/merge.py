@@ -28,11 +28,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from flowsearch.errors import IndexDamaged
 from flowsearch.settings import current
 from flowsearch.storage import deletions
 from flowsearch.storage.manifest import SchemaColumn, SegmentRecord
+from flowsearch.storage.passages import PASSAGE_COLUMNS, has_passages, whole_documents
 from flowsearch.storage.rows import VECTOR_COLUMNS, RowReader, matrix, vector_column
 from flowsearch.storage.schema import type_of
 from flowsearch.storage.writer import Writer
@@ -92,8 +94,9 @@ def plan_merges(
     return out
 
 
-def _unified(table: pa.Table, schema: Sequence[SchemaColumn]) -> pa.Table:
-    """A segment's rows with the version's metadata columns (missing ones null), in order."""
+def _unified(table: pa.Table, schema: Sequence[SchemaColumn], passages: bool = False) -> pa.Table:
+    """A segment's rows with the version's metadata columns (missing ones null), in order;
+    with ``passages``, the passage columns too (a segment without them: whole documents)."""
     columns: dict[str, pa.ChunkedArray | pa.Array] = {
         "id": table.column("id"),
         "text": table.column("text"),
@@ -104,6 +107,11 @@ def _unified(table: pa.Table, schema: Sequence[SchemaColumn]) -> pa.Table:
             columns[col.name] = table.column(col.name).cast(typ, safe=False)
         else:
             columns[col.name] = pa.nulls(table.num_rows, typ)
+    if passages:
+        if has_passages(table.schema):
+            columns.update({name: table.column(name) for name in PASSAGE_COLUMNS})
+        else:
+            columns.update(whole_documents(table.column("text")))
     for name in VECTOR_COLUMNS:
         columns[name] = table.column(name)
     return pa.table(columns)
@@ -135,12 +143,18 @@ def merge(
     if n_live == 0:
         return None
     builder = SegmentBuilder(writer, dim=dim, n_rows=n_live, requested=requested, lexical=False)
+    # one part schema per segment: passage columns for all rows when any segment has them
+    passages = any(
+        has_passages(pq.read_schema(writer.segment_path(s) / s.parts[0].path))
+        for s in records
+        if s.parts
+    )
     parts = []
     for seg in records:
         folder = writer.segment_path(seg)
         dead = deletions.read(folder / seg.deletions, seg.n_rows) if seg.deletions else None
         for table in _live_tables(folder, seg, dead):
-            table = _unified(table, schema)
+            table = _unified(table, schema, passages)
             if project is None:
                 builder.add(table, matrix(table.column("vector")))
                 continue

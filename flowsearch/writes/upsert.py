@@ -47,6 +47,7 @@ from flowsearch.storage.writer import Writer, open_writer
 from flowsearch.writes.engine import CHUNK_ROWS
 from flowsearch.writes.measure import best_scores, sample_positions
 from flowsearch.writes.merge import merge, plan_merges
+from flowsearch.writes.passages import Cuts, sizes_of
 from flowsearch.writes.results import WriteResult, result_of
 from flowsearch.writes.segments import SegmentBuilder
 
@@ -183,21 +184,22 @@ def _write(
         assert base is not None
         with st.timed("scan"):
             plan = _plan(kind, base, corpus, text_column, id_column, strict)
-            replaced = _replaced(writer, plan, kind)
+            replaced, n_replaced = _replaced(writer, plan, kind)
         with st.timed("load model"):
             space = SearchSpace.open(target, base, encoder, model=model)
-        record, scored = _write_segment(writer, base, plan, space, batch_size, st)
+        with st.timed("cut"):  # as the build cut (the manifest's sizes): rows are passages
+            cuts = Cuts(space.encoder, plan, sizes_of(base.passages), CHUNK_ROWS)
+        record, scored = _write_segment(writer, base, plan, cuts, space, batch_size, st)
         with st.timed("drift"):
-            drift = _drift(writer, base, replaced, scored, plan.n_rows)
+            drift = _drift(writer, base, replaced, scored, cuts.n_rows)
         for name, rows in replaced.items():
             writer.delete_rows(name, rows)
         new_schema = schema_mod.merged(base.schema_, plan.metadata_schema)
         merged = _merge(writer, base, new_schema) if merge_segments else 0
-        n_replaced = int(sum(len(r) for r in replaced.values()))
         changes = _changes(base, plan, space, model, new_schema)
         detail = {"segment": record.name, "inserted": plan.n_rows - n_replaced,
                   "replaced": n_replaced, "merged": merged, "drift": drift.to_dict()}  # fmt: skip
-        manifest = writer.publish(kind=kind, n_rows=plan.n_rows, detail=detail, **changes)
+        manifest = writer.publish(kind=kind, n_rows=cuts.n_rows, detail=detail, **changes)
     if drift.warn:
         LOG.warning("%s", drift.to_words())
     return result_of(kind, target, manifest, st, n_written=plan.n_rows,
@@ -254,11 +256,12 @@ def _plan_ids(plan: CorpusPlan) -> pa.Array | None:
     return pa.chunked_array(chunks).combine_chunks() if chunks else None
 
 
-def _replaced(writer: Writer, plan: CorpusPlan, kind: str) -> dict[str, np.ndarray]:
-    """Per segment, the live local rows this write replaces (``add``: refused instead)."""
+def _replaced(writer: Writer, plan: CorpusPlan, kind: str) -> tuple[dict[str, np.ndarray], int]:
+    """Per segment, the live local rows this write replaces (every passage of a replaced
+    document; ``add``: refused instead), and how many documents they are."""
     ids = _plan_ids(plan)
     if ids is None or not len(ids):
-        return {}
+        return {}, 0
     found = find_live(writer.segments, writer.segment_path, ids)
     if found and kind == "add":
         example = ids[found[0][0]].as_py()
@@ -269,37 +272,39 @@ def _replaced(writer: Writer, plan: CorpusPlan, kind: str) -> dict[str, np.ndarr
     out: dict[str, list[int]] = {}
     for _, name, row in found:
         out.setdefault(name, []).append(row)
-    return {name: np.array(sorted(rows), dtype=np.int64) for name, rows in out.items()}
+    rows = {name: np.array(sorted(rows), dtype=np.int64) for name, rows in out.items()}
+    return rows, len({p for p, _, _ in found})
 
 
 def _write_segment(
     writer: Writer,
     base: mf.Manifest,
     plan: CorpusPlan,
+    cuts: Cuts,
     space: SearchSpace,
     batch_size: int,
     st: Stages,
 ) -> tuple[mf.SegmentRecord, tuple[np.ndarray, np.ndarray | None]]:
-    """Encode, project and write the new rows as one segment. Returns its record and the
-    searched vectors (and log-densities) of the rows drift is judged on."""
+    """Encode, project and write the new rows (a row per passage) as one segment. Returns
+    its record and the searched vectors (and log-densities) of the rows drift is judged on."""
     builder = SegmentBuilder(
         writer,
         dim=base.dim,
-        n_rows=plan.n_rows,
+        n_rows=cuts.n_rows,
         requested=base.ann_requested,
         lexical=base.lexical is not None,
     )
-    scored = sample_positions(plan.n_rows)
+    scored = sample_positions(cuts.n_rows)
     Zs: list[np.ndarray] = []
     lps: list[np.ndarray] = []
     row = 0
-    with st.task("writing rows", total=plan.n_rows) as advance:
-        for ids, texts, meta in plan.batches(CHUNK_ROWS):
+    with st.task("writing rows", total=cuts.n_rows) as advance:
+        for ids, texts, meta, passages in cuts.batches(plan):
             with st.timed("encode"):
                 U = space.encoder.encode(texts, batch_size=batch_size, progress=False)
             with st.timed("write"):
                 Z, lp = space.project(U)
-                builder.add(rows_table(ids, texts, meta, Z, U), Z)
+                builder.add(rows_table(ids, texts, meta, Z, U, passages), Z)
             pick = scored[(scored >= row) & (scored < row + len(texts))] - row
             Zs.append(Z[pick])
             if lp is not None:

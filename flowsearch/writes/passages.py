@@ -1,0 +1,113 @@
+r"""A write's documents cut into passage rows, the same way for every write of an index.
+
+The index's :class:`~flowsearch.storage.manifest.PassageSpec` (recorded by the build) says how
+(:mod:`flowsearch.encode.passages`); :class:`Cuts` tokenizes the corpus once, before anything
+is encoded, so the write knows how many rows it makes and whether its segment needs the
+passage columns (:mod:`flowsearch.storage.passages`: only when a document is longer than the
+window, so a corpus of short texts writes exactly the rows it did before passages). Each
+passage row repeats its document's id and metadata; its ``text`` is the passage's.
+
+Example:
+    >>> cuts = Cuts(encoder, plan, sizes_of(manifest.passages))  # doctest: +SKIP
+    >>> for ids, texts, meta, passages in cuts.batches(plan): ...  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from flowsearch.encode.passages import PassageSizes, checked_sizes, split_texts
+from flowsearch.errors import BadInput
+from flowsearch.storage import manifest as mf
+from flowsearch.storage.corpus import CorpusPlan
+from flowsearch.storage.passages import passage_columns
+
+__all__ = ["Cuts", "requested_sizes", "sizes_of", "spec_of"]
+
+#: Documents per batch (as the writes encode them).
+BATCH_DOCUMENTS = 2048
+
+
+def requested_sizes(enc: Any, tokens: int | None, overlap: int | None) -> PassageSizes | None:
+    """A build's passage sizes: ``tokens=0`` turns passages off (each text truncated to the
+    window, as before passages); None takes the defaults.
+
+    Raises:
+        BadInput: sizes the encoder cannot use.
+    """
+    if tokens == 0:
+        if overlap:
+            raise BadInput(
+                "passage_overlap needs passages", "omit it, or give passage_tokens > 0",
+                param="passage_overlap",
+            )  # fmt: skip
+        return None
+    return checked_sizes(enc.window, tokens, overlap)
+
+
+def spec_of(sizes: PassageSizes | None) -> mf.PassageSpec | None:
+    """The manifest's record of ``sizes``."""
+    return None if sizes is None else mf.PassageSpec(**sizes.to_dict())
+
+
+def sizes_of(spec: mf.PassageSpec | None) -> PassageSizes | None:
+    """The sizes a manifest records (None: the index does not cut)."""
+    if spec is None:
+        return None
+    return PassageSizes(tokens=spec.tokens, overlap=spec.overlap, window=spec.window)
+
+
+class Cuts:
+    """Every document of ``plan`` cut into passages (character spans), batch by batch.
+
+    Args:
+        encoder: the index's encoder (its tokenizer cuts).
+        plan: the corpus being written.
+        sizes: how to cut (None: every document is one passage).
+        batch_rows: documents per batch.
+
+    Attributes:
+        n_rows: passage rows the write makes.
+        cut: whether any document has several passages (the segment gets the passage columns).
+    """
+
+    def __init__(
+        self,
+        encoder: Any,
+        plan: CorpusPlan,
+        sizes: PassageSizes | None,
+        batch_rows: int = BATCH_DOCUMENTS,
+    ) -> None:
+        self.batch_rows = batch_rows
+        self.spans: list[list[list[tuple[int, int]]]] = []
+        if sizes is not None:
+            for _ids, texts, _meta in plan.batches(batch_rows):
+                self.spans.append(split_texts(encoder, texts, sizes))
+        self.cut = any(len(doc) > 1 for batch in self.spans for doc in batch)
+        self.n_rows = (
+            sum(len(doc) for batch in self.spans for doc in batch) if self.cut else plan.n_rows
+        )
+
+    def batches(
+        self, plan: CorpusPlan
+    ) -> Iterator[tuple[pa.Array, list[str], pa.Table | None, dict[str, pa.Array] | None]]:
+        """``(ids, texts, metadata, passage columns)`` per batch, one row per passage (the
+        passage columns None when no document is cut)."""
+        for at, (ids, texts, meta) in enumerate(plan.batches(self.batch_rows)):
+            if not self.cut:
+                yield ids, texts, meta, None
+                continue
+            spans = self.spans[at]
+            counts = np.array([len(doc) for doc in spans], dtype=np.int64)
+            take = pa.array(np.repeat(np.arange(len(texts)), counts))
+            passages = [texts[i][a:b] for i, doc in enumerate(spans) for a, b in doc]
+            yield (
+                ids.take(take),
+                passages,
+                None if meta is None else meta.take(take),
+                passage_columns(spans),
+            )
