@@ -92,13 +92,18 @@ def _print_hits(text: str, result: Any) -> None:
     table.add_column("id", overflow="fold")
     table.add_column("text", overflow="ellipsis")
     for hit in result.hits:
+        # a long document: the passage that matched, where it sits in the document
+        shown = snippet(hit.text)
+        if hit.highlight is not None:
+            where = f"[{hit.highlight.start}:{hit.highlight.end}] "
+            shown = where + snippet(hit.highlight.text, 90 - len(where))
         parts = [f"{v:.2f}" if v is not None else "-" for v in (hit.dense_score, hit.lexical_score)]
         table.add_row(
             str(hit.rank),
             f"{hit.score:.3f}",
             " / ".join(parts),
             literal(hit.id),
-            literal(snippet(hit.text)),
+            literal(shown),
         )
     table.caption = literal(caption)
     console.print(table)
@@ -145,6 +150,20 @@ def _history_line(record: Any) -> str:
     return f"{line} ({detail})" if detail else line
 
 
+def _documents_line(info: Any) -> str:
+    """Live documents, the live rows they make (passages) and how texts are cut."""
+    m = info.manifest
+    docs = info.n_documents if info.n_documents is not None else m.n_live
+    cut = m.passages
+    how = (
+        f"longer than {cut.window} tokens cut into passages of {cut.tokens} tokens, "
+        f"{cut.overlap} overlapping"
+        if cut is not None
+        else "not cut: only the first max_length tokens of a text are read"
+    )
+    return f"{docs:,} live in {counted(m.n_live, 'passage')} ({how})"
+
+
 def _info_rows(info: Any) -> list[tuple[str, str]]:
     """``info``'s table: (what, value) pairs read from the manifest and the verification."""
     from flowsearch.space.reference import reference_of
@@ -162,6 +181,7 @@ def _info_rows(info: Any) -> list[tuple[str, str]]:
     rows = [
         ("version", f"{m.version} (format {m.format_version}, flowsearch {m.flowsearch_version})"),
         ("rows", f"{m.n_live:,} live ({m.n_deleted:,} deleted, {m.skipped:,} skipped)"),
+        ("documents", _documents_line(info)),
         (
             "segments",
             f"{len(m.segments)} ({', '.join(f'{s.n_live:,}' for s in m.segments)} "

@@ -58,13 +58,27 @@ Corpus = Annotated[str, typer.Argument(help="Parquet, JSON Lines or CSV: a file,
 def index_cmd(
     corpus: Corpus,
     index: IndexDir = DEFAULT_INDEX,
-    text_column: Annotated[str, typer.Option(help="Column with the passages.")] = "text",
+    text_column: Annotated[str, typer.Option(help="Column with the texts.")] = "text",
     id_column: Annotated[str, typer.Option(help="Column with unique ids.")] = "id",
     model: Annotated[str | None, typer.Option(help="Encoder model id or directory.")] = None,
     pooling: Annotated[
         str, typer.Option(help=f"Pooling: {choices(POOLINGS)}.", metavar="NAME")
     ] = "mean",
-    max_length: Annotated[int | None, typer.Option(help="Tokens per passage.")] = None,
+    max_length: Annotated[
+        int | None, typer.Option(help="Tokens the encoder reads of a text (its window).")
+    ] = None,
+    passage_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="Texts longer than the window are cut into passages of at most N tokens "
+            "(default: the window; 0: not cut, only the first tokens read).",
+            metavar="N",
+        ),
+    ] = None,
+    passage_overlap: Annotated[
+        int | None,
+        typer.Option(help="Tokens a passage shares with the previous one.", metavar="N"),
+    ] = None,
     calibration: Calibration = "auto",
     calibrator: CalibratorDir = None,
     index_factory: Annotated[str, typer.Option(help="auto, or a FAISS factory string.")] = "auto",
@@ -101,6 +115,7 @@ def index_cmd(
     options.update(index_factory=index_factory, batch_size=batch_size, overwrite=overwrite)
     options.update(fit_sample=fit_sample, strict=strict, lexical=lexical, backend=backend)
     options.update(quantize=quantize, engine=engine, address=address)
+    options.update(passage_tokens=passage_tokens, passage_overlap=passage_overlap)
     summary = build_index(corpus, index, **options, **wait_kwargs(wait))
     _done(summary, "indexed", as_json)
 

@@ -31,7 +31,15 @@ from flowsearch.search.arguments import MODES
 from flowsearch.search.documents import document_hits, has_passages
 from flowsearch.search.hits import above, scored_hits, to_hits
 from flowsearch.search.results import Hit, QueryResult
-from flowsearch.search.version import IndexInfo, Opened, Version, load, open_current, sizes
+from flowsearch.search.version import (
+    IndexInfo,
+    Opened,
+    Version,
+    live_documents,
+    load,
+    open_current,
+    sizes,
+)
 from flowsearch.settings import current
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
@@ -183,6 +191,7 @@ class Searcher:
             manifest=v.manifest,
             bytes=sizes(self.root, v.manifest),
             verified=v.verified,
+            n_documents=live_documents(self.root, v.manifest),
         )
 
     def embed(self, queries: list[str]) -> tuple[np.ndarray, np.ndarray | None]:

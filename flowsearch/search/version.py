@@ -39,6 +39,7 @@ __all__ = [
     "Version",
     "index_history",
     "index_info",
+    "live_documents",
     "load",
     "open_current",
     "sizes",
@@ -58,16 +59,20 @@ class IndexInfo(BaseModel):
     manifest: mf.Manifest
     bytes: dict[str, int]
     verified: Verification
+    #: live documents (a document cut into passages is several live rows; None: not counted)
+    n_documents: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``info --json`` document: the manifest's fields, ``path``, ``bytes``,
-        ``verified``."""
+        """The ``info --json`` document: the manifest's fields, ``path``, ``n_rows``,
+        ``n_live`` (live rows: passages), ``n_deleted``, ``n_documents`` (live documents),
+        ``bytes``, ``verified``."""
         return {
             "path": self.path,
             **self.manifest.to_json_dict(),
             "n_rows": self.manifest.n_rows,
             "n_live": self.manifest.n_live,
             "n_deleted": self.manifest.n_deleted,
+            "n_documents": self.n_documents,
             "bytes": self.bytes,
             "verified": self.verified.to_dict(),
         }
@@ -81,6 +86,14 @@ def sizes(index_dir: Path, manifest: mf.Manifest) -> dict[str, int]:
         out["segments"] += sum(r.bytes for r in seg.files.values())
     out["total"] = out["segments"] + out["calibrator"]
     return out
+
+
+def live_documents(index_dir: Path, manifest: mf.Manifest) -> int:
+    """Live documents of a version (its live rows, less the second and later passages of the
+    documents cut into passages: one small column read per segment that has them)."""
+    from flowsearch.storage.passages import count_documents
+
+    return sum(count_documents(manifest.path(index_dir, s.dir), s) for s in manifest.segments)
 
 
 def open_current(index_dir: Path, opener: Callable[[mf.Manifest], T]) -> T:
@@ -125,6 +138,7 @@ def index_info(index_dir: str | os.PathLike[str], verify: bool = False) -> Index
             manifest=manifest,
             bytes=sizes(root, manifest),
             verified=checked,
+            n_documents=live_documents(root, manifest),
         )
 
     return open_current(root, describe)
