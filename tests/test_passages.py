@@ -247,3 +247,16 @@ def test_cli_and_http_show_the_highlight(long_index):
         assert hit["text"][hit["highlight"]["start"] : hit["highlight"]["end"]] == passage
         assert client.get("/info").json()["n_documents"] == 12
     np.testing.assert_equal(len(s.search(passage, k=12)), 12)
+
+
+def test_the_reference_skips_a_passage_s_own_document():
+    from flowsearch.space.reference import best_other_score
+
+    scores = np.array([[1.0, 0.9, 0.5], [1.0, 0.8, 0.7]])
+    rows = np.array([[0, 1, 2], [2, 0, -1]])
+    own = np.array([0, 2])
+    np.testing.assert_allclose(best_other_score(scores, rows, own), [0.9, 0.8])
+    documents = np.array([0, 0, 1])  # rows 0 and 1: passages of one document
+    np.testing.assert_allclose(best_other_score(scores, rows, own, documents), [0.5, 0.8])
+    alone = best_other_score(scores[:1, :2], rows[:1, :2], own[:1], documents)
+    assert np.isnan(alone).all()

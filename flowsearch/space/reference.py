@@ -119,18 +119,26 @@ def reference_rows(n_rows: int, held_out: np.ndarray, seed: int = 0) -> tuple[np
     return np.sort(rows).astype(np.int64), "leave-one-out"
 
 
-def best_other_score(scores: np.ndarray, rows: np.ndarray, own: np.ndarray) -> np.ndarray:
-    """Each searched row's best score to another row.
+def best_other_score(
+    scores: np.ndarray, rows: np.ndarray, own: np.ndarray, documents: np.ndarray | None = None
+) -> np.ndarray:
+    """Each searched row's best score to another row (of another document, with
+    ``documents``: a passage's neighbours in its own document overlap it).
 
     Args:
         scores: float (m, k), a search's scores for rows ``own`` (k >= 2, best first).
         rows: int (m, k), the rows found (-1 for none).
         own: int (m,), the row each search started from.
+        documents: int (n_rows,), each row's document (any label), or None: every row its own.
 
     Returns:
-        float64 (m,): the first score whose row is not the row itself; NaN when none was found.
+        float64 (m,): the first score whose row is not the row itself (nor of its document);
+        NaN when none was found.
     """
     other = (rows >= 0) & (rows != own[:, None])
+    if documents is not None:
+        found = documents[np.where(rows >= 0, rows, 0)]
+        other &= found != documents[own][:, None]
     first = np.argmax(other, axis=1)
     out = np.take_along_axis(np.asarray(scores, np.float64), first[:, None], 1)[:, 0]
     return np.where(other.any(axis=1), out, np.nan)

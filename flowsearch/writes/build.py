@@ -236,7 +236,7 @@ def _build(
     measured_raw = np.asarray(raw[measured])
     del raw
     return finish_build(writer, builder, space, enc, plan, lps,
-                        (measured, measured_raw, method), options)  # fmt: skip
+                        (measured, measured_raw, method), options, cuts.documents())  # fmt: skip
 
 
 def _write_rows(builder: SegmentBuilder, plan: CorpusPlan, cuts: Cuts, raw: np.ndarray,

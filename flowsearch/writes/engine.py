@@ -107,14 +107,17 @@ def finish_build(
     lps: list[np.ndarray],
     measured: tuple[np.ndarray, np.ndarray, Method],
     options: BuildOptions,
+    documents: np.ndarray | None = None,
 ) -> mf.Manifest:
     """Finish the build's segment, save the calibrator, measure the reference (the rows
     ``measured[0]`` with raw vectors ``measured[1]``, chosen by
-    :func:`~flowsearch.space.reference.reference_rows`) and publish the first version."""
+    :func:`~flowsearch.space.reference.reference_rows`; ``documents``: int (n_rows,) each
+    row's document when documents were cut into passages, whose siblings are not "another
+    row") and publish the first version."""
     record = builder.finish()
     spec = _save_calibrator(writer, space)
     all_lp = np.concatenate(lps) if lps else None
-    reference = _reference(builder.index, space, measured, all_lp, record.n_rows)
+    reference = _reference(builder.index, space, measured, all_lp, record.n_rows, documents)
     manifest = template(enc, space, spec, plan, options)
     manifest = manifest.model_copy(
         update={
@@ -164,6 +167,7 @@ def _reference(
     measured: tuple[np.ndarray, np.ndarray, Method],
     lp: np.ndarray | None,
     n_rows: int,
+    documents: np.ndarray | None = None,
 ) -> Reference:
     """The reference: each measured row's best score to another row of the finished index,
     with their log-densities (``lp``: all rows' or None) when the calibrator is reliable."""
@@ -175,8 +179,10 @@ def _reference(
     if not len(rows):
         return Reference(method=method, n_measured=0, n_corpus=n_rows, space=spec.space)
     Z = space.project(np.asarray(raw), want_density=False)[0]
-    scores, found = ann_io.search(index, Z, 2)
-    top = best_other_score(scores, found, rows)
+    # past the row itself and its own document's other passages
+    depth = 2 if documents is None else 1 + int(np.bincount(documents).max())
+    scores, found = ann_io.search(index, Z, depth)
+    top = best_other_score(scores, found, rows, documents)
     keep_lp = lp is not None and reliable(spec.fit_rows, space.dim)
     return Reference.from_scores(
         top,

@@ -92,6 +92,14 @@ class Cuts:
             sum(len(doc) for batch in self.spans for doc in batch) if self.cut else plan.n_rows
         )
 
+    def documents(self) -> np.ndarray | None:
+        """int64 (n_rows,): each passage row's document (numbered in corpus order), or None
+        when no document is cut."""
+        if not self.cut:
+            return None
+        counts = [len(doc) for batch in self.spans for doc in batch]
+        return np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+
     def batches(
         self, plan: CorpusPlan
     ) -> Iterator[tuple[pa.Array, list[str], pa.Table | None, dict[str, pa.Array] | None]]:
