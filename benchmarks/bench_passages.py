@@ -10,9 +10,10 @@ The dev set (built here, deterministic, under ``benchmarks/_work``): QNLI dev se
 (``../shared/data/qnli``) shuffled with a fixed seed and concatenated ``--sentences`` (16) at a
 time into documents (Wikipedia sentences of many articles: one document mixes topics, as a
 crawled page or a long argument does); queries are the QNLI dev questions whose answering
-(``entailment``) sentence lies in a kept document, and the relevant documents are those holding
-one. Each query is also labelled by where its answer sits: within the first 254 tokens of the
-document (what the encoder reads without passages) or past them.
+(``entailment``) sentence lies in a kept document (a seeded sample of ``--queries``), and the
+relevant documents are those holding one. Each query is also labelled by where its answer
+sits: within the first 254 tokens of the document (what the encoder reads without passages) or
+past them.
 
 Every configuration is a real :func:`flowsearch.build_index` of the documents with the bundled
 all-MiniLM-L6-v2 (``calibration="none"``: this measures the cutting, not the calibrator) and
@@ -51,7 +52,9 @@ CONFIGS = (
 SMOKE_CONFIGS = CONFIGS[:2]
 
 
-def _dev_set(data: Path, n_docs: int, per_doc: int, seed: int = 0) -> dict[str, Any]:
+def _dev_set(
+    data: Path, n_docs: int, per_doc: int, n_queries: int, seed: int = 0
+) -> dict[str, Any]:
     """Documents, queries, qrels and where each query's answer sits (see the docstring)."""
     from flowsearch.evaluation.datasets import load_qnli, unique_texts
 
@@ -81,6 +84,13 @@ def _dev_set(data: Path, n_docs: int, per_doc: int, seed: int = 0) -> dict[str, 
         queries[qid] = question
         qrels[qid] = {f"doc{d}": 1}
         answer_at[qid] = at
+    if len(queries) > n_queries:  # a seeded sample, to keep the run short
+        keep = sorted(rng.choice(len(queries), n_queries, replace=False))
+        names = list(queries)
+        chosen = [names[i] for i in keep]
+        queries = {q: queries[q] for q in chosen}
+        qrels = {q: qrels[q] for q in chosen}
+        answer_at = {q: answer_at[q] for q in chosen}
     return {"docs": docs, "queries": queries, "qrels": qrels, "answer_at": answer_at}
 
 
@@ -147,7 +157,8 @@ def main() -> int:
     parser = harness.arguments(__doc__, "40 documents, 2 configurations", SECTION)
     parser.add_argument("--docs", type=int, default=120, help="documents in the dev set")
     parser.add_argument("--sentences", type=int, default=16, help="sentences per document")
-    args = harness.parse(parser, docs=40)
+    parser.add_argument("--queries", type=int, default=500, help="queries, at most (seeded)")
+    args = harness.parse(parser, docs=40, queries=100)
     if harness.rendered(args, render):
         return 0
     import pyarrow as pa
@@ -158,7 +169,7 @@ def main() -> int:
     data = harness.data_dir(args.data)
     work = harness.WORK / ("smoke" if args.smoke else "") / "passages"
     work.mkdir(parents=True, exist_ok=True)
-    dev = _dev_set(data, args.docs, args.sentences)
+    dev = _dev_set(data, args.docs, args.sentences, args.queries)
     corpus = work / "docs.parquet"
     ids = [f"doc{i}" for i in range(len(dev["docs"]))]
     pq.write_table(pa.table({"id": ids, "text": dev["docs"]}), corpus)

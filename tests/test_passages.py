@@ -208,9 +208,9 @@ def test_truncation_when_asked_and_the_ray_engine_refuses_cutting(tmp_path, mode
     assert s.manifest.n_live == 12 and s.manifest.passages is None
     upsert(tmp_path / "t", [{"id": "n", "text": _document(5), "topic": "x", "year": 1}])
     assert Searcher.open(tmp_path / "t").manifest.n_live == 13  # writes cut as the build did
-    with pytest.raises(BadInput, match="does not cut documents"):
+    with pytest.raises(BadInput, match="does not cut documents.* 8 of the"):
         build_index(tmp_path / "c.parquet", tmp_path / "r", model=str(model_dir),
-                    engine="ray", passage_tokens=8)  # fmt: skip
+                    max_length=MAX_LENGTH, engine="ray")  # fmt: skip
     with pytest.raises(BadInput, match="passage_overlap"):
         build_index(tmp_path / "c.parquet", tmp_path / "o", model=str(model_dir),
                     max_length=MAX_LENGTH, passage_overlap=13)  # fmt: skip

@@ -151,9 +151,9 @@ def build_index(
     builder: Any = _build
     sizes = requested_sizes(enc, passage_tokens, passage_overlap)
     if engine == "ray":  # imported only here: `ray` is an optional extra
+        with st.timed("cut"):
+            _refuse_long(enc, plan, sizes)
         from flowsearch.writes import ray_engine
-
-        sizes = _ray_sizes(sizes, passage_tokens)
 
         builder = ray_engine.builder(address, model, encoder_options)
     options = BuildOptions(
@@ -168,22 +168,20 @@ def build_index(
     return out
 
 
-def _ray_sizes(sizes: Any, passage_tokens: int | None) -> Any:
-    """The Ray build does not cut documents yet: refused when asked for, else off (recorded
-    so: every later write of the index truncates the same way)."""
-    if sizes is not None and passage_tokens is not None:
+def _refuse_long(enc: Any, plan: CorpusPlan, sizes: Any) -> None:
+    """The Ray build does not cut documents into passages yet: a corpus with a document longer
+    than the window is refused (its index would differ from the local build's); a corpus
+    without one is indexed as the local build indexes it (and records the same sizes)."""
+    if sizes is None:
+        return
+    n_cut = Cuts(enc, plan, sizes, CHUNK_ROWS).n_cut
+    if n_cut:
         raise BadInput(
-            "engine='ray' does not cut documents into passages yet",
-            "use {engine='local'}, or pass {passage_tokens=0}",
+            f"engine='ray' does not cut documents into passages yet, and {n_cut} of the "
+            f"corpus's texts are longer than the encoder's window ({sizes.window} tokens)",
+            "use {engine='local'}, or pass {passage_tokens=0} to read only their first tokens",
             param="passage_tokens",
         )
-    if sizes is not None:
-        LOG.warning(
-            "engine='ray': documents longer than the encoder's window (%d tokens) are read "
-            "to the window only (not cut into passages)",
-            sizes.window,
-        )
-    return None
 
 
 def _encode_pass(

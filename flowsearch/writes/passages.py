@@ -62,7 +62,8 @@ def sizes_of(spec: mf.PassageSpec | None) -> PassageSizes | None:
 
 
 class Cuts:
-    """Every document of ``plan`` cut into passages (character spans), batch by batch.
+    """Every document of ``plan`` cut into passages (character spans), batch by batch; only
+    the documents of several passages are remembered (the others are whole).
 
     Args:
         encoder: the index's encoder (its tokenizer cuts).
@@ -72,6 +73,7 @@ class Cuts:
 
     Attributes:
         n_rows: passage rows the write makes.
+        n_cut: documents of several passages.
         cut: whether any document has several passages (the segment gets the passage columns).
     """
 
@@ -83,21 +85,30 @@ class Cuts:
         batch_rows: int = BATCH_DOCUMENTS,
     ) -> None:
         self.batch_rows = batch_rows
-        self.spans: list[list[list[tuple[int, int]]]] = []
-        if sizes is not None:
-            for _ids, texts, _meta in plan.batches(batch_rows):
-                self.spans.append(split_texts(encoder, texts, sizes))
-        self.cut = any(len(doc) > 1 for batch in self.spans for doc in batch)
-        self.n_rows = (
-            sum(len(doc) for batch in self.spans for doc in batch) if self.cut else plan.n_rows
-        )
+        #: per batch: {document's position in the batch: its spans} for the documents cut
+        self.spans: list[dict[int, list[tuple[int, int]]]] = []
+        self.batch_sizes: list[int] = []
+        self.n_rows = 0
+        for _ids, texts, _meta in plan.batches(batch_rows):
+            cut = split_texts(encoder, texts, sizes) if sizes is not None else []
+            self.spans.append({i: doc for i, doc in enumerate(cut) if len(doc) > 1})
+            self.batch_sizes.append(len(texts))
+            self.n_rows += len(texts) + sum(len(doc) - 1 for doc in self.spans[-1].values())
+        self.n_cut = sum(len(batch) for batch in self.spans)
+        self.cut = self.n_cut > 0
+
+    def _counts(self, at: int) -> np.ndarray:
+        counts = np.ones(self.batch_sizes[at], dtype=np.int64)
+        for i, doc in self.spans[at].items():
+            counts[i] = len(doc)
+        return counts
 
     def documents(self) -> np.ndarray | None:
         """int64 (n_rows,): each passage row's document (numbered in corpus order), or None
         when no document is cut."""
         if not self.cut:
             return None
-        counts = [len(doc) for batch in self.spans for doc in batch]
+        counts = np.concatenate([self._counts(at) for at in range(len(self.spans))])
         return np.repeat(np.arange(len(counts), dtype=np.int64), counts)
 
     def batches(
@@ -109,9 +120,9 @@ class Cuts:
             if not self.cut:
                 yield ids, texts, meta, None
                 continue
-            spans = self.spans[at]
-            counts = np.array([len(doc) for doc in spans], dtype=np.int64)
-            take = pa.array(np.repeat(np.arange(len(texts)), counts))
+            cut = self.spans[at]
+            spans = [cut.get(i, [(0, len(t))]) for i, t in enumerate(texts)]
+            take = pa.array(np.repeat(np.arange(len(texts)), self._counts(at)))
             passages = [texts[i][a:b] for i, doc in enumerate(spans) for a, b in doc]
             yield (
                 ids.take(take),
