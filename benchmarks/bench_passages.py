@@ -7,9 +7,12 @@ Usage::
     python benchmarks/bench_passages.py --render
 
 The dev set (built here, deterministic, under ``benchmarks/_work``): QNLI dev sentences
-(``../shared/data/qnli``) shuffled with a fixed seed and concatenated ``--sentences`` (16) at a
-time into documents (Wikipedia sentences of many articles: one document mixes topics, as a
-crawled page or a long argument does); queries are the QNLI dev questions whose answering
+(``../shared/data/qnli``, Wikipedia) concatenated ``--sentences`` (16) at a time into
+documents. ``--layout topic`` (the default): each document one topic, as the issue asks: a
+seeded seed sentence and the 15 unused sentences nearest it by TF-IDF cosine over the lexical
+side's own tokens (a grouping the dense encoder has no part in); ``--layout mixed``: sentences
+shuffled (one document mixes topics, as a crawled page does; its run is kept in
+``bench_passages_mixed.json`` and shown beside). Queries are the QNLI dev questions whose answering
 (``entailment``) sentence lies in a kept document (a seeded sample of ``--queries``), and the
 relevant documents are those holding one. Each query is also labelled by where its answer
 sits: within the first 254 tokens of the document (what the encoder reads without passages) or
@@ -27,6 +30,7 @@ two, the mean of all, and the best plus a tenth of the others' sum.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import sys
@@ -44,16 +48,52 @@ SECTION = "bench_passages"
 #: (name, passage_tokens, passage_overlap): None = the default; 0 tokens = no passages
 CONFIGS = (
     ("truncation", 0, None),
-    ("254/32 (default)", None, None),
-    ("254/0", None, 0),
+    ("254/32", 254, 32),
     ("128/16", 128, 16),
+    ("128/0", 128, 0),
     ("64/8", 64, 8),
 )
+#: the cut whose passage vectors the combination study reads
+STUDIED = "128/16"
 SMOKE_CONFIGS = CONFIGS[:2]
 
 
+def _topic_order(sentences: list[str], n_docs: int, per_doc: int, rng: Any) -> np.ndarray:
+    """Sentence numbers, ``per_doc`` at a time one topic: a random unused seed sentence, then
+    the unused ones nearest it by TF-IDF cosine (the lexical tokeniser's terms)."""
+    from flowsearch.lexical.tokens import tokenize_batch
+
+    tokens = tokenize_batch(sentences)
+    vocab: dict[str, int] = {}
+    for terms in tokens:
+        for t in set(terms):
+            vocab.setdefault(t, len(vocab))
+    tf = np.zeros((len(sentences), len(vocab)), np.float32)
+    for i, terms in enumerate(tokens):
+        for t in terms:
+            tf[i, vocab[t]] += 1
+    idf = np.log(len(sentences) / np.maximum((tf > 0).sum(axis=0), 1)).astype(np.float32)
+    X = tf * idf
+    X /= np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-9)
+    free = np.ones(len(sentences), bool)
+    order: list[int] = []
+    for seed in rng.permutation(len(sentences)):
+        if len(order) >= n_docs * per_doc:
+            break
+        if not free[seed]:
+            continue
+        sims = X @ X[seed]
+        sims[~free] = -np.inf
+        group = np.argsort(-sims, kind="stable")[:per_doc]
+        if len(group) < per_doc or not np.isfinite(sims[group]).all():
+            break
+        free[group] = False
+        order.extend(int(g) for g in group)
+    return np.array(order, dtype=np.int64)
+
+
 def _dev_set(
-    data: Path, n_docs: int, per_doc: int, n_queries: int, seed: int = 0
+    data: Path, n_docs: int, per_doc: int, n_queries: int, layout: str, seed: int = 0
 ) -> dict[str, Any]:
     """Documents, queries, qrels and where each query's answer sits (see the docstring)."""
     from flowsearch.evaluation.datasets import load_qnli, unique_texts
@@ -61,7 +101,11 @@ def _dev_set(
     pairs = load_qnli(data, "dev")
     sentences = sorted(unique_texts(list(pairs.s2)))
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(sentences))[: n_docs * per_doc]
+    if layout == "topic":
+        order = _topic_order(sentences, n_docs, per_doc, rng)
+        n_docs = len(order) // per_doc
+    else:
+        order = rng.permutation(len(sentences))[: n_docs * per_doc]
     docs: list[str] = []
     doc_of: dict[str, tuple[int, int]] = {}  # sentence -> (document, character offset)
     for d in range(n_docs):
@@ -158,6 +202,7 @@ def main() -> int:
     parser.add_argument("--docs", type=int, default=120, help="documents in the dev set")
     parser.add_argument("--sentences", type=int, default=16, help="sentences per document")
     parser.add_argument("--queries", type=int, default=500, help="queries, at most (seeded)")
+    parser.add_argument("--layout", choices=("topic", "mixed"), default="topic")
     args = harness.parse(parser, docs=40, queries=100)
     if harness.rendered(args, render):
         return 0
@@ -169,7 +214,7 @@ def main() -> int:
     data = harness.data_dir(args.data)
     work = harness.WORK / ("smoke" if args.smoke else "") / "passages"
     work.mkdir(parents=True, exist_ok=True)
-    dev = _dev_set(data, args.docs, args.sentences, args.queries)
+    dev = _dev_set(data, args.docs, args.sentences, args.queries, args.layout)
     corpus = work / "docs.parquet"
     ids = [f"doc{i}" for i in range(len(dev["docs"]))]
     pq.write_table(pa.table({"id": ids, "text": dev["docs"]}), corpus)
@@ -196,7 +241,7 @@ def main() -> int:
             run = {q: {str(h.id): h.score for h in hs} for q, hs in zip(qids, hits, strict=True)}
             row[mode] = {g: _ndcg(dev["qrels"], run, keep) for g, keep in groups.items()}
         results[name] = row
-        if name.endswith("(default)"):
+        if name == STUDIED:
             combos = _combinations(s, dev, groups)
         s.close()
         logging.getLogger(SECTION).info("%s: %s", name, row)
@@ -204,6 +249,8 @@ def main() -> int:
         "command": harness.command_line(),
         "machine": harness.machine(),
         "load_average": [load_before, harness.load_average()],
+        "layout": args.layout,
+        "studied": STUDIED,
         "documents": len(dev["docs"]),
         "sentences_per_document": args.sentences,
         "queries": {g: len(k) for g, k in groups.items()},
@@ -214,36 +261,54 @@ def main() -> int:
     return 0
 
 
-def render(report: dict[str, Any]) -> str:
+def _tables(report: dict[str, Any]) -> list[str]:
+    """One run's tables: every cut in both modes, then the combination study."""
     groups = list(report["queries"])
-    head = "| cut (tokens/overlap) | passages | " + " | ".join(
-        f"{mode} nDCG@10 {g} ({report['queries'][g]})" for mode in ("dense", "hybrid")
-        for g in groups
-    ) + " |"  # fmt: skip
-    lines = [head, "|" + "---|" * (2 + 2 * len(groups))]
+    modes = ("dense", "hybrid")
+    head = " | ".join(f"{m} {g} ({report['queries'][g]})" for m in modes for g in groups)
+    lines = [f"| cut (tokens/overlap) | passages | {head} |", "|" + "---|" * (2 + 2 * len(groups))]
     for name, row in report["configs"].items():
-        cells = [f"{row[mode][g]:.3f}" for mode in ("dense", "hybrid") for g in groups]
-        lines.append(f"| {name} | {row['passages']:,} | " + " | ".join(cells) + " |")
-    body = [
-        f"Long-document dev set: {report['documents']} documents of "
-        f"{report['sentences_per_document']} QNLI dev sentences each (seeded shuffle), "
-        f"{report['queries']['all']} QNLI questions, the relevant document the one holding the "
-        'answering sentence; bundled all-MiniLM-L6-v2, `calibration="none"`, every figure a '
-        'real build and `Searcher.search(k=10)`. "past the window": the answer starts after '
-        "the 254 tokens the encoder reads of its document.",
-        "",
-        *lines,
-    ]
+        cells = " | ".join(f"{row[m][g]:.3f}" for m in modes for g in groups)
+        lines.append(f"| {name} | {row['passages']:,} | {cells} |")
+    studied = report.get("studied", "254/32")
     if report.get("combinations"):
-        body += [
+        lines += [
             "",
-            "A document's score from its passages (default cut, exact cosines, dense):",
+            f"A document's score from its passages ({studied} cut, exact cosines, dense nDCG@10):",
             "",
             "| rule | " + " | ".join(groups) + " |",
             "|---|" + "---|" * len(groups),
         ]
         for rule, row in report["combinations"].items():
-            body.append(f"| {rule} | " + " | ".join(f"{row[g]:.3f}" for g in groups) + " |")
+            lines.append(f"| {rule} | " + " | ".join(f"{row[g]:.3f}" for g in groups) + " |")
+    return lines
+
+
+def render(report: dict[str, Any]) -> str:
+    body = [
+        f"Long-document dev sets: {report['documents']} documents of "
+        f"{report['sentences_per_document']} QNLI dev sentences (Wikipedia), "
+        f"{report['queries']['all']} QNLI questions (a seeded sample), the relevant document "
+        "the one holding the answering sentence; bundled all-MiniLM-L6-v2, "
+        '`calibration="none"`, every figure a real `build_index` and `Searcher.search(k=10)` '
+        '(nDCG@10). "past the window": the answer starts after the 254 tokens the encoder '
+        'reads of its document; "truncation" is `passage_tokens=0` (before passages).',
+        "",
+        "**One topic per document** (each document a seed sentence and its 15 nearest by TF-IDF):",
+        "",
+        *_tables(report),
+    ]
+    mixed = HERE / "bench_passages_mixed.json"
+    if report.get("layout", "topic") == "topic" and mixed.is_file():
+        other = json.loads(mixed.read_text())
+        body += [
+            "",
+            f"**Mixed topics** (sentences shuffled; {other['documents']} documents, "
+            f"{other['queries']['all']} questions; `--layout mixed`, run at "
+            f"{other['command']!r}):",
+            "",
+            *_tables(other),
+        ]
     title = "Passages: long documents (issue 32)"
     return harness.markdown(title, body, report, "python benchmarks/bench_passages.py")
 

@@ -9,7 +9,7 @@ Example:
     >>> SearchRequest.model_validate({"query": "tides", "k": 3}).k
     3
     >>> sorted(Hit.model_json_schema()["properties"])[:3]
-    ['dense_score', 'id', 'lexical_score']
+    ['dense_score', 'highlight', 'id']
 """
 
 from __future__ import annotations

@@ -93,8 +93,8 @@ def has_passages(schema: pa.Schema) -> bool:
 def count_documents(folder: Path, seg: SegmentRecord) -> int:
     """Live documents of a segment: its live rows that are a document's first passage (reads
     one small column when the segment has passages)."""
-    if not seg.parts:
-        return 0
+    if not seg.parts:  # an older format's segment: rows are documents
+        return seg.n_live
     if not has_passages(pq.read_schema(folder / seg.parts[0].path)):
         return seg.n_live
     first = (
