@@ -71,7 +71,7 @@ def index_cmd(
         int | None,
         typer.Option(
             help="Texts longer than the window are cut into passages of at most N tokens "
-            "(default: the window; 0: not cut, only the first tokens read).",
+            "(default: 128, at most the window; 0: not cut, only the first tokens read).",
             metavar="N",
         ),
     ] = None,

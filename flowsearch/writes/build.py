@@ -121,8 +121,9 @@ def build_index(
         address: the Ray cluster to join (``engine="ray"``); None starts a local one.
         wait: seconds to wait for another writer (None: refuse at once).
         passage_tokens: a text longer than the encoder's window is cut into passages of at
-            most this many tokens (:mod:`flowsearch.encode.passages`); None: the window;
-            0: not cut (only its first tokens are read, as before passages).
+            most this many tokens (:mod:`flowsearch.encode.passages`); None: the default
+            (:data:`~flowsearch.encode.passages.DEFAULT_TOKENS`, at most the window); 0: not
+            cut (only its first tokens are read, as before passages).
         passage_overlap: tokens a passage shares with the previous one, at most; None: the
             default (:data:`~flowsearch.encode.passages.DEFAULT_OVERLAP`).
 
