@@ -267,9 +267,13 @@ def _tables(report: dict[str, Any]) -> list[str]:
     modes = ("dense", "hybrid")
     head = " | ".join(f"{m} {g} ({report['queries'][g]})" for m in modes for g in groups)
     lines = [f"| cut (tokens/overlap) | passages | {head} |", "|" + "---|" * (2 + 2 * len(groups))]
+    from flowsearch.encode.passages import DEFAULT_OVERLAP, DEFAULT_TOKENS
+
+    shipped = f"{DEFAULT_TOKENS}/{DEFAULT_OVERLAP}"
     for name, row in report["configs"].items():
         cells = " | ".join(f"{row[m][g]:.3f}" for m in modes for g in groups)
-        lines.append(f"| {name} | {row['passages']:,} | {cells} |")
+        label = f"**{name}** (default)" if name == shipped else name
+        lines.append(f"| {label} | {row['passages']:,} | {cells} |")
     studied = report.get("studied", "254/32")
     if report.get("combinations"):
         lines += [
