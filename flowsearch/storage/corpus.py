@@ -46,7 +46,7 @@ from flowsearch.storage.columns import (
 from flowsearch.storage.corpus_files import Corpus, resolve_files
 from flowsearch.storage.manifest import SchemaColumn
 from flowsearch.storage.readers import MAX_BLOCK, BlockTooSmall, Source
-from flowsearch.storage.rows import RESERVED_COLUMNS
+from flowsearch.storage.schema import check_names
 
 __all__ = ["Corpus", "CorpusPlan", "resolve_files", "scan_corpus"]
 
@@ -238,12 +238,7 @@ def scan_corpus(
     schemas = [_schema(source) for source in sources]
     id_column = checked_columns(schemas, sources, text_column, id_column)
     metadata = [c for c in schemas[0].names if c not in (text_column, id_column)]
-    clash = [c for c in metadata if c in RESERVED_COLUMNS]
-    if clash:
-        raise BadInput(
-            f"column(s) {', '.join(repr(c) for c in clash)} clash with the index's own columns "
-            f"({', '.join(RESERVED_COLUMNS)}); rename or drop them"
-        )
+    check_names(metadata, [c.name for c in schema] if schema is not None else ())
     meta_schema = metadata_schema(schemas, sources, metadata)
     check = None
     if schema is not None:
