@@ -209,7 +209,7 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
         # the server's own encoder: a write never loads a second copy of the model
         encoder = service.searcher.encoder
         result = await service.write(
-            lambda: upsert_records(service.index_dir, body.records, encoder=encoder)
+            lambda: upsert_records(service.index_dir, body.records, encoder=encoder, wait=body.wait)
         )
         return SafeJSONResponse(result.to_dict())
 
@@ -219,5 +219,7 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
         the ids not found, ``version``), as ``flowsearch delete --json``."""
         from flowsearch.writes.delete import delete as delete_ids
 
-        result = await service.write(lambda: delete_ids(service.index_dir, list(body.ids)))
+        result = await service.write(
+            lambda: delete_ids(service.index_dir, list(body.ids), wait=body.wait)
+        )
         return SafeJSONResponse(result.to_dict())

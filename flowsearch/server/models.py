@@ -29,6 +29,7 @@ __all__ = [
     "MAX_QUERIES",
     "MAX_QUERY_CHARS",
     "MAX_RECORDS",
+    "MAX_WAIT_SECONDS",
     "MAX_WHERE_CHARS",
     "BatchResult",
     "DeleteRequest",
@@ -47,11 +48,15 @@ MAX_WHERE_CHARS = 10_000
 MAX_RECORDS = 10_000
 MAX_IDS = 100_000
 MAX_ID_CHARS = 1_000
+#: Longest a write may wait for another process's write (it holds the server's write queue).
+MAX_WAIT_SECONDS = 600.0
 #: Largest request body, counted as it arrives (a Content-Length above it, or a chunked body
 #: that grows past it, is a 413).
 MAX_BODY_BYTES = 64 * 2**20
 
 QueryText = Annotated[str, StringConstraints(min_length=1, max_length=MAX_QUERY_CHARS)]
+#: Seconds a write waits for another process that holds the index's lock (absent: a 409 at once).
+WaitSeconds = Annotated[float, Field(ge=0.0, le=MAX_WAIT_SECONDS, allow_inf_nan=False)] | None
 RecordId = (
     Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)]
     | Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
@@ -80,6 +85,7 @@ class UpsertRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     records: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=MAX_RECORDS)]
+    wait: WaitSeconds = None
 
 
 class DeleteRequest(BaseModel):
@@ -88,6 +94,7 @@ class DeleteRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     ids: Annotated[list[RecordId], Field(min_length=1, max_length=MAX_IDS)]
+    wait: WaitSeconds = None
 
 
 # -- responses ----------------------------------------------------------------------------------

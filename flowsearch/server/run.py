@@ -71,9 +71,15 @@ def serve(
         log_level: uvicorn's log level (``info`` logs every request).
 
     Raises:
-        FlowsearchError: no index, a damaged one, an empty API key, or a port that cannot be
-            bound.
+        FlowsearchError: a port out of range (1 to 65535), no index, a damaged one, an empty
+            API key, or a port that cannot be bound.
     """
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise BadInput(
+            f"port must be a TCP port number from 1 to 65535, got {port!r}",
+            "choose a port such as {port=8000}",
+            param="port",
+        )
     if api_key is None:
         api_key = os.environ.get("FLOWSEARCH_API_KEY")
     app = create_app(index_dir, api_key=api_key)

@@ -246,6 +246,8 @@ def _csv_problem(where: str, text: str, source: Source) -> str:
 
 def _kind(value: Any) -> str:
     """A JSON value's kind, as error messages name it."""
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, (int, float)):

@@ -42,6 +42,8 @@ import contextlib
 import errno
 import json
 import logging
+import math
+import numbers
 import os
 import secrets
 import shutil
@@ -54,7 +56,7 @@ import numpy as np
 
 from flowsearch._version import __version__
 from flowsearch.atomic import atomic_write_text, fsync_dir, fsync_tree
-from flowsearch.errors import FlowsearchError, IndexDamaged, IndexLocked, WriteFailed
+from flowsearch.errors import BadInput, FlowsearchError, IndexDamaged, IndexLocked, WriteFailed
 from flowsearch.storage import deletions, history
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.cleanup import check_target, clean, remove_failed_first_build
@@ -259,6 +261,17 @@ def _with_checksum(manifest: mf.Manifest) -> dict[str, Any]:
     return raw
 
 
+def _check_wait(wait: Any) -> None:
+    """Refuse a ``wait`` that is not None or a finite number of seconds >= 0."""
+    number = isinstance(wait, numbers.Real) and not isinstance(wait, bool)
+    if wait is not None and (not number or not math.isfinite(wait) or wait < 0):
+        raise BadInput(
+            f"wait must be a number of seconds >= 0, got {wait!r}",
+            "pass {wait=SECONDS}, or leave it out to refuse at once when another write runs",
+            param="wait",
+        )
+
+
 @contextlib.contextmanager
 def _lock(index_dir: Path, wait: float | None) -> Iterator[None]:
     """Hold ``index_dir/.lock``; wait up to ``wait`` seconds for another writer (0: refuse)."""
@@ -318,6 +331,7 @@ def open_writer(
         IndexLocked: another writer holds the lock past ``wait``.
         WriteFailed: the disk refused a write (nothing published).
     """
+    _check_wait(wait)
     root = Path(index_dir).expanduser()
     if new:
         check_target(root, overwrite)

@@ -1,0 +1,113 @@
+"""Bad input a new user met that used to end in a traceback or was silently taken: each is now
+one line (exit 2 on the CLI, 4xx over HTTP) and nothing stored changes."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flowsearch.cli import app
+from flowsearch.errors import BadInput
+from flowsearch.search.searcher import Searcher
+from flowsearch.storage import manifest as mf
+from flowsearch.storage.layout import LOCK_NAME
+from flowsearch.writes.build import build_index
+from flowsearch.writes.delete import delete
+from flowsearch.writes.upsert import upsert
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("port", ["99999", "65536", "0", "-1"])
+def test_serve_refuses_a_port_out_of_range_in_one_line(tmp_path, port):
+    # the range is checked before the index is opened: no index needed to see it
+    result = runner.invoke(app, ["serve", "--index", str(tmp_path / "none"), "--port", port])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: port must be a TCP port number from 1 to 65535")
+    assert "--port 8000" in result.stderr and "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+# --- an index to write to ------------------------------------------------------------------
+
+ROWS = [
+    {"id": "a", "text": "the sea is calm", "topic": "sea"},
+    {"id": "b", "text": "a heat wave", "topic": "heat"},
+    {"id": "c", "text": "snow and ice", "topic": "cold"},
+]
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
+    root = tmp_path_factory.mktemp("holes") / "idx"
+    build_index(ROWS, root, model=str(model_dir), calibration="none")
+    return root
+
+
+@contextlib.contextmanager
+def _another_writer(index_dir: Path) -> Iterator[None]:
+    """Hold the index's writer lock as another flowsearch process would."""
+    fd = os.open(index_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+    finally:
+        os.close(fd)
+
+
+def test_search_refuses_a_lone_surrogate_in_one_line(index):
+    with closing(Searcher.open(index)) as s:
+        for query in ("heat \ud800", ["sea", "wave \udfff here"]):
+            with pytest.raises(BadInput, match=r"lone surrogate") as info:
+                s.search(query)
+            assert "\n" not in str(info.value)
+        assert s.search("heat")  # the searcher still answers
+
+
+@pytest.mark.parametrize("corpus", [[None], [None, None], [ROWS[0], None], [3]])
+def test_upsert_refuses_records_that_are_not_dicts(index, corpus):
+    before = mf.read(index).version
+    with pytest.raises(BadInput, match=r"(not null|not int|is null, not an object)"):
+        upsert(index, corpus)
+    assert mf.read(index).version == before
+
+
+@pytest.mark.parametrize("wait", [-1, -0.5, float("nan"), float("inf"), "5", True])
+def test_writes_refuse_a_wait_that_is_not_seconds(index, wait):
+    before = mf.read(index).version
+    for write in (
+        lambda: upsert(index, [{"id": "z", "text": "new"}], wait=wait),
+        lambda: delete(index, ["a"], wait=wait),
+    ):
+        with pytest.raises(BadInput, match=r"wait must be a number of seconds >= 0"):
+            write()
+    assert mf.read(index).version == before
+
+
+def test_http_409_advises_a_wait_that_upsert_and_delete_accept(index):
+    from fastapi.testclient import TestClient
+
+    from flowsearch.server import create_app
+
+    new = {"records": [{"id": "w", "text": "warm wind", "topic": "heat"}]}
+    with TestClient(create_app(index), raise_server_exceptions=False) as client:
+        with _another_writer(index):
+            locked = client.post("/upsert", json=new)
+            assert locked.status_code == 409 and '"wait": SECONDS' in locked.json()["detail"]
+            for path, body in (("/upsert", new), ("/delete", {"ids": ["a"]})):
+                waited = client.post(path, json={**body, "wait": 0.2})
+                assert waited.status_code == 409, waited.text  # taken, and waited for
+                assert "waited for 0.2 s" in waited.json()["detail"]
+        for bad in (-1, "1", 601):
+            assert client.post("/upsert", json={**new, "wait": bad}).status_code == 422
+        done = client.post("/upsert", json={**new, "wait": 5})
+        assert done.status_code == 200 and done.json()["n_inserted"] == 1
+        gone = client.post("/delete", json={"ids": ["w"], "wait": 0})
+        assert gone.status_code == 200 and gone.json()["n_deleted"] == 1
