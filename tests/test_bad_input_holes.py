@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
@@ -17,6 +18,7 @@ from flowsearch.cli import app
 from flowsearch.errors import BadInput
 from flowsearch.search.searcher import Searcher
 from flowsearch.storage import manifest as mf
+from flowsearch.storage.corpus import scan_corpus
 from flowsearch.storage.layout import LOCK_NAME
 from flowsearch.writes.build import build_index
 from flowsearch.writes.delete import delete
@@ -111,3 +113,57 @@ def test_http_409_advises_a_wait_that_upsert_and_delete_accept(index):
         assert done.status_code == 200 and done.json()["n_inserted"] == 1
         gone = client.post("/delete", json={"ids": ["w"], "wait": 0})
         assert gone.status_code == 200 and gone.json()["n_deleted"] == 1
+
+
+# --- numbers JSON cannot hold ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (['{"id": 1, "text": "a", "w": NaN}'], r"line 1 holds NaN, which is not JSON"),
+        (['{"id": 1, "text": "a", "w": 1.5}', "", '{"id": 2, "text": "b", "w": -Infinity}'],
+         r"line 3 holds -Infinity"),
+        (['{"id": 1, "text": "a", "w": [0.5, Infinity]}'], r"line 1 holds Infinity"),
+        (['{"id": 1, "text": "a", "v": 5}', '{"id": 2, "text": "b", "v": 99999999999999999999}'],
+         r"line 2: 'v' is an integer beyond 64 bits"),
+        (['{"id": 1, "text": "a", "v": {"x": 1.5, "y": -9223372036854775809}}'],
+         r"line 1: 'v.y' is an integer beyond 64 bits"),
+        (['{"id": 18446744073709551616, "text": "a"}'], r"line 1: 'id' is an integer beyond"),
+    ],
+)  # fmt: skip
+def test_jsonl_nan_literals_and_integers_beyond_int64_are_refused(tmp_path, lines, message):
+    path = tmp_path / "c.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(BadInput, match=message) as info:
+        scan_corpus(path)
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
+
+
+def test_jsonl_floats_that_json_can_write_still_go_in(tmp_path):
+    path = tmp_path / "c.jsonl"
+    rows = ['{"id": 1, "text": "a", "v": 5, "w": 1e20}', '{"id": 2, "text": "b", "v": 2.5}']
+    path.write_text("\n".join(rows) + "\n")
+    plan = scan_corpus(path)
+    assert plan.metadata_schema.field("v").type == pa.float64()  # int + float: numbers
+    assert [m.to_pylist() for _, _, m in plan.batches()][0][0]["w"] == 1e20
+
+
+def test_records_with_an_integer_beyond_int64_name_the_record_and_key(index):
+    with pytest.raises(BadInput, match=r"records\[1\]\['big'\] holds an integer beyond 64"):
+        upsert(index, [{"id": "x", "text": "a", "big": 1}, {"id": "y", "text": "b", "big": 2**64}])
+
+
+def test_http_upsert_refuses_nan_literals_with_422(index):
+    from fastapi.testclient import TestClient
+
+    from flowsearch.server import create_app
+
+    before = mf.read(index).version
+    with TestClient(create_app(index), raise_server_exceptions=False) as client:
+        for literal in (b"NaN", b"Infinity", b"[1.0, -Infinity]"):
+            body = b'{"records": [{"id": "n", "text": "x", "v": ' + literal + b"}]}"
+            answer = client.post("/upsert", content=body)
+            detail = answer.json()["detail"]
+            assert answer.status_code == 422 and "records[0]['v']" in detail and "JSON" in detail
+    assert mf.read(index).version == before

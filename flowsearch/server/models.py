@@ -14,9 +14,10 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from flowsearch.search.results import Hit, QueryResult
 from flowsearch.writes.results import WriteResult
@@ -86,6 +87,33 @@ class UpsertRequest(BaseModel):
 
     records: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=MAX_RECORDS)]
     wait: WaitSeconds = None
+
+    @field_validator("records")
+    @classmethod
+    def _json_numbers(cls, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Refuse NaN and Infinity: JSON has neither (the parser takes them as literals)."""
+        for i, record in enumerate(records):
+            where = _non_finite(record, f"records[{i}]")
+            if where is not None:
+                raise ValueError(f"{where} is NaN or infinite, which JSON does not have; send null")
+        return records
+
+
+def _non_finite(value: Any, path: str) -> str | None:
+    """Where in a parsed JSON value a NaN or infinity is (its path), or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _non_finite(item, f"{path}[{key!r}]")
+        if found is not None:
+            return found
+    return None
 
 
 class DeleteRequest(BaseModel):

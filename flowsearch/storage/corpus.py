@@ -16,6 +16,11 @@ row. Float ids are normalised to integers when every one is whole, refused other
 column whose type differs across files is unified by pyarrow's permissive promotion (null takes
 the other type, numbers widen: int32 + int64 -> int64, int + float -> float64) and refused,
 naming the column and files, when that fails (a string in one file, a number in another).
+JSON has no NaN or infinity: a JSON Lines ``NaN``/``Infinity`` literal is refused naming the
+line, and so is an integer beyond int64 (it would be stored as an inexact float; a float literal
+such as ``1e20`` is taken). Metadata column names are checked by
+:func:`flowsearch.storage.schema.check_names` (no ``__`` prefix, none of the index's own, no two
+differing only in case).
 
 Example:
     >>> plan = scan_corpus("data/sample.parquet")  # doctest: +SKIP

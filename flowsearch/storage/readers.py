@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
@@ -123,6 +124,8 @@ class Source:
                     yield from handle.iter_batches(batch_size=batch_rows, columns=columns)
                 return
             for batch in self._open():
+                if self.format == "jsonl" and _odd_numbers(batch):
+                    _refuse_json_numbers(self._path, self.name)
                 if columns is not None:
                     batch = batch.select(list(columns))
                 for start in range(0, batch.num_rows, batch_rows):
@@ -299,6 +302,94 @@ def _json_problem(path: Path) -> str | None:
     return None
 
 
+#: Integers a column can hold (int64): JSON's larger integers would be read as inexact floats.
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _float_leaves(array: pa.Array) -> Iterator[pa.Array]:
+    """The floating-point arrays inside ``array`` (itself, list items, struct members)."""
+    type_ = array.type
+    if pa.types.is_floating(type_):
+        yield array
+    elif pa.types.is_list(type_) or pa.types.is_large_list(type_):
+        yield from _float_leaves(array.flatten())
+    elif pa.types.is_struct(type_):
+        for i in range(type_.num_fields):
+            yield from _float_leaves(array.field(i))
+
+
+def _odd_numbers(batch: pa.RecordBatch) -> bool:
+    """Whether a JSON batch holds a float JSON cannot have written as one: NaN or infinity (a
+    ``NaN`` literal, which JSON does not have), or a whole number beyond int64 (an integer
+    literal too large for a column, read as an inexact float)."""
+    for column in batch.columns:
+        for leaf in _float_leaves(column):
+            if not len(leaf) or leaf.null_count == len(leaf):
+                continue
+            finite = pc.is_finite(leaf)
+            if not pc.all(pc.fill_null(finite, True)).as_py():
+                return True
+            if pc.any(pc.fill_null(pc.greater_equal(pc.abs(leaf), 2.0**63), False)).as_py():
+                return True
+    return False
+
+
+class _NotJson(ValueError):
+    """A constant (NaN, Infinity) that JSON does not have."""
+
+
+def _constant(name: str) -> Any:
+    raise _NotJson(name)
+
+
+def _big_int(value: Any, path: str = "") -> str | None:
+    """Where in a JSON value an integer lies beyond int64 (its key path), or None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return path if not _INT64[0] <= value <= _INT64[1] else None
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _big_int(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def _refuse_json_numbers(path: Path, where: str) -> None:
+    """Refuse the first line of a JSON Lines file with a NaN/Infinity literal or an integer
+    beyond int64 (called when a batch held such a float; a float literal like ``1e20`` passes).
+
+    Raises:
+        BadInput: naming the line, the key and the fix.
+    """
+    opener: Any = gzip.open if path.suffix.lower() == ".gz" else open
+    with opener(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw.decode("utf-8"), parse_constant=_constant)
+            except _NotJson as exc:
+                raise BadInput(
+                    f"{where} line {number} holds {exc}, which is not JSON (JSON has no NaN or "
+                    "infinity)",
+                    "write null for a missing number",
+                ) from None
+            except (ValueError, UnicodeDecodeError):
+                continue  # pyarrow read it; its other problems are reported elsewhere
+            key = _big_int(record)
+            if key is not None:
+                raise BadInput(
+                    f"{where} line {number}: {key!r} is an integer beyond 64 bits, which a "
+                    "column cannot hold (it would be stored as an inexact float)",
+                    "write it as a string, or as a float (e.g. 1e20) if inexact is fine",
+                )
+
+
 def records_table(records: Sequence[Any]) -> pa.Table:
     """A list of dicts (what ``upsert`` and ``POST /upsert`` pass) as one Arrow table.
 
@@ -336,6 +427,12 @@ def records_table(records: Sequence[Any]) -> pa.Table:
             value = record[key]
             if value is None:
                 continue
+            if _big_int(value) is not None:
+                raise BadInput(
+                    f"records[{i}][{key!r}] holds an integer beyond 64 bits, which a column "
+                    "cannot hold",
+                    "give it as a string, or as a float if inexact is fine",
+                )
             kind = _kind(value)
             seen = kinds.setdefault(key, (kind, i))
             if seen[0] != kind:
