@@ -167,3 +167,24 @@ def test_http_upsert_refuses_nan_literals_with_422(index):
             detail = answer.json()["detail"]
             assert answer.status_code == 422 and "records[0]['v']" in detail and "JSON" in detail
     assert mf.read(index).version == before
+
+
+# --- ids that would print alike ---------------------------------------------------------------
+
+
+def test_cli_shows_ids_that_would_print_alike_quoted_with_escapes(tmp_path, model_dir):
+    ids = ["tide", "tide ", " tide", "ti\u202ede", "ti\u200bde", "'tide'"]
+    rows = [{"id": i, "text": f"the tide rises {n}"} for n, i in enumerate(ids)]
+    build_index(rows, tmp_path / "idx", model=str(model_dir), calibration="none")
+    result = runner.invoke(app, ["query", "tide", "--index", str(tmp_path / "idx"), "-k", "6"])
+    assert result.exit_code == 0, result.output
+    shown = [line.split("│")[4].strip() for line in result.stdout.splitlines() if "rises" in line]
+    assert sorted(shown) == sorted(
+        ["tide", "'tide '", "' tide'", "'ti\\u202ede'", "'ti\\u200bde'", "\"'tide'\""]
+    )
+    assert "\u202e" not in result.stdout and "\u200b" not in result.stdout
+    # the ids are as given: --json keeps them, and a delete of the plain one leaves the others
+    result = runner.invoke(app, ["delete", "tide", "tide  ", "--index", str(tmp_path / "idx")])
+    assert result.exit_code == 0 and "not found: 'tide  '" in result.stderr
+    with closing(Searcher.open(tmp_path / "idx")) as s:
+        assert sorted(h.id for h in s.search("tide", k=10)) == sorted(ids[1:])

@@ -26,6 +26,7 @@ from flowsearch.cli.output import (
     literal,
     print_json,
     report_caption,
+    shown_id,
     snippet,
     stdout_console,
 )
@@ -97,7 +98,7 @@ def _print_hits(text: str, result: Any) -> None:
             str(hit.rank),
             f"{hit.score:.3f}",
             " / ".join(parts),
-            literal(hit.id),
+            literal(shown_id(hit.id)),
             literal(snippet(hit.text)),
         )
     table.caption = literal(caption)
