@@ -23,6 +23,7 @@ import httpx
 import pytest
 from corpus_helpers import sentences, write_corpus
 
+from flowsearch.search.searcher import Searcher
 from flowsearch.server import create_app
 from flowsearch.writes.build import build_index
 
@@ -120,8 +121,19 @@ def _search(page: Any, text: str) -> None:
 TEXTS = sentences(N_ROWS, 5)
 
 
+def _words(index_dir: Path, query: str, **options: Any) -> str:
+    """The library's report on ``query``, in words (what the page must say)."""
+    searcher = Searcher.open(index_dir)
+    try:
+        report = searcher.query(query, k=10, **options).report
+        assert report is not None
+        return str(report.to_words())
+    finally:
+        searcher.close()
+
+
 def test_typing_a_passage_finds_it_first_with_its_words_marked_and_bars(
-    page: Any, server: str, tmp_path: Path
+    page: Any, server: str, index_dir: Path, tmp_path: Path
 ) -> None:
     _open(page, server)
     expect(page.locator("#q")).to_be_focused()
@@ -138,8 +150,8 @@ def test_typing_a_passage_finds_it_first_with_its_words_marked_and_bars(
     expect(first.locator(".bar-value[data-kind=lexical]")).not_to_have_text("\u2013")
     expect(first.locator(".metadata")).to_contain_text("year")
     expect(page.locator("#legend")).to_contain_text("BM25")
-    # the report in words, and the query's place among the corpus's best scores
-    expect(page.locator("#report")).not_to_be_empty()
+    # the report in the library's words, and the query's place among the corpus's best scores
+    expect(page.locator("#report")).to_have_text(_words(index_dir, TEXTS[17]))
     expect(page.locator("#query-place line.query")).to_have_count(1)
     # the URL holds the query: loading it again runs it
     assert parse_qs(urlsplit(page.url).query)["q"] == [TEXTS[17]]

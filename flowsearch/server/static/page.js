@@ -239,22 +239,28 @@
     renderReport(result.report);
   }
 
+  // The library's QueryReport.to_words(), word for word (tests/test_page.py compares them).
+  function shareWords(x) {
+    if (x >= 100) return "all";
+    if (x <= 0) return "none";
+    if (x > 99 || x < 1) return Math.max(Math.floor(x * 10) / 10, 0.1).toFixed(1) + "%";
+    let whole = Math.round(x);
+    if (Math.abs(x - Math.trunc(x)) === 0.5 && whole % 2 === 1) whole -= 1; // half to even
+    return whole + "%";
+  }
+
   function reportWords(report) {
     if (!report) return "";
     if (report.verdict === "not judged" || report.percentile === null) {
-      return "How close this query is to the corpus was not judged: " + report.reason + ".";
+      return "not judged: " + report.reason;
     }
     const p = report.percentile;
-    // as the library's share_words: never rounded up to "all" or down to "none"
-    const share = (x) => (x >= 100 ? "all" : x <= 0 ? "none"
-      : x > 99 || x < 1 ? Math.max(Math.floor(x * 10) / 10, 0.1).toFixed(1) + "%"
-        : Math.round(x) + "%");
     if (report.verdict === "out-of-distribution") {
-      return "Unlike the corpus: this query is less like it than " + share(100 - p) +
-        " of the corpus's own passages, so its hits may be weak matches.";
+      return "unlike the corpus: this query is less like it than " + shareWords(100 - p) +
+        " of the corpus's own passages; its hits may be weak matches";
     }
-    return "Like the corpus: this query is closer to it than " + share(p) +
-      " of the corpus's own passages.";
+    return "like the corpus: this query is closer to it than " + shareWords(p) +
+      " of the corpus's own passages";
   }
 
   async function renderReport(report) {
