@@ -372,6 +372,12 @@
     return node;
   }
 
+  // Draw in the figure's own pixels (readable text on a phone); 640 while it is not laid out.
+  function widthOf(svg) {
+    const shown = svg.parentElement ? svg.parentElement.clientWidth : 0;
+    return Math.max(300, Math.min(shown || 640, 900));
+  }
+
   function frame(svg, w, h) {
     svg.replaceChildren();
     svg.setAttribute("viewBox", "0 0 " + w + " " + h);
@@ -379,7 +385,7 @@
   }
 
   function drawSpectrum(svg, caption, pictures) {
-    const W = 640, H = 300, L = 56, R = 16, T = 16, B = 44;
+    const W = widthOf(svg), H = 300, L = 56, R = 16, T = 16, B = 44;
     frame(svg, W, H);
     const series = [["raw", "before calibration (raw)", pictures.raw],
       ["searched", "searched", pictures.searched]].filter((s) => s[2]);
@@ -439,7 +445,7 @@
 
   function drawReference(svg, caption, pictures, report, small) {
     const ref = pictures && pictures.reference;
-    const W = 640, H = small ? 120 : 240, L = 40, R = 16, T = 12, B = 36;
+    const W = widthOf(svg), H = small ? 120 : 240, L = 40, R = 16, T = 12, B = 36;
     frame(svg, W, H);
     if (!ref) {
       svg.hidden = true;
@@ -486,11 +492,27 @@
     }
     if (!small) {
       svg.append(svgEl("text", { x: L + (W - L - R) / 2, y: H - 6, class: "axis",
-        "text-anchor": "middle" }, "a passage's best score (cosine to its closest other passage)"));
+        "text-anchor": "middle" }, W < 520 ? "a passage's best score"
+        : "a passage's best score (cosine to its closest other passage)"));
     }
     caption.textContent = (small ? "" : "Distribution of the corpus's best-match scores: ") +
       ref.words + ". Median " + ref.median.toFixed(3) + "; the red line is the " +
       ref.cut_percentile + "th percentile (" + ref.cut.toFixed(3) + ")." + placed;
+  }
+
+  // The pictures again at the new width (their data is already here).
+  async function redraw() {
+    if (!space) return;
+    const pictures = await space.catch(() => null);
+    if (!pictures) return;
+    if (!$("index-view").hidden) {
+      drawSpectrum($("spectrum"), $("spectrum-caption"), pictures);
+      drawReference($("reference"), $("reference-caption"), pictures,
+        lastQuery && lastQuery.report, false);
+    }
+    if (!$("report-box").hidden && lastQuery && lastQuery.report) {
+      drawReference($("query-place"), $("query-place-caption"), pictures, lastQuery.report, true);
+    }
   }
 
   // -- views --------------------------------------------------------------------------------
@@ -527,6 +549,11 @@
     $("k").addEventListener("input", later);
     $("mode").addEventListener("change", search);
     document.addEventListener("keydown", onKey);
+    let resized = null;
+    window.addEventListener("resize", () => {
+      clearTimeout(resized);
+      resized = setTimeout(redraw, 200);
+    });
     for (const tab of [$("tab-search"), $("tab-index")]) {
       tab.addEventListener("click", (event) => {
         event.preventDefault();
