@@ -354,8 +354,14 @@
     $("schema").tBodies[0].replaceChildren(...schema.map(row));
   }
 
+  const HISTORY_SHOWN = 200;
+
   function renderHistory(records) {
-    $("history").tBodies[0].replaceChildren(...records.slice().reverse().map((r) => row([
+    const newest = records.slice(-HISTORY_SHOWN).reverse();
+    $("history-note").textContent = records.length > HISTORY_SHOWN
+      ? "The newest " + HISTORY_SHOWN + " of " + records.length.toLocaleString() +
+        " writes (all of them: flowsearch info --history)." : "";
+    $("history").tBodies[0].replaceChildren(...newest.map((r) => row([
       "v" + r.version, r.time.replace("T", " ").replace("+00:00", ""), r.kind,
       r.n_rows.toLocaleString(),
       Object.entries(r.detail || {}).filter(([k, v]) => k !== "drift" && v !== null && v !== "")
