@@ -785,7 +785,7 @@ def test_serve_says_where_what_and_whether_a_key_is_needed(
         first = server.output().splitlines()[0]
         assert first == (
             f"flowsearch: serving {index_dir.resolve()} (80 rows, version 1) at {server.url} "
-            f"({key}; docs at {server.url}/docs); Ctrl-C stops"
+            f"({key}; search page at {server.url}/, docs at {server.url}/docs); Ctrl-C stops"
         )
 
 

@@ -19,7 +19,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from flowsearch.search.pictures import SpacePictures
 from flowsearch.search.results import Hit, QueryResult
+from flowsearch.storage.records import WriteRecord
 from flowsearch.writes.results import WriteResult
 
 __all__ = [
@@ -37,7 +39,9 @@ __all__ = [
     "Hit",
     "QueryResult",
     "SearchRequest",
+    "SpacePictures",
     "UpsertRequest",
+    "WriteRecord",
     "WriteResult",
 ]
 
@@ -127,7 +131,8 @@ class DeleteRequest(BaseModel):
 
 # -- responses ----------------------------------------------------------------------------------
 # The library's own models: one JSON shape and one JSON schema for the library's ``to_dict()``,
-# the command line's ``--json`` and these answers.
+# the command line's ``--json`` and these answers (``SpacePictures`` for ``GET /space``,
+# ``WriteRecord`` for ``GET /history``).
 
 
 class BatchResult(BaseModel):

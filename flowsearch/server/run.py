@@ -8,7 +8,8 @@ bound is one error line.
 Example:
     $ flowsearch serve --index idx
     flowsearch: serving /home/me/idx (300 rows, version 1) at http://127.0.0.1:8000 (no API
-    key; docs at http://127.0.0.1:8000/docs); Ctrl-C stops
+    key; search page at http://127.0.0.1:8000/, docs at http://127.0.0.1:8000/docs); Ctrl-C
+    stops
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def serve(
     key = "API key required" if api_key else "no API key"
     started = (
         f"serving {searcher.root.resolve()} ({len(searcher):,} rows, version "
-        f"{searcher.manifest.version}) at {url} ({key}; docs at {url}/docs); Ctrl-C stops"
+        f"{searcher.manifest.version}) at {url} ({key}; search page at {url}/, docs at "
+        f"{url}/docs); Ctrl-C stops"
     )
 
     server = _uvicorn(app, host, port, log_level, started)
