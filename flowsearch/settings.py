@@ -153,7 +153,8 @@ class Settings:
     #: reference sample keeps at most this many probes.
     reference_max_rows: int = 2000
     #: Rows of the reference sample new rows are judged against (``space/sample.py``): a drift
-    #: check reads this many vectors whatever the corpus holds (6 MB at 384 dimensions).
+    #: check reads this many vectors whatever the corpus holds (3 MB at 384 dimensions, as
+    #: float16).
     reference_sample_rows: int = 4096
     #: A query whose best dense score is below this percentile of the reference is out of
     #: distribution: 2% of in-domain questions flagged and 87% of off-domain sentences caught

@@ -54,7 +54,9 @@ def test_probes_are_measured_leave_one_out_and_stay_exact_through_deletes_and_gr
     keys = np.arange(600, dtype=np.uint64) * 3 + 1
     s = ReferenceSample.measured(Z[:300], keys[:300], Z[250:400], keys[250:400])
     assert s.n_sample == 300 and s.n_probes == 150
-    np.testing.assert_allclose(s.probe_best, _loo(Z[:300], keys[:300], Z[250:400], keys[250:400]))
+    np.testing.assert_allclose(s.probe_best, _loo(s.vectors, s.keys, s.probe_vectors, s.probe_keys))
+    raw = _loo(Z[:300], keys[:300], Z[250:400], keys[250:400])  # held as float16: ~1e-3 apart
+    np.testing.assert_allclose(s.probe_best, raw, atol=2e-3)
     # rows deleted or replaced leave the sample and the probes; the probes whose nearest row
     # left are measured again (against what is left)
     gone = keys[rng.choice(400, 120, replace=False)]
@@ -206,7 +208,7 @@ def test_the_sample_follows_deletes_upserts_compaction_and_recalibration(tmp_pat
     s = Searcher.open(out)
     Z = s.vectors()
     new_row = int(np.flatnonzero(_key(["d7"])[0] == sample2.keys)[0])
-    assert float(sample2.vectors[new_row] @ Z[-2]) == pytest.approx(1.0, abs=1e-5)
+    assert float(sample2.vectors[new_row] @ Z[-2]) == pytest.approx(1.0, abs=2e-3)  # float16
     # compaction rewrites segments, keeps ids: the sample stays, and still serves
     compact(out, full=True)
     assert _sample_of(out)[0] == record2
@@ -220,7 +222,7 @@ def test_the_sample_follows_deletes_upserts_compaction_and_recalibration(tmp_pat
     assert record4["path"] == f"references/r{m.version:06d}" and after.n_sample == 119
     Z = Searcher.open(out).vectors()
     assert after.dim == Z.shape[1] and not np.allclose(after.vectors[:5], before.vectors[:5])
-    assert np.abs(after.vectors @ Z.T).max(axis=1).min() == pytest.approx(1.0, abs=1e-4)
+    assert np.abs(after.vectors @ Z.T).max(axis=1).min() == pytest.approx(1.0, abs=2e-3)
     verify(out, m, checksums=True)
     assert siblings(out) == []
 
