@@ -199,7 +199,9 @@ def _write(
             space = SearchSpace.open(target, base, encoder, model=model)
         record, scored = _write_segment(writer, base, plan, space, batch_size, st)
         with st.timed("drift"):
-            drift, reference = _drift(writer, base, replaced, replaced_keys, scored, plan.n_rows)
+            before = [seg for seg in writer.segments if seg.name != record.name]
+            drift, reference = _drift(writer, base, before, replaced, replaced_keys, scored,
+                                      plan.n_rows)  # fmt: skip
         for name, rows in replaced.items():
             writer.delete_rows(name, rows)
         new_schema = schema_mod.merged(base.schema_, plan.metadata_schema)
@@ -374,21 +376,23 @@ def _merge(writer: Writer, base: mf.Manifest, schema: tuple[mf.SchemaColumn, ...
 def _drift(
     writer: Writer,
     base: mf.Manifest,
+    before: list[mf.SegmentRecord],
     replaced: dict[str, np.ndarray],
     replaced_keys: np.ndarray,
     pool: _Pool,
     n_rows: int,
 ) -> tuple[DriftReport, dict[str, Any] | None]:
     """Where the new rows sit: their best scores against the reference sample of the rows the
-    index held before the write, minus those it replaces and those deleted since
-    (:mod:`flowsearch.space.sample`), placed among the sample's probes' best scores. Returns
-    the report and the next version's reference (None: unchanged)."""
+    index held before the write (``before``: its segments, an older format's converted), minus
+    those it replaces and those deleted since (:mod:`flowsearch.space.sample`), placed among the
+    sample's probes' best scores. Returns the report and the next version's reference (None:
+    unchanged)."""
     stored = reference_of(base)
     sample = read_sample(writer, base)
     drawn = sample is None
     if sample is None:  # an index written before samples existed: draw one, once
-        sample = draw_sample(writer, base.segments, seed=base.version)
-    gone = stale_keys(writer, base.segments, np.concatenate([sample.keys, sample.probe_keys]))
+        sample = draw_sample(writer, before, seed=base.version)
+    gone = stale_keys(writer, before, np.concatenate([sample.keys, sample.probe_keys]))
     live = sample.without(np.union1d(gone, replaced_keys))
     n_live = base.n_live - int(sum(len(r) for r in replaced.values()))
     s = current()
@@ -396,7 +400,7 @@ def _drift(
         live.n_sample < min(s.reference_sample_rows, n_live) // 2
         or s.reference_min_rows > live.n_probes < n_live
     ):  # deletes took most of it: draw it again (rare; reads the rows it picks)
-        sample = draw_sample(writer, base.segments, seed=base.version)
+        sample = draw_sample(writer, before, seed=base.version)
         live, drawn = sample.without(replaced_keys), True
     spec = base.calibration
     reference = Reference.from_scores(
