@@ -23,6 +23,7 @@ from flowsearch.errors import IndexDamaged
 from flowsearch.settings import current
 from flowsearch.storage import history
 from flowsearch.storage import manifest as mf
+from flowsearch.storage.relpaths import reference_sample
 
 __all__ = ["Verification", "size_on_disk", "verify", "verify_files"]
 
@@ -119,6 +120,10 @@ def verify(
         # a calibrator of its own directory (not an older format's files in the index's)
         if manifest.format_version >= 3 and folder.resolve() != index_dir.resolve():
             _extra_files(folder, manifest.calibration.files)
+    sample = reference_sample(manifest.reference)
+    if calibrator and sample is not None:
+        files = {k: mf.FileRecord.model_validate(v) for k, v in sample.get("files", {}).items()}
+        out += verify_files(index_dir / sample["path"], files, checksums)
     for seg in manifest.segments:
         if wanted is not None and seg.name not in wanted:
             continue

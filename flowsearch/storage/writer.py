@@ -67,12 +67,14 @@ from flowsearch.storage.layout import (
     STAGE_PREFIX,
     calibrator_dir,
     deletions_file,
+    reference_dir,
     segment_dir,
     segment_name,
 )
+from flowsearch.storage.relpaths import reference_sample
 from flowsearch.storage.verify import verify_files
 
-__all__ = ["Writer", "file_records", "open_writer", "referenced"]
+__all__ = ["Writer", "file_records", "open_writer", "referenced", "sample_record"]
 
 LOG = logging.getLogger(__name__)
 
@@ -92,10 +94,24 @@ def referenced(manifest: mf.Manifest | None) -> set[str]:
     if manifest is None:
         return set()
     out = {manifest.calibration.path}
+    sample = sample_record(manifest)
+    if sample is not None:
+        out.add(sample["path"])
+        out.update(f"{sample['path']}/{rel}" for rel in sample.get("files", {}))
     for seg in manifest.segments:
         out.add(seg.dir)
         out.update(f"{seg.dir}/{rel}" if seg.dir != "." else rel for rel in seg.files)
     return out
+
+
+def sample_record(manifest: mf.Manifest | None) -> dict[str, Any] | None:
+    """The reference sample a version records (``reference["sample"]``: its directory and
+    files, paths checked), or None.
+
+    Raises:
+        IndexDamaged: a path leaving the index directory (a crafted manifest).
+    """
+    return reference_sample(manifest.reference if manifest is not None else None)
 
 
 class Writer:
@@ -118,6 +134,7 @@ class Writer:
         self._next_segment = 1 if base is None else base.next_segment
         self._staged: dict[str, Path] = {}  # segment name -> its staging directory
         self._calibrator: tuple[Path, mf.CalibrationSpec] | None = None
+        self._sample: tuple[Path, str] | None = None
         self._stages: list[Path] = []
         self.published: mf.Manifest | None = None
 
@@ -179,6 +196,15 @@ class Writer:
         )
         self._calibrator = (stage, spec)
         return spec
+
+    def set_reference_sample(self, stage: Path) -> dict[str, Any]:
+        """Use the reference sample saved in ``stage`` (from :meth:`stage` with
+        ``references``). Returns its record (``path`` and ``files``), for the manifest's
+        ``reference["sample"]``."""
+        path = reference_dir(self.number)
+        self._sample = (stage, path)
+        files = file_records(stage)
+        return {"path": path, "files": {k: v.model_dump(mode="json") for k, v in files.items()}}
 
     # -- publishing ------------------------------------------------------------------------
 
@@ -244,6 +270,8 @@ class Writer:
         ]
         if self._calibrator is not None:
             moves.append((self._calibrator[0], self.index_dir / self._calibrator[1].path))
+        if self._sample is not None:
+            moves.append((self._sample[0], self.index_dir / self._sample[1]))
         for stage, target in moves:
             fsync_tree(stage)
             if target.exists():  # a dead writer's, which no manifest references
