@@ -15,7 +15,7 @@ Two pictures explain a calibrated index (``flowsearch serve``'s page draws them)
 
 :func:`space_pictures` computes both from a seeded sample of a version's live rows (at most
 :data:`SAMPLE_ROWS`, taken in runs of neighbours so it reads a few dozen Parquet row groups
-whatever the corpus size: :func:`sample_rows`) and caches the answer per index version, so the
+whatever the corpus size: :func:`sample_rows`) and caches the answer per opened version, so the
 page's repeated visits cost nothing.
 
 Example:
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import OrderedDict
+import weakref
 from typing import Any
 
 import numpy as np
@@ -61,7 +61,6 @@ SAMPLE_ROWS = 1000
 SAMPLE_RUN = 50
 #: Bins of the reference's histogram.
 HISTOGRAM_BINS = 24
-_CACHE_SIZE = 8
 
 
 class Spectrum(BaseModel):
@@ -241,11 +240,9 @@ def _measure(version: Any, size: int) -> SpacePictures:
         if local is None or not len(local):
             continue
         searched_parts.append(seg.vectors(local))
+        raw_missing = raw_missing or "raw" not in seg.reader.schema.names
         if not raw_missing:
-            try:
-                raw_parts.append(seg.reader.vectors_at(local, "raw"))
-            except (KeyError, ValueError):  # an index that stores no raw vectors
-                raw_missing = True
+            raw_parts.append(seg.reader.vectors_at(local, "raw"))
     searched = spectrum(np.concatenate(searched_parts)) if searched_parts else None
     raw = None
     if raw_parts and not raw_missing:
@@ -266,27 +263,34 @@ def _measure(version: Any, size: int) -> SpacePictures:
     )
 
 
-_cache: OrderedDict[tuple[str, int, str], SpacePictures] = OrderedDict()
+# per opened Version object (a rebuilt index may number its versions from 1 again), dropped
+# when that Version is garbage-collected
+_cache: dict[tuple[int, int], SpacePictures] = {}
 _lock = threading.Lock()
+
+
+def _forget(version_id: int) -> None:
+    with _lock:
+        for key in [k for k in _cache if k[0] == version_id]:
+            del _cache[key]
 
 
 def space_pictures(version: Any, sample: int = SAMPLE_ROWS) -> SpacePictures:
     """The pictures' numbers for an opened :class:`~flowsearch.search.version.Version` (a
-    searcher's ``.version``), from at most ``sample`` of its live rows; cached per index
-    version.
+    searcher's ``.version``), from at most ``sample`` of its live rows; computed once per
+    opened version.
 
     Example:
         >>> space_pictures(Searcher.open("idx").version).searched.effective_dim  # doctest: +SKIP
         301.4
     """
-    key = (str(version.root.resolve()), int(version.manifest.version), str(sample))
+    key = (id(version), int(sample))
     with _lock:
         if key in _cache:
-            _cache.move_to_end(key)
             return _cache[key]
     pictures = _measure(version, sample)
     with _lock:
+        if not any(k[0] == key[0] for k in _cache):
+            weakref.finalize(version, _forget, key[0])
         _cache[key] = pictures
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
     return pictures
