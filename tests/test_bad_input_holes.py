@@ -126,9 +126,9 @@ def test_http_409_advises_a_wait_that_upsert_and_delete_accept(index):
          r"line 3 holds -Infinity"),
         (['{"id": 1, "text": "a", "w": [0.5, Infinity]}'], r"line 1 holds Infinity"),
         (['{"id": 1, "text": "a", "v": 5}', '{"id": 2, "text": "b", "v": 99999999999999999999}'],
-         r"line 2: 'v' is an integer beyond 64 bits"),
+         r"line 2 \(id 2\): 'v' is an integer beyond 64 bits"),
         (['{"id": 1, "text": "a", "v": {"x": 1.5, "y": -9223372036854775809}}'],
-         r"line 1: 'v.y' is an integer beyond 64 bits"),
+         r"line 1 \(id 1\): 'v.y' is an integer beyond 64 bits"),
         (['{"id": 18446744073709551616, "text": "a"}'], r"line 1: 'id' is an integer beyond"),
     ],
 )  # fmt: skip

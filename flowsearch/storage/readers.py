@@ -359,6 +359,11 @@ def _big_int(value: Any, path: str = "") -> str | None:
     return None
 
 
+def _shown_id(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _refuse_json_numbers(path: Path, where: str) -> None:
     """Refuse the first line of a JSON Lines file with a NaN/Infinity literal or an integer
     beyond int64 (called when a batch held such a float; a float literal like ``1e20`` passes).
@@ -383,8 +388,10 @@ def _refuse_json_numbers(path: Path, where: str) -> None:
                 continue  # pyarrow read it; its other problems are reported elsewhere
             key = _big_int(record)
             if key is not None:
+                known = isinstance(record, dict) and key != "id" and "id" in record
+                who = f" (id {_shown_id(record['id'])})" if known else ""
                 raise BadInput(
-                    f"{where} line {number}: {key!r} is an integer beyond 64 bits, which a "
+                    f"{where} line {number}{who}: {key!r} is an integer beyond 64 bits, which a "
                     "column cannot hold (it would be stored as an inexact float)",
                     "write it as a string, or as a float (e.g. 1e20) if inexact is fine",
                 )
