@@ -126,9 +126,9 @@ def test_http_409_advises_a_wait_that_upsert_and_delete_accept(index):
          r"line 3 holds -Infinity"),
         (['{"id": 1, "text": "a", "w": [0.5, Infinity]}'], r"line 1 holds Infinity"),
         (['{"id": 1, "text": "a", "v": 5}', '{"id": 2, "text": "b", "v": 99999999999999999999}'],
-         r"line 2: 'v' is an integer beyond 64 bits"),
+         r"line 2 \(id 2\): 'v' is an integer beyond 64 bits"),
         (['{"id": 1, "text": "a", "v": {"x": 1.5, "y": -9223372036854775809}}'],
-         r"line 1: 'v.y' is an integer beyond 64 bits"),
+         r"line 1 \(id 1\): 'v.y' is an integer beyond 64 bits"),
         (['{"id": 18446744073709551616, "text": "a"}'], r"line 1: 'id' is an integer beyond"),
     ],
 )  # fmt: skip
@@ -208,3 +208,15 @@ def test_info_verify_flags_an_extra_file_in_the_calibrator_directory(tmp_path, m
     (folder / "notes.txt").unlink()
     (folder / ".weights.safetensors.tmp-1234").write_text("a killed write's leftover")
     assert runner.invoke(app, args).exit_code == 0
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv"])
+def test_csv_integers_beyond_int64_are_refused_and_floats_kept(tmp_path, fmt):
+    sep = "," if fmt == "csv" else "\t"
+    path = tmp_path / f"c.{fmt}"
+    lines = ["id,text,v", "1,a,5", "2,b,99999999999999999999"]
+    path.write_text("\n".join(line.replace(",", sep) for line in lines) + "\n")
+    with pytest.raises(BadInput, match=r"line 3 \(id '2'\): column 'v' holds an integer beyond"):
+        scan_corpus(path)
+    path.write_text("\n".join(line.replace(",", sep) for line in [*lines[:2], "2,b,1e20"]) + "\n")
+    assert scan_corpus(path).metadata_schema.field("v").type == pa.float64()

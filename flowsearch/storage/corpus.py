@@ -17,10 +17,10 @@ column whose type differs across files is unified by pyarrow's permissive promot
 the other type, numbers widen: int32 + int64 -> int64, int + float -> float64) and refused,
 naming the column and files, when that fails (a string in one file, a number in another).
 JSON has no NaN or infinity: a JSON Lines ``NaN``/``Infinity`` literal is refused naming the
-line, and so is an integer beyond int64 (it would be stored as an inexact float; a float literal
-such as ``1e20`` is taken). Metadata column names are checked by
-:func:`flowsearch.storage.schema.check_names` (no ``__`` prefix, none of the index's own, no two
-differing only in case).
+line; an integer beyond int64, in JSON Lines or CSV, is refused naming the line, column and id
+(it would be stored as an inexact float; a float such as ``1e20`` is taken). Metadata column
+names are checked by :func:`flowsearch.storage.schema.check_names` (no ``__`` prefix, none of
+the index's own, no two differing only in case).
 
 Example:
     >>> plan = scan_corpus("data/sample.parquet")  # doctest: +SKIP

@@ -16,11 +16,12 @@ known) and the fix; no traceback reaches the caller.
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,8 @@ class Source:
     path: Path | None = None
     table: pa.Table | None = None
     block_size: int = FIRST_BLOCK
+    #: the file's numbers were read as text once and found fine (:func:`_refuse_big_numbers`)
+    numbers_checked: bool = field(default=False, repr=False)
 
     def schema(self) -> pa.Schema:
         """The source's columns (for JSON/CSV, as inferred from the first block)."""
@@ -124,8 +127,9 @@ class Source:
                     yield from handle.iter_batches(batch_size=batch_rows, columns=columns)
                 return
             for batch in self._open():
-                if self.format == "jsonl" and _odd_numbers(batch):
-                    _refuse_json_numbers(self._path, self.name)
+                if not self.numbers_checked and _odd_numbers(batch, self.format == "jsonl"):
+                    _refuse_big_numbers(self._path, self.name, self.format)
+                    self.numbers_checked = True  # the whole file: once is enough
                 if columns is not None:
                     batch = batch.select(list(columns))
                 for start in range(0, batch.num_rows, batch_rows):
@@ -318,16 +322,16 @@ def _float_leaves(array: pa.Array) -> Iterator[pa.Array]:
             yield from _float_leaves(array.field(i))
 
 
-def _odd_numbers(batch: pa.RecordBatch) -> bool:
-    """Whether a JSON batch holds a float JSON cannot have written as one: NaN or infinity (a
-    ``NaN`` literal, which JSON does not have), or a whole number beyond int64 (an integer
-    literal too large for a column, read as an inexact float)."""
+def _odd_numbers(batch: pa.RecordBatch, json_text: bool) -> bool:
+    """Whether a batch read from text holds a float its file may hold otherwise: a whole number
+    beyond int64 (an integer too large for a column, read as an inexact float) or, from JSON,
+    NaN or infinity (a ``NaN`` literal, which JSON does not have)."""
     for column in batch.columns:
         for leaf in _float_leaves(column):
             if not len(leaf) or leaf.null_count == len(leaf):
                 continue
             finite = pc.is_finite(leaf)
-            if not pc.all(pc.fill_null(finite, True)).as_py():
+            if json_text and not pc.all(pc.fill_null(finite, True)).as_py():
                 return True
             if pc.any(pc.fill_null(pc.greater_equal(pc.abs(leaf), 2.0**63), False)).as_py():
                 return True
@@ -359,6 +363,44 @@ def _big_int(value: Any, path: str = "") -> str | None:
     return None
 
 
+def _shown_id(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+_INTEGER = re.compile(r"\s*[+-]?\d+\s*")
+
+
+def _refuse_csv_integers(path: Path, where: str, delimiter: str) -> None:
+    """Refuse the first CSV/TSV field holding an integer beyond int64 (naming line, column
+    and id)."""
+    opener: Any = gzip.open if path.suffix.lower() == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", newline="") as handle:
+        rows = csv.reader(handle, delimiter=delimiter)
+        header = next(rows, [])
+        for row in rows:
+            for name, cell in zip(header, row):
+                if _INTEGER.fullmatch(cell) and not _INT64[0] <= int(cell) <= _INT64[1]:
+                    known = "id" in header and name != "id" and len(row) > header.index("id")
+                    who = f" (id {_shown_id(row[header.index('id')])})" if known else ""
+                    raise BadInput(
+                        f"{where} line {rows.line_num}{who}: column {name!r} holds an integer "
+                        "beyond 64 bits, which a column cannot hold (it would be stored as an "
+                        "inexact float)",
+                        "write it as a float (e.g. 1e20) if inexact is fine, or as text (e.g. "
+                        "with a letter in front)",
+                    )
+
+
+def _refuse_big_numbers(path: Path, where: str, fmt: str) -> None:
+    """Refuse the first number of a text file that a column would not hold as written (called
+    when a batch held a float such a number becomes; returns when there is none)."""
+    if fmt in ("csv", "tsv"):
+        _refuse_csv_integers(path, where, "\t" if fmt == "tsv" else ",")
+    elif fmt == "jsonl":
+        _refuse_json_numbers(path, where)
+
+
 def _refuse_json_numbers(path: Path, where: str) -> None:
     """Refuse the first line of a JSON Lines file with a NaN/Infinity literal or an integer
     beyond int64 (called when a batch held such a float; a float literal like ``1e20`` passes).
@@ -383,8 +425,10 @@ def _refuse_json_numbers(path: Path, where: str) -> None:
                 continue  # pyarrow read it; its other problems are reported elsewhere
             key = _big_int(record)
             if key is not None:
+                known = isinstance(record, dict) and key != "id" and "id" in record
+                who = f" (id {_shown_id(record['id'])})" if known else ""
                 raise BadInput(
-                    f"{where} line {number}: {key!r} is an integer beyond 64 bits, which a "
+                    f"{where} line {number}{who}: {key!r} is an integer beyond 64 bits, which a "
                     "column cannot hold (it would be stored as an inexact float)",
                     "write it as a string, or as a float (e.g. 1e20) if inexact is fine",
                 )
