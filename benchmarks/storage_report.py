@@ -62,7 +62,9 @@ def writes_part(w: dict[str, Any]) -> list[str]:
         f"({_run_load(w['run'])}; the 1-minute load before each write is in the table). "
         "flowsearch's time is split by its `WriteResult.seconds`: *encoding* = loading the "
         "model + encoding the new texts; *drift* = judging the new rows against the corpus "
-        "(each new row's nearest neighbour in every segment); *rest* = everything else (scan, "
+        "(since issue 30 against the version's reference sample, at most 4,096 rows, and "
+        "keeping the sample current; before, each new row's nearest neighbour in every "
+        "segment); *rest* = everything else (scan, "
         "id lookups, projecting, writing the segment's rows, vector index, postings and keys, "
         "deletion files, publishing). LanceDB "
         + (

@@ -149,8 +149,13 @@ class Settings:
     #: A reference needs at least this many measured rows (its 5th percentile is then the 3rd
     #: lowest row; fewer say nothing about what is usual).
     reference_min_rows: int = 50
-    #: A leave-one-out reference measures at most this many rows (a seeded sample).
+    #: A leave-one-out reference measures at most this many rows (a seeded sample); the
+    #: reference sample keeps at most this many probes.
     reference_max_rows: int = 2000
+    #: Rows of the reference sample new rows are judged against (``space/sample.py``): a drift
+    #: check reads this many vectors whatever the corpus holds (3 MB at 384 dimensions, as
+    #: float16).
+    reference_sample_rows: int = 4096
     #: A query whose best dense score is below this percentile of the reference is out of
     #: distribution: 2% of in-domain questions flagged and 87% of off-domain sentences caught
     #: with the bundled model's ``mean`` (benchmarks/RESULTS.md, bench_density_length).
@@ -163,10 +168,9 @@ class Settings:
     #: Fewer new rows than this are described, never judged as drift (5 rows all below the
     #: 25th percentile happen by chance once in 1,024 batches: 0.25^5).
     drift_min_rows: int = 5
-    #: A write scores at most this many of its new rows (a seeded sample) for the drift report:
-    #: each is a top-1 search over the whole index, the one part of a write whose cost grows
-    #: with the corpus (bench_storage: 500 rows took 15.8 s against 1M Flat rows and 3.8 s
-    #: against 200k HNSW rows on the loaded machine). 100 is the largest batch bench_drift
+    #: A write scores at most this many of its new rows (a seeded sample) for the drift report,
+    #: each against the reference sample (before it, against the whole index: 5.2 s of a 5.4 s
+    #: upsert into 1M Flat rows). 100 is the largest batch bench_drift
     #: measured (mean: 0% false alarms, 80% of other sets' batches caught); the median's 95%
     #: interval from 100 uniform percentiles is about +-10 points, inside the verdict's steps.
     drift_max_rows: int = 100

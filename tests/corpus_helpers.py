@@ -51,17 +51,17 @@ def write_corpus(
 
 
 #: What an index directory holds (format 3), besides nothing.
-INDEX_ENTRIES = {"manifest.json", ".lock", "segments", "calibrators", "history.jsonl"}
+INDEX_ENTRIES = {"manifest.json", ".lock", "segments", "calibrators", "references", "history.jsonl"}
 
 
 def siblings(index_dir: Path) -> list[str]:
     """Scratch a write left behind (must be none after any write, failed or not): staging
-    directories under ``segments/`` or ``calibrators/`` (any hidden entry there), anything in
-    the index directory that is not :data:`INDEX_ENTRIES`, and hidden ``.NAME*`` entries next
-    to it."""
+    directories under ``segments/``, ``calibrators/`` or ``references/`` (any hidden entry
+    there), anything in the index directory that is not :data:`INDEX_ENTRIES`, and hidden
+    ``.NAME*`` entries next to it."""
     index_dir = Path(index_dir)
     found: list[str] = []
-    for kind in ("segments", "calibrators"):
+    for kind in ("segments", "calibrators", "references"):
         folder = index_dir / kind
         if folder.is_dir():
             found += [f"{kind}/{p.name}" for p in folder.iterdir() if p.name.startswith(".")]

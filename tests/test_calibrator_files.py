@@ -121,7 +121,9 @@ def test_refit_gives_the_recorded_fit(case, expected):
     The linear calibrators are closed forms (an SVD, means, deviations): float64 rounding only,
     so 1e-9. The flows train in float32 with Adam; the steps do the same float32 operations in
     the same order as before, so the fit is the same up to float32 rounding: 1e-5 on the
-    float64 map (values of order 1-10) and on the log-density.
+    float64 map (values of order 1-10), and on the log-density 1e-5 or 1e-7 of its size (its
+    values reach -100 and more, where float32 rounding alone is 1e-5: seen with another build of
+    the same torch, numpy 2.4 and transformers 5.24).
     """
     name, hyper, dim, _, _ = CASES[case]
     cal = make_calibrator(name, **hyper).fit(fit_data(case))
@@ -129,7 +131,10 @@ def test_refit_gives_the_recorded_fit(case, expected):
     tol = 1e-5 if "flow" in name else 1e-9
     np.testing.assert_allclose(cal.transform64(U), expected[f"{case}/transform"], rtol=0, atol=tol)
     if case in DENSITY:
-        np.testing.assert_allclose(cal.log_prob(U), expected[f"{case}/log_prob"], rtol=0, atol=tol)
+        rtol = 1e-7 if "flow" in name else 0.0
+        np.testing.assert_allclose(
+            cal.log_prob(U), expected[f"{case}/log_prob"], rtol=rtol, atol=tol
+        )
     saved = load_calibrator(_folder(case))
     assert cal.config == saved.config
     # written in the same form: the same arrays under the same names, with the same dtypes

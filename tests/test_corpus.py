@@ -236,7 +236,7 @@ def _bad(tmp_path: Path) -> dict[str, tuple[object, dict, str]]:
         "fractional id": (t / "floatid.jsonl", {}, r"id 1\.5 .*\(row 2\) is not a whole number"),
         "no supported files": (t / "none", {}, r"no Parquet, JSON Lines or CSV files in dir"),
         "unknown format": (t / "notes.txt", {}, r"notes\.txt: unknown corpus format '\.txt'"),
-        "reserved column": (t / "reserved.parquet", {}, r"'vector' clash with the index's own"),
+        "reserved column": (t / "reserved.parquet", {}, r"'vector' clashes with the index's own"),
         "metadata types": (t / "types", {}, r"column 'year' is int64 in .*1\.jsonl but string"),
         "id kinds": (t / "idkinds", {}, r"ids in 'id' are integers in .*1\.jsonl but strings"),
         "missing metadata": (t / "cols", {}, r"2\.jsonl has no column 'year' that .*1\.jsonl"),

@@ -115,7 +115,21 @@ def test_not_judged_and_raw_figures():
 def test_a_sample_of_a_large_write_names_both_counts():
     report = drift_report(np.percentile(SCORES, np.linspace(10, 90, 50)), _ref(), rows=10_000)
     assert (report.n_rows, report.n_scored, report.n_judged) == (10_000, 50, 50)
-    assert report.to_words().startswith("50 of the 10,000 new rows sit like the corpus")
+    # issue 32: the words count rows written as rows, and the judged sample as a sample
+    words = report.to_words()
+    assert words.startswith("the 10,000 new rows (50 of them judged, a seeded sample) sit like")
+    assert "50 of the 10,000" not in words
+    sampled = drift_report(np.full(300, 0.5)[:100], _ref(), rows=300, sample=4096)
+    assert sampled.to_words().startswith("the 300 new rows (100 of them judged, a seeded sample)")
+    assert sampled.to_explain().startswith(
+        "100 of 300 new rows scored against 4,096 rows of the index (its reference sample)"
+    )
+    unmatched = drift_report(np.r_[np.full(20, 0.5), np.full(5, np.nan)], _ref())
+    assert unmatched.to_words().startswith(
+        "the 25 new rows (20 of them judged, the others had no row to compare with)"
+    )
+    whole = drift_report(np.full(20, 0.5), _ref())
+    assert whole.to_words().startswith("the 20 new rows sit")
     assert DriftReport.from_record(report.to_dict()) == report  # as the history stores it
     old = {"mean_log_prob": -14239.7, "corpus_mean_log_prob": 657.7, "gap_std": 8471.83,
            "share_below_p01": 1.0, "reliable": True, "warn": True}  # fmt: skip

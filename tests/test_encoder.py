@@ -311,10 +311,13 @@ def recorded():
 
 
 @pytest.mark.parametrize("pooling", [p for p in POOLINGS if p != "static"])
-def test_torch_vectors_equal_the_recorded_ones_bit_for_bit(tiny_model_dir, recorded, pooling):
+def test_torch_vectors_equal_the_recorded_ones(tiny_model_dir, recorded, pooling):
+    """Bit for bit within one build of torch and transformers; across builds (transformers 5.24
+    and numpy 2.4 here) a few elements differ in their last float32 bit (6e-8): within 2 ulps."""
     texts = [str(t) for t in recorded["texts"]]
     got = Encoder(str(tiny_model_dir), pooling=pooling).encode(texts, batch_size=3)
-    np.testing.assert_array_equal(got, recorded[f"tiny__{pooling}__torch"])
+    want = recorded[f"tiny__{pooling}__torch"]
+    np.testing.assert_array_max_ulp(got, want, maxulp=2)
 
 
 @pytest.mark.parametrize("variant", ["raw", "raw+special", "layernorm", "layernorm+special"])

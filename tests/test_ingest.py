@@ -38,7 +38,8 @@ def test_build_writes_a_complete_index(built, model_dir):
     m = mf.read(out)
     assert (m.version, m.format_version) == (1, mf.FORMAT_VERSION)
     assert sorted(p.name for p in out.iterdir()) == [
-        ".lock", "calibrators", "history.jsonl", "manifest.json", "segments"]  # fmt: skip
+        ".lock", "calibrators", "history.jsonl", "manifest.json", "references",
+        "segments"]  # fmt: skip
     assert segment_dirs(out) == ["s000001"] and siblings(out) == []
     assert m.n_rows == m.n_live == summary["rows"] == 120 and m.skipped == m.n_deleted == 0
     assert m.next_auto_id == 120 and m.last_write.kind == "build" and m.created

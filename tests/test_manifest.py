@@ -250,6 +250,7 @@ def test_second_release_index_answers_identically_and_converts(tmp_path, mode):
            model=model)  # fmt: skip
     m = mf.read(index)
     assert m.format_version == mf.FORMAT_VERSION and m.n_deleted == 3
+    assert m.reference["sample"]["rows"] == m.n_live  # drawn once (every row: it fits), q1 added
     if mode == "dense":  # converted: every segment's vector sum recorded: the live rows' background
         converted = Searcher.open(index, model=model)
         dead = [np.zeros(s.record.n_rows, bool) if d is None else d

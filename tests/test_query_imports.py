@@ -20,8 +20,9 @@ from flowsearch import build_index
 from flowsearch.storage import manifest as mf
 
 ROOT = Path(__file__).resolve().parents[1]
-#: Libraries a query must not import unless its encoder runs on them.
-HEAVY = ("torch", "transformers", "sentence_transformers", "sklearn", "onnxruntime")
+#: Libraries a query must not import unless its encoder runs on them (scipy: 0.25 s of a cold
+#: query, once pulled in by bm25s for its stopword list and by the static table's sparse mean).
+HEAVY = ("torch", "transformers", "sentence_transformers", "sklearn", "onnxruntime", "scipy")
 
 QUERY = r"""
 import json, sys
@@ -120,3 +121,19 @@ def test_loading_running_and_saving_a_flow_imports_no_torch(case, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen == {"before": False, "after": True}
+
+
+def test_the_stopwords_kept_here_are_bm25s_list():
+    """The tokeniser keeps its own copy of the list (importing bm25s pulled scipy.sparse into
+    every cold query); it must stay the list the lexical side was built and checked with."""
+    from bm25s.stopwords import STOPWORDS_EN
+
+    from flowsearch.lexical import tokens
+
+    assert tuple(STOPWORDS_EN) == tokens.STOPWORDS_EN
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, flowsearch.cli; print('bm25s' in sys.modules, "
+         "'flowsearch.writes.build' in sys.modules)"],
+        capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.stdout.split() == ["False", "False"], done.stderr[-2000:]

@@ -785,7 +785,7 @@ def test_serve_says_where_what_and_whether_a_key_is_needed(
         first = server.output().splitlines()[0]
         assert first == (
             f"flowsearch: serving {index_dir.resolve()} (80 rows, version 1) at {server.url} "
-            f"({key}; docs at {server.url}/docs); Ctrl-C stops"
+            f"({key}; search page at {server.url}/, docs at {server.url}/docs); Ctrl-C stops"
         )
 
 
@@ -818,6 +818,41 @@ def test_chunked_and_declared_bodies_over_the_limit_are_413(client: httpx.Client
     small = iter([b'{"query": "the ', b'cat", "k": 2}'])
     r = client.post("/search", content=small, headers={"content-type": "application/json"})
     assert r.status_code == 200 and len(r.json()["hits"]) == 2, r.text
+
+
+@pytest.mark.parametrize("bounds", [1, 2])
+def test_a_refused_chunked_body_leaves_no_traceback(reader: Server, bounds: int) -> None:
+    """A chunked body past the bound (1: its rest is read and dropped; 2: past twice the bound,
+    answered at once) followed by malformed framing: one answer, the connection closed, and no
+    traceback in the log (uvicorn's h11 protocol logged one parsing the rest after a 413)."""
+    from flowsearch.server import MAX_BODY_BYTES
+
+    mb = b"a" * 2**20
+    before = len(reader.output())
+    with socket.create_connection(("127.0.0.1", reader.port)) as sock:
+        sock.sendall(
+            f"POST /search HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n".encode()
+        )
+        for _ in range(bounds * MAX_BODY_BYTES // len(mb) + 2):
+            sock.sendall(b"%x\r\n" % len(mb) + mb + b"\r\n")
+        sock.settimeout(30)
+        if bounds == 2:  # answered already: read it before the rest arrives
+            answer = sock.recv(65536)
+        with contextlib.suppress(OSError):  # the server may have closed the connection
+            sock.sendall(b"zz\r\nnot a chunk\r\n")
+        if bounds == 1:
+            answer = b""
+            while chunk := sock.recv(65536):  # the server closes the connection after it
+                answer += chunk
+    text = answer.decode("latin-1")
+    # the malformed rest is a bad request when it comes before the answer
+    allowed = {"413"} if bounds == 2 else {"400", "413"}
+    assert text.startswith("HTTP/1.1 ") and text.split(" ")[1] in allowed, text
+    assert "connection: close" in text.lower() and text.count("HTTP/1.1 ") == 1, text
+    time.sleep(0.5)
+    log = reader.output()[before:]
+    assert "Traceback" not in log and "Error" not in log, log
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,26 @@ def test_mean_of_rows_handles_empty_rows_and_grouping():
     np.testing.assert_array_equal(mean_of_rows(table, [[3, 3, 1]])[0], out[2])
 
 
+def test_a_query_is_averaged_bit_for_bit_as_in_a_batch_without_scipy():
+    """A few texts (a query) are summed in numpy, many by scipy's sparse product: the same
+    float32 sums in the same order, so a query's vector equals its vector in any batch."""
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((500, 16)).astype(np.float32)
+    ids = [rng.integers(0, 500, int(rng.integers(0, 40))).tolist() for _ in range(200)]
+    batch = mean_of_rows(table, ids)  # > 8 texts: the sparse product
+    for i in range(0, 200, 4):
+        np.testing.assert_array_equal(mean_of_rows(table, ids[i : i + 4]), batch[i : i + 4])
+    code = (
+        "import sys, numpy as np; from flowsearch.encode.static import mean_of_rows; "
+        "mean_of_rows(np.ones((3, 2), np.float32), [[0, 2]]); print('scipy' in sys.modules)"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == "False", done.stderr
+
+
 def _write_model2vec(path, tiny_model_dir, normalize: bool, weights: bool = False):
     """A tiny directory in Model2Vec's StaticModel layout, written by hand."""
     from safetensors.numpy import save_file

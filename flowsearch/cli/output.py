@@ -1,7 +1,9 @@
 r"""What the commands print: one JSON document on stdout, tables on stdout, summaries on stderr.
 
 User-supplied text (queries, passages, ids, paths) is printed literally: rich markup in it is
-text, control characters are shown as escapes instead of acting on the terminal.
+text, control characters are shown as escapes instead of acting on the terminal. An id that
+would print like another (leading or trailing whitespace, invisible or bidirectional-control
+characters) is shown quoted with escapes (:func:`shown_id`); the id itself is as given.
 
 Example:
     >>> visible("red \x1b[31m text\n")
@@ -20,6 +22,7 @@ __all__ = [
     "counted",
     "report_caption",
     "literal",
+    "shown_id",
     "print_json",
     "print_summary",
     "snippet",
@@ -55,6 +58,21 @@ def visible(text: Any) -> str:
     escapes instead of acting; newlines and tabs as spaces. Print it as markup-free text."""
     text = str(text).replace("\n", " ").replace("\t", " ")
     return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
+
+
+def shown_id(value: Any) -> str:
+    r"""An id as the command line prints it: as it is when that cannot be mistaken for another
+    id, else quoted with escapes (Python's ``repr``), so ``'a '`` and ``a``, or an id carrying
+    a bidirectional control (``'a\u202eb'``), print apart. Quotes at its ends are quoted too.
+
+    Example:
+        >>> shown_id("doc-1"), shown_id(17), shown_id("doc-1 "), shown_id("x\u202ey")
+        ('doc-1', '17', "'doc-1 '", "'x\\u202ey'")
+    """
+    if not isinstance(value, str):
+        return str(value)
+    plain = value and value.isprintable() and value == value.strip()
+    return value if plain and not value.startswith(("'", '"')) else repr(value)
 
 
 def literal(text: Any) -> Any:

@@ -26,6 +26,7 @@ from flowsearch.cli.output import (
     literal,
     print_json,
     report_caption,
+    shown_id,
     snippet,
     stdout_console,
 )
@@ -102,7 +103,7 @@ def _print_hits(text: str, result: Any) -> None:
             str(hit.rank),
             f"{hit.score:.3f}",
             " / ".join(parts),
-            literal(hit.id),
+            literal(shown_id(hit.id)),
             literal(shown),
         )
     table.caption = literal(caption)

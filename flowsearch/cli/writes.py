@@ -43,6 +43,7 @@ from flowsearch.cli.output import (
     literal,
     print_json,
     print_summary,
+    shown_id,
     stderr_console,
     visible,
 )
@@ -220,7 +221,7 @@ def delete_cmd(
         return
     typer.echo(f"deleted {counted(result.n_deleted, 'row')} from {visible(index)}", err=True)
     if result.missing:
-        shown = ", ".join(visible(m) for m in result.missing[:10])
+        shown = ", ".join(visible(shown_id(m)) for m in result.missing[:10])
         more = f" and {len(result.missing) - 10} more" if len(result.missing) > 10 else ""
         typer.echo(f"not found: {shown}{more}", err=True)
 

@@ -1,7 +1,8 @@
 r"""The lexical side's tokeniser: one function for documents and queries.
 
 Unicode NFKC, case folding, runs of letters and digits in any script, English stopwords
-(bm25s's ``STOPWORDS_EN``, Lucene's English list), Snowball English stemming (PyStemmer). A word
+(:data:`STOPWORDS_EN`: Lucene's English list, as bm25s's ``STOPWORDS_EN``; kept here, as importing
+bm25s for it cost a cold query scipy.sparse's import), Snowball English stemming (PyStemmer). A word
 the English stemmer does not know passes through unchanged; empty or punctuation-only text has no
 terms.
 
@@ -19,11 +20,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import Stemmer
-from bm25s.stopwords import STOPWORDS_EN
 
 from flowsearch.errors import BadInput
 
-__all__ = ["tokenize", "tokenize_batch"]
+__all__ = ["STOPWORDS_EN", "tokenize", "tokenize_batch"]
+
+#: Lucene's English stopwords (``EnglishAnalyzer.ENGLISH_STOP_WORDS_SET``; bm25s's list too).
+STOPWORDS_EN = (
+    *("a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is"),
+    *("it", "no", "not", "of", "on", "or", "such", "that", "the", "their", "then", "there"),
+    *("these", "they", "this", "to", "was", "will", "with"),
+)
 
 _WORD = re.compile(r"[^\W_]+")
 _STOPWORDS = frozenset(STOPWORDS_EN)

@@ -46,6 +46,15 @@ def checked_queries(query: Any) -> list[str]:
             raise BadInput(f"queries must be strings, got {type(q).__name__}", param="query")
         if not q.strip():
             raise BadInput("the query is empty", "pass some text to search for", param="query")
+        try:
+            q.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate: no encoder can read it
+            raise BadInput(
+                f"the query holds {q[exc.start]!r} at character {exc.start}, a lone surrogate "
+                "that is not text",
+                "pass valid Unicode (decode bytes with errors='replace')",
+                param="query",
+            ) from None
     return list(queries)
 
 

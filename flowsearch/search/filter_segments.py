@@ -35,14 +35,35 @@ __all__ = [
     "Segment",
     "SegmentRef",
     "create_table",
+    "filterable",
     "load_segment",
     "quote",
 ]
 
 #: The column of a segment's table holding its local row numbers.
 LOCAL = "__local"
-#: Names a filterable column may not have.
+#: Names a filterable column may not have (and every name starting with ``__``).
 RESERVED = frozenset({ROW, LOCAL, "vector", "raw"})
+
+
+def filterable(names: list[str]) -> list[str]:
+    """The names a filter keeps, in order: not the engine's own (``vector``, ``raw``, names
+    starting with ``__``), and not one that differs only in case from an earlier name (DuckDB
+    names ignore case: the first is the one a predicate names).
+
+    An index written before the writes refused such metadata columns (``storage.schema``)
+    keeps answering filters on its other columns.
+
+    Example:
+        >>> filterable(["id", "text", "__row", "topic", "Topic", "vector"])
+        ['id', 'text', 'topic']
+    """
+    kept: dict[str, str] = {}
+    for name in names:
+        if name in RESERVED or name.startswith("__") or name.lower() in kept:
+            continue
+        kept[name.lower()] = name
+    return list(kept.values())
 
 
 @dataclass(frozen=True)
@@ -93,8 +114,7 @@ def load_segment(ref: SegmentRef) -> pa.Table:
             f"segment {ref.name} holds {table.num_rows} rows, its version says {ref.n_rows}",
             "check the index with flowsearch info --verify",
         )
-    keep = [name for name in table.column_names if name not in RESERVED]
-    table = table.select(keep)
+    table = table.select(filterable(table.column_names))
     return table.append_column(LOCAL, pa.array(np.arange(ref.n_rows, dtype=np.int64)))
 
 

@@ -49,10 +49,10 @@ from flowsearch import settings
 from flowsearch.errors import BadInput, FlowsearchError
 from flowsearch.search.filter_segments import (
     LOCAL,
-    RESERVED,
     Segment,
     SegmentRef,
     create_table,
+    filterable,
     load_segment,
     quote,
 )
@@ -129,12 +129,20 @@ class MetadataFilter:
             schema: every filterable column (``id``, ``text`` and the metadata columns) with
                 its Arrow type; a segment lacking one gives NULLs of that type.
 
-        Raises:
-            BadInput: a column that cannot be filtered on (``vector``, ``raw``, ``__row``).
+        A column the engine keeps for itself (``vector``, ``raw``, a name starting with
+        ``__``) or differing only in case from an earlier one is left out of the filter
+        (:func:`~flowsearch.search.filter_segments.filterable`): an index an earlier release
+        let store such a metadata column answers filters on its other columns.
         """
-        bad = [name for name, _ in schema if name in RESERVED]
-        if bad:
-            raise BadInput(f"column {bad[0]!r} cannot be filtered on", "leave it out")
+        kept = set(filterable([name for name, _ in schema]))
+        left_out = [name for name, _ in schema if name not in kept]
+        if left_out:
+            LOG.warning(
+                "columns %s cannot be filtered on: reserved, or differing only in case from "
+                "another (an earlier release stored them)",
+                left_out,
+            )
+        schema = [(name, kind) for name, kind in schema if name in kept]
         with self._lock:
             used = []
             for ref in segments:

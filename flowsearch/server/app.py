@@ -9,8 +9,9 @@ read as JSON, errors mapped once by class) and:
 - typed bodies (:mod:`flowsearch.server.models`): strict requests, and response models that
   document each answer's shape in ``/openapi.json``;
 - an optional API key (``Authorization: Bearer KEY`` or ``X-API-Key: KEY``) on ``/info``,
-  ``/search``, ``/upsert`` and ``/delete``; ``/health``, ``/docs`` and ``/openapi.json`` stay
-  open (liveness, and a description of the API that holds nothing of the index);
+  ``/history``, ``/space``, ``/search``, ``/upsert`` and ``/delete``; ``/health``, ``/docs``,
+  ``/openapi.json`` and the search page's files (``/``, :mod:`flowsearch.server.page`) stay open
+  (liveness, and pages that hold nothing of the index: their calls send the key);
 - one Searcher per process, searched concurrently from FastAPI's thread pool;
 - a queue for writes: the server's own writes run one at a time, in arrival order, each waiting
   its turn (no 409 between its own clients) without holding a worker thread while it waits;
@@ -50,9 +51,12 @@ from flowsearch.server.models import (
     DeleteRequest,
     QueryResult,
     SearchRequest,
+    SpacePictures,
     UpsertRequest,
+    WriteRecord,
     WriteResult,
 )
+from flowsearch.server.page import add_page
 
 __all__ = ["REFRESH_SECONDS", "Service", "create_app"]
 
@@ -171,6 +175,7 @@ def create_app(index_dir: str | os.PathLike[str], api_key: str | None = None) ->
     app.add_middleware(BodyGuard)
     install_error_handlers(app)
     add_docs(app, OPENAPI_URL)
+    add_page(app)
     _add_routes(app, service, guard)
     return app
 
@@ -185,6 +190,23 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
     def info() -> SafeJSONResponse:
         """What the served index version holds: the ``flowsearch info --json`` document."""
         return SafeJSONResponse(service.reader().info().to_dict())
+
+    @app.get("/history", dependencies=guard, response_model=list[WriteRecord])
+    def history() -> SafeJSONResponse:
+        """The writes the index has seen, oldest first (``flowsearch info --history --json``)."""
+        from flowsearch.search.version import index_history
+
+        records = index_history(service.index_dir)
+        return SafeJSONResponse([r.model_dump(mode="json") for r in records])
+
+    @app.get("/space", dependencies=guard, response_model=SpacePictures)
+    def space() -> SafeJSONResponse:
+        """What calibration did to the space, for the search page's pictures: the eigenvalue
+        spectrum of a sample of raw and searched vectors, and the reference's histogram
+        (:func:`flowsearch.search.pictures.space_pictures`; cached per version)."""
+        from flowsearch.search.pictures import space_pictures
+
+        return SafeJSONResponse(space_pictures(service.reader().version).to_dict())
 
     @app.post("/search", dependencies=guard, response_model=QueryResult | BatchResult)
     def search(body: SearchRequest) -> SafeJSONResponse:
@@ -209,7 +231,7 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
         # the server's own encoder: a write never loads a second copy of the model
         encoder = service.searcher.encoder
         result = await service.write(
-            lambda: upsert_records(service.index_dir, body.records, encoder=encoder)
+            lambda: upsert_records(service.index_dir, body.records, encoder=encoder, wait=body.wait)
         )
         return SafeJSONResponse(result.to_dict())
 
@@ -219,5 +241,7 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
         the ids not found, ``version``), as ``flowsearch delete --json``."""
         from flowsearch.writes.delete import delete as delete_ids
 
-        result = await service.write(lambda: delete_ids(service.index_dir, list(body.ids)))
+        result = await service.write(
+            lambda: delete_ids(service.index_dir, list(body.ids), wait=body.wait)
+        )
         return SafeJSONResponse(result.to_dict())

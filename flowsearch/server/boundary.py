@@ -2,8 +2,9 @@ r"""The HTTP boundary: bodies read with a bound, JSON whatever the content type 
 
 - :class:`BodyGuard` (ASGI middleware) counts a request body's bytes as they arrive, so a
   chunked body is held to :data:`~flowsearch.server.models.MAX_BODY_BYTES` as well as one with a
-  Content-Length (413 either way), and reads a POST body as JSON whatever its Content-Type says:
-  the API takes nothing else, and ``curl -d`` sends ``application/x-www-form-urlencoded``.
+  Content-Length (413 either way, closing the connection), and reads a POST body as JSON
+  whatever its Content-Type says: the API takes nothing else, and ``curl -d`` sends
+  ``application/x-www-form-urlencoded``.
 - :func:`install_error_handlers` maps errors once: a
   :class:`~flowsearch.errors.FlowsearchError` to its class's ``http_status`` (a plain one, bad
   input, to 400) with its message as HTTP spells the fix (``"overwrite": true``); a refused body
@@ -69,9 +70,11 @@ class BodyGuard:
     """ASGI middleware: a request body of at most ``max_bytes`` (counted as it streams in),
     read as JSON on POST whatever its Content-Type.
 
-    The body is read whole before the app sees it (the app reads it whole anyway), so a body
-    that grows past the bound is answered with 413 as soon as it does, and nothing of it is
-    parsed.
+    The body is read whole before the app sees it (the app reads it whole anyway). A body
+    that grows past the bound is not kept: the rest is read and dropped, up to twice the bound,
+    so the client, which sends its whole body before it reads an answer, gets the 413 (not a
+    reset connection); a body longer still, or one that declares a length over the bound, is
+    answered at once. A 413 closes the connection, so nothing after it is parsed.
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
@@ -87,17 +90,25 @@ class BodyGuard:
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
             await self._too_large(scope, receive, send)
             return
-        body = bytearray()
+        body, dropped = bytearray(), 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return  # the client left: nobody to answer
-            body += message.get("body", b"")
-            if len(body) > self.max_bytes:
+            if dropped:
+                dropped += len(message.get("body", b""))
+            else:
+                body += message.get("body", b"")
+                if len(body) > self.max_bytes:  # too large: read the rest, but keep nothing
+                    dropped, body = len(body), bytearray()
+            if dropped > 2 * self.max_bytes:  # it goes on: stop reading it
                 await self._too_large(scope, receive, send)
                 return
             if not message.get("more_body", False):
                 break
+        if dropped:
+            await self._too_large(scope, receive, send)
+            return
         if scope["method"] == "POST":
             headers.append((b"content-type", b"application/json"))
         else:
@@ -105,8 +116,12 @@ class BodyGuard:
         await self.app({**scope, "headers": headers}, _replay(bytes(body), receive), send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # and close the connection: what is left of the body is never parsed (uvicorn's h11
+        # protocol, parsing it after an early answer, logged a traceback on a malformed rest)
         response = error_response(
-            413, f"the request body is larger than {self.max_bytes} bytes; send less per request"
+            413,
+            f"the request body is larger than {self.max_bytes} bytes; send less per request",
+            headers={"connection": "close"},
         )
         await response(scope, receive, send)
 

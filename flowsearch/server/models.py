@@ -14,11 +14,14 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from flowsearch.search.pictures import SpacePictures
 from flowsearch.search.results import Hit, QueryResult
+from flowsearch.storage.records import WriteRecord
 from flowsearch.writes.results import WriteResult
 
 __all__ = [
@@ -29,13 +32,16 @@ __all__ = [
     "MAX_QUERIES",
     "MAX_QUERY_CHARS",
     "MAX_RECORDS",
+    "MAX_WAIT_SECONDS",
     "MAX_WHERE_CHARS",
     "BatchResult",
     "DeleteRequest",
     "Hit",
     "QueryResult",
     "SearchRequest",
+    "SpacePictures",
     "UpsertRequest",
+    "WriteRecord",
     "WriteResult",
 ]
 
@@ -47,11 +53,15 @@ MAX_WHERE_CHARS = 10_000
 MAX_RECORDS = 10_000
 MAX_IDS = 100_000
 MAX_ID_CHARS = 1_000
+#: Longest a write may wait for another process's write (it holds the server's write queue).
+MAX_WAIT_SECONDS = 600.0
 #: Largest request body, counted as it arrives (a Content-Length above it, or a chunked body
 #: that grows past it, is a 413).
 MAX_BODY_BYTES = 64 * 2**20
 
 QueryText = Annotated[str, StringConstraints(min_length=1, max_length=MAX_QUERY_CHARS)]
+#: Seconds a write waits for another process that holds the index's lock (absent: a 409 at once).
+WaitSeconds = Annotated[float, Field(ge=0.0, le=MAX_WAIT_SECONDS, allow_inf_nan=False)] | None
 RecordId = (
     Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)]
     | Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
@@ -80,6 +90,34 @@ class UpsertRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     records: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=MAX_RECORDS)]
+    wait: WaitSeconds = None
+
+    @field_validator("records")
+    @classmethod
+    def _json_numbers(cls, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Refuse NaN and Infinity: JSON has neither (the parser takes them as literals)."""
+        for i, record in enumerate(records):
+            where = _non_finite(record, f"records[{i}]")
+            if where is not None:
+                raise ValueError(f"{where} is NaN or infinite, which JSON does not have; send null")
+        return records
+
+
+def _non_finite(value: Any, path: str) -> str | None:
+    """Where in a parsed JSON value a NaN or infinity is (its path), or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _non_finite(item, f"{path}[{key!r}]")
+        if found is not None:
+            return found
+    return None
 
 
 class DeleteRequest(BaseModel):
@@ -88,11 +126,13 @@ class DeleteRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     ids: Annotated[list[RecordId], Field(min_length=1, max_length=MAX_IDS)]
+    wait: WaitSeconds = None
 
 
 # -- responses ----------------------------------------------------------------------------------
 # The library's own models: one JSON shape and one JSON schema for the library's ``to_dict()``,
-# the command line's ``--json`` and these answers.
+# the command line's ``--json`` and these answers (``SpacePictures`` for ``GET /space``,
+# ``WriteRecord`` for ``GET /history``).
 
 
 class BatchResult(BaseModel):

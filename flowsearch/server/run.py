@@ -8,7 +8,8 @@ bound is one error line.
 Example:
     $ flowsearch serve --index idx
     flowsearch: serving /home/me/idx (300 rows, version 1) at http://127.0.0.1:8000 (no API
-    key; docs at http://127.0.0.1:8000/docs); Ctrl-C stops
+    key; search page at http://127.0.0.1:8000/, docs at http://127.0.0.1:8000/docs); Ctrl-C
+    stops
 """
 
 from __future__ import annotations
@@ -71,9 +72,15 @@ def serve(
         log_level: uvicorn's log level (``info`` logs every request).
 
     Raises:
-        FlowsearchError: no index, a damaged one, an empty API key, or a port that cannot be
-            bound.
+        FlowsearchError: a port out of range (1 to 65535), no index, a damaged one, an empty
+            API key, or a port that cannot be bound.
     """
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise BadInput(
+            f"port must be a TCP port number from 1 to 65535, got {port!r}",
+            "choose a port such as {port=8000}",
+            param="port",
+        )
     if api_key is None:
         api_key = os.environ.get("FLOWSEARCH_API_KEY")
     app = create_app(index_dir, api_key=api_key)
@@ -82,7 +89,8 @@ def serve(
     key = "API key required" if api_key else "no API key"
     started = (
         f"serving {searcher.root.resolve()} ({len(searcher):,} rows, version "
-        f"{searcher.manifest.version}) at {url} ({key}; docs at {url}/docs); Ctrl-C stops"
+        f"{searcher.manifest.version}) at {url} ({key}; search page at {url}/, docs at "
+        f"{url}/docs); Ctrl-C stops"
     )
 
     server = _uvicorn(app, host, port, log_level, started)

@@ -1,8 +1,9 @@
 r"""Drift: where rows added to an index sit among the corpus's own passages, in plain words.
 
 Each new row is scored like a query: its best score against the rows the index held before the
-write, placed among the reference's (:class:`~flowsearch.space.reference.Reference`) as a
-percentile. If the new rows are like the corpus, each percentile is uniform on 0-100, whatever
+write (a fixed-size sample of them, :mod:`flowsearch.space.sample`), placed among the corpus's
+own rows' best scores against the same rows (a :class:`~flowsearch.space.reference.Reference`)
+as a percentile. If the new rows are like the corpus, each percentile is uniform on 0-100, whatever
 the encoder, the space or the text length. The report gives their median percentile with a
 distribution-free interval from order statistics (:func:`median_interval`), so a handful of rows
 is judged with the uncertainty a handful allows:
@@ -102,6 +103,8 @@ class DriftReport(BaseModel):
     Attributes:
         n_rows: new rows written; n_scored: how many of them were scored (a sample of a large
             write), n_judged: how many had a best score (another row to be near).
+        n_sample: rows of the index they were scored against (its reference sample); None
+            when not recorded (the whole index, in earlier releases' reports).
         verdict: see :data:`DriftVerdict`; warn: True only for ``apart from the corpus``.
         reason: why it was not judged; None otherwise.
         median_percentile: the judged rows' median percentile among the reference (0-100).
@@ -119,6 +122,7 @@ class DriftReport(BaseModel):
     n_rows: int
     n_scored: int
     n_judged: int
+    n_sample: int | None = None
     verdict: DriftVerdict
     warn: bool = False
     reason: str | None = None
@@ -164,9 +168,14 @@ class DriftReport(BaseModel):
                 else f"closer to the corpus than {share_words(m)} of its own passages"
             )
             return f"the new row is {where} (percentile {m:.0f}); one row is too few to call drift"
-        rows = (
-            f"the {n:,} new rows" if n == self.n_rows else f"{n:,} of the {self.n_rows:,} new rows"
-        )
+        rows = f"the {self.n_rows:,} new rows"
+        if n < self.n_rows:  # count what was judged apart from what was written
+            why = (
+                "a seeded sample"
+                if self.n_scored < self.n_rows
+                else "the others had no row to compare with"
+            )
+            rows += f" ({n:,} of them judged, {why})"
         figures = f"median percentile {m:.0f} ({self._interval_words()})"
         if self.verdict == "too few to tell":
             return f"{rows}: {figures}; too few to tell whether they differ from the corpus"
@@ -191,7 +200,12 @@ class DriftReport(BaseModel):
 
     def to_explain(self) -> str:
         """The raw figures behind the report, in one line (``--explain``)."""
-        parts = [f"{self.n_judged:,} of {self.n_rows:,} new rows scored against the index"]
+        against = (
+            "the index"
+            if self.n_sample is None
+            else f"{self.n_sample:,} rows of the index (its reference sample)"
+        )
+        parts = [f"{self.n_judged:,} of {self.n_rows:,} new rows scored against {against}"]
         if self.median_score is not None and self.reference_median is not None:
             parts.append(
                 f"median best score {self.median_score:.3f} (the corpus's passages: "
@@ -242,18 +256,20 @@ def drift_report(
     log_densities: np.ndarray | None = None,
     *,
     rows: int | None = None,
+    sample: int | None = None,
 ) -> DriftReport:
     """Where new rows sit among the corpus's own passages.
 
     Args:
         best_scores: float (m,), each new row's best score against the rows the index held
-            before the write (rows the write replaces excluded), in the searched space; NaN
-            where there was none. At most ``Settings.drift_max_rows`` of the new rows need
-            scoring (a seeded sample).
+            before the write (rows the write replaces excluded; the reference sample of them),
+            in the searched space; NaN where there was none. At most
+            ``Settings.drift_max_rows`` of the new rows need scoring (a seeded sample).
         reference: the index's reference before the write.
         log_densities: float (m,), the scored rows' log-densities, or None (raw figures,
             kept only when the reference has a reliable median to show beside them).
         rows: how many rows the write added, when ``best_scores`` is a sample (default m).
+        sample: how many rows of the index they were scored against (its reference sample).
 
     Returns:
         The report: ``warn`` only when the interval around the median percentile is wholly
@@ -262,7 +278,8 @@ def drift_report(
     scores = np.asarray(best_scores, np.float64).ravel()
     total = len(scores) if rows is None else int(rows)
     judged = scores[np.isfinite(scores)]
-    base: dict[str, Any] = {"n_rows": total, "n_scored": len(scores), "n_judged": len(judged)}
+    base: dict[str, Any] = {"n_rows": total, "n_scored": len(scores), "n_judged": len(judged),
+                            "n_sample": sample}  # fmt: skip
     reason = why_unusable(reference)
     if reason is None and not len(judged):
         reason = "no new row had an existing row to be compared with"

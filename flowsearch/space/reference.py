@@ -210,6 +210,9 @@ class Reference(BaseModel):
             own space (the calibration record's anisotropy statistic); None otherwise.
         log_density_median: the measured rows' median log-density under the calibrator (a raw
             figure, shown by ``--explain`` and ``--json`` only); None without a reliable one.
+        sample: where the version's reference sample is (``path``, ``files``, ``rows``,
+            ``probes``): what a write's new rows are judged against
+            (:mod:`flowsearch.space.sample`); None for an index written before samples existed.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -221,6 +224,7 @@ class Reference(BaseModel):
     scores: tuple[float, ...] = ()
     mean_cosine: float | None = None
     log_density_median: float | None = None
+    sample: dict[str, Any] | None = None
 
     @classmethod
     def from_scores(

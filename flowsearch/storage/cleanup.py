@@ -24,6 +24,7 @@ from flowsearch.storage.layout import (
     CALIBRATORS_DIR,
     LOCK_NAME,
     MANIFEST_NAME,
+    REFERENCES_DIR,
     SEGMENTS_DIR,
     STAGE_PREFIX,
 )
@@ -54,7 +55,7 @@ def check_target(index_dir: Path, overwrite: bool) -> None:
                 param="overwrite",
             )
         return
-    ours = {LOCK_NAME, SEGMENTS_DIR, CALIBRATORS_DIR}
+    ours = {LOCK_NAME, SEGMENTS_DIR, CALIBRATORS_DIR, REFERENCES_DIR}
     foreign = [p.name for p in index_dir.iterdir() if p.name not in ours and not _tmp(p)]
     if foreign:
         raise BadInput(
@@ -73,7 +74,7 @@ def clean(root: Path, keep: set[str]) -> None:
     calibrators, old deletion files, the old formats' files once converted, temp manifests."""
     for path in root.glob(f".{MANIFEST_NAME}.tmp-*"):
         path.unlink(missing_ok=True)
-    for kind in (SEGMENTS_DIR, CALIBRATORS_DIR):
+    for kind in (SEGMENTS_DIR, CALIBRATORS_DIR, REFERENCES_DIR):
         folder = root / kind
         if not folder.is_dir():
             continue
@@ -108,7 +109,7 @@ def clean(root: Path, keep: set[str]) -> None:
 def remove_failed_first_build(root: Path, keep_root: bool = False) -> None:
     """Leave nothing of a first build that failed: what it made in ``root`` (and ``root``
     itself unless ``keep_root``: the directory was there, empty, before)."""
-    for kind in (SEGMENTS_DIR, CALIBRATORS_DIR):
+    for kind in (SEGMENTS_DIR, CALIBRATORS_DIR, REFERENCES_DIR):
         with contextlib.suppress(OSError):
             (root / kind).rmdir()
     if {p.name for p in root.iterdir()} <= {LOCK_NAME}:

@@ -16,6 +16,11 @@ row. Float ids are normalised to integers when every one is whole, refused other
 column whose type differs across files is unified by pyarrow's permissive promotion (null takes
 the other type, numbers widen: int32 + int64 -> int64, int + float -> float64) and refused,
 naming the column and files, when that fails (a string in one file, a number in another).
+JSON has no NaN or infinity: a JSON Lines ``NaN``/``Infinity`` literal is refused naming the
+line; an integer beyond int64, in JSON Lines or CSV, is refused naming the line, column and id
+(it would be stored as an inexact float; a float such as ``1e20`` is taken). Metadata column
+names are checked by :func:`flowsearch.storage.schema.check_names` (no ``__`` prefix, none of
+the index's own, no two differing only in case).
 
 Example:
     >>> plan = scan_corpus("data/sample.parquet")  # doctest: +SKIP
@@ -46,7 +51,7 @@ from flowsearch.storage.columns import (
 from flowsearch.storage.corpus_files import Corpus, resolve_files
 from flowsearch.storage.manifest import SchemaColumn
 from flowsearch.storage.readers import MAX_BLOCK, BlockTooSmall, Source
-from flowsearch.storage.rows import RESERVED_COLUMNS
+from flowsearch.storage.schema import check_names
 
 __all__ = ["Corpus", "CorpusPlan", "resolve_files", "scan_corpus"]
 
@@ -238,12 +243,7 @@ def scan_corpus(
     schemas = [_schema(source) for source in sources]
     id_column = checked_columns(schemas, sources, text_column, id_column)
     metadata = [c for c in schemas[0].names if c not in (text_column, id_column)]
-    clash = [c for c in metadata if c in RESERVED_COLUMNS]
-    if clash:
-        raise BadInput(
-            f"column(s) {', '.join(repr(c) for c in clash)} clash with the index's own columns "
-            f"({', '.join(RESERVED_COLUMNS)}); rename or drop them"
-        )
+    check_names(metadata, [c.name for c in schema] if schema is not None else ())
     meta_schema = metadata_schema(schemas, sources, metadata)
     check = None
     if schema is not None:

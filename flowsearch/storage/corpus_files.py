@@ -100,9 +100,10 @@ def sources(corpus: Corpus) -> list[Source]:
         raise BadInput("the corpus is an empty list; give paths or records")
     if any(isinstance(item, Mapping) for item in items):
         return [Source("records", "table", table=records_table(items))]
-    bad = next((x for x in items if not isinstance(x, (str, os.PathLike))), None)
-    if bad is not None:
-        raise BadInput(f"a corpus list holds paths or dicts, not {type(bad).__name__}")
+    bad = [x for x in items if not isinstance(x, (str, os.PathLike))]
+    if bad:
+        what = "null" if bad[0] is None else type(bad[0]).__name__
+        raise BadInput(f"a corpus list holds paths or dicts (records), not {what}")
     sources = []
     for path in resolve_files(items):
         fmt = format_of(path) or "parquet"

@@ -7,6 +7,7 @@ Format 3 (this release)::
       history.jsonl              one JSON line per write, append-only
       .lock                      held by the one writer
       calibrators/c000001/       config.json + weights.safetensors, shared by all segments
+      references/r000003/        sample.npz: the reference sample new rows are judged against
       segments/s000004/          one immutable segment:
         rows-00000.parquet ...     its rows (id, text, metadata, vector, raw), in parts
         ann.faiss [ann.ivfdata]    its vector index (FAISS ids = local rows)
@@ -31,11 +32,13 @@ __all__ = [
     "LOCK_NAME",
     "MANIFEST_NAME",
     "POSTINGS_DIR",
+    "REFERENCES_DIR",
     "SEGMENTS_DIR",
     "STAGE_PREFIX",
     "calibrator_dir",
     "deletions_file",
     "part_file",
+    "reference_dir",
     "segment_dir",
     "segment_name",
 ]
@@ -45,6 +48,8 @@ HISTORY_NAME = "history.jsonl"
 LOCK_NAME = ".lock"
 SEGMENTS_DIR = "segments"
 CALIBRATORS_DIR = "calibrators"
+#: Reference samples (``flowsearch.space.sample``), one directory per version that drew one.
+REFERENCES_DIR = "references"
 #: Prefix of a directory being written (inside ``segments/`` or ``calibrators/``).
 STAGE_PREFIX = ".stage-"
 
@@ -70,6 +75,11 @@ def segment_dir(name: str) -> str:
 def calibrator_dir(number: int) -> str:
     """The directory of the calibrator a version numbered ``number`` fitted."""
     return f"{CALIBRATORS_DIR}/c{number:06d}"
+
+
+def reference_dir(number: int) -> str:
+    """The directory of the reference sample a version numbered ``number`` wrote."""
+    return f"{REFERENCES_DIR}/r{number:06d}"
 
 
 def part_file(number: int) -> str:

@@ -16,15 +16,17 @@ known) and the fix; no traceback reaches the caller.
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
@@ -88,6 +90,8 @@ class Source:
     path: Path | None = None
     table: pa.Table | None = None
     block_size: int = FIRST_BLOCK
+    #: the file's numbers were read as text once and found fine (:func:`_refuse_big_numbers`)
+    numbers_checked: bool = field(default=False, repr=False)
 
     def schema(self) -> pa.Schema:
         """The source's columns (for JSON/CSV, as inferred from the first block)."""
@@ -123,6 +127,9 @@ class Source:
                     yield from handle.iter_batches(batch_size=batch_rows, columns=columns)
                 return
             for batch in self._open():
+                if not self.numbers_checked and _odd_numbers(batch, self.format == "jsonl"):
+                    _refuse_big_numbers(self._path, self.name, self.format)
+                    self.numbers_checked = True  # the whole file: once is enough
                 if columns is not None:
                     batch = batch.select(list(columns))
                 for start in range(0, batch.num_rows, batch_rows):
@@ -246,6 +253,8 @@ def _csv_problem(where: str, text: str, source: Source) -> str:
 
 def _kind(value: Any) -> str:
     """A JSON value's kind, as error messages name it."""
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, (int, float)):
@@ -297,6 +306,134 @@ def _json_problem(path: Path) -> str | None:
     return None
 
 
+#: Integers a column can hold (int64): JSON's larger integers would be read as inexact floats.
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _float_leaves(array: pa.Array) -> Iterator[pa.Array]:
+    """The floating-point arrays inside ``array`` (itself, list items, struct members)."""
+    type_ = array.type
+    if pa.types.is_floating(type_):
+        yield array
+    elif pa.types.is_list(type_) or pa.types.is_large_list(type_):
+        yield from _float_leaves(array.flatten())
+    elif pa.types.is_struct(type_):
+        for i in range(type_.num_fields):
+            yield from _float_leaves(array.field(i))
+
+
+def _odd_numbers(batch: pa.RecordBatch, json_text: bool) -> bool:
+    """Whether a batch read from text holds a float its file may hold otherwise: a whole number
+    beyond int64 (an integer too large for a column, read as an inexact float) or, from JSON,
+    NaN or infinity (a ``NaN`` literal, which JSON does not have)."""
+    for column in batch.columns:
+        for leaf in _float_leaves(column):
+            if not len(leaf) or leaf.null_count == len(leaf):
+                continue
+            finite = pc.is_finite(leaf)
+            if json_text and not pc.all(pc.fill_null(finite, True)).as_py():
+                return True
+            if pc.any(pc.fill_null(pc.greater_equal(pc.abs(leaf), 2.0**63), False)).as_py():
+                return True
+    return False
+
+
+class _NotJson(ValueError):
+    """A constant (NaN, Infinity) that JSON does not have."""
+
+
+def _constant(name: str) -> Any:
+    raise _NotJson(name)
+
+
+def _big_int(value: Any, path: str = "") -> str | None:
+    """Where in a JSON value an integer lies beyond int64 (its key path), or None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return path if not _INT64[0] <= value <= _INT64[1] else None
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _big_int(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def _shown_id(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+_INTEGER = re.compile(r"\s*[+-]?\d+\s*")
+
+
+def _refuse_csv_integers(path: Path, where: str, delimiter: str) -> None:
+    """Refuse the first CSV/TSV field holding an integer beyond int64 (naming line, column
+    and id)."""
+    opener: Any = gzip.open if path.suffix.lower() == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", newline="") as handle:
+        rows = csv.reader(handle, delimiter=delimiter)
+        header = next(rows, [])
+        for row in rows:
+            for name, cell in zip(header, row):
+                if _INTEGER.fullmatch(cell) and not _INT64[0] <= int(cell) <= _INT64[1]:
+                    known = "id" in header and name != "id" and len(row) > header.index("id")
+                    who = f" (id {_shown_id(row[header.index('id')])})" if known else ""
+                    raise BadInput(
+                        f"{where} line {rows.line_num}{who}: column {name!r} holds an integer "
+                        "beyond 64 bits, which a column cannot hold (it would be stored as an "
+                        "inexact float)",
+                        "write it as a float (e.g. 1e20) if inexact is fine, or as text (e.g. "
+                        "with a letter in front)",
+                    )
+
+
+def _refuse_big_numbers(path: Path, where: str, fmt: str) -> None:
+    """Refuse the first number of a text file that a column would not hold as written (called
+    when a batch held a float such a number becomes; returns when there is none)."""
+    if fmt in ("csv", "tsv"):
+        _refuse_csv_integers(path, where, "\t" if fmt == "tsv" else ",")
+    elif fmt == "jsonl":
+        _refuse_json_numbers(path, where)
+
+
+def _refuse_json_numbers(path: Path, where: str) -> None:
+    """Refuse the first line of a JSON Lines file with a NaN/Infinity literal or an integer
+    beyond int64 (called when a batch held such a float; a float literal like ``1e20`` passes).
+
+    Raises:
+        BadInput: naming the line, the key and the fix.
+    """
+    opener: Any = gzip.open if path.suffix.lower() == ".gz" else open
+    with opener(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw.decode("utf-8"), parse_constant=_constant)
+            except _NotJson as exc:
+                raise BadInput(
+                    f"{where} line {number} holds {exc}, which is not JSON (JSON has no NaN or "
+                    "infinity)",
+                    "write null for a missing number",
+                ) from None
+            except (ValueError, UnicodeDecodeError):
+                continue  # pyarrow read it; its other problems are reported elsewhere
+            key = _big_int(record)
+            if key is not None:
+                known = isinstance(record, dict) and key != "id" and "id" in record
+                who = f" (id {_shown_id(record['id'])})" if known else ""
+                raise BadInput(
+                    f"{where} line {number}{who}: {key!r} is an integer beyond 64 bits, which a "
+                    "column cannot hold (it would be stored as an inexact float)",
+                    "write it as a string, or as a float (e.g. 1e20) if inexact is fine",
+                )
+
+
 def records_table(records: Sequence[Any]) -> pa.Table:
     """A list of dicts (what ``upsert`` and ``POST /upsert`` pass) as one Arrow table.
 
@@ -334,6 +471,12 @@ def records_table(records: Sequence[Any]) -> pa.Table:
             value = record[key]
             if value is None:
                 continue
+            if _big_int(value) is not None:
+                raise BadInput(
+                    f"records[{i}][{key!r}] holds an integer beyond 64 bits, which a column "
+                    "cannot hold",
+                    "give it as a string, or as a float if inexact is fine",
+                )
             kind = _kind(value)
             seen = kinds.setdefault(key, (kind, i))
             if seen[0] != kind:

@@ -16,7 +16,7 @@ from typing import Any
 
 from flowsearch.errors import IndexDamaged
 
-__all__ = ["inside", "safe_relpath"]
+__all__ = ["inside", "reference_sample", "safe_relpath"]
 
 
 def safe_relpath(value: Any, what: str = "path") -> str:
@@ -42,3 +42,22 @@ def inside(what: str) -> Any:
         return value if value is None else safe_relpath(value, what)
 
     return check
+
+
+def reference_sample(reference: Any) -> dict[str, Any] | None:
+    """The reference sample record a manifest's ``reference`` holds (``sample``: its directory
+    and files, written by ``Writer.set_reference_sample``), its paths checked; None without one.
+
+    Raises:
+        IndexDamaged: a path that leaves the index directory, or a malformed record.
+    """
+    sample = reference.get("sample") if isinstance(reference, dict) else None
+    if sample is None:
+        return None
+    files = sample.get("files") if isinstance(sample, dict) else None
+    if not isinstance(files, dict):
+        raise IndexDamaged("the manifest's reference sample record is malformed", "rebuild it")
+    safe_relpath(sample.get("path"), "reference sample")
+    for name in files:
+        safe_relpath(name, "reference sample file")
+    return dict(sample)

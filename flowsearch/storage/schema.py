@@ -11,7 +11,12 @@ The first build records each metadata column's Arrow type in the manifest. A lat
 - adds a column that first appears (null for older rows), filterable at once;
 - stores an all-null column of a new name as absent (a type cannot be learnt from nulls);
 - refuses a nested value whose type cannot be stored or filtered (a list of mixed values, a
-  map, a union) with one line.
+  map, a union) with one line;
+- refuses a column name the index cannot keep apart from its own or another column
+  (:func:`check_names`): an empty name, a name of the index's own columns (``id``, ``text``,
+  ``vector``, ``raw``, in any case), a name starting with ``__`` (kept for the index's internal
+  columns, such as the filter engine's ``__row``), and a name that differs only in case from
+  another column (filters name columns in SQL, where ``Topic`` and ``topic`` are one name).
 
 Example:
     >>> base = columns_of(pa.schema([("topic", pa.string())]))
@@ -33,8 +38,61 @@ import pyarrow.compute as pc
 
 from flowsearch.errors import BadInput
 from flowsearch.storage.records import SchemaColumn
+from flowsearch.storage.rows import RESERVED_COLUMNS
 
-__all__ = ["arrow_schema", "column_of", "columns_of", "conform", "merged", "type_of"]
+__all__ = [
+    "RESERVED_PREFIX",
+    "arrow_schema",
+    "check_names",
+    "column_of",
+    "columns_of",
+    "conform",
+    "merged",
+    "type_of",
+]
+
+#: Metadata column names starting with this are the index's own (the filter engine's ``__row``
+#: and ``__local``, and whatever internal column a later release adds): never a user's.
+RESERVED_PREFIX = "__"
+
+
+def check_names(names: Sequence[str], known: Sequence[str] = ()) -> None:
+    """Refuse metadata column names the index cannot keep apart (see the module docstring).
+
+    Args:
+        names: the incoming metadata columns' names.
+        known: the index's metadata columns (a write into an existing index): a new name
+            may not differ from one of them only in case.
+
+    Raises:
+        BadInput: one line naming the column (and the one it clashes with) and the fix.
+    """
+    own = {c.lower(): c for c in RESERVED_COLUMNS}
+    seen = {name.lower(): name for name in known}
+    for name in names:
+        if not name.strip():
+            raise BadInput("a metadata column has an empty or blank name", "name every column")
+        if name.startswith(RESERVED_PREFIX):
+            raise BadInput(
+                f"column {name!r} is reserved: names starting with {RESERVED_PREFIX!r} are the "
+                "index's own",
+                "rename or drop that column",
+            )
+        if name.lower() in own:
+            raise BadInput(
+                f"column {name!r} clashes with the index's own column {own[name.lower()]!r} "
+                f"(the index keeps {', '.join(RESERVED_COLUMNS)}; names ignore case in filters)",
+                "rename or drop that column",
+            )
+        other = seen.get(name.lower())
+        if other is not None and other != name and name not in known:
+            where = "the index's column" if other in known else "column"
+            raise BadInput(
+                f"column {name!r} differs only in case from {where} {other!r}, and filters "
+                "cannot tell them apart (SQL names ignore case)",
+                f"use {other!r}, or rename one of them",
+            )
+        seen.setdefault(name.lower(), name)
 
 
 def column_of(name: str, type_: pa.DataType) -> SchemaColumn:

@@ -4,9 +4,9 @@ Every file a version references (each segment's parts, vector index, postings, k
 file, and the calibrator's files) must be there with its recorded size; small files (at most
 ``Settings.cheap_checksum_bytes``) are checksummed on every open, all of them with
 ``checksums=True`` (``info --verify``, ``Searcher.open(verify=True)``), which also checks the
-history log. A file in a segment's directory that the manifest does not name is refused (older
-deletion files, which earlier versions still use, and a killed atomic write's temporary file
-excepted; the next writer removes both).
+history log. A file in a segment's or the calibrator's directory that the manifest does not
+name is refused (older deletion files, which earlier versions still use, and a killed atomic
+write's temporary file excepted; the next writer removes both).
 
 Example:
     >>> verify(Path("idx"), read(Path("idx")), checksums=True).n_hashed  # doctest: +SKIP
@@ -23,6 +23,7 @@ from flowsearch.errors import IndexDamaged
 from flowsearch.settings import current
 from flowsearch.storage import history
 from flowsearch.storage import manifest as mf
+from flowsearch.storage.relpaths import reference_sample
 
 __all__ = ["Verification", "size_on_disk", "verify", "verify_files"]
 
@@ -86,11 +87,11 @@ def verify_files(
     return Verification(n_files=len(files), n_hashed=hashed, not_hashed=tuple(skipped))
 
 
-def _extra_files(folder: Path, seg: mf.SegmentRecord) -> None:
+def _extra_files(folder: Path, files: Mapping[str, mf.FileRecord]) -> None:
     for path in folder.rglob("*"):
         rel = path.relative_to(folder).as_posix()
         leftover = rel.startswith("deleted-v") or (path.name.startswith(".") and ".tmp-" in rel)
-        if path.is_file() and rel not in seg.files and not leftover:
+        if path.is_file() and rel not in files and not leftover:
             raise IndexDamaged(
                 f"unexpected file in the index: {path}", "remove it or rebuild the index"
             )
@@ -114,16 +115,22 @@ def verify(
     wanted = None if segments is None else set(segments)
     out = Verification()
     if calibrator:
-        out += verify_files(
-            index_dir / manifest.calibration.path, manifest.calibration.files, checksums
-        )
+        folder = index_dir / manifest.calibration.path
+        out += verify_files(folder, manifest.calibration.files, checksums)
+        # a calibrator of its own directory (not an older format's files in the index's)
+        if manifest.format_version >= 3 and folder.resolve() != index_dir.resolve():
+            _extra_files(folder, manifest.calibration.files)
+    sample = reference_sample(manifest.reference)
+    if calibrator and sample is not None:
+        files = {k: mf.FileRecord.model_validate(v) for k, v in sample.get("files", {}).items()}
+        out += verify_files(index_dir / sample["path"], files, checksums)
     for seg in manifest.segments:
         if wanted is not None and seg.name not in wanted:
             continue
         folder = index_dir / seg.dir
         out += verify_files(folder, seg.files, checksums)
         if manifest.format_version >= 3:
-            _extra_files(folder, seg)
+            _extra_files(folder, seg.files)
     if checksums and manifest.format_version >= 3:
         out = out.model_copy(update={"history_records": history.verify(index_dir, manifest)})
     return out

@@ -42,6 +42,8 @@ import contextlib
 import errno
 import json
 import logging
+import math
+import numbers
 import os
 import secrets
 import shutil
@@ -54,7 +56,7 @@ import numpy as np
 
 from flowsearch._version import __version__
 from flowsearch.atomic import atomic_write_text, fsync_dir, fsync_tree
-from flowsearch.errors import FlowsearchError, IndexDamaged, IndexLocked, WriteFailed
+from flowsearch.errors import BadInput, FlowsearchError, IndexDamaged, IndexLocked, WriteFailed
 from flowsearch.storage import deletions, history
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.cleanup import check_target, clean, remove_failed_first_build
@@ -65,12 +67,14 @@ from flowsearch.storage.layout import (
     STAGE_PREFIX,
     calibrator_dir,
     deletions_file,
+    reference_dir,
     segment_dir,
     segment_name,
 )
+from flowsearch.storage.relpaths import reference_sample
 from flowsearch.storage.verify import verify_files
 
-__all__ = ["Writer", "file_records", "open_writer", "referenced"]
+__all__ = ["Writer", "file_records", "open_writer", "referenced", "sample_record"]
 
 LOG = logging.getLogger(__name__)
 
@@ -90,10 +94,24 @@ def referenced(manifest: mf.Manifest | None) -> set[str]:
     if manifest is None:
         return set()
     out = {manifest.calibration.path}
+    sample = sample_record(manifest)
+    if sample is not None:
+        out.add(sample["path"])
+        out.update(f"{sample['path']}/{rel}" for rel in sample.get("files", {}))
     for seg in manifest.segments:
         out.add(seg.dir)
         out.update(f"{seg.dir}/{rel}" if seg.dir != "." else rel for rel in seg.files)
     return out
+
+
+def sample_record(manifest: mf.Manifest | None) -> dict[str, Any] | None:
+    """The reference sample a version records (``reference["sample"]``: its directory and
+    files, paths checked), or None.
+
+    Raises:
+        IndexDamaged: a path leaving the index directory (a crafted manifest).
+    """
+    return reference_sample(manifest.reference if manifest is not None else None)
 
 
 class Writer:
@@ -116,6 +134,7 @@ class Writer:
         self._next_segment = 1 if base is None else base.next_segment
         self._staged: dict[str, Path] = {}  # segment name -> its staging directory
         self._calibrator: tuple[Path, mf.CalibrationSpec] | None = None
+        self._sample: tuple[Path, str] | None = None
         self._stages: list[Path] = []
         self.published: mf.Manifest | None = None
 
@@ -177,6 +196,15 @@ class Writer:
         )
         self._calibrator = (stage, spec)
         return spec
+
+    def set_reference_sample(self, stage: Path) -> dict[str, Any]:
+        """Use the reference sample saved in ``stage`` (from :meth:`stage` with
+        ``references``). Returns its record (``path`` and ``files``), for the manifest's
+        ``reference["sample"]``."""
+        path = reference_dir(self.number)
+        self._sample = (stage, path)
+        files = file_records(stage)
+        return {"path": path, "files": {k: v.model_dump(mode="json") for k, v in files.items()}}
 
     # -- publishing ------------------------------------------------------------------------
 
@@ -242,6 +270,8 @@ class Writer:
         ]
         if self._calibrator is not None:
             moves.append((self._calibrator[0], self.index_dir / self._calibrator[1].path))
+        if self._sample is not None:
+            moves.append((self._sample[0], self.index_dir / self._sample[1]))
         for stage, target in moves:
             fsync_tree(stage)
             if target.exists():  # a dead writer's, which no manifest references
@@ -257,6 +287,17 @@ def _with_checksum(manifest: mf.Manifest) -> dict[str, Any]:
     raw = manifest.to_json_dict()
     raw["checksum"] = mf.checksum(raw)
     return raw
+
+
+def _check_wait(wait: Any) -> None:
+    """Refuse a ``wait`` that is not None or a finite number of seconds >= 0."""
+    number = isinstance(wait, numbers.Real) and not isinstance(wait, bool)
+    if wait is not None and (not number or not math.isfinite(wait) or wait < 0):
+        raise BadInput(
+            f"wait must be a number of seconds >= 0, got {wait!r}",
+            "pass {wait=SECONDS}, or leave it out to refuse at once when another write runs",
+            param="wait",
+        )
 
 
 @contextlib.contextmanager
@@ -318,6 +359,7 @@ def open_writer(
         IndexLocked: another writer holds the lock past ``wait``.
         WriteFailed: the disk refused a write (nothing published).
     """
+    _check_wait(wait)
     root = Path(index_dir).expanduser()
     if new:
         check_target(root, overwrite)

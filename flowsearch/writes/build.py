@@ -39,6 +39,7 @@ from flowsearch.storage.cleanup import check_target
 from flowsearch.storage.corpus import CorpusPlan, scan_corpus
 from flowsearch.storage.rows import rows_table
 from flowsearch.storage.writer import Writer, open_writer
+from flowsearch.writes import ENGINES
 from flowsearch.writes.engine import CHUNK_ROWS, BuildOptions, finish_build, fit_space
 from flowsearch.writes.passages import Cuts, requested_sizes
 from flowsearch.writes.results import WriteResult, result_of
@@ -47,9 +48,6 @@ from flowsearch.writes.segments import SegmentBuilder
 __all__ = ["ENGINES", "build_index"]
 
 LOG = logging.getLogger(__name__)
-
-#: Where ``build_index`` runs: this process, or a Ray cluster (:mod:`flowsearch.writes.ray_engine`).
-ENGINES = ("local", "ray")
 
 
 def _source(model: str | os.PathLike[str] | None, enc: Any) -> str | None:

@@ -32,6 +32,7 @@ from flowsearch.storage import schema
 from flowsearch.storage.corpus import CorpusPlan
 from flowsearch.storage.layout import CALIBRATORS_DIR
 from flowsearch.storage.writer import Writer
+from flowsearch.writes.measure import draw_sample, stage_sample
 from flowsearch.writes.passages import spec_of
 from flowsearch.writes.segments import SegmentBuilder
 
@@ -113,11 +114,15 @@ def finish_build(
     ``measured[0]`` with raw vectors ``measured[1]``, chosen by
     :func:`~flowsearch.space.reference.reference_rows`; ``documents``: int (n_rows,) each
     row's document when documents were cut into passages, whose siblings are not "another
-    row") and publish the first version."""
+    row"), draw the reference sample later writes are judged against (the same rows as its
+    probes) and publish the first version."""
     record = builder.finish()
     spec = _save_calibrator(writer, space)
     all_lp = np.concatenate(lps) if lps else None
     reference = _reference(builder.index, space, measured, all_lp, record.n_rows, documents)
+    if len(measured[0]):  # what later writes' new rows are judged against (space/sample.py)
+        sample = draw_sample(writer, [record], probes=measured[0], method=measured[2])
+        reference = reference.model_copy(update={"sample": stage_sample(writer, sample)})
     manifest = template(enc, space, spec, plan, options)
     manifest = manifest.model_copy(
         update={

@@ -1,13 +1,17 @@
 r"""Measuring rows against an index: the best scores drift and the reference are judged on.
 
 A row's *best score* is its cosine to the nearest other row of the index, in the searched space
-(:mod:`flowsearch.space.reference`). :func:`best_scores` measures new rows against the rows an
-index held before a write (each segment's vector index opened memory-mapped, so the cost is what
-one top-1 search touches, not the index's size); :func:`remeasure` measures a sample of an
-index's own rows against the others, after ``recalibrate`` changed the space.
+(:mod:`flowsearch.space.reference`). A write's new rows are judged against the version's
+reference sample (:mod:`flowsearch.space.sample`), never the whole index:
+:func:`draw_sample` draws one from a version's rows (the build, ``recalibrate``, an index
+written before samples existed), :func:`read_sample` reads a version's, :func:`stale_keys` finds
+its rows deleted since, :func:`stage_sample` writes the next version's. :func:`best_scores`
+(new rows against the whole index, a top-1 search per row) is kept for measuring, and
+:func:`remeasure` measures a sample of an index's own rows against the others, after
+``recalibrate`` changed the space (the query verdict's reference).
 
 Example:
-    >>> best_scores(writer, writer.segments, {}, Z)  # doctest: +SKIP
+    >>> sample = read_sample(writer, base) or draw_sample(writer, base.segments)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -21,14 +25,27 @@ from flowsearch.ann import io as ann_io
 from flowsearch.ann.prefilter import filtered_search
 from flowsearch.search.dense import merge_top_k
 from flowsearch.settings import current
-from flowsearch.space.reference import Reference, best_other_score, reference_rows
+from flowsearch.space.reference import Method, Reference, best_other_score, reference_rows
+from flowsearch.space.sample import ReferenceSample
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import deletions
+from flowsearch.storage import manifest as mf
+from flowsearch.storage.keys import KeyIndex
+from flowsearch.storage.layout import REFERENCES_DIR
 from flowsearch.storage.records import SegmentRecord
 from flowsearch.storage.rows import RowReader
-from flowsearch.storage.writer import Writer
+from flowsearch.storage.verify import verify_files
+from flowsearch.storage.writer import Writer, sample_record
 
-__all__ = ["best_scores", "remeasure", "sample_positions"]
+__all__ = [
+    "best_scores",
+    "draw_sample",
+    "read_sample",
+    "remeasure",
+    "sample_positions",
+    "stage_sample",
+    "stale_keys",
+]
 
 
 def sample_positions(n: int, most: int | None = None, seed: int = 0) -> np.ndarray:
@@ -76,9 +93,120 @@ def best_scores(
     return np.where(np.isfinite(best), best, np.nan)
 
 
+def _row_keys(writer: Writer, seg: SegmentRecord, local: np.ndarray) -> np.ndarray:
+    """The id keys (uint64) of a segment's local rows."""
+    index = KeyIndex.load(writer.segment_path(seg), seg.n_rows)
+    where = np.empty(seg.n_rows, np.int64)
+    where[np.asarray(index.rows)] = np.arange(seg.n_rows)
+    keys: np.ndarray = np.asarray(index.keys)[where[local]].astype(np.uint64)
+    return keys
+
+
+def _read_rows(
+    writer: Writer,
+    segs: Sequence[SegmentRecord],
+    offsets: np.ndarray,
+    live: Sequence[np.ndarray],
+    at: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Searched vectors and keys of live rows ``at`` (positions in the live rows' order)."""
+    seg_of = np.searchsorted(offsets, at, side="right") - 1
+    vecs, keys = [], []
+    for i, seg in enumerate(segs):
+        local = live[i][at[seg_of == i] - offsets[i]]
+        if not len(local):
+            continue
+        reader = RowReader(writer.segment_path(seg), seg.parts)
+        try:
+            vecs.append(reader.vectors_at(local, "vector"))
+        finally:
+            reader.close()
+        keys.append(_row_keys(writer, seg, local))
+    if not vecs:
+        dim = writer.base.dim if writer.base is not None else 0
+        return np.zeros((0, dim), np.float32), np.zeros(0, np.uint64)
+    return np.concatenate(vecs), np.concatenate(keys)
+
+
+def draw_sample(
+    writer: Writer,
+    segments: Sequence[SegmentRecord],
+    probes: np.ndarray | None = None,
+    method: Method = "leave-one-out",
+    seed: int = 0,
+) -> ReferenceSample:
+    """A reference sample of the live rows of ``segments`` (their searched vectors as stored):
+    a seeded uniform sample of at most ``Settings.reference_sample_rows`` rows, and as probes
+    the live rows ``probes`` (positions in the live rows' order: the build's held-out rows) or,
+    by default, a leave-one-out sample (:func:`reference_rows`). Reads the row groups holding
+    them: the one step whose cost grows with the corpus, taken once per build, recalibration,
+    or index written before samples existed."""
+    segs = [s for s in segments if s.n_live]
+    live = []
+    for seg in segs:
+        dead = _dead(writer, seg, None)
+        live.append(np.arange(seg.n_rows) if dead is None else np.flatnonzero(~dead))
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in live])]).astype(np.int64)
+    total = int(offsets[-1])
+    most = min(current().reference_sample_rows, total)
+    rng = np.random.default_rng(seed)
+    picked = np.sort(rng.choice(total, most, replace=False)).astype(np.int64)
+    if probes is None:
+        probes, method = reference_rows(total, np.zeros(0, np.int64), seed=seed)
+    probes = np.asarray(probes, np.int64)
+    vectors, keys = _read_rows(writer, segs, offsets, live, picked)
+    if np.array_equal(probes, picked):
+        pv, pk = vectors, keys
+    else:
+        pv, pk = _read_rows(writer, segs, offsets, live, probes)
+    return ReferenceSample.measured(vectors, keys, pv, pk, method)
+
+
+def read_sample(writer: Writer, base: mf.Manifest) -> ReferenceSample | None:
+    """The reference sample version ``base`` records (its files' sizes checked), or None when
+    it has none (an index written before samples existed)."""
+    record = sample_record(base)
+    if record is None:
+        return None
+    folder = writer.index_dir / record["path"]
+    files = {k: mf.FileRecord.model_validate(v) for k, v in record.get("files", {}).items()}
+    verify_files(folder, files, small=False)
+    return ReferenceSample.load(folder, base.dim)
+
+
+def stale_keys(writer: Writer, segments: Sequence[SegmentRecord], keys: np.ndarray) -> np.ndarray:
+    """The ``keys`` (uint64) no live row of ``segments`` holds: rows deleted since they were
+    sampled. Each segment's key index is searched (binary search, memory-mapped): the cost
+    grows with the keys and the segments, not the rows."""
+    keys = np.unique(np.asarray(keys, np.uint64))
+    live = np.zeros(len(keys), bool)
+    for seg in segments:
+        if seg.n_live == 0 or seg.keys is None:
+            continue
+        index = KeyIndex.load(writer.segment_path(seg), seg.n_rows)
+        lo = np.searchsorted(index.keys, keys, side="left")
+        hi = np.searchsorted(index.keys, keys, side="right")
+        dead = _dead(writer, seg, None)
+        for at in np.flatnonzero((hi > lo) & ~live):
+            rows = np.asarray(index.rows[lo[at] : hi[at]])
+            live[at] = dead is None or not dead[rows].all()
+    return keys[~live]
+
+
+def stage_sample(writer: Writer, sample: ReferenceSample) -> dict[str, Any]:
+    """Write ``sample`` for the version being written; returns its record (the manifest's
+    ``reference["sample"]``)."""
+    stage = writer.stage(REFERENCES_DIR)
+    sample.save(stage)
+    record = writer.set_reference_sample(stage)
+    record.update(rows=sample.n_sample, probes=sample.n_probes)
+    return record
+
+
 def remeasure(writer: Writer, space: SearchSpace, lps: np.ndarray | None = None) -> Reference:
     """The reference of the version being written (every segment in ``space``): a seeded
-    sample of its rows, each against the others (leave-one-out)."""
+    sample of its rows, each against the others (leave-one-out); with a reference sample drawn
+    again from the rewritten rows (the old one's vectors are in the old space) and staged."""
     segments = [s for s in writer.segments if s.n_rows]
     counts = [s.n_rows for s in segments]
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -104,10 +232,12 @@ def remeasure(writer: Writer, space: SearchSpace, lps: np.ndarray | None = None)
     scores, found = merge_top_k(answers, offsets, 2)
     top = best_other_score(scores, found, rows)
     spec = space.spec
-    return Reference.from_scores(
+    reference = Reference.from_scores(
         top,
         method=method,
         n_corpus=total,
         space=spec.space,
         mean_cosine=spec.anisotropy.get("mean_cosine") if spec.space == "encoder" else None,
     )
+    sample = stage_sample(writer, draw_sample(writer, writer.segments, seed=writer.number))
+    return reference.model_copy(update={"sample": sample})

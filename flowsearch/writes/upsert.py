@@ -12,10 +12,13 @@ Records are checked against the index's schema before anything is written: a val
 cannot be cast losslessly to its column's type is refused naming the id, the column, the
 expected and the given type; a new column is added (null for older rows).
 
-Drift: each new row's best score against the rows the index held before (those the write
-replaces excluded; at most ``Settings.drift_max_rows`` rows, a seeded sample) is placed among the
-corpus's own (:func:`flowsearch.space.drift.drift_report`): "the 20 new rows sit like the
-corpus: median percentile 48".
+Drift: each new row's best score against the version's reference sample (a fixed-size sample
+of the rows the index held before, those the write replaces or deleted since excluded; at most
+``Settings.drift_max_rows`` new rows, a seeded sample) is placed among the corpus's own best
+scores against the same sample (:func:`flowsearch.space.drift.drift_report`): "the 20 new rows
+sit like the corpus: median percentile 48". The check's cost does not grow with the corpus
+(:mod:`flowsearch.space.sample`); the write's rows enter the next version's sample in
+proportion.
 
 Example:
     >>> upsert("my_index", [{"id": "doc-1", "text": "new text"}]).n_inserted  # doctest: +SKIP
@@ -28,24 +31,32 @@ import logging
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 from flowsearch.errors import BadInput
 from flowsearch.progress import Stages
+from flowsearch.settings import current
 from flowsearch.space.drift import DriftReport, drift_report
-from flowsearch.space.reference import reference_of
+from flowsearch.space.reference import Reference, reference_of
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
 from flowsearch.storage import schema as schema_mod
 from flowsearch.storage.corpus import CorpusPlan, scan_corpus
+from flowsearch.storage.keys import keys_of
 from flowsearch.storage.lookup import find_live
 from flowsearch.storage.rows import rows_table
 from flowsearch.storage.writer import Writer, open_writer
 from flowsearch.writes.engine import CHUNK_ROWS
-from flowsearch.writes.measure import best_scores, sample_positions
+from flowsearch.writes.measure import (
+    draw_sample,
+    read_sample,
+    sample_positions,
+    stage_sample,
+    stale_keys,
+)
 from flowsearch.writes.merge import merge, plan_merges
 from flowsearch.writes.passages import Cuts, sizes_of
 from flowsearch.writes.results import WriteResult, result_of
@@ -184,19 +195,23 @@ def _write(
         assert base is not None
         with st.timed("scan"):
             plan = _plan(kind, base, corpus, text_column, id_column, strict)
-            replaced, n_replaced = _replaced(writer, plan, kind)
+            replaced, replaced_keys, n_replaced = _replaced(writer, plan, kind)
         with st.timed("load model"):
             space = SearchSpace.open(target, base, encoder, model=model)
         with st.timed("cut"):  # as the build cut (the manifest's sizes): rows are passages
             cuts = Cuts(space.encoder, plan, sizes_of(base.passages), CHUNK_ROWS)
         record, scored = _write_segment(writer, base, plan, cuts, space, batch_size, st)
         with st.timed("drift"):
-            drift = _drift(writer, base, replaced, scored, cuts.n_rows)
+            before = [seg for seg in writer.segments if seg.name != record.name]
+            drift, reference = _drift(writer, base, before, replaced, replaced_keys, scored,
+                                      cuts.n_rows)  # fmt: skip
         for name, rows in replaced.items():
             writer.delete_rows(name, rows)
         new_schema = schema_mod.merged(base.schema_, plan.metadata_schema)
         merged = _merge(writer, base, new_schema) if merge_segments else 0
         changes = _changes(base, plan, space, model, new_schema)
+        if reference is not None:
+            changes["reference"] = reference
         detail = {"segment": record.name, "inserted": plan.n_rows - n_replaced,
                   "replaced": n_replaced, "merged": merged, "drift": drift.to_dict()}  # fmt: skip
         manifest = writer.publish(kind=kind, n_rows=cuts.n_rows, detail=detail, **changes)
@@ -256,12 +271,15 @@ def _plan_ids(plan: CorpusPlan) -> pa.Array | None:
     return pa.chunked_array(chunks).combine_chunks() if chunks else None
 
 
-def _replaced(writer: Writer, plan: CorpusPlan, kind: str) -> tuple[dict[str, np.ndarray], int]:
+def _replaced(
+    writer: Writer, plan: CorpusPlan, kind: str
+) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
     """Per segment, the live local rows this write replaces (every passage of a replaced
-    document; ``add``: refused instead), and how many documents they are."""
+    document; ``add``: refused instead), their ids' keys (uint64) and how many documents
+    they are."""
     ids = _plan_ids(plan)
     if ids is None or not len(ids):
-        return {}, 0
+        return {}, np.zeros(0, np.uint64), 0
     found = find_live(writer.segments, writer.segment_path, ids)
     if found and kind == "add":
         example = ids[found[0][0]].as_py()
@@ -272,8 +290,9 @@ def _replaced(writer: Writer, plan: CorpusPlan, kind: str) -> tuple[dict[str, np
     out: dict[str, list[int]] = {}
     for _, name, row in found:
         out.setdefault(name, []).append(row)
+    keys = keys_of(ids.take(pa.array([p for p, _, _ in found], pa.int64())))
     rows = {name: np.array(sorted(rows), dtype=np.int64) for name, rows in out.items()}
-    return rows, len({p for p, _, _ in found})
+    return rows, keys, len({p for p, _, _ in found})
 
 
 def _write_segment(
@@ -284,9 +303,10 @@ def _write_segment(
     space: SearchSpace,
     batch_size: int,
     st: Stages,
-) -> tuple[mf.SegmentRecord, tuple[np.ndarray, np.ndarray | None]]:
-    """Encode, project and write the new rows (a row per passage) as one segment. Returns
-    its record and the searched vectors (and log-densities) of the rows drift is judged on."""
+) -> tuple[mf.SegmentRecord, _Pool]:
+    """Encode, project and write the new rows (a row per passage) as one segment. Returns its
+    record and a seeded sample of the new rows (:func:`_pool`): their searched vectors, keys,
+    which of them drift judges, and those rows' log-densities."""
     builder = SegmentBuilder(
         writer,
         dim=base.dim,
@@ -294,8 +314,9 @@ def _write_segment(
         requested=base.ann_requested,
         lexical=base.lexical is not None,
     )
-    scored = sample_positions(cuts.n_rows)
+    pool, judged = _pool(cuts.n_rows)
     Zs: list[np.ndarray] = []
+    keys: list[np.ndarray] = []
     lps: list[np.ndarray] = []
     row = 0
     with st.task("writing rows", total=cuts.n_rows) as advance:
@@ -305,16 +326,38 @@ def _write_segment(
             with st.timed("write"):
                 Z, lp = space.project(U)
                 builder.add(rows_table(ids, texts, meta, Z, U, passages), Z)
-            pick = scored[(scored >= row) & (scored < row + len(texts))] - row
+            pick = pool[(pool >= row) & (pool < row + len(texts))] - row
             Zs.append(Z[pick])
+            keys.append(keys_of(ids.take(pa.array(pick, pa.int64()))))
             if lp is not None:
                 lps.append(lp[pick])
             row += len(texts)
             advance(len(texts))
     with st.timed("index"):
         record = builder.finish()
-    Z_scored = np.concatenate(Zs) if Zs else np.zeros((0, base.dim), np.float32)
-    return record, (Z_scored, np.concatenate(lps) if lps else None)
+    Z_pool = np.concatenate(Zs) if Zs else np.zeros((0, base.dim), np.float32)
+    key_pool = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+    lp_judged = np.concatenate(lps)[judged] if lps else None
+    return record, _Pool(Z_pool, key_pool, judged, lp_judged)
+
+
+class _Pool(NamedTuple):
+    """A seeded sample of a write's new rows (see :func:`_pool`)."""
+
+    Z: np.ndarray  # float32 (q, d), searched vectors
+    keys: np.ndarray  # uint64 (q,)
+    judged: np.ndarray  # int64, positions in the pool drift judges
+    lp: np.ndarray | None  # float (len(judged),), their log-densities
+
+
+def _pool(n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which of a write's ``n_rows`` new rows are kept (row positions, sorted): as many as may
+    enter the reference sample, and among them (positions in the pool) the at most
+    ``Settings.drift_max_rows`` drift judges (both seeded, uniform)."""
+    s = current()
+    pool = sample_positions(n_rows, max(s.reference_sample_rows, s.drift_max_rows))
+    judged = sample_positions(len(pool), s.drift_max_rows, seed=1)
+    return pool, judged
 
 
 def _merge(writer: Writer, base: mf.Manifest, schema: tuple[mf.SchemaColumn, ...]) -> int:
@@ -338,12 +381,50 @@ def _merge(writer: Writer, base: mf.Manifest, schema: tuple[mf.SchemaColumn, ...
 def _drift(
     writer: Writer,
     base: mf.Manifest,
+    before: list[mf.SegmentRecord],
     replaced: dict[str, np.ndarray],
-    scored: tuple[np.ndarray, np.ndarray | None],
+    replaced_keys: np.ndarray,
+    pool: _Pool,
     n_rows: int,
-) -> DriftReport:
-    """Where the new rows sit: their best scores against the rows the index held before the
-    write, minus the ones it replaces (:mod:`flowsearch.writes.measure`)."""
-    Z, lp = scored
-    best = best_scores(writer, base.segments, replaced, Z)
-    return drift_report(best, reference_of(base), lp, rows=n_rows)
+) -> tuple[DriftReport, dict[str, Any] | None]:
+    """Where the new rows sit: their best scores against the reference sample of the rows the
+    index held before the write (``before``: its segments, an older format's converted), minus
+    those it replaces and those deleted since (:mod:`flowsearch.space.sample`), placed among the
+    sample's probes' best scores. Returns the report and the next version's reference (None:
+    unchanged)."""
+    stored = reference_of(base)
+    sample = read_sample(writer, base)
+    drawn = sample is None
+    if sample is None:  # an index written before samples existed: draw one, once
+        sample = draw_sample(writer, before, seed=base.version)
+    gone = stale_keys(writer, before, np.concatenate([sample.keys, sample.probe_keys]))
+    live = sample.without(np.union1d(gone, replaced_keys))
+    n_live = base.n_live - int(sum(len(r) for r in replaced.values()))
+    s = current()
+    if not drawn and (
+        live.n_sample < min(s.reference_sample_rows, n_live) // 2
+        or s.reference_min_rows > live.n_probes < n_live
+    ):  # deletes took most of it: draw it again (rare; reads the rows it picks)
+        sample = draw_sample(writer, before, seed=base.version)
+        live, drawn = sample.without(replaced_keys), True
+    spec = base.calibration
+    reference = Reference.from_scores(
+        live.probe_best,
+        method="held-out" if live.method == "held-out" else "leave-one-out",
+        n_corpus=n_live,
+        space=spec.space,
+    )
+    log_median = stored.log_density_median if stored is not None else None
+    reference = reference.model_copy(update={"log_density_median": log_median})
+    best = live.best_scores(pool.Z[pool.judged])
+    report = drift_report(best, reference, pool.lp, rows=n_rows, sample=live.n_sample)
+    after = live.updated(n_live, pool.Z, pool.keys, n_rows, s.reference_sample_rows,
+                         s.reference_max_rows, seed=writer.number)  # fmt: skip
+    if after is sample and not drawn:
+        return report, None
+    kept = dict(base.reference or {}) or (stored.model_dump(mode="json") if stored else {})
+    kept["sample"] = stage_sample(writer, after)
+    if "method" not in kept:  # no reference for queries (nor measured here: see Reference)
+        empty = Reference(method=reference.method, n_measured=0, n_corpus=n_live, space=spec.space)
+        kept = {**empty.model_dump(mode="json"), "sample": kept["sample"]}
+    return report, kept

@@ -225,7 +225,8 @@ def _aims(windows: list[tuple], kind: str, slow: bool) -> list[tuple]:
 
 
 def _files(m: mf.Manifest) -> int:
-    return sum(len(s.files) for s in m.segments) + len(m.calibration.files)
+    sample = ((m.reference or {}).get("sample") or {}).get("files", {})  # the reference sample
+    return sum(len(s.files) for s in m.segments) + len(m.calibration.files) + len(sample)
 
 
 def _check_after(cli, index: Path, base: mf.Manifest | None, new: mf.Manifest, old: list,
