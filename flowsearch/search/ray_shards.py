@@ -231,8 +231,12 @@ class ShardServer:
     def records(self, spec: ShardSpec, rows: np.ndarray) -> tuple[bool, Any]:
         return self._call(spec, "records", spec.version, rows)
 
-    def pid(self) -> int:
-        return os.getpid()
+    def node(self) -> str:
+        """The Ray node this actor runs on."""
+        import ray
+
+        node: str = ray.get_runtime_context().get_node_id()
+        return node
 
 
 # -- the driver ----------------------------------------------------------------------------
@@ -349,6 +353,7 @@ class RayBackend:
         opened = Opened()
         version = open_current(root, lambda m: _front(root, m, opened, verify, encoder, model))
         ray, started = connect(address)
+        actors: list[Any] = []
         try:
             cpus = max(int(ray.cluster_resources().get("CPU", 1)), 1)
             wanted = shards or cpus
@@ -357,15 +362,20 @@ class RayBackend:
                 LOG.info("%d shards asked, %d segments: using %d", wanted, n, n)
             restarts = current().shard_restarts
             actor = ray.remote(ShardServer).options(
-                num_cpus=min(1.0, cpus / n),
+                # no CPU reserved: a shard always fits (any node count, any shard count) and
+                # a lost one restarts wherever a node is left; SPREAD still spreads them
+                num_cpus=0,
                 max_restarts=restarts,
                 max_task_retries=restarts,
                 scheduling_strategy="SPREAD",
             )
-            actors = [actor.remote(str(root.resolve())) for _ in range(n)]
+            actors += [actor.remote(str(root.resolve())) for _ in range(n)]
             backend = cls(ray, started, actors, assign(version.manifest, n), version)
             backend.current.ready()
         except BaseException:
+            for made in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(made)
             if started:
                 ray.shutdown()
             raise
