@@ -186,5 +186,7 @@ def test_a_lost_node_gives_the_same_answer_or_unavailable(cluster: Any, index: P
                     break
                 except Unavailable:
                     assert time.monotonic() < deadline
+            now = ray.get([a.node.remote() for a in on_ray._backend.actors])
+            assert victim.node_id not in now  # restarted on a node that is left
         finally:
             on_ray.close()

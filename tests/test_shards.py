@@ -139,3 +139,48 @@ def _pair(index: Any, groups: list[list[int]]) -> tuple[Searcher, Searcher]:
     if key not in _PAIRS:
         _PAIRS[key] = (Searcher.open(index), split_searcher(index, groups))
     return _PAIRS[key]
+
+
+def test_ray_engine_without_ray_names_the_extra(index, monkeypatch) -> None:
+    import sys
+
+    from flowsearch.errors import MissingExtra
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails
+    with pytest.raises(MissingExtra, match=r"flowsearch\[ray\]"):
+        Searcher.open(index, engine="ray", shards=2)
+
+
+def test_engine_shards_and_address_are_checked(index) -> None:
+    from flowsearch.search import ray_shards
+
+    with pytest.raises(BadInput, match="engine"):
+        Searcher.open(index, engine="spark")
+    with pytest.raises(BadInput, match="engine='ray'"):
+        Searcher.open(index, shards=2)
+    with pytest.raises(BadInput, match="shards"):
+        Searcher.open(index, engine="ray", shards=0)
+    for address in ("127.0.0.1:1", "nohost"):
+        with pytest.raises(BadInput, match="address") as caught:
+            ray_shards._reachable(address)
+        assert caught.value.param == "address"
+
+
+def test_segments_are_balanced_by_rows_and_keep_their_shard(index) -> None:
+    from flowsearch.search.ray_shards import assign, specs
+
+    m = Searcher.open(index).manifest
+    where = assign(m, 2)
+    assert set(where) == {s.name for s in m.segments} and set(where.values()) == {0, 1}
+    rows = [sum(s.n_live for s in m.segments if where[s.name] == i) for i in range(2)]
+    biggest = max(s.n_live for s in m.segments)
+    assert abs(rows[0] - rows[1]) <= biggest
+    fewer = m.model_copy(update={"segments": m.segments[1:]})
+    assert all(assign(fewer, 2, where)[s.name] == where[s.name] for s in fewer.segments)
+    starts = np.cumsum([0] + [s.n_rows for s in m.segments])[:-1].tolist()
+    parts = specs(m, where, 2)
+    assert sorted(b for p in parts for b in p.base) == starts
+    for p in parts:  # each shard's segments in version order, with their global first rows
+        names = [s.name for s in p.manifest.segments]
+        assert names == [s.name for s in m.segments if where[s.name] == parts.index(p)]
+        assert list(p.base) == [starts[[s.name for s in m.segments].index(n)] for n in names]

@@ -349,6 +349,7 @@ class RayBackend:
             isinstance(shards, bool) or not isinstance(shards, int) or shards < 1
         ):
             raise BadInput(f"shards must be an integer >= 1, got {shards!r}", param="shards")
+        _import_ray()  # before loading anything: one line naming the extra
         root = Path(index_dir).expanduser()
         opened = Opened()
         version = open_current(root, lambda m: _front(root, m, opened, verify, encoder, model))
