@@ -109,14 +109,6 @@ class Statistics:
             return None
         return build_reference(self.vector_sum, self.n_live)
 
-    def for_terms(self, terms: Sequence[str]) -> Statistics:
-        """These statistics with only ``terms``' document frequencies (what a request sends)."""
-        if self.lexical is None:
-            return self
-        df = {t: self.lexical.df_of(t) for t in terms}
-        lexical = Bm25Statistics(self.lexical.n_live, self.lexical.total_length, df)
-        return Statistics(self.version, self.n_live, self.vector_sum, lexical)
-
 
 @dataclass(frozen=True)
 class Request:
