@@ -108,8 +108,8 @@ def connect(address: str | None = None) -> tuple[Any, bool]:
         )
     else:
         _reachable(address)
-    try:
-        ray.init(address=address, **kwargs)
+    try:  # "local": a new Ray, never one another process left running on this machine
+        ray.init(address=address or "local", **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise BadInput(
             f"cannot connect to Ray at address {address!r} ({exc})",
