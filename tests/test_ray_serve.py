@@ -7,7 +7,6 @@ Slow (a Ray cluster and its actors cost tens of seconds on 2 shared cores): run 
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 import time
@@ -16,9 +15,6 @@ from typing import Any
 
 import pytest
 
-# every node on the loopback address (Ray would otherwise give this machine's outward address,
-# which a sandbox may not let the nodes reach): before Ray starts any process
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 ray = pytest.importorskip("ray")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -39,7 +35,10 @@ NODE = {"num_cpus": 1}
 def cluster() -> Any:
     from ray._private import ray_constants
 
+    # every node on the loopback address (Ray would otherwise give this machine's outward
+    # address, which a sandbox may not let the nodes reach), in this process and the nodes'
     loopback = pytest.MonkeyPatch()
+    loopback.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     loopback.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
     made = Cluster(initialize_head=True, connect=True,
                    head_node_args={**NODE, "include_dashboard": False})  # fmt: skip
