@@ -30,7 +30,7 @@ test-slow: setup
 
 # The Ray engine against the local one on a local Ray (num_cpus=2): slow, run by CI after `test`.
 test-ray: setup
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m slow tests/test_ray_ingest.py
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m slow tests/test_ray_ingest.py tests/test_ray_serve.py
 
 lint: setup
 	$(BIN)/ruff check flowsearch tests benchmarks data

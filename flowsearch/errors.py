@@ -14,6 +14,7 @@ class                       when                                                
 :class:`IndexDamaged`       a file of the index is missing, changed or unreadable    2    500
 :class:`WriteFailed`        the disk refused a write (full, permissions)             2    507
 :class:`MissingExtra`       an optional dependency is not installed                  2    501
+:class:`Unavailable`        a part of a distributed index did not answer in time     2    503
 ==========================  =====================================================  ====  =====
 
 A message names the problem and how to fix it. The fix differs per surface (a Python keyword
@@ -45,6 +46,7 @@ __all__ = [
     "MissingExtra",
     "NotFound",
     "Surface",
+    "Unavailable",
     "WriteFailed",
 ]
 
@@ -159,3 +161,10 @@ class MissingExtra(FlowsearchError):
     """An optional dependency (an extra such as ``server`` or ``ray``) is missing (HTTP 501)."""
 
     http_status = 501
+
+
+class Unavailable(FlowsearchError):
+    """A part of an index served from several processes (a Ray shard) did not answer in time
+    or was lost, so no whole answer exists; retrying may succeed (exit 2, HTTP 503)."""
+
+    http_status = 503

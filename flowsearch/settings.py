@@ -108,6 +108,11 @@ class Settings:
     # --- search -----------------------------------------------------------------------------
     #: Candidates each side contributes to hybrid fusion (at least k).
     hybrid_candidates: int = 100
+    #: Seconds a searcher served from Ray shards waits for every shard's answer (a restarted
+    #: actor reopening its segments included) before it raises ``Unavailable``.
+    shard_timeout: float = 60.0
+    #: How often Ray restarts a lost shard actor, and retries a call it lost.
+    shard_restarts: int = 3
 
     # --- search: where filters (DuckDB) ----------------------------------------------------
     #: Seconds a filter may run before it is interrupted (DuckDB checks between vectors of

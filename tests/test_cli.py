@@ -697,3 +697,18 @@ def test_summaries_count_in_words(built, tmp_path):
     assert history[1].endswith(" delete 1 row") and " compact 79 rows " in history[2]
     query = wide.invoke(app, ["query", "the cat", "--index", str(out), "-k", "1"])
     assert query.stdout.splitlines()[0] == "'the cat': 1 hit"
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--engine", "ray", "--shards", "0"], "shards"),
+        (["--engine", "spark"], "engine"),
+        (["--shards", "2"], "--engine ray"),
+    ],  # fmt: skip
+)
+def test_serve_checks_engine_and_shards(built, extra, says):
+    pytest.importorskip("fastapi")
+    result = runner.invoke(app, ["serve", "--index", str(built[0]), "--port", "0", *extra])
+    assert result.exit_code == 2 and says in result.stderr, result.output
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from corpus_helpers import sentences, write_corpus
+from shard_helpers import assert_same, split_searcher
 from typer.testing import CliRunner
 
 from flowsearch.encode.encoder import Encoder
@@ -111,6 +112,30 @@ def test_k_counts_documents_exactly(long_index):
             assert [h.rank for h in hits] == list(range(1, k + 1))
             assert [h.id for h in hits] == ids[:k]  # deeper searches agree: exact
             assert all(a.score >= b.score for a, b in zip(hits, hits[1:], strict=False))
+
+
+def test_shards_group_passages_as_one_searcher(tmp_path, long_index):
+    """Documents cut into passages, spread over segments held by several shards (the seam Ray
+    serving uses), give one searcher's documents, scores, highlights and whole texts."""
+    import shutil
+
+    index = tmp_path / "idx"
+    shutil.copytree(long_index, index)
+    more = [dict(r, id=f"m{i}") for i, r in enumerate(_records())]
+    for i in range(2):
+        pq.write_table(pa.Table.from_pylist(more[i * 6 : i * 6 + 6]), tmp_path / f"m{i}.parquet")
+        upsert(index, tmp_path / f"m{i}.parquet", merge_segments=False)
+    delete(index, ["d4", "m2"])
+    one, split = Searcher.open(index), split_searcher(index, [[0, 2], [1]])
+    assert len(one.version.segments) == 3
+    for mode in ("dense", "lexical", "hybrid"):
+        for k, where in ((1, None), (5, None), (30, "year >= 2004")):
+            want = one.search(["the cat runs", "old river"], k=k, where=where, mode=mode)
+            got = split.search(["the cat runs", "old river"], k=k, where=where, mode=mode)
+            assert_same(got, want, 1e-9)
+            for g, w in zip(sum(got, []), sum(want, []), strict=True):
+                assert (g.text, g.highlight) == (w.text, w.highlight)
+    assert any(h.highlight is not None for h in one.search("the cat runs", k=30))
 
 
 def test_a_hit_is_its_best_passage_with_highlight_and_whole_text(long_index):

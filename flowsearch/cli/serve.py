@@ -31,6 +31,26 @@ def serve_cmd(
             show_default=False,
         ),
     ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(help="local: this process; ray: the segments spread over Ray actors."),
+    ] = "local",
+    shards: Annotated[
+        int | None,
+        typer.Option(
+            help="With --engine ray: how many actors (capped at the segments; default one "
+            "per CPU of the cluster).",
+            show_default=False,
+        ),
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            help="With --engine ray: the Ray cluster to join (default $RAY_ADDRESS, else a "
+            "local Ray).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve the index over HTTP until Ctrl-C or SIGTERM (prints where, and what it serves)."""
     try:
@@ -40,4 +60,5 @@ def serve_cmd(
             f"the server needs its extra ({exc.name} is missing)",
             "install it: pip install 'flowsearch[server]'",
         ) from None
-    serve(index, host=host, port=port, api_key=api_key)
+    serve(index, host=host, port=port, api_key=api_key, engine=engine, shards=shards,
+          address=address)  # fmt: skip

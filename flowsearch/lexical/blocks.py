@@ -33,7 +33,7 @@ from flowsearch.errors import IndexDamaged
 from flowsearch.lexical.postings import Int32, Int64, Mask, Postings
 from flowsearch.lexical.weights import Method, idf, tfc
 
-__all__ = ["Block", "BlockCache", "Segment", "Weighing", "term_blocks"]
+__all__ = ["Block", "BlockCache", "Segment", "Weighing", "live_dfs", "term_blocks"]
 
 #: A segment as the lexical side reads it in a version: its postings and its deletion mask
 #: (bool (n_rows,), True for a deleted row) or None.
@@ -56,7 +56,11 @@ class Weighing:
 
 
 def term_blocks(
-    segments: Sequence[Segment], offsets: Int64, terms: Sequence[str], weighing: Weighing
+    segments: Sequence[Segment],
+    offsets: Int64,
+    terms: Sequence[str],
+    weighing: Weighing,
+    dfs: Sequence[int] | None = None,
 ) -> list[Block]:
     """The block of each of ``terms`` (distinct), in that order.
 
@@ -65,6 +69,8 @@ def term_blocks(
         offsets: int64 (segments + 1,): each segment's first global row, then the total.
         terms: distinct index terms.
         weighing: the version's statistics.
+        dfs: each term's document frequency for its idf, when the corpus is wider than
+            ``segments`` (a shard of a version: the df over every shard); None: counted here.
 
     Raises:
         IndexDamaged: a posting points outside its segment (a damaged memory-mapped array).
@@ -73,11 +79,28 @@ def term_blocks(
         gathered = _Gathered.of(segments, terms)
         if gathered is None:
             return [(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in terms]
-        return gathered.weigh(segments, offsets, len(terms), weighing)
+        return gathered.weigh(segments, offsets, len(terms), weighing, dfs)
     except IndexError:  # only a damaged memory-mapped array can point outside its segment
         raise IndexDamaged(
             "the lexical postings point outside their segment", "rebuild the index"
         ) from None
+
+
+def live_dfs(segments: Sequence[Segment], terms: Sequence[str]) -> list[int]:
+    """Each of ``terms``' live rows over ``segments`` (its document frequency), without
+    weighing anything: what one shard contributes to a version's statistics."""
+    out = [0] * len(terms)
+    for p, deleted in segments:
+        for j, term in enumerate(terms):
+            t = p.term_lookup(term)
+            if t is None:
+                continue
+            a, b = p.indptr.item(t), p.indptr.item(t + 1)
+            if deleted is None:
+                out[j] += b - a
+            else:
+                out[j] += b - a - int(np.count_nonzero(deleted.take(p.rows[a:b])))
+    return out
 
 
 @dataclass
@@ -121,7 +144,12 @@ class _Gathered:
         return cls(np.concatenate(rows), np.concatenate(tfs), pieces, spans)
 
     def weigh(
-        self, segments: Sequence[Segment], offsets: Int64, n_terms: int, weighing: Weighing
+        self,
+        segments: Sequence[Segment],
+        offsets: Int64,
+        n_terms: int,
+        weighing: Weighing,
+        dfs: Sequence[int] | None = None,
     ) -> list[Block]:
         """The terms' blocks: live postings, global rows, weights; regrouped term by term."""
         local = self.local
@@ -147,7 +175,8 @@ class _Gathered:
             live = running[piece[:, 2]] - running[piece[:, 1]]
         df = np.bincount(term, weights=live, minlength=n_terms).astype(np.int64)
         w = weighing
-        idfs = np.array([idf(w.method, d, w.n_live) if d else 0.0 for d in df.tolist()])
+        counted = df.tolist() if dfs is None else [int(d) if n else 0 for d, n in zip(dfs, df)]
+        idfs = np.array([idf(w.method, d, w.n_live) if d else 0.0 for d in counted])
         c = tfc(w.method, self.tf.astype(np.float64), lengths.astype(np.float64),
                 w.avg_length, w.k1, w.b)  # fmt: skip
         weights = (np.repeat(idfs[term], size) * c).astype(np.float32)

@@ -36,19 +36,102 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 from flowsearch import settings
 from flowsearch.errors import BadInput
-from flowsearch.lexical.blocks import Block, BlockCache, Float32, Segment, Weighing, term_blocks
+from flowsearch.lexical.blocks import (
+    Block,
+    BlockCache,
+    Float32,
+    Segment,
+    Weighing,
+    live_dfs,
+    term_blocks,
+)
 from flowsearch.lexical.postings import Int64, Mask, check_mask
 from flowsearch.lexical.tokens import tokenize_batch
 from flowsearch.lexical.weights import Method, check_method, idf, tfc_supremum
 
-__all__ = ["Bm25", "Method", "Segment"]
+__all__ = ["Bm25", "Method", "Segment", "Statistics", "query_terms", "upper_bound"]
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """What a BM25 score depends on besides the row itself: the corpus's live rows (N), their
+    total length, and the document frequency of each term asked about. Given from outside
+    (:meth:`Bm25.search`'s ``statistics``), they make a part of a corpus (a shard holding some
+    of a version's segments) score its rows exactly as the whole corpus does; parts add up
+    (:meth:`summed`), as Lucene's ``CollectionStatistics`` and Elasticsearch's DFS phase do.
+
+    Attributes:
+        n_live: live rows.
+        total_length: the live rows' summed lengths in terms.
+        df: live rows holding each term (index terms, as :func:`~.tokens.tokenize` gives).
+    """
+
+    n_live: int
+    total_length: int
+    df: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def avg_length(self) -> float:
+        """The live rows' mean length (1.0 when there is none, as :class:`Bm25` takes it)."""
+        return (self.total_length / self.n_live if self.n_live else 0.0) or 1.0
+
+    @classmethod
+    def summed(cls, parts: Sequence[Statistics]) -> Statistics:
+        """The statistics of the union of disjoint parts (each asked about the same terms)."""
+        df: dict[str, int] = {}
+        for part in parts:
+            for term, n in part.df.items():
+                df[term] = df.get(term, 0) + int(n)
+        return cls(
+            n_live=sum(int(p.n_live) for p in parts),
+            total_length=sum(int(p.total_length) for p in parts),
+            df=df,
+        )
+
+    def df_of(self, term: str) -> int:
+        """``term``'s document frequency.
+
+        Raises:
+            BadInput: these statistics were not gathered for ``term``.
+        """
+        try:
+            return int(self.df[term])
+        except KeyError:
+            raise BadInput(
+                f"the BM25 statistics hold no document frequency for {term!r}",
+                "gather statistics for every query's terms before scoring",
+                param="statistics",
+            ) from None
+
+
+def query_terms(queries: Sequence[str]) -> list[str]:
+    """The distinct index terms of ``queries``, in first-seen order."""
+    return list(dict.fromkeys(t for terms in tokenize_batch(list(queries)) for t in terms))
+
+
+def upper_bound(query: str, statistics: Statistics, method: Method, k1: float) -> float:
+    """A score no row can exceed for ``query`` under ``statistics`` (see
+    :meth:`Bm25.upper_bound`, which is this with the corpus's own statistics)."""
+    terms = tokenize_batch([query])[0]
+    if not statistics.n_live:
+        return 0.0
+    top = tfc_supremum(method, k1)
+    rarest = 1 if method == "atire" else 0
+    dfs = [statistics.df_of(t) or rarest for t in terms]
+    bound = sum(max(idf(method, df, statistics.n_live), 0.0) * top for df in dfs)
+    if not bound:
+        return 0.0
+    # the float32 sums may round up: a margin far above their error, then an ulp
+    padded = np.float32(bound * (1 + 1e-6))
+    return float(np.nextafter(padded, np.float32(np.inf)))
 
 
 class Bm25:
@@ -91,6 +174,8 @@ class Bm25:
         #: Live rows of every segment: BM25's N.
         self.n_live = sum(n for n, _ in stats)
         live_length = sum(total for _, total in stats)
+        #: The live rows' summed lengths.
+        self.live_length = int(live_length)
         # 1.0 when nothing is live or every live row is empty: no weight is then computed
         # from it (no live posting), and nothing divides by zero
         #: The live rows' mean length in terms.
@@ -107,8 +192,24 @@ class Bm25:
         """Live rows holding ``term`` (an index term, as :func:`~.tokens.tokenize` gives)."""
         return len(self._blocks([term])[term][0])
 
+    def statistics(self, terms: Sequence[str]) -> Statistics:
+        """These segments' :class:`Statistics` for ``terms`` (index terms: see
+        :func:`query_terms`): N, the total length and each term's df over their live rows
+        (what a shard reports for a version's global statistics to be summed)."""
+        terms = list(dict.fromkeys(terms))
+        cached = self._cache.get(terms)
+        missing = [t for t in terms if t not in cached]
+        counted = dict(zip(missing, live_dfs(self.segments, missing)))
+        df = {t: len(cached[t][0]) if t in cached else counted[t] for t in terms}
+        return Statistics(self.n_live, self.live_length, df)
+
     def search(
-        self, queries: Sequence[str] | str, k: int, *, allowed: Mask | None = None
+        self,
+        queries: Sequence[str] | str,
+        k: int,
+        *,
+        allowed: Mask | None = None,
+        statistics: Statistics | None = None,
     ) -> tuple[Float32, Int64]:
         """Exact top-``k`` live rows by BM25 for each query, best first, ties to the lower row.
 
@@ -120,6 +221,8 @@ class Bm25:
                 never with ``k``.
             allowed: optional bool (n_rows,) over global rows, False for a row that must not be
                 returned (a filter); it restricts the candidates, not the statistics.
+            statistics: the whole corpus's :class:`Statistics` (for every query term) when
+                these segments are part of it; None: their own.
 
         Returns:
             ``(scores float32 (q, k'), rows int64 (q, k'))``, ``k' = min(k, the most hits any
@@ -135,7 +238,10 @@ class Bm25:
             raise BadInput(f"k must be an integer >= 1, got {k!r}", "give {k=10}", param="k")
         if allowed is not None:
             check_mask(allowed, self.n_rows, "allowed")
-        answers = [_top(*self._scores(t, allowed), int(k)) for t in tokenize_batch(list(queries))]
+        answers = [
+            _top(*self._scores(t, allowed, statistics), int(k))
+            for t in tokenize_batch(list(queries))
+        ]
         width = max((len(rows) for _, rows in answers), default=0)
         scores = np.full((len(answers), width), -np.inf, dtype=np.float32)
         rows = np.full((len(answers), width), -1, dtype=np.int64)
@@ -143,8 +249,11 @@ class Bm25:
             scores[i, : len(s)], rows[i, : len(r)] = s, r
         return scores, rows
 
-    def score_rows(self, query: str, rows: npt.ArrayLike) -> Float32:
-        """BM25 of ``query`` for each of ``rows`` (global), as :meth:`search` scores them.
+    def score_rows(
+        self, query: str, rows: npt.ArrayLike, statistics: Statistics | None = None
+    ) -> Float32:
+        """BM25 of ``query`` for each of ``rows`` (global), as :meth:`search` scores them
+        (with ``statistics`` as there).
 
         Returns:
             float32 (m,): 0 for a row that holds no query term or is deleted.
@@ -160,38 +269,61 @@ class Bm25:
                 "give global rows of this version",
                 param="rows",
             )
-        found, total = self._scores(tokenize_batch([query])[0], None)
+        found, total = self._scores(tokenize_batch([query])[0], None, statistics)
         if not len(found):
             return np.zeros(len(wanted), np.float32)
         at = np.minimum(np.searchsorted(found, wanted), len(found) - 1)
         return np.where(found[at] == wanted, total[at], np.float32(0)).astype(np.float32)
 
-    def upper_bound(self, query: str) -> float:
+    def upper_bound(self, query: str, statistics: Statistics | None = None) -> float:
         """A score no row can exceed for ``query``: the sum over its terms (each time it occurs)
         of idf times the supremum of the method's tfc (1 for lucene and robertson, k1 + 1 for
         atire), rounded up to a float32 value. A term no live row holds counts at the rarest
         document frequency (0; 1 for atire, whose idf is infinite at 0), so a query of made-up
         words cannot reach a high share of its bound through the one real word it holds (the
         hit's score, :func:`flowsearch.search.scores.normalise_lexical`). 0.0 for a query
-        without terms."""
-        terms = tokenize_batch([query])[0]
-        if not self.n_live:
-            return 0.0
-        blocks = self._blocks(list(dict.fromkeys(terms)))
-        top = tfc_supremum(self.method, self.k1)
-        rarest = 1 if self.method == "atire" else 0
-        dfs = [len(blocks[t][0]) or rarest for t in terms]
-        bound = sum(max(idf(self.method, df, self.n_live), 0.0) * top for df in dfs)
-        if not bound:
-            return 0.0
-        # the float32 sums may round up: a margin far above their error, then an ulp
-        padded = np.float32(bound * (1 + 1e-6))
-        return float(np.nextafter(padded, np.float32(np.inf)))
+        without terms. ``statistics``: the whole corpus's, as in :meth:`search`."""
+        if statistics is None:
+            statistics = self.statistics(tokenize_batch([query])[0])
+        return upper_bound(query, statistics, self.method, self.k1)
 
     # -- scoring -----------------------------------------------------------------------------
 
-    def _blocks(self, terms: list[str]) -> dict[str, Block]:
-        """The block of each of ``terms`` (distinct), from the cache or computed."""
+    def _blocks(self, terms: list[str], statistics: Statistics | None = None) -> dict[str, Block]:
+        """The block of each of ``terms`` (distinct), from the cache or computed; weighed
+        with ``statistics`` when given (a term whose df there is its own df here, with the
+        same N and total length, reuses its own block: one shard holding every segment)."""
+        if statistics is None:
+            return self._own_blocks(terms)
+        same = (statistics.n_live, statistics.total_length) == (self.n_live, self.live_length)
+        own = self._own_blocks(terms) if same else {}
+        keys = {
+            t: f"{t}\x1f{statistics.n_live}\x1f{statistics.total_length}\x1f{statistics.df_of(t)}"
+            for t in terms
+            if not (same and statistics.df_of(t) == len(own[t][0]))
+        }
+        if not keys:
+            return own
+        blocks = {t: own[t] for t in terms if t not in keys}
+        cached = self._cache.get(list(keys.values()))
+        missing = []
+        for t, key in keys.items():
+            if key in cached:
+                blocks[t] = cached[key]
+            else:
+                missing.append(t)
+        if missing:
+            weighing = Weighing(statistics.n_live, statistics.avg_length, self.k1, self.b,
+                                self.method)  # fmt: skip
+            dfs = [statistics.df_of(t) for t in missing]
+            computed = term_blocks(self.segments, self.offsets, missing, weighing, dfs)
+            for term, block in zip(missing, computed):
+                blocks[term] = block
+                self._cache.put(keys[term], block)
+        return blocks
+
+    def _own_blocks(self, terms: list[str]) -> dict[str, Block]:
+        """The block of each of ``terms`` (distinct) with these segments' own statistics."""
         blocks = self._cache.get(terms)
         missing = [t for t in terms if t not in blocks]
         if missing:
@@ -201,9 +333,11 @@ class Bm25:
                 self._cache.put(term, block)
         return blocks
 
-    def _scores(self, terms: list[str], allowed: Mask | None) -> tuple[Int64, Float32]:
+    def _scores(
+        self, terms: list[str], allowed: Mask | None, statistics: Statistics | None = None
+    ) -> tuple[Int64, Float32]:
         """Live (and allowed) rows holding a query term, global, ascending, and their scores."""
-        blocks = self._blocks(list(dict.fromkeys(terms)))
+        blocks = self._blocks(list(dict.fromkeys(terms)), statistics)
         picked = [blocks[t] for t in terms if len(blocks[t][0])]  # query order, repeats too
         if len(picked) == 1:  # one term once: its rows are distinct and ascending already
             rows, total = picked[0]

@@ -22,10 +22,10 @@ MODES = ("dense", "lexical", "hybrid")
 
 def checked_mode(version: Version, mode: str | None) -> str:
     if mode is None:
-        return "hybrid" if version.lexical is not None else "dense"
+        return "hybrid" if version.manifest.lexical is not None else "dense"
     if mode not in MODES:
         raise BadInput(f"unknown mode {mode!r}", f"choose one of {', '.join(MODES)}", param="mode")
-    if mode != "dense" and version.lexical is None:
+    if mode != "dense" and version.manifest.lexical is None:
         raise BadInput(
             f"mode {mode!r} needs a lexical index, and this index was built without one",
             "use {mode='dense'} or rebuild it with a lexical side",

@@ -5,15 +5,17 @@ A document longer than the encoder's window is several rows, one per passage
 each query's best-scoring passage of each document (the first in score order) until ``k``
 documents, and the hit carries that passage as its ``highlight`` and the whole document as its
 ``text`` (rebuilt from its passages: :func:`flowsearch.encode.passages.joined` over the rows
-beside it). When ``depth`` passages hold fewer than ``k`` documents and the search was not
-exhausted, the caller searches deeper (:func:`complete`): ``k`` counts documents exactly, with
-filters and deletions (a document's passages are deleted together, and share its metadata).
+beside it). When the ranked rows hold fewer than ``k`` documents and the search was not
+exhausted, the caller searches deeper: ``k`` counts documents exactly, with filters and
+deletions (a document's passages are deleted together, and share its metadata). Records come
+through the shards (:func:`flowsearch.search.shards.records_of`), so the same grouping serves
+one process and Ray shards alike.
 
 Best passage (the maximum) rather than a sum or mean of passage scores: measured on
 long-document dev sets in ``benchmarks/bench_passages.py`` (RESULTS.md, "Passages").
 
 Example:
-    >>> hits, done = document_hits(version, queries, k, depth, Z, dense, lexical)  # doctest: +SKIP
+    >>> hits, done = document_hits(shards, manifest, ranked, k)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -23,21 +25,24 @@ from typing import Any
 import numpy as np
 
 from flowsearch.encode.passages import joined
-from flowsearch.search.hits import fetch, scored_rows, to_hits
+from flowsearch.search import shards as sh
+from flowsearch.search.hits import build_hits
 from flowsearch.search.results import Hit
-from flowsearch.search.version import Version
+from flowsearch.storage import manifest as mf
 
-__all__ = ["best_passages", "document_hits", "document_texts", "has_passages"]
+__all__ = ["best_passages", "document_hits", "document_texts"]
+
+Records = dict[int, dict[str, Any]]
 
 
-def has_passages(version: Version) -> bool:
-    """Whether any segment of the version holds a document of several passages (otherwise
-    every row is a document and hits are rows, as before passages)."""
-    return any(seg.reader.passage_columns for seg in version.segments)
+def _cut(record: dict[str, Any]) -> bool:
+    """Whether a record is one passage of a document of several."""
+    passage = record.get("passage")
+    return passage is not None and int(passage[1]) > 1
 
 
 def best_passages(
-    version: Version,
+    by_row: Records,
     scores: np.ndarray,
     rows: np.ndarray,
     parts: tuple[np.ndarray, np.ndarray],
@@ -46,15 +51,14 @@ def best_passages(
     """Per query, the first (best) row of each document, at most ``k`` documents, in order.
 
     Args:
-        scores, rows, parts: a search's scored rows (q, d), best first, -1 rows where none
-            (:func:`flowsearch.search.hits.scored_rows`).
+        by_row: the records of ``rows`` (id, ...), by global row.
+        scores, rows, parts: a search's scored rows (q, d), best first, -1 rows where none.
         k: documents per query.
 
     Returns:
         ``(scores, rows, parts)`` of the kept rows ((q, k), -1 padded), and bool (q,): whether
         the query has ``k`` documents or its rows were all there are (fewer valid than ``d``).
     """
-    by_row = fetch(version, rows)
     n_q, depth = rows.shape
     keep = np.full((n_q, k), -1, dtype=np.int64)
     out_scores = np.zeros((n_q, k), dtype=np.float64)
@@ -82,44 +86,45 @@ def best_passages(
     return out_scores, keep, out_parts, done
 
 
-def document_texts(version: Version, rows: np.ndarray) -> dict[int, str]:
-    """The whole text of the document each global row (a passage of several) belongs to:
-    its sibling rows read and joined."""
-    wanted = np.unique(rows[rows >= 0])
+def document_texts(shards: sh.Shards, version: int, by_row: Records) -> dict[int, str]:
+    """The whole text of the document each row (a passage of several) belongs to: its sibling
+    rows (consecutive rows of one segment, so of one shard) read and joined."""
+    cut = {row: rec for row, rec in by_row.items() if _cut(rec)}
+    if not cut:
+        return {}
+    firsts = {row: row - int(rec["passage"][0]) for row, rec in cut.items()}
+    wanted = np.unique(
+        np.concatenate(
+            [np.arange(first, first + int(cut[row]["passage"][1])) for row, first in firsts.items()]
+        )
+    )
+    siblings = sh.records_of(shards, version, wanted)
     texts: dict[int, str] = {}
-    if not wanted.size:
-        return texts
-    records = fetch(version, wanted)
-    seg_of, local = version.locate(wanted)
-    for row, s, r in zip(wanted.tolist(), seg_of.tolist(), local.tolist(), strict=True):
-        passage = records[row].get("passage")
-        if passage is None or passage[1] <= 1:
-            continue
-        number, count = int(passage[0]), int(passage[1])
-        first = r - number
-        siblings = version.segments[s].reader.records(np.arange(first, first + count))
-        spans = [sib["passage"] for sib in siblings]
-        texts[row] = joined([sib["text"] for sib in siblings], [p[2] for p in spans],
+    for row, first in firsts.items():
+        recs = [siblings[r] for r in range(first, first + int(cut[row]["passage"][1]))]
+        spans = [rec["passage"] for rec in recs]
+        texts[row] = joined([rec["text"] for rec in recs], [p[2] for p in spans],
                             [p[3] for p in spans])  # fmt: skip
     return texts
 
 
 def document_hits(
-    version: Version,
-    queries: list[str],
-    k: int,
-    depth: int,
-    Z: np.ndarray | None,
-    dense_hits: tuple[np.ndarray, np.ndarray] | None,
-    lexical_hits: tuple[np.ndarray, np.ndarray] | None,
+    shards: sh.Shards, manifest: mf.Manifest, ranked: sh.Ranked, k: int
 ) -> tuple[list[list[Hit]], bool]:
-    """Each query's top ``k`` documents from its top ``depth`` passages (each side's raw
-    candidates as :func:`flowsearch.search.hits.scored_hits` takes them), and whether every
-    query got ``k`` documents or all there are (False: search deeper)."""
-    scores, rows, parts = scored_rows(version, queries, depth, Z, dense_hits, lexical_hits)
-    scores, rows, parts, done = best_passages(version, scores, rows, parts, k)
-    hits = to_hits(version, scores, rows, parts)
-    texts = document_texts(version, rows)
+    """Each query's top ``k`` documents from its ranked rows, and whether every query got ``k``
+    documents or all there are (False: search deeper). Rows that are each a whole document
+    (every row of an index without long documents) are hits as they stand."""
+    by_row = sh.records_of(shards, manifest.version, ranked.rows)
+    columns = manifest.metadata_columns
+    if not any(_cut(rec) for rec in by_row.values()):
+        scores, rows, parts = ranked.scores, ranked.rows, ranked.parts
+        hits = build_hits(by_row, columns, scores[:, :k], rows[:, :k],
+                          (parts[0][:, :k], parts[1][:, :k]))  # fmt: skip
+        return hits, True
+    scores, rows, parts, done = best_passages(by_row, ranked.scores, ranked.rows, ranked.parts, k)
+    hits = build_hits(by_row, columns, scores, rows, parts)
+    texts = document_texts(shards, manifest.version, {int(r): by_row[int(r)] for r in
+                                                      rows[rows >= 0]})  # fmt: skip
     if texts:
         for qi, per_query in enumerate(hits):
             valid = rows[qi][rows[qi] >= 0]

@@ -26,10 +26,10 @@ import numpy as np
 from flowsearch.ann import io as ann_io
 from flowsearch.errors import BadInput
 from flowsearch.search import arguments as args
-from flowsearch.search import dense
+from flowsearch.search import shards as sh
 from flowsearch.search.arguments import MODES
-from flowsearch.search.documents import document_hits, has_passages
-from flowsearch.search.hits import above, scored_hits, to_hits
+from flowsearch.search.documents import document_hits
+from flowsearch.search.hits import above
 from flowsearch.search.results import Hit, QueryResult
 from flowsearch.search.version import (
     IndexInfo,
@@ -40,7 +40,6 @@ from flowsearch.search.version import (
     open_current,
     sizes,
 )
-from flowsearch.settings import current
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.layout import MANIFEST_NAME
@@ -61,8 +60,11 @@ def _stat(root: Path) -> tuple[int, int, int] | None:
 class Searcher:
     """Searches one index directory. Use :meth:`open`; safe to share between threads."""
 
-    def __init__(self, index_dir: Path, version: Version, opened: Opened, **options: Any) -> None:
+    def __init__(
+        self, index_dir: Path, version: Version, opened: Opened, backend: Any = None, **options: Any
+    ) -> None:
         self.root = Path(index_dir)
+        self._backend = backend  # None: every segment here; else their shards (engine="ray")
         self._version = version
         self._opened = opened
         self._options = options  # gpu, mmap: how segments are opened
@@ -71,6 +73,8 @@ class Searcher:
         self._refresh_lock = threading.Lock()
         self._filters: Any = None
         self._filters_lock = threading.Lock()
+        self._statistics = sh.StatisticsCache()
+        self._local: tuple[Version, sh.InProcess] | None = None
 
     @classmethod
     def open(
@@ -82,6 +86,9 @@ class Searcher:
         model: str | os.PathLike[str] | None = None,
         gpu: bool = True,
         mmap: bool = False,
+        engine: str = "local",
+        shards: int | None = None,
+        address: str | None = None,
     ) -> Searcher:
         """Open an index directory at its current version.
 
@@ -94,12 +101,33 @@ class Searcher:
                 was built (checked against the recorded content hash).
             gpu: move the vector indexes to the GPU(s) when FAISS sees any.
             mmap: memory-map the vector indexes instead of reading them into RAM.
+            engine: ``local`` (this process) or ``ray``: the segments spread over ``shards``
+                Ray actors, same interface and answers (:mod:`flowsearch.search.ray_shards`).
+            shards: with ``engine="ray"``, how many actors (default: one per Ray node's CPU
+                count, at most the segments); capped at the number of segments.
+            address: with ``engine="ray"``, the Ray cluster to join (else ``RAY_ADDRESS``,
+                else the Ray this process initialised, else a local one).
 
         Raises:
             NotFound: no index there.
             IndexDamaged: a missing or corrupt file.
-            BadInput: a mismatched encoder or calibrator.
+            BadInput: a mismatched encoder or calibrator, an unknown engine, ``shards`` < 1,
+                an unreachable ``address``.
+            MissingExtra: ``engine="ray"`` without the ``ray`` extra.
         """
+        if engine == "ray":
+            from flowsearch.search.ray_shards import RayBackend
+
+            backend, version, opened = RayBackend.start(
+                index_dir, verify, encoder=encoder, model=model, shards=shards, address=address
+            )
+            return cls(version.root, version, opened, backend=backend)
+        if engine != "local":
+            raise BadInput(f"unknown engine {engine!r}", "use {engine='local'} or 'ray'",
+                           param="engine")  # fmt: skip
+        if shards is not None or address is not None:
+            raise BadInput("shards and address need engine='ray'", "pass {engine='ray'}",
+                           param="engine")  # fmt: skip
         root = Path(index_dir).expanduser()
         on_gpu = gpu and ann_io.num_gpus() > 0
         opened = Opened()
@@ -154,16 +182,22 @@ class Searcher:
             if manifest.version == current_version.manifest.version:
                 return False
             encoder = current_version.space.encoder
-            self._version = open_current(
-                self.root,
-                lambda m: load(self.root, m, self._opened, encoder=encoder, **self._options),
-            )
+            if self._backend is not None:  # every shard moved before any answer comes from it
+                self._version = self._backend.refresh(self.root, manifest, encoder, self._opened)
+            else:
+                self._version = open_current(
+                    self.root,
+                    lambda m: load(self.root, m, self._opened, encoder=encoder, **self._options),
+                )
             self._opened.keep_only(self._version.manifest)  # dropped readers close when unused
             LOG.info("now on version %d of %s", self._version.manifest.version, self.root)
             return True
 
     def close(self) -> None:
-        """Release the pinned version's files and the filter database."""
+        """Release the pinned version's files and the filter database (with
+        ``engine="ray"``: stop the shards, and Ray when the searcher started it)."""
+        if self._backend is not None:
+            self._backend.close()
         with self._opened.lock:
             for reader in self._opened.segments.values():
                 reader.close()
@@ -178,9 +212,10 @@ class Searcher:
 
     def __repr__(self) -> str:
         m = self.manifest
+        ray = "" if self._backend is None else f", engine='ray', shards={len(self._backend.actors)}"
         return (
             f"Searcher({str(self.root)!r}, version={m.version}, n_live={len(self)}, "
-            f"segments={len(m.segments)}, space={m.calibration.space!r})"
+            f"segments={len(m.segments)}, space={m.calibration.space!r}{ray})"
         )
 
     def info(self) -> IndexInfo:
@@ -201,7 +236,7 @@ class Searcher:
     @property
     def default_mode(self) -> str:
         """``hybrid`` when the index has a lexical side, else ``dense``."""
-        return "hybrid" if self._version.lexical is not None else "dense"
+        return "hybrid" if self._version.manifest.lexical is not None else "dense"
 
     # -- searching -------------------------------------------------------------------------
 
@@ -296,6 +331,28 @@ class Searcher:
             out.append(QueryResult(query=text, hits=hits[i], report=report))
         return out
 
+    def _filter_database(self) -> Any:
+        """The searcher's filter database (made on first use)."""
+        with self._filters_lock:
+            if self._filters is None:
+                from flowsearch.search.filters import MetadataFilter
+
+                self._filters = MetadataFilter()
+            return self._filters
+
+    def _shards(self, version: Version) -> sh.Shards:
+        """Who answers for ``version``: here, one shard holding every segment (the Ray
+        searcher puts them in actors)."""
+        if self._backend is not None:
+            shards: sh.Shards = self._backend.shards(version)
+            return shards
+        local = self._local
+        if local is None or local[0] is not version:
+            gpu_lock = self._gpu_lock if self._options.get("gpu") else None
+            one = sh.SegmentSet(version, filters=self._filter_database, gpu_lock=gpu_lock)
+            local = self._local = (version, sh.InProcess([one]))
+        return local[1]
+
     def _matching(self, version: Version, where: str | None) -> np.ndarray | None:
         """Sorted global rows a ``where`` predicate matches; None without one."""
         if where is None:
@@ -304,69 +361,44 @@ class Searcher:
             raise BadInput(f"where must be a SQL string, got {type(where).__name__}", param="where")
         if not where.strip():
             return None
-        with self._filters_lock:
-            if self._filters is None:
-                from flowsearch.search.filters import MetadataFilter
-
-                self._filters = MetadataFilter()
-        matched: np.ndarray = version.metadata_filter(self._filters).rows(where)
+        matched: np.ndarray = version.metadata_filter(self._filter_database()).rows(where)
         return matched
 
     def _run(
-        self, version: Version, queries: list[str], k: int, where: str | None, mode: str | None
+        self,
+        version: Version,
+        queries: list[str],
+        k: int,
+        where: str | None,
+        mode: str | None,
+        vectors: np.ndarray | None = None,
     ) -> tuple[list[list[Hit]], np.ndarray | None, np.ndarray | None]:
         """(hits, query log-densities or None, best dense score over the whole index or None).
 
         Scores (see :mod:`flowsearch.search.scores`): dense, the cosine's place between the
         corpus's background and 1; lexical, BM25 as a share of the query's upper bound;
         hybrid, their weighted mean (:func:`flowsearch.search.fusion.fuse`, each candidate
-        scored by both sides)."""
+        scored by both sides). Asked of the version's shards with the version's statistics
+        (:func:`flowsearch.search.shards.run`)."""
         mode = args.checked_mode(version, mode)
-        rows = self._matching(version, where)
-        if rows is not None and not len(rows):
-            return [[] for _ in queries], None, None
+        shards = self._shards(version)
+        lp = None
+        if vectors is None and mode != "lexical":  # embedded once, however deep the search goes
+            vectors, lp = version.space.embed(queries)
         n_live = max(version.manifest.n_live, 1)
         k = min(k, n_live)
-        lp = top = Z = None
-        if mode in ("dense", "hybrid"):
-            Z, lp = version.space.embed(queries)
-        passages = has_passages(version)
-        depth = k  # passages searched: deeper until they hold k documents (k counts documents)
+        depth = k  # rows searched: deeper until they hold k documents (k counts documents)
+        top = None
         while True:
-            dense_hits = lexical_hits = None
-            candidates = depth if mode != "hybrid" else max(depth, current().hybrid_candidates)
-            if Z is not None:
-                dense_hits = self._dense(version, Z, candidates, rows)
-                # a filter's best row is not the index's
-                if top is None and rows is None and dense_hits[0].shape[1]:
-                    top = np.where(dense_hits[1][:, 0] >= 0, dense_hits[0][:, 0], np.nan)
-            if mode in ("lexical", "hybrid"):
-                allowed = _mask(version, rows)
-                lexical_hits = version.lexical.search(queries, candidates, allowed=allowed)
-            if not passages:
-                return scored_hits(version, queries, k, Z, dense_hits, lexical_hits), lp, top
-            hits, done = document_hits(version, queries, k, depth, Z, dense_hits, lexical_hits)
+            ranked = sh.run(shards, version.manifest, self._statistics, queries, depth, where,
+                            mode, vectors=vectors)  # fmt: skip
+            if ranked is None:
+                return [[] for _ in queries], None, None
+            top = ranked.top if top is None else top
+            hits, done = document_hits(shards, version.manifest, ranked, k)
             if done or depth >= n_live:
                 return hits, lp, top
             depth = min(depth * 4, n_live)
-
-    def _dense(
-        self, version: Version, Z: np.ndarray, k: int, rows: np.ndarray | None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k over every segment's searchable rows (``rows`` a filter kept, minus deleted)."""
-
-        def run() -> tuple[np.ndarray, np.ndarray]:
-            return dense.search_segments(
-                version.segments, version.deleted, version.offsets, Z, k, version.split(rows)
-            )
-
-        if self._options.get("gpu"):
-            with self._gpu_lock:
-                return run()
-        if len(Z) <= current().one_thread_max_queries:
-            result: tuple[np.ndarray, np.ndarray] = ann_io.single_threaded(run)
-            return result
-        return run()
 
     def query_report(self, top_score: float | None, log_density: float | None = None) -> Any:
         """Judge a query from its best dense score over the whole index (see
@@ -394,35 +426,18 @@ class Searcher:
             )
         if not np.isfinite(Z).all():
             raise BadInput("vectors hold NaN or infinite values", "pass finite vectors")
-        from flowsearch.search.scores import normalise_dense
-
-        n_live = max(version.manifest.n_live, 1)
-        k = min(args.checked_k(k), n_live)
-        depth = k
-        while has_passages(version):  # k documents, from as many passages as that takes
-            dense_hits = self._dense(version, Z, depth, None)
-            hits, done = document_hits(version, [""] * len(Z), k, depth, Z, dense_hits, None)
-            if done or depth >= n_live:
-                return hits
-            depth = min(depth * 4, n_live)
-        cos, found = self._dense(version, Z, k, None)
-        parts = (cos, np.full_like(cos, np.nan))
-        return to_hits(version, normalise_dense(cos, version.fusion()), found, parts)
+        k = args.checked_k(k)
+        queries = [""] * len(Z)  # the dense side reads vectors only
+        return self._run(version, queries, k, None, "dense", vectors=Z)[0]
 
     def vectors(self) -> np.ndarray:
         """Every stored vector of the searched space, float32 (rows, dim), in global row
-        order (deleted rows included)."""
+        order (deleted rows included). Not with ``engine="ray"`` (the shards hold them)."""
+        if self._backend is not None:
+            raise BadInput("a searcher on Ray does not hold the vectors",
+                           "open the index with {engine='local'} to read them")  # fmt: skip
         parts = [seg.reader.vectors("vector") for seg in self._version.segments]
         parts = [p for p in parts if len(p)]
         if not parts:
             return np.zeros((0, self.manifest.dim), dtype=np.float32)
         return np.concatenate(parts).astype(np.float32, copy=False)
-
-
-def _mask(version: Version, rows: np.ndarray | None) -> np.ndarray | None:
-    """A filter's rows as a bool mask over the version's global rows (None: no filter)."""
-    if rows is None:
-        return None
-    allowed = np.zeros(version.n_rows, dtype=bool)
-    allowed[rows] = True
-    return allowed

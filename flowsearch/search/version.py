@@ -201,6 +201,7 @@ class Version:
     lexical: Any = None
     _reference: Any = None
     _fusion: Any = None
+    _dense: Any = None
     _filter: Any = None
     _filter_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -220,17 +221,28 @@ class Version:
     def _measure_fusion(self) -> Any:
         from flowsearch.search.scores import build_reference
 
-        dim, total = self.manifest.dim, np.zeros(self.manifest.dim, dtype=np.float64)
-        for seg, reader, dead in zip(self.manifest.segments, self.segments, self.deleted,
-                                     strict=True):  # fmt: skip
-            summed = seg.vectors_summed(dim)
-            if summed is None:
-                return None
-            total += summed
-            if dead is not None and dead.any():
-                total -= reader.vectors(np.flatnonzero(dead)).astype(np.float64).sum(axis=0)
-        n_live = self.manifest.n_live
-        return build_reference(total, n_live) if n_live >= 2 else None
+        total, n_live = self.dense_statistics()
+        return build_reference(total, n_live) if total is not None and n_live >= 2 else None
+
+    def dense_statistics(self) -> tuple[np.ndarray | None, int]:
+        """(the sum of the live rows' searched vectors, float64 (dim,), or None when a segment
+        did not record its sum; the live rows): what the dense background is built from, and
+        what a shard holding some of a version's segments adds to the others' (read once)."""
+        if self._dense is None:
+            dim, total = self.manifest.dim, np.zeros(self.manifest.dim, dtype=np.float64)
+            known = True
+            for seg, reader, dead in zip(self.manifest.segments, self.segments, self.deleted,
+                                         strict=True):  # fmt: skip
+                summed = seg.vectors_summed(dim)
+                if summed is None:
+                    known = False
+                    break
+                total += summed
+                if dead is not None and dead.any():
+                    total -= reader.vectors(np.flatnonzero(dead)).astype(np.float64).sum(axis=0)
+            self._dense = (total if known else None, int(self.manifest.n_live))
+        dense: tuple[np.ndarray | None, int] = self._dense
+        return dense
 
     def reference(self) -> Any:
         """The version's :class:`~flowsearch.space.reference.Reference` (read once), or None."""
@@ -290,9 +302,11 @@ def load(
     model: Any = None,
     gpu: bool = False,
     mmap: bool = False,
+    with_encoder: bool = True,
 ) -> Version:
     """Open one version's files, reusing what ``opened`` holds (raises FileNotFoundError if
-    a file vanished meanwhile: see :func:`open_current`)."""
+    a file vanished meanwhile: see :func:`open_current`). ``with_encoder=False``: the space
+    has no encoder (a shard that is given searched vectors, never texts to embed)."""
     with opened.lock:
         fresh = [s.name for s in manifest.segments if (s.name, s.dir) not in opened.segments]
         new_space = manifest.calibration.path not in opened.spaces
@@ -305,7 +319,7 @@ def load(
         )
         if new_space:
             opened.spaces[manifest.calibration.path] = SearchSpace.open(
-                root, manifest, encoder, model=model
+                root, manifest, encoder, model=model, with_encoder=with_encoder
             )
         space = opened.spaces[manifest.calibration.path]
         if space.spec != manifest.calibration:

@@ -71,9 +71,9 @@ OPENAPI_URL = "/openapi.json"
 class Service:
     """The process's Searcher and its write queue (what the routes share)."""
 
-    def __init__(self, index_dir: Path) -> None:
+    def __init__(self, index_dir: Path, **options: Any) -> None:
         self.index_dir = index_dir
-        self.searcher = Searcher.open(index_dir)
+        self.searcher = Searcher.open(index_dir, **options)
         self._queue = asyncio.Lock()  # FIFO: writers are served in the order they came
         self._write_lock = threading.Lock()
         self._checked = time.monotonic()
@@ -140,19 +140,22 @@ def _auth(api_key: str | None) -> Sequence[DependsParam]:
     return [Depends(check)]
 
 
-def create_app(index_dir: str | os.PathLike[str], api_key: str | None = None) -> FastAPI:
+def create_app(
+    index_dir: str | os.PathLike[str], api_key: str | None = None, **options: Any
+) -> FastAPI:
     """The FastAPI app serving one index (its Searcher is opened here, before any request).
 
     Args:
         index_dir: the index directory.
         api_key: when set, every route except ``/health``, ``/docs`` and ``/openapi.json``
             needs ``Authorization: Bearer KEY`` or ``X-API-Key: KEY``.
+        options: passed to :meth:`Searcher.open` (``engine="ray"``, ``shards``, ``address``).
 
     Raises:
         FlowsearchError: no index there, a damaged one, or an empty ``api_key``.
     """
     guard = _auth(api_key)
-    service = Service(Path(index_dir).expanduser())
+    service = Service(Path(index_dir).expanduser(), **options)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -57,6 +57,10 @@ def serve(
     port: int = 8000,
     api_key: str | None = None,
     log_level: str = "warning",
+    *,
+    engine: str = "local",
+    shards: int | None = None,
+    address: str | None = None,
 ) -> None:
     """Serve an index over HTTP until SIGTERM or Ctrl-C (what ``flowsearch serve`` runs).
 
@@ -70,6 +74,8 @@ def serve(
         api_key: required on every route but ``/health`` and the docs; None reads
             ``$FLOWSEARCH_API_KEY`` (unset: no key).
         log_level: uvicorn's log level (``info`` logs every request).
+        engine, shards, address: how the index is searched (``engine="ray"``: its segments on
+            ``shards`` Ray actors of the cluster at ``address``; see :meth:`Searcher.open`).
 
     Raises:
         FlowsearchError: a port out of range (1 to 65535), no index, a damaged one, an empty
@@ -83,7 +89,10 @@ def serve(
         )
     if api_key is None:
         api_key = os.environ.get("FLOWSEARCH_API_KEY")
-    app = create_app(index_dir, api_key=api_key)
+    options: dict[str, Any] = {}
+    if engine != "local" or shards is not None or address is not None:
+        options = {"engine": engine, "shards": shards, "address": address}
+    app = create_app(index_dir, api_key=api_key, **options)
     searcher = app.state.service.searcher
     url = _url(host, port)
     key = "API key required" if api_key else "no API key"

@@ -57,7 +57,13 @@ class SearchSpace:
 
     @classmethod
     def open(
-        cls, index_dir: Path, manifest: Manifest, encoder: Any = None, *, model: Any = None
+        cls,
+        index_dir: Path,
+        manifest: Manifest,
+        encoder: Any = None,
+        *,
+        model: Any = None,
+        with_encoder: bool = True,
     ) -> SearchSpace:
         """The space of an index version: its calibrator, checked against the manifest, and its
         encoder (``encoder`` reused if given; ``model`` points at a moved model directory).
@@ -76,6 +82,8 @@ class SearchSpace:
                 f"the calibrator in {folder} ({calibrator.name}) is not the one the manifest "
                 f"names ({spec.calibrator}); the index is damaged, rebuild it"
             )
+        if not with_encoder:
+            return cls(calibrator, spec)
         recorded = manifest.encoder
         encoder = open_encoder(recorded.identity(), recorded.source, encoder=encoder, model=model)
         return cls(calibrator, spec, encoder)
