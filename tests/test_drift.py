@@ -153,6 +153,7 @@ def test_upsert_judges_an_edited_row_against_the_others_not_its_old_self(tmp_pat
     Z = Searcher.open(tmp_path / "idx").vectors()  # row 5 deleted, its new version is row 120
     kept = np.delete(np.arange(120), 5)
     best = float((Z[kept] @ Z[120]).max())
-    assert best < 0.999 and drift["median_score"] == pytest.approx(best, abs=1e-5)
+    # against the reference sample (every row of this corpus), held as float16: ~1e-4 apart
+    assert best < 0.999 and drift["median_score"] == pytest.approx(best, abs=2e-3)
     assert drift["n_judged"] == 1 and drift["warn"] is False
     assert DriftReport.model_validate(drift).to_words().endswith("one row is too few to call drift")

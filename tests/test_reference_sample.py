@@ -169,6 +169,8 @@ def test_build_keeps_a_sample_and_an_upsert_never_searches_the_segments(
             record, sample = _sample_of(out)
             assert sample.n_sample == record["rows"] == 60 and record["probes"] == sample.n_probes
             assert record["path"] == "references/r000001" and siblings(out) == []
+            words = Reference.model_validate(mf.read(out).reference).to_words()
+            assert words.endswith("new rows are judged against a sample of 60 of its rows")
             verify(out, mf.read(out), checksums=True)
 
             def refuse(*args, **kwargs):

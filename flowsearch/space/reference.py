@@ -294,11 +294,15 @@ class Reference(BaseModel):
         if not self.measured:
             return "no reference: queries and new rows are not judged"
         how = "held out of the calibrator's fit" if self.method == "held-out" else "leave-one-out"
-        return (
+        words = (
             f"{self.n_measured:,} of the corpus's own passages, each scored against its closest "
             f"other passage ({how}); a query less like the corpus than "
             f"{100 - current().ood_percentile:g}% of them is flagged"
         )
+        rows = (self.sample or {}).get("rows")
+        if isinstance(rows, int):
+            words += f"; new rows are judged against a sample of {rows:,} of its rows"
+        return words
 
 
 def why_unusable(reference: Reference | None) -> str | None:

@@ -100,12 +100,18 @@ class ReferenceSample:
 
     def __init__(self, vectors: np.ndarray, keys: np.ndarray, probe_vectors: np.ndarray,
                  probe_keys: np.ndarray, probe_best: np.ndarray, probe_near: np.ndarray,
-                 method: str) -> None:  # fmt: skip
+                 method: str, *, rounded: bool = False) -> None:  # fmt: skip
         # held at the precision they are stored in (float16), so that what is measured now
-        # and what a later write measures against the file agree exactly
-        self.vectors = np.asarray(vectors, np.float16).astype(np.float32)
+        # and what a later write measures against the file agree exactly (``rounded``: the
+        # vectors come from a sample's own, already so)
+        def held(X: np.ndarray) -> np.ndarray:
+            if rounded:
+                return np.asarray(X, np.float32)
+            return np.asarray(X, np.float16).astype(np.float32)
+
+        self.vectors = held(vectors)
         self.keys = np.asarray(keys, np.uint64)
-        self.probe_vectors = np.asarray(probe_vectors, np.float16).astype(np.float32)
+        self.probe_vectors = held(probe_vectors)
         self.probe_keys = np.asarray(probe_keys, np.uint64)
         self.probe_best = np.asarray(probe_best, np.float64)
         self.probe_near = np.asarray(probe_near, np.uint64)
@@ -156,7 +162,7 @@ class ReferenceSample:
             return self
         out = ReferenceSample(self.vectors[keep], self.keys[keep], self.probe_vectors[keep_p],
                               self.probe_keys[keep_p], self.probe_best[keep_p],
-                              self.probe_near[keep_p], self.method)  # fmt: skip
+                              self.probe_near[keep_p], self.method, rounded=True)  # fmt: skip
         if not keep.all():
             stale = np.isin(out.probe_near, gone) | ~np.isfinite(out.probe_best)
             if stale.any():
@@ -211,7 +217,7 @@ class ReferenceSample:
             keep_p = np.sort(rng.choice(self.n_probes, p_kept, replace=False))
             out = ReferenceSample(out.vectors, out.keys, out.probe_vectors[keep_p],
                                   out.probe_keys[keep_p], out.probe_best[keep_p],
-                                  out.probe_near[keep_p], out.method)  # fmt: skip
+                                  out.probe_near[keep_p], out.method, rounded=True)  # fmt: skip
         gone = self.keys[np.setdiff1d(np.arange(s), kept)]
         out = out.without(gone, probes=False) if len(gone) else out
         # new sample rows: each probe may find a nearer row among them
@@ -226,7 +232,8 @@ class ReferenceSample:
             probe_near[closer] = add_keys[at[closer]]
             out = ReferenceSample(np.concatenate([out.vectors, add_vecs]),
                                   np.concatenate([out.keys, add_keys]), out.probe_vectors,
-                                  out.probe_keys, probe_best, probe_near, out.method)  # fmt: skip
+                                  out.probe_keys, probe_best, probe_near, out.method,
+                                  rounded=True)  # fmt: skip
         if kp:
             pv = np.asarray(Z, np.float32)[new_probes]
             pk = np.asarray(keys, np.uint64)[new_probes]
@@ -235,7 +242,8 @@ class ReferenceSample:
                                   np.concatenate([out.probe_vectors, pv]),
                                   np.concatenate([out.probe_keys, pk]),
                                   np.concatenate([out.probe_best, best]),
-                                  np.concatenate([out.probe_near, near]), out.method)  # fmt: skip
+                                  np.concatenate([out.probe_near, near]), out.method,
+                                  rounded=True)  # fmt: skip
         return out
 
     # -- files -----------------------------------------------------------------------------

@@ -154,12 +154,10 @@ def draw_sample(
     if probes is None:
         probes, method = reference_rows(total, np.zeros(0, np.int64), seed=seed)
     probes = np.asarray(probes, np.int64)
-    vectors, keys = _read_rows(writer, segs, offsets, live, picked)
-    if np.array_equal(probes, picked):
-        pv, pk = vectors, keys
-    else:
-        pv, pk = _read_rows(writer, segs, offsets, live, probes)
-    return ReferenceSample.measured(vectors, keys, pv, pk, method)
+    both = np.union1d(picked, probes)  # one pass over the row groups for both
+    vectors, keys = _read_rows(writer, segs, offsets, live, both)
+    at, pat = np.searchsorted(both, picked), np.searchsorted(both, probes)
+    return ReferenceSample.measured(vectors[at], keys[at], vectors[pat], keys[pat], method)
 
 
 def read_sample(writer: Writer, base: mf.Manifest) -> ReferenceSample | None:
