@@ -4,7 +4,7 @@ r"""Hybrid search: fuse the dense and lexical candidates of each query into one 
 ``weight * normalise_dense(cosine) + (1 - weight) * normalise_lexical(BM25)``
 (:mod:`flowsearch.search.scores`: the cosine above the corpus's background similarity, and
 BM25 as a share of the query's upper bound, stretched so that a row holding every query term
-once scores 0.8; both in [0, 1]). Given each side's score of the
+once scores 0.7; both in [0, 1]). Given each side's score of the
 other side's candidates ("complete" scores), a hit's score depends only on its own cosine, its
 own BM25, the query's upper bound and the index's reference: it is comparable across queries,
 does not move when other rows join the candidates, and a nonsense query scores low instead of
