@@ -228,6 +228,7 @@ def dump(ds: BeirDataset, symmetric: bool, encoder: str, where: Path) -> dict[st
         "q_upper": upper, "q_upper_known": upper_known, "q_terms": terms, "own": own,
         "q_dense_mean": full_dense.mean(axis=1), "q_dense_std": full_dense.std(axis=1),
         "corpus_mean": V.mean(axis=0),
+        "vectors": V.astype(np.float32), "q_vectors": Zq.astype(np.float32),
     }  # fmt: skip
     del full_dense, full_lex
     _, held = split_fit_rows(len(ds.doc_ids), 200_000)
@@ -288,6 +289,7 @@ def dump_nonsense(ds: BeirDataset, where: Path) -> dict[str, Any]:
     np.savez_compressed(
         where.with_name(where.name + ".nonsense.npz"),
         dense_full=(Zq @ s.vectors().T).astype(np.float32),
+        q_vectors=Zq.astype(np.float32),
         lex_full=np.stack([bm.all_rows(q) for q in queries]),
         q_upper=upper,
         q_upper_known=known,

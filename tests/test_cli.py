@@ -89,6 +89,11 @@ def test_query_table_and_env_default(built, tmp_path):
     assert "rank" in result.stdout and "score" in result.stdout and "d" in result.stdout
     # 80 tiny-BERT rows searched raw: an anisotropic encoder space, where no verdict is given
     assert "not judged: in this space every passage is close" in " ".join(result.stdout.split())
+    # the one-line legend under the table says what score, cosine and BM25 are
+    from flowsearch.cli.search import SCORE_LEGEND
+
+    assert SCORE_LEGEND in " ".join(result.stdout.split())
+    assert len(SCORE_LEGEND) <= 160 and "cosine" in SCORE_LEGEND and "BM25" in SCORE_LEGEND
     cwd = os.getcwd()
     try:  # without --index or $FLOWSEARCH_INDEX: ./flowsearch_index
         os.chdir(tmp_path)

@@ -14,7 +14,12 @@ from hypothesis import strategies as st
 
 from flowsearch.errors import BadInput
 from flowsearch.search.fusion import FusedHits, convex, fuse, rrf
-from flowsearch.search.scores import FusionReference
+from flowsearch.search.scores import (
+    LEXICAL_MATCH,
+    ONE_OCCURRENCE,
+    FusionReference,
+    normalise_lexical,
+)
 from flowsearch.settings import override
 
 REPO = Path(__file__).resolve().parents[1]
@@ -171,14 +176,21 @@ def test_fuse_hand_computed_with_complete_scores():
     lexical = _hits([(7, 6.0), (2, 2.0)])
     out = fuse(dense, lexical, REF, k=3, upper=np.array([10.0]), weight=0.5,
                dense_of_lexical=np.array([[0.55, 0.1]]),
-               lexical_of_dense=np.array([[0.0, 6.0]]))  # fmt: skip
+               lexical_of_dense=np.array([[0.0, 6.0]]), lexical_match=None)  # fmt: skip
     # 7: 0.5 * 0.5 + 0.5 * 0.6 = 0.55; 4: 0.5 * 0.9 = 0.45; 2: 0.5 * 0 + 0.5 * 0.2 = 0.1
     assert out.rows.tolist() == [[7, 4, 2]]
     np.testing.assert_allclose(out.scores[0], [0.55, 0.45, 0.1], atol=1e-6)
+    # the default lexical score stretches the share: 0.4 of the bound reads LEXICAL_MATCH
+    out = fuse(dense, lexical, REF, k=3, upper=np.array([10.0]), weight=0.5,
+               dense_of_lexical=np.array([[0.55, 0.1]]),
+               lexical_of_dense=np.array([[0.0, 6.0]]))  # fmt: skip
+    lex = normalise_lexical(np.array([[6.0, 0.0, 2.0]]), np.array([10.0]))[0]
+    assert lex[2] == pytest.approx(0.2 * LEXICAL_MATCH / ONE_OCCURRENCE) and lex[0] > LEXICAL_MATCH
+    np.testing.assert_allclose(out.scores[0], 0.5 * np.array([0.5, 0.9, 0.0]) + 0.5 * lex)
     np.testing.assert_allclose(out.dense_scores[0], [0.55, 0.91, 0.1], rtol=1e-6)
     np.testing.assert_allclose(out.lexical_scores[0], [6.0, 0.0, 2.0])
     # partial scores: a side's unknown score is its floor (0); the raw figure is NaN
-    out = fuse(dense, lexical, REF, k=3, upper=np.array([10.0]), weight=0.5)
+    out = fuse(dense, lexical, REF, k=3, upper=np.array([10.0]), weight=0.5, lexical_match=None)
     np.testing.assert_allclose(out.scores[0], [0.55, 0.45, 0.1], atol=1e-6)
     assert np.isnan(out.lexical_scores[0, 1]) and np.isnan(out.dense_scores[0, 2])
 

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from flowsearch.errors import BadInput, IndexDamaged
 from flowsearch.search.scores import (
+    LEXICAL_MATCH,
+    ONE_OCCURRENCE,
     FusionReference,
     build_reference,
     normalise_dense,
@@ -95,12 +97,30 @@ def test_normalise_dense_is_in_0_1_and_increasing(background, cosines):
 
 def test_normalise_lexical_is_the_share_of_the_upper_bound():
     scores = np.array([[6.0, 1.5, -np.inf], [3.0, np.nan, 0.0], [2.0, 1.0, 0.0]])
-    got = normalise_lexical(scores, np.array([10.0, 3.0, 0.0]))
+    got = normalise_lexical(scores, np.array([10.0, 3.0, 0.0]), match=None)
     np.testing.assert_allclose(got[0], [0.6, 0.15, 0.0])
     assert got[1, 0] == 1.0 and np.isnan(got[1, 1]) and got[1, 2] == 0.0
     np.testing.assert_allclose(got[2], [0.0, 0.0, 0.0])  # a query without terms
     with pytest.raises(BadInput, match="upper"):
         normalise_lexical(scores, np.array([1.0, 2.0]))
+
+
+def test_normalise_lexical_stretches_the_share_so_a_full_match_scores_high():
+    """Every query term once at average length (share 1 / (1 + k1)) scores LEXICAL_MATCH; the
+    map is linear below it, reaches 1 only at the bound, and keeps the order and [0, 1]."""
+    upper = np.array([10.0])
+    at = normalise_lexical(np.array([[10 * ONE_OCCURRENCE, 5 * ONE_OCCURRENCE, 0.0, 10.0]]), upper)
+    np.testing.assert_allclose(at[0], [LEXICAL_MATCH, LEXICAL_MATCH / 2, 0.0, 1.0])
+    assert pytest.approx(1 / (1 + 1.5)) == ONE_OCCURRENCE and 0.5 < LEXICAL_MATCH < 1
+    share = np.linspace(0, 1, 1001)[None, :]
+    got = normalise_lexical(10 * share, upper)
+    assert np.all(np.diff(got) > 0) and got.min() == 0.0 and got.max() == pytest.approx(1.0)
+    assert np.all(got >= share)  # a stretch: never below the share
+    got = normalise_lexical(10 * share, upper, match=0.6)
+    assert got[0, 400] == pytest.approx(0.6)
+    for bad in (0.0, 1.0, 1.5, -0.1):
+        with pytest.raises(BadInput, match="match"):
+            normalise_lexical(share, upper, match=bad)
 
 
 def _upper_bound(texts: list[str], query: str) -> float:

@@ -74,6 +74,13 @@ def query_cmd(
         stdout_console().print(literal(result.report.to_explain()))
 
 
+#: The hit table's legend: what each figure means (README "Scores").
+SCORE_LEGEND = (
+    "score: 0-1, comparable across queries (0: no closer than an average passage, or no query "
+    "term); dense: raw cosine; BM25: raw, grows with the query's terms"
+)
+
+
 def _print_hits(text: str, result: Any) -> None:
     """The hit table, with the query report under it on a line of its own."""
     from rich.table import Table
@@ -106,7 +113,7 @@ def _print_hits(text: str, result: Any) -> None:
             literal(shown_id(hit.id)),
             literal(shown),
         )
-    table.caption = literal(caption)
+    table.caption = literal("\n".join(line for line in (SCORE_LEGEND, caption) if line))
     console.print(table)
 
 

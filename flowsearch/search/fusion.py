@@ -3,7 +3,8 @@ r"""Hybrid search: fuse the dense and lexical candidates of each query into one 
 :func:`fuse` (the default) scores every candidate either side returned by
 ``weight * normalise_dense(cosine) + (1 - weight) * normalise_lexical(BM25)``
 (:mod:`flowsearch.search.scores`: the cosine above the corpus's background similarity, and
-BM25 as a share of the query's upper bound, both in [0, 1]). Given each side's score of the
+BM25 as a share of the query's upper bound, stretched so that a row holding every query term
+once scores 0.7; both in [0, 1]). Given each side's score of the
 other side's candidates ("complete" scores), a hit's score depends only on its own cosine, its
 own BM25, the query's upper bound and the index's reference: it is comparable across queries,
 does not move when other rows join the candidates, and a nonsense query scores low instead of
@@ -31,7 +32,8 @@ Example:
     >>> lexical = (np.array([[6.0, 2.0]]), np.array([[7, 2]]))      # BM25
     >>> out = fuse(dense, lexical, ref, k=3, upper=np.array([10.0]), weight=0.5,
     ...            dense_of_lexical=np.array([[0.6, 0.1]]),      # cosines of rows 7, 2
-    ...            lexical_of_dense=np.array([[0.0, 6.0]]))      # BM25 of rows 4, 7
+    ...            lexical_of_dense=np.array([[0.0, 6.0]]),      # BM25 of rows 4, 7
+    ...            lexical_match=None)                            # lexical: BM25 / upper
     >>> out.rows.tolist(), out.scores.round(4).tolist()
     ([[7, 4, 2]], [[0.55, 0.4375, 0.1]])
 """
@@ -47,7 +49,12 @@ from typing import Literal
 import numpy as np
 
 from flowsearch.errors import BadInput
-from flowsearch.search.scores import FusionReference, normalise_dense, normalise_lexical
+from flowsearch.search.scores import (
+    LEXICAL_MATCH,
+    FusionReference,
+    normalise_dense,
+    normalise_lexical,
+)
 from flowsearch.settings import current
 
 __all__ = ["FusedHits", "Hits", "Kind", "convex", "fuse", "rrf"]
@@ -90,6 +97,7 @@ def fuse(
     weight: float | None = None,
     dense_of_lexical: np.ndarray | None = None,
     lexical_of_dense: np.ndarray | None = None,
+    lexical_match: float | None = LEXICAL_MATCH,
 ) -> FusedHits:
     r"""Hybrid top-``k``: ``weight * normalise_dense + (1 - weight) * normalise_lexical``.
 
@@ -121,6 +129,9 @@ def fuse(
             searched vector dotted with the row's stored vector); NaN where unknown.
         lexical_of_dense: float (q, kd): the BM25 of each dense candidate for the query (0
             when it holds no query term); NaN where unknown.
+        lexical_match: the lexical score of a row holding every query term once at average
+            length (see :func:`~flowsearch.search.scores.normalise_lexical`); None: the BM25
+            share itself (the third release's rule).
 
     Returns:
         :class:`FusedHits` of shape (q, k).
@@ -141,7 +152,7 @@ def fuse(
 
     def rule(d: np.ndarray, lx: np.ndarray, i: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         nd = np.nan_to_num(normalise_dense(d, reference))
-        nl = np.nan_to_num(normalise_lexical(lx[None, :], bounds[i : i + 1])[0])
+        nl = np.nan_to_num(normalise_lexical(lx[None, :], bounds[i : i + 1], lexical_match)[0])
         return weight * nd + (1.0 - weight) * nl, ()
 
     return _fuse(dense, lexical, k, rule)

@@ -10,9 +10,11 @@ index:
   in a :class:`FusionReference`. It makes the figure independent of an encoder's offset:
   an encoder whose unrelated passages sit at cosine 0.3 does not hand every query 0.3 for free.
 - :func:`normalise_lexical`: BM25 as a share of the query's upper bound (the sum of its terms'
-  idf times the saturation limit of the term-frequency part, which no row reaches): 0 for a
-  row sharing no term, towards 1 for a row holding every query term many times. Raw BM25 grows
-  with the number and rarity of the query's terms; the share does not.
+  idf times the saturation limit of the term-frequency part, which no row reaches), stretched
+  so that a row holding every query term once at the corpus's average length scores 0.7
+  (:data:`LEXICAL_MATCH`): 0 for a row sharing no term, towards 1 for a row holding every
+  query term many times. Raw BM25 grows with the number and rarity of the query's terms; the
+  score does not.
 
 Both are per row: a hit's figure depends on its own raw score, the query and the reference,
 never on which other rows were candidates. A query with nothing like it in the corpus
@@ -42,8 +44,10 @@ Example:
     0.722
     >>> normalise_dense(np.array([0.5, 0.9, 1.0]), ref).round(3).tolist()
     [0.0, 0.64, 1.0]
-    >>> normalise_lexical(np.array([[6.0, 1.5, 0.0]]), np.array([10.0])).tolist()
+    >>> normalise_lexical(np.array([[6.0, 1.5, 0.0]]), np.array([10.0]), match=None).tolist()
     [[0.6, 0.15, 0.0]]
+    >>> normalise_lexical(np.array([[6.0, 4.0, 1.5, 0.0]]), np.array([10.0])).round(3).tolist()
+    [[0.8, 0.7, 0.262, 0.0]]
 """
 
 from __future__ import annotations
@@ -56,7 +60,14 @@ import numpy as np
 
 from flowsearch.errors import BadInput, IndexDamaged
 
-__all__ = ["FusionReference", "build_reference", "normalise_dense", "normalise_lexical"]
+__all__ = [
+    "LEXICAL_MATCH",
+    "ONE_OCCURRENCE",
+    "FusionReference",
+    "build_reference",
+    "normalise_dense",
+    "normalise_lexical",
+]
 
 
 @dataclass(frozen=True)
@@ -157,18 +168,41 @@ def normalise_dense(scores: np.ndarray, reference: FusionReference | None) -> np
     return np.clip((s - bg) / (1.0 - bg), 0.0, 1.0)
 
 
-def normalise_lexical(scores: np.ndarray, upper: np.ndarray) -> np.ndarray:
+#: The share of a query's BM25 upper bound that a row holding every query term once, at the
+#: corpus's average length, reaches: ``1 / (1 + k1)`` for every method offered, at the default
+#: ``k1 = 1.5``.
+ONE_OCCURRENCE = 1.0 / (1.0 + 1.5)
+#: What :func:`normalise_lexical` maps :data:`ONE_OCCURRENCE` to by default: the highest of
+#: 0.5-0.9 whose hybrid nDCG@10 on the dev sets (weight re-chosen leave-one-set-out) is not
+#: significantly below the plain share's for either encoder (``bench_fusion_query.py``; 0.8
+#: cost the bundled model 0.0024).
+LEXICAL_MATCH = 0.7
+
+
+def normalise_lexical(
+    scores: np.ndarray, upper: np.ndarray, match: float | None = LEXICAL_MATCH
+) -> np.ndarray:
     r"""BM25 scores (q, k) with the queries' upper bounds (q,) -> float64 in [0, 1].
 
-    ``score / upper``. A query's upper bound is ``sum over its tokens (repeats counted, as BM25
-    counts them) of max(idf(t), 0) * s_max``, with the live rows' statistics the scores use:
-    ``s_max`` is the limit of BM25's term-frequency part (1 for bm25s's ``lucene`` method, the
-    product's default; ``k1 + 1`` for ``robertson`` and ``atire``), and a term no row holds
-    counts with the idf of document frequency 0 (``lucene``: ``log(1 + (N + 0.5) / 0.5)``; for
-    ``atire``, whose idf is infinite there, document frequency 1), the rarest possible, so a
-    query of made-up words cannot score high through the one real word it holds. 0 for a row
-    sharing no term (and -inf padding); strictly increasing in BM25 for a given query; NaN
-    stays NaN; a query without terms (``upper`` 0) gives 0.
+    The *share* ``score / upper``, stretched so that a row holding every query term once at
+    the corpus's average length (share :data:`ONE_OCCURRENCE`, 0.4) scores ``match`` (0.7):
+    linear below that point (a row holding terms worth half the query's idf once scores 0.35,
+    a row sharing no term 0), and the rest of the share, which only repeats and short rows
+    reach, compressed into ``[match, 1]``. ``match=None`` gives the share itself (which no row
+    reaches 1 of: a good match reads 0.2-0.4). Strictly increasing in BM25 for a given query,
+    and the same map for every query, so scores compare across queries.
+
+    A query's upper bound is ``sum over its tokens (repeats counted, as BM25 counts them) of
+    max(idf(t), 0) * s_max``, with the live rows' statistics the scores use: ``s_max`` is the
+    limit of BM25's term-frequency part (1 for bm25s's ``lucene`` method, the product's
+    default; ``k1 + 1`` for ``atire``), and a term no row holds counts with the idf of document
+    frequency 0 (``lucene``: ``log(1 + (N + 0.5) / 0.5)``; for ``atire``, whose idf is infinite
+    there, document frequency 1), the rarest possible, so a query of made-up words cannot score
+    high through the one real word it holds. 0 for a row sharing no term (and -inf padding);
+    NaN stays NaN; a query without terms (``upper`` 0) gives 0.
+
+    Raises:
+        BadInput: ``match`` outside (0, 1), or not one upper bound per query.
     """
     s = np.asarray(scores, np.float64)
     u = np.asarray(upper, np.float64).reshape(-1, *([1] * max(s.ndim - 1, 0)))
@@ -176,6 +210,12 @@ def normalise_lexical(scores: np.ndarray, upper: np.ndarray) -> np.ndarray:
         raise BadInput(
             f"{len(u)} upper bounds for {len(s)} queries", "pass one per query", param="upper"
         )
+    if match is not None and not 0.0 < match < 1.0:
+        raise BadInput(f"match must be in (0, 1), got {match}", param="match")
     with np.errstate(divide="ignore", invalid="ignore"):
         share = np.clip(np.where(u > 0, s / u, 0.0), 0.0, 1.0)
+        if match is not None:
+            low = share * (match / ONE_OCCURRENCE)
+            high = match + (share - ONE_OCCURRENCE) * ((1.0 - match) / (1.0 - ONE_OCCURRENCE))
+            share = np.where(share <= ONE_OCCURRENCE, low, high)
     return np.where(np.isnan(s), np.nan, share)
