@@ -128,10 +128,11 @@ def _identity(work: Path) -> tuple[np.ndarray, np.ndarray]:
 
 STRUCTURES: list[tuple[str, str, str, tuple[int, ...], tuple[str, ...]]] = [
     # (label, factory, knob, values, spaces)
-    ("HNSW32", "HNSW32", "efSearch", (64, 128, 256, 512), ("searched", "identity", "raw")),
+    ("HNSW32", "HNSW32", "efSearch", (64, 128, 256, 512), ("searched", "identity")),
     ("IVF1024,Flat", "IVF1024,Flat", "nprobe", (16, 32, 64, 128, 256), ("searched", "identity")),
     ("IVF1024,RaBitQfs,RFlat k16", "IVF1024,RaBitQfs,RFlat", "nprobe", (16, 32, 64, 128),
      ("searched",)),
+    ("HNSW32", "HNSW32", "efSearch", (64, 128, 256, 512), ("raw",)),
 ]  # fmt: skip
 
 
@@ -232,7 +233,7 @@ NOISES = (0.0, 0.5, 0.8, 1.0, 1.2)
 EFS = (16, 32, 64, 128, 256, 512)
 
 
-def tune(rows: int, factory: str | None = None) -> dict[str, Any]:
+def tune(rows: int, factory: str | None = None, curves: bool = True) -> dict[str, Any]:
     """``auto``'s index over the searched vectors and its tuner; then real queries at the knob
     it chose, and, knob by knob, recall of real queries beside the tuner's held-out queries at
     several noise norms (which noise makes the tuner's queries as hard as real ones)."""
@@ -272,7 +273,7 @@ def tune(rows: int, factory: str | None = None) -> dict[str, Any]:
     faiss.omp_set_num_threads(2)
     knob = ann_build.search_knob(index)
     curves: list[dict[str, Any]] = []
-    if knob is not None and knob[0] == "efSearch":
+    if curves and knob is not None and knob[0] == "efSearch":
         probes = {}
         for noise in NOISES:
             q, pick = ann_build.held_out_queries(Z[pos], 1024, noise=noise, seed=1)
@@ -309,6 +310,72 @@ def tune(rows: int, factory: str | None = None) -> dict[str, Any]:
         "speedup": flat_ms / ms,
         "noise_curves": curves,
     }
+
+
+def segments(rows: int, n_segments: int = 10) -> dict[str, Any]:
+    """The FAISS part of a dense query over ``n_segments`` equal segments (contiguous slices of
+    the rows) against one segment: each segment indexed as ``auto`` indexes it (by its size)
+    and, beside it, exactly (``Flat``); a query searches every segment for its top 10 and
+    keeps the best 10 (as the searcher merges segments). p50 of one query at a time on one
+    FAISS thread; recall@10 against exact search over all rows, real queries."""
+    import faiss
+
+    from flowsearch.ann import build as ann_build
+
+    work = WORK / str(rows)
+    Z, Zq = np.load(work / "z.npy"), np.load(work / "z_q.npy")
+    truth = _truth(Zq, Z)
+    lat = np.arange(len(Zq))[:: max(1, len(Zq) // LATENCY_QUERIES)]
+    bounds = np.linspace(0, len(Z), n_segments + 1).astype(int)
+    one, one_build_s = _cached(work, "HNSW32", "searched", Z, "HNSW32")
+    one_params = ann_build.tune(
+        one, Z[:: max(1, len(Z) // 4096)], lambda: iter([Z]),
+        sample_rows=np.arange(0, len(Z), max(1, len(Z) // 4096)),
+    ).params  # fmt: skip
+    families: dict[str, list[tuple[Any, int]]] = {}
+    built: dict[str, Any] = {}
+    for family in ("auto", "Flat"):
+        faiss.omp_set_num_threads(2)
+        t = time.perf_counter()
+        idx, chosen, factory = [], set(), ""
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            index, factory, params = ann_build.build(Z[lo:hi], family)
+            idx.append((index, int(lo)))
+            chosen.add(params)
+        built[family] = {
+            "build_s": time.perf_counter() - t, "factory": factory, "params": sorted(chosen)
+        }  # fmt: skip
+        families[family] = idx
+
+    def search_all(idx: list[tuple[Any, int]], q: np.ndarray) -> np.ndarray:
+        heap = faiss.ResultHeap(len(q), 10, keep_max=True)
+        for index, lo in idx:
+            d, i = index.search(q, 10)
+            heap.add_result(d, np.where(i >= 0, i + lo, -1))
+        heap.finalize()
+        return np.asarray(heap.I)
+
+    faiss.omp_set_num_threads(1)
+    out: dict[str, Any] = {"segments": n_segments, "rows_per_segment": int(bounds[1])}
+    one_ms = _single_ms(one, Zq[lat])
+    out["one"] = {
+        "factory": "HNSW32", "params": one_params, "build_s": one_build_s, "p50_ms": one_ms,
+        "recall": harness.recall(one.search(Zq, 10)[1], truth),
+    }  # fmt: skip
+    for family, idx in families.items():
+        times = []
+        for i in lat:
+            t = time.perf_counter()
+            search_all(idx, Zq[i : i + 1])
+            times.append(time.perf_counter() - t)
+        ms = float(np.median(times) * 1000)
+        out[family] = {
+            **built[family], "p50_ms": ms, "ratio": ms / one_ms,
+            "recall": harness.recall(search_all(idx, Zq), truth),
+        }  # fmt: skip
+        print(json.dumps(out[family]), flush=True)
+    out["load"] = harness.load_average()
+    return out
 
 
 def render(out: dict[str, Any]) -> str:
@@ -381,6 +448,31 @@ def render(out: dict[str, Any]) -> str:
                 cells = " | ".join(f"{r[k]:.3f}" for k in keys)
                 body.append(f"| {r['efSearch']} | {r['real']:.3f} | {cells} |")
             body.append("")
+    g = out.get("segments")
+    if g:
+        body += [
+            f"### {g['segments']} segments of {g['rows_per_segment']:,} rows against one segment",
+            "",
+            "The FAISS part of a dense query: every segment searched for its top 10, the best 10 "
+            "kept (as the searcher merges segments); p50 of one query at a time on one FAISS "
+            "thread; recall@10 against exact search over all rows, real queries. The encoder, "
+            "the join and the lexical side are the same work for both layouts and are not in "
+            f"these figures. Load at the end: {g['load']}.",
+            "",
+            "| layout | index per segment | params | build s | p50 ms | / one | recall@10 |",
+            "|---|---|---|---:|---:|---:|---:|",
+            f"| one segment | {g['one']['factory']} | `{g['one']['params']}` | "
+            f"{g['one']['build_s']:.0f} | {g['one']['p50_ms']:.3f} | 1.00 | "
+            f"{g['one']['recall']:.3f} |",
+        ]
+        for family in ("auto", "Flat"):
+            r = g[family]
+            body.append(
+                f"| {g['segments']} segments, `{family}` | {r['factory']} | "
+                f"`{', '.join(p for p in r['params'] if p) or '-'}` | {r['build_s']:.0f} | "
+                f"{r['p50_ms']:.3f} | {r['ratio']:.2f} | {r['recall']:.3f} |"
+            )
+        body.append("")
     for line in out.get("notes", []):
         body.append(line)
     return harness.markdown(
@@ -394,10 +486,16 @@ def render(out: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = harness.arguments(__doc__, "20,000 rows, 400 queries", "bench_ann_study")
-    parser.add_argument("--stage", default="all", choices=("prepare", "study", "tune", "all"))
+    parser.add_argument(
+        "--stage", default="all", choices=("prepare", "study", "tune", "segments", "all")
+    )
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--queries", type=int, default=2_000)
     parser.add_argument("--only", default=None, help="only structures whose label has this")
+    parser.add_argument(
+        "--no-curves", dest="curves", action="store_false",
+        help="keep the saved noise curves of the tune stage (they do not depend on the tuner)",
+    )  # fmt: skip
     args = harness.parse(parser, rows=20_000, queries=400)
     if harness.rendered(args, render):
         return 0
@@ -411,7 +509,12 @@ def main() -> int:
     out["command"] = harness.command_line()
     out["prepare"] = prepare(data, args.rows, args.queries)
     if args.stage in ("tune", "all"):
-        out["tune"] = tune(args.rows)
+        before = out.get("tune", {}).get("noise_curves", [])
+        out["tune"] = tune(args.rows, curves=args.curves or not before)
+        out["tune"]["noise_curves"] = out["tune"]["noise_curves"] or before
+        harness.finish(args, render, out)
+    if args.stage in ("segments", "all"):
+        out["segments"] = segments(args.rows)
         harness.finish(args, render, out)
     if args.stage in ("study", "all"):
         out["study"] = study(args.rows, args.only)

@@ -247,16 +247,30 @@ def _set_knob(index: faiss.Index, name: str, value: int) -> None:
 def _smallest(
     index: faiss.Index, name: str, first: int, largest: int, queries: _Queries, target: float
 ) -> tuple[int, float]:
-    """The smallest power-of-two multiple of ``first`` for knob ``name`` whose recall@k on
-    ``queries`` reaches ``target`` (``largest`` and its recall when none does); the knob is left
-    set to it."""
-    value = first
+    """The smallest value of knob ``name`` from ``first`` whose recall@k on ``queries``
+    reaches ``target`` (``largest`` and its recall when none does), found by doubling and then
+    bisecting the last doubling to within an eighth of it (recall is monotone in these knobs up
+    to sampling noise); the knob is left set to it."""
+    value, below = first, None
     while True:
         _set_knob(index, name, value)
         recall = queries.recall(index)
         if recall >= target or value >= largest:
-            return value, recall
-        value = min(value * 2, largest)
+            break
+        below, value = value, min(value * 2, largest)
+    if recall < target or below is None:
+        return value, recall
+    low, high, best = below, value, recall  # low misses, high reaches
+    while high - low > max(1, high // 8):
+        mid = (low + high) // 2
+        _set_knob(index, name, mid)
+        got = queries.recall(index)
+        if got >= target:
+            high, best = mid, got
+        else:
+            low = mid
+    _set_knob(index, name, high)
+    return high, best
 
 
 @dataclass(frozen=True)
@@ -330,8 +344,9 @@ def tune(
     seed: int = 0,
     noise: float | None = None,
 ) -> Tuning:
-    """Set the smallest power-of-two ``nprobe`` (IVF) or ``efSearch`` (HNSW, from 16) whose
-    recall@k against exact search reaches ``target`` on half of :func:`held_out_queries`, and
+    """Set the smallest ``nprobe`` (IVF) or ``efSearch`` (HNSW, from 16; doubled, then the last
+    doubling bisected) whose recall@k against exact search reaches ``target`` on half of
+    :func:`held_out_queries`, and
     measure the recall it gives on the other half (rows it was not chosen on): that is the
     recall recorded (:attr:`Tuning.recall`).
 
