@@ -37,9 +37,12 @@ class Settings:
     """The tuning constants (see each field's comment for the measurement behind it)."""
 
     # --- ann: which vector index, and how hard it searches --------------------------------
-    #: Largest segment ``auto`` indexes exactly (Flat). A single Flat query costs 2.85 ms at
-    #: 50k rows and 6.15 ms at 100k against 3.34 ms for a tuned HNSW at 200k (bench_speed).
-    flat_max_rows: int = 100_000
+    #: Largest segment ``auto`` indexes exactly (Flat); above, every segment gets a graph. Per
+    #: segment, not per index: an index of many segments pays each segment's search, and 10
+    #: Flat segments of 20k rows answered 1.8x slower than one HNSW segment of their 200k rows
+    #: (bench_storage); with a graph each, see bench_ann_study's segments section. The floor of
+    #: the merge tiers (``floor_segment_rows``): every merged segment is a graph.
+    flat_max_rows: int = 10_000
     #: What ``auto`` builds above :attr:`flat_max_rows`.
     graph_factory: str = "HNSW32"
     #: Largest segment ``auto`` indexes with :attr:`graph_factory`; above, IVF-PQ with an exact
@@ -47,8 +50,11 @@ class Settings:
     graph_max_rows: int = 2_000_000
     #: recall@10 against exact search that ``auto`` tunes for.
     target_recall: float = 0.95
-    #: Norm of the noise that moves a tuning query off its row (probe queries).
-    query_noise: float = 0.5
+    #: Norm of the noise that moves a tuning query off its held-out row. At 200k static rows
+    #: (bench_ann_study) held-out rows at noise 0-1.2 were 0.01-0.02 harder than real queries
+    #: at efSearch >= 64 but easier at 16-32 unless moved by 1.2, the one noise tried whose
+    #: recall was at or below real queries' at every efSearch (small segments tune to 16-64).
+    query_noise: float = 1.2
     #: Largest HNSW efSearch the tuning tries.
     max_ef_search: int = 1024
     #: Largest re-rank depth (k_factor) the tuning tries.

@@ -3,8 +3,10 @@ r"""Building a vector index: train on a sample, add chunk by chunk, tune the sea
 Building streams: train on a sample, then add vectors chunk by chunk, so memory does not grow
 with the segment beyond the index itself. ``auto``'s approximate indexes are then tuned: the
 search knob (HNSW ``efSearch``, IVF ``nprobe``, a re-rank's ``k_factor``) is raised until
-recall@10 against exact search reaches ``Settings.target_recall`` on probe queries drawn near
-the segment's own vectors (:func:`probe_queries`, :func:`tune_search`).
+recall@10 against exact search reaches ``Settings.target_recall`` on queries that look like
+queries: held-out rows (each left out of its own answer) moved by noise
+(:func:`held_out_queries`); the recall is then checked on other such queries, not tuned on,
+and recorded (:func:`tune`, :class:`Tuning`).
 
 Example:
     >>> x = np.eye(4, dtype=np.float32)
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import faiss
@@ -31,12 +34,15 @@ __all__ = [
     "add",
     "as_f32",
     "build",
+    "Tuning",
     "exact_knn",
+    "held_out_queries",
     "probe_queries",
     "recall_at_k",
     "search_knob",
     "train",
     "training_sample",
+    "tune",
     "tune_search",
 ]
 
@@ -159,7 +165,9 @@ def build(
     params = ""
     if factory == "auto":
         chunks = lambda: (vectors[i : i + chunk_rows] for i in range(0, len(vectors), chunk_rows))  # noqa: E731
-        params, _ = tune_search(index, vectors, chunks, target=target_recall)
+        params, _ = tune_search(
+            index, vectors, chunks, target=target_recall, sample_rows=np.arange(len(vectors))
+        )
     return index, resolved, params
 
 
@@ -237,25 +245,193 @@ def _set_knob(index: faiss.Index, name: str, value: int) -> None:
 
 
 def _smallest(
-    index: faiss.Index,
-    name: str,
-    first: int,
-    largest: int,
-    queries: np.ndarray,
-    truth: np.ndarray,
-    target: float,
-    k: int,
+    index: faiss.Index, name: str, first: int, largest: int, queries: _Queries, target: float
 ) -> tuple[int, float]:
-    """The smallest power-of-two multiple of ``first`` for knob ``name`` whose recall@k reaches
-    ``target`` (``largest`` and its recall when none does); the knob is left set to it."""
-    value = first
+    """The smallest value of knob ``name`` from ``first`` whose recall@k on ``queries``
+    reaches ``target`` (``largest`` and its recall when none does), found by doubling and then
+    bisecting the last doubling to within an eighth of it (recall is monotone in these knobs up
+    to sampling noise); the knob is left set to it."""
+    value, below = first, None
     while True:
         _set_knob(index, name, value)
-        _, found = index.search(queries, k)
-        recall = recall_at_k(found, truth, k)
+        recall = queries.recall(index)
         if recall >= target or value >= largest:
-            return value, recall
-        value = min(value * 2, largest)
+            break
+        below, value = value, min(value * 2, largest)
+    if recall < target or below is None:
+        return value, recall
+    low, high, best = below, value, recall  # low misses, high reaches
+    while high - low > max(1, high // 8):
+        mid = (low + high) // 2
+        _set_knob(index, name, mid)
+        got = queries.recall(index)
+        if got >= target:
+            high, best = mid, got
+        else:
+            low = mid
+    _set_knob(index, name, high)
+    return high, best
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What :func:`tune` chose and the recall it checked.
+
+    Attributes:
+        params: the parameter string to store (``"efSearch=64"``, ``"nprobe=64,k_factor_rf=16"``;
+            ``""`` for an exact index).
+        recall: recall@k against exact search on the *check* queries (held-out rows the
+            knob was not chosen on).
+        tuned_recall: recall@k on the queries the knob was chosen on.
+        target: the recall@k aimed for.
+        k: neighbours compared.
+        queries: check queries.
+        noise: the norm of the noise each held-out row was moved by.
+    """
+
+    params: str
+    recall: float
+    tuned_recall: float
+    target: float
+    k: int
+    queries: int
+    noise: float
+
+
+def held_out_queries(
+    sample: np.ndarray,
+    n_queries: int = 512,
+    noise: float | None = None,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Tuning queries that look like queries: ``(queries float32 (q, d), source positions
+    int64 (q,))``. Each is a row of ``sample`` (unit vectors, some of the indexed rows) moved
+    by Gaussian noise of norm about ``noise`` (``Settings.query_noise``) and re-normalised;
+    searching it, its own row is left out of both the answer and the truth
+    (:func:`tune`), so it stands for a query whose text is *not* in the corpus, at the
+    distance from its nearest rows that real queries have (the noise measured so,
+    ``benchmarks/bench_ann_study.py``).
+    """
+    sample = as_f32(sample)
+    noise = current().query_noise if noise is None else noise
+    rng = np.random.default_rng(seed)
+    pick = rng.choice(len(sample), size=min(n_queries, len(sample)), replace=False)
+    scale = noise / math.sqrt(sample.shape[1])
+    queries = sample[pick] + rng.normal(scale=scale, size=(len(pick), sample.shape[1]))
+    queries = queries.astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True) + 1e-12
+    return queries, pick.astype(np.int64)
+
+
+def _drop_source(rows: np.ndarray, source: np.ndarray, k: int) -> np.ndarray:
+    """Each row of ``rows`` (int64 (q, >k)) without its query's ``source`` row, first ``k``."""
+    out = np.full((len(rows), k), -1, dtype=np.int64)
+    for i, (found, src) in enumerate(zip(rows, source, strict=True)):
+        kept = found[found != src][:k]
+        out[i, : len(kept)] = kept
+    return out
+
+
+def tune(
+    index: faiss.Index,
+    sample: np.ndarray,
+    chunks: Callable[[], Iterable[np.ndarray]],
+    *,
+    sample_rows: np.ndarray | None = None,
+    target: float | None = None,
+    k: int = 10,
+    n_queries: int = 512,
+    seed: int = 0,
+    noise: float | None = None,
+) -> Tuning:
+    """Set the smallest ``nprobe`` (IVF) or ``efSearch`` (HNSW, from 16; doubled, then the last
+    doubling bisected) whose recall@k against exact search reaches ``target`` on half of
+    :func:`held_out_queries`, and
+    measure the recall it gives on the other half (rows it was not chosen on): that is the
+    recall recorded (:attr:`Tuning.recall`).
+
+    ``sample_rows`` are the positions in the index of ``sample``'s rows: with them each query's
+    own row is left out of the answer and the truth (a held-out row); without them (None) it
+    stays in (the row itself is then usually its query's nearest neighbour, an easier query).
+
+    An index with an exact re-rank (:func:`refined`) has a second knob, the re-rank depth
+    ``k_factor``: ``nprobe`` is chosen with the deepest re-rank (``Settings.max_k_factor``), then
+    twice the smallest ``k_factor`` that still reaches the target at that ``nprobe``; the target
+    is raised for it (``Settings.rerank_miss_share``). Twice: at 1M rows and the ``nprobe``
+    tuning picks, re-ranking 4x more candidates cost 4% of the QPS (scanning the lists
+    dominates) and is where real queries' recall kept rising.
+
+    Args:
+        index: a trained, filled index.
+        sample: float32 (m, d), some of the indexed vectors (the queries' sources).
+        chunks: returns an iterator over all the vectors added to ``index``, in order (for the
+            exact answers, computed chunk by chunk).
+        sample_rows: int64 (m,), ``sample``'s positions in the index.
+        target: recall@k to reach (``Settings.target_recall``).
+        k: neighbours compared.
+        n_queries: queries drawn (half to choose, half to check).
+        seed: sampling seed.
+        noise: norm of the noise that moves each query off its row.
+    """
+    knob = search_knob(index)
+    target = current().target_recall if target is None else target
+    noise = current().query_noise if noise is None else noise
+    if knob is None:
+        return Tuning("", 1.0, 1.0, target, k, 0, noise)
+    name, largest = knob
+    queries, pick = held_out_queries(sample, n_queries, noise=noise, seed=seed)
+    extra = 1 if sample_rows is not None else 0
+    source = np.asarray(sample_rows, np.int64)[pick] if sample_rows is not None else None
+    _, truth = exact_knn(queries, chunks(), k + extra)
+    if source is not None:
+        truth = _drop_source(truth, source, k)
+    half = max(1, len(queries) // 2) if len(queries) > 1 else len(queries)
+    parts = (slice(0, half), slice(half, None)) if len(queries) > 1 else (slice(None),) * 2
+    tuning = _Queries(queries[parts[0]], truth[parts[0]], _at(source, parts[0]), k)
+    check = _Queries(queries[parts[1]], truth[parts[1]], _at(source, parts[1]), k)
+    rerank = isinstance(faiss.downcast_index(index), faiss.IndexRefine)
+    aim = target
+    if rerank:
+        _set_knob(index, "k_factor_rf", current().max_k_factor)
+        aim = 1.0 - (1.0 - target) * current().rerank_miss_share
+    first = 1 if name == "nprobe" else 16
+    value, tuned = _smallest(index, name, first, largest, tuning, aim)
+    params = f"{name}={value}"
+    if rerank:
+        depth, _ = _smallest(
+            index, "k_factor_rf", 1, current().max_k_factor, tuning, min(aim, tuned)
+        )
+        depth = min(2 * depth, current().max_k_factor)  # twice as deep: nearly free (see above)
+        _set_knob(index, "k_factor_rf", depth)
+        tuned = tuning.recall(index)
+        params += f",k_factor_rf={depth}"
+    checked = check.recall(index)
+    LOG.info(
+        "%s gives recall@%d=%.3f on %d tuning queries, %.3f on %d check queries",
+        params, k, tuned, len(tuning.queries), checked, len(check.queries),
+    )  # fmt: skip
+    return Tuning(params, checked, tuned, target, k, len(check.queries), noise)
+
+
+def _at(source: np.ndarray | None, part: slice) -> np.ndarray | None:
+    return None if source is None else source[part]
+
+
+@dataclass(frozen=True)
+class _Queries:
+    """Queries with their exact answers (and the rows to leave out of the index's answers)."""
+
+    queries: np.ndarray
+    truth: np.ndarray
+    source: np.ndarray | None
+    k: int
+
+    def recall(self, index: faiss.Index) -> float:
+        extra = 0 if self.source is None else 1
+        _, found = index.search(self.queries, self.k + extra)
+        if self.source is not None:
+            found = _drop_source(found, self.source, self.k)
+        return recall_at_k(found, self.truth, self.k)
 
 
 def tune_search(
@@ -264,56 +440,14 @@ def tune_search(
     chunks: Callable[[], Iterable[np.ndarray]],
     target: float | None = None,
     k: int = 10,
-    n_queries: int = 256,
+    n_queries: int = 512,
     seed: int = 0,
     noise: float | None = None,
+    sample_rows: np.ndarray | None = None,
 ) -> tuple[str, float]:
-    """Set the smallest power-of-two ``nprobe`` (IVF) or ``efSearch`` (HNSW, from 16) whose
-    recall@k against exact search reaches ``target`` on :func:`probe_queries` of ``sample``.
-
-    An index with an exact re-rank (:func:`refined`) has a second knob, the re-rank depth
-    ``k_factor``: ``nprobe`` is chosen with the deepest re-rank (``Settings.max_k_factor``), then
-    twice the smallest ``k_factor`` that still reaches the target at that ``nprobe``; the target
-    is raised for it (``Settings.rerank_miss_share``: probe queries flatter IVF-PQ). Twice: at
-    1M rows and the ``nprobe`` tuning picks, re-ranking 4x more candidates cost 4% of the QPS
-    (scanning the lists dominates) and is where real queries' recall kept rising.
-
-    Returns ``(params, recall)``: the parameter string to store (``"nprobe=32"``,
-    ``"efSearch=64"``, ``"nprobe=64,k_factor_rf=16"``, ``""`` for an exact index) and the recall
-    reached (the largest value's when none reaches ``target``).
-
-    Args:
-        index: a trained, filled index.
-        sample: float32 (m, d), some of the indexed vectors (to draw queries near).
-        chunks: returns an iterator over all the vectors added to ``index``, in order (for the
-            exact answers, computed chunk by chunk).
-        target: recall@k to reach.
-        k: neighbours compared.
-        n_queries: size of the query sample.
-        seed: sampling seed.
-        noise: norm of the noise that moves each query off its row.
-    """
-    knob = search_knob(index)
-    target = current().target_recall if target is None else target
-    if knob is None:
-        return "", 1.0
-    name, largest = knob
-    queries = probe_queries(sample, n_queries, noise=noise, seed=seed)
-    _, truth = exact_knn(queries, chunks(), k)
-    rerank = isinstance(faiss.downcast_index(index), faiss.IndexRefine)
-    if rerank:
-        _set_knob(index, "k_factor_rf", current().max_k_factor)
-        target = 1.0 - (1.0 - target) * current().rerank_miss_share
-    first = 1 if name == "nprobe" else 16
-    value, recall = _smallest(index, name, first, largest, queries, truth, target, k)
-    params = f"{name}={value}"
-    if rerank:
-        depth, _ = _smallest(
-            index, "k_factor_rf", 1, current().max_k_factor, queries, truth, min(target, recall), k
-        )
-        depth = min(2 * depth, current().max_k_factor)  # twice as deep: nearly free (see below)
-        _set_knob(index, "k_factor_rf", depth)
-        recall = recall_at_k(index.search(queries, k)[1], truth, k)
-        params += f",k_factor_rf={depth}"
-    LOG.info("%s gives recall@%d=%.3f on %d tuning queries", params, k, recall, len(queries))
-    return params, recall
+    """:func:`tune`'s ``(params, recall on the check queries)``."""
+    t = tune(
+        index, sample, chunks, sample_rows=sample_rows, target=target, k=k,
+        n_queries=n_queries, seed=seed, noise=noise,
+    )  # fmt: skip
+    return t.params, t.recall

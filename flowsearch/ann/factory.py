@@ -1,10 +1,11 @@
 r"""Choosing a vector index: ``auto``'s factory by segment size, and checking a user's factory.
 
 Every index here is FAISS with inner product on L2-normalised vectors (cosine similarity), and
-its ids are the segment's local rows, assigned in insertion order. ``"auto"`` is exact ``Flat``
-up to ``Settings.flat_max_rows`` rows; above that ``HNSW32`` (its ``efSearch`` tuned by
-:func:`flowsearch.ann.build.tune_search`); above ``Settings.graph_max_rows``, IVF-PQ with an
-exact re-rank (:func:`large_factory`). Why these (measured): ``docs/SCALE.md``.
+its ids are the segment's local rows, assigned in insertion order. ``"auto"`` chooses per
+segment: exact ``Flat`` up to ``Settings.flat_max_rows`` rows (10k: a segment's own size, so an
+index of many segments gets a graph in each of its larger ones); above that ``HNSW32`` (its
+``efSearch`` tuned by :func:`flowsearch.ann.build.tune`); above ``Settings.graph_max_rows``,
+IVF-PQ with an exact re-rank (:func:`large_factory`). Why these (measured): ``docs/SCALE.md``.
 
 Example:
     >>> auto_factory(1_000)

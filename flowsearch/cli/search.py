@@ -172,6 +172,16 @@ def _documents_line(info: Any) -> str:
     return f"{docs:,} live in {counted(m.n_live, 'passage')} ({how})"
 
 
+def _tuned_recall(segments: Any) -> str:
+    """What ``auto``'s tuning measured, per segment with an approximate index it tuned."""
+    tuned = [s for s in segments if s.ann.tuning is not None]
+    if not tuned:
+        return "exact (Flat)" if all(s.ann.factory == "Flat" for s in segments) else "not measured"
+    return "; ".join(
+        f"{s.name} {s.ann.factory} {s.ann.params}: {s.ann.tuning.to_words()}" for s in tuned
+    )
+
+
 def _info_rows(info: Any) -> list[tuple[str, str]]:
     """``info``'s table: (what, value) pairs read from the manifest and the verification."""
     from flowsearch.space.reference import reference_of
@@ -202,6 +212,7 @@ def _info_rows(info: Any) -> list[tuple[str, str]]:
         ("judged against", reference.to_words() if reference is not None else "nothing"),
         ("schema", ", ".join(f"{c.name} {c.type}" for c in m.schema_) or "(no metadata)"),
         ("size", ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in info.bytes.items())),
+        ("vector index recall", _tuned_recall(m.segments)),
         (
             "verified",
             f"{counted(checked.n_files, 'file')} by size, {checked.n_hashed} by sha256{unhashed}"

@@ -30,6 +30,7 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "AnnRecord",
+    "AnnTuning",
     "AutoDecision",
     "CalibrationSpec",
     "Columns",
@@ -237,14 +238,39 @@ class PartRecord(BaseModel):
     _check_path = field_validator("path")(lambda v: safe_relpath(v, "part path"))
 
 
+class AnnTuning(BaseModel):
+    """What ``auto``'s tuning of a segment's approximate index measured
+    (:class:`flowsearch.ann.build.Tuning`): recall@k against exact search on ``queries``
+    held-out rows moved by noise of norm ``noise``, which the search knob was *not* chosen on
+    (``tuned_recall``: on the ones it was chosen on), for a ``target``."""
+
+    model_config = _FROZEN
+    recall: float
+    target: float
+    k: int = 10
+    queries: int
+    noise: float
+    tuned_recall: float | None = None
+
+    def to_words(self) -> str:
+        """``"recall@10 0.962 on 256 held-out rows + noise 0.8 (target 0.95)"``."""
+        return (
+            f"recall@{self.k} {self.recall:.3f} on {self.queries} held-out rows + noise "
+            f"{self.noise:g} (target {self.target:g})"
+        )
+
+
 class AnnRecord(BaseModel):
-    """A segment's vector index: its file, the resolved factory and its search parameters."""
+    """A segment's vector index: its file, the resolved factory and its search parameters
+    (``tuning``: what ``auto``'s tuning measured; None for an exact or a user's index, or a
+    segment written before it was recorded)."""
 
     model_config = _FROZEN
     path: str
     factory: str
     params: str = ""
     data: str | None = None  # an IVF index's lists on disk, beside ``path``
+    tuning: AnnTuning | None = None
 
     _check_paths = field_validator("path", "data")(_inside("vector index"))
 

@@ -32,7 +32,7 @@ from flowsearch.ann.factory import auto_factory, new_index
 from flowsearch.errors import BadInput
 from flowsearch.storage.keys import KeyIndex
 from flowsearch.storage.layout import ANN_FILE, KEYS_FILE, POSTINGS_DIR
-from flowsearch.storage.manifest import AnnRecord, SegmentRecord
+from flowsearch.storage.manifest import AnnRecord, AnnTuning, SegmentRecord
 from flowsearch.storage.records import encode_vector_sum
 from flowsearch.storage.rows import PartWriter, RowReader, matrix
 from flowsearch.storage.writer import Writer
@@ -152,11 +152,23 @@ class SegmentBuilder:
         parts = self.close_parts()
         reader = RowReader(self.stage, parts)
         try:
-            params = ""
+            params, tuning = "", None
             if self.requested == "auto" and self.factory != "Flat" and self.n_rows:
-                sample = _sample(reader, 4096)
-                params, _ = ann_build.tune_search(
-                    self.index, sample, lambda: reader.column_chunks("vector")
+                sample, positions = _sample(reader, 4096)
+                tuned = ann_build.tune(
+                    self.index,
+                    sample,
+                    lambda: reader.column_chunks("vector"),
+                    sample_rows=positions,
+                )
+                params = tuned.params
+                tuning = AnnTuning(
+                    recall=tuned.recall,
+                    target=tuned.target,
+                    k=tuned.k,
+                    queries=tuned.queries,
+                    noise=tuned.noise,
+                    tuned_recall=tuned.tuned_recall,
                 )
             ann_io.write_index(self.index, self.stage / ANN_FILE)
             ids = pa.chunked_array([pa.array(c) for c in reader.column_chunks("id")])
@@ -174,7 +186,9 @@ class SegmentBuilder:
             self.stage,
             n_rows=self.n_rows,
             parts=parts,
-            ann=AnnRecord(path=ANN_FILE, factory=self.factory, params=params, data=self._data),
+            ann=AnnRecord(
+                path=ANN_FILE, factory=self.factory, params=params, data=self._data, tuning=tuning
+            ),
             postings=POSTINGS_DIR if postings is not None else None,
             keys=KEYS_FILE,
             vector_sum=encode_vector_sum(self.vector_sum),
@@ -182,12 +196,17 @@ class SegmentBuilder:
         )
 
 
-def _sample(reader: RowReader, n: int, seed: int = 0) -> np.ndarray:
+def _sample(reader: RowReader, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """A seeded uniform sample of at most ``n`` of the segment's searched vectors (reading one
-    part at a time)."""
+    part at a time) and their positions in the segment (int64)."""
     rate = min(1.0, n / max(len(reader), 1))
     rng = np.random.default_rng(seed)
-    picked = []
+    picked, positions, start = [], [], 0
     for chunk in reader.column_chunks("vector"):
-        picked.append(chunk if rate >= 1 else chunk[rng.random(len(chunk)) < rate])
-    return np.concatenate(picked) if picked else np.zeros((0, 0), dtype=np.float32)
+        keep = np.ones(len(chunk), bool) if rate >= 1 else rng.random(len(chunk)) < rate
+        picked.append(chunk[keep])
+        positions.append(start + np.flatnonzero(keep))
+        start += len(chunk)
+    if not picked:
+        return np.zeros((0, 0), dtype=np.float32), np.zeros(0, dtype=np.int64)
+    return np.concatenate(picked), np.concatenate(positions).astype(np.int64)

@@ -1,0 +1,184 @@
+"""``auto``'s vector index (issue 30): tuning on held-out queries, the recall it records in the
+manifest and ``info`` shows, the index each segment gets by its size, a merge building its index
+once, and the exact inner-product twin of a linear calibrator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import faiss
+import numpy as np
+import pytest
+from segment_helpers import add_segment, save_none_calibrator, template
+
+from flowsearch.ann import build as ab
+from flowsearch.ann import factory as af
+from flowsearch.ann.identity import linear_twin
+from flowsearch.calibration.linear import Gaussian, Whitening
+from flowsearch.settings import override
+from flowsearch.storage import manifest as mf
+from flowsearch.storage.writer import open_writer
+
+
+def _clustered(n: int, dim: int, clusters: int, seed: int = 0, spread: float = 0.35) -> np.ndarray:
+    """float32 (n, dim) unit rows around ``clusters`` seeded centres (the same centres for any
+    ``n`` with this ``seed``; rows drawn with ``seed + n``)."""
+    centres = np.random.default_rng(seed).normal(size=(clusters, dim))
+    rng = np.random.default_rng(seed + n)
+    x = centres[rng.integers(clusters, size=n)] + spread * rng.normal(size=(n, dim))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _anisotropic(n: int, dim: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    scales = np.geomspace(10.0, 0.05, dim)
+    basis = np.linalg.qr(np.random.default_rng(99).normal(size=(dim, dim)))[0]
+    return (rng.normal(size=(n, dim)) * scales) @ basis.T + 3.0
+
+
+def _exact(q: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
+    return np.argsort(-(q @ x.T), axis=1, kind="stable")[:, :k]
+
+
+@pytest.mark.parametrize(
+    "calibrator, k", [(Gaussian(power=0.25), None), (Whitening(), None), (Whitening(k=12), 12)]
+)
+def test_the_linear_twin_ranks_rows_as_the_calibrated_cosine(calibrator, k):
+    U, Uq = _anisotropic(600, 24, seed=1), _anisotropic(40, 24, seed=2)
+    cal = calibrator.fit(U)
+    Z, Zq = cal.transform(U), cal.transform(Uq)
+    Z /= np.linalg.norm(Z, axis=1, keepdims=True)
+    Zq /= np.linalg.norm(Zq, axis=1, keepdims=True)
+    rot, scales = cal.rotation[:, : k or 24], cal.scales[: k or 24]
+    v, u = linear_twin(U, Uq, cal.mu, rot, scales)
+    assert v.shape == (600, 24) and u.shape == (40, 24)  # the raw dimension, not k
+    np.testing.assert_allclose(u @ v.T, Zq @ Z.T, atol=2e-5)  # the cosines themselves
+    np.testing.assert_array_equal(_exact(u, v, 10), _exact(Zq, Z, 10))
+    # and a FAISS inner-product index over v answers the calibrated space's exact top 10
+    flat = faiss.IndexFlatIP(24)
+    flat.add(v)
+    assert (flat.search(u, 10)[1] == _exact(Zq, Z, 10)).mean() > 0.99  # float32 ties only
+    # the twin keeps the raw geometry: v is the centred raw row, rescaled
+    centred = U - cal.mu
+    cos = np.sum(v * centred, axis=1) / (
+        np.linalg.norm(v, axis=1) * np.linalg.norm(centred, axis=1)
+    )
+    np.testing.assert_allclose(cos, 1.0, atol=1e-5)
+
+
+def test_held_out_queries_are_seeded_unit_rows_near_their_source():
+    x = _clustered(500, 16, 10)
+    q, pick = ab.held_out_queries(x, 64, noise=0.5, seed=3)
+    assert q.shape == (64, 16) and q.dtype == np.float32 and pick.shape == (64,)
+    np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, rtol=1e-5)
+    q2, pick2 = ab.held_out_queries(x, 64, noise=0.5, seed=3)
+    np.testing.assert_array_equal(q, q2)
+    np.testing.assert_array_equal(pick, pick2)
+    assert np.all(np.sum(q * x[pick], axis=1) > 0.7)  # near the row it came from
+
+
+def test_the_source_row_is_left_out_of_answer_and_truth():
+    rows = np.array([[4, 7, 1, 9], [2, 3, 5, 6]])
+    got = ab._drop_source(rows, np.array([7, 8]), 3)
+    assert got.tolist() == [[4, 1, 9], [2, 3, 5]]
+
+
+def test_tuning_reaches_the_target_on_queries_it_never_saw():
+    """A tiny synthetic case: HNSW tuned on held-out rows; its recall on fresh queries from the
+    same distribution (not rows of the index) is the recall it recorded, give or take."""
+    x = _clustered(4_000, 32, 40)
+    index = af.new_index(32, "HNSW8")
+    ab.add(index, x)
+    pos = np.arange(0, len(x), 3)
+    chunks = lambda: iter([x[:2_000], x[2_000:]])  # noqa: E731
+    t = ab.tune(index, x[pos], chunks, sample_rows=pos, target=0.95, noise=0.5)
+    name, _, value = t.params.partition("=")
+    assert name == "efSearch" and faiss.downcast_index(index).hnsw.efSearch == int(value)
+    assert t.tuned_recall >= 0.95 and t.queries == 256 and t.target == 0.95
+    fresh = _clustered(600, 32, 40)  # different rows (seed + n), same centres
+    found = index.search(fresh, 10)[1]
+    real = ab.recall_at_k(found, _exact(fresh, x, 10))
+    assert real >= 0.92 and abs(real - t.recall) < 0.05
+    # lowering the knob below the tuned value loses recall on those fresh queries
+    faiss.downcast_index(index).hnsw.efSearch = 1
+    assert ab.recall_at_k(index.search(fresh, 10)[1], _exact(fresh, x, 10)) < real
+
+
+def test_an_exact_index_needs_no_tuning():
+    x = _clustered(300, 8, 5)
+    flat = af.new_index(8, "Flat")
+    ab.add(flat, x)
+    t = ab.tune(flat, x, lambda: iter([x]))
+    assert (t.params, t.recall, t.queries) == ("", 1.0, 0)
+
+
+def test_auto_indexes_each_segment_by_its_size():
+    with override(flat_max_rows=5_000, graph_max_rows=50_000):
+        assert af.auto_factory(5_000) == "Flat"
+        assert af.auto_factory(5_001) == "HNSW32"
+        assert af.auto_factory(50_000) == "HNSW32"
+        assert af.auto_factory(60_000, dim=64).endswith(",RFlat")
+    from flowsearch.writes.segments import resolve_factory
+
+    with override(flat_max_rows=100):
+        assert resolve_factory("auto", 100, 8) == "Flat"
+        assert resolve_factory("auto", 101, 8) == "HNSW32"
+        assert resolve_factory("IVF4,Flat", 101, 8) == "IVF4,Flat"
+
+
+def _write(root: Path, sizes: list[int], factory: str, dim: int = 16) -> mf.Manifest:
+    base = template(dim=dim, lexical=False)
+    with open_writer(root, new=True) as writer:
+        save_none_calibrator(writer, base.calibration, dim)
+        start = 0
+        for at, n in enumerate(sizes):
+            ids = [f"r{i}" for i in range(start, start + n)]
+            vectors = _clustered(n, dim, 12, seed=5 + at)
+            add_segment(writer, ids, vectors=vectors, factory=factory, lexical=False, dim=dim)
+            start += n
+        return writer.publish(kind="build", n_rows=start, template=base)
+
+
+def test_the_tuned_recall_is_recorded_per_segment_and_shown_by_info(tmp_path):
+    from flowsearch.cli.search import _info_rows
+    from flowsearch.search.version import index_info
+
+    root = tmp_path / "idx"
+    with override(flat_max_rows=600):
+        m = _write(root, [1_200, 400], "auto")
+    big, small = m.segments
+    assert big.ann.factory == "HNSW32" and small.ann.factory == "Flat"
+    assert small.ann.tuning is None and big.ann.tuning is not None
+    tuning = big.ann.tuning
+    assert 0.9 <= tuning.recall <= 1.0 and tuning.target == 0.95 and tuning.queries > 0
+    assert big.ann.params == f"efSearch={int(big.ann.params.split('=')[1])}"
+    again = mf.read(root).segments[0].ann.tuning  # survives the manifest's round trip
+    assert again == tuning
+    info = index_info(root)
+    shown = info.to_dict()["segments"][0]["ann"]["tuning"]
+    assert shown["recall"] == pytest.approx(tuning.recall) and shown["noise"] == tuning.noise
+    text = dict(_info_rows(info))["vector index recall"]
+    assert f"recall@10 {tuning.recall:.3f}" in text and big.name in text and "held-out" in text
+
+
+def test_a_merge_builds_and_tunes_the_merged_index_once(tmp_path, monkeypatch):
+    from flowsearch.writes import segments as seg_mod
+    from flowsearch.writes.merge import merge
+
+    root = tmp_path / "idx"
+    with override(flat_max_rows=500):
+        base = _write(root, [300, 300, 300], "auto")
+        assert [s.ann.factory for s in base.segments] == ["Flat"] * 3
+        made, tuned = [], []
+        real_new, real_tune = seg_mod.new_index, seg_mod.ann_build.tune
+        monkeypatch.setattr(seg_mod, "new_index", lambda *a: made.append(a) or real_new(*a))
+        monkeypatch.setattr(
+            seg_mod.ann_build, "tune", lambda *a, **kw: tuned.append(a) or real_tune(*a, **kw)
+        )
+        with open_writer(root) as writer:
+            record = merge(writer, [s.name for s in base.segments], dim=16, requested="auto",
+                           lexical=False, schema=())  # fmt: skip
+            writer.publish(kind="compact", n_rows=record.n_rows)
+    assert len(made) == 1 and len(tuned) == 1
+    assert record.ann.factory == "HNSW32" and record.ann.tuning is not None
+    assert record.n_rows == 900
