@@ -13,12 +13,12 @@ Settings are process-wide (not per thread): change them around work, not during 
 
 Example:
     >>> current().flat_max_rows
-    100000
+    10000
     >>> with override(flat_max_rows=10):
     ...     current().flat_max_rows
     10
     >>> current().flat_max_rows
-    100000
+    10000
 """
 
 from __future__ import annotations

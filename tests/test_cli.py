@@ -714,6 +714,6 @@ def test_summaries_count_in_words(built, tmp_path):
 )
 def test_serve_checks_engine_and_shards(built, extra, says):
     pytest.importorskip("fastapi")
-    result = runner.invoke(app, ["serve", "--index", str(built[0]), "--port", "0", *extra])
+    result = runner.invoke(app, ["serve", "--index", str(built[0]), "--port", "8765", *extra])
     assert result.exit_code == 2 and says in result.stderr, result.output
     assert len(result.stderr.strip().splitlines()) == 1

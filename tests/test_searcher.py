@@ -17,6 +17,7 @@ from flowsearch.errors import FlowsearchError
 from flowsearch.search.searcher import Hit, Searcher
 from flowsearch.search.version import index_info
 from flowsearch.settings import override
+from flowsearch.storage import manifest as mf
 from flowsearch.space.reference import reference_of
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.writer import open_writer
@@ -299,7 +300,9 @@ def test_query_result_and_info(searcher, index_dir):
     info = searcher.info()
     assert info.manifest == m and info.path == str(index_dir.resolve())
     files = [*m.calibration.files.values(), *(r for s in m.segments for r in s.files.values())]
-    assert info.bytes["total"] == sum(r.bytes for r in files)
+    sample = [f["bytes"] for f in m.reference["sample"]["files"].values()]  # drift's reference
+    files += [mf.FileRecord(bytes=b, sha256="") for b in sample]
+    assert info.bytes["total"] == sum(r.bytes for r in files) and len(sample) == 1
     assert info.verified.n_files == len(files)
     cold = index_info(index_dir, verify=True)  # no model load
     assert cold.manifest == m and cold.verified.n_hashed == len(files)
