@@ -17,7 +17,6 @@ from flowsearch.errors import FlowsearchError
 from flowsearch.search.searcher import Hit, Searcher
 from flowsearch.search.version import index_info
 from flowsearch.settings import override
-from flowsearch.storage import manifest as mf
 from flowsearch.space.reference import reference_of
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.writer import open_writer
