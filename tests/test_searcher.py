@@ -299,9 +299,10 @@ def test_query_result_and_info(searcher, index_dir):
     info = searcher.info()
     assert info.manifest == m and info.path == str(index_dir.resolve())
     files = [*m.calibration.files.values(), *(r for s in m.segments for r in s.files.values())]
-    sample = [f["bytes"] for f in m.reference["sample"]["files"].values()]  # drift's reference
-    files += [mf.FileRecord(bytes=b, sha256="") for b in sample]
-    assert info.bytes["total"] == sum(r.bytes for r in files) and len(sample) == 1
+    assert info.bytes["total"] == sum(r.bytes for r in files)
+    # verified: those files and the reference sample that drift judges new rows against
+    assert len(m.reference["sample"]["files"]) == 1
+    files += [mf.FileRecord.model_validate(f) for f in m.reference["sample"]["files"].values()]
     assert info.verified.n_files == len(files)
     cold = index_info(index_dir, verify=True)  # no model load
     assert cold.manifest == m and cold.verified.n_hashed == len(files)

@@ -79,17 +79,12 @@ class IndexInfo(BaseModel):
 
 
 def sizes(index_dir: Path, manifest: mf.Manifest) -> dict[str, int]:
-    """Bytes on disk of the version's segments, calibrator, reference sample and total."""
-    from flowsearch.storage.relpaths import reference_sample
-
+    """Bytes on disk of the version's segments, calibrator and total."""
     root = Path(index_dir)
     out = {"segments": 0, "calibrator": size_on_disk(root / manifest.calibration.path)}
     for seg in manifest.segments:
         out["segments"] += sum(r.bytes for r in seg.files.values())
-    sample = reference_sample(manifest.reference)
-    files = sample.get("files", {}) if sample is not None else {}
-    out["reference_sample"] = sum(int(f["bytes"]) for f in files.values())
-    out["total"] = out["segments"] + out["calibrator"] + out["reference_sample"]
+    out["total"] = out["segments"] + out["calibrator"]
     return out
 
 
