@@ -42,11 +42,13 @@ def arguments(argv: list[str] | None) -> Any:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--upsert", type=int, default=1000)
+    # Flat: exact segments, where the Ray answer must equal the local one (issue 29's setting)
+    parser.add_argument("--factory", default="Flat")
     return harness.parse(parser, argv, rows=20_000, segments=4, shards="1,2", queries=20,
                          repeats=2)  # fmt: skip
 
 
-def build(work: Path, rows: int, segments: int) -> Path:
+def build(work: Path, rows: int, segments: int, factory: str = "Flat") -> Path:
     """The index (made once): one build and adds, ``segments`` equal segments."""
     from flowsearch import add_to_index, build_index
 
@@ -61,7 +63,8 @@ def build(work: Path, rows: int, segments: int) -> Path:
         pq.write_table(table.slice(i * size, size), part)
         start = time.perf_counter()
         if i == 0:
-            build_index(part, index, pooling="static", calibration="whitening", overwrite=True)
+            build_index(part, index, pooling="static", calibration="whitening",
+                        index_factory=factory, overwrite=True)  # fmt: skip
         else:
             add_to_index(index, part, merge_segments=False)
         LOG.info("segment %d of %d: %.1f s", i + 1, segments, time.perf_counter() - start)
@@ -169,13 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     work = harness.WORK / ("smoke/" if args.smoke else "") / f"serving_{args.rows}"
     work.mkdir(parents=True, exist_ok=True)
     load = [harness.load_average()[0]]
-    index = build(work, args.rows, args.segments)
+    index = build(work, args.rows, args.segments, args.factory)
     local = Searcher.open(index)
     queries = harness.sample_queries(args.queries)
     batch = harness.sample_queries(args.batch, seed=2)
     report: dict[str, Any] = {
         "rows": args.rows, "segments": args.segments, "batch": args.batch,
-        "repeats": args.repeats, "upsert": args.upsert, "shards": {},
+        "repeats": args.repeats, "upsert": args.upsert, "factory": args.factory, "shards": {},
     }  # fmt: skip
     shard_counts = [int(n) for n in args.shards.split(",")]
     on_ray = None
