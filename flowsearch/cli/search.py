@@ -84,6 +84,7 @@ SCORE_LEGEND = (
 def _print_hits(text: str, result: Any) -> None:
     """The hit table, with the query report under it on a line of its own."""
     from rich.table import Table
+    from rich.text import Text
 
     console = stdout_console()
     title = literal(f"{text!r}: {counted(len(result.hits), 'hit')}")
@@ -113,7 +114,8 @@ def _print_hits(text: str, result: Any) -> None:
             literal(shown_id(hit.id)),
             literal(shown),
         )
-    table.caption = literal("\n".join(line for line in (SCORE_LEGEND, caption) if line))
+    # each line its own literal: literal() shows a newline inside a text as an escape
+    table.caption = Text("\n").join(literal(line) for line in (SCORE_LEGEND, caption) if line)
     console.print(table)
 
 
