@@ -7,17 +7,20 @@ valid JSON): :func:`to_json` turns both into plain JSON (non-finite numbers beco
 Example:
     >>> to_json({"score": np.float32(0.5), "gap": float("nan"), "rows": np.int64(3)})
     '{"score": 0.5, "gap": null, "rows": 3}'
+    >>> find_in_json({"a": [1, {"b": float("nan")}]}, lambda v: v != v)
+    ('a', 1, 'b')
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["json_safe", "to_json"]
+__all__ = ["find_in_json", "json_safe", "to_json"]
 
 
 def json_safe(value: Any) -> Any:
@@ -36,3 +39,19 @@ def json_safe(value: Any) -> Any:
 def to_json(value: Any) -> str:
     """The JSON text of ``value`` (see :func:`json_safe`; anything else unknown as ``str``)."""
     return json.dumps(json_safe(value), ensure_ascii=False, default=str, allow_nan=False)
+
+
+def find_in_json(value: Any, bad: Callable[[Any], bool]) -> tuple[Any, ...] | None:
+    """The keys (dict keys, list positions) leading to the first leaf of a parsed JSON value
+    that ``bad`` holds true of (``()``: the value itself), or None."""
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return () if bad(value) else None
+    for key, item in items:
+        found = find_in_json(item, bad)
+        if found is not None:
+            return (key, *found)
+    return None

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from flowsearch.jsonable import find_in_json
 from flowsearch.search.pictures import SpacePictures
 from flowsearch.search.results import Hit, QueryResult
 from flowsearch.storage.records import WriteRecord
@@ -105,19 +106,8 @@ class UpsertRequest(BaseModel):
 
 def _non_finite(value: Any, path: str) -> str | None:
     """Where in a parsed JSON value a NaN or infinity is (its path), or None."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else path
-    if isinstance(value, dict):
-        items: Any = value.items()
-    elif isinstance(value, list):
-        items = enumerate(value)
-    else:
-        return None
-    for key, item in items:
-        found = _non_finite(item, f"{path}[{key!r}]")
-        if found is not None:
-            return found
-    return None
+    keys = find_in_json(value, lambda v: isinstance(v, float) and not math.isfinite(v))
+    return None if keys is None else path + "".join(f"[{k!r}]" for k in keys)
 
 
 class DeleteRequest(BaseModel):

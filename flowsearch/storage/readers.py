@@ -32,6 +32,7 @@ import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
 from flowsearch.errors import BadInput, FlowsearchError
+from flowsearch.jsonable import find_in_json
 
 __all__ = [
     "FORMATS",
@@ -346,21 +347,14 @@ def _constant(name: str) -> Any:
     raise _NotJson(name)
 
 
-def _big_int(value: Any, path: str = "") -> str | None:
+def _big_int(value: Any) -> str | None:
     """Where in a JSON value an integer lies beyond int64 (its key path), or None."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return path if not _INT64[0] <= value <= _INT64[1] else None
-    if isinstance(value, dict):
-        items: Any = value.items()
-    elif isinstance(value, list):
-        items = enumerate(value)
-    else:
-        return None
-    for key, item in items:
-        found = _big_int(item, f"{path}.{key}" if path else str(key))
-        if found is not None:
-            return found
-    return None
+    keys = find_in_json(
+        value,
+        lambda v: isinstance(v, int) and not isinstance(v, bool)
+        and not _INT64[0] <= v <= _INT64[1],
+    )  # fmt: skip
+    return None if keys is None else ".".join(str(k) for k in keys)
 
 
 def _shown_id(value: Any) -> str:
