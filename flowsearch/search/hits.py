@@ -14,34 +14,8 @@ from typing import Any
 import numpy as np
 
 from flowsearch.search.results import Highlight, Hit
-from flowsearch.search.version import Version
 
-__all__ = ["above", "build_hits", "fetch", "to_hits"]
-
-
-def to_hits(
-    version: Version,
-    scores: np.ndarray,
-    rows: np.ndarray,
-    parts: tuple[np.ndarray, np.ndarray],
-) -> list[list[Hit]]:
-    """Hits for global ``rows`` (q, k) with their scores and component scores (a row that is
-    one passage of several gets its :class:`Highlight`)."""
-    by_row = fetch(version, rows)
-    return build_hits(by_row, version.manifest.metadata_columns, scores, rows, parts)
-
-
-def fetch(version: Version, rows: np.ndarray) -> dict[int, dict[str, Any]]:
-    """The records (``RowReader.records``) of the valid (>= 0) global ``rows``, by row."""
-    valid = np.unique(rows[rows >= 0])
-    by_row: dict[int, dict[str, Any]] = {}
-    if valid.size:
-        seg_of, local = version.locate(valid)
-        for s in np.unique(seg_of):
-            pick = np.flatnonzero(seg_of == s)
-            fetched = version.segments[int(s)].reader.records(local[pick])
-            by_row.update(zip(valid[pick].tolist(), fetched, strict=True))
-    return by_row
+__all__ = ["above", "build_hits"]
 
 
 def build_hits(
