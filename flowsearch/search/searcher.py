@@ -376,10 +376,11 @@ class Searcher:
         """(hits, query log-densities or None, best dense score over the whole index or None).
 
         Scores (see :mod:`flowsearch.search.scores`): dense, the cosine's place between the
-        corpus's background and 1; lexical, BM25 as a share of the query's upper bound;
-        hybrid, their weighted mean (:func:`flowsearch.search.fusion.fuse`, each candidate
-        scored by both sides). Asked of the version's shards with the version's statistics
-        (:func:`flowsearch.search.shards.run`)."""
+        corpus's background and 1; lexical, BM25 as a share of the query's upper bound,
+        stretched so that a full match reads high; hybrid, their weighted mean
+        (:func:`flowsearch.search.fusion.fuse`, each candidate scored by both sides). Asked of
+        the version's shards with the version's statistics (:func:`flowsearch.search.shards.run`);
+        with passages, deeper until the rows hold ``k`` documents."""
         mode = args.checked_mode(version, mode)
         shards = self._shards(version)
         lp = None
