@@ -150,6 +150,21 @@ def test_engine_shards_and_address_are_checked(index) -> None:
         assert caught.value.param == "address"
 
 
+def test_an_address_other_than_the_joined_cluster_is_refused(monkeypatch) -> None:
+    import types
+
+    from flowsearch.search import ray_shards
+
+    context = types.SimpleNamespace(gcs_address="10.0.0.5:6379")
+    fake = types.SimpleNamespace(is_initialized=lambda: True, get_runtime_context=lambda: context)
+    monkeypatch.setattr(ray_shards, "_import_ray", lambda: fake)
+    for same in (None, "auto", "10.0.0.5:6379", "ray://10.0.0.5:10001"):
+        assert ray_shards.connect(same) == (fake, False)
+    with pytest.raises(BadInput, match="already connected to Ray at '10.0.0.5:6379'") as caught:
+        ray_shards.connect("10.0.0.6:6379")
+    assert caught.value.param == "address"
+
+
 def test_segments_are_balanced_by_rows_and_keep_their_shard(index) -> None:
     from flowsearch.search.ray_shards import assign, specs
 

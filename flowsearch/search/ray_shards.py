@@ -84,6 +84,20 @@ def _reachable(address: str) -> None:
         ) from None
 
 
+def _same_cluster(ray: Any, address: str | None) -> None:
+    """Refuse an explicit ``host:port`` other than the cluster this process already joined:
+    Ray joins one cluster per process, so the searcher would silently use the other one."""
+    if address is None or address == "auto" or "://" in address:
+        return
+    current = str(ray.get_runtime_context().gcs_address or "")
+    if address != current:
+        raise BadInput(
+            f"this process is already connected to Ray at {current!r}, not {address!r}",
+            "leave out the {address} to use that cluster, or open from a new process",
+            param="address",
+        )
+
+
 def connect(address: str | None = None) -> tuple[Any, bool]:
     """Ray, connected: to ``address``, else ``RAY_ADDRESS``, else the Ray this process already
     initialised, else a new local one (as many CPUs as the machine, on 127.0.0.1). Returns
@@ -91,10 +105,12 @@ def connect(address: str | None = None) -> tuple[Any, bool]:
 
     Raises:
         MissingExtra: Ray is not installed.
-        BadInput: ``address`` cannot be reached.
+        BadInput: ``address`` cannot be reached, or names another cluster than the one this
+            process already joined.
     """
     ray = _import_ray()
     if ray.is_initialized():
+        _same_cluster(ray, address)
         return ray, False
     address = address or os.environ.get("RAY_ADDRESS") or None
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
