@@ -423,7 +423,7 @@ def _drift(
     if after is sample and not drawn:
         return report, None
     kept = dict(base.reference or {}) or (stored.model_dump(mode="json") if stored else {})
-    kept["sample"] = stage_sample(writer, after)
+    kept["sample"] = stage_sample(writer, after, parent=None if drawn else sample)
     if "method" not in kept:  # no reference for queries (nor measured here: see Reference)
         empty = Reference(method=reference.method, n_measured=0, n_corpus=n_live, space=spec.space)
         kept = {**empty.model_dump(mode="json"), "sample": kept["sample"]}
