@@ -188,10 +188,16 @@ def stale_keys(writer: Writer, segments: Sequence[SegmentRecord], keys: np.ndarr
         index = KeyIndex.load(writer.segment_path(seg), seg.n_rows)
         lo = np.searchsorted(index.keys, keys, side="left")
         hi = np.searchsorted(index.keys, keys, side="right")
+        found = (hi > lo) & ~live
         dead = _dead(writer, seg, None)
-        for at in np.flatnonzero((hi > lo) & ~live):
+        if dead is None:
+            live |= found
+            continue
+        one = np.flatnonzero(found & (hi - lo == 1))  # most keys: one row (vectorised)
+        live[one] = ~dead[np.asarray(index.rows)[lo[one]]]
+        for at in np.flatnonzero(found & (hi - lo > 1)):  # an id's passages share its key
             rows = np.asarray(index.rows[lo[at] : hi[at]])
-            live[at] = dead is None or not dead[rows].all()
+            live[at] = not dead[rows].all()
     return keys[~live]
 
 
