@@ -68,6 +68,20 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "--mean-rows", type=int, default=None, help="writes: rows of the mean index (default: "
         "the smallest size; encoding a 1M-row mean index takes hours on 2 cores)",
     )  # fmt: skip
+    parser.add_argument(
+        "--kinds", default="add,upsert,delete", help="writes: which writes (upserts also run "
+        "as flowsearch-whole: every write saving the whole reference sample)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sequence", type=int, default=0, help="writes: then this many consecutive upserts "
+        "per index and variant (the reference sample's bytes per write, folds included)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--serving", default=None, help="writes: bench_serving.py's work folder (e.g. "
+        "_work/serving_1000000): its index is the largest size (hard-linked, never written in "
+        "place), the smaller ones are built from its corpus's first rows (static, Flat), and "
+        "the writes use its string ids; no mean index, no LanceDB",
+    )  # fmt: skip
     parser.add_argument("--segment-rows", type=int, default=200_000)
     parser.add_argument("--segment-counts", default="10,50")
     parser.add_argument(
@@ -104,8 +118,12 @@ def run_stage(name: str, args: argparse.Namespace, data: Path, work: Path) -> di
 
     rows = args.segment_rows
     if name == "writes":
+        kinds = tuple(k for k in args.kinds.split(",") if k)
+        if args.serving:
+            return serving_writes(args, data, work, kinds)
         out = measure_writes(data, write_specs(args), work, rounds=args.rounds,
-                             batch=args.batch, lance_too=args.lancedb)  # fmt: skip
+                             batch=args.batch, lance_too=args.lancedb, kinds=kinds,
+                             sequence=args.sequence)  # fmt: skip
         out["summary"] = summarise(out["runs"])
         return out
     if name == "segments":
@@ -120,6 +138,32 @@ def run_stage(name: str, args: argparse.Namespace, data: Path, work: Path) -> di
     return refresh_costs(data, BaseSpec(smallest), work, checkpoints=ints(args.checkpoints),
                          repeats=200 if not args.smoke else 20,
                          published=20 if not args.smoke else 3)  # fmt: skip
+
+
+def serving_writes(
+    args: argparse.Namespace, data: Path, work: Path, kinds: tuple[str, ...]
+) -> dict[str, Any]:
+    """The writes stage on ``--serving``'s corpus: ``static`` ``Flat`` indexes of ``--sizes``
+    rows (the largest: bench_serving.py's own index), writes with its string ids."""
+    from functools import partial
+
+    from storage_indexes import serving_base, serving_batches
+    from storage_writes import measure_writes, summarise
+
+    serving = Path(args.serving)
+    if not (serving / "index" / "manifest.json").is_file():
+        raise SystemExit(f"no bench_serving.py index at {serving / 'index'}: pass its work folder")
+    sizes = ints(args.sizes)
+    specs = [BaseSpec(n, factory="Flat") for n in sizes]
+    out = measure_writes(
+        data, specs, work, rounds=args.rounds, batch=args.batch, lance_too=False, kinds=kinds,
+        sequence=args.sequence,
+        base_of=lambda spec: serving_base(serving, spec, max(sizes), work),
+        batches_of=partial(serving_batches, data, size=args.batch),
+    )  # fmt: skip
+    out["summary"] = summarise(out["runs"])
+    out["serving"] = str(serving)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

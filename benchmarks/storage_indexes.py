@@ -44,6 +44,8 @@ __all__ = [
     "new_bytes",
     "new_texts",
     "records_table",
+    "serving_base",
+    "serving_batches",
     "snapshot",
     "write_batches",
 ]
@@ -84,7 +86,7 @@ class WriteBatch:
 
     upsert: list[dict[str, Any]]
     add: list[dict[str, Any]]
-    delete: list[int]
+    delete: list[Any]
 
 
 def corpus(data: Path) -> tuple[Path, list[str]]:
@@ -136,6 +138,71 @@ def base_index(data: Path, spec: BaseSpec, work: Path) -> tuple[Path, dict[str, 
     }
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     return target, record
+
+
+def serving_base(
+    serving: Path, spec: BaseSpec, largest: int, work: Path
+) -> tuple[Path, dict[str, Any]]:
+    """A base index from ``bench_serving.py``'s work folder (``serving``: its ``index``, the
+    1M rows of its ``corpus.parquet`` in ``Flat`` segments, ``static``, string ids): the
+    ``largest`` size is that index itself, hard-linked (:func:`fresh_copy`: never written in
+    place; another run may read it), the smaller ones built here from the first rows of its
+    corpus (``static``, ``Flat``, one segment, its calibration). Returns the path and the build
+    record."""
+    from flowsearch import build_index
+    from flowsearch.storage import manifest as mf
+    from flowsearch.storage.verify import size_on_disk
+
+    target = work / "base" / f"serving_{spec.name}"
+    record_path = target.with_name(target.name + ".build.json")
+    if (target / "manifest.json").exists() and record_path.exists():
+        return target, json.loads(record_path.read_text())
+    load_before = harness.load_average()
+    calibration = mf.read(serving / "index").calibration.name  # the same for every size
+    if spec.rows == largest:
+        fresh_copy(serving / "index", target)
+        m = mf.read(target)
+        times = [json.loads(line)["time"] for line in (target / "history.jsonl").open()]
+        record = {
+            "rows": m.n_live, "pooling": m.encoder.pooling, "factory_requested": "Flat",
+            "factory": "Flat", "space": m.calibration.space,
+            "calibration": m.calibration.name, "wall_s": None, "seconds": {},
+            "bytes": size_on_disk(target), "load": None,
+            "note": f"bench_serving.py's index ({len(m.segments)} segments, "
+            f"written {times[0]} to {times[-1]}), hard-linked",
+        }  # fmt: skip
+    else:
+        source = work / f"serving_corpus_{spec.rows}.parquet"
+        source.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pq.read_table(serving / "corpus.parquet").slice(0, spec.rows), source,
+                       row_group_size=16_384)  # fmt: skip
+        LOG.info("building serving_%s (%d rows, static, Flat)", spec.name, spec.rows)
+        start = time.perf_counter()
+        result = build_index(source, target, pooling="static", index_factory="Flat",
+                             calibration=calibration, overwrite=True)  # fmt: skip
+        record = {
+            "rows": spec.rows, "pooling": "static", "factory_requested": "Flat",
+            "factory": result.factory, "space": result.space,
+            "calibration": result.calibration, "wall_s": round(time.perf_counter() - start, 1),
+            "seconds": result.seconds, "bytes": result.bytes,
+            "load": [load_before, harness.load_average()],
+        }  # fmt: skip
+    record_path.write_text(json.dumps(record, indent=1) + "\n")
+    return target, record
+
+
+def serving_batches(data: Path, rows: int, size: int = 1000, seed: int = 7) -> WriteBatch:
+    """:func:`write_batches` for an index of ``bench_serving.py``'s corpus (string ids
+    ``s000000`` ...): the same shapes (half the upsert replacing ids spread over the index, half
+    new ids; an add of new ids; a delete of other ids spread over it), the same new texts."""
+    half = size // 2
+    texts = new_texts(data, 2 * size, seed)
+    replaced = [f"s{i:06d}" for i in np.arange(half) * (rows // half)]
+    upsert = [{"id": i, "text": t} for i, t in zip(replaced, texts[:half], strict=True)]
+    upsert += [{"id": f"n{i:06d}", "text": t} for i, t in enumerate(texts[half:size])]
+    add = [{"id": f"a{i:06d}", "text": t} for i, t in enumerate(texts[size:])]
+    deleted = [f"s{i:06d}" for i in np.arange(size) * (rows // size) + 1]
+    return WriteBatch(upsert=upsert, add=add, delete=deleted)
 
 
 def fresh_copy(base: Path, target: Path) -> Path:

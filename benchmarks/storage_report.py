@@ -57,8 +57,9 @@ def writes_part(w: dict[str, Any]) -> list[str]:
     lines = [
         f"### Writes: {w['batch']:,} rows into " + ", ".join(f"{n:,}" for n in sizes) + " rows",
         "",
-        f"Medians of {w['rounds']} rounds after an untimed one, each write on a fresh copy of a "
-        "one-segment index; every (index, engine, write) once per round, in turn "
+        f"Medians of {w['rounds']} rounds after an untimed one, each write on a fresh copy of "
+        "its base index (one segment, unless the note says otherwise); every (index, engine, "
+        "write) once per round, in turn "
         f"({_run_load(w['run'])}; the 1-minute load before each write is in the table). "
         "flowsearch's time is split by its `WriteResult.seconds`: *encoding* = loading the "
         "model + encoding the new texts; *drift* = judging the new rows against the corpus "
@@ -85,7 +86,7 @@ def writes_part(w: dict[str, Any]) -> list[str]:
     for name in (n for n in bases if n in s):
         engines = s[name]
         ours = engines["flowsearch"]
-        for kind in ("add", "upsert", "delete"):
+        for kind in (k for k in ("add", "upsert", "delete") if k in ours):
             o = ours[kind]
             other = engines.get("lancedb", {}).get(kind)
             rest = o["wall_s"] - o["encode_s"] - o["drift_s"]
@@ -105,6 +106,8 @@ def writes_part(w: dict[str, Any]) -> list[str]:
             cells.append(_load(o["load"]))
             lines.append("| " + " | ".join(cells) + " |")
     lines += ["", *write_targets(w), ""]
+    if any("flowsearch-whole" in e for e in s.values()):
+        lines += [*stages_part(w), "", *sample_bytes_part(w), ""]
     enc = w.get("encode_only", {})
     if enc:
         said = ", ".join(f"`{p}` {e['seconds']:.2f} s" for p, e in enc.items())
@@ -114,6 +117,131 @@ def writes_part(w: dict[str, Any]) -> list[str]:
         )
         lines.append("")
     lines.append(BEFORE)
+    return lines
+
+
+#: An upsert's stages as ``stages_part`` groups them (``WriteResult.seconds`` names).
+STAGE_GROUPS = {
+    "scan + id lookups": ("scan", "cut"),
+    "encoding": ("load model", "encode"),
+    "projecting + rows": ("write",),
+    "segment's indexes": ("index",),
+    "drift check": ("drift",),
+    "deletion files": ("deletions",),
+    "merge": ("merge",),
+    "publish": ("publish",),
+    "open + clean up": ("other",),
+}
+
+
+def stages_part(w: dict[str, Any]) -> list[str]:
+    """The upsert's time by stage at each size, and each stage's growth from the smallest."""
+    s, bases = w["summary"], w["bases"]
+    names = sorted((n for n in bases if n in s), key=lambda n: bases[n]["rows"])
+    lines = [
+        "#### Where an upsert's time goes, by size",
+        "",
+        "Medians over the same rounds (flowsearch as shipped; seconds; *open + clean up* = wall "
+        "minus the stages: taking the lock, reading the manifest, checking the carried files, "
+        "removing what no version needs). Growth = the largest index over the smallest.",
+        "",
+        "| stage | " + " | ".join(_index_label(n, bases) for n in names) + " | growth |",
+        "|---|" + "---:|" * (len(names) + 1),
+    ]
+    for group, parts in STAGE_GROUPS.items():
+        vals = [sum(s[n]["flowsearch"]["upsert"]["stages"][p] for p in parts) for n in names]
+        growth = f"{vals[-1] / vals[0]:.1f}x" if vals[0] > 0.0005 else "-"
+        lines.append(f"| {group} | " + " | ".join(f"{v:.3f}" for v in vals) + f" | {growth} |")
+    walls = [s[n]["flowsearch"]["upsert"]["no_encode_s"] for n in names]
+    lines.append("| **without encoding** | " + " | ".join(f"**{v:.3f}**" for v in walls)
+                 + f" | **{walls[-1] / walls[0]:.2f}x** |")  # fmt: skip
+    added = {
+        group: sum(s[names[-1]]["flowsearch"]["upsert"]["stages"][p] for p in parts)
+        - sum(s[names[0]]["flowsearch"]["upsert"]["stages"][p] for p in parts)
+        for group, parts in STAGE_GROUPS.items()
+    }
+    top = sorted(added, key=lambda g: -added[g])[:2]
+    lines += [
+        "",
+        f"What the larger index adds, most: *{top[0]}* (+{added[top[0]]:.3f} s) and *{top[1]}* "
+        f"(+{added[top[1]]:.3f} s). The id lookups confirm each replaced string id against "
+        "the id column of the row group holding it (a 64-bit key can collide): 500 ids spread "
+        "over 1M rows touch about 500 row groups of 1,024 rows, over 20k rows the 20 there "
+        "are; so this part grows with the rows a write replaces, up to one row group each, "
+        "not past it. Deletion files: one per segment the replaced rows are in (8 of the 1M "
+        "index's, 1 of the others').",
+    ]
+    return lines
+
+
+def _same_drift(runs: list[dict[str, Any]]) -> tuple[int, int]:
+    """Upserts whose drift report equals the other variant's (same round, same index)."""
+    by: dict[tuple[int, str], dict[str, Any]] = {}
+    for r in runs:
+        if r["kind"] == "upsert" and r["engine"].startswith("flowsearch"):
+            by.setdefault((r["round"], r["index"]), {})[r["engine"]] = r.get("drift")
+    pairs = [v for v in by.values() if len(v) == 2]
+    return sum(v["flowsearch"] == v["flowsearch-whole"] for v in pairs), len(pairs)
+
+
+def sample_bytes_part(w: dict[str, Any]) -> list[str]:
+    """Bytes an upsert writes, with the reference sample's deltas and with the whole sample
+    saved each time (how writes saved it before), single and over consecutive writes."""
+    s, bases = w["summary"], w["bases"]
+    names = sorted((n for n in bases if n in s), key=lambda n: bases[n]["rows"])
+    seq = w.get("sequence", {})
+    n_seq = next((v["flowsearch"]["writes"] for v in seq.values()), 0)
+    lines = [
+        f"#### Bytes an upsert of {w['batch']:,} rows writes: the reference sample's deltas",
+        "",
+        "The reference sample (4,096 rows and up to 2,000 probes, 4.7 MB) is saved as a base "
+        "plus one delta per write that changed it (what left, what entered), folded into a new "
+        "base once the deltas pass the base's bytes or 32 files; *whole* = every write saving "
+        "the whole sample (`reference_delta_max=0`: how writes saved it before), same run. "
+        "One write: medians over the rounds, each on a fresh copy (a base with no deltas yet). "
+        f"Consecutive: mean over {n_seq} upserts in a row on one copy (the default merge "
+        "policy), folds included where they fall.",
+        "",
+        "| index | one write: MiB (sample's) | whole: MiB (sample's) | without encoding s / whole "
+        f"| {n_seq} in a row: sample's KiB per write (folds) | whole: sample's KiB per write "
+        "| all new MiB per write / whole |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for n in names:
+        o, x = s[n]["flowsearch"]["upsert"], s[n]["flowsearch-whole"]["upsert"]
+        cells = [
+            _index_label(n, bases),
+            f"{_mb(o['new_bytes'])} ({_mb(o['sample_bytes'])})",
+            f"{_mb(x['new_bytes'])} ({_mb(x['sample_bytes'])})",
+            f"{o['no_encode_s']:.3f} / {x['no_encode_s']:.3f}",
+        ]
+        q = seq.get(n)
+        if q:
+            d, wh = q["flowsearch"], q["flowsearch-whole"]
+            base = x["sample_bytes"]
+            folds = sum(b > base / 2 for b in d["sample_bytes"])
+            cells += [
+                f"{sum(d['sample_bytes']) / len(d['sample_bytes']) / 1024:.0f} ({folds})",
+                f"{sum(wh['sample_bytes']) / len(wh['sample_bytes']) / 1024:.0f}",
+                f"{_mb(sum(d['new_bytes']) / len(d['new_bytes']))} / "
+                f"{_mb(sum(wh['new_bytes']) / len(wh['new_bytes']))}",
+            ]
+        else:
+            cells += ["-", "-", "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    same, pairs = _same_drift(w["runs"])
+    seq_same = sum(
+        a == b
+        for v in seq.values()
+        for a, b in zip(v["flowsearch"]["drift"], v["flowsearch-whole"]["drift"], strict=True)
+    )
+    seq_all = sum(len(v["flowsearch"]["drift"]) for v in seq.values())
+    lines += [
+        "",
+        f"Drift reports (verdict, median percentile, interval, sample size) equal with deltas "
+        f"and with the whole sample: {same} of {pairs} single upserts, {seq_same} of {seq_all} "
+        "consecutive ones (the deltas read back as the very sample a whole save holds).",
+    ]
     return lines
 
 
@@ -325,10 +453,12 @@ def builds_part(w: dict[str, Any]) -> list[str]:
     for name, b in w["bases"].items():
         build = b["build"]
         stages = ", ".join(f"{k} {v:.1f}" for k, v in build["seconds"].items())
+        stages = stages or build.get("note", "")
+        wall = "-" if build["wall_s"] is None else f"{build['wall_s']:.0f}"
+        load = "-" if build["load"] is None else _load([build["load"][0][0], build["load"][1][0]])
         lines.append(
-            f"| {_index_label(name, w['bases'])} | {build['wall_s']:.0f} | {stages} | "
-            f"{build['bytes'] / 2**30:.2f} GiB | {build['load'][0][0]:.1f}-"
-            f"{build['load'][1][0]:.1f} |"
+            f"| {_index_label(name, w['bases'])} | {wall} | {stages} | "
+            f"{build['bytes'] / 2**30:.2f} GiB | {load} |"
         )
     return lines
 

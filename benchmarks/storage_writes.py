@@ -11,9 +11,13 @@ gets the same records with the vectors flowsearch computes for them (it does not
 table opened inside the timed call as ours opens its index.
 
 One round calls every (size, engine, write) once, in turn; one untimed round first (imports,
-the encoder, the page cache). Per write: wall seconds, flowsearch's own stages
-(``WriteResult.seconds``: encode, drift, ...), the bytes of new files on disk (new paths or
-inodes, plus what an appended log grew by) and this process's ``/proc/self/io`` counters over
+the encoder, the page cache). Upserts run twice: as shipped, and as ``flowsearch-whole``, every
+write saving the whole reference sample (how it was saved before the sample's deltas), so the
+two are compared in one run; :func:`sequences` then runs consecutive upserts per index, where
+the deltas' folds into a new base fall. Per write: wall seconds, flowsearch's own stages
+(``WriteResult.seconds``: encode, drift, deletions, merge, publish, ...), the bytes of new files
+on disk (new paths or inodes, plus what an appended log grew by; the reference sample's share
+apart) and this process's ``/proc/self/io`` counters over
 the call (``wchar``: bytes handed to ``write``; ``write_bytes``: bytes sent to the storage
 layer; and the read side, ``rchar`` / ``read_bytes``; memory-mapped reads count in neither).
 
@@ -52,6 +56,17 @@ LOG = logging.getLogger(__name__)
 
 #: The writes measured, in the order a round runs them.
 KINDS = ("add", "upsert", "delete")
+#: flowsearch as shipped, and with every write saving the whole reference sample
+#: (``reference_delta_max=0``: how writes saved it before the sample's deltas), for upserts.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "flowsearch": {},
+    "flowsearch-whole": {"reference_delta_max": 0},
+}
+#: ``WriteResult.seconds`` stages of an upsert, in the order it runs them ("load model" and
+#: "encode" are the encoder's; the rest of the wall time is opening the writer, checking the
+#: carried files and cleaning up after publishing).
+STAGES = ("scan", "load model", "cut", "encode", "write", "index", "drift", "deletions",
+          "merge", "publish")  # fmt: skip
 #: The columns both engines store (flowsearch's rows; metadata: none in this corpus).
 COLUMNS = ["id", "text", "vector", "raw"]
 
@@ -66,7 +81,12 @@ def timed_write(fn: Callable[[], Any], root: Path) -> tuple[Any, dict[str, Any]]
     result = fn()
     wall = time.perf_counter() - start
     io_after = io_counters()
-    cost = {"wall_s": wall, "new_bytes": new_bytes(files, snapshot(root)), "load": load}
+    after = snapshot(root)
+    cost = {"wall_s": wall, "new_bytes": new_bytes(files, after), "load": load}
+    cost["sample_bytes"] = new_bytes(
+        {k: v for k, v in files.items() if k.startswith("references/")},
+        {k: v for k, v in after.items() if k.startswith("references/")},
+    )  # the reference sample's share
     cost.update({k: io_after[k] - io_before[k] for k in io_before})
     return result, cost
 
@@ -74,16 +94,20 @@ def timed_write(fn: Callable[[], Any], root: Path) -> tuple[Any, dict[str, Any]]
 # -- flowsearch --------------------------------------------------------------------------------
 
 
-def ours(kind: str, index: Path, batch: WriteBatch) -> tuple[Any, dict[str, Any]]:
-    """One write on ``index`` (a fresh copy), timed."""
+def ours(
+    kind: str, index: Path, batch: WriteBatch, variant: str = "flowsearch"
+) -> tuple[Any, dict[str, Any]]:
+    """One write on ``index`` (a fresh copy), timed, with ``variant``'s settings."""
     from flowsearch import add_to_index, delete, upsert
+    from flowsearch.settings import override
 
     calls = {
         "add": lambda: add_to_index(index, batch.add),
         "upsert": lambda: upsert(index, batch.upsert),
         "delete": lambda: delete(index, batch.delete),
     }
-    result, cost = timed_write(calls[kind], index)
+    with override(**VARIANTS[variant]):
+        result, cost = timed_write(calls[kind], index)
     stages = dict(result.seconds)
     cost["stages"] = stages
     cost["model_s"] = stages.get("load model", 0.0)
@@ -94,6 +118,10 @@ def ours(kind: str, index: Path, batch: WriteBatch) -> tuple[Any, dict[str, Any]
                        "delete": result.n_deleted}[kind]  # fmt: skip
     if kind == "upsert":
         cost["replaced"] = result.n_replaced
+    if kind != "delete":  # the drift report: the same whatever the sample's files
+        report = result.drift.to_dict() if result.drift is not None else {}
+        cost["drift"] = {k: report.get(k) for k in ("verdict", "median_percentile", "interval",
+                                                    "n_sample")}  # fmt: skip
     return result, cost
 
 
@@ -172,15 +200,30 @@ def lance(kind: str, database: Path, inputs: dict[str, Any]) -> tuple[Any, dict[
 
 
 def measure_writes(
-    data: Path, specs: list[BaseSpec], work: Path, *, rounds: int, batch: int, lance_too: bool
+    data: Path,
+    specs: list[BaseSpec],
+    work: Path,
+    *,
+    rounds: int,
+    batch: int,
+    lance_too: bool,
+    kinds: tuple[str, ...] = KINDS,
+    whole_too: bool = True,
+    sequence: int = 0,
+    base_of: Callable[[BaseSpec], tuple[Path, dict[str, Any]]] | None = None,
+    batches_of: Callable[[int], WriteBatch] | None = None,
 ) -> dict[str, Any]:
-    """Every write on every base index (and its LanceDB copy), ``rounds`` interleaved rounds
-    after an untimed one: ``{"bases", "runs", "encode_only"}``."""
+    """Every write of ``kinds`` on every base index (and its LanceDB copy; upserts also as
+    ``flowsearch-whole`` with ``whole_too``), ``rounds`` interleaved rounds after an untimed
+    one, then ``sequence`` consecutive upserts per index and variant (:func:`sequences`):
+    ``{"bases", "runs", "encode_only", "sequence"}``. ``base_of`` and ``batches_of`` (a size's
+    rows to its writes) replace :func:`storage_indexes.base_index` and ``write_batches``."""
     bases, batches, lance_dbs, lance_inputs = {}, {}, {}, {}
     for spec in specs:
-        path, record = base_index(data, spec, work)
+        path, record = base_of(spec) if base_of else base_index(data, spec, work)
         bases[spec.name] = {"path": path, "build": record, "rows": spec.rows}
-        batches[spec.name] = write_batches(data, spec.rows, size=batch)
+        made = batches_of(spec.rows) if batches_of else write_batches(data, spec.rows, size=batch)
+        batches[spec.name] = made
         if lance_too:
             lance_dbs[spec.name] = lance_base(path, work / "lance" / spec.name)
             lance_inputs[spec.name] = lance_batches(path, batches[spec.name])
@@ -189,26 +232,67 @@ def measure_writes(
     for number in range(rounds + 1):
         for spec in specs:
             name = spec.name
-            for kind in KINDS:
-                copy = fresh_copy(bases[name]["path"], scratch / "flowsearch")
-                _, cost = ours(kind, copy, batches[name])
-                runs.append({"round": number, "index": name, "engine": "flowsearch",
-                             "kind": kind, **cost})  # fmt: skip
-                LOG.info("round %d %s flowsearch %s: %.2f s", number, name, kind, cost["wall_s"])
+            for kind in kinds:
+                variants = list(VARIANTS) if whole_too and kind == "upsert" else ["flowsearch"]
+                for variant in variants:
+                    copy = fresh_copy(bases[name]["path"], scratch / "flowsearch")
+                    _, cost = ours(kind, copy, batches[name], variant)
+                    runs.append({"round": number, "index": name, "engine": variant,
+                                 "kind": kind, **cost})  # fmt: skip
+                    LOG.info("round %d %s %s %s: %.2f s, %d new bytes", number, name, variant,
+                             kind, cost["wall_s"], cost["new_bytes"])  # fmt: skip
                 if lance_too:
                     copy = fresh_copy(lance_dbs[name], scratch / "lance")
                     _, cost = lance(kind, copy, lance_inputs[name])
                     runs.append({"round": number, "index": name, "engine": "lancedb",
                                  "kind": kind, **cost})  # fmt: skip
                     LOG.info("round %d %s lancedb %s: %.3f s", number, name, kind, cost["wall_s"])
+    chains = {}
+    if sequence:
+        variants = list(VARIANTS) if whole_too else ["flowsearch"]
+        chains = sequences(specs, bases, batches, scratch, sequence, variants)
     shutil.rmtree(scratch, ignore_errors=True)
     return {
         "bases": {k: {"rows": v["rows"], "build": v["build"]} for k, v in bases.items()},
         "batch": batch,
         "rounds": rounds,
+        "kinds": list(kinds),
         "runs": runs,
+        "sequence": chains,
         "encode_only": encode_only(data, [bases[s.name]["path"] for s in specs], batches, specs),
     }
+
+
+def sequences(
+    specs: list[BaseSpec],
+    bases: dict[str, Any],
+    batches: dict[str, WriteBatch],
+    scratch: Path,
+    writes: int,
+    variants: list[str],
+) -> dict[str, dict[str, Any]]:
+    """``writes`` consecutive upserts of the batch (the first replaces half its rows, the next
+    ones all: every one a write of ``batch`` rows) on one fresh copy per index and variant, as
+    a user calls them (the default merge policy): per write, the bytes of new files and those
+    of the reference sample (``references/``), so folds into a new base are counted where they
+    fall; and whether each write's drift report equals the other variant's."""
+    out: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        if spec.pooling != "static":
+            continue
+        for variant in variants:
+            copy = fresh_copy(bases[spec.name]["path"], scratch / f"sequence-{variant}")
+            costs = [ours("upsert", copy, batches[spec.name], variant)[1] for _ in range(writes)]
+            out.setdefault(spec.name, {})[variant] = {
+                "writes": writes,
+                "new_bytes": [c["new_bytes"] for c in costs],
+                "sample_bytes": [c["sample_bytes"] for c in costs],
+                "wall_s": [c["wall_s"] for c in costs],
+                "drift": [c["drift"] for c in costs],
+            }
+            LOG.info("sequence %s %s: %.0f sample bytes per write", spec.name, variant,
+                     np.mean([c["sample_bytes"] for c in costs]))  # fmt: skip
+    return out
 
 
 def encode_only(
@@ -243,9 +327,19 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]
     for index, engine, kind in keys:
         rows = [r for r in timed if (r["index"], r["engine"], r["kind"]) == (index, engine, kind)]
         cell: dict[str, Any] = {"n": len(rows)}
-        for field in ("wall_s", "new_bytes", "wchar", "write_bytes", "rchar", "read_bytes"):
-            cell[field] = float(np.median([r[field] for r in rows]))
-        if engine == "flowsearch":
+        for field in ("wall_s", "new_bytes", "wchar", "write_bytes", "rchar", "read_bytes",
+                      "sample_bytes"):  # fmt: skip
+            if all(field in r for r in rows):
+                cell[field] = float(np.median([r[field] for r in rows]))
+        if engine.startswith("flowsearch"):
+            cell["stages"] = {
+                stage: float(np.median([r["stages"].get(stage, 0.0) for r in rows]))
+                for stage in STAGES
+            }
+            cell["stages"]["other"] = float(
+                np.median([r["wall_s"] - sum(r["stages"].get(x, 0.0) for x in STAGES)
+                           for r in rows])
+            )  # fmt: skip
             for field in ("model_s", "encode_s", "drift_s"):
                 cell[field] = float(np.median([r[field] for r in rows]))
             rest = [r["wall_s"] - r["encode_s"] for r in rows]

@@ -167,6 +167,13 @@ class Settings:
     #: check reads this many vectors whatever the corpus holds (3 MB at 384 dimensions, as
     #: float16).
     reference_sample_rows: int = 4096
+    #: A write that changes the reference sample saves what changed (a delta: a few KB for
+    #: 1,000 rows into 1M) on the last base, until the deltas since it would pass this share
+    #: of the base's bytes, or their count :attr:`reference_delta_max`; then a new base (the
+    #: whole sample, 4.7 MB). So a write pays at most about twice its delta, and a drift check
+    #: reads at most about twice a base (benchmarks/RESULTS.md, bench_storage writes).
+    reference_delta_share: float = 1.0
+    reference_delta_max: int = 32
     #: A query whose best dense score is below this percentile of the reference is out of
     #: distribution: 2% of in-domain questions flagged and 87% of off-domain sentences caught
     #: with the bundled model's ``mean`` (benchmarks/RESULTS.md, bench_density_length).

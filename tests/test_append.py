@@ -28,13 +28,15 @@ def _snapshot(path):
 
 
 def _current(path):
-    """The snapshot without the previous version's reference sample (the next writer's start
-    removes what the current version does not reference, as it does segments a merge left)."""
-    sample = mf.read(path).reference["sample"]["path"]
+    """The snapshot without the previous version's reference sample pieces (the next writer's
+    start removes what the current version does not reference, as it does segments a merge
+    left)."""
+    sample = mf.read(path).reference["sample"]
+    kept = [sample["path"], *(d["path"] for d in sample.get("deltas", []))]  # base and deltas
     return {
         p: b
         for p, b in _snapshot(path).items()
-        if p.parts[0] != "references" or p.as_posix().startswith(sample + "/")
+        if p.parts[0] != "references" or any(p.as_posix().startswith(k + "/") for k in kept)
     }
 
 

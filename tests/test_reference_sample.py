@@ -141,9 +141,16 @@ def test_sample_file_round_trips_and_refuses_another_dimension(tmp_path):
 
 
 def _sample_of(out):
+    """The version's sample record and its sample (the base with its deltas applied)."""
     m = mf.read(out)
     record = m.reference["sample"]
-    return record, ReferenceSample.load(out / record["path"], m.dim)
+    deltas = [out / d["path"] for d in record.get("deltas", [])]
+    return record, ReferenceSample.load(out / record["path"], m.dim, deltas=deltas)
+
+
+def _newest(record):
+    """The directory the version that last changed the sample wrote (its delta or base)."""
+    return (record.get("deltas") or [record])[-1]["path"]
 
 
 def _key(ids):
@@ -203,7 +210,8 @@ def test_the_sample_follows_deletes_upserts_compaction_and_recalibration(tmp_pat
     drift = upsert(out, rows)["drift"]
     assert drift["n_sample"] == 120 - 3 - 1  # deleted and replaced rows are not judged against
     record2, sample2 = _sample_of(out)
-    assert record2["path"] == "references/r000003"
+    assert _newest(record2) == "references/r000003"  # a delta on the build's base
+    assert record2["path"] == record["path"] == "references/r000001"
     assert not np.isin(_key(["d3", "d4", "d5"]), sample2.keys).any()
     assert sample2.n_sample == 118 and np.isin(_key(["d7", "n1"]), sample2.keys).all()
     # the replaced row's entry holds its new vector, as the index does
@@ -222,6 +230,7 @@ def test_the_sample_follows_deletes_upserts_compaction_and_recalibration(tmp_pat
     record4, after = _sample_of(out)
     m = mf.read(out)
     assert record4["path"] == f"references/r{m.version:06d}" and after.n_sample == 119
+    assert "deltas" not in record4  # drawn again: a new base
     Z = Searcher.open(out).vectors()
     assert after.dim == Z.shape[1] and not np.allclose(after.vectors[:5], before.vectors[:5])
     assert np.abs(after.vectors @ Z.T).max(axis=1).min() == pytest.approx(1.0, abs=2e-3)

@@ -192,3 +192,14 @@ def test_vectors_at_reads_rows_in_any_order_across_parts_and_groups(tmp_path):
     assert reader.vectors_at([]).shape == (0, vectors.shape[1])
     with pytest.raises(IndexError):
         reader.vectors_at([100])
+
+
+def test_values_at_reads_one_column_in_any_order_across_parts_and_groups(tmp_path):
+    parts, (ids, texts, _, _, _) = _segment(tmp_path, 100, 40, 16)
+    reader = store.RowReader(tmp_path, parts)
+    want = [99, 0, 41, 40, 39, 17, 17, 63, 15, 16]  # part and group edges, a repeat
+    assert reader.values_at(want) == [ids[i] for i in want]
+    assert reader.values_at(want, "text") == [texts[i] for i in want]
+    assert reader.values_at([]) == []
+    with pytest.raises(IndexError):
+        reader.values_at([100])

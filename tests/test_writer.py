@@ -328,7 +328,8 @@ def test_a_hand_edited_manifest_is_caught(index):
 def test_info_says_what_was_hashed(index):
     m = mf.read(index)
     files = sum(len(s.files) for s in m.segments) + len(m.calibration.files)
-    files += len(m.reference["sample"]["files"])  # the reference sample
+    sample = m.reference["sample"]  # the reference sample: its base and deltas
+    files += sum(len(piece["files"]) for piece in [sample, *sample.get("deltas", [])])
     plain = index_info(index).verified
     assert (plain.n_files, plain.n_hashed, plain.not_hashed) == (files, files, ())
     assert plain.history_records is None  # the log is read only when verifying

@@ -8,6 +8,7 @@ Format 3 (this release)::
       .lock                      held by the one writer
       calibrators/c000001/       config.json + weights.safetensors, shared by all segments
       references/r000003/        sample.npz: the reference sample new rows are judged against
+      references/r000005/        delta.npz: what version 5 changed in it (space/sample.py)
       segments/s000004/          one immutable segment:
         rows-00000.parquet ...     its rows (id, text, metadata, vector, raw), in parts
         ann.faiss [ann.ivfdata]    its vector index (FAISS ids = local rows)

@@ -96,15 +96,15 @@ def find_live(
         candidates = [(p, r) for p, r in candidates if dead is None or not dead[r]]
         if strings and candidates:
             reader = RowReader(folder, seg.parts)
-            try:
-                stored = reader.records(np.array([r for _, r in candidates], dtype=np.int64))
+            try:  # the id column only, of the row groups holding the candidates
+                stored = reader.values_at(np.array([r for _, r in candidates], np.int64), "id")
             finally:
                 reader.close()
             wanted = ids.to_pylist()
             candidates = [
                 (p, r)
-                for (p, r), row in zip(candidates, stored, strict=True)
-                if row["id"] == wanted[p]
+                for (p, r), value in zip(candidates, stored, strict=True)
+                if value == wanted[p]
             ]
         found.extend((p, seg.name, r) for p, r in candidates)
     return found

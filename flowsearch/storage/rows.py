@@ -282,6 +282,29 @@ class RowReader:
             out[positions] = matrix(table.column(name))[offsets]
         return out
 
+    def values_at(self, rows: Sequence[int] | np.ndarray, name: str = "id") -> list[Any]:
+        """A scalar column at local ``rows`` (in that order), as Python values: reads only that
+        column of the row groups holding them, in one read per part (not cached). What an id
+        lookup confirms its candidates with: reading the rows' other columns (the text) cost
+        2.2 s for 500 ids spread over 1M rows."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out: list[Any] = [None] * len(rows)
+        touched: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}
+        for part, group, positions, offsets in self._row_groups_of(rows):
+            touched.setdefault(part, []).append((group, positions, offsets))
+        for part, groups in touched.items():
+            sizes = np.diff(self._group_starts[part])
+            column = self._files[part].read_row_groups([g for g, _, _ in groups], columns=[name])
+            start, at, where = 0, [], []
+            for group, positions, offsets in groups:
+                at.append(start + offsets)
+                where.append(positions)
+                start += int(sizes[group])
+            values = column.column(name).take(pa.array(np.concatenate(at))).to_pylist()
+            for i, value in zip(np.concatenate(where), values, strict=True):
+                out[int(i)] = value
+        return out
+
     def column_chunks(self, name: str) -> Iterator[Any]:
         """A column part by part: ``vector``/``raw`` as float32 (n, d), others as lists."""
         for handle in self._files:

@@ -1,12 +1,13 @@
 r"""Checking a version's files against its manifest.
 
 Every file a version references (each segment's parts, vector index, postings, keys and deletion
-file, and the calibrator's files) must be there with its recorded size; small files (at most
-``Settings.cheap_checksum_bytes``) are checksummed on every open, all of them with
-``checksums=True`` (``info --verify``, ``Searcher.open(verify=True)``), which also checks the
-history log. A file in a segment's or the calibrator's directory that the manifest does not
-name is refused (older deletion files, which earlier versions still use, and a killed atomic
-write's temporary file excepted; the next writer removes both).
+file, the calibrator's files, the reference sample's base and deltas) must be there with its
+recorded size; small files (at most ``Settings.cheap_checksum_bytes``) are checksummed on every
+open, all of them with ``checksums=True`` (``info --verify``, ``Searcher.open(verify=True)``),
+which also checks the history log. A file in a segment's, the calibrator's or a reference sample
+piece's directory that the manifest does not name is refused (older deletion files, which earlier
+versions still use, and a killed atomic write's temporary file excepted; the next writer removes
+both).
 
 Example:
     >>> verify(Path("idx"), read(Path("idx")), checksums=True).n_hashed  # doctest: +SKIP
@@ -23,7 +24,7 @@ from flowsearch.errors import IndexDamaged
 from flowsearch.settings import current
 from flowsearch.storage import history
 from flowsearch.storage import manifest as mf
-from flowsearch.storage.relpaths import reference_sample
+from flowsearch.storage.relpaths import reference_sample, sample_pieces
 
 __all__ = ["Verification", "size_on_disk", "verify", "verify_files"]
 
@@ -120,10 +121,10 @@ def verify(
         # a calibrator of its own directory (not an older format's files in the index's)
         if manifest.format_version >= 3 and folder.resolve() != index_dir.resolve():
             _extra_files(folder, manifest.calibration.files)
-    sample = reference_sample(manifest.reference)
-    if calibrator and sample is not None:
-        files = {k: mf.FileRecord.model_validate(v) for k, v in sample.get("files", {}).items()}
-        out += verify_files(index_dir / sample["path"], files, checksums)
+    for piece in sample_pieces(reference_sample(manifest.reference)) if calibrator else []:
+        files = {k: mf.FileRecord.model_validate(v) for k, v in piece["files"].items()}
+        out += verify_files(index_dir / piece["path"], files, checksums)
+        _extra_files(index_dir / piece["path"], files)  # a base's or delta's directory is its own
     for seg in manifest.segments:
         if wanted is not None and seg.name not in wanted:
             continue

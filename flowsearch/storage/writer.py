@@ -71,7 +71,7 @@ from flowsearch.storage.layout import (
     segment_dir,
     segment_name,
 )
-from flowsearch.storage.relpaths import reference_sample
+from flowsearch.storage.relpaths import reference_sample, sample_pieces
 from flowsearch.storage.verify import verify_files
 
 __all__ = ["Writer", "file_records", "open_writer", "referenced", "sample_record"]
@@ -94,10 +94,9 @@ def referenced(manifest: mf.Manifest | None) -> set[str]:
     if manifest is None:
         return set()
     out = {manifest.calibration.path}
-    sample = sample_record(manifest)
-    if sample is not None:
-        out.add(sample["path"])
-        out.update(f"{sample['path']}/{rel}" for rel in sample.get("files", {}))
+    for piece in sample_pieces(sample_record(manifest)):  # the sample's base and deltas
+        out.add(piece["path"])
+        out.update(f"{piece['path']}/{rel}" for rel in piece["files"])
     for seg in manifest.segments:
         out.add(seg.dir)
         out.update(f"{seg.dir}/{rel}" if seg.dir != "." else rel for rel in seg.files)
@@ -198,9 +197,9 @@ class Writer:
         return spec
 
     def set_reference_sample(self, stage: Path) -> dict[str, Any]:
-        """Use the reference sample saved in ``stage`` (from :meth:`stage` with
-        ``references``). Returns its record (``path`` and ``files``), for the manifest's
-        ``reference["sample"]``."""
+        """Use the reference sample (a base, or a delta on the base version's) saved in
+        ``stage`` (from :meth:`stage` with ``references``). Returns the directory's record
+        (``path`` and ``files``), for the manifest's ``reference["sample"]``."""
         path = reference_dir(self.number)
         self._sample = (stage, path)
         files = file_records(stage)

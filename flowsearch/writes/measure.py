@@ -2,13 +2,13 @@ r"""Measuring rows against an index: the best scores drift and the reference are
 
 A row's *best score* is its cosine to the nearest other row of the index, in the searched space
 (:mod:`flowsearch.space.reference`). A write's new rows are judged against the version's
-reference sample (:mod:`flowsearch.space.sample`), never the whole index:
-:func:`draw_sample` draws one from a version's rows (the build, ``recalibrate``, an index
-written before samples existed), :func:`read_sample` reads a version's, :func:`stale_keys` finds
-its rows deleted since, :func:`stage_sample` writes the next version's. :func:`best_scores`
-(new rows against the whole index, a top-1 search per row) is kept for measuring, and
-:func:`remeasure` measures a sample of an index's own rows against the others, after
-``recalibrate`` changed the space (the query verdict's reference).
+reference sample (:mod:`flowsearch.space.sample`), never the whole index: :func:`draw_sample`
+draws one from a version's rows (the build, ``recalibrate``, an index written before samples
+existed), :func:`read_sample` reads a version's (a base and the deltas since),
+:func:`stale_keys` finds its rows deleted since, :func:`stage_sample` writes the next version's
+(a delta when it can). :func:`best_scores` (new rows against the whole index, a top-1 search
+per row) is kept for measuring, and :func:`remeasure` measures a sample of an index's own rows
+against the others, after ``recalibrate`` changed the space (the query verdict's reference).
 
 Example:
     >>> sample = read_sample(writer, base) or draw_sample(writer, base.segments)  # doctest: +SKIP
@@ -33,6 +33,7 @@ from flowsearch.storage import manifest as mf
 from flowsearch.storage.keys import KeyIndex
 from flowsearch.storage.layout import REFERENCES_DIR
 from flowsearch.storage.records import SegmentRecord
+from flowsearch.storage.relpaths import sample_pieces
 from flowsearch.storage.rows import RowReader
 from flowsearch.storage.verify import verify_files
 from flowsearch.storage.writer import Writer, sample_record
@@ -161,15 +162,18 @@ def draw_sample(
 
 
 def read_sample(writer: Writer, base: mf.Manifest) -> ReferenceSample | None:
-    """The reference sample version ``base`` records (its files' sizes checked), or None when
-    it has none (an index written before samples existed)."""
-    record = sample_record(base)
-    if record is None:
+    """The reference sample version ``base`` records (its base with its deltas applied, every
+    file's size checked), or None when it has none (an index written before samples existed)."""
+    pieces = sample_pieces(sample_record(base))
+    if not pieces:
         return None
-    folder = writer.index_dir / record["path"]
-    files = {k: mf.FileRecord.model_validate(v) for k, v in record.get("files", {}).items()}
-    verify_files(folder, files, small=False)
-    return ReferenceSample.load(folder, base.dim)
+    folders = []
+    for piece in pieces:
+        folder = writer.index_dir / piece["path"]
+        files = {k: mf.FileRecord.model_validate(v) for k, v in piece["files"].items()}
+        verify_files(folder, files, small=False)
+        folders.append(folder)
+    return ReferenceSample.load(folders[0], base.dim, deltas=folders[1:])
 
 
 def stale_keys(writer: Writer, segments: Sequence[SegmentRecord], keys: np.ndarray) -> np.ndarray:
@@ -184,16 +188,46 @@ def stale_keys(writer: Writer, segments: Sequence[SegmentRecord], keys: np.ndarr
         index = KeyIndex.load(writer.segment_path(seg), seg.n_rows)
         lo = np.searchsorted(index.keys, keys, side="left")
         hi = np.searchsorted(index.keys, keys, side="right")
+        found = (hi > lo) & ~live
         dead = _dead(writer, seg, None)
-        for at in np.flatnonzero((hi > lo) & ~live):
+        if dead is None:
+            live |= found
+            continue
+        one = np.flatnonzero(found & (hi - lo == 1))  # most keys: one row (vectorised)
+        live[one] = ~dead[np.asarray(index.rows)[lo[one]]]
+        for at in np.flatnonzero(found & (hi - lo > 1)):  # an id's passages share its key
             rows = np.asarray(index.rows[lo[at] : hi[at]])
-            live[at] = dead is None or not dead[rows].all()
+            live[at] = not dead[rows].all()
     return keys[~live]
 
 
-def stage_sample(writer: Writer, sample: ReferenceSample) -> dict[str, Any]:
+def stage_sample(
+    writer: Writer, sample: ReferenceSample, parent: ReferenceSample | None = None
+) -> dict[str, Any]:
     """Write ``sample`` for the version being written; returns its record (the manifest's
-    ``reference["sample"]``)."""
+    ``reference["sample"]``).
+
+    With ``parent`` (the base version's sample, as :func:`read_sample` read it, that
+    ``sample`` was derived from), only what changed is written: a delta appended to the base
+    version's chain (:class:`~flowsearch.space.sample.SampleDelta`), unless the chain's deltas
+    would then pass ``Settings.reference_delta_share`` of its base's bytes or number
+    ``Settings.reference_delta_max``: then, as without a parent, the whole sample (a new base).
+    """
+    s = current()
+    before = sample_record(writer.base) if parent is not None else None
+    delta = sample.delta_from(parent) if parent is not None and before is not None else None
+    if before is not None and delta is not None:
+        chain = list(before.get("deltas", []))
+        base_bytes = sum(int(f["bytes"]) for f in before["files"].values())
+        chain_bytes = sum(int(f["bytes"]) for d in chain for f in d["files"].values())
+        fits = chain_bytes + delta.nbytes <= s.reference_delta_share * base_bytes
+        if fits and len(chain) < s.reference_delta_max:
+            stage = writer.stage(REFERENCES_DIR)
+            delta.save(stage)
+            record = {k: v for k, v in before.items() if k != "deltas"}
+            record.update(deltas=[*chain, writer.set_reference_sample(stage)])
+            record.update(rows=sample.n_sample, probes=sample.n_probes)
+            return record
     stage = writer.stage(REFERENCES_DIR)
     sample.save(stage)
     record = writer.set_reference_sample(stage)

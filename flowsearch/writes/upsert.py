@@ -205,16 +205,19 @@ def _write(
             before = [seg for seg in writer.segments if seg.name != record.name]
             drift, reference = _drift(writer, base, before, replaced, replaced_keys, scored,
                                       cuts.n_rows)  # fmt: skip
-        for name, rows in replaced.items():
-            writer.delete_rows(name, rows)
+        with st.timed("deletions"):
+            for name, rows in replaced.items():
+                writer.delete_rows(name, rows)
         new_schema = schema_mod.merged(base.schema_, plan.metadata_schema)
-        merged = _merge(writer, base, new_schema) if merge_segments else 0
+        with st.timed("merge"):
+            merged = _merge(writer, base, new_schema) if merge_segments else 0
         changes = _changes(base, plan, space, model, new_schema)
         if reference is not None:
             changes["reference"] = reference
         detail = {"segment": record.name, "inserted": plan.n_rows - n_replaced,
                   "replaced": n_replaced, "merged": merged, "drift": drift.to_dict()}  # fmt: skip
-        manifest = writer.publish(kind=kind, n_rows=cuts.n_rows, detail=detail, **changes)
+        with st.timed("publish"):
+            manifest = writer.publish(kind=kind, n_rows=cuts.n_rows, detail=detail, **changes)
     if drift.warn:
         LOG.warning("%s", drift.to_words())
     return result_of(kind, target, manifest, st, n_written=plan.n_rows,
@@ -423,7 +426,7 @@ def _drift(
     if after is sample and not drawn:
         return report, None
     kept = dict(base.reference or {}) or (stored.model_dump(mode="json") if stored else {})
-    kept["sample"] = stage_sample(writer, after)
+    kept["sample"] = stage_sample(writer, after, parent=None if drawn else sample)
     if "method" not in kept:  # no reference for queries (nor measured here: see Reference)
         empty = Reference(method=reference.method, n_measured=0, n_corpus=n_live, space=spec.space)
         kept = {**empty.model_dump(mode="json"), "sample": kept["sample"]}

@@ -225,8 +225,9 @@ def _aims(windows: list[tuple], kind: str, slow: bool) -> list[tuple]:
 
 
 def _files(m: mf.Manifest) -> int:
-    sample = ((m.reference or {}).get("sample") or {}).get("files", {})  # the reference sample
-    return sum(len(s.files) for s in m.segments) + len(m.calibration.files) + len(sample)
+    sample = (m.reference or {}).get("sample") or {}  # the reference sample: base and deltas
+    pieces = sum(len(p.get("files", {})) for p in [sample, *sample.get("deltas", [])])
+    return sum(len(s.files) for s in m.segments) + len(m.calibration.files) + pieces
 
 
 def _check_after(cli, index: Path, base: mf.Manifest | None, new: mf.Manifest, old: list,

@@ -38,7 +38,9 @@ def _bound(index: Path) -> int:
     Writes merge a size tier once it holds ``segments_per_tier`` segments, so after a write a
     tier holds at most ``segments_per_tier - 1``; these writes keep every segment below
     ``floor_segment_rows`` (the lowest tier), so a version has at most that many segments and
-    the manifest a bounded size however many writes made it. Only the log grows per write.
+    the manifest a bounded size however many writes made it; the reference sample's deltas
+    fold into a new base past ``reference_delta_max``, so its record is bounded too. Only the
+    log grows per write.
     """
     raw = json.loads((index / mf.MANIFEST_NAME).read_text())
     (segment,) = raw["segments"]
@@ -47,7 +49,12 @@ def _bound(index: Path) -> int:
               "deletions": "deleted-v000000.npy", "n_deleted": 10**6}  # fmt: skip
     per_segment = len(json.dumps(record, indent=1)) + 64  # + digits of a bigger segment number
     last_write = 1024
-    return _manifest_bytes(index) + (current().segments_per_tier - 2) * per_segment + last_write
+    # the reference sample's deltas since its base: at most reference_delta_max records
+    delta = {"delta.npz": {"bytes": 10**6, "sha256": "f" * 64}}
+    piece = {"path": "references/r000000", "files": delta}
+    chain = current().reference_delta_max * (len(json.dumps(piece, indent=1)) + 64)
+    return (_manifest_bytes(index) + (current().segments_per_tier - 2) * per_segment + last_write
+            + chain)  # fmt: skip
 
 
 def log_lines(index: Path) -> list[str]:
