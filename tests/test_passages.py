@@ -165,6 +165,67 @@ def test_where_filters_documents_on_their_metadata(long_index):
     assert sorted(h.id for h in everything) == sorted(f"d{i}" for i in range(6, 12))
 
 
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _text_wheres(records: list[dict]) -> dict[str, set]:
+    """Predicates on ``text`` that only a document's whole text answers (two of its ends, its
+    length), each with the documents it matches."""
+    out: dict[str, set] = {}
+    for r in [r for r in records if len(r["text"]) >= 120][:2]:
+        text = r["text"]
+        head, tail = text[:15], text[-15:]
+        both = f"text LIKE {_quoted('%' + head + '%')} AND text LIKE {_quoted('%' + tail + '%')}"
+        out[both] = {x["id"] for x in records if head in x["text"] and tail in x["text"]}
+        same = {x["id"] for x in records if len(x["text"]) == len(text)}
+        out[f"length(text) = {len(text)}"] = same
+        out[f"text = {_quoted(text)}"] = {r["id"]}
+    out["length(text) > 100"] = {x["id"] for x in records if len(x["text"]) > 100}
+    out["text NOT LIKE '%.%'"] = {x["id"] for x in records if "." not in x["text"]}
+    return out
+
+
+def _check_text_wheres(searchers: list, records: list[dict]) -> None:
+    wheres = _text_wheres(records)
+    assert len(wheres) > 4 and all(wheres.values())
+    for s in searchers:
+        everything = {h.id: h for h in s.search("the cat runs", k=100, mode="dense")}
+        for where, want in wheres.items():
+            for mode in ("dense", "lexical", "hybrid"):
+                hits = s.search("the cat runs", k=100, where=where, mode=mode)
+                got = {h.id for h in hits}
+                assert got == want or (mode == "lexical" and got <= want), (where, mode)
+                assert all(h.text == everything[h.id].text for h in hits)  # whole texts
+                if mode == "dense":  # a document matches whole: its best passage as unfiltered
+                    for h in hits:
+                        assert h.highlight == everything[h.id].highlight
+                        assert h.score == pytest.approx(everything[h.id].score)
+            k = min(2, len(want))  # k counts documents under a text filter too
+            assert len(s.search("the cat runs", k=k, where=where)) == k
+
+
+def test_where_on_text_sees_each_document_s_whole_text(tmp_path, long_index):
+    """A filter's record is the document: ``text`` is its whole text on every path (one
+    searcher, shards, each mode), across writes (upsert, delete, compact)."""
+    import shutil
+
+    records = _records()
+    _check_text_wheres([Searcher.open(long_index)], records)
+    index = tmp_path / "idx"
+    shutil.copytree(long_index, index)
+    more = [{"id": "m0", "text": _document(300), "topic": "x", "year": 1},
+            {"id": "d1", "text": _document(301), "topic": "y", "year": 2}]  # fmt: skip
+    upsert(index, more, merge_segments=False)
+    delete(index, ["d4"])
+    records = [r for r in records if r["id"] not in ("d1", "d4")] + more
+    one = Searcher.open(index)
+    assert len(one.version.segments) == 2
+    _check_text_wheres([one, split_searcher(index, [[1], [0]])], records)
+    compact(index)
+    _check_text_wheres([Searcher.open(index)], records)
+
+
 def test_info_counts_documents_and_passages(long_index):
     info = index_info(long_index)
     assert info.n_documents == len(_records()) and info.manifest.n_live > info.n_documents
