@@ -286,7 +286,7 @@ def test_without_long_documents_an_index_answers_as_before(tmp_path, model_dir):
             assert all(h.highlight is None for h in a)
 
 
-def test_truncation_when_asked_and_the_ray_engine_refuses_cutting(tmp_path, model_dir):
+def test_truncation_when_asked_and_sizes_checked(tmp_path, model_dir):
     pq.write_table(pa.Table.from_pylist(_records()), tmp_path / "c.parquet")
     build_index(tmp_path / "c.parquet", tmp_path / "t", model=str(model_dir),
                 max_length=MAX_LENGTH, passage_tokens=0)  # fmt: skip
@@ -294,12 +294,42 @@ def test_truncation_when_asked_and_the_ray_engine_refuses_cutting(tmp_path, mode
     assert s.manifest.n_live == 12 and s.manifest.passages is None
     upsert(tmp_path / "t", [{"id": "n", "text": _document(5), "topic": "x", "year": 1}])
     assert Searcher.open(tmp_path / "t").manifest.n_live == 13  # writes cut as the build did
-    with pytest.raises(BadInput, match="does not cut documents.* 8 of the"):
-        build_index(tmp_path / "c.parquet", tmp_path / "r", model=str(model_dir),
-                    max_length=MAX_LENGTH, engine="ray")  # fmt: skip
     with pytest.raises(BadInput, match="passage_overlap"):
         build_index(tmp_path / "c.parquet", tmp_path / "o", model=str(model_dir),
                     max_length=MAX_LENGTH, passage_overlap=13)  # fmt: skip
+
+
+def test_the_ray_encoder_cuts_rows_as_the_local_build(tmp_path, encoder):
+    """The Ray build's encoder actors cut with the local build's code: the same passage rows
+    (ids, texts, metadata, passage columns), each keeping its document's sort key; and the row
+    order check sees passages (the Ray build itself: tests/test_ray_ingest.py, slow)."""
+    from flowsearch.storage.corpus import scan_corpus
+    from flowsearch.writes.passages import Cuts
+    from flowsearch.writes.ray_encode import ROW, cut_rows, key_range
+
+    pq.write_table(pa.Table.from_pylist(_records()), tmp_path / "c.parquet")
+    plan = scan_corpus(tmp_path / "c.parquet", "text", "id")
+    sizes = checked_sizes(encoder.window)
+    cuts = Cuts(encoder, plan, sizes, batch_rows=5)
+    local = [rows_of(*batch) for batch in cuts.batches(plan)]
+    want = pa.concat_tables(local)
+    ((ids, texts, meta),) = plan.batches(100)
+    batch = pa.table({ROW: np.arange(len(texts)) + (3 << 32), "id": ids, "text": texts,
+                      **{n: meta.column(n) for n in meta.column_names}})  # fmt: skip
+    got = cut_rows(encoder, batch, sizes)
+    assert got.drop_columns([ROW]).equals(want.select(got.drop_columns([ROW]).column_names))
+    assert got.num_rows == cuts.n_rows > len(texts)
+    keys = got.column(ROW).to_numpy() - (3 << 32)
+    np.testing.assert_array_equal(keys, cuts.documents())  # each passage keeps its document's
+    last = got.column("__passage")[-1].as_py()
+    assert last > 0 and key_range(got) == ((3 << 32, 0), ((3 << 32) + 11, last))
+    assert key_range(got.take([0, 2, 1])) is None  # passages out of order
+    assert key_range(got.take([0, 0])) is None  # a row twice
+
+
+def rows_of(ids, texts, meta, passages) -> pa.Table:
+    return pa.table({"id": ids, "text": pa.array(texts, pa.string()),
+                     **{n: meta.column(n) for n in meta.column_names}, **passages})  # fmt: skip
 
 
 # --- surfaces -----------------------------------------------------------------------------
