@@ -365,6 +365,18 @@ def test_cli_and_http_show_the_highlight(long_index):
     np.testing.assert_equal(len(s.search(passage, k=12)), 12)
 
 
+def test_write_summaries_count_documents(capsys):
+    """A write's summary counts the documents it wrote, beside the live rows (passages)."""
+    from flowsearch.cli.output import print_summary
+    from flowsearch.writes.results import WriteResult
+
+    result = WriteResult(kind="build", index="idx", version=1, n_written=12, n_live=40,
+                         n_segments=1, dim=32)  # fmt: skip
+    print_summary(result, "indexed")
+    said = " ".join(capsys.readouterr().err.split())
+    assert said.startswith("indexed 12 documents -> idx (version 1, 40 live rows in 1 segment")
+
+
 def test_the_reference_skips_a_passage_s_own_document():
     from flowsearch.space.reference import best_other_score
 

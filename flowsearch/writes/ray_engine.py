@@ -318,7 +318,10 @@ def build_on_ray(
                                          passages=options.passages)  # fmt: skip
     # passage rows: the calibrator is fitted on passages, as the local path does
     n_rows = sum(n for _, n in files)
-    documents = ray_encode.documents_in(files)[1]
+    n_documents, documents = ray_encode.documents_in(files)
+    if n_documents != plan.n_rows:
+        raise FlowsearchError(f"Ray encoded {n_documents} documents, the corpus has {plan.n_rows}; "
+                              "rerun")  # fmt: skip
     with st.timed("fit"):
         fit_idx, held_idx = split_fit_rows(n_rows, options.fit_sample)  # as the local path
         U_fit = ray_encode.read_rows(files, fit_idx)
