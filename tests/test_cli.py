@@ -687,7 +687,7 @@ def test_summaries_count_in_words(built, tmp_path):
     shutil.copytree(built[0], out)
     wide = CliRunner(env={"COLUMNS": "80"})
     deleted = wide.invoke(app, ["delete", "d1", "--index", str(out)])
-    assert deleted.stderr == f"deleted 1 row from {out}\n"
+    assert deleted.stderr == f"deleted 1 document from {out}\n"
     compacted = wide.invoke(app, ["compact", "--index", str(out)])
     assert compacted.exit_code == 0, compacted.output
     said = " ".join(compacted.stderr.split())

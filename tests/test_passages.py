@@ -165,6 +165,67 @@ def test_where_filters_documents_on_their_metadata(long_index):
     assert sorted(h.id for h in everything) == sorted(f"d{i}" for i in range(6, 12))
 
 
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _text_wheres(records: list[dict]) -> dict[str, set]:
+    """Predicates on ``text`` that only a document's whole text answers (two of its ends, its
+    length), each with the documents it matches."""
+    out: dict[str, set] = {}
+    for r in [r for r in records if len(r["text"]) >= 120][:2]:
+        text = r["text"]
+        head, tail = text[:15], text[-15:]
+        both = f"text LIKE {_quoted('%' + head + '%')} AND text LIKE {_quoted('%' + tail + '%')}"
+        out[both] = {x["id"] for x in records if head in x["text"] and tail in x["text"]}
+        same = {x["id"] for x in records if len(x["text"]) == len(text)}
+        out[f"length(text) = {len(text)}"] = same
+        out[f"text = {_quoted(text)}"] = {r["id"]}
+    out["length(text) > 100"] = {x["id"] for x in records if len(x["text"]) > 100}
+    out["text NOT LIKE '%.%'"] = {x["id"] for x in records if "." not in x["text"]}
+    return out
+
+
+def _check_text_wheres(searchers: list, records: list[dict]) -> None:
+    wheres = _text_wheres(records)
+    assert len(wheres) > 4 and all(wheres.values())
+    for s in searchers:
+        everything = {h.id: h for h in s.search("the cat runs", k=100, mode="dense")}
+        for where, want in wheres.items():
+            for mode in ("dense", "lexical", "hybrid"):
+                hits = s.search("the cat runs", k=100, where=where, mode=mode)
+                got = {h.id for h in hits}
+                assert got == want or (mode == "lexical" and got <= want), (where, mode)
+                assert all(h.text == everything[h.id].text for h in hits)  # whole texts
+                if mode == "dense":  # a document matches whole: its best passage as unfiltered
+                    for h in hits:
+                        assert h.highlight == everything[h.id].highlight
+                        assert h.score == pytest.approx(everything[h.id].score)
+            k = min(2, len(want))  # k counts documents under a text filter too
+            assert len(s.search("the cat runs", k=k, where=where)) == k
+
+
+def test_where_on_text_sees_each_document_s_whole_text(tmp_path, long_index):
+    """A filter's record is the document: ``text`` is its whole text on every path (one
+    searcher, shards, each mode), across writes (upsert, delete, compact)."""
+    import shutil
+
+    records = _records()
+    _check_text_wheres([Searcher.open(long_index)], records)
+    index = tmp_path / "idx"
+    shutil.copytree(long_index, index)
+    more = [{"id": "m0", "text": _document(300), "topic": "x", "year": 1},
+            {"id": "d1", "text": _document(301), "topic": "y", "year": 2}]  # fmt: skip
+    upsert(index, more, merge_segments=False)
+    delete(index, ["d4"])
+    records = [r for r in records if r["id"] not in ("d1", "d4")] + more
+    one = Searcher.open(index)
+    assert len(one.version.segments) == 2
+    _check_text_wheres([one, split_searcher(index, [[1], [0]])], records)
+    compact(index)
+    _check_text_wheres([Searcher.open(index)], records)
+
+
 def test_info_counts_documents_and_passages(long_index):
     info = index_info(long_index)
     assert info.n_documents == len(_records()) and info.manifest.n_live > info.n_documents
@@ -225,7 +286,7 @@ def test_without_long_documents_an_index_answers_as_before(tmp_path, model_dir):
             assert all(h.highlight is None for h in a)
 
 
-def test_truncation_when_asked_and_the_ray_engine_refuses_cutting(tmp_path, model_dir):
+def test_truncation_when_asked_and_sizes_checked(tmp_path, model_dir):
     pq.write_table(pa.Table.from_pylist(_records()), tmp_path / "c.parquet")
     build_index(tmp_path / "c.parquet", tmp_path / "t", model=str(model_dir),
                 max_length=MAX_LENGTH, passage_tokens=0)  # fmt: skip
@@ -233,12 +294,42 @@ def test_truncation_when_asked_and_the_ray_engine_refuses_cutting(tmp_path, mode
     assert s.manifest.n_live == 12 and s.manifest.passages is None
     upsert(tmp_path / "t", [{"id": "n", "text": _document(5), "topic": "x", "year": 1}])
     assert Searcher.open(tmp_path / "t").manifest.n_live == 13  # writes cut as the build did
-    with pytest.raises(BadInput, match="does not cut documents.* 8 of the"):
-        build_index(tmp_path / "c.parquet", tmp_path / "r", model=str(model_dir),
-                    max_length=MAX_LENGTH, engine="ray")  # fmt: skip
     with pytest.raises(BadInput, match="passage_overlap"):
         build_index(tmp_path / "c.parquet", tmp_path / "o", model=str(model_dir),
                     max_length=MAX_LENGTH, passage_overlap=13)  # fmt: skip
+
+
+def test_the_ray_encoder_cuts_rows_as_the_local_build(tmp_path, encoder):
+    """The Ray build's encoder actors cut with the local build's code: the same passage rows
+    (ids, texts, metadata, passage columns), each keeping its document's sort key; and the row
+    order check sees passages (the Ray build itself: tests/test_ray_ingest.py, slow)."""
+    from flowsearch.storage.corpus import scan_corpus
+    from flowsearch.writes.passages import Cuts
+    from flowsearch.writes.ray_encode import ROW, cut_rows, key_range
+
+    pq.write_table(pa.Table.from_pylist(_records()), tmp_path / "c.parquet")
+    plan = scan_corpus(tmp_path / "c.parquet", "text", "id")
+    sizes = checked_sizes(encoder.window)
+    cuts = Cuts(encoder, plan, sizes, batch_rows=5)
+    local = [rows_of(*batch) for batch in cuts.batches(plan)]
+    want = pa.concat_tables(local)
+    ((ids, texts, meta),) = plan.batches(100)
+    batch = pa.table({ROW: np.arange(len(texts)) + (3 << 32), "id": ids, "text": texts,
+                      **{n: meta.column(n) for n in meta.column_names}})  # fmt: skip
+    got = cut_rows(encoder, batch, sizes)
+    assert got.drop_columns([ROW]).equals(want.select(got.drop_columns([ROW]).column_names))
+    assert got.num_rows == cuts.n_rows > len(texts)
+    keys = got.column(ROW).to_numpy() - (3 << 32)
+    np.testing.assert_array_equal(keys, cuts.documents())  # each passage keeps its document's
+    last = got.column("__passage")[-1].as_py()
+    assert last > 0 and key_range(got) == ((3 << 32, 0), ((3 << 32) + 11, last))
+    assert key_range(got.take([0, 2, 1])) is None  # passages out of order
+    assert key_range(got.take([0, 0])) is None  # a row twice
+
+
+def rows_of(ids, texts, meta, passages) -> pa.Table:
+    return pa.table({"id": ids, "text": pa.array(texts, pa.string()),
+                     **{n: meta.column(n) for n in meta.column_names}, **passages})  # fmt: skip
 
 
 # --- surfaces -----------------------------------------------------------------------------
@@ -272,6 +363,18 @@ def test_cli_and_http_show_the_highlight(long_index):
         assert hit["text"][hit["highlight"]["start"] : hit["highlight"]["end"]] == passage
         assert client.get("/info").json()["n_documents"] == 12
     np.testing.assert_equal(len(s.search(passage, k=12)), 12)
+
+
+def test_write_summaries_count_documents(capsys):
+    """A write's summary counts the documents it wrote, beside the live rows (passages)."""
+    from flowsearch.cli.output import print_summary
+    from flowsearch.writes.results import WriteResult
+
+    result = WriteResult(kind="build", index="idx", version=1, n_written=12, n_live=40,
+                         n_segments=1, dim=32)  # fmt: skip
+    print_summary(result, "indexed")
+    said = " ".join(capsys.readouterr().err.split())
+    assert said.startswith("indexed 12 documents -> idx (version 1, 40 live rows in 1 segment")
 
 
 def test_the_reference_skips_a_passage_s_own_document():

@@ -242,3 +242,100 @@ def test_ivf_lists_are_merged_on_disk_and_answer_like_the_local_build(
     assert "d3" not in {h.id for hits in s.search(QUERIES, k=50, mode="dense") for h in hits}
     # the first merged version is untouched by the writes after it
     Searcher.open(tmp / "ray", verify=True, gpu=False)
+
+
+# --- long documents: cut into passages on Ray as the local build cuts them ---------------------
+
+LONG_MAX_LENGTH = 16  # a window of 14 tokens: a few sentences make a long document
+
+
+def _long_corpus(path: Path, n: int, seed: int, prefix: str) -> Path:
+    """Documents of one to eight sentences (most longer than the window), with metadata."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from corpus_helpers import sentences
+
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(1, 9, size=n)
+    texts = [
+        " ".join(s + "." for s in sentences(int(c), seed=seed * 1000 + i, length=(3, 7)))
+        for i, c in enumerate(counts)
+    ]
+    table = pa.table({"id": [f"{prefix}{i}" for i in range(n)], "text": texts,
+                      "year": pa.array([2000 + i % 9 for i in range(n)], pa.int32())})  # fmt: skip
+    pq.write_table(table, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def built_long(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> dict[str, Any]:
+    """A corpus of long documents in two files, built by both engines (the calibration fitted
+    on a sample of the passages)."""
+    tmp = tmp_path_factory.mktemp("ray-long")
+    files = [_long_corpus(tmp / "a.parquet", 40, 1, "a"),
+             _long_corpus(tmp / "b.parquet", 25, 2, "b")]  # fmt: skip
+    options = dict(model=str(model_dir), calibration="flow", fit_sample=120,
+                   max_length=LONG_MAX_LENGTH, passage_overlap=3)  # fmt: skip
+    build_index(files, tmp / "local", **options)
+    with ray_ingest.ray_session():
+        build_index(files, tmp / "ray", engine="ray", **options)
+    return {"tmp": tmp}
+
+
+@pytest.mark.slow
+def test_long_documents_are_cut_on_ray_as_locally(built_long: dict[str, Any]) -> None:
+    from flowsearch.search.version import index_info
+    from flowsearch.storage.passages import PASSAGE_COLUMNS
+
+    tmp = built_long["tmp"]
+    columns = ["id", "text", "year", *PASSAGE_COLUMNS]
+    found = {}
+    for name in ("local", "ray"):
+        s = Searcher.open(tmp / name)
+        (segment,) = s.version.segments
+        found[name] = (segment.reader.table(columns), segment.reader.vectors("raw"), s.vectors())
+        s.close()
+    (rows_l, raw_l, vec_l), (rows_r, raw_r, vec_r) = found["local"], found["ray"]
+    assert rows_r.equals(rows_l)  # the same passage rows: ids, texts, metadata, offsets
+    assert rows_l.num_rows > 65 and rows_l.column("__passage").to_numpy().max() > 2
+    np.testing.assert_allclose(raw_r, raw_l, atol=1e-5)
+    np.testing.assert_allclose(vec_r, vec_l, atol=1e-5)
+    info_l, info_r = index_info(tmp / "local"), index_info(tmp / "ray")
+    assert info_r.n_documents == info_l.n_documents == 65
+    a, b = mf.read(tmp / "local").to_json_dict(), mf.read(tmp / "ray").to_json_dict()
+    for key in ("calibration", "reference", "density", "passages", "schema"):  # fit on passages
+        _close(_without(a[key]), _without(b[key]), key)
+    assert a["segments"][0]["n_rows"] == b["segments"][0]["n_rows"] == rows_l.num_rows
+    # the reference sample: the same passage rows, their vectors (float16) within float noise
+    from flowsearch.space.sample import ReferenceSample
+
+    dim = mf.read(tmp / "local").dim
+    sample_l, sample_r = (ReferenceSample.load(tmp / name / a["reference"]["sample"]["path"], dim)
+                          for name in ("local", "ray"))  # fmt: skip
+    np.testing.assert_array_equal(sample_r.keys, sample_l.keys)
+    np.testing.assert_array_equal(sample_r.probe_keys, sample_l.probe_keys)
+    np.testing.assert_allclose(sample_r.vectors, sample_l.vectors, atol=2e-3)
+    np.testing.assert_allclose(sample_r.probe_best, sample_l.probe_best, atol=2e-3)
+
+
+def _without(value: Any) -> Any:
+    """A manifest field without its files' checksums (float noise flips float16 roundings)."""
+    if isinstance(value, dict):
+        return {k: _without(v) for k, v in value.items() if k != "files"}
+    return value
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["dense", "lexical", "hybrid"])
+def test_long_documents_answer_on_ray_as_locally(built_long: dict[str, Any], mode: str) -> None:
+    tmp = built_long["tmp"]
+    a, b = Searcher.open(tmp / "local"), Searcher.open(tmp / "ray")
+    for where in (None, "year >= 2004", "length(text) > 150"):
+        got = b.search(QUERIES, k=7, mode=mode, where=where)
+        for hits_a, hits_b in zip(a.search(QUERIES, k=7, mode=mode, where=where), got):
+            assert [h.id for h in hits_b] == [h.id for h in hits_a]
+            np.testing.assert_allclose([h.score for h in hits_b], [h.score for h in hits_a],
+                                       atol=1e-5)  # fmt: skip
+            shown = [(h.text, h.highlight) for h in hits_a]
+            assert [(h.text, h.highlight) for h in hits_b] == shown
+    assert any(h.highlight is not None for hits in got for h in hits)

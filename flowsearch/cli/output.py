@@ -95,7 +95,8 @@ def snippet(text: str, width: int = 90) -> str:
 
 
 def print_summary(result: Any, verb: str) -> None:
-    """A write's result (rows, version, space, timings, drift) on stderr."""
+    """A write's result (documents written, live rows, version, space, timings, drift) on
+    stderr (a document cut into passages is several rows)."""
     from rich.text import Text
 
     err = stderr_console()
@@ -103,7 +104,7 @@ def print_summary(result: Any, verb: str) -> None:
     line = Text()
     line.append(verb, style="bold")
     line.append(
-        f" {counted(result.n_written, 'row')} -> {visible(result.index)} "
+        f" {counted(result.n_written, 'document')} -> {visible(result.index)} "
         f"(version {result.version}, {counted(result.n_live, 'live row')} in "
         f"{counted(result.n_segments, 'segment')}, dim {result.dim}, "
         f"{result.bytes / 2**20:.1f} MiB) in {result.seconds.get('total', 0.0):.1f}s [{secs}]"

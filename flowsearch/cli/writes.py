@@ -219,7 +219,7 @@ def delete_cmd(
     if as_json:
         print_json(result.to_dict())
         return
-    typer.echo(f"deleted {counted(result.n_deleted, 'row')} from {visible(index)}", err=True)
+    typer.echo(f"deleted {counted(result.n_deleted, 'document')} from {visible(index)}", err=True)
     if result.missing:
         shown = ", ".join(visible(shown_id(m)) for m in result.missing[:10])
         more = f" and {len(result.missing) - 10} more" if len(result.missing) > 10 else ""

@@ -8,11 +8,20 @@ pyarrow with a fixed cost per table and query (10 segments: a 1%-selective predi
 against 2 ms for native tables, ``benchmarks/bench_filter_segments.py``), and they count against
 DuckDB's ``memory_limit``, which so bounds the data and the queries' working memory together.
 
+A filter's row is a **document**, not a passage: a segment whose long documents are cut into
+passages (:mod:`flowsearch.storage.passages`) gets one table row per document, its ``text`` the
+document's whole text (rebuilt from its passages, :func:`documents_of`), with its first
+passage's local row (``__local``) and how many rows it spans (``__span``). A predicate on
+``text`` so sees what the user stored (``text LIKE '%a%' AND text LIKE '%b%'`` with ``a`` and
+``b`` in different passages, ``length(text)``), and a matched document gives all its rows.
+Its cost is bounded as before: the table holds each document's text once (less than its
+passages, which overlap).
+
 Example:
     >>> import pyarrow as pa
     >>> ref = SegmentRef("s1", 0, 2, lambda: pa.table({"id": ["a", "b"]}))
     >>> load_segment(ref).column_names
-    ['id', '__local']
+    ['id', '__local', '__span']
 """
 
 from __future__ import annotations
@@ -26,24 +35,30 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from flowsearch.encode.passages import joined
 from flowsearch.errors import FlowsearchError, IndexDamaged
 from flowsearch.search.predicate import ROW, first_line
+from flowsearch.storage.passages import PASSAGE, PASSAGE_END, PASSAGE_START, PASSAGES
 
 __all__ = [
     "LOCAL",
     "RESERVED",
+    "SPAN",
     "Segment",
     "SegmentRef",
     "create_table",
+    "documents_of",
     "filterable",
     "load_segment",
     "quote",
 ]
 
-#: The column of a segment's table holding its local row numbers.
+#: The column of a segment's table holding each document's first local row.
 LOCAL = "__local"
+#: The column of a segment's table holding how many rows (passages) each document spans.
+SPAN = "__span"
 #: Names a filterable column may not have (and every name starting with ``__``).
-RESERVED = frozenset({ROW, LOCAL, "vector", "raw"})
+RESERVED = frozenset({ROW, LOCAL, SPAN, "vector", "raw"})
 
 
 def filterable(names: list[str]) -> list[str]:
@@ -74,8 +89,9 @@ class SegmentRef:
         name: the segment's name, unique in the index (its table is shared by name).
         offset: its first global row in the version.
         n_rows: how many rows it holds.
-        load: returns its filterable columns (``id``, ``text``, metadata) as an Arrow table of
-            ``n_rows`` rows in local row order; called once, on first use.
+        load: returns its filterable columns (``id``, ``text``, metadata, and the passage
+            columns when it has them) as an Arrow table of ``n_rows`` rows in local row order;
+            called once, on first use.
     """
 
     name: str
@@ -101,7 +117,8 @@ def quote(name: str) -> str:
 
 
 def load_segment(ref: SegmentRef) -> pa.Table:
-    """A segment's columns from its ``load``, checked, with its local row numbers."""
+    """A segment's columns from its ``load``, checked, one row per document
+    (:func:`documents_of`), with each document's first local row and row count."""
     try:
         table = ref.load()
     except (OSError, pa.ArrowException) as exc:
@@ -114,8 +131,55 @@ def load_segment(ref: SegmentRef) -> pa.Table:
             f"segment {ref.name} holds {table.num_rows} rows, its version says {ref.n_rows}",
             "check the index with flowsearch info --verify",
         )
+    table, first, span = documents_of(table, ref.name)
     table = table.select(filterable(table.column_names))
-    return table.append_column(LOCAL, pa.array(np.arange(ref.n_rows, dtype=np.int64)))
+    table = table.append_column(LOCAL, pa.array(first))
+    return table.append_column(SPAN, pa.array(span))
+
+
+def documents_of(table: pa.Table, name: str = "") -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    """A segment's rows as documents: ``(one row per document, its first row, its row count)``
+    (int64 arrays). Rows that are each a whole document (a segment without the passage
+    columns) stand as they are; a document cut into passages keeps its first passage's row
+    (the metadata is the same on each), its ``text`` rebuilt whole
+    (:func:`~flowsearch.encode.passages.joined`).
+
+    Raises:
+        IndexDamaged: passage columns that do not number consecutive rows per document.
+
+    Example:
+        >>> rows = pa.table({"text": ["the cat. ", "cat. a dog.", "hi"], "__passage": [0, 1, 0],
+        ...                  "__passages": [2, 2, 1], "__passage_start": [0, 4, 0],
+        ...                  "__passage_end": [9, 15, 2]})
+        >>> docs, first, span = documents_of(rows)
+        >>> docs.column("text").to_pylist(), first.tolist(), span.tolist()
+        (['the cat. a dog.', 'hi'], [0, 2], [2, 1])
+    """
+    n = table.num_rows
+    if PASSAGE not in table.column_names:
+        return table, np.arange(n, dtype=np.int64), np.ones(n, dtype=np.int64)
+    number = table.column(PASSAGE).to_numpy().astype(np.int64)
+    count = table.column(PASSAGES).to_numpy().astype(np.int64)
+    first = np.flatnonzero(number == 0)
+    span = count[first]
+    if int(span.sum()) != n or not np.array_equal(number, np.arange(n) - np.repeat(first, span)):
+        raise IndexDamaged(
+            f"segment {name}'s passage columns do not number each document's rows in order",
+            "rebuild the index",
+        )
+    docs = table.take(pa.array(first))
+    cut = np.flatnonzero(span > 1)
+    if len(cut):
+        texts = docs.column("text").to_pylist()
+        passages = table.column("text").to_pylist()
+        starts = table.column(PASSAGE_START).to_pylist()
+        ends = table.column(PASSAGE_END).to_pylist()
+        for d in cut.tolist():
+            a, b = int(first[d]), int(first[d] + span[d])
+            texts[d] = joined(passages[a:b], starts[a:b], ends[a:b])
+        at = docs.column_names.index("text")
+        docs = docs.set_column(at, docs.field(at), pa.array(texts, docs.field(at).type))
+    return docs, first.astype(np.int64), span
 
 
 def create_table(cursor: Any, key: str, table: pa.Table, memory_limit: int) -> None:

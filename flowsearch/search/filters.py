@@ -11,7 +11,9 @@ copied into a DuckDB table, and kept while a live version uses them
 (:mod:`flowsearch.search.filter_segments`). :meth:`MetadataFilter.version` gives a
 :class:`VersionFilter` for one version: the UNION ALL of its segments, each row numbered
 ``__row`` = segment offset + local row (the global row), every column of the version's schema
-present (NULL, typed, where a segment lacks it).
+present (NULL, typed, where a segment lacks it). A filter's row is a document: a long
+document's passages are one row, its whole text, and match together
+(:mod:`flowsearch.search.filter_segments`).
 
 :meth:`VersionFilter.rows` turns a predicate (checked first on DuckDB's syntax tree, see
 :mod:`flowsearch.search.predicate`) into the sorted global rows it matches;
@@ -49,6 +51,7 @@ from flowsearch import settings
 from flowsearch.errors import BadInput, FlowsearchError
 from flowsearch.search.filter_segments import (
     LOCAL,
+    SPAN,
     Segment,
     SegmentRef,
     create_table,
@@ -341,7 +344,7 @@ class VersionFilter:
         parts = []
         for seg, ref in self._used:
             have = self._owner._load(seg)
-            columns = [f"CAST({ref.offset} AS BIGINT) + {LOCAL} AS {ROW}"]
+            columns = [f"CAST({ref.offset} AS BIGINT) + {LOCAL} AS {ROW}", SPAN]
             for name, kind in self._types.items():
                 if name in have and have[name] == self._schema.field(name).type:
                     columns.append(quote(name))
@@ -350,7 +353,10 @@ class VersionFilter:
                     columns.append(f"CAST({source} AS {kind}) AS {quote(name)}")
             parts.append(f"SELECT {', '.join(columns)} FROM {seg.key}")
         if not parts:  # a version without rows
-            parts.append(f"SELECT CAST(NULL AS BIGINT) AS {ROW}, * FROM e{self._key}")
+            parts.append(
+                f"SELECT CAST(NULL AS BIGINT) AS {ROW}, CAST(NULL AS BIGINT) AS {SPAN}, * "
+                f"FROM e{self._key}"
+            )
         with self._view_lock:
             if not self._viewed:
                 cursor.execute(f"CREATE VIEW {self._key} AS {' UNION ALL '.join(parts)}")
@@ -358,15 +364,16 @@ class VersionFilter:
         return self._key
 
     def _run(self, predicate: str) -> np.ndarray:
-        """Execute a checked predicate: its sorted rows."""
+        """Execute a checked predicate on documents: the sorted rows of those it matches (a
+        document cut into passages matches as a whole, with every row it spans)."""
         if self._closed:
             raise BadInput("this version's filter is closed", "search a version that is open")
         with self._owner._cursor() as cursor:
             view = self._view(cursor)
-            sql = f"SELECT {ROW} FROM {view} AS {TABLE} WHERE (\n{predicate}\n)"
+            sql = f"SELECT {ROW}, {SPAN} FROM {view} AS {TABLE} WHERE (\n{predicate}\n)"
             token = _WATCHDOG.watch(cursor, self._owner.timeout)
             try:
-                found = cursor.execute(sql).fetchnumpy()[ROW]
+                found = cursor.execute(sql).fetchnumpy()
             except duckdb.InterruptException:
                 raise refused(
                     predicate, f"ran longer than {self._owner.timeout:g} s", "simplify it"
@@ -375,4 +382,20 @@ class VersionFilter:
                 raise refused(predicate, first_line(exc), "fix the condition") from None
             finally:
                 _WATCHDOG.forget(token)
-        return np.sort(np.asarray(found, dtype=np.int64))
+        return _spanned(np.asarray(found[ROW], np.int64), np.asarray(found[SPAN], np.int64))
+
+
+def _spanned(first: np.ndarray, span: np.ndarray) -> np.ndarray:
+    """Sorted rows of the documents starting at rows ``first`` and spanning ``span`` rows each.
+
+    Example:
+        >>> _spanned(np.array([5, 0]), np.array([1, 3])).tolist()
+        [0, 1, 2, 5]
+    """
+    order = np.argsort(first, kind="stable")
+    first, span = first[order], span[order]
+    if not len(span) or int(span.max()) == 1:
+        return first
+    starts = np.repeat(first - np.cumsum(span) + span, span)
+    out: np.ndarray = starts + np.arange(int(span.sum()), dtype=np.int64)
+    return out

@@ -130,10 +130,11 @@ class SegmentReader:
         return filtered_search(self.ann, queries, k, rows, excluded=deleted)
 
     def filter_table(self) -> pa.Table:
-        """The columns a ``where`` filter reads (id, text, metadata), in local row order,
-        read through the open part files."""
+        """The columns a ``where`` filter reads (id, text, metadata, the passage columns when
+        the segment has them), in local row order, read through the open part files."""
         if self._table is None:
-            self._table = self.reader.table()
+            r = self.reader
+            self._table = r.table(["id", "text", *r.metadata_columns, *r.passage_columns])
         return self._table
 
     def close(self) -> None:

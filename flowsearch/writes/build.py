@@ -150,8 +150,6 @@ def build_index(
     builder: Any = _build
     sizes = requested_sizes(enc, passage_tokens, passage_overlap)
     if engine == "ray":  # imported only here: `ray` is an optional extra
-        with st.timed("cut"):
-            _refuse_long(enc, plan, sizes)
         from flowsearch.writes import ray_engine
 
         builder = ray_engine.builder(address, model, encoder_options)
@@ -165,22 +163,6 @@ def build_index(
     out = result_of("build", target, manifest, st, n_written=plan.n_rows, n_skipped=plan.n_skipped)
     LOG.info("indexed %d rows into %s in %.1f s", plan.n_rows, target, out.seconds["total"])
     return out
-
-
-def _refuse_long(enc: Any, plan: CorpusPlan, sizes: Any) -> None:
-    """The Ray build does not cut documents into passages yet: a corpus with a document longer
-    than the window is refused (its index would differ from the local build's); a corpus
-    without one is indexed as the local build indexes it (and records the same sizes)."""
-    if sizes is None:
-        return
-    n_cut = Cuts(enc, plan, sizes, CHUNK_ROWS).n_cut
-    if n_cut:
-        raise BadInput(
-            f"engine='ray' does not cut documents into passages yet, and {n_cut} of the "
-            f"corpus's texts are longer than the encoder's window ({sizes.window} tokens)",
-            "use {engine='local'}, or pass {passage_tokens=0} to read only their first tokens",
-            param="passage_tokens",
-        )
 
 
 def _encode_pass(

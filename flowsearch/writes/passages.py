@@ -26,7 +26,7 @@ from flowsearch.storage import manifest as mf
 from flowsearch.storage.corpus import CorpusPlan
 from flowsearch.storage.passages import passage_columns
 
-__all__ = ["Cuts", "requested_sizes", "sizes_of", "spec_of"]
+__all__ = ["Cuts", "passage_rows", "requested_sizes", "sizes_of", "spec_of"]
 
 #: Documents per batch (as the writes encode them).
 BATCH_DOCUMENTS = 2048
@@ -121,12 +121,28 @@ class Cuts:
                 yield ids, texts, meta, None
                 continue
             cut = self.spans[at]
-            spans = [cut.get(i, [(0, len(t))]) for i, t in enumerate(texts)]
-            take = pa.array(np.repeat(np.arange(len(texts)), self._counts(at)))
-            passages = [texts[i][a:b] for i, doc in enumerate(spans) for a, b in doc]
-            yield (
-                ids.take(take),
-                passages,
-                None if meta is None else meta.take(take),
-                passage_columns(spans),
-            )
+            yield passage_rows(ids, texts, meta, [cut.get(i, [(0, len(t))]) for i, t in
+                                                  enumerate(texts)])  # fmt: skip
+
+
+def passage_rows(
+    ids: pa.Array, texts: list[str], meta: pa.Table | None, spans: list[list[tuple[int, int]]]
+) -> tuple[pa.Array, list[str], pa.Table | None, dict[str, pa.Array]]:
+    """Documents as passage rows (every build engine's one way): ``(ids, texts, metadata,
+    passage columns)``, one row per span of ``spans`` (per document, its passages' character
+    spans), each repeating its document's id and metadata (any columns ``meta`` holds).
+
+    Example:
+        >>> ids, texts, _, columns = passage_rows(pa.array(["a", "b"]), ["x y", "z"], None,
+        ...                                       [[(0, 2), (2, 3)], [(0, 1)]])
+        >>> ids.to_pylist(), texts, columns["__passages"].to_pylist()
+        (['a', 'a', 'b'], ['x ', 'y', 'z'], [2, 2, 1])
+    """
+    take = pa.array(np.repeat(np.arange(len(texts)), [len(doc) for doc in spans]))
+    passages = [texts[i][a:b] for i, doc in enumerate(spans) for a, b in doc]
+    return (
+        ids.take(take),
+        passages,
+        None if meta is None else meta.take(take),
+        passage_columns(spans),
+    )

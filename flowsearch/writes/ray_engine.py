@@ -10,10 +10,12 @@ expensive per-row steps spread over a Ray cluster:
    number rows), tagging each row with a sort key (file number, row in file). A pool of encoder
    actors (``ActorPoolStrategy``: one per GPU when the cluster has GPUs, CPU actors otherwise;
    each builds its :class:`~flowsearch.encode.encoder.Encoder` once, and is restarted and its batch
-   retried if its process dies) adds the raw vectors; the rows are written as Parquet to a scratch
-   directory the version writer staged.
-2. **Fit** (driver). The calibrator is fitted on the same seeded uniform sample of rows the
-   local path takes (:func:`~flowsearch.space.fitting.fit_for_index`); only the sample's
+   retried if its process dies) cuts documents longer than the window into passage rows, as the
+   local build does (:func:`~flowsearch.writes.ray_encode.cut_rows`: the same cutting code), and
+   adds their raw vectors; the rows are written as Parquet to a scratch directory the version
+   writer staged.
+2. **Fit** (driver). The calibrator is fitted on the same seeded uniform sample of passage rows
+   the local path takes (:func:`~flowsearch.space.fitting.fit_for_index`); only the sample's
    vectors are read, file by file.
 3. **Project** (Ray Data). Tasks map the raw vectors into the searched space
    (:class:`~flowsearch.space.search_space.SearchSpace`, the calibrator shipped to them as bytes)
@@ -64,6 +66,7 @@ from flowsearch.space.search_space import SearchSpace, load_index_calibrator
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.corpus import CorpusPlan
 from flowsearch.storage.layout import ANN_DATA_FILE
+from flowsearch.storage.passages import PASSAGE_COLUMNS
 from flowsearch.storage.rows import rows_table
 from flowsearch.storage.writer import Writer
 from flowsearch.writes import ray_encode
@@ -183,15 +186,20 @@ def _project(
     spec: mf.CalibrationSpec,
     id_type: pa.DataType,
     metadata_schema: pa.Schema,
+    passages: bool,
 ) -> pa.Table:
-    """Ray task: raw rows -> segment rows (:func:`rows_table`) plus key and log-density."""
+    """Ray task: raw rows -> segment rows (:func:`rows_table`; with the passage columns when
+    ``passages``, that is when a document of the corpus was cut) plus key and log-density."""
     space = _worker_space(calibrator, spec)
     U = ray_encode.matrix(table.column("raw"))
     Z, lp = space.project(U)
     meta = table.select(metadata_schema.names).cast(metadata_schema)
     ids = table.column("id").combine_chunks().cast(id_type)
     texts = table.column("text").combine_chunks().cast(pa.string())
-    out = rows_table(ids, texts, meta, Z, U)
+    columns = None
+    if passages:
+        columns = {name: table.column(name).combine_chunks() for name in PASSAGE_COLUMNS}
+    out = rows_table(ids, texts, meta, Z, U, columns)
     out = out.append_column(ROW, table.column(ROW))
     values = pa.array(lp, pa.float64()) if lp is not None else pa.nulls(len(U), pa.float64())
     return out.append_column(LOG_PROB, values)
@@ -247,9 +255,11 @@ def _project_on_ray(
     plan: CorpusPlan,
     builder: SegmentBuilder,
     on_disk: bool,
+    passages: bool,
 ) -> list[np.ndarray]:
     """Stage 2: project on Ray; the driver writes the rows in order to the segment (and adds
     the vectors to its index unless IVF lists are filled on Ray). Returns the log-densities."""
+    n_rows = sum(n for _, n in files)
     id_type = pa.int64() if plan.id_type == "int" else pa.string()
     projected = ray.data.read_parquet([str(p) for p, _ in files]).map_batches(
         _project,
@@ -260,16 +270,18 @@ def _project_on_ray(
             "spec": space.spec,
             "id_type": id_type,
             "metadata_schema": plan.metadata_schema,
+            "passages": passages,
         },
         num_cpus=1,
     )
     lps: list[np.ndarray] = []
-    last, written = -1, 0
+    last, written = (-1, 0), 0
     for table in projected.iter_batches(batch_format="pyarrow", batch_size=None):
-        keys = table.column(ROW).to_numpy()
-        if len(keys) and (keys[0] <= last or np.any(np.diff(keys) <= 0)):
-            raise FlowsearchError("Ray returned the projected rows out of order; please report")
-        last = int(keys[-1]) if len(keys) else last
+        if table.num_rows:
+            found = ray_encode.key_range(table)
+            if found is None or found[0] <= last:
+                raise FlowsearchError("Ray returned the projected rows out of order; please report")
+            last = found[1]
         lp = table.column(LOG_PROB)
         if len(lp) and lp.null_count == 0:  # a density model gave every row its value
             lps.append(lp.to_numpy())
@@ -279,8 +291,8 @@ def _project_on_ray(
         else:
             builder.add(rows, ray_encode.matrix(rows.column("vector")))
         written += rows.num_rows
-    if written != plan.n_rows:
-        raise FlowsearchError(f"Ray projected {written} rows, the corpus has {plan.n_rows}")
+    if written != n_rows:
+        raise FlowsearchError(f"Ray projected {written} rows, it encoded {n_rows}")
     return lps
 
 
@@ -302,23 +314,30 @@ def build_on_ray(
     with st.timed("encode"), st.status("encoding on Ray"):
         files = ray_encode.encode_on_ray(ray, plan, enc, scratch / "raw", model=model,
                                          options=encoder_options, batch_size=options.batch_size,
-                                         actors=actors, fault_marker=fault_marker)  # fmt: skip
+                                         actors=actors, fault_marker=fault_marker,
+                                         passages=options.passages)  # fmt: skip
+    # passage rows: the calibrator is fitted on passages, as the local path does
+    n_rows = sum(n for _, n in files)
+    n_documents, documents = ray_encode.documents_in(files)
+    if n_documents != plan.n_rows:
+        raise FlowsearchError(f"Ray encoded {n_documents} documents, the corpus has {plan.n_rows}; "
+                              "rerun")  # fmt: skip
     with st.timed("fit"):
-        fit_idx, held_idx = split_fit_rows(plan.n_rows, options.fit_sample)  # as the local path
+        fit_idx, held_idx = split_fit_rows(n_rows, options.fit_sample)  # as the local path
         U_fit = ray_encode.read_rows(files, fit_idx)
-        space, index, factory = fit_space(U_fit, enc, plan.n_rows, st, options)
-    builder = SegmentBuilder(writer, dim=space.dim, n_rows=plan.n_rows,
+        space, index, factory = fit_space(U_fit, enc, n_rows, st, options)
+    builder = SegmentBuilder(writer, dim=space.dim, n_rows=n_rows,
                              requested=options.index_factory, lexical=options.lexical,
                              strict_factory=True, index=index, factory=factory)  # fmt: skip
     on_disk = ondisk.mergeable(index)  # IVF: filled per part on Ray, merged on disk
     with st.timed("write segment"), st.status("projecting on Ray, writing the segment"):
-        lps = _project_on_ray(ray, files, space, plan, builder, on_disk)
+        lps = _project_on_ray(ray, files, space, plan, builder, on_disk, documents is not None)
     if on_disk:
         with st.timed("fill IVF"), st.status("filling IVF lists on Ray, merging them on disk"):
             filled = _fill_on_ray(ray, index, builder.stage, builder.close_parts(), scratch)
             builder.use_index(filled, data=ANN_DATA_FILE)
-    measured, method = reference_rows(plan.n_rows, held_idx)
+    measured, method = reference_rows(n_rows, held_idx)
     measured_raw = ray_encode.read_rows(files, measured)
     shutil.rmtree(scratch)
     return finish_build(writer, builder, space, enc, plan, lps,
-                        (measured, measured_raw, method), options)  # fmt: skip
+                        (measured, measured_raw, method), options, documents)  # fmt: skip

@@ -44,7 +44,8 @@ class WriteResult(BaseModel):
         index: the index directory.
         version: the version the write published (the current one when it wrote nothing).
         n_live: rows a search can return, after the write.
-        n_written: rows the write stored (encoded, or rewritten by a merge or recalibrate).
+        n_written: build, add, upsert: documents the write stored (a document cut into
+            passages is several rows); compact, recalibrate: rows rewritten.
         n_inserted: upsert: rows whose id was new.
         n_replaced: upsert: rows that replaced a live row of the same id.
         n_deleted: delete: rows deleted.
