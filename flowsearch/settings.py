@@ -55,6 +55,16 @@ class Settings:
     #: at efSearch >= 64 but easier at 16-32 unless moved by 1.2, the one noise tried whose
     #: recall was at or below real queries' at every efSearch (small segments tune to 16-64).
     query_noise: float = 1.2
+    #: A version of several segments searches each one with the knob its recall curve and
+    #: its share of the live rows call for, so that the *merged* top 10 reaches
+    #: :attr:`target_recall` (``flowsearch.ann.merged``), not each segment's own top 10.
+    merged_knobs: bool = True
+    #: How many times its share of the merged top 10 a segment is assumed to give (1: rows
+    #: spread over segments as their sizes; more is safer when segments hold different topics).
+    merged_skew: float = 1.0
+    #: Threads that search one query's segments concurrently (FAISS releases the GIL); 1: in
+    #: turn. Only single queries (batches already use FAISS's threads).
+    segment_threads: int = 1
     #: Largest HNSW efSearch the tuning tries.
     max_ef_search: int = 1024
     #: Largest re-rank depth (k_factor) the tuning tries.
