@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -175,12 +176,18 @@ def curve_summary(searcher: Any) -> dict[str, Any]:
 
 
 def measure(one: Path, many: dict[str, Path], queries: list[str], n_latency: int,
-            threads: tuple[int, ...]) -> dict[str, Any]:  # fmt: skip
+            threads: tuple[int, ...], skews: tuple[float, ...]) -> dict[str, Any]:  # fmt: skip
     """Every index's recall, latency and throughput (see the module docstring)."""
     from flowsearch import Searcher
     from flowsearch.settings import override
 
     opened = {"one": Searcher.open(one), **{n: Searcher.open(p) for n, p in many.items()}}
+    main = next(iter(many))
+    for name, path in list(many.items())[:1]:
+        for skew in skews:  # a searcher each: a version chooses its knobs once
+            with override(merged_skew=skew):
+                opened[f"{name} skew {skew:g}"] = Searcher.open(path)
+                opened[f"{name} skew {skew:g}"].version.knobs()
     truth = truth_of(opened["one"], queries)
     out: dict[str, Any] = {"queries": len(queries), "load": [harness.load_average()]}
     answers: dict[str, dict[str, np.ndarray]] = {}
@@ -210,7 +217,7 @@ def measure(one: Path, many: dict[str, Path], queries: list[str], n_latency: int
     variants: dict[str, Callable[[str, str], Any]] = {}
     for name, s in opened.items():
         for n in threads:
-            if n == 1 or name != "one":
+            if n == 1 or name == main:
                 variants[name if n == 1 else f"{name} x{n} threads"] = caller(s, n)
     lat = latency(variants, queries[:: max(1, len(queries) // n_latency)][:n_latency])
     base = {m: float(np.percentile(lat["one"][m], 50)) for m in ("dense", "hybrid")}
@@ -230,7 +237,7 @@ def measure(one: Path, many: dict[str, Path], queries: list[str], n_latency: int
     throughput: dict[str, Any] = {}
     for name, s in opened.items():
         for n in threads:
-            if n > 1 and name == "one":
+            if n > 1 and name != main:
                 continue
             label = name if n == 1 else f"{name} x{n} threads"
             with override(segment_threads=n):
@@ -263,6 +270,7 @@ def main() -> int:
     parser.add_argument("--stage", default="all", choices=("build", "all"))
     parser.add_argument("--baseline", default=None, help="a segmented index built by main's code")
     parser.add_argument("--threads", default="1", help="segment_threads settings to measure")
+    parser.add_argument("--skews", default="", help="more merged_skew settings to measure")
     args = harness.parse(parser, rows=20_000, segments=4, queries=100, latency_queries=50)
     data = harness.data_dir(args.data)
     work = harness.WORK / ("smoke/segments" if args.smoke else "segments") / str(args.rows)
@@ -277,9 +285,23 @@ def main() -> int:
     if args.baseline:
         many_paths[args.baseline] = work / args.baseline
     threads = tuple(int(x) for x in args.threads.split(","))
+    skews = tuple(float(x) for x in args.skews.split(",") if x)
+    from flowsearch.settings import current
+
     report = {
         "rows": args.rows,
         "segments": args.segments,
+        "names": {
+            "one": "one segment",
+            args.name: f"{args.segments} segments, knobs for the merged top 10 "
+            f"(skew {current().merged_skew:g}, the default)",
+            **(
+                {args.baseline: f"{args.segments} segments, each tuned alone (main)"}
+                if args.baseline
+                else {}
+            ),
+        },  # fmt: skip
+        "cores": sorted(os.sched_getaffinity(0)),
         "build_s": {
             n: json.loads(p.read_text())["seconds"]
             for n, p in {
@@ -288,7 +310,7 @@ def main() -> int:
             }.items()
             if p.exists() and p.read_text().strip()
         },  # fmt: skip
-        "measured": measure(one, many_paths, queries, args.latency_queries, threads),
+        "measured": measure(one, many_paths, queries, args.latency_queries, threads, skews),
         "machine": harness.machine(),
         "command": harness.command_line(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -301,13 +323,23 @@ def render(report: dict[str, Any]) -> str:
     """The RESULTS.md section."""
     m = report["measured"]
     n = report["segments"]
+    names = report.get("names", {})
+
+    def label(name: str) -> str:
+        first, _, rest = name.partition(" ")
+        if first in names and rest.startswith("skew"):
+            return f"{n} segments, knobs for the merged top 10 ({rest})"
+        return names.get(first, first) + (f", {rest}" if rest else "")
+
     body = [
         f"{report['rows']:,} rows of the speed corpus (`static`, `auto`), as one segment and as "
         f"{n} equal segments (same rows, order and calibrator), through `Searcher.search(q, "
         f"k=10)`; {m['queries']} queries never in the corpus (QNLI questions, partial held-out "
         "sentences). recall@10: dense answer against exact search over all rows; hybrid: share "
         "of the one segment's hybrid top 10. p50: one query at a time, interleaved. Load "
-        f"(1-minute) during the run: {[x[0] for x in m['load']]}. {report['machine']}",
+        f"(1-minute) during the run: {[x[0] for x in m['load']]}; run on cores "
+        f"{report.get('cores', '?')} of 2 (`x2 threads`: `Settings.segment_threads=2`). "
+        f"{report['machine']}",
         "",
         "| index | dense recall@10 (questions / partial) | hybrid = one | knobs (chosen; tuned) |",
         "|---|---|---:|---|",
@@ -316,7 +348,7 @@ def render(report: dict[str, Any]) -> str:
         chosen = r["chosen"]
         knobs = "-" if not chosen else ", ".join(str(c) for c in chosen)
         body.append(
-            f"| {name} ({r['segments']} seg) | {r['recall_dense']:.3f} "
+            f"| {label(name)} | {r['recall_dense']:.3f} "
             f"({r['recall_dense_questions']:.3f} / {r['recall_dense_partial']:.3f}) | "
             f"{r['hybrid_same_as_one']:.3f} | {knobs}; {', '.join(r['params'])} |"
         )
@@ -328,7 +360,7 @@ def render(report: dict[str, Any]) -> str:
     for name, r in m["latency"].items():
         d, h = r["dense"], r["hybrid"]
         body.append(
-            f"| {name} | {d['p50_ms']:.2f} | {d['ratio']:.2f} | {d['p90_ms']:.2f} | "
+            f"| {label(name)} | {d['p50_ms']:.2f} | {d['ratio']:.2f} | {d['p90_ms']:.2f} | "
             f"{h['p50_ms']:.2f} | {h['ratio']:.2f} | {h['p90_ms']:.2f} |"
         )
     body += [
@@ -338,7 +370,7 @@ def render(report: dict[str, Any]) -> str:
     ]
     for name, r in m["throughput"].items():
         body.append(
-            f"| {name} | {r['batch_qps_dense']:.0f} | {r['concurrent_qps_dense']:.0f} | "
+            f"| {label(name)} | {r['batch_qps_dense']:.0f} | {r['concurrent_qps_dense']:.0f} | "
             f"{r['concurrent_qps_hybrid']:.0f} |"
         )
     body += ["", f"Build seconds: {report['build_s']}.", "",

@@ -158,7 +158,10 @@ def test_a_version_of_many_graph_segments_searches_each_below_its_own_tuning(tmp
                for c, s in zip(curves, m.segments, strict=False))  # fmt: skip
     assert mf.read(root).segments[0].ann.tuning.curve == curves[0]  # the manifest keeps it
     queries = _clustered(300, 32, 12, seed=5)  # fresh rows, the same centres
-    recall, knobs, found = _dense_recall(root, queries)
+    with override(merged_skew=1.0):  # rows spread as the segments' sizes (so they are here)
+        recall, knobs, found = _dense_recall(root, queries)
+    _, safer, _ = _dense_recall(root, queries)  # the default assumes crowding: higher knobs
+    assert all(a <= b for a, b in zip(knobs[:6], safer[:6], strict=True))
     tuned = [int(s.ann.params.split("=")[1]) for s in m.segments[:6]]
     assert knobs[6] is None  # the Flat segment
     assert all(k <= t for k, t in zip(knobs[:6], tuned, strict=False))

@@ -12,7 +12,8 @@ and a version chooses every segment's knob from the curves and the segments' sha
 The model: the rows of the merged top-k that segment ``s`` holds are its own top ``J_s``, with
 ``J_s ~ Binomial(k, min(1, skew * w_s))`` (rows spread over segments as their sizes; ``skew`` > 1
 assumes a query's neighbours crowd into fewer segments than that, as when segments hold rows
-written at different times about different things); the merged recall is the expected share
+written at different times about different things, and makes up for the curves' held-out rows
+being easier than real queries at small knobs); the merged recall is the expected share
 of those rows found, ``1 - sum_s sum_r P(J_s >= r) (1 - found_s(r)) / sum_s E[J_s]``. Knobs rise
 greedily, the largest recall gained per unit of knob first, from each curve's smallest value
 until the target is met (or every segment is at its own tuned value, the curve's last).
