@@ -173,3 +173,40 @@ def test_a_version_of_many_graph_segments_searches_each_below_its_own_tuning(tmp
     with override(segment_threads=2):  # concurrent segments: the same answers
         _, _, again = _dense_recall(root, queries[:1])
     np.testing.assert_array_equal(again, found[:1])
+
+
+def test_a_write_merged_at_once_builds_and_tunes_one_graph(tmp_path, model_dir, monkeypatch):
+    """A write whose own new segment the policy merges in the same write builds that segment
+    ``Flat`` (nothing searches it): the merged segment's graph is the one built and tuned."""
+    from corpus_helpers import write_corpus
+
+    from flowsearch import build_index, upsert
+    from flowsearch.writes import segments as seg_mod
+
+    root = tmp_path / "idx"
+    build_index(write_corpus(tmp_path / "c.parquet", n=20), root, model=str(model_dir),
+                calibration="none", lexical=False)  # fmt: skip
+    tuned, factories = [], []
+    real_tune, real_init = seg_mod.ann_build.tune, seg_mod.SegmentBuilder.__init__
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        factories.append(self.factory)
+
+    monkeypatch.setattr(seg_mod.SegmentBuilder, "__init__", init)
+    monkeypatch.setattr(
+        seg_mod.ann_build, "tune", lambda *a, **kw: tuned.append(1) or real_tune(*a, **kw)
+    )
+
+    def rows(first):
+        return [{"id": f"n{i}", "text": f"a new row {i}"} for i in range(first, first + 8)]
+
+    with override(flat_max_rows=5, floor_segment_rows=100, segments_per_tier=3,
+                  write_merge_max_rows=1_000):  # fmt: skip
+        upsert(root, rows(0))  # two segments in the lowest tier: no merge, its graph is kept
+        assert (factories, len(tuned)) == (["HNSW32"], 1)
+        result = upsert(root, rows(8))  # the third: merged in the same write
+    assert result.n_merged == 3 and len(mf.read(root).segments) == 1
+    assert factories[1:] == ["Flat", "HNSW32"] and len(tuned) == 2  # one graph, tuned once
+    assert mf.read(root).segments[0].ann.factory == "HNSW32"
+    assert mf.read(root).n_live == 36
