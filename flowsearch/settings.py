@@ -67,7 +67,8 @@ class Settings:
     #: a segment then gets, and neighbours crowd into some segments more than their share.
     merged_skew: float = 5.0
     #: Threads that search one query's segments concurrently (FAISS releases the GIL); 1: in
-    #: turn. Only single queries (batches already use FAISS's threads).
+    #: turn. Only single queries (batches already use FAISS's threads). At 10 segments of 20k
+    #: on 2 cores, 2 threads made p50 slower (1.15x one segment against 1.07x, bench_segments).
     segment_threads: int = 1
     #: Largest HNSW efSearch the tuning tries.
     max_ef_search: int = 1024

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from flowsearch.ann import io as ann_io
+from flowsearch.settings import current
 
 __all__ = ["cosines", "merge_top_k", "search_segments"]
 
@@ -88,15 +89,23 @@ def search_segments(
         if keep is None or len(keep)
     ]
     if pool is not None and len(work) > 1:
+        threads = max(1, min(current().segment_threads, len(work)))
 
-        def one(item: tuple[Any, Any, Any, Any]) -> tuple[np.ndarray, np.ndarray]:
-            seg, dead, keep, knob = item
-            found: tuple[np.ndarray, np.ndarray] = ann_io.single_threaded(
-                lambda: seg.search(queries, k, keep, dead, knob)
+        def some(items: list[tuple[Any, Any, Any, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
+            found: list[tuple[np.ndarray, np.ndarray]] = ann_io.single_threaded(
+                lambda: [
+                    seg.search(queries, k, keep, dead, knob) for seg, dead, keep, knob in items
+                ]  # fmt: skip
             )
             return found
 
-        answers = list(pool.map(one, work))
+        # one task per thread (segments dealt round-robin): a task per segment cost more in
+        # hand-offs than a 20k-row graph search takes
+        groups = [list(range(t, len(work), threads)) for t in range(threads)]
+        placed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for group, found in zip(groups, pool.map(some, [[work[i] for i in g] for g in groups])):
+            placed.update(zip(group, found, strict=True))
+        answers = [placed[i] for i in range(len(work))]
     else:
         answers = [seg.search(queries, k, keep, dead, knob) for seg, dead, keep, knob in work]
     if not answers:
