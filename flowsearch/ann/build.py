@@ -27,6 +27,7 @@ import faiss
 import numpy as np
 
 from flowsearch.ann.factory import auto_factory, new_index, reason
+from flowsearch.ann.merged import Curve
 from flowsearch.errors import BadInput
 from flowsearch.settings import current
 
@@ -37,8 +38,10 @@ __all__ = [
     "Tuning",
     "exact_knn",
     "held_out_queries",
+    "knob_ladder",
     "probe_queries",
     "recall_at_k",
+    "recall_curve",
     "search_knob",
     "train",
     "training_sample",
@@ -287,6 +290,10 @@ class Tuning:
         k: neighbours compared.
         queries: check queries.
         noise: the norm of the noise each held-out row was moved by.
+        curve: the knob's recall curve below the chosen value, on every held-out query
+            (:func:`recall_curve`): what a search over several segments chooses each one's
+            knob from (:mod:`flowsearch.ann.merged`); None for an exact index or one with a
+            re-rank (two knobs).
     """
 
     params: str
@@ -296,6 +303,7 @@ class Tuning:
     k: int
     queries: int
     noise: float
+    curve: Curve | None = None
 
 
 def held_out_queries(
@@ -406,11 +414,42 @@ def tune(
         tuned = tuning.recall(index)
         params += f",k_factor_rf={depth}"
     checked = check.recall(index)
+    curve = None
+    if not rerank:
+        every = _Queries(queries, truth, source, k)
+        curve = recall_curve(index, name, knob_ladder(first if name == "nprobe" else k, value),
+                             every)  # fmt: skip
+        _set_knob(index, name, value)
     LOG.info(
         "%s gives recall@%d=%.3f on %d tuning queries, %.3f on %d check queries",
         params, k, tuned, len(tuning.queries), checked, len(check.queries),
     )  # fmt: skip
-    return Tuning(params, checked, tuned, target, k, len(check.queries), noise)
+    return Tuning(params, checked, tuned, target, k, len(check.queries), noise, curve)
+
+
+def knob_ladder(first: int, last: int) -> list[int]:
+    """The knob values a recall curve is measured at: ``first``, then steps of about 1.5x and
+    2x alternately (10, 15, 20, 30, 40, 60, ...), up to and including ``last``."""
+    out, value = [], max(1, first)
+    while value < last:
+        out.append(value)
+        half = value * 3 // 2
+        if value < half < last:
+            out.append(half)
+        value *= 2
+    return [*out, last]
+
+
+def recall_curve(index: faiss.Index, name: str, values: list[int], queries: _Queries) -> Curve:
+    """For each value of knob ``name`` (ascending), the share of ``queries`` whose true rank-r
+    neighbour (r = 1..k) the search finds: ``Curve.found[i][r - 1]``. A search finds its
+    rank-r neighbour wherever it asks for at least r rows (its answers are exactly scored and
+    sorted), so the curve serves any k. The knob is left at the last value."""
+    found = []
+    for value in values:
+        _set_knob(index, name, value)
+        found.append(tuple(round(x, 4) for x in queries.found_by_rank(index).tolist()))
+    return Curve(name, tuple(values), tuple(found))
 
 
 def _at(source: np.ndarray | None, part: slice) -> np.ndarray | None:
@@ -432,6 +471,18 @@ class _Queries:
         if self.source is not None:
             found = _drop_source(found, self.source, self.k)
         return recall_at_k(found, self.truth, self.k)
+
+    def found_by_rank(self, index: faiss.Index) -> np.ndarray:
+        """float64 (k,): the share of the queries whose true rank-r row the index finds."""
+        extra = 0 if self.source is None else 1
+        _, found = index.search(self.queries, self.k + extra)
+        if self.source is not None:
+            found = _drop_source(found, self.source, self.k)
+        truth = self.truth[:, : self.k]
+        valid = truth >= 0  # a segment of fewer than k + 1 rows has no deeper ranks
+        hit = (truth[:, :, None] == found[:, None, : self.k]).any(axis=2) & valid
+        counts = valid.sum(axis=0)
+        return np.where(counts > 0, hit.sum(axis=0) / np.maximum(counts, 1), 1.0)
 
 
 def tune_search(

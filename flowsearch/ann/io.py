@@ -21,6 +21,7 @@ from flowsearch.ann.factory import mmap_flags, reason
 from flowsearch.errors import IndexDamaged
 
 __all__ = [
+    "knob_params",
     "num_gpus",
     "read_index",
     "search",
@@ -53,11 +54,34 @@ def single_threaded(fn: Callable[[], Any]) -> Any:
         faiss.omp_set_num_threads(before)
 
 
-def search(index: faiss.Index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k by inner product: ``(scores float32 (q, k), rows int64 (q, k))``, -1 for no hit."""
+def search(
+    index: faiss.Index, queries: np.ndarray, k: int, knob: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k by inner product: ``(scores float32 (q, k), rows int64 (q, k))``, -1 for no hit.
+    ``knob``: this search's ``efSearch`` (HNSW) or ``nprobe`` (IVF) instead of the index's own
+    (:func:`knob_params`); the index itself is left as it is (readers share it)."""
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     k = max(1, min(int(k), max(index.ntotal, 1)))
-    return index.search(queries, k)
+    params = knob_params(index, knob)
+    if params is None:
+        return index.search(queries, k)
+    return index.search(queries, k, params=params)
+
+
+def knob_params(index: faiss.Index, knob: int | None) -> Any:
+    """FAISS search parameters setting an HNSW index's ``efSearch`` or an IVF index's
+    ``nprobe`` to ``knob`` for one search; None when ``knob`` is None or the index has no such
+    knob (exact, or with a re-rank)."""
+    if knob is None:
+        return None
+    inner = faiss.downcast_index(index)
+    if isinstance(inner, faiss.IndexHNSW):
+        return _faiss.SearchParametersHNSW(efSearch=int(knob))
+    if isinstance(inner, faiss.IndexIVF):
+        params = _faiss.SearchParametersIVF(nprobe=int(knob))
+        params.max_codes = inner.max_codes
+        return params
+    return None
 
 
 def num_gpus() -> int:

@@ -27,6 +27,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from flowsearch.ann import io as ann_io
 from flowsearch.settings import current
 
 __all__ = ["allowed_rows", "filtered_search", "prepare_index", "search_params"]
@@ -181,6 +182,7 @@ def filtered_search(
     *,
     excluded: np.ndarray | None = None,
     exact_below: int | None = None,
+    knob: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-k among the searchable rows only (a pre-filter), shaped like ``index.search``.
 
@@ -201,6 +203,8 @@ def filtered_search(
         rows: int64 row numbers a filter matched (:meth:`MetadataFilter.rows`); None: all.
         excluded: deleted rows never to return, bool mask (ntotal,) or int64 row numbers.
         exact_below: the brute-force/selector switch (default ``Settings.exact_below``).
+        knob: the search's ``efSearch`` / ``nprobe`` instead of the index's own
+            (:func:`flowsearch.ann.io.knob_params`; an exhaustive re-search ignores it).
 
     Returns:
         ``(scores float32 (q, k'), rows int64 (q, k'))`` with ``k' = min(k, ntotal)`` (memory
@@ -214,7 +218,7 @@ def filtered_search(
     fill = float(-np.finfo(np.float32).max if ip else np.finfo(np.float32).max)
     mask = _keep_mask(index.ntotal, rows, excluded)
     if mask is None:
-        scores, found = index.search(queries, min(k, max(index.ntotal, 1)))
+        scores, found = ann_io.search(index, queries, min(k, max(index.ntotal, 1)), knob)
         return _pad(scores, found, k, fill)
     count = int(np.count_nonzero(mask))
     if count == 0:
@@ -222,26 +226,32 @@ def filtered_search(
         return _pad(empty, empty.astype(np.int64), k, fill)
     kk = min(k, count)
     if 1.0 - count / index.ntotal <= current().postfilter_max_removed_share:
-        scores, found, short = _postfiltered(index, queries, kk, mask, count, fill)
+        scores, found, short = _postfiltered(index, queries, kk, mask, count, fill, knob)
         if len(short):
-            again = _selected(index, queries[short], kk, mask)
+            again = _selected(index, queries[short], kk, mask, knob)
             scores[short], found[short] = again
         return _pad(scores, found, k, fill)
     if count <= exact_below:
         result = _exact(index, queries, k, np.flatnonzero(mask).astype(np.int64))
         if result is not None:
             return _pad(*result, k, fill)
-    return _pad(*_selected(index, queries, kk, mask), k, fill)
+    return _pad(*_selected(index, queries, kk, mask, knob), k, fill)
 
 
 def _postfiltered(
-    index: faiss.Index, queries: np.ndarray, k: int, mask: np.ndarray, count: int, fill: float
+    index: faiss.Index,
+    queries: np.ndarray,
+    k: int,
+    mask: np.ndarray,
+    count: int,
+    fill: float,
+    knob: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The top-k searchable rows read off an unfiltered search deep enough that k of them are
     usually among it, and the queries (int64 positions) where they were not. A row ranked
     below k searchable ones cannot be in their top-k, so for Flat the answer is exact."""
     depth = math.ceil(k * index.ntotal / count) + current().postfilter_margin
-    scores, found = index.search(queries, min(depth, index.ntotal))
+    scores, found = ann_io.search(index, queries, min(depth, index.ntotal), knob)
     kept = found >= 0
     kept[kept] = mask[found[kept]]
     # searchable rows first, best first, equal scores to the lower row (as the exact paths)
@@ -255,10 +265,15 @@ def _postfiltered(
 
 
 def _selected(
-    index: faiss.Index, queries: np.ndarray, kk: int, mask: np.ndarray
+    index: faiss.Index, queries: np.ndarray, kk: int, mask: np.ndarray, knob: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-kk through FAISS's ID selector; queries short of kk hits searched exhaustively."""
-    scores, found = index.search(queries, kk, params=search_params(index, mask))
+    params = search_params(index, mask)
+    if knob is not None and isinstance(params, _faiss.SearchParametersHNSW):
+        params.efSearch = int(knob)
+    elif knob is not None and isinstance(params, _faiss.SearchParametersIVF):
+        params.nprobe = int(knob)
+    scores, found = index.search(queries, kk, params=params)
     short = np.flatnonzero((found >= 0).sum(axis=1) < kk)
     if len(short):
         LOG.debug("%d filtered queries short of %d hits: exhaustive search", len(short), kk)

@@ -14,9 +14,13 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
+
+from flowsearch.ann import io as ann_io
+from flowsearch.settings import current
 
 __all__ = ["cosines", "merge_top_k", "search_segments"]
 
@@ -62,22 +66,48 @@ def search_segments(
     queries: np.ndarray,
     k: int,
     rows: Sequence[np.ndarray | None],
+    knobs: Sequence[int | None] | None = None,
+    pool: Executor | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-k over every segment (see the module docstring).
 
     Args:
-        segments: the version's segment readers (``search(queries, k, rows, deleted)``).
+        segments: the version's segment readers (``search(queries, k, rows, deleted, knob)``).
         deleted: per segment, its deleted rows (bool mask) or None.
         offsets: int64 (segments + 1,).
         queries: float32 (q, d) in the searched space.
         k: hits per query.
         rows: per segment, the local rows a filter kept (sorted int64) or None for all.
+        knobs: per segment, its search knob for this version
+            (:func:`flowsearch.ann.merged.choose_knobs`), None for its own; None: all its own.
+        pool: searches the segments concurrently (each on one FAISS thread); None: in turn.
     """
-    answers = []
-    for seg, dead, keep in zip(segments, deleted, rows, strict=True):
-        if keep is not None and not len(keep):
-            continue
-        answers.append(seg.search(queries, k, keep, dead))
+    knobs = [None] * len(segments) if knobs is None else knobs
+    work = [
+        (seg, dead, keep, knob)
+        for seg, dead, keep, knob in zip(segments, deleted, rows, knobs, strict=True)
+        if keep is None or len(keep)
+    ]
+    if pool is not None and len(work) > 1:
+        threads = max(1, min(current().segment_threads, len(work)))
+
+        def some(items: list[tuple[Any, Any, Any, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
+            found: list[tuple[np.ndarray, np.ndarray]] = ann_io.single_threaded(
+                lambda: [
+                    seg.search(queries, k, keep, dead, knob) for seg, dead, keep, knob in items
+                ]  # fmt: skip
+            )
+            return found
+
+        # one task per thread (segments dealt round-robin): a task per segment cost more in
+        # hand-offs than a 20k-row graph search takes
+        groups = [list(range(t, len(work), threads)) for t in range(threads)]
+        placed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for group, found in zip(groups, pool.map(some, [[work[i] for i in g] for g in groups])):
+            placed.update(zip(group, found, strict=True))
+        answers = [placed[i] for i in range(len(work))]
+    else:
+        answers = [seg.search(queries, k, keep, dead, knob) for seg, dead, keep, knob in work]
     if not answers:
         empty = np.zeros((len(queries), 0))
         return empty.astype(np.float32), empty.astype(np.int64)

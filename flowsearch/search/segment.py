@@ -122,12 +122,14 @@ class SegmentReader:
         k: int,
         rows: np.ndarray | None,
         deleted: np.ndarray | None,
+        knob: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Top-k local rows among ``rows`` (None: all) minus ``deleted`` (bool mask or None):
-        ``(scores float32 (q, k'), local rows int64 (q, k'))``, -1 where none."""
+        ``(scores float32 (q, k'), local rows int64 (q, k'))``, -1 where none. ``knob``: this
+        search's ``efSearch`` / ``nprobe`` (None: the segment's tuned one)."""
         if rows is None and deleted is None:
-            return ann_io.search(self.ann, queries, k)
-        return filtered_search(self.ann, queries, k, rows, excluded=deleted)
+            return ann_io.search(self.ann, queries, k, knob)
+        return filtered_search(self.ann, queries, k, rows, excluded=deleted, knob=knob)
 
     def filter_table(self) -> pa.Table:
         """The columns a ``where`` filter reads (id, text, metadata, the passage columns when

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -65,6 +66,7 @@ __all__ = [
     "hits_of",
     "records_of",
     "run",
+    "segment_pool",
     "split",
 ]
 
@@ -321,14 +323,20 @@ class SegmentSet:
         """Top-k of its own searchable rows (``rows`` a filter kept, minus deleted): (cosines,
         its own rows)."""
         v = self.version
+        knobs = v.knobs()
 
-        def search() -> Side:
-            return dense.search_segments(v.segments, v.deleted, v.offsets, Z, k, v.split(rows))
+        def search(pool: Executor | None = None) -> Side:
+            return dense.search_segments(
+                v.segments, v.deleted, v.offsets, Z, k, v.split(rows), knobs, pool
+            )
 
         if self._gpu_lock is not None:
             with self._gpu_lock:
                 return search()
         if len(Z) <= current().one_thread_max_queries:
+            pool = segment_pool() if len(v.segments) > 1 else None
+            if pool is not None:
+                return search(pool)
             found: Side = ann_io.single_threaded(search)
             return found
         return search()
@@ -344,6 +352,26 @@ class SegmentSet:
             if valid.any():
                 out[qi, valid] = self.version.lexical.score_rows(query, rows[qi, valid], stats)
         return out
+
+
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def segment_pool() -> ThreadPoolExecutor | None:
+    """The process's pool that searches one query's segments concurrently, of
+    ``Settings.segment_threads`` threads (shared by every searcher: concurrent queries queue on
+    it rather than each adding threads); None when that is 1."""
+    global _POOL
+    threads = current().segment_threads
+    if threads <= 1:
+        return None
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != threads:
+            old, _POOL = _POOL, (threads, ThreadPoolExecutor(threads, "flowsearch-segments"))
+            if old is not None:
+                old[1].shutdown(wait=False)
+        return _POOL[1]
 
 
 class InProcess:

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from flowsearch.errors import IndexDamaged
 from flowsearch.search.segment import SegmentReader, read_deleted
+from flowsearch.settings import current
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.rows import RowCache
@@ -204,6 +205,38 @@ class Version:
     _dense: Any = None
     _filter: Any = None
     _filter_lock: threading.Lock = field(default_factory=threading.Lock)
+    _knobs: Any = None
+
+    def knobs(self) -> list[int | None] | None:
+        """Per segment, the search knob (``efSearch`` / ``nprobe``) that makes the merged top
+        10 of this version's segments reach ``Settings.target_recall``, from each segment's
+        recorded recall curve and its share of the live rows
+        (:func:`flowsearch.ann.merged.choose_knobs`); None for a segment searched as tuned
+        (exact, no curve). None for one segment, or when ``Settings.merged_knobs`` is off.
+        Chosen once per version, with the settings of its first search."""
+        if self._knobs is None:
+            self._knobs = self._choose_knobs() or False
+        return self._knobs or None
+
+    def _choose_knobs(self) -> list[int | None] | None:
+        from flowsearch.ann.merged import Curve, choose_knobs
+
+        settings = current()
+        records = self.manifest.segments
+        if not settings.merged_knobs or len(records) < 2:
+            return None
+        curves: list[Curve | float] = []
+        for seg in records:
+            tuning = seg.ann.tuning
+            if tuning is not None and tuning.curve is not None:
+                c = tuning.curve
+                curves.append(Curve(c.name, c.values, c.found))
+            else:  # exact, a user's index, or tuned before curves were recorded: as it is
+                curves.append(1.0 if tuning is None else min(tuning.recall, 1.0))
+        if not any(isinstance(c, Curve) for c in curves):
+            return None
+        return choose_knobs(curves, [s.n_live for s in records],
+                            target=settings.target_recall, skew=settings.merged_skew)  # fmt: skip
 
     @property
     def n_rows(self) -> int:

@@ -40,6 +40,7 @@ from flowsearch.storage.layout import MANIFEST_NAME
 from flowsearch.storage.records import (
     FORMAT,
     FORMAT_VERSION,
+    AnnCurve,
     AnnRecord,
     AnnTuning,
     AutoDecision,
@@ -64,6 +65,7 @@ from flowsearch.storage.records import (
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
+    "AnnCurve",
     "AnnRecord",
     "AnnTuning",
     "AutoDecision",

@@ -29,6 +29,7 @@ from flowsearch.storage.relpaths import safe_relpath
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
+    "AnnCurve",
     "AnnRecord",
     "AnnTuning",
     "AutoDecision",
@@ -238,6 +239,16 @@ class PartRecord(BaseModel):
     _check_path = field_validator("path")(lambda v: safe_relpath(v, "part path"))
 
 
+class AnnCurve(BaseModel):
+    """A segment's recall curve (:class:`flowsearch.ann.merged.Curve`): per value of its search
+    knob ``name``, the share of held-out queries whose true rank-r row (r = 1..k) it found."""
+
+    model_config = _FROZEN
+    name: str
+    values: tuple[int, ...]
+    found: tuple[tuple[float, ...], ...]
+
+
 class AnnTuning(BaseModel):
     """What ``auto``'s tuning of a segment's approximate index measured
     (:class:`flowsearch.ann.build.Tuning`): recall@k against exact search on ``queries``
@@ -251,6 +262,7 @@ class AnnTuning(BaseModel):
     queries: int
     noise: float
     tuned_recall: float | None = None
+    curve: AnnCurve | None = None
 
     def to_words(self) -> str:
         """``"recall@10 0.962 on 256 held-out rows + noise 0.8 (target 0.95)"``."""

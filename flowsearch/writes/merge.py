@@ -33,14 +33,14 @@ import pyarrow.parquet as pq
 from flowsearch.errors import IndexDamaged
 from flowsearch.settings import current
 from flowsearch.storage import deletions
-from flowsearch.storage.manifest import SchemaColumn, SegmentRecord
+from flowsearch.storage.manifest import AnnRecord, SchemaColumn, SegmentRecord
 from flowsearch.storage.passages import PASSAGE_COLUMNS, has_passages, whole_documents
 from flowsearch.storage.rows import VECTOR_COLUMNS, RowReader, matrix, vector_column
 from flowsearch.storage.schema import type_of
 from flowsearch.storage.writer import Writer
 from flowsearch.writes.segments import SegmentBuilder
 
-__all__ = ["merge", "plan_merges", "tier_of", "tiers"]
+__all__ = ["merge", "merged_at_once", "plan_merges", "tier_of", "tiers"]
 
 LOG = logging.getLogger(__name__)
 
@@ -92,6 +92,24 @@ def plan_merges(
             if seg.name not in taken and seg.n_deleted and share >= deleted_share:
                 out.append([seg.name])
     return out
+
+
+def merged_at_once(
+    segments: Sequence[SegmentRecord], removed: dict[str, np.ndarray], n_new: int
+) -> bool:
+    """Whether the policy a write runs (:func:`plan_merges` with
+    ``Settings.write_merge_max_rows``) will merge the write's own new segment of ``n_new`` rows
+    in the same write, once ``removed`` (per segment name, the rows it replaces) are deleted: then
+    that segment's vector index would be built, tuned and thrown away, and the write builds it
+    ``Flat`` (a copy of its vectors) instead; the merge builds the one index that is kept."""
+    new = "\0new"  # no segment's name
+    after = [s.model_copy(update={"n_deleted": s.n_deleted + len(removed.get(s.name, ()))})
+             for s in segments]  # fmt: skip
+    after.append(
+        SegmentRecord(name=new, dir=".", n_rows=n_new, ann=AnnRecord(path="-", factory=""))
+    )
+    plans = plan_merges(after, max_rows=current().write_merge_max_rows)
+    return any(new in names for names in plans)
 
 
 def _unified(table: pa.Table, schema: Sequence[SchemaColumn], passages: bool = False) -> pa.Table:

@@ -32,7 +32,7 @@ from flowsearch.ann.factory import auto_factory, new_index
 from flowsearch.errors import BadInput
 from flowsearch.storage.keys import KeyIndex
 from flowsearch.storage.layout import ANN_FILE, KEYS_FILE, POSTINGS_DIR
-from flowsearch.storage.manifest import AnnRecord, AnnTuning, SegmentRecord
+from flowsearch.storage.manifest import AnnCurve, AnnRecord, AnnTuning, SegmentRecord
 from flowsearch.storage.records import encode_vector_sum
 from flowsearch.storage.rows import PartWriter, RowReader, matrix
 from flowsearch.storage.writer import Writer
@@ -169,6 +169,11 @@ class SegmentBuilder:
                     queries=tuned.queries,
                     noise=tuned.noise,
                     tuned_recall=tuned.tuned_recall,
+                    curve=None
+                    if tuned.curve is None
+                    else AnnCurve(
+                        name=tuned.curve.name, values=tuned.curve.values, found=tuned.curve.found
+                    ),
                 )
             ann_io.write_index(self.index, self.stage / ANN_FILE)
             ids = pa.chunked_array([pa.array(c) for c in reader.column_chunks("id")])

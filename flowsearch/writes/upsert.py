@@ -57,7 +57,7 @@ from flowsearch.writes.measure import (
     stage_sample,
     stale_keys,
 )
-from flowsearch.writes.merge import merge, plan_merges
+from flowsearch.writes.merge import merge, merged_at_once, plan_merges
 from flowsearch.writes.passages import Cuts, sizes_of
 from flowsearch.writes.results import WriteResult, result_of
 from flowsearch.writes.segments import SegmentBuilder
@@ -200,7 +200,9 @@ def _write(
             space = SearchSpace.open(target, base, encoder, model=model)
         with st.timed("cut"):  # as the build cut (the manifest's sizes): rows are passages
             cuts = Cuts(space.encoder, plan, sizes_of(base.passages), CHUNK_ROWS)
-        record, scored = _write_segment(writer, base, plan, cuts, space, batch_size, st)
+        transient = merge_segments and merged_at_once(writer.segments, replaced, cuts.n_rows)
+        record, scored = _write_segment(writer, base, plan, cuts, space, batch_size, st,
+                                        transient=transient)  # fmt: skip
         with st.timed("drift"):
             before = [seg for seg in writer.segments if seg.name != record.name]
             drift, reference = _drift(writer, base, before, replaced, replaced_keys, scored,
@@ -306,15 +308,19 @@ def _write_segment(
     space: SearchSpace,
     batch_size: int,
     st: Stages,
+    *,
+    transient: bool = False,
 ) -> tuple[mf.SegmentRecord, _Pool]:
     """Encode, project and write the new rows (a row per passage) as one segment. Returns its
     record and a seeded sample of the new rows (:func:`_pool`): their searched vectors, keys,
-    which of them drift judges, and those rows' log-densities."""
+    which of them drift judges, and those rows' log-densities. ``transient``: the write merges
+    the segment away (:func:`~flowsearch.writes.merge.merged_at_once`), so its vector index is
+    ``Flat``: nothing searches it, and the merge builds the index that stays."""
     builder = SegmentBuilder(
         writer,
         dim=base.dim,
         n_rows=cuts.n_rows,
-        requested=base.ann_requested,
+        requested="Flat" if transient else base.ann_requested,
         lexical=base.lexical is not None,
     )
     pool, judged = _pool(cuts.n_rows)

@@ -1,0 +1,382 @@
+r"""Segments of a large index (issue 30): 10 segments of 20k rows against one of 200k, through
+the full :class:`~flowsearch.Searcher`, dense and hybrid.
+
+Corpus: the 200k-row speed corpus (``speed_corpus.py``: real sentences topped up with splices
+of two), ``static`` pooling, ``auto`` calibration and index. The one-segment index is built by
+``build_index``; the segmented one holds the same rows in the same order with the same
+calibrator (``build_index(calibrator=...)`` on the first slice, ``add_to_index`` of each other
+slice, ``merge_segments=False``), so each row's searched vector is the same in both. Queries the
+corpus never saw: QNLI test questions and partial held-out sentences (a seeded contiguous
+40-70% of a real sentence's words), half each. Truth: exact top-10 over every row in the
+searched space (the searcher's own query vectors and stored vectors).
+
+Measured per index (and per setting, ``--segment-threads``): p50 / p90 ms of one query at a
+time, dense and hybrid (``Searcher.search(q, k=10, mode=...)``), interleaved query by query;
+dense recall@10 against exact search over all rows; hybrid: the share of the top-10 ids equal
+to an exact twin's (every segment searched exactly); batch QPS (all queries at once) and the
+QPS of concurrent single queries from 4 threads.
+
+Usage::
+
+    python benchmarks/bench_segments.py [--rows 200000] [--segments 10] [--queries 1000]
+    python benchmarks/bench_segments.py --smoke
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import harness
+import numpy as np
+
+LOG = logging.getLogger("bench_segments")
+
+
+def _partial(sentence: str, rng: np.random.Generator) -> str:
+    words = sentence.split()
+    if len(words) < 4:
+        return sentence
+    keep = max(3, int(round(len(words) * rng.uniform(0.4, 0.7))))
+    start = int(rng.integers(0, len(words) - keep + 1))
+    return " ".join(words[start : start + keep])
+
+
+def corpus(data: Path, work: Path, rows: int, n_queries: int) -> tuple[Path, list[str]]:
+    """The corpus and its queries: QNLI questions, then partial held-out sentences."""
+    from speed_corpus import corpus_and_queries
+
+    path, queries, _ = corpus_and_queries(data, work, rows, n_queries)
+    half = n_queries // 2
+    rng = np.random.default_rng(7)
+    questions, held = queries[: n_queries - half], queries[n_queries - half :]
+    return path, questions + [_partial(s, rng) for s in held]
+
+
+def one_segment(path: Path, work: Path) -> Path:
+    """The corpus as one segment (``auto``), built once."""
+    from flowsearch import build_index
+
+    target = work / "one"
+    if (target / "manifest.json").exists():
+        return target
+    t = time.perf_counter()
+    build_index(path, target, pooling="static", overwrite=True)
+    (work / "one.build.json").write_text(json.dumps({"seconds": time.perf_counter() - t}))
+    return target
+
+
+def segmented(path: Path, base: Path, work: Path, n_segments: int, name: str) -> Path:
+    """The base's rows as ``n_segments`` equal segments, same calibrator and order; built once
+    (``name`` keeps builds of different code apart)."""
+    import pyarrow.parquet as pq
+
+    from flowsearch import add_to_index, build_index
+    from flowsearch.storage import manifest as mf
+
+    target = work / name
+    done = target.with_name(target.name + ".complete")
+    if done.exists():
+        return target
+    table = pq.read_table(path)
+    bounds = np.linspace(0, table.num_rows, n_segments + 1).astype(int)
+    slices = work / f"slices_{n_segments}"
+    slices.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        paths.append(slices / f"{i:03d}.parquet")
+        if not paths[-1].exists():
+            pq.write_table(table.slice(a, b - a), paths[-1])
+    calibrator = base / mf.read(base).calibration.path
+    t = time.perf_counter()
+    build_index(paths[0], target, pooling="static", calibrator=calibrator, overwrite=True)
+    for p in paths[1:]:
+        add_to_index(target, p, merge_segments=False)
+    assert len(mf.read(target).segments) == n_segments
+    done.write_text(json.dumps({"seconds": time.perf_counter() - t}))
+    return target
+
+
+def truth_of(searcher: Any, queries: list[str], k: int = 10) -> np.ndarray:
+    """Exact top-k ids over every row of the searched space."""
+    Z, _ = searcher.embed(queries)
+    X = searcher.vectors()
+    rows = harness.exact_top(Z, X, k)[1]
+    ids = np.asarray(
+        [r["id"] for r in searcher._shards(searcher.version).shards[0].records(
+            searcher.version.manifest.version, np.unique(rows))]
+    )  # fmt: skip
+    lookup = dict(zip(np.unique(rows).tolist(), ids.tolist(), strict=True))
+    return np.vectorize(lookup.__getitem__)(rows)
+
+
+def ids_of(hits: list[list[Any]], k: int = 10) -> np.ndarray:
+    out = np.full((len(hits), k), -1, np.int64)
+    for i, hs in enumerate(hits):
+        for j, h in enumerate(hs[:k]):
+            out[i, j] = int(h.id)
+    return out
+
+
+def latency(
+    searchers: dict[str, Callable[[str, str], Any]], queries: list[str], warmup: int = 20
+) -> dict[str, dict[str, list[float]]]:
+    """ms per query per searcher and mode, interleaved query by query (order rotated)."""
+    names = list(searchers)
+    for q in queries[:warmup]:
+        for name in names:
+            for mode in ("dense", "hybrid"):
+                searchers[name](q, mode)
+    times: dict[str, dict[str, list[float]]] = {n: {"dense": [], "hybrid": []} for n in names}
+    turn = 0
+    for q in queries:
+        for mode in ("dense", "hybrid"):
+            order = names[turn % len(names) :] + names[: turn % len(names)]
+            turn += 1
+            for name in order:
+                t = time.perf_counter()
+                searchers[name](q, mode)
+                times[name][mode].append((time.perf_counter() - t) * 1e3)
+    return times
+
+
+def batch_qps(fn: Callable[[], Any], n: int, repeats: int = 2) -> float:
+    """Queries per second of ``fn`` (answering ``n`` queries), best of ``repeats``."""
+    best = min(harness.timed(fn)[1] for _ in range(repeats))
+    return n / best
+
+
+def concurrent_qps(search: Callable[[str], Any], queries: list[str], threads: int = 4) -> float:
+    """Queries per second of single queries sent by ``threads`` threads at once."""
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(search, queries[: threads * 2]))  # warm
+        t = time.perf_counter()
+        list(pool.map(search, queries))
+        return len(queries) / (time.perf_counter() - t)
+
+
+def curve_summary(searcher: Any) -> dict[str, Any]:
+    """The segments' tuned and chosen knobs."""
+    v = searcher.version
+    return {
+        "params": [s.ann.params for s in v.manifest.segments],
+        "tuned_recall": [
+            None if s.ann.tuning is None else round(s.ann.tuning.recall, 4)
+            for s in v.manifest.segments
+        ],  # fmt: skip
+        "chosen": v.knobs(),
+    }
+
+
+def measure(one: Path, many: dict[str, Path], queries: list[str], n_latency: int,
+            threads: tuple[int, ...], skews: tuple[float, ...]) -> dict[str, Any]:  # fmt: skip
+    """Every index's recall, latency and throughput (see the module docstring)."""
+    from flowsearch import Searcher
+    from flowsearch.settings import override
+
+    opened = {"one": Searcher.open(one), **{n: Searcher.open(p) for n, p in many.items()}}
+    main = next(iter(many))
+    for name, path in list(many.items())[:1]:
+        for skew in skews:  # a searcher each: a version chooses its knobs once
+            with override(merged_skew=skew):
+                opened[f"{name} skew {skew:g}"] = Searcher.open(path)
+                opened[f"{name} skew {skew:g}"].version.knobs()
+    truth = truth_of(opened["one"], queries)
+    out: dict[str, Any] = {"queries": len(queries), "load": [harness.load_average()]}
+    answers: dict[str, dict[str, np.ndarray]] = {}
+    for name, s in opened.items():
+        answers[name] = {m: ids_of(s.search(queries, k=10, mode=m)) for m in ("dense", "hybrid")}
+        out.setdefault("indexes", {})[name] = {
+            "segments": len(s.version.segments),
+            "recall_dense": harness.recall(answers[name]["dense"], truth),
+            "recall_dense_questions": harness.recall(
+                answers[name]["dense"][: len(queries) // 2], truth[: len(queries) // 2]
+            ),
+            "recall_dense_partial": harness.recall(
+                answers[name]["dense"][len(queries) // 2 :], truth[len(queries) // 2 :]
+            ),
+            "hybrid_same_as_one": harness.recall(answers[name]["hybrid"], answers["one"]["hybrid"]),
+            **curve_summary(s),
+        }
+        LOG.info("%s: %s", name, out["indexes"][name])
+
+    def caller(s: Any, n: int) -> Callable[[str, str], Any]:
+        def call(q: str, mode: str) -> Any:
+            with override(segment_threads=n) if n > 1 else nullcontext():
+                return s.search(q, k=10, mode=mode)
+
+        return call
+
+    variants: dict[str, Callable[[str, str], Any]] = {}
+    for name, s in opened.items():
+        for n in threads:
+            if n == 1 or name == main:
+                variants[name if n == 1 else f"{name} x{n} threads"] = caller(s, n)
+    lat = latency(variants, queries[:: max(1, len(queries) // n_latency)][:n_latency])
+    base = {m: float(np.percentile(lat["one"][m], 50)) for m in ("dense", "hybrid")}
+    out["latency"] = {
+        name: {
+            m: {
+                "p50_ms": float(np.percentile(t[m], 50)),
+                "p90_ms": float(np.percentile(t[m], 90)),
+                "ratio": float(np.percentile(t[m], 50)) / base[m],
+            }
+            for m in ("dense", "hybrid")
+        }
+        for name, t in lat.items()
+    }
+    out["load"].append(harness.load_average())
+    LOG.info("latency %s", json.dumps(out["latency"], indent=1))
+    throughput: dict[str, Any] = {}
+    for name, s in opened.items():
+        for n in threads:
+            if n > 1 and name != main:
+                continue
+            label = name if n == 1 else f"{name} x{n} threads"
+            with override(segment_threads=n):
+                throughput[label] = {
+                    "batch_qps_dense": batch_qps(
+                        lambda s=s: s.search(queries, k=10, mode="dense"), len(queries)
+                    ),
+                    "concurrent_qps_dense": concurrent_qps(
+                        lambda q, s=s: s.search(q, k=10, mode="dense"), queries[:400]
+                    ),
+                    "concurrent_qps_hybrid": concurrent_qps(
+                        lambda q, s=s: s.search(q, k=10, mode="hybrid"), queries[:400]
+                    ),
+                }
+            LOG.info("%s throughput %s", label, throughput[label])
+    out["throughput"] = throughput
+    out["load"].append(harness.load_average())
+    for s in opened.values():
+        s.close()
+    return out
+
+
+def main() -> int:
+    parser = harness.arguments(__doc__, "20k rows as 4 segments, 100 queries", "bench_segments")
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--segments", type=int, default=10)
+    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--latency-queries", type=int, default=300)
+    parser.add_argument("--name", default="ten", help="the segmented index's directory name")
+    parser.add_argument("--stage", default="all", choices=("build", "all"))
+    parser.add_argument("--baseline", default=None, help="a segmented index built by main's code")
+    parser.add_argument("--threads", default="1", help="segment_threads settings to measure")
+    parser.add_argument("--skews", default="", help="more merged_skew settings to measure")
+    args = harness.parse(parser, rows=20_000, segments=4, queries=100, latency_queries=50)
+    data = harness.data_dir(args.data)
+    work = harness.WORK / ("smoke/segments" if args.smoke else "segments") / str(args.rows)
+    work.mkdir(parents=True, exist_ok=True)
+    path, queries = corpus(data, work, args.rows, args.queries)
+    one = one_segment(path, work)
+    many = segmented(path, one, work, args.segments, args.name)
+    LOG.info("built %s and %s", one, many)
+    if args.stage == "build":
+        return 0
+    many_paths = {args.name: many}
+    if args.baseline:
+        many_paths[args.baseline] = work / args.baseline
+    threads = tuple(int(x) for x in args.threads.split(","))
+    skews = tuple(float(x) for x in args.skews.split(",") if x)
+    from flowsearch.settings import current
+
+    report = {
+        "rows": args.rows,
+        "segments": args.segments,
+        "names": {
+            "one": "one segment",
+            args.name: f"{args.segments} segments, knobs for the merged top 10 "
+            f"(skew {current().merged_skew:g}, the default)",
+            **(
+                {args.baseline: f"{args.segments} segments, each tuned alone (main)"}
+                if args.baseline
+                else {}
+            ),
+        },  # fmt: skip
+        "cores": sorted(os.sched_getaffinity(0)),
+        "build_s": {
+            n: json.loads(p.read_text())["seconds"]
+            for n, p in {
+                "one": work / "one.build.json",
+                **{k: work / f"{k}.complete" for k in many_paths},
+            }.items()
+            if p.exists() and p.read_text().strip()
+        },  # fmt: skip
+        "measured": measure(one, many_paths, queries, args.latency_queries, threads, skews),
+        "machine": harness.machine(),
+        "command": harness.command_line(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    harness.finish(args, render, report)
+    return 0
+
+
+def render(report: dict[str, Any]) -> str:
+    """The RESULTS.md section."""
+    m = report["measured"]
+    n = report["segments"]
+    names = report.get("names", {})
+
+    def label(name: str) -> str:
+        first, _, rest = name.partition(" ")
+        if first in names and rest.startswith("skew"):
+            return f"{n} segments, knobs for the merged top 10 ({rest})"
+        return names.get(first, first) + (f", {rest}" if rest else "")
+
+    body = [
+        f"{report['rows']:,} rows of the speed corpus (`static`, `auto`), as one segment and as "
+        f"{n} equal segments (same rows, order and calibrator), through `Searcher.search(q, "
+        f"k=10)`; {m['queries']} queries never in the corpus (QNLI questions, partial held-out "
+        "sentences). recall@10: dense answer against exact search over all rows; hybrid: share "
+        "of the one segment's hybrid top 10. p50: one query at a time, interleaved. Load "
+        f"(1-minute) during the run: {[x[0] for x in m['load']]}; run on cores "
+        f"{report.get('cores', '?')} of 2 (`x2 threads`: `Settings.segment_threads=2`). "
+        f"{report['machine']}",
+        "",
+        "| index | dense recall@10 (questions / partial) | hybrid = one | knobs (chosen; tuned) |",
+        "|---|---|---:|---|",
+    ]
+    for name, r in m["indexes"].items():
+        chosen = r["chosen"]
+        knobs = "-" if not chosen else ", ".join(str(c) for c in chosen)
+        body.append(
+            f"| {label(name)} | {r['recall_dense']:.3f} "
+            f"({r['recall_dense_questions']:.3f} / {r['recall_dense_partial']:.3f}) | "
+            f"{r['hybrid_same_as_one']:.3f} | {knobs}; {', '.join(r['params'])} |"
+        )
+    body += [
+        "",
+        "| index | dense p50 ms | / one | dense p90 | hybrid p50 ms | / one | hybrid p90 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in m["latency"].items():
+        d, h = r["dense"], r["hybrid"]
+        body.append(
+            f"| {label(name)} | {d['p50_ms']:.2f} | {d['ratio']:.2f} | {d['p90_ms']:.2f} | "
+            f"{h['p50_ms']:.2f} | {h['ratio']:.2f} | {h['p90_ms']:.2f} |"
+        )
+    body += [
+        "",
+        "| index | batch QPS dense | 4 concurrent clients QPS dense | hybrid |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, r in m["throughput"].items():
+        body.append(
+            f"| {label(name)} | {r['batch_qps_dense']:.0f} | {r['concurrent_qps_dense']:.0f} | "
+            f"{r['concurrent_qps_hybrid']:.0f} |"
+        )
+    body += ["", f"Build seconds: {report['build_s']}.", "",
+             f"Produced by `{report['command']}`, {report['date']}."]  # fmt: skip
+    return "\n".join(body) + "\n"
+
+
+if __name__ == "__main__":
+    harness.script(main)
