@@ -43,7 +43,26 @@ class Settings:
     #: (bench_storage); with a graph each, see bench_ann_study's segments section. The floor of
     #: the merge tiers (``floor_segment_rows``): every merged segment is a graph.
     flat_max_rows: int = 10_000
-    #: What ``auto`` builds above :attr:`flat_max_rows`.
+    #: What ``auto`` builds above :attr:`flat_max_rows` up to :attr:`scan_max_rows` (off by
+    #: default): every row's 1-bit RaBitQ code scanned (FAISS fast-scan), the best ``k_factor``
+    #: x k re-ranked exactly (``k_factor`` tuned). On a calibrated space (``static``'s: no
+    #: clusters for IVF to skip, a hard graph search) it pays: at 200k rows, one thread, tuned
+    #: to ``k_factor`` 64, recall@10 0.999 on real queries at 13.7x ``Flat``'s speed, built in
+    #: 1 s + 14 s of tuning; HNSW32 there gives 0.957 at efSearch 512 for 11.4x, built in 60 s
+    #: (encoding the rows: 13 s). Off by default because ``mean``'s encoder space is easy for a
+    #: graph: at 50k rows HNSW32 reached 0.987 at efSearch 64 in 0.21 ms, the scan 0.98 in
+    #: 0.4-0.7 ms, and at 200k the scan's ~2.5 ms would exceed the 1.43 ms that bench_speed's
+    #: ``mean`` latency target leaves beside the encoder (bench_ann_study). No IVF list: faiss
+    #: 1.15's IVF-RaBitQ ranks wrongly with inner product (0.75 against 0.97 at ``IVF1``); its
+    #: filters are searched exactly over the re-rank vectors instead of by selector.
+    scan_factory: str = "RaBitQfs,RFlat"
+    #: Largest segment ``auto`` indexes with :attr:`scan_factory` (0: never); above,
+    #: :attr:`graph_factory`. For a ``static`` index, 200_000: a scan's speed-up on ``Flat``
+    #: stays ~10x at any size (both read every row), HNSW32's grows: 46x against the scan's 10.9x
+    #: at 1M (recall 0.960 / 0.987), though its build took 415 s there against the scan's 8 s
+    #: (encoding 1M rows: 62 s).
+    scan_max_rows: int = 0
+    #: What ``auto`` builds above :attr:`scan_max_rows`.
     graph_factory: str = "HNSW32"
     #: Largest segment ``auto`` indexes with :attr:`graph_factory`; above, IVF-PQ with an exact
     #: re-rank: HNSW32 holds ~1.8 KB per row in RAM at dim 384 (docs/SCALE.md).
