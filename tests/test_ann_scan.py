@@ -108,3 +108,17 @@ def test_a_segment_written_with_the_scan_tier_is_tuned_recorded_and_searchable(t
     index = ann_io.read_index(path, big.ann.params, mmap=big.ann.factory)
     assert faiss.downcast_index(index).k_factor == int(big.ann.params.split("=")[1])
     assert mf.read(root).segments[0].ann == big.ann  # survives the manifest's round trip
+
+
+def test_hnsw_is_built_with_the_settings_ef_construction_and_keeps_it(tmp_path):
+    assert current().hnsw_ef_construction == 80  # FAISS's own default is 40
+    index = af.new_index(16, "HNSW8")
+    assert faiss.downcast_index(index).hnsw.efConstruction == 80
+    with override(hnsw_ef_construction=12):
+        small = af.new_index(16, "HNSW8")
+    assert faiss.downcast_index(small).hnsw.efConstruction == 12
+    ab.add(small, _clustered(300, 16, 5))
+    ann_io.write_index(small, tmp_path / "g.faiss")  # later adds build with the same value
+    again = ann_io.read_index(tmp_path / "g.faiss")
+    assert faiss.downcast_index(again).hnsw.efConstruction == 12
+    assert not isinstance(faiss.downcast_index(af.new_index(16, "Flat")), faiss.IndexHNSW)

@@ -157,9 +157,15 @@ def check_factory(factory: str, dim: int) -> None:
 
 
 def new_index(dim: int, factory: str) -> faiss.Index:
-    """An empty inner-product FAISS index of ``dim`` dimensions from a resolved factory string.
+    """An empty inner-product FAISS index of ``dim`` dimensions from a resolved factory string;
+    an HNSW graph is built with ``efConstruction`` = ``Settings.hnsw_ef_construction`` (kept in
+    the index file, so later adds use it too).
 
     Raises:
         BadInput: a factory string FAISS rejects.
     """
-    return _make(dim, factory)
+    index = _make(dim, factory)
+    graph = faiss.downcast_index(index)
+    if isinstance(graph, faiss.IndexHNSW):
+        graph.hnsw.efConstruction = current().hnsw_ef_construction
+    return index
