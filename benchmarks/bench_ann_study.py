@@ -582,7 +582,8 @@ def render(out: dict[str, Any]) -> str:
         body += [
             "### The structures at 200k rows, `static` (one thread: builds and queries)",
             "",
-            f"`Flat` (exact, searched space): p50 **{s['flat_p50_ms']:.2f} ms**. Identity twin "
+            f"`Flat` (exact, searched space): p50 **{s['flat_p50_ms']:.2f} ms** in the last run "
+            "(each row's x Flat is against the `Flat` p50 its own run measured). Identity twin "
             f"(`v = (x - mu)/|W(x - mu)|`, `u = W^T W (x_q - mu)`, exact inner product): top-10 "
             "agreement with the searched space's exact top-10 = "
             f"**{agree:.4f}**. Spaces: `searched` (the calibrated space, truth its exact top-10), "
