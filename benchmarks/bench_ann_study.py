@@ -24,6 +24,7 @@ Run: ``python benchmarks/bench_ann_study.py --stage all`` (``--smoke``: 20k rows
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -46,7 +47,12 @@ def _partial(sentence: str, rng: np.random.Generator) -> str:
     return " ".join(words[start : start + keep])
 
 
-def prepare(data: Path, rows: int, n_queries: int) -> dict[str, Any]:
+def workdir(rows: int, pooling: str = "static") -> Path:
+    """The stages' folder for ``rows`` rows encoded with ``pooling``."""
+    return WORK / (str(rows) if pooling == "static" else f"{pooling}_{rows}")
+
+
+def prepare(data: Path, rows: int, n_queries: int, pooling: str = "static") -> dict[str, Any]:
     import pyarrow.parquet as pq
     from speed_corpus import corpus_and_queries
 
@@ -54,7 +60,7 @@ def prepare(data: Path, rows: int, n_queries: int) -> dict[str, Any]:
     from flowsearch.space.fitting import fit_for_index
     from flowsearch.space.search_space import SearchSpace
 
-    work = WORK / str(rows)
+    work = workdir(rows, pooling)
     if (work / "prepare.json").exists():
         return dict(json.loads((work / "prepare.json").read_text()))
     work.mkdir(parents=True, exist_ok=True)
@@ -64,12 +70,12 @@ def prepare(data: Path, rows: int, n_queries: int) -> dict[str, Any]:
     questions, held = queries[: n_queries - half], queries[n_queries - half :]
     partial = [_partial(s, rng) for s in held]
     texts = pq.read_table(corpus, columns=["text"]).column("text").to_pylist()
-    enc = Encoder(None, pooling="static")
+    enc = Encoder(None, pooling=pooling)
     t = time.perf_counter()
     U = enc.encode(texts, batch_size=256, progress=False).astype(np.float32)
     encode_s = time.perf_counter() - t
     Uq = enc.encode(questions + partial, batch_size=256, progress=False).astype(np.float32)
-    cal, spec = fit_for_index(U, "auto", pooling="static")
+    cal, spec = fit_for_index(U, "auto", pooling=pooling)
     space = SearchSpace(cal, spec)
     Z = space.project(U, want_density=False)[0]
     Zq = space.project(Uq, want_density=False)[0]
@@ -86,6 +92,7 @@ def prepare(data: Path, rows: int, n_queries: int) -> dict[str, Any]:
         "queries": {"questions": len(questions), "partial_sentences": len(partial)},
         "examples": partial[:3],
         "encode_s": encode_s,
+        "pooling": pooling,
         "calibrator": spec.calibrator,
         "space": spec.space,
     }
@@ -97,7 +104,9 @@ def _knob(index: Any, name: str, value: int) -> None:
     import faiss
 
     if name == "efSearch":
-        faiss.downcast_index(index).hnsw.efSearch = value
+        inner = faiss.downcast_index(index)
+        inner = faiss.downcast_index(inner.base_index) if hasattr(inner, "k_factor") else inner
+        inner.hnsw.efSearch = value
     elif name == "nprobe":
         faiss.extract_index_ivf(index).nprobe = value
     elif name == "k_factor":
@@ -105,6 +114,8 @@ def _knob(index: Any, name: str, value: int) -> None:
 
 
 def _single_ms(index: Any, q: np.ndarray) -> float:
+    for i in range(min(10, len(q))):  # warm-up: caches, lazy set-up
+        index.search(q[i : i + 1], 10)
     times = []
     for i in range(len(q)):
         t = time.perf_counter()
@@ -126,107 +137,265 @@ def _identity(work: Path) -> tuple[np.ndarray, np.ndarray]:
     return linear_twin(U, Uq, st["mu"], st["rotation"], st["scales"])
 
 
-STRUCTURES: list[tuple[str, str, str, tuple[int, ...], tuple[str, ...]]] = [
-    # (label, factory, knob, values, spaces)
-    ("HNSW32", "HNSW32", "efSearch", (64, 128, 256, 512), ("searched", "identity")),
-    ("IVF1024,Flat", "IVF1024,Flat", "nprobe", (16, 32, 64, 128, 256), ("searched", "identity")),
-    ("IVF1024,RaBitQfs,RFlat k16", "IVF1024,RaBitQfs,RFlat", "nprobe", (16, 32, 64, 128),
-     ("searched",)),
-    ("HNSW32", "HNSW32", "efSearch", (64, 128, 256, 512), ("raw",)),
+def _grid(**knobs: tuple[int, ...]) -> list[dict[str, int]]:
+    """Every combination of the knob values, the first knob varying slowest."""
+    points: list[dict[str, int]] = [{}]
+    for name, values in knobs.items():
+        points = [{**p, name: v} for p in points for v in values]
+    return points
+
+
+NPROBE = (16, 32, 64, 128, 256, 512)
+#: (label, factory, metric, spaces, knob points). ``L2``: HNSW-RaBitQ supports only L2 (the
+#: searched and raw vectors are unit rows, where L2 and inner product rank alike).
+STRUCTURES: list[tuple[str, str, str, tuple[str, ...], list[dict[str, int]]]] = [
+    ("IVF1,RaBitQfs,RFlat", "IVF1,RaBitQfs,RFlat", "IP", ("searched", "identity", "raw"),
+     _grid(k_factor=(4, 8, 16, 32))),
+    ("RaBitQfs,RFlat", "RaBitQfs,RFlat", "IP", ("searched", "identity", "raw"),
+     _grid(k_factor=(4, 8, 16, 32, 64))),
+    ("IVF1024,RaBitQfs,RFlat", "IVF1024,RaBitQfs,RFlat", "IP", ("searched", "identity"),
+     _grid(k_factor=(8, 32), nprobe=(32, 64, 128, 256, 512))),
+    ("IVF4096,RaBitQfs,RFlat", "IVF4096,RaBitQfs,RFlat", "IP", ("searched", "identity"),
+     _grid(k_factor=(8, 32), nprobe=(64, 128, 256, 512, 1024, 2048))),
+    ("IVF1024,RaBitQfs,RFlat (L2)", "IVF1024,RaBitQfs,RFlat", "L2", ("searched", "raw"),
+     _grid(k_factor=(8, 32), nprobe=(32, 64, 128, 256, 512))),
+    ("IVF1024,Flat", "IVF1024,Flat", "IP", ("searched", "identity"), _grid(nprobe=NPROBE)),
+    ("IVF4096,Flat", "IVF4096,Flat", "IP", ("searched", "identity"),
+     _grid(nprobe=(64, 128, 256, 512, 1024, 2048))),
+    ("HNSW32", "HNSW32", "IP", ("searched", "raw"), _grid(efSearch=(64, 128, 256, 512))),
+    ("HNSW32 efConstruction 16", "HNSW32@efC16", "IP", ("searched",),
+     _grid(efSearch=(128, 256, 512, 1024))),
+    ("HNSW32 efConstruction 80", "HNSW32@efC80", "IP", ("searched",),
+     _grid(efSearch=(128, 256, 512, 1024))),
+    ("HNSW32,RaBitQ,RFlat", "HNSW32,RaBitQ,RFlat", "L2", ("searched",),
+     _grid(k_factor=(4, 16), efSearch=(64, 128, 256, 512))),
+    ("IVF1024,PQ48,RFlat", "IVF1024,PQ48,RFlat", "IP", ("searched",),
+     _grid(k_factor=(8, 32), nprobe=(64, 128, 256, 512))),
 ]  # fmt: skip
 
 
-def _build(factory: str, x: np.ndarray, label: str) -> tuple[Any, float]:
+def _build(factory: str, x: np.ndarray, metric: str = "IP") -> tuple[Any, float]:
+    """``factory`` over ``x`` as ingest builds it (:mod:`flowsearch.ann.build`: bounded
+    training sample, chunked adds), on the threads FAISS has: ``(index, seconds)``."""
     import faiss
 
-    index = faiss.index_factory(x.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+    from flowsearch.ann import build as ann_build
+
+    kind = faiss.METRIC_L2 if metric == "L2" else faiss.METRIC_INNER_PRODUCT
+    factory, _, ef_construction = factory.partition("@efC")  # e.g. HNSW32@efC16
+    index = faiss.index_factory(x.shape[1], factory, kind)
+    if ef_construction:
+        faiss.downcast_index(index).hnsw.efConstruction = int(ef_construction)
     t = time.perf_counter()
-    if not index.is_trained:
-        ivf = faiss.extract_index_ivf(index)
-        ivf.cp.niter = 10
-        ivf.cp.max_points_per_centroid = 64
-        index.train(x)
-    index.add(x)
-    if "RFlat" in factory:
-        faiss.downcast_index(index).k_factor = 16
+    ann_build.train(index, x, factory)
+    for start in range(0, len(x), 65_536):
+        ann_build.add(index, x[start : start + 65_536], factory)
     return index, time.perf_counter() - t
 
 
-def _cached(work: Path, factory: str, space: str, x: np.ndarray, label: str) -> tuple[Any, float]:
-    """The index of ``factory`` over ``x``, built once and kept in ``work`` (builds take minutes
-    on the shared machine): ``(index, build seconds of the build that made it)``."""
+def _cached(
+    work: Path, factory: str, space: str, x: np.ndarray, metric: str = "IP"
+) -> tuple[Any, float]:
+    """The index of ``factory`` over ``x``, built once and kept in ``work``:
+    ``(index, build seconds of the build that made it)``."""
     import faiss
 
     path = work / f"index_{factory.replace(',', '_')}_{space}.faiss"
     meta = path.with_suffix(".json")
     if path.exists() and meta.exists():
-        index = faiss.read_index(str(path))
-        if "RFlat" in factory:
-            faiss.downcast_index(index).k_factor = 16
-        return index, float(json.loads(meta.read_text())["build_s"])
-    index, build_s = _build(factory, x, label)
+        return faiss.read_index(str(path)), float(json.loads(meta.read_text())["build_s"])
+    index, build_s = _build(factory, x, metric)
     faiss.write_index(index, str(path))
     meta.write_text(json.dumps({"build_s": build_s}))
     return index, build_s
 
 
-def study(rows: int, only: str | None) -> dict[str, Any]:
-    import faiss
-
-    work = WORK / str(rows)
+def _spaces(work: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     Z, Zq = np.load(work / "z.npy"), np.load(work / "z_q.npy")
     U, Uq = np.load(work / "raw.npy"), np.load(work / "raw_q.npy")
     R = U / np.linalg.norm(U, axis=1, keepdims=True)
     Rq = Uq / np.linalg.norm(Uq, axis=1, keepdims=True)
-    V, Vq = _identity(work)
-    spaces = {
-        "searched": (Z, Zq, _truth(Zq, Z)),
-        "raw": (R, Rq, _truth(Rq, R)),
-        "identity": (V, Vq, None),
-    }
-    truth_searched = spaces["searched"][2]
-    assert truth_searched is not None
-    id_truth = _truth(Vq, V)
-    agree = harness.recall(id_truth, truth_searched)
+    out = {"searched": (Z, Zq), "raw": (R, Rq)}
+    with contextlib.suppress(KeyError):  # not a linear calibrator: no identity twin
+        out["identity"] = _identity(work)
+    return out
+
+
+def _curve(
+    index: Any,
+    q: np.ndarray,
+    truth: np.ndarray,
+    lat: np.ndarray,
+    flat_ms: float,
+    points: list[dict[str, int]],
+    row: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """recall@10 (all queries, and each half) and single-query p50 at each knob point."""
+    out = []
+    half = len(q) // 2
+    for point in points:
+        for name, value in point.items():
+            _knob(index, name, value)
+        found = index.search(q, 10)[1]
+        ms = _single_ms(index, q[lat])
+        out.append({
+            **row,
+            "knob": ",".join(f"{k}={v}" for k, v in point.items()),
+            "recall": harness.recall(found, truth),
+            "recall_questions": harness.recall(found[:half], truth[:half]),
+            "recall_partial": harness.recall(found[half:], truth[half:]),
+            "p50_ms": ms, "qps": 1000.0 / ms, "speedup": flat_ms / ms,
+            "load": harness.load_average()[0],
+        })  # fmt: skip
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def study(work: Path, only: str | None, before: dict[str, Any] | None) -> dict[str, Any]:
+    """Each structure of :data:`STRUCTURES` (``only``: those of these ``;``-separated labels)
+    on one FAISS thread (builds included); curves of earlier runs are kept (``before``) unless
+    re-measured here."""
+    import faiss
+
     faiss.omp_set_num_threads(1)
+    spaces = _spaces(work)
+    Z, Zq = spaces["searched"]
+    truth = _truth(Zq, Z)
+    truth_raw = _truth(spaces["raw"][1], spaces["raw"][0])
+    twin = spaces.get("identity")
+    agree = harness.recall(_truth(twin[1], twin[0]), truth) if twin else None
     lat = np.arange(len(Zq))[:: max(1, len(Zq) // LATENCY_QUERIES)]
     flat = faiss.IndexFlatIP(Z.shape[1])
     flat.add(Z)
     flat_ms = _single_ms(flat, Zq[lat])
-    results: list[dict[str, Any]] = []
-    for label, factory, knob, values, names in STRUCTURES:
-        if only and only not in label:
+    del flat
+    chosen = set(only.split(";")) if only else {s[0] for s in STRUCTURES}
+    results = [r for r in (before or {}).get("curves", []) if r["structure"] not in chosen]
+    for label, factory, metric, names, points in STRUCTURES:
+        if label not in chosen:
             continue
-        for space_name in names:
-            x, q, truth = spaces[space_name]
-            truth = truth_searched if space_name == "identity" else truth
-            assert truth is not None
-            faiss.omp_set_num_threads(2)
-            index, build_s = _cached(work, factory, space_name, x, label)
-            faiss.omp_set_num_threads(1)
-            for value in values:
-                _knob(index, knob, value)
-                found = index.search(q, 10)[1]
-                r = harness.recall(found, truth)
-                half = len(q) // 2
-                ms = _single_ms(index, q[lat])
-                results.append(
-                    {
-                        "structure": label,
-                        "space": space_name,
-                        "knob": f"{knob}={value}",
-                        "recall": r,
-                        "recall_questions": harness.recall(found[:half], truth[:half]),
-                        "recall_partial": harness.recall(found[half:], truth[half:]),
-                        "p50_ms": ms,
-                        "speedup": flat_ms / ms,
-                        "build_s": build_s,
-                        "load": harness.load_average()[0],
-                    }
-                )
-                print(json.dumps(results[-1]), flush=True)
+        for space_name in [n for n in names if n in spaces]:
+            x, q = spaces[space_name]
+            t = truth_raw if space_name == "raw" else truth  # identity: the searched ranking
+            index, build_s = _build(factory, x, metric)
+            row = {"structure": label, "space": space_name, "build_s": build_s}
+            results += _curve(index, q, t, lat, flat_ms, points, row)
             del index
-    return {"flat_p50_ms": flat_ms, "identity_top10_agreement": agree, "curves": results}
+    return {
+        "flat_p50_ms": flat_ms, "identity_top10_agreement": agree, "curves": results,
+        "rows": len(Z), "load_end": harness.load_average(),
+    }  # fmt: skip
+
+
+SCALE_COPIES = 4  # 200k real rows + 4 jittered copies of each = 1M (bench_scale's 1M)
+#: (label, factory, metric, knob points) measured at 1M.
+SCALE_STRUCTURES: list[tuple[str, str, str, list[dict[str, int]]]] = [
+    ("IVF1,RaBitQfs,RFlat", "IVF1,RaBitQfs,RFlat", "IP", _grid(k_factor=(4, 8, 16, 32))),
+    ("RaBitQfs,RFlat", "RaBitQfs,RFlat", "IP", _grid(k_factor=(4, 8, 16, 32))),
+    ("IVF1024,RaBitQfs,RFlat", "IVF1024,RaBitQfs,RFlat", "IP",
+     _grid(k_factor=(8, 32), nprobe=(64, 128, 256, 512))),
+    ("IVF1024,RaBitQfs,RFlat (L2)", "IVF1024,RaBitQfs,RFlat", "L2",
+     _grid(k_factor=(8, 32), nprobe=(64, 128, 256, 512))),
+    ("IVF1024,PQ48,RFlat", "IVF1024,PQ48,RFlat", "IP",
+     _grid(k_factor=(8, 32), nprobe=(128, 256, 512))),
+    ("HNSW32,RaBitQ,RFlat", "HNSW32,RaBitQ,RFlat", "L2",
+     _grid(k_factor=(4, 16), efSearch=(128, 256, 512))),
+    ("HNSW32", "HNSW32", "IP", _grid(efSearch=(64, 128, 256, 512, 1024))),
+]  # fmt: skip
+
+
+def scale_prepare(data: Path, rows: int) -> dict[str, Any]:
+    """bench_scale's 1M construction from the 200k ``static`` rows of :func:`prepare`: the real
+    rows plus :data:`SCALE_COPIES` jittered copies of each (``speed_ann.jitter``), projected into
+    the space ``auto`` fits on the real rows; the same real queries; exact truth. Untimed."""
+    import faiss
+    from speed_ann import jitter, jitter_scale
+
+    from flowsearch.space.fitting import fit_for_index
+    from flowsearch.space.search_space import SearchSpace
+
+    src, work = workdir(rows), WORK / f"scale_{rows * (SCALE_COPIES + 1)}"
+    if (work / "prepare.json").exists():
+        return dict(json.loads((work / "prepare.json").read_text()))
+    work.mkdir(parents=True, exist_ok=True)
+    faiss.omp_set_num_threads(1)
+    U, Uq = np.load(src / "raw.npy"), np.load(src / "raw_q.npy")
+    cal, spec = fit_for_index(U, "auto", pooling="static")
+    space = SearchSpace(cal, spec)
+    scale = jitter_scale(U)
+    big = jitter(U, SCALE_COPIES, scale)
+    Z = np.lib.format.open_memmap(work / "z.npy", "w+", np.float32, big.shape)
+    for start in range(0, len(big), 65_536):
+        Z[start : start + 65_536] = space.project(big[start : start + 65_536], want_density=False)[
+            0
+        ]
+    Z.flush()
+    del big
+    Zq = space.project(Uq, want_density=False)[0]
+    np.save(work / "z_q.npy", Zq)
+    truth = harness.exact_top(Zq, Z, 10, chunk_rows=65_536)[1]
+    np.save(work / "truth.npy", truth)
+    out = {
+        "rows": int(len(Z)), "real_rows": int(len(U)), "jitter_scale": scale,
+        "top10_jittered_share": float((truth >= len(U)).mean()), "calibrator": spec.calibrator,
+    }  # fmt: skip
+    (work / "prepare.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+def scale_encode_s(data: Path, rows: int) -> float:
+    """Seconds to encode ``rows * (SCALE_COPIES + 1)`` rows with ``static`` here (the corpus's
+    texts, each ``SCALE_COPIES + 1`` times), on the threads torch has."""
+    import pyarrow.parquet as pq
+
+    from flowsearch.encode.encoder import Encoder
+
+    corpus = workdir(rows) / f"corpus_{rows}.parquet"
+    texts = pq.read_table(corpus, columns=["text"]).column("text").to_pylist()
+    enc = Encoder(None, pooling="static")
+    enc.encode(texts[:512], batch_size=256, progress=False)  # warm-up: model load, caches
+    t = time.perf_counter()
+    for _ in range(SCALE_COPIES + 1):
+        enc.encode(texts, batch_size=256, progress=False)
+    return time.perf_counter() - t
+
+
+def scale(data: Path, rows: int, only: str | None, before: dict[str, Any] | None) -> dict[str, Any]:
+    """The best structures of the study at 1M rows (:func:`scale_prepare`), built and searched
+    on one thread, beside ``static`` encoding of as many rows on the same thread."""
+    import faiss
+    import torch
+
+    prep = scale_prepare(data, rows)
+    work = WORK / f"scale_{prep['rows']}"
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+    out = dict(before or {})
+    out["prepare"] = prep
+    Z = np.load(work / "z.npy", mmap_mode="r")
+    Z = np.ascontiguousarray(Z)
+    Zq, truth = np.load(work / "z_q.npy"), np.load(work / "truth.npy")
+    lat = np.arange(len(Zq))[:: max(1, len(Zq) // LATENCY_QUERIES)]
+    if "encode_s" not in out or not only:
+        out["encode_s"] = scale_encode_s(data, rows)
+        flat = faiss.IndexFlatIP(Z.shape[1])
+        flat.add(Z)
+        out["flat_p50_ms"] = _single_ms(flat, Zq[lat])
+        del flat
+        print(json.dumps({"encode_s": out["encode_s"], "flat": out["flat_p50_ms"]}), flush=True)
+    chosen = set(only.split(";")) if only else {s[0] for s in SCALE_STRUCTURES}
+    results = [r for r in out.get("curves", []) if r["structure"] not in chosen]
+    for label, factory, metric, points in SCALE_STRUCTURES:
+        if label not in chosen:
+            continue
+        index, build_s = _build(factory, Z, metric)
+        row = {"structure": label, "space": "searched", "build_s": build_s,
+               "build_x_encode": build_s / out["encode_s"]}  # fmt: skip
+        results += _curve(index, Zq, truth, lat, out["flat_p50_ms"], points, row)
+        del index
+    out["curves"] = results
+    out["load_end"] = harness.load_average()
+    return out
 
 
 NOISES = (0.0, 0.5, 0.8, 1.0, 1.2)
@@ -246,16 +415,13 @@ def tune(rows: int, factory: str | None = None, curves: bool = True) -> dict[str
     work = WORK / str(rows)
     Z, Zq = np.load(work / "z.npy"), np.load(work / "z_q.npy")
     truth = _truth(Zq, Z)
-    faiss.omp_set_num_threads(2)
+    faiss.omp_set_num_threads(1)
     factory = factory or auto_factory(len(Z), dim=Z.shape[1])
-    if factory == "HNSW32":
-        index, build_s = _cached(work, factory, "searched", Z, factory)
-    else:
-        t = time.perf_counter()
-        index = new_index(Z.shape[1], factory)
-        ann_build.train(index, Z, factory)
-        ann_build.add(index, Z, factory)
-        build_s = time.perf_counter() - t
+    t = time.perf_counter()  # built as ingest builds it (new_index: Settings' efConstruction)
+    index = new_index(Z.shape[1], factory)
+    ann_build.train(index, Z, factory)
+    ann_build.add(index, Z, factory)
+    build_s = time.perf_counter() - t
     rng = np.random.default_rng(0)
     pos = np.sort(rng.choice(len(Z), size=min(4096, len(Z)), replace=False))
     chunks = lambda: (Z[i : i + 65_536] for i in range(0, len(Z), 65_536))  # noqa: E731
@@ -270,7 +436,7 @@ def tune(rows: int, factory: str | None = None, curves: bool = True) -> dict[str
     flat.add(Z)
     flat_ms = _single_ms(flat, Zq[lat])
     ms = _single_ms(index, Zq[lat])
-    faiss.omp_set_num_threads(2)
+    faiss.omp_set_num_threads(1)
     knob = ann_build.search_knob(index)
     curves: list[dict[str, Any]] = []
     if curves and knob is not None and knob[0] == "efSearch":
@@ -317,7 +483,8 @@ def segments(rows: int, n_segments: int = 10) -> dict[str, Any]:
     the rows) against one segment: each segment indexed as ``auto`` indexes it (by its size)
     and, beside it, exactly (``Flat``); a query searches every segment for its top 10 and
     keeps the best 10 (as the searcher merges segments). p50 of one query at a time on one
-    FAISS thread; recall@10 against exact search over all rows, real queries."""
+    FAISS thread (builds too, tuning included); recall@10 against exact search over all rows,
+    real queries."""
     import faiss
 
     from flowsearch.ann import build as ann_build
@@ -327,15 +494,13 @@ def segments(rows: int, n_segments: int = 10) -> dict[str, Any]:
     truth = _truth(Zq, Z)
     lat = np.arange(len(Zq))[:: max(1, len(Zq) // LATENCY_QUERIES)]
     bounds = np.linspace(0, len(Z), n_segments + 1).astype(int)
-    one, one_build_s = _cached(work, "HNSW32", "searched", Z, "HNSW32")
-    one_params = ann_build.tune(
-        one, Z[:: max(1, len(Z) // 4096)], lambda: iter([Z]),
-        sample_rows=np.arange(0, len(Z), max(1, len(Z) // 4096)),
-    ).params  # fmt: skip
+    faiss.omp_set_num_threads(1)
+    t = time.perf_counter()
+    one, one_factory, one_params = ann_build.build(Z, "auto")  # one segment, as auto builds it
+    one_build_s = time.perf_counter() - t
     families: dict[str, list[tuple[Any, int]]] = {}
     built: dict[str, Any] = {}
     for family in ("auto", "Flat"):
-        faiss.omp_set_num_threads(2)
         t = time.perf_counter()
         idx, chosen, factory = [], set(), ""
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
@@ -359,7 +524,7 @@ def segments(rows: int, n_segments: int = 10) -> dict[str, Any]:
     out: dict[str, Any] = {"segments": n_segments, "rows_per_segment": int(bounds[1])}
     one_ms = _single_ms(one, Zq[lat])
     out["one"] = {
-        "factory": "HNSW32", "params": one_params, "build_s": one_build_s, "p50_ms": one_ms,
+        "factory": one_factory, "params": one_params, "build_s": one_build_s, "p50_ms": one_ms,
         "recall": harness.recall(one.search(Zq, 10)[1], truth),
     }  # fmt: skip
     for family, idx in families.items():
@@ -378,6 +543,25 @@ def segments(rows: int, n_segments: int = 10) -> dict[str, Any]:
     return out
 
 
+def _curves_table(curves: list[dict[str, Any]], encode: bool = False) -> list[str]:
+    """One row per knob point: recall, p50, QPS, speed-up on ``Flat``, build, load."""
+    head = "| structure | space | knob | recall@10 (questions / partial) | p50 ms | QPS | x Flat "
+    head += "| build s | build / encode | load |" if encode else "| build s | load |"
+    rows = [head, "|---|---|---|---|---:|---:|---:|---:|" + ("---:|---:|" if encode else "---:|")]
+    for r in curves:
+        cells = [
+            r["structure"], r["space"], r["knob"],
+            f"{r['recall']:.3f} ({r['recall_questions']:.3f} / {r['recall_partial']:.3f})",
+            f"{r['p50_ms']:.2f}", f"{1000 / r['p50_ms']:.0f}", f"{r['speedup']:.1f}",
+            f"{r['build_s']:.0f}",
+        ]  # fmt: skip
+        if encode:
+            cells.append(f"{r['build_x_encode']:.2f}")
+        cells.append(f"{r['load']:.1f}")
+        rows.append("| " + " | ".join(cells) + " |")
+    return [*rows, ""]
+
+
 def render(out: dict[str, Any]) -> str:
     p = out["prepare"]
     body = [
@@ -394,46 +578,86 @@ def render(out: dict[str, Any]) -> str:
     ]
     s = out.get("study")
     if s:
+        agree = s.get("identity_top10_agreement")
         body += [
-            f"`Flat` (exact, searched space): p50 **{s['flat_p50_ms']:.2f} ms**. Identity twin "
+            "### The structures at 200k rows, `static` (one thread: builds and queries)",
+            "",
+            f"`Flat` (exact, searched space): p50 **{s['flat_p50_ms']:.2f} ms** in the last run "
+            "(each row's x Flat is against the `Flat` p50 its own run measured). Identity twin "
             f"(`v = (x - mu)/|W(x - mu)|`, `u = W^T W (x_q - mu)`, exact inner product): top-10 "
             "agreement with the searched space's exact top-10 = "
-            f"**{s['identity_top10_agreement']:.4f}**.",
+            f"**{agree:.4f}**. Spaces: `searched` (the calibrated space, truth its exact top-10), "
+            "`identity` (the twin; truth the searched space's), `raw` (normalised raw vectors, "
+            "truth their own exact top-10). `(L2)`: built with FAISS's L2 metric on the unit "
+            "rows (the same ranking as inner product).",
             "",
-            "| structure | space | knob | recall@10 (questions / partial) | p50 ms | x Flat "
-            "| build s | load |",
-            "|---|---|---|---|---:|---:|---:|---:|",
+            *_curves_table(s["curves"]),
         ]
-        for r in s["curves"]:
-            body.append(
-                f"| {r['structure']} | {r['space']} | {r['knob']} | {r['recall']:.3f} "
-                f"({r['recall_questions']:.3f} / {r['recall_partial']:.3f}) | {r['p50_ms']:.3f} "
-                f"| {r['speedup']:.1f} | {r['build_s']:.0f} | {r['load']:.1f} |"
-            )
-        body.append("")
-    t = out.get("tune")
-    if t:
-        tu = t["tuning"]
-        real = f"{t['real_recall']:.3f}"
-        split = f"{t['real_recall_questions']:.3f} / {t['real_recall_partial']:.3f}"
-        speed = f"{t['p50_ms']:.3f} / {t['flat_p50_ms']:.2f} ms = **{t['speedup']:.1f}x**"
+    m = out.get("study_mean")
+    if m:
+        pm = out.get("prepare_mean", {})
         body += [
-            "### `auto`'s tuning against real queries",
+            f"### The same at {m['rows']:,} rows, `mean` pooling (one thread)",
             "",
-            "`auto`'s factory over the searched vectors, tuned by `flowsearch.ann.build.tune` "
+            f"`mean` (the bundled model's transformer pooling) encoded {m['rows']:,} rows of the "
+            f"same kind of corpus in {pm.get('encode_s', float('nan')):.0f} s on one core (why "
+            f"not 200k: that is ~{4 * pm.get('encode_s', float('nan')) / 60:.0f} min more of "
+            f"the timed core); calibrator `{pm.get('calibrator')}` ({pm.get('space')}). `Flat` "
+            f"p50 **{m['flat_p50_ms']:.2f} ms**.",
+            "",
+            *_curves_table(m["curves"]),
+        ]
+    c = out.get("scale")
+    if c and c.get("curves"):
+        cp = c["prepare"]
+        body += [
+            "### 1M rows (`static`; one thread: encoding, builds and queries)",
+            "",
+            f"bench_scale's 1M construction: the {cp['real_rows']:,} rows above plus 4 jittered "
+            f"copies of each (scale {cp['jitter_scale']:.3f}; "
+            f"{100 * cp['top10_jittered_share']:.0f}% of the true top-10 are copies), projected "
+            "into the space `auto` fits on the real rows; the same 2,000 real queries. Encoding "
+            f"1M rows with `static` (the corpus's texts 5 times) here: **{c['encode_s']:.1f} s**; "
+            f"`Flat` p50 **{c['flat_p50_ms']:.1f} ms**. Goal: >= 20x `Flat` at recall@10 >= 0.95 "
+            "with the build <= 3x the encoding.",
+            "",
+            *_curves_table(c["curves"], encode=True),
+        ]
+    names = {"tune": "default", "tune_efc40": "before (efConstruction 40)", "tune_scan": "scan"}
+    tunes = [{**out[k], "label": v} for k, v in names.items() if out.get(k)]
+    if tunes:
+        t = tunes[0]
+        body += [
+            "### `auto`'s tuning against real queries (200k, one thread)",
+            "",
+            "`auto`'s factory over the searched vectors (by default: HNSW32 built at "
+            "`efConstruction` 80; as before this change: 40; with the scan tier on: "
+            "`Settings.scan_max_rows`), built and tuned by `flowsearch.ann.build.tune` "
             f"(held-out rows + noise {t['noise']:g}, each left out of its own answer; half to "
             "choose the knob, half to check it), then the real queries at the knob it chose.",
             "",
-            "| figure | measured |",
-            "|---|---|",
-            f"| factory / params chosen | `{t['factory']}` / `{t['params']}` |",
-            f"| tuning (exact answers + knob search) | {t['tune_s']:.1f} s |",
-            f"| recall@10 on the tuning half / recorded (check half, {tu['queries']} queries) "
-            f"| {tu['tuned_recall']:.3f} / **{tu['recall']:.3f}** |",
-            f"| recall@10, real queries (questions / partial sentences) | **{real}** ({split}) |",
-            f"| single-query p50, index / Flat | {speed} |",
+            "| figure | " + " | ".join(f"{x['label']}: `{x['factory']}`" for x in tunes) + " |",
+            "|---|" + "---|" * len(tunes),
+            "| params chosen | " + " | ".join(f"`{x['params']}`" for x in tunes) + " |",
+            "| build / tuning s | "
+            + " | ".join(f"{x['build_s']:.0f} / {x['tune_s']:.0f}" for x in tunes) + " |",
+            "| recall@10 on the tuning half / recorded (check half) | "
+            + " | ".join(
+                f"{x['tuning']['tuned_recall']:.3f} / **{x['tuning']['recall']:.3f}**"
+                for x in tunes
+            ) + " |",
+            "| recall@10, real queries (questions / partial sentences) | "
+            + " | ".join(
+                f"**{x['real_recall']:.3f}** ({x['real_recall_questions']:.3f} / "
+                f"{x['real_recall_partial']:.3f})" for x in tunes
+            ) + " |",
+            "| single-query p50, index / Flat | "
+            + " | ".join(
+                f"{x['p50_ms']:.2f} / {x['flat_p50_ms']:.1f} ms = **{x['speedup']:.1f}x**"
+                for x in tunes
+            ) + " |",
             "",
-        ]
+        ]  # fmt: skip
         if t.get("noise_curves"):
             keys = [k for k in t["noise_curves"][0] if k.startswith("noise")]
             body += [
@@ -448,23 +672,31 @@ def render(out: dict[str, Any]) -> str:
                 cells = " | ".join(f"{r[k]:.3f}" for k in keys)
                 body.append(f"| {r['efSearch']} | {r['real']:.3f} | {cells} |")
             body.append("")
-    g = out.get("segments")
-    if g:
+    layouts = [out[k] for k in ("segments", "segments_efc40", "segments_scan") if out.get(k)]
+    if layouts:
+        g = layouts[0]
         body += [
             f"### {g['segments']} segments of {g['rows_per_segment']:,} rows against one segment",
             "",
             "The FAISS part of a dense query: every segment searched for its top 10, the best 10 "
             "kept (as the searcher merges segments); p50 of one query at a time on one FAISS "
-            "thread; recall@10 against exact search over all rows, real queries. The encoder, "
-            "the join and the lexical side are the same work for both layouts and are not in "
-            f"these figures. Load at the end: {g['load']}.",
+            "thread (builds and tuning on one thread too); recall@10 against exact search over "
+            "all rows, real queries. The encoder, the join and the lexical side are the same "
+            "work for both layouts and are not in these figures. `auto` by default (HNSW32 at "
+            "`efConstruction` 80), as before (40), then with its scan tier on "
+            "(`Settings.scan_max_rows` = 200k). Load at the end: "
+            + ", ".join(str(x["load"]) for x in layouts)
+            + ".",
             "",
             "| layout | index per segment | params | build s | p50 ms | / one | recall@10 |",
             "|---|---|---|---:|---:|---:|---:|",
+        ]
+    for g in layouts:
+        body.append(
             f"| one segment | {g['one']['factory']} | `{g['one']['params']}` | "
             f"{g['one']['build_s']:.0f} | {g['one']['p50_ms']:.3f} | 1.00 | "
-            f"{g['one']['recall']:.3f} |",
-        ]
+            f"{g['one']['recall']:.3f} |"
+        )
         for family in ("auto", "Flat"):
             r = g[family]
             body.append(
@@ -472,6 +704,7 @@ def render(out: dict[str, Any]) -> str:
                 f"`{', '.join(p for p in r['params'] if p) or '-'}` | {r['build_s']:.0f} | "
                 f"{r['p50_ms']:.3f} | {r['ratio']:.2f} | {r['recall']:.3f} |"
             )
+    if layouts:
         body.append("")
     for line in out.get("notes", []):
         body.append(line)
@@ -487,11 +720,25 @@ def render(out: dict[str, Any]) -> str:
 def main() -> int:
     parser = harness.arguments(__doc__, "20,000 rows, 400 queries", "bench_ann_study")
     parser.add_argument(
-        "--stage", default="all", choices=("prepare", "study", "tune", "segments", "all")
+        "--stage",
+        default="all",
+        choices=(
+            "prepare",
+            "study",
+            "tune",
+            "tune-scan",
+            "segments",
+            "scale-prepare",
+            "scale",
+            "all",
+        ),
     )
     parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--pooling", default="static", help="the bundled model's pooling")
     parser.add_argument("--queries", type=int, default=2_000)
-    parser.add_argument("--only", default=None, help="only structures whose label has this")
+    parser.add_argument(
+        "--only", default=None, help="only these structures (labels, ';'-separated)"
+    )
     parser.add_argument(
         "--no-curves", dest="curves", action="store_false",
         help="keep the saved noise curves of the tune stage (they do not depend on the tuner)",
@@ -507,17 +754,31 @@ def main() -> int:
         out = json.loads(out_path.read_text())
     out["machine"] = harness.machine()
     out["command"] = harness.command_line()
-    out["prepare"] = prepare(data, args.rows, args.queries)
+    prep = prepare(data, args.rows, args.queries, args.pooling)
+    if args.pooling == "static":
+        out["prepare"] = prep
     if args.stage in ("tune", "all"):
         before = out.get("tune", {}).get("noise_curves", [])
         out["tune"] = tune(args.rows, curves=args.curves or not before)
         out["tune"]["noise_curves"] = out["tune"]["noise_curves"] or before
         harness.finish(args, render, out)
+    if args.stage == "tune-scan":  # auto with its scan tier on, at this size
+        from flowsearch.settings import override
+
+        with override(scan_max_rows=args.rows):
+            out["tune_scan"] = tune(args.rows, curves=False)
+        harness.finish(args, render, out)
     if args.stage in ("segments", "all"):
         out["segments"] = segments(args.rows)
         harness.finish(args, render, out)
+    if args.stage == "scale-prepare":
+        out.setdefault("scale", {})["prepare"] = scale_prepare(data, args.rows)
+    if args.stage == "scale":
+        out["scale"] = scale(data, args.rows, args.only, out.get("scale"))
     if args.stage in ("study", "all"):
-        out["study"] = study(args.rows, args.only)
+        key = "study" if args.pooling == "static" else f"study_{args.pooling}"
+        out[f"prepare_{args.pooling}"] = prep
+        out[key] = study(workdir(args.rows, args.pooling), args.only, out.get(key))
     harness.finish(args, render, out)
     return 0
 

@@ -43,8 +43,35 @@ class Settings:
     #: (bench_storage); with a graph each, see bench_ann_study's segments section. The floor of
     #: the merge tiers (``floor_segment_rows``): every merged segment is a graph.
     flat_max_rows: int = 10_000
-    #: What ``auto`` builds above :attr:`flat_max_rows`.
+    #: What ``auto`` builds above :attr:`flat_max_rows` up to :attr:`scan_max_rows` (off by
+    #: default): every row's 1-bit RaBitQ code scanned (FAISS fast-scan), the best ``k_factor``
+    #: x k re-ranked exactly (``k_factor`` tuned). Its case is the build: at 200k ``static``
+    #: rows, one thread, tuned to ``k_factor`` 64, recall@10 0.999 on real queries at 13.7x
+    #: ``Flat``'s speed, built in 1 s + 14 s of tuning, where the default HNSW32
+    #: (:attr:`hnsw_ef_construction` 80) took 107 s (encoding the rows: 13 s) for 58x at
+    #: recall 0.955. Off by default: slower to query than the graph there and on ``mean``'s
+    #: encoder space (50k rows: HNSW32 0.987 at efSearch 64 in 0.21 ms, the scan 0.98 in
+    #: 0.4-0.7 ms), and 10 scanned segments answer 2.85x one (each re-ranks its own
+    #: candidates). No IVF list: faiss 1.15's IVF-RaBitQ ranks wrongly with inner product
+    #: (0.75 against 0.97 at ``IVF1``); its filters are searched exactly over the re-rank
+    #: vectors instead of by selector (bench_ann_study).
+    scan_factory: str = "RaBitQfs,RFlat"
+    #: Largest segment ``auto`` indexes with :attr:`scan_factory` (0: never); above,
+    #: :attr:`graph_factory`. A scan's speed-up on ``Flat`` stays ~10x at any size (both read
+    #: every row), HNSW32's grows: 46x against the scan's 10.9x at 1M (recall 0.960 / 0.987,
+    #: efConstruction 40), though its build took 415 s there against the scan's 8 s (encoding
+    #: 1M rows: 62 s): set it where the build's time matters more than the query's.
+    scan_max_rows: int = 0
+    #: What ``auto`` builds above :attr:`scan_max_rows`.
     graph_factory: str = "HNSW32"
+    #: HNSW's ``efConstruction`` (FAISS's default: 40) for every HNSW index flowsearch makes.
+    #: A calibrated space is a hard graph search: at 200k static rows, one thread, HNSW32 built
+    #: at 40 reached recall@10 0.926 on real queries at efSearch 128 and 0.957 at 512 (2.5 ms);
+    #: built at 80, 0.953 at 128 (0.71 ms) and 0.973 at 512, for a 1.45x longer build (87 s
+    #: against 60 s); at 16, 0.897 at 1024. As ``auto`` tunes it: at 80, efSearch 104, real
+    #: queries 0.955, 58x ``Flat`` (0.57 ms); at 40, efSearch 1024 (the tuner's largest), 0.965,
+    #: 4.2x (bench_ann_study). Not measured at 1M (a 1M build at 40 took 415 s on one core).
+    hnsw_ef_construction: int = 80
     #: Largest segment ``auto`` indexes with :attr:`graph_factory`; above, IVF-PQ with an exact
     #: re-rank: HNSW32 holds ~1.8 KB per row in RAM at dim 384 (docs/SCALE.md).
     graph_max_rows: int = 2_000_000

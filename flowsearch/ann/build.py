@@ -227,14 +227,18 @@ def probe_queries(
 
 def search_knob(index: faiss.Index) -> tuple[str, int] | None:
     """The search-time parameter that trades recall for speed, with its largest useful value:
-    ``("nprobe", nlist)`` for IVF, ``("efSearch", Settings.max_ef_search)`` for HNSW, None for
-    exact indexes."""
+    ``("nprobe", nlist)`` for IVF, ``("efSearch", Settings.max_ef_search)`` for HNSW,
+    ``("k_factor_rf", Settings.max_k_factor)`` for any other index with an exact re-rank (a
+    scan of codes, ``auto``'s scan tier: the re-rank depth is its only knob), None for exact
+    indexes."""
     try:
         return "nprobe", int(faiss.extract_index_ivf(index).nlist)
     except RuntimeError:
         pass
     if isinstance(faiss.downcast_index(index), faiss.IndexHNSW):
         return "efSearch", current().max_ef_search
+    if isinstance(faiss.downcast_index(index), faiss.IndexRefine):
+        return "k_factor_rf", current().max_k_factor
     return None
 
 
@@ -402,9 +406,13 @@ def tune(
     if rerank:
         _set_knob(index, "k_factor_rf", current().max_k_factor)
         aim = 1.0 - (1.0 - target) * current().rerank_miss_share
-    first = 1 if name == "nprobe" else 16
-    value, tuned = _smallest(index, name, first, largest, tuning, aim)
-    params = f"{name}={value}"
+    params = ""
+    if name == "k_factor_rf":  # the re-rank depth is the only knob: tuned below
+        tuned = tuning.recall(index)
+    else:
+        first = 1 if name == "nprobe" else 16
+        value, tuned = _smallest(index, name, first, largest, tuning, aim)
+        params = f"{name}={value}"
     if rerank:
         depth, _ = _smallest(
             index, "k_factor_rf", 1, current().max_k_factor, tuning, min(aim, tuned)
@@ -412,7 +420,7 @@ def tune(
         depth = min(2 * depth, current().max_k_factor)  # twice as deep: nearly free (see above)
         _set_knob(index, "k_factor_rf", depth)
         tuned = tuning.recall(index)
-        params += f",k_factor_rf={depth}"
+        params = ",".join(p for p in (params, f"k_factor_rf={depth}") if p)
     checked = check.recall(index)
     curve = None
     if not rerank:

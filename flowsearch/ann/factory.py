@@ -3,9 +3,11 @@ r"""Choosing a vector index: ``auto``'s factory by segment size, and checking a 
 Every index here is FAISS with inner product on L2-normalised vectors (cosine similarity), and
 its ids are the segment's local rows, assigned in insertion order. ``"auto"`` chooses per
 segment: exact ``Flat`` up to ``Settings.flat_max_rows`` rows (10k: a segment's own size, so an
-index of many segments gets a graph in each of its larger ones); above that ``HNSW32`` (its
-``efSearch`` tuned by :func:`flowsearch.ann.build.tune`); above ``Settings.graph_max_rows``,
-IVF-PQ with an exact re-rank (:func:`large_factory`). Why these (measured): ``docs/SCALE.md``.
+index of many segments gets an approximate index in each of its larger ones); above that, up to
+``Settings.scan_max_rows`` (0 unless set: off), a scan of 1-bit RaBitQ codes re-ranked exactly
+(``RaBitQfs,RFlat``, its re-rank depth tuned by :func:`flowsearch.ann.build.tune`); above that
+``HNSW32`` (``efSearch`` tuned); above ``Settings.graph_max_rows``, IVF-PQ with an exact re-rank
+(:func:`large_factory`). Why these (measured): ``docs/SCALE.md``.
 
 Example:
     >>> auto_factory(1_000)
@@ -60,8 +62,10 @@ def auto_factory(
 ) -> str:
     """The factory string ``"auto"`` stands for at ``n_rows`` rows of ``dim`` dimensions.
 
-    ``Flat`` (exact) up to ``flat_max_rows`` (default ``Settings.flat_max_rows``); above,
-    ``HNSW32``, whose ``efSearch`` is then tuned by :func:`tune_search`. Not IVF at that size: on
+    ``Flat`` (exact) up to ``flat_max_rows`` (default ``Settings.flat_max_rows``); then
+    ``Settings.scan_factory`` up to ``Settings.scan_max_rows`` (a scan of RaBitQ codes with an
+    exact re-rank; off unless set); above, ``HNSW32``, whose ``efSearch`` is then tuned by
+    :func:`tune_search`. Not IVF at that size: on
     a calibrated (whitened, isotropic) space an inverted file has no cluster structure to
     exploit, and at 200k static rows ``IVF2048,Flat`` needed half its lists for recall@10 0.94
     (benchmarks/bench_speed.md). HNSW needs no training, adds rows one by one (streaming) and
@@ -76,6 +80,8 @@ def auto_factory(
     graph_max = current().graph_max_rows if graph_max_rows is None else graph_max_rows
     if n_rows <= flat_max:
         return "Flat"
+    if n_rows <= min(current().scan_max_rows, graph_max):
+        return current().scan_factory
     if n_rows <= graph_max:
         return current().graph_factory
     if dim is None:
@@ -151,9 +157,15 @@ def check_factory(factory: str, dim: int) -> None:
 
 
 def new_index(dim: int, factory: str) -> faiss.Index:
-    """An empty inner-product FAISS index of ``dim`` dimensions from a resolved factory string.
+    """An empty inner-product FAISS index of ``dim`` dimensions from a resolved factory string;
+    an HNSW graph is built with ``efConstruction`` = ``Settings.hnsw_ef_construction`` (kept in
+    the index file, so later adds use it too).
 
     Raises:
         BadInput: a factory string FAISS rejects.
     """
-    return _make(dim, factory)
+    index = _make(dim, factory)
+    graph = faiss.downcast_index(index)
+    if isinstance(graph, faiss.IndexHNSW):
+        graph.hnsw.efConstruction = current().hnsw_ef_construction
+    return index

@@ -264,10 +264,22 @@ def _postfiltered(
     return scores, found, np.flatnonzero(kept.sum(axis=1) < k)
 
 
+def _takes_selector(index: faiss.Index) -> bool:
+    """Whether FAISS passes search parameters (an ID selector) to this index: faiss 1.15's
+    RaBitQ fast-scan without inverted lists (``auto``'s scan tier) rejects them."""
+    refine = _refine(index)
+    base = faiss.downcast_index(refine.base_index if refine is not None else index)
+    return not isinstance(base, faiss.IndexRaBitQFastScan)
+
+
 def _selected(
     index: faiss.Index, queries: np.ndarray, kk: int, mask: np.ndarray, knob: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Top-kk through FAISS's ID selector; queries short of kk hits searched exhaustively."""
+    """Top-kk through FAISS's ID selector; queries short of kk hits searched exhaustively.
+    An index that takes no selector is searched exhaustively over the searchable rows (exact
+    over its re-rank vectors: at most what ``Flat`` costs over them)."""
+    if not _takes_selector(index):
+        return _exhaustive(index, queries, kk, mask)
     params = search_params(index, mask)
     if knob is not None and isinstance(params, _faiss.SearchParametersHNSW):
         params.efSearch = int(knob)
@@ -289,6 +301,11 @@ def _exhaustive(
     result = _exact(index, queries, k, np.flatnonzero(rows).astype(np.int64))
     if result is not None:
         return result
+    if not _takes_selector(index):  # nothing to reconstruct from either: read the whole order
+        ip = index.metric_type == faiss.METRIC_INNER_PRODUCT
+        fill = float(-np.finfo(np.float32).max if ip else np.finfo(np.float32).max)
+        scores, found, _ = _postfiltered(index, queries, k, rows, 1, fill)
+        return scores, found
     params = search_params(index, rows)
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
