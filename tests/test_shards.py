@@ -183,3 +183,30 @@ def test_segments_are_balanced_by_rows_and_keep_their_shard(index) -> None:
         names = [s.name for s in p.manifest.segments]
         assert names == [s.name for s in m.segments if where[s.name] == parts.index(p)]
         assert list(p.base) == [starts[[s.name for s in m.segments].index(n)] for n in names]
+
+
+def test_statistics_cache_answers_while_another_reader_moves_it_to_a_newer_version() -> None:
+    """A reader still on version 1 gathers its statistics while another reader moves the shared
+    cache to version 2: it gets version 1's figures (it once failed an internal assert)."""
+    from flowsearch.search.shards import Statistics as Whole
+    from flowsearch.search.shards import StatisticsCache
+
+    cache = StatisticsCache()
+
+    def stats(version: int, df: dict[str, int]) -> Whole:
+        return Whole(version, 10 * version, None, Statistics(10 * version, 50, df))
+
+    class Racing:
+        def statistics(self, version: int, terms) -> list[Whole]:
+            if version == 1:  # meanwhile, a reader of version 2 takes the cache
+                cache.get(Steady(), 2, ["heat"])
+            return [stats(version, {t: version for t in terms})]
+
+    class Steady:
+        def statistics(self, version: int, terms) -> list[Whole]:
+            return [stats(version, {t: version for t in terms})]
+
+    got = cache.get(Racing(), 1, ["heat", "dog"])  # type: ignore[arg-type]
+    assert got.version == 1 and got.n_live == 10
+    assert got.lexical is not None and got.lexical.df == {"heat": 1, "dog": 1}
+    assert cache.version == 2 and cache.get(Steady(), 2, ["heat"]).lexical.df == {"heat": 2}  # type: ignore[arg-type, union-attr]

@@ -473,7 +473,8 @@ class StatisticsCache:
                     if whole.lexical is not None:
                         self.df.update(whole.lexical.df)
                     df = {t: self.df.get(t, 0) for t in terms}
-                else:
+                else:  # another reader moved the cache to a newer version meanwhile
+                    base = whole
                     df = dict(whole.lexical.df) if whole.lexical is not None else {}
         else:
             with self.lock:
