@@ -33,18 +33,10 @@ from typing import Any
 
 import harness
 import numpy as np
+from speed_corpus import partial_sentence
 
 WORK = harness.WORK / "ann_study"
 LATENCY_QUERIES = 300
-
-
-def _partial(sentence: str, rng: np.random.Generator) -> str:
-    words = sentence.split()
-    if len(words) < 4:
-        return sentence
-    keep = max(3, int(round(len(words) * rng.uniform(0.4, 0.7))))
-    start = int(rng.integers(0, len(words) - keep + 1))
-    return " ".join(words[start : start + keep])
 
 
 def workdir(rows: int, pooling: str = "static") -> Path:
@@ -68,7 +60,7 @@ def prepare(data: Path, rows: int, n_queries: int, pooling: str = "static") -> d
     half = n_queries // 2
     rng = np.random.default_rng(7)
     questions, held = queries[: n_queries - half], queries[n_queries - half :]
-    partial = [_partial(s, rng) for s in held]
+    partial = [partial_sentence(s, rng) for s in held]
     texts = pq.read_table(corpus, columns=["text"]).column("text").to_pylist()
     enc = Encoder(None, pooling=pooling)
     t = time.perf_counter()

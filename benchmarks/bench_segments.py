@@ -36,17 +36,9 @@ from typing import Any
 
 import harness
 import numpy as np
+from speed_corpus import partial_sentence
 
 LOG = logging.getLogger("bench_segments")
-
-
-def _partial(sentence: str, rng: np.random.Generator) -> str:
-    words = sentence.split()
-    if len(words) < 4:
-        return sentence
-    keep = max(3, int(round(len(words) * rng.uniform(0.4, 0.7))))
-    start = int(rng.integers(0, len(words) - keep + 1))
-    return " ".join(words[start : start + keep])
 
 
 def corpus(data: Path, work: Path, rows: int, n_queries: int) -> tuple[Path, list[str]]:
@@ -57,7 +49,7 @@ def corpus(data: Path, work: Path, rows: int, n_queries: int) -> tuple[Path, lis
     half = n_queries // 2
     rng = np.random.default_rng(7)
     questions, held = queries[: n_queries - half], queries[n_queries - half :]
-    return path, questions + [_partial(s, rng) for s in held]
+    return path, questions + [partial_sentence(s, rng) for s in held]
 
 
 def one_segment(path: Path, work: Path) -> Path:

@@ -53,3 +53,14 @@ def corpus_and_queries(
     pq.write_table(table, path, row_group_size=16_384)
     meta.write_text(json.dumps({"queries": queries, "counts": counts}))
     return path, queries, counts
+
+
+def partial_sentence(sentence: str, rng: np.random.Generator) -> str:
+    """A query cut from a held-out sentence: a seeded contiguous 40-70% of its words (at least
+    three), as a user types part of what they remember."""
+    words = sentence.split()
+    if len(words) < 4:
+        return sentence
+    keep = max(3, int(round(len(words) * rng.uniform(0.4, 0.7))))
+    start = int(rng.integers(0, len(words) - keep + 1))
+    return " ".join(words[start : start + keep])
