@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
 import pytest
@@ -61,6 +61,31 @@ def index_dir(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path
 @pytest.fixture(scope="module")
 def server(index_dir: Path) -> Iterator[str]:
     """The app on a free port of 127.0.0.1, in a thread; stopped at the end of the module."""
+    yield from _serving(index_dir)
+
+
+#: Long documents: a window of 14 tokens, so a few sentences are cut into passages.
+LONG_DOCUMENTS = [" ".join(s + "." for s in sentences(6, seed=300 + i)) for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def long_index(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path_factory.mktemp("page_long")
+    records = [{"id": f"L{i}", "text": t} for i, t in enumerate(LONG_DOCUMENTS)]
+    pq.write_table(pa.Table.from_pylist(records), root / "c.parquet")
+    build_index(root / "c.parquet", root / "idx", model=str(model_dir), max_length=16)
+    return root / "idx"
+
+
+@pytest.fixture(scope="module")
+def long_server(long_index: Path) -> Iterator[str]:
+    yield from _serving(long_index)
+
+
+def _serving(index_dir: Path) -> Iterator[str]:
     import uvicorn
 
     with socket.socket() as sock:
@@ -159,6 +184,25 @@ def test_typing_a_passage_finds_it_first_with_its_words_marked_and_bars(
     page.goto(page.url)
     expect(page.locator("#hits > li").first.locator(".hit-id")).to_have_text("d17")
     expect(page.locator("#q")).to_have_value(TEXTS[17])
+
+
+def test_a_long_document_shows_whole_with_its_best_passage_set_apart(
+    page: Any, long_server: str, long_index: Path, tmp_path: Path
+) -> None:
+    searcher = Searcher.open(long_index)
+    try:
+        doc = LONG_DOCUMENTS[3]
+        hit = next(h for h in searcher.search(doc, k=8, mode="dense") if h.highlight)
+        passage = hit.highlight.text if hit.highlight else ""
+    finally:
+        searcher.close()
+    _open(page, long_server, "?" + urlencode({"q": passage, "mode": "dense"}))
+    first = page.locator("#hits > li").first
+    expect(first.locator(".passage")).to_have_count(1)
+    expect(first.locator(".passage")).to_have_text(passage)
+    whole = next(t for t in LONG_DOCUMENTS if passage in t)
+    expect(first.locator(".text")).to_have_text(whole)  # the whole document, passage in place
+    page.screenshot(path=str(tmp_path / "passage.png"), full_page=True)
 
 
 def test_modes_change_the_scores_shown(page: Any, server: str, tmp_path: Path) -> None:

@@ -186,6 +186,18 @@
     return out;
   }
 
+  function hitText(hit, mark, query) {
+    // the document's text, its best passage (hit.highlight: code-point offsets) set apart
+    const piece = (part) => (mark ? highlighted(part, query) : part);
+    const h = hit.highlight;
+    if (!h) return [piece(hit.text)];
+    const chars = Array.from(hit.text);
+    const passage = el("span", { className: "passage", title: "the best-matching passage" },
+      piece(chars.slice(h.start, h.end).join("")));
+    return [piece(chars.slice(0, h.start).join("")), passage,
+      piece(chars.slice(h.end).join(""))];
+  }
+
   function el(tag, props, ...children) {
     const node = document.createElement(tag);
     for (const [name, value] of Object.entries(props || {})) {
@@ -215,7 +227,7 @@
     const mark = mode !== "dense" && hits.some((h) => h.lexical_score !== null);
     list.replaceChildren(...hits.map((hit) => {
       const text = el("p", { className: "text" });
-      text.append(mark ? highlighted(hit.text, result.query) : hit.text);
+      text.append(...hitText(hit, mark, result.query));
       const meta = Object.entries(hit.metadata || {});
       const metadata = meta.length ? el("dl", { className: "metadata" },
         ...meta.flatMap(([k, v]) => [el("dt", {}, k),
