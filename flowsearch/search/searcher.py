@@ -353,17 +353,6 @@ class Searcher:
             local = self._local = (version, sh.InProcess([one]))
         return local[1]
 
-    def _matching(self, version: Version, where: str | None) -> np.ndarray | None:
-        """Sorted global rows a ``where`` predicate matches; None without one."""
-        if where is None:
-            return None
-        if not isinstance(where, str):
-            raise BadInput(f"where must be a SQL string, got {type(where).__name__}", param="where")
-        if not where.strip():
-            return None
-        matched: np.ndarray = version.metadata_filter(self._filter_database()).rows(where)
-        return matched
-
     def _run(
         self,
         version: Version,
