@@ -673,6 +673,40 @@ def test_versions_share_segments_and_number_rows_globally() -> None:
         assert db._segments == {}
 
 
+def _columns(db: MetadataFilter, name: str) -> list[str]:
+    """The columns of segment ``name``'s DuckDB table."""
+    key = db._segments[name].key
+    return [row[0] for row in db._con.execute(f"DESCRIBE {key}").fetchall()]
+
+
+def test_only_segments_with_cut_documents_store_their_spans() -> None:
+    """A document cut into passages matches with all its rows; a segment where every document
+    is one row stores no ``__span`` column (8 bytes a row, fetched and expanded by every
+    query for nothing), beside one that has it, and a version of plain segments alone
+    fetches the rows only."""
+    plain = pa.table({"id": ["a0", "a1", "a2"], "text": ["red sky", "blue sea", "red sun"]})
+    cut = pa.table({
+        "id": ["b0", "b0", "b0", "b1"],
+        "text": ["red fox. ", "fox. a dog", "dog. bird", "red owl"],
+        "__passage": [0, 1, 2, 0], "__passages": [3, 3, 3, 1],
+        "__passage_start": [0, 5, 11, 0], "__passage_end": [9, 15, 20, 7],
+    })  # fmt: skip
+    schema = [("id", pa.string()), ("text", pa.string())]
+    with MetadataFilter() as db:
+        both = db.version([SegmentRef("p", 0, 3, lambda: plain),
+                           SegmentRef("c", 3, 4, lambda: cut)], schema)  # fmt: skip
+        assert both.rows("text LIKE 'red%'").tolist() == [0, 2, 3, 4, 5, 6]
+        assert both.rows("text LIKE '%fox%bird%'").tolist() == [3, 4, 5]  # across passages
+        assert both.rows("id = 'a1' OR id = 'b1'").tolist() == [1, 6]
+        assert "__span" not in _columns(db, "p") and "__span" in _columns(db, "c")
+        alone = db.version([SegmentRef("p", 0, 3, lambda: plain)], schema)
+        assert alone.rows("text LIKE 'red%'").tolist() == [0, 2]
+        assert not alone._spans and both._spans
+        reversed_ = db.version([SegmentRef("c", 0, 4, lambda: cut),
+                                SegmentRef("p", 4, 3, lambda: plain)], schema)  # fmt: skip
+        assert reversed_.rows("text LIKE 'red%'").tolist() == [0, 1, 2, 3, 4, 6]
+
+
 def test_a_pinned_version_reads_through_open_handles(tmp_path: Path) -> None:
     """The design's point: load() reads through a handle its caller holds, so deleting the
     file (a later write's cleanup) does not break a version that has not filtered yet."""

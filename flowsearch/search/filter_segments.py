@@ -11,17 +11,18 @@ DuckDB's ``memory_limit``, which so bounds the data and the queries' working mem
 A filter's row is a **document**, not a passage: a segment whose long documents are cut into
 passages (:mod:`flowsearch.storage.passages`) gets one table row per document, its ``text`` the
 document's whole text (rebuilt from its passages, :func:`documents_of`), with its first
-passage's local row (``__local``) and how many rows it spans (``__span``). A predicate on
-``text`` so sees what the user stored (``text LIKE '%a%' AND text LIKE '%b%'`` with ``a`` and
-``b`` in different passages, ``length(text)``), and a matched document gives all its rows.
-Its cost is bounded as before: the table holds each document's text once (less than its
-passages, which overlap).
+passage's local row (``__local``) and how many rows it spans (``__span``; a segment where every
+document is one row has no such column: 8 bytes a row and 4% of a 50%-selective query's time at
+200k rows, benchmarks/RESULTS.md "Filtered query latency"). A predicate on ``text`` so sees what
+the user stored (``text LIKE '%a%' AND text LIKE '%b%'`` with ``a`` and ``b`` in different
+passages, ``length(text)``), and a matched document gives all its rows. Its cost is bounded as
+before: the table holds each document's text once (less than its passages, which overlap).
 
 Example:
     >>> import pyarrow as pa
     >>> ref = SegmentRef("s1", 0, 2, lambda: pa.table({"id": ["a", "b"]}))
     >>> load_segment(ref).column_names
-    ['id', '__local', '__span']
+    ['id', '__local']
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ def quote(name: str) -> str:
 
 def load_segment(ref: SegmentRef) -> pa.Table:
     """A segment's columns from its ``load``, checked, one row per document
-    (:func:`documents_of`), with each document's first local row and row count."""
+    (:func:`documents_of`), with each document's first local row (``__local``) and, when a
+    document spans several rows, each one's row count (``__span``; absent: one row each)."""
     try:
         table = ref.load()
     except (OSError, pa.ArrowException) as exc:
@@ -134,6 +136,8 @@ def load_segment(ref: SegmentRef) -> pa.Table:
     table, first, span = documents_of(table, ref.name)
     table = table.select(filterable(table.column_names))
     table = table.append_column(LOCAL, pa.array(first))
+    if not len(span) or int(span.max()) == 1:
+        return table  # every document one row: no column to store, fetch and expand
     return table.append_column(SPAN, pa.array(span))
 
 

@@ -257,6 +257,7 @@ class VersionFilter:
         self._view_lock = threading.Lock()
         self._types: dict[str, str] | None = None  # the schema's DuckDB types, once made
         self._viewed = False
+        self._spans = False  # whether a segment has a document of several rows (its view)
         self._closed = False
 
     def close(self) -> None:
@@ -342,9 +343,12 @@ class VersionFilter:
         self._typed(cursor)
         assert self._types is not None
         parts = []
+        spans = False
         for seg, ref in self._used:
             have = self._owner._load(seg)
-            columns = [f"CAST({ref.offset} AS BIGINT) + {LOCAL} AS {ROW}", SPAN]
+            spans = spans or SPAN in have
+            span = SPAN if SPAN in have else f"CAST(1 AS BIGINT) AS {SPAN}"  # one row each
+            columns = [f"CAST({ref.offset} AS BIGINT) + {LOCAL} AS {ROW}", span]
             for name, kind in self._types.items():
                 if name in have and have[name] == self._schema.field(name).type:
                     columns.append(quote(name))
@@ -360,6 +364,7 @@ class VersionFilter:
         with self._view_lock:
             if not self._viewed:
                 cursor.execute(f"CREATE VIEW {self._key} AS {' UNION ALL '.join(parts)}")
+                self._spans = spans
                 self._viewed = True
         return self._key
 
@@ -370,7 +375,9 @@ class VersionFilter:
             raise BadInput("this version's filter is closed", "search a version that is open")
         with self._owner._cursor() as cursor:
             view = self._view(cursor)
-            sql = f"SELECT {ROW}, {SPAN} FROM {view} AS {TABLE} WHERE (\n{predicate}\n)"
+            spans = self._spans  # else every document is one row: its first row is all
+            wanted = f"{ROW}, {SPAN}" if spans else ROW
+            sql = f"SELECT {wanted} FROM {view} AS {TABLE} WHERE (\n{predicate}\n)"
             token = _WATCHDOG.watch(cursor, self._owner.timeout)
             try:
                 found = cursor.execute(sql).fetchnumpy()
@@ -382,7 +389,10 @@ class VersionFilter:
                 raise refused(predicate, first_line(exc), "fix the condition") from None
             finally:
                 _WATCHDOG.forget(token)
-        return _spanned(np.asarray(found[ROW], np.int64), np.asarray(found[SPAN], np.int64))
+        first = np.asarray(found[ROW], np.int64)
+        if not spans:
+            return np.sort(first)
+        return _spanned(first, np.asarray(found[SPAN], np.int64))
 
 
 def _spanned(first: np.ndarray, span: np.ndarray) -> np.ndarray:
