@@ -12,8 +12,8 @@ A filter's row is a **document**, not a passage: a segment whose long documents 
 passages (:mod:`flowsearch.storage.passages`) gets one table row per document, its ``text`` the
 document's whole text (rebuilt from its passages, :func:`documents_of`), with its first
 passage's local row (``__local``) and how many rows it spans (``__span``; a segment where every
-document is one row has no such column: 8 bytes a row and 4% of a 50%-selective query's time at
-200k rows, benchmarks/RESULTS.md "Filtered query latency"). A predicate on ``text`` so sees what
+document is one row has no such column: it would cost 8 bytes a row, and every query would fetch
+and expand a column of ones). A predicate on ``text`` so sees what
 the user stored (``text LIKE '%a%' AND text LIKE '%b%'`` with ``a`` and ``b`` in different
 passages, ``length(text)``), and a matched document gives all its rows. Its cost is bounded as
 before: the table holds each document's text once (less than its passages, which overlap).
