@@ -82,6 +82,11 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "place), the smaller ones are built from its corpus's first rows (static, Flat), and "
         "the writes use its string ids; no mean index, no LanceDB",
     )  # fmt: skip
+    parser.add_argument(
+        "--serving-factories", default="Flat", help="writes with --serving: the vector "
+        "indexes of its indexes, e.g. Flat,auto (auto: the largest is bench_serving.py's index "
+        "merged once into one segment with auto's graph, HNSW32)",
+    )  # fmt: skip
     parser.add_argument("--segment-rows", type=int, default=200_000)
     parser.add_argument("--segment-counts", default="10,50")
     parser.add_argument(
@@ -143,8 +148,9 @@ def run_stage(name: str, args: argparse.Namespace, data: Path, work: Path) -> di
 def serving_writes(
     args: argparse.Namespace, data: Path, work: Path, kinds: tuple[str, ...]
 ) -> dict[str, Any]:
-    """The writes stage on ``--serving``'s corpus: ``static`` ``Flat`` indexes of ``--sizes``
-    rows (the largest: bench_serving.py's own index), writes with its string ids."""
+    """The writes stage on ``--serving``'s corpus: ``static`` indexes of ``--sizes`` rows for
+    each of ``--serving-factories`` (the largest: bench_serving.py's own index, ``Flat``, or
+    re-indexed once), writes with its string ids."""
     from functools import partial
 
     from storage_indexes import serving_base, serving_batches
@@ -154,7 +160,8 @@ def serving_writes(
     if not (serving / "index" / "manifest.json").is_file():
         raise SystemExit(f"no bench_serving.py index at {serving / 'index'}: pass its work folder")
     sizes = ints(args.sizes)
-    specs = [BaseSpec(n, factory="Flat") for n in sizes]
+    factories = [f for f in args.serving_factories.split(",") if f]
+    specs = [BaseSpec(n, factory=f) for f in factories for n in sizes]
     out = measure_writes(
         data, specs, work, rounds=args.rounds, batch=args.batch, lance_too=False, kinds=kinds,
         sequence=args.sequence,
