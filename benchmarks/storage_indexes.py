@@ -154,7 +154,9 @@ def serving_base(
     Returns the path and the build record."""
     from flowsearch import build_index
     from flowsearch.storage import manifest as mf
+    from flowsearch.storage.cleanup import clean
     from flowsearch.storage.verify import size_on_disk
+    from flowsearch.storage.writer import referenced
 
     target = work / "base" / f"serving_{spec.name}"
     record_path = target.with_name(target.name + ".build.json")
@@ -185,6 +187,10 @@ def serving_base(
                 f"merge (as `compact --full` does; rows copied, never re-encoded) with the index "
                 f"`{spec.factory}` builds: {record['factory']}"
             )
+        # only the current version's files (hard links): the first write's start would remove
+        # the rest (a compaction's 9 old segments) inside every measured write
+        clean(target, referenced(mf.read(target)))
+        record["bytes"] = size_on_disk(target)
     else:
         source = work / f"serving_corpus_{spec.rows}.parquet"
         source.parent.mkdir(parents=True, exist_ok=True)

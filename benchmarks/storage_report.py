@@ -192,8 +192,8 @@ def stages_part(w: dict[str, Any]) -> list[str]:
         "the id column of the row group holding it (a 64-bit key can collide): 500 ids spread "
         "over 1M rows touch about 500 row groups of 1,024 rows, over 20k rows the 20 there "
         "are; so this part grows with the rows a write replaces, up to one row group each, "
-        "not past it. Deletion files: one per segment the replaced rows are in (8 of the 1M "
-        "index's, 1 of the others').",
+        "not past it. Deletion files: one per segment the replaced rows are in (the base "
+        "indexes' segments: see their table below).",
     ]
     return lines
 
@@ -494,7 +494,18 @@ def builds_part(w: dict[str, Any]) -> list[str]:
     for name, b in w["bases"].items():
         build = b["build"]
         stages = ", ".join(f"{k} {v:.1f}" for k, v in build["seconds"].items())
+        if build.get("note") and stages:  # a base made from another index: how, then its time
+            stages = f"{build['note']}; {stages}"
         stages = stages or build.get("note", "")
+        tuning = build.get("tuning")
+        if build.get("params"):
+            stages += f"; searched with `{build['params']}`"
+        if tuning:
+            stages += (
+                f", tuned recall@{tuning.get('k', 10)} {tuning['recall']:.3f} on "
+                f"{tuning['queries']} held-out rows + noise {tuning['noise']:g} "
+                f"(target {tuning['target']:g})"
+            )
         wall = "-" if build["wall_s"] is None else f"{build['wall_s']:.0f}"
         load = "-" if build["load"] is None else _load([build["load"][0][0], build["load"][1][0]])
         lines.append(
