@@ -461,6 +461,8 @@ GRAPH_STRUCTURES: list[tuple[str, str, str, list[dict[str, int]]]] = [
     ("HNSW32 efC40 over PCA192", "HNSW32@efC40@PCA192", "IP", _grid(efSearch=EF_1M)),
     ("HNSW32 efC40 over PCA128", "HNSW32@efC40@PCA128", "IP", _grid(efSearch=EF_1M)),
     ("HNSW32 efC40 over PCA256", "HNSW32@efC40@PCA256", "IP", _grid(efSearch=EF_1M)),
+    ("HNSW32 efC24 over PCA192", "HNSW32@efC24@PCA192", "IP", _grid(efSearch=EF_1M)),
+    ("HNSW32 efC32 over PCA192", "HNSW32@efC32@PCA192", "IP", _grid(efSearch=EF_1M)),
 ]  # fmt: skip
 
 
@@ -798,13 +800,22 @@ def _graph_section(g: dict[str, Any] | None) -> list[str]:
         "encoding. Runs:",
         "",
     ]
+    listed = {r["started"] for r in g.get("runs", [])}
+    for r in g.get("curves", []) + g.get("stopped", []):  # runs from before runs were kept
+        if r["run"] not in listed:
+            listed.add(r["run"])
+            body.append(
+                f"- {r['run']}: encoding {r['encode_s']:.1f} s; `Flat` p50 "
+                f"{r['flat_p50_ms']:.1f} ms (stopped by hand after its last curve)"
+            )
     for r in g.get("runs", []):
         enc = " then ".join(f"{e:.1f} s" for e in r["encode_s"])
+        enc += "" if len(r["encode_s"]) > 1 else " (stopped by hand before the second)"
         body.append(
             f"- {r['started']}{' (huge pages)' if r.get('huge_pages') else ''}: "
             f"encoding {enc}; build limit {r['build_limit_x']:g}x; `Flat` p50 "
-            f"{r['flat_p50_ms']:.1f} ms; load {r['load_start']} at the start, "
-            f"{r.get('load_end')} at the end"
+            f"{r['flat_p50_ms']:.1f} ms; load {r['load_start']} at the start"
+            + (f", {r['load_end']} at the end" if r.get("load_end") else "")
         )
     body += ["", "| structure | build s | build / encode | fastest point at recall >= 0.95 "
              "| p50 ms | x Flat | goal met |", "|---|---:|---:|---|---:|---:|---|"]  # fmt: skip
