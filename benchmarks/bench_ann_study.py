@@ -463,6 +463,8 @@ GRAPH_STRUCTURES: list[tuple[str, str, str, list[dict[str, int]]]] = [
     ("HNSW32 efC40 over PCA256", "HNSW32@efC40@PCA256", "IP", _grid(efSearch=EF_1M)),
     ("HNSW32 efC24 over PCA192", "HNSW32@efC24@PCA192", "IP", _grid(efSearch=EF_1M)),
     ("HNSW32 efC32 over PCA192", "HNSW32@efC32@PCA192", "IP", _grid(efSearch=EF_1M)),
+    ("HNSW32 efC28 over PCA128", "HNSW32@efC28@PCA128", "IP",
+     _grid(efSearch=(256, 512, 768, 1024, 2048))),
 ]  # fmt: skip
 
 
