@@ -169,20 +169,72 @@ STRUCTURES: list[tuple[str, str, str, tuple[str, ...], list[dict[str, int]]]] = 
 def _build(factory: str, x: np.ndarray, metric: str = "IP") -> tuple[Any, float]:
     """``factory`` over ``x`` as ingest builds it (:mod:`flowsearch.ann.build`: bounded
     training sample, chunked adds), on the threads FAISS has: ``(index, seconds)``."""
+    index, seconds, _ = _build_within(factory, x, metric)
+    return index, seconds
+
+
+def _build_within(
+    factory: str, x: np.ndarray, metric: str = "IP", limit_s: float | None = None
+) -> tuple[Any, float, int]:
+    """:func:`_build`, stopped after the first chunk of rows that ends past ``limit_s`` seconds
+    (a time-box that keeps the process): ``(index, seconds, rows added)``. ``@efC<n>`` after a
+    factory sets its graph's ``efConstruction`` (under a re-rank too)."""
     import faiss
 
     from flowsearch.ann import build as ann_build
 
     kind = faiss.METRIC_L2 if metric == "L2" else faiss.METRIC_INNER_PRODUCT
+    factory, _, reduced = factory.partition("@PCA")  # e.g. HNSW32@efC40@PCA256
+    if reduced:
+        return _reduced_graph(factory, x, int(reduced), kind, limit_s)
     factory, _, ef_construction = factory.partition("@efC")  # e.g. HNSW32@efC16
     index = faiss.index_factory(x.shape[1], factory, kind)
     if ef_construction:
-        faiss.downcast_index(index).hnsw.efConstruction = int(ef_construction)
+        graph = faiss.downcast_index(index)
+        if isinstance(graph, faiss.IndexRefine):
+            graph = faiss.downcast_index(graph.base_index)
+        graph.hnsw.efConstruction = int(ef_construction)
     t = time.perf_counter()
     ann_build.train(index, x, factory)
+    added = 0
     for start in range(0, len(x), 65_536):
         ann_build.add(index, x[start : start + 65_536], factory)
-    return index, time.perf_counter() - t
+        added = min(len(x), start + 65_536)
+        if limit_s is not None and time.perf_counter() - t > limit_s and added < len(x):
+            break
+    return index, time.perf_counter() - t, added
+
+
+def _reduced_graph(
+    factory: str, x: np.ndarray, dims: int, kind: int, limit_s: float | None
+) -> tuple[Any, float, int]:
+    """An ``HNSW<M>[@efC<n>]`` graph built over the rows' first ``dims`` principal components
+    (each build distance reads ``dims`` floats, not ``d``), searched over the full rows: the
+    graph moved into an ``IndexHNSWFlat`` holding the full vectors. PCA trained on 65,536 rows
+    (timed with the build). ``(index, seconds, rows added)`` as :func:`_build_within`."""
+    import faiss
+
+    graph, _, ef_construction = factory.partition("@efC")
+    m = int(graph.removeprefix("HNSW"))
+    t = time.perf_counter()
+    pick = np.random.default_rng(0).choice(len(x), size=min(65_536, len(x)), replace=False)
+    pca = faiss.PCAMatrix(x.shape[1], dims)
+    pca.train(x[np.sort(pick)])
+    low = faiss.IndexHNSWFlat(dims, m, kind)
+    if ef_construction:
+        low.hnsw.efConstruction = int(ef_construction)
+    full = faiss.IndexHNSWFlat(x.shape[1], m, kind)
+    added = 0
+    for start in range(0, len(x), 65_536):
+        chunk = np.ascontiguousarray(x[start : start + 65_536])
+        low.add(pca.apply(chunk))
+        full.storage.add(chunk)
+        added = start + len(chunk)
+        if limit_s is not None and time.perf_counter() - t > limit_s and added < len(x):
+            break
+    full.hnsw = low.hnsw  # the graph, copied; searches read the full vectors
+    full.ntotal = low.ntotal
+    return full, time.perf_counter() - t, added
 
 
 def _cached(
@@ -229,7 +281,7 @@ def _curve(
         for name, value in point.items():
             _knob(index, name, value)
         found = index.search(q, 10)[1]
-        ms = _single_ms(index, q[lat])
+        ms = _p50_ms(index, q[lat])
         out.append({
             **row,
             "knob": ",".join(f"{k}={v}" for k, v in point.items()),
@@ -387,6 +439,179 @@ def scale(data: Path, rows: int, only: str | None, before: dict[str, Any] | None
         del index
     out["curves"] = results
     out["load_end"] = harness.load_average()
+    return out
+
+
+EF_1M = (128, 256, 512, 1024, 2048)
+#: (label, factory, metric, knob points): graphs whose build might fit issue 30's 1M budget
+#: (<= 3x encoding the rows with ``static``), cheapest build first. ``_SQ8``: the graph's
+#: vectors as 8-bit scalar codes (a quarter of the bytes each build distance reads); ``,RFlat``:
+#: the candidates re-ranked exactly (``k_factor`` 1: the graph's own top 10 re-scored).
+GRAPH_STRUCTURES: list[tuple[str, str, str, list[dict[str, int]]]] = [
+    ("HNSW16_SQ8,RFlat efC40", "HNSW16_SQ8,RFlat@efC40", "IP",
+     _grid(k_factor=(1, 4), efSearch=EF_1M)),
+    ("HNSW16 efC40", "HNSW16@efC40", "IP", _grid(efSearch=EF_1M)),
+    ("HNSW32_SQ8,RFlat efC40", "HNSW32_SQ8,RFlat@efC40", "IP",
+     _grid(k_factor=(1, 4), efSearch=EF_1M)),
+    ("HNSW24 efC40", "HNSW24@efC40", "IP", _grid(efSearch=EF_1M)),
+    ("HNSW16 efC80", "HNSW16@efC80", "IP", _grid(efSearch=EF_1M)),
+    ("HNSW16_SQ8,RFlat efC80", "HNSW16_SQ8,RFlat@efC80", "IP",
+     _grid(k_factor=(1, 4), efSearch=EF_1M)),
+    ("HNSW32 efC40", "HNSW32@efC40", "IP", _grid(efSearch=EF_1M)),
+    ("HNSW32 efC40 over PCA192", "HNSW32@efC40@PCA192", "IP", _grid(efSearch=EF_1M)),
+    ("HNSW32 efC40 over PCA128", "HNSW32@efC40@PCA128", "IP", _grid(efSearch=EF_1M)),
+    ("HNSW32 efC40 over PCA256", "HNSW32@efC40@PCA256", "IP", _grid(efSearch=EF_1M)),
+    ("HNSW32 efC24 over PCA192", "HNSW32@efC24@PCA192", "IP", _grid(efSearch=EF_1M)),
+    ("HNSW32 efC32 over PCA192", "HNSW32@efC32@PCA192", "IP", _grid(efSearch=EF_1M)),
+    ("HNSW32 efC28 over PCA128", "HNSW32@efC28@PCA128", "IP",
+     _grid(efSearch=(256, 512, 768, 1024, 2048))),
+]  # fmt: skip
+
+
+def _p50_ms(index: Any, q: np.ndarray, repeats: int = 2) -> float:
+    """Single-query p50 (ms) over ``repeats`` passes of ``q`` (each after its warm-up), the
+    passes' timings pooled."""
+    for i in range(min(10, len(q))):
+        index.search(q[i : i + 1], 10)
+    times = []
+    for _ in range(repeats):
+        for i in range(len(q)):
+            t = time.perf_counter()
+            index.search(q[i : i + 1], 10)
+            times.append(time.perf_counter() - t)
+    return float(np.median(times) * 1000)
+
+
+def graph_scale(
+    data: Path,
+    rows: int,
+    only: str | None,
+    before: dict[str, Any] | None,
+    save: Any,
+    limit_x: float = 5.0,
+) -> dict[str, Any]:
+    """:data:`GRAPH_STRUCTURES` at 1M rows (:func:`scale_prepare`), each run measuring, on
+    the same core and thread, encoding 1M rows with ``static`` (at its start and its end),
+    ``Flat``'s p50 and each structure's build (time-boxed at ``limit_x`` times the encoding:
+    a build past it stops and is recorded with the rows it had added) and curve. ``save``
+    publishes the report after each structure. Runs of other structures are kept
+    (``before``); each row carries its run's encoding and ``Flat`` figures."""
+    import faiss
+    import torch
+
+    prep = scale_prepare(data, rows)
+    work = WORK / f"scale_{prep['rows']}"
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+    out = dict(before or {})
+    out["prepare"] = prep
+    Z = np.ascontiguousarray(np.load(work / "z.npy", mmap_mode="r"))
+    Zq, truth = np.load(work / "z_q.npy"), np.load(work / "truth.npy")
+    lat = np.arange(len(Zq))[:: max(1, len(Zq) // LATENCY_QUERIES)]
+    # glibc's malloc asked for transparent huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1):
+    # FAISS's vectors and graph then sit on 2 MB pages (fewer TLB misses in a graph's random
+    # reads); such a run's structures are labelled apart
+    huge = "hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
+    run: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "build_limit_x": limit_x,
+        "huge_pages": huge,
+    }  # fmt: skip
+    run["encode_s"] = [scale_encode_s(data, rows)]
+    flat = faiss.IndexFlatIP(Z.shape[1])
+    flat.add(Z)
+    run["flat_p50_ms"] = _p50_ms(flat, Zq[lat], repeats=1)  # 142 ms a query: steady
+    del flat
+    run["load_start"] = harness.load_average()
+    out["runs"] = [*out.get("runs", []), run]  # saved with each structure, completed at the end
+    print(json.dumps(run), flush=True)
+    chosen = set(only.split(";")) if only else {s[0] for s in GRAPH_STRUCTURES}
+    curves, stopped = list(out.get("curves", [])), list(out.get("stopped", []))
+    encode_s = run["encode_s"][0]
+    for label, factory, metric, points in GRAPH_STRUCTURES:
+        if label not in chosen:
+            continue
+        label += ", huge pages" if huge else ""
+        curves = [r for r in curves if r["structure"] != label]
+        stopped = [r for r in stopped if r["structure"] != label]
+        index, build_s, added = _build_within(factory, Z, metric, limit_x * encode_s)
+        row = {"structure": label, "space": "searched", "build_s": build_s,
+               "build_x_encode": build_s / encode_s, "encode_s": encode_s,
+               "flat_p50_ms": run["flat_p50_ms"], "run": run["started"]}  # fmt: skip
+        if added < len(Z):
+            stopped.append({**row, "rows_added": added, "load": harness.load_average()[0]})
+            print(json.dumps(stopped[-1]), flush=True)
+        else:
+            curve = _curve(index, Zq, truth, lat, run["flat_p50_ms"], points, row)
+            curves += curve
+        del index
+        out.update(curves=curves, stopped=stopped)
+        save(out)
+    run["encode_s"].append(scale_encode_s(data, rows))
+    run["load_end"] = harness.load_average()
+    print(json.dumps(run), flush=True)
+    return out
+
+
+def scale_tune(data: Path, rows: int) -> dict[str, Any]:
+    """What ``auto`` does with one segment of the 1M rows (:func:`scale_prepare`), on one core
+    and thread: its factory built as ingest builds it (``new_index``: Settings' graph and
+    ``efConstruction``; chunked adds), then tuned as a segment is (4,096 rows sampled, held-out
+    queries); then real queries at the knob chosen. Encoding 1M rows with ``static`` and
+    ``Flat``'s p50 are measured in the same run (encoding before and after)."""
+    import faiss
+    import torch
+
+    from flowsearch.ann import build as ann_build
+    from flowsearch.ann.factory import auto_factory, new_index
+
+    prep = scale_prepare(data, rows)
+    work = WORK / f"scale_{prep['rows']}"
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+    Z = np.ascontiguousarray(np.load(work / "z.npy", mmap_mode="r"))
+    Zq, truth = np.load(work / "z_q.npy"), np.load(work / "truth.npy")
+    lat = np.arange(len(Zq))[:: max(1, len(Zq) // LATENCY_QUERIES)]
+    out: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    out["encode_s"] = [scale_encode_s(data, rows)]
+    flat = faiss.IndexFlatIP(Z.shape[1])
+    flat.add(Z)
+    out["flat_p50_ms"] = _p50_ms(flat, Zq[lat], repeats=1)
+    del flat
+    out["load_start"] = harness.load_average()
+    factory = auto_factory(len(Z), dim=Z.shape[1])
+    t = time.perf_counter()
+    index = new_index(Z.shape[1], factory)
+    ann_build.train(index, Z, factory)
+    for start in range(0, len(Z), 65_536):
+        ann_build.add(index, Z[start : start + 65_536], factory)
+    out["build_s"] = time.perf_counter() - t
+    rng = np.random.default_rng(0)
+    pos = np.sort(rng.choice(len(Z), size=4096, replace=False))
+    chunks = lambda: (Z[i : i + 65_536] for i in range(0, len(Z), 65_536))  # noqa: E731
+    t = time.perf_counter()
+    tuned = ann_build.tune(index, Z[pos], chunks, sample_rows=pos)
+    out["tune_s"] = time.perf_counter() - t
+    found = index.search(Zq, 10)[1]
+    half = len(Zq) // 2
+    ms = _p50_ms(index, Zq[lat])
+    graph = faiss.downcast_index(index)
+    out.update({
+        "factory": factory, "params": tuned.params,
+        "ef_construction": int(graph.hnsw.efConstruction) if hasattr(graph, "hnsw") else None,
+        "tuning": {"recall": tuned.recall, "tuned_recall": tuned.tuned_recall,
+                   "queries": tuned.queries},
+        "real_recall": harness.recall(found, truth),
+        "real_recall_questions": harness.recall(found[:half], truth[:half]),
+        "real_recall_partial": harness.recall(found[half:], truth[half:]),
+        "p50_ms": ms, "speedup": out["flat_p50_ms"] / ms,
+    })  # fmt: skip
+    del index
+    out["encode_s"].append(scale_encode_s(data, rows))
+    mean_encode = float(np.mean(out["encode_s"]))
+    out["build_x_encode"] = out["build_s"] / mean_encode
+    out["build_tune_x_encode"] = (out["build_s"] + out["tune_s"]) / mean_encode
+    out["load_end"] = harness.load_average()
+    print(json.dumps(out), flush=True)
     return out
 
 
@@ -554,6 +779,103 @@ def _curves_table(curves: list[dict[str, Any]], encode: bool = False) -> list[st
     return [*rows, ""]
 
 
+def _best(curves: list[dict[str, Any]], structure: str, target: float) -> dict[str, Any] | None:
+    """The fastest knob point of ``structure`` whose recall reaches ``target``."""
+    ok = [r for r in curves if r["structure"] == structure and r["recall"] >= target]
+    return min(ok, key=lambda r: r["p50_ms"]) if ok else None
+
+
+def _graph_section(g: dict[str, Any] | None) -> list[str]:
+    """The 1M graph-build study (:func:`graph_scale`): runs, a verdict per structure against
+    issue 30's 1M goal, the curves."""
+    if not g or not (g.get("curves") or g.get("stopped")):
+        return []
+    body = [
+        "### 1M rows: graphs against the build budget (one thread: encoding, builds, queries)",
+        "",
+        "The 1M rows above; each run measured on one core (`taskset -c 1`, one FAISS and one "
+        "torch thread), in this order: encoding 1M rows with `static`, `Flat`'s p50, then "
+        "each structure's build (stopped past the run's limit, in multiples of its encoding, "
+        "once a chunk of 65,536 rows ends past it) and its curve (p50: 300 "
+        "queries twice after a 10-query warm-up, pooled), then the encoding again. Goal: "
+        ">= 20x `Flat` at recall@10 >= 0.95 (2,000 real queries) with the build <= 3x the "
+        "encoding. Runs:",
+        "",
+    ]
+    listed = {r["started"] for r in g.get("runs", [])}
+    for r in g.get("curves", []) + g.get("stopped", []):  # runs from before runs were kept
+        if r["run"] not in listed:
+            listed.add(r["run"])
+            body.append(
+                f"- {r['run']}: encoding {r['encode_s']:.1f} s; `Flat` p50 "
+                f"{r['flat_p50_ms']:.1f} ms (stopped by hand after its last curve)"
+            )
+    for r in g.get("runs", []):
+        enc = " then ".join(f"{e:.1f} s" for e in r["encode_s"])
+        enc += "" if len(r["encode_s"]) > 1 else " (stopped by hand before the second)"
+        body.append(
+            f"- {r['started']}{' (huge pages)' if r.get('huge_pages') else ''}: "
+            f"encoding {enc}; build limit {r['build_limit_x']:g}x; `Flat` p50 "
+            f"{r['flat_p50_ms']:.1f} ms; load {r['load_start']} at the start"
+            + (f", {r['load_end']} at the end" if r.get("load_end") else "")
+        )
+    body += ["", "| structure | build s | build / encode | fastest point at recall >= 0.95 "
+             "| p50 ms | x Flat | best recall at >= 20x | goal met |",
+             "|---|---:|---:|---|---:|---:|---|---|"]  # fmt: skip
+    seen: list[str] = []
+    for r in g.get("curves", []):
+        if r["structure"] in seen:
+            continue
+        seen.append(r["structure"])
+        b = _best(g["curves"], r["structure"], 0.95)
+        met = b is not None and b["speedup"] >= 20 and r["build_x_encode"] <= 3
+        point = f"{b['knob']}: {b['recall']:.3f}" if b else "none (max " + (
+            f"{max(x['recall'] for x in g['curves'] if x['structure'] == r['structure']):.3f})"
+        )  # fmt: skip
+        fast = [x for x in g["curves"] if x["structure"] == r["structure"] and x["speedup"] >= 20]
+        top = max(fast, key=lambda x: x["recall"]) if fast else None
+        body.append(
+            f"| {r['structure']} | {r['build_s']:.0f} | {r['build_x_encode']:.2f} | {point} | "
+            + (f"{b['p50_ms']:.2f} | {b['speedup']:.1f}" if b else "- | -")
+            + (f" | {top['recall']:.3f} ({top['knob']})" if top else " | -")
+            + f" | {'**yes**' if met else 'no'} |"
+        )
+    for r in g.get("stopped", []):
+        body.append(
+            f"| {r['structure']} | > {r['build_s']:.0f} (stopped: {r['rows_added']:,} of 1M "
+            f"rows added) | > {r['build_x_encode']:.2f} | - | - | - | - | no |"
+        )
+    body.append("")
+    if g.get("curves"):
+        body += ["Curves:", "", *_curves_table(g["curves"], encode=True)]
+    return body
+
+
+def _scale_tune_section(t: dict[str, Any] | None) -> list[str]:
+    """``auto`` on one 1M-row segment (:func:`scale_tune`)."""
+    if not t:
+        return []
+    enc = " then ".join(f"{e:.1f} s" for e in t["encode_s"])
+    return [
+        "### `auto` on one segment of the 1M rows (one thread: encoding, build, tuning, queries)",
+        "",
+        f"Run {t['started']} (load {t['load_start']} at the start, {t['load_end']} at the end): "
+        f"encoding 1M rows with `static` {enc}; `auto` chose `{t['factory']}` (built at "
+        f"`efConstruction` {t['ef_construction']}) and tuned it to `{t['params']}` (recall@10 "
+        f"{t['tuning']['tuned_recall']:.3f} on its tuning half, recorded "
+        f"{t['tuning']['recall']:.3f} on its check half).",
+        "",
+        "| build s | tuning s | build / encode | (build + tuning) / encode | recall@10 real "
+        "queries (questions / partial) | p50 ms | `Flat` p50 ms | x Flat |",
+        "|---:|---:|---:|---:|---|---:|---:|---:|",
+        f"| {t['build_s']:.0f} | {t['tune_s']:.0f} | {t['build_x_encode']:.2f} | "
+        f"{t['build_tune_x_encode']:.2f} | **{t['real_recall']:.3f}** "
+        f"({t['real_recall_questions']:.3f} / {t['real_recall_partial']:.3f}) | "
+        f"{t['p50_ms']:.2f} | {t['flat_p50_ms']:.1f} | **{t['speedup']:.1f}x** |",
+        "",
+    ]
+
+
 def render(out: dict[str, Any]) -> str:
     p = out["prepare"]
     body = [
@@ -615,6 +937,8 @@ def render(out: dict[str, Any]) -> str:
             "",
             *_curves_table(c["curves"], encode=True),
         ]
+    body += _graph_section(out.get("scale_graph"))
+    body += _scale_tune_section(out.get("scale_tune"))
     names = {"tune": "default", "tune_efc40": "before (efConstruction 40)", "tune_scan": "scan"}
     tunes = [{**out[k], "label": v} for k, v in names.items() if out.get(k)]
     if tunes:
@@ -722,6 +1046,8 @@ def main() -> int:
             "segments",
             "scale-prepare",
             "scale",
+            "scale-graph",
+            "scale-tune",
             "all",
         ),
     )
@@ -731,6 +1057,10 @@ def main() -> int:
     parser.add_argument(
         "--only", default=None, help="only these structures (labels, ';'-separated)"
     )
+    parser.add_argument(
+        "--build-limit", type=float, default=5.0,
+        help="scale-graph: stop a build past this many times the encoding's seconds",
+    )  # fmt: skip
     parser.add_argument(
         "--no-curves", dest="curves", action="store_false",
         help="keep the saved noise curves of the tune stage (they do not depend on the tuner)",
@@ -767,6 +1097,16 @@ def main() -> int:
         out.setdefault("scale", {})["prepare"] = scale_prepare(data, args.rows)
     if args.stage == "scale":
         out["scale"] = scale(data, args.rows, args.only, out.get("scale"))
+    if args.stage == "scale-graph":
+
+        def save(graph: dict[str, Any]) -> None:
+            harness.publish(args.out, render, args.section, {**out, "scale_graph": graph})
+
+        out["scale_graph"] = graph_scale(
+            data, args.rows, args.only, out.get("scale_graph"), save, args.build_limit
+        )
+    if args.stage == "scale-tune":
+        out["scale_tune"] = scale_tune(data, args.rows)
     if args.stage in ("study", "all"):
         key = "study" if args.pooling == "static" else f"study_{args.pooling}"
         out[f"prepare_{args.pooling}"] = prep

@@ -346,6 +346,8 @@ def report(out: dict[str, Any]) -> str:
             g = s["grid_500_queries"][f"nprobe={nprobe},k_factor={kf}"]
             cells.append(f"{g['recall@10']:.3f} ({g['batch_qps']:,.0f})")
         lines.append(f"| {nprobe} | " + " | ".join(cells) + " |")
+    if out.get("note"):  # how the run was placed (cores, other jobs)
+        lines += ["", str(out["note"])]
     lines += ["", harness.produced_by(out, "python benchmarks/bench_scale.py --stage all")]
     return "\n".join(lines) + "\n"
 

@@ -71,6 +71,11 @@ class Settings:
     #: against 60 s); at 16, 0.897 at 1024. As ``auto`` tunes it: at 80, efSearch 104, real
     #: queries 0.955, 58x ``Flat`` (0.57 ms); at 40, efSearch 1024 (the tuner's largest), 0.965,
     #: 4.2x (bench_ann_study). Not measured at 1M (a 1M build at 40 took 415 s on one core).
+    #: Cheaper graphs at 1M (bench_ann_study's scale-graph runs, encoding 1M rows: 60-68 s)
+    #: lose the recall instead: HNSW16 at 40 built in 197 s reached 0.933 at 20x ``Flat``,
+    #: HNSW32 at 24 (over 192 principal components) 170 s and 0.938; HNSW32 at 32 needed 220 s
+    #: for 0.961 at 18.6x; HNSW32 at 28 over 128 components 190 s (3.05x its run's encoding)
+    #: for 0.951 at 25x: on the line, not clearly met, so no size tier here.
     hnsw_ef_construction: int = 80
     #: Largest segment ``auto`` indexes with :attr:`graph_factory`; above, IVF-PQ with an exact
     #: re-rank: HNSW32 holds ~1.8 KB per row in RAM at dim 384 (docs/SCALE.md).
