@@ -401,7 +401,7 @@ def render(report: dict[str, Any]) -> str:
             + f". Candidate chosen on the tune halves: {res['chosen_on_tune']}. "
             f"{res['seconds']:.0f} s."
         )
-    for key in ("long", "long_stsb"):
+    for key in [k for k in report if k.startswith("long")]:
         if report.get(key):
             lines += ["", *render_long(report[key])]
     lines += [
@@ -507,6 +507,43 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     para = report.get("long_stsb")
     if para:
         out.append(long_line(para, long))
+    out += coherent_lines(report)
+    return out
+
+
+def coherent_lines(report: dict[str, Any]) -> list[str]:
+    """One line per coherent long set: does the glued sets' loss to BM25 reproduce?"""
+    out = []
+    glued = report.get("long", {}).get("coherence")
+    for key in [k for k in report if k.startswith("long_article")]:
+        r = report[key]
+        rules = r["rules"]
+        fixed = next(v for k, v in rules.items() if k.startswith("shipped (weight"))
+        tuned = rules["best passage (shipped)"]
+        length = rules["length-aware weight, shipped - beta ln(passages)"]
+        lo, hi = fixed["minus_bm25"][1:]
+        verdict = (
+            "below BM25 alone here too: the loss is not the glued documents' artefact"
+            if hi < 0
+            else "above BM25 alone: the glued sets' loss does not reproduce"
+            if lo > 0
+            else "level with BM25 alone (interval spans 0)"
+        )
+        coh = r.get("coherence", {})
+        out.append(
+            f"- Coherent long documents `{r['source']}` (`{r.get('encoder', 'mean')}`, "
+            f"{r['size']['documents']} documents of one SQuAD article each, "
+            f"{r['size']['test']} test-half questions; two passages of one document at mean "
+            f"cosine {coh.get('within', float('nan')):.3f}"
+            + (f", the glued QNLI set's {glued['within']:.3f}" if glued else "")
+            + f"): the shipped weight ({fixed['params']:.2f}) gives {fixed['test']:.4f}, "
+            f"BM25 alone {rules['BM25 alone']['test']:.4f}, dense alone "
+            f"{rules['dense alone']['test']:.4f}; shipped minus BM25 {_ci(fixed['minus_bm25'])}: "
+            f"{verdict}. The weight tuned on the tune half ({tuned['params']:.2f}) gives "
+            f"{tuned['test']:.4f} (minus the shipped weight {_ci(tuned['minus_fixed'])}); the "
+            f"length-aware weight (beta {length['params']}) {length['test']:.4f} (minus the "
+            f"shipped weight {_ci(length['minus_fixed'])})."
+        )
     return out
 
 
@@ -591,6 +628,108 @@ def stsb_long(data: Path, per_doc: int = STSB_PER_DOC, seed: int = 0) -> dict[st
     return {"docs": docs, "queries": queries, "qrels": qrels}
 
 
+#: Sentences per document of the coherent QNLI sets (``article16``, ``article32``).
+ARTICLE_SOURCES = {"article16": 16, "article32": 32}
+#: Articles of SQuAD v1.1's dev split, whose paragraphs QNLI's dev set is built from.
+SQUAD_DEV_ARTICLES = 48
+
+
+def qnli_articles(data: Path, per_doc: int = 16) -> dict[str, Any]:
+    """A long-document set whose documents are each ONE topic (issue 32: the other sets glue
+    unrelated sentences). QNLI's dev pairs come from SQuAD's dev paragraphs: a question is
+    paired with sentences of its own paragraph, so the question <-> sentence links (both
+    labels) join sentences into paragraph fragments. The fragments are clustered into
+    ``SQUAD_DEV_ARTICLES`` articles (average-linkage cosine over TF-IDF of each fragment's
+    sentences and questions, terms in 2 or more fragments and at most 5% of them); within an
+    article, a document is a seed fragment (fragments in text order) and the article's unused
+    fragments nearest it, until ``per_doc`` sentences; an article's remainder under half of
+    ``per_doc`` joins its last document, and an article with fewer than half of ``per_doc``
+    sentences is left out. Queries: the questions with an ``entailment`` sentence in a kept
+    document, relevant = that document (a question whose entailed sentences fall in two
+    documents is dropped)."""
+    from scipy.cluster.hierarchy import fcluster, linkage
+
+    from flowsearch.evaluation.datasets import load_qnli
+    from flowsearch.lexical.tokens import tokenize_batch
+
+    pairs = load_qnli(data, "dev")
+    parent: dict[str, str] = {}
+
+    def root(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for q, s in zip(pairs.s1, pairs.s2, strict=True):
+        a, b = root("Q" + q), root("S" + s)
+        if a != b:
+            parent[a] = b
+    frag: dict[str, list[str]] = {}
+    words: dict[str, list[str]] = {}
+    for q, s in zip(pairs.s1, pairs.s2, strict=True):
+        r = root("S" + s)
+        if s not in frag.setdefault(r, []):
+            frag[r].append(s)
+        words.setdefault(r, []).append(q)
+    keys = sorted(frag, key=lambda r: sorted(frag[r])[0])
+    sents = [sorted(frag[k]) for k in keys]
+    toks = tokenize_batch([" ".join(sents[i] + sorted(set(words[k]))) for i, k in
+                           enumerate(keys)])  # fmt: skip
+    df: dict[str, int] = {}
+    for t in toks:
+        for w in set(t):
+            df[w] = df.get(w, 0) + 1
+    vocab = {w: j for j, w in enumerate(sorted(w for w, n in df.items()
+                                               if 2 <= n <= 0.05 * len(keys)))}  # fmt: skip
+    X = np.zeros((len(keys), len(vocab)))
+    for i, t in enumerate(toks):
+        for w in t:
+            if w in vocab:
+                X[i, vocab[w]] += 1
+    X = np.where(X > 0, 1 + np.log(np.maximum(X, 1)), 0.0)
+    X *= np.log(len(keys) / np.array([df[w] for w in vocab]))[None, :]
+    X /= np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)
+    empty = ~X.any(axis=1)
+    X[empty, 0] = 1.0  # a fragment with no kept term: its own (far) point
+    labels = fcluster(linkage(X, "average", metric="cosine"), SQUAD_DEV_ARTICLES, "maxclust")
+    docs: list[list[str]] = []
+    for c in sorted(set(labels.tolist())):
+        members = list(np.flatnonzero(labels == c))
+        if sum(len(sents[i]) for i in members) < per_doc // 2:
+            continue
+        free = set(members)
+        first = len(docs)
+        while free:
+            seed = min(free)
+            free.discard(seed)
+            group = list(sents[seed])
+            near = sorted(free, key=lambda i: (-float(X[i] @ X[seed]), i))
+            for i in near:
+                if len(group) >= per_doc:
+                    break
+                group += sents[i]
+                free.discard(i)
+            if len(group) < per_doc // 2 and len(docs) > first:
+                docs[-1] += group
+            else:
+                docs.append(group)
+    doc_of = {s: d for d, group in enumerate(docs) for s in group}
+    answers: dict[str, set[int]] = {}
+    for q, s, label in zip(pairs.s1, pairs.s2, pairs.scores, strict=True):
+        if label == 1.0 and s in doc_of:
+            answers.setdefault(q, set()).add(doc_of[s])
+    queries: dict[str, str] = {}
+    qrels: dict[str, dict[str, int]] = {}
+    for q in sorted(answers):
+        if len(answers[q]) == 1:
+            qid = f"q{len(queries)}"
+            queries[qid] = q
+            qrels[qid] = {f"doc{next(iter(answers[q]))}": 1}
+    return {"docs": [" ".join(g) for g in docs], "queries": queries, "qrels": qrels,
+            "sentences": [len(g) for g in docs]}  # fmt: skip
+
+
 def long_dump(data: Path, encoder: str = "mean", source: str = "qnli") -> Path:
     """Build the long-document set's index with the shipped defaults; dump passage vectors,
     query vectors, each row's document, and the texts. Returns the ``.npz``."""
@@ -605,7 +744,12 @@ def long_dump(data: Path, encoder: str = "mean", source: str = "qnli") -> Path:
     if target.is_file():
         return target
     LONG_WORK.mkdir(parents=True, exist_ok=True)
-    dev = _dev_set(data, 10_000, 16, 100_000, "topic") if source == "qnli" else stsb_long(data)
+    if source == "qnli":
+        dev = _dev_set(data, 10_000, 16, 100_000, "topic")
+    elif source in ARTICLE_SOURCES:
+        dev = qnli_articles(data, ARTICLE_SOURCES[source])
+    else:
+        dev = stsb_long(data)
     ids = [f"doc{i}" for i in range(len(dev["docs"]))]
     corpus = LONG_WORK / f"docs_{tag}.parquet"
     pq.write_table(pa.table({"id": ids, "text": dev["docs"]}), corpus)
@@ -636,6 +780,23 @@ def long_dump(data: Path, encoder: str = "mean", source: str = "qnli") -> Path:
     )
     s.close()
     return target
+
+
+def coherence(V: np.ndarray, doc_of: np.ndarray, seed: int = 0) -> dict[str, float]:
+    """How one-topic a set's documents are, seen by the dense side: the mean cosine between
+    two passages of one document, and between passages of two documents (random pairs)."""
+    rng = np.random.default_rng(seed)
+    Vn = V / np.maximum(np.linalg.norm(V, axis=1, keepdims=True), 1e-12)
+    order = np.argsort(doc_of, kind="stable")
+    same = [
+        float(Vn[a] @ Vn[b])
+        for d in np.unique(doc_of)
+        for a, b in itertools.combinations(order[doc_of[order] == d], 2)
+    ]
+    i, j = rng.integers(len(V), size=(2, 20_000))
+    other = doc_of[i] != doc_of[j]
+    across = np.einsum("ij,ij->i", Vn[i[other]], Vn[j[other]])
+    return {"within": round(float(np.mean(same)), 4), "across": round(float(across.mean()), 4)}
 
 
 def study_long(data: Path, encoder: str = "mean", source: str = "qnli") -> dict[str, Any]:
@@ -724,6 +885,17 @@ def study_long(data: Path, encoder: str = "mean", source: str = "qnli") -> dict[
     rank_l = np.argsort(np.argsort(-Lp, axis=1), axis=1) + 1.0
     rrf = 1 / (60 + rank_d) + np.where(Lp > 0, 1 / (60 + rank_l), 0.0)
     sweeps["published: RRF (k=60)"] = ([ndcg(per_doc_max(rrf))], [None])
+    # length-aware: a document's weight falls with its passages, w(n) = clip(w_s - beta ln n),
+    # w_s the shipped weight, so a one-passage document (every short set) scores as today
+    n_pass = np.bincount(doc_of, minlength=n_docs)
+    w_s = current().fusion_dense_weight if encoder == "mean" else (
+        current().fusion_dense_weight_static)  # fmt: skip
+    per, params = [], []
+    for beta in (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6):
+        w = np.clip(w_s - beta * np.log(n_pass[doc_of]), 0, 1)[None, :]
+        per.append(ndcg(per_doc_max(w * nd + (1 - w) * nl)))
+        params.append(beta)
+    sweeps["length-aware weight, shipped - beta ln(passages)"] = (per, params)
     # (a) query-dependent weight, signals standardised on the tune half
     terms = np.maximum(np.asarray(qc.sum(1)).reshape(-1) + unknown / lp.idf_unknown, 1)
     signals = {
@@ -756,10 +928,19 @@ def study_long(data: Path, encoder: str = "mean", source: str = "qnli") -> dict[
             "tune": round(float(per[j][tune].mean()), 4),
             "test": round(float(per[j][~tune].mean()), 4),
         }
+    alone = {
+        "dense alone": ndcg(per_doc_max(nd))[~tune],
+        "BM25 alone": ndcg(per_doc_max(nl))[~tune],
+    }
+    for label, q in alone.items():
+        res["rules"][label] = {"params": None, "test": round(float(q.mean()), 4)}
+        chosen_q[label] = q
     base = chosen_q["best passage (shipped)"]
     for label, r in res["rules"].items():
         q = chosen_q.get(label, fixed)
         r["minus_shipped"] = paired({"x": q}, {"x": base}, ["x"])
+        r["minus_fixed"] = paired({"x": q}, {"x": fixed}, ["x"])
+        r["minus_bm25"] = paired({"x": q}, {"x": alone["BM25 alone"]}, ["x"])
     res["curve"] = {
         label: [round(float(x[~tune].mean()), 4) for x in sweeps[label][0]]
         for label in ("best passage (shipped)", "published: TM2C2, dense bound -1",
@@ -769,6 +950,10 @@ def study_long(data: Path, encoder: str = "mean", source: str = "qnli") -> dict[
     res["source"] = source
     cands = [k for k in sweeps if k != "best passage (shipped)" and not k.startswith("published")]
     res["chosen_on_tune"] = max(cands, key=lambda k: res["rules"][k]["tune"])
+    res["encoder"] = encoder
+    res["coherence"] = coherence(V, doc_of)
+    res["passages_per_document"] = [round(float(x), 2) for x in
+                                     np.percentile(n_pass, [0, 10, 50, 90, 100])]  # fmt: skip
     res["size"] = {"documents": n_docs, "passages": len(V), "queries": len(Z),
                    "tune": int(tune.sum()), "test": int((~tune).sum())}  # fmt: skip
     res["seconds"] = round(time.perf_counter() - t0, 1)
@@ -797,29 +982,51 @@ def product_check(tag: str, queries: list[str], rel: np.ndarray, test: np.ndarra
 
 def render_long(long: dict[str, Any]) -> list[str]:
     sz = long["size"]
-    lines = [
-        (
-            f"Long documents (`mean`; {sz['documents']} documents of 16 QNLI dev sentences by "
+    source, enc = long.get("source", "qnli"), long.get("encoder", "mean")
+    if source == "qnli":
+        what = (
+            f"Long documents (`{enc}`; {sz['documents']} documents of 16 QNLI dev sentences by "
             f"topic, {sz['passages']} passages at the shipped 128/16 cut, {sz['queries']} QNLI "
             f"questions"
-            if long.get("source", "qnli") == "qnli"
-            else f"Long documents, paraphrase kind (`mean`; {sz['documents']} documents of "
+        )
+    elif source in ARTICLE_SOURCES:
+        what = (
+            f"Coherent long documents `{source}` (`{enc}`; {sz['documents']} documents of "
+            f"about {ARTICLE_SOURCES[source]} QNLI dev sentences of one SQuAD article, "
+            f"{sz['passages']} passages at the shipped 128/16 cut (per document, min/10%/"
+            f"median/90%/max: {long['passages_per_document']}), {sz['queries']} QNLI questions"
+        )
+    else:
+        what = (
+            f"Long documents, paraphrase kind (`{enc}`; {sz['documents']} documents of "
             f"{STSB_PER_DOC} STS-B sentences by topic, {sz['passages']} passages at the "
             f"shipped 128/16 cut, {sz['queries']} STS-B first sentences (gold >= 4) whose "
             "paraphrase is in one document"
         )
-        + f", {sz['test']} in the test half; every passage scored): test-half "
-        "nDCG@10 with parameters tuned on the tune half; minus the shipped rule (best "
-        "passage) at its tuned weight, 95% CI:",
+    coh = long.get("coherence")
+    lines = [
+        what
+        + f", {sz['test']} in the test half; every passage scored"
+        + (
+            f"; mean cosine of two passages of one document {coh['within']:.3f}, of two "
+            f"documents {coh['across']:.3f}"
+            if coh
+            else ""
+        )
+        + "): test-half nDCG@10 with parameters tuned on the tune half; minus the shipped "
+        "rule (best passage) at its tuned weight, at the shipped weight, and minus BM25 "
+        "alone, 95% CI (queries resampled, paired):",
         "",
-        "| document score | params (tune) | tune | test | minus best passage |",
-        "|---|---|---:|---:|---|",
+        "| document score | params (tune) | tune | test | minus best passage (tuned) "
+        "| minus shipped weight | minus BM25 alone |",
+        "|---|---|---:|---:|---|---|---|",
     ]
     for label, r in long["rules"].items():
         tune = f"{r['tune']:.4f}" if "tune" in r else "-"
+        extra = [_ci(r[k]) if k in r else "-" for k in ("minus_fixed", "minus_bm25")]
         lines.append(
             f"| {label} | {json.dumps(r['params'])} | {tune} | {r['test']:.4f} "
-            f"| {_ci(r['minus_shipped'])} |"
+            f"| {_ci(r['minus_shipped'])} | " + " | ".join(extra) + " |"
         )
     if "curve" in long:
         lines += [
@@ -845,6 +1052,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--encoders", default="mean,static")
     parser.add_argument("--no-long", action="store_true", help="skip the long-document study")
     parser.add_argument("--long-sets", default="qnli,stsb", help="long-document sets to study")
+    parser.add_argument("--long-encoders", default="mean", help="encoders of the long sets")
     parser.add_argument("--merge", action="store_true", help="keep the stored report's parts")
     parser.add_argument("--out", default=str(HERE / "bench_fusion_adaptive"))
     parser.add_argument("--report-only", action="store_true")
@@ -863,8 +1071,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["short"][enc] = study_short(enc, args.max_corpus)
     if not args.no_long:
         for source in [x for x in args.long_sets.split(",") if x]:
-            key = "long" if source == "qnli" else f"long_{source}"
-            report[key] = study_long(resolve_data_dir(args.data), source=source)
+            for enc in [e for e in args.long_encoders.split(",") if e]:
+                key = ("long" if source == "qnli" else f"long_{source}") + (
+                    "" if enc == "mean" else f"_{enc}")  # fmt: skip
+                report[key] = study_long(resolve_data_dir(args.data), enc, source)
     report["runs"].append(
         {
             "encoders": args.encoders,
