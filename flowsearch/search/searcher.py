@@ -74,6 +74,7 @@ class Searcher:
         self._filters: Any = None
         self._filters_lock = threading.Lock()
         self._statistics = sh.StatisticsCache()
+        self._passages: tuple[int, float] | None = None  # (version, rows per document)
         self._local: tuple[Version, sh.InProcess] | None = None
 
     @classmethod
@@ -379,9 +380,10 @@ class Searcher:
         k = min(k, n_live)
         depth = k  # rows searched: deeper until they hold k documents (k counts documents)
         top = None
+        per_doc = self._passages_per_document(version, mode)
         while True:
             ranked = sh.run(shards, version.manifest, self._statistics, queries, depth, where,
-                            mode, vectors=vectors)  # fmt: skip
+                            mode, vectors=vectors, passages_per_document=per_doc)  # fmt: skip
             if ranked is None:
                 return [[] for _ in queries], None, None
             top = ranked.top if top is None else top
@@ -389,6 +391,19 @@ class Searcher:
             if done or depth >= n_live:
                 return hits, lp, top
             depth = min(depth * 4, n_live)
+
+    def _passages_per_document(self, version: Version, mode: str) -> float:
+        """Live rows per live document of ``version`` (1.0 when no document is cut into
+        passages), which the hybrid's default weight reads; counted once per version."""
+        if mode != "hybrid":
+            return 1.0
+        key = int(version.manifest.version)
+        cached = self._passages
+        if cached is None or cached[0] != key:
+            n_docs = live_documents(self.root, version.manifest)
+            ratio = version.manifest.n_live / n_docs if n_docs else 1.0
+            cached = self._passages = (key, max(float(ratio), 1.0))
+        return cached[1]
 
     def query_report(self, top_score: float | None, log_density: float | None = None) -> Any:
         """Judge a query from its best dense score over the whole index (see
