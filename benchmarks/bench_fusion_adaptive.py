@@ -48,6 +48,19 @@ BM25 of the whole document. Same tune/test split of the queries. A second long s
 paraphrase kind (``--long-sets stsb``): STS-B's second sentences of pairs with gold >= 4,
 24 to a document by topic, each first sentence a query.
 
+**Coherent long documents** (``--long-sets article16,article32``, built by
+:func:`qnli_articles`): the sets above glue sentences of several topics into one document,
+which weakens the dense side (a passage vector averages unrelated facts); these documents are
+each one SQuAD article's QNLI sentences (about 16 or 32 to a document, 6 or 12 passages), so a
+loss there is not the glue's. Beside the rules above: dense alone, BM25 alone, and the
+length-aware weights ``shipped - beta ln(passages per document)`` (per document, and per
+index from its mean: what ships, ``settings.fusion_length_slope``), with beta also chosen on
+the two sets' tune halves pooled (``pooled``). ``--recheck-product`` searches the stored
+indexes with the product as it ships now. For example::
+
+    PYTHONPATH=. HF_HUB_OFFLINE=1 python benchmarks/bench_fusion_adaptive.py --data
+        ../shared/data --encoders "" --long-sets article16,article32 --merge
+
 Writes ``benchmarks/bench_fusion_adaptive.json``, ``.md`` and its RESULTS.md section.
 """
 
@@ -506,7 +519,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         )
     para = report.get("long_stsb")
     if para:
-        out.append(long_line(para, long))
+        out.append(long_line(para, long, any(k.startswith("long_article") for k in report)))
     out += coherent_lines(report)
     return out
 
@@ -544,10 +557,100 @@ def coherent_lines(report: dict[str, Any]) -> list[str]:
             f"length-aware weight (beta {length['params']}) {length['test']:.4f} (minus the "
             f"shipped weight {_ci(length['minus_fixed'])})."
         )
+    out += transfer_lines(report)
+    out += pooled_lines(report)
     return out
 
 
-def long_line(para: dict[str, Any], qnli: dict[str, Any] | None) -> str:
+def pooled_lines(report: dict[str, Any]) -> list[str]:
+    """The pooled choice (``pooled``) per encoder, and what the per-index rule at that slope
+    gives on the glued long sets (their stored weight curves, at the nearest grid weight)."""
+    out = []
+    for enc, res in report.get("pooled", {}).items():
+        for rule in (*POOLED, "best passage (shipped)"):
+            r = res[rule]
+            name = "one flat weight for long documents" if rule.startswith("best") else rule
+            out.append(
+                f"- `{enc}`, {name}: parameter {r['param']} chosen on the tune halves of "
+                + " and ".join(f"`{x}`" for x in res["sets"])
+                + " pooled; test halves: "
+                + "; ".join(
+                    f"`{src}` {v['test']:.4f} against {v['shipped']:.4f} at the shipped weight, "
+                    f"{_ci(v['minus_shipped'])}"
+                    for src, v in r["sets"].items()
+                )
+                + "."
+            )
+        beta = float(res[INDEX_RULE]["param"])
+        wins = all(v["minus_shipped"][1] > 0 for v in res[INDEX_RULE]["sets"].values())
+        slope = current().fusion_length_slope if enc == "mean" else (
+            current().fusion_length_slope_static)  # fmt: skip
+        out.append(
+            f"- `{enc}`: the per-index rule at beta {beta} "
+            + (
+                "wins on every coherent set's test half (95% CI above 0)"
+                if wins
+                else "does not win on every coherent set's test half"
+            )  # fmt: skip
+            + "; a one-passage document (every short dev set) keeps the shipped weight, so "
+            "the short sets' figures (bench_fusion) cannot move. Shipped: "
+            + (
+                f"`settings.fusion_length_slope{'' if enc == 'mean' else '_static'}` = {slope}"
+                if abs(slope - beta) < 1e-9
+                else f"slope {slope} (not this beta)"
+            )
+            + " (flowsearch/search/fusion.py `default_weight`, from the index's live rows per "
+            "live document)."
+        )
+        glued = []
+        for key in ("long", "long_stsb"):
+            g = report.get(key)
+            if enc != "mean" or not g or "curve" not in g:
+                continue
+            fixed = next(v for n, v in g["rules"].items() if n.startswith("shipped (weight"))
+            ratio = g["size"]["passages"] / g["size"]["documents"]
+            w = min(max(float(fixed["params"]) - beta * math.log(ratio), 0.0), 1.0)
+            curve = g["curve"]["best passage (shipped)"]
+            glued.append(
+                f"{key} ({ratio:.1f} passages per document): weight {w:.2f}, test half "
+                f"{curve[grid_index(w)]:.4f} (at {float(GRID[grid_index(w)]):.2f}) against "
+                f"{fixed['test']:.4f} at the shipped weight and "
+                f"{g.get('product', {}).get('lexical', float('nan')):.4f} for BM25 alone"
+            )
+        if glued:
+            out.append(
+                f"- `{enc}`, the per-index rule at beta {beta} on the glued sets: "
+                + "; ".join(glued)
+                + "."
+            )
+    return out
+
+
+def transfer_lines(report: dict[str, Any]) -> list[str]:
+    """The length-aware slope chosen on one coherent set's tune half, on another's test half
+    (documents of another length): does the rule, not just its weight, carry over?"""
+    out = []
+    keys = [k for k in report if k.startswith("long_article") and "length_curve" in report[k]]
+    for a, b in itertools.permutations(keys, 2):
+        ra, rb = report[a], report[b]
+        if ra.get("encoder", "mean") != rb.get("encoder", "mean"):
+            continue
+        for rule in POOLED:
+            curve_a = ra["length_curve"][rule]
+            j = int(np.argmax(curve_a["tune"]))
+            test_b = rb["length_curve"][rule]["test"]
+            out.append(
+                f"- `{ra.get('encoder', 'mean')}`, {rule}: beta {LENGTH_BETAS[j]} (best on "
+                f"`{ra['source']}`'s tune half) on `{rb['source']}`'s test half "
+                f"({rb['mean_passages']:.1f} passages per document): {test_b[j]:.4f} against "
+                f"{test_b[0]:.4f} at the shipped weight ({test_b[j] - test_b[0]:+.4f}); the "
+                f"best beta there in hindsight {LENGTH_BETAS[int(np.argmax(test_b))]} "
+                f"({max(test_b):.4f})."
+            )
+    return out
+
+
+def long_line(para: dict[str, Any], qnli: dict[str, Any] | None, coherent: bool = False) -> str:
     """The paraphrase-kind long set in one line, and whether it agrees with the QNLI one."""
     fixed = next(v for k, v in para["rules"].items() if k.startswith("shipped (weight"))
     tuned = para["rules"]["best passage (shipped)"]
@@ -579,8 +682,12 @@ def long_line(para: dict[str, Any], qnli: dict[str, Any] | None) -> str:
             "of long documents. Not shipped: both sets are concatenations of short sentences, "
             "whose passage vectors average unrelated facts (dense alone far below BM25 on "
             "both), which a real abstract or argument, one text, is not; the weight may be "
-            "the construction's. It needs a long-document set of real texts (and was measured "
-            "too close to the deadline to build and test)."
+            "the construction's. "
+            + (
+                "The coherent sets below (one SQuAD article per document) settle it."
+                if coherent
+                else "It needs a long-document set of real texts."
+            )
             if both
             else " This set does not confirm the QNLI set's lower weight by 0.01 or more."
         )
@@ -591,6 +698,48 @@ def long_line(para: dict[str, Any], qnli: dict[str, Any] | None) -> str:
 
 
 LONG_WORK = WORK / "fusion_long"
+#: The length-aware rules' slopes: weight = shipped - beta x ln(passages per document).
+LENGTH_BETAS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6)
+INDEX_RULE = "length-aware weight per index, shipped - beta ln(mean passages)"
+#: Rules whose one parameter is also chosen on the coherent sets' tune halves pooled.
+POOLED = ("length-aware weight, shipped - beta ln(passages)", INDEX_RULE)
+
+
+def pooled(report: dict[str, Any]) -> dict[str, Any]:
+    """Per encoder: each one-parameter rule's parameter chosen on the coherent sets' tune halves
+    pooled (each set weighs the same), and each set's test half at it minus the shipped weight
+    (95% CI, paired). Also the flat weight for long documents chosen the same way."""
+    out: dict[str, Any] = {}
+    keys = [k for k in report if k.startswith("long_article") and "_q" in report[k]]
+    for enc in sorted({report[k].get("encoder", "mean") for k in keys}):
+        mine = [k for k in keys if report[k].get("encoder", "mean") == enc]
+        if len(mine) < 2:
+            continue
+        grids = {rule: list(LENGTH_BETAS) for rule in POOLED}
+        grids["best passage (shipped)"] = [float(w) for w in GRID]
+        res: dict[str, Any] = {"sets": [report[k]["source"] for k in mine]}
+        for rule, grid in grids.items():
+            tune = np.mean([report[k]["length_curve"][rule]["tune"] for k in mine], axis=0)
+            j = int(np.argmax(tune))
+            per = {}
+            for k in mine:
+                r = report[k]
+                fixed = next(v for n, v in r["rules"].items() if n.startswith("shipped (weight"))
+                w_s = float(fixed["params"])
+                base = r["_q"]["best passage (shipped)"][grid_index(w_s)]
+                got = r["_q"][rule][j]
+                per[r["source"]] = {
+                    "test": round(float(got.mean()), 4),
+                    "shipped": round(float(base.mean()), 4),
+                    "minus_shipped": paired({"x": got}, {"x": base}, ["x"]),
+                }
+            res[rule] = {"param": grid[j], "sets": per}
+        out[enc] = res
+    return out
+
+
+def grid_index(w: float) -> int:
+    return int(np.argmin(np.abs(GRID - w)))
 
 
 #: Sentences per document of the STS-B long set (its sentences are short: ~300 tokens).
@@ -799,7 +948,13 @@ def coherence(V: np.ndarray, doc_of: np.ndarray, seed: int = 0) -> dict[str, flo
     return {"within": round(float(np.mean(same)), 4), "across": round(float(across.mean()), 4)}
 
 
-def study_long(data: Path, encoder: str = "mean", source: str = "qnli") -> dict[str, Any]:
+def study_long(
+    data: Path,
+    encoder: str = "mean",
+    source: str = "qnli",
+    stored: dict[str, Any] | None = None,
+    query_signals: bool = True,
+) -> dict[str, Any]:
     from bench_fusion_query import Lexical
 
     from flowsearch.search.scores import FusionReference
@@ -891,11 +1046,17 @@ def study_long(data: Path, encoder: str = "mean", source: str = "qnli") -> dict[
     w_s = current().fusion_dense_weight if encoder == "mean" else (
         current().fusion_dense_weight_static)  # fmt: skip
     per, params = [], []
-    for beta in (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6):
+    for beta in LENGTH_BETAS:
         w = np.clip(w_s - beta * np.log(n_pass[doc_of]), 0, 1)[None, :]
         per.append(ndcg(per_doc_max(w * nd + (1 - w) * nl)))
         params.append(beta)
     sweeps["length-aware weight, shipped - beta ln(passages)"] = (per, params)
+    # the same with one weight per index: its mean passages per document
+    per = []
+    for beta in LENGTH_BETAS:
+        w = float(np.clip(w_s - beta * np.log(len(V) / n_docs), 0, 1))
+        per.append(ndcg(per_doc_max(w * nd + (1 - w) * nl)))
+    sweeps[INDEX_RULE] = (per, list(LENGTH_BETAS))
     # (a) query-dependent weight, signals standardised on the tune half
     terms = np.maximum(np.asarray(qc.sum(1)).reshape(-1) + unknown / lp.idf_unknown, 1)
     signals = {
@@ -904,7 +1065,7 @@ def study_long(data: Path, encoder: str = "mean", source: str = "qnli") -> dict[
         "dense_conf": nd.max(1),
         "lex_conf": nl.max(1),
     }
-    for f, x in signals.items():
+    for f, x in signals.items() if query_signals else ():
         z = (x - x[tune].mean()) / (x[tune].std() or 1.0)
         per, params = [], []
         for beta in BETAS:
@@ -946,7 +1107,21 @@ def study_long(data: Path, encoder: str = "mean", source: str = "qnli") -> dict[
         for label in ("best passage (shipped)", "published: TM2C2, dense bound -1",
                       "published: DBSF")
     }  # fmt: skip
-    res["product"] = product_check(tag, texts["queries"], rel, ~tune)
+    res["length_curve"] = {
+        label: {
+            "tune": [round(float(x[tune].mean()), 4) for x in sweeps[label][0]],
+            "test": [round(float(x[~tune].mean()), 4) for x in sweeps[label][0]],
+        }
+        for label in (*POOLED, "best passage (shipped)")
+    }
+    # per-query test halves of every grid point, for pooling the tune halves across sets
+    # (main: ``pooled``); not written to the JSON
+    res["_q"] = {label: [x[~tune] for x in sweeps[label][0]] for label in res["length_curve"]}
+    res["mean_passages"] = round(len(V) / n_docs, 3)
+    if stored and stored.get("product") and stored.get("size", {}).get("passages") == len(V):
+        res["product"] = stored["product"]  # the same index, searched before
+    else:
+        res["product"] = product_check(tag, texts["queries"], rel, ~tune)
     res["source"] = source
     cands = [k for k in sweeps if k != "best passage (shipped)" and not k.startswith("published")]
     res["chosen_on_tune"] = max(cands, key=lambda k: res["rules"][k]["tune"])
@@ -960,7 +1135,8 @@ def study_long(data: Path, encoder: str = "mean", source: str = "qnli") -> dict[
     return res
 
 
-def product_check(tag: str, queries: list[str], rel: np.ndarray, test: np.ndarray) -> dict:
+def product_check(tag: str, queries: list[str], rel: np.ndarray, test: np.ndarray,
+                  modes: Sequence[str] = ("hybrid", "dense", "lexical")) -> dict:  # fmt: skip
     """nDCG@10 of ``Searcher.search(k=10)`` on the test half, each mode: the study's shipped
     row must equal the product's hybrid."""
     from flowsearch import Searcher
@@ -968,7 +1144,7 @@ def product_check(tag: str, queries: list[str], rel: np.ndarray, test: np.ndarra
     s = Searcher.open(LONG_WORK / f"index_{tag}")
     which = np.flatnonzero(test)
     out = {}
-    for mode in ("hybrid", "dense", "lexical"):
+    for mode in modes:
         hits = s.search([queries[i] for i in which], k=10, mode=mode)
         got = []
         for i, hs in zip(which, hits, strict=True):
@@ -978,6 +1154,20 @@ def product_check(tag: str, queries: list[str], rel: np.ndarray, test: np.ndarra
         out[mode] = round(float(np.mean(got)), 4)
     s.close()
     return out
+
+
+def recheck_product(report: dict[str, Any]) -> None:
+    """The product's hybrid search, as it ships now (the length-aware default weight), on each
+    coherent set's stored index and test half."""
+    for key in [k for k in report if k.startswith("long_article")]:
+        r = report[key]
+        tag = f"{r['source']}_{r.get('encoder', 'mean')}"
+        texts = json.loads((LONG_WORK / f"{tag}.json").read_text())
+        rel = np.load(LONG_WORK / f"{tag}.npz")["relevant"]
+        tune = split(len(rel), f"{r['source']}-long")
+        got = product_check(tag, texts["queries"], rel, ~tune, ("hybrid",))
+        r["product_shipped"] = {"hybrid": got["hybrid"],
+                                "slope": current().fusion_length_slope}  # fmt: skip
 
 
 def render_long(long: dict[str, Any]) -> list[str]:
@@ -1040,7 +1230,13 @@ def render_long(long: dict[str, Any]) -> list[str]:
         lines += [
             "",
             f"The product itself (`Searcher.search(k=10)` on the test half): hybrid "
-            f"{p['hybrid']:.4f}, dense {p['dense']:.4f}, lexical {p['lexical']:.4f}.",
+            f"{p['hybrid']:.4f}, dense {p['dense']:.4f}, lexical {p['lexical']:.4f}"
+            + (
+                f"; hybrid with the length-aware default weight (slope "
+                f"{long['product_shipped']['slope']}): {long['product_shipped']['hybrid']:.4f}."
+                if "product_shipped" in long
+                else "."
+            ),
         ]
     return lines
 
@@ -1052,6 +1248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--encoders", default="mean,static")
     parser.add_argument("--no-long", action="store_true", help="skip the long-document study")
     parser.add_argument("--long-sets", default="qnli,stsb", help="long-document sets to study")
+    parser.add_argument("--no-signals", action="store_true", help="long sets: no (a) sweeps")
+    parser.add_argument("--recheck-product", action="store_true", help="coherent sets: hybrid now")
     parser.add_argument("--long-encoders", default="mean", help="encoders of the long sets")
     parser.add_argument("--merge", action="store_true", help="keep the stored report's parts")
     parser.add_argument("--out", default=str(HERE / "bench_fusion_adaptive"))
@@ -1074,7 +1272,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             for enc in [e for e in args.long_encoders.split(",") if e]:
                 key = ("long" if source == "qnli" else f"long_{source}") + (
                     "" if enc == "mean" else f"_{enc}")  # fmt: skip
-                report[key] = study_long(resolve_data_dir(args.data), enc, source)
+                report[key] = study_long(resolve_data_dir(args.data), enc, source,
+                                         report.get(key), not args.no_signals)  # fmt: skip
+    if args.recheck_product:
+        recheck_product(report)
+    report["pooled"] = pooled(report) or report.get("pooled", {})
+    for key in [k for k in report if k.startswith("long")]:
+        report[key].pop("_q", None)
     report["runs"].append(
         {
             "encoders": args.encoders,
