@@ -48,6 +48,19 @@ BM25 of the whole document. Same tune/test split of the queries. A second long s
 paraphrase kind (``--long-sets stsb``): STS-B's second sentences of pairs with gold >= 4,
 24 to a document by topic, each first sentence a query.
 
+**Coherent long documents** (``--long-sets article16,article32``, built by
+:func:`qnli_articles`): the sets above glue sentences of several topics into one document,
+which weakens the dense side (a passage vector averages unrelated facts); these documents are
+each one SQuAD article's QNLI sentences (about 16 or 32 to a document, 6 or 12 passages), so a
+loss there is not the glue's. Beside the rules above: dense alone, BM25 alone, and the
+length-aware weights ``shipped - beta ln(passages per document)`` (per document, and per
+index from its mean: what ships, ``settings.fusion_length_slope``), with beta also chosen on
+the two sets' tune halves pooled (``pooled``). ``--recheck-product`` searches the stored
+indexes with the product as it ships now. For example::
+
+    PYTHONPATH=. HF_HUB_OFFLINE=1 python benchmarks/bench_fusion_adaptive.py --data
+        ../shared/data --encoders "" --long-sets article16,article32 --merge
+
 Writes ``benchmarks/bench_fusion_adaptive.json``, ``.md`` and its RESULTS.md section.
 """
 
@@ -401,7 +414,7 @@ def render(report: dict[str, Any]) -> str:
             + f". Candidate chosen on the tune halves: {res['chosen_on_tune']}. "
             f"{res['seconds']:.0f} s."
         )
-    for key in ("long", "long_stsb"):
+    for key in [k for k in report if k.startswith("long")]:
         if report.get(key):
             lines += ["", *render_long(report[key])]
     lines += [
@@ -506,11 +519,138 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         )
     para = report.get("long_stsb")
     if para:
-        out.append(long_line(para, long))
+        out.append(long_line(para, long, any(k.startswith("long_article") for k in report)))
+    out += coherent_lines(report)
     return out
 
 
-def long_line(para: dict[str, Any], qnli: dict[str, Any] | None) -> str:
+def coherent_lines(report: dict[str, Any]) -> list[str]:
+    """One line per coherent long set: does the glued sets' loss to BM25 reproduce?"""
+    out = []
+    glued = report.get("long", {}).get("coherence")
+    for key in [k for k in report if k.startswith("long_article")]:
+        r = report[key]
+        rules = r["rules"]
+        fixed = next(v for k, v in rules.items() if k.startswith("shipped (weight"))
+        tuned = rules["best passage (shipped)"]
+        length = rules["length-aware weight, shipped - beta ln(passages)"]
+        lo, hi = fixed["minus_bm25"][1:]
+        verdict = (
+            "below BM25 alone here too: the loss is not the glued documents' artefact"
+            if hi < 0
+            else "above BM25 alone: the glued sets' loss does not reproduce"
+            if lo > 0
+            else "level with BM25 alone (interval spans 0)"
+        )
+        coh = r.get("coherence", {})
+        out.append(
+            f"- Coherent long documents `{r['source']}` (`{r.get('encoder', 'mean')}`, "
+            f"{r['size']['documents']} documents of one SQuAD article each, "
+            f"{r['size']['test']} test-half questions; two passages of one document at mean "
+            f"cosine {coh.get('within', float('nan')):.3f}"
+            + (f", the glued QNLI set's {glued['within']:.3f}" if glued else "")
+            + f"): the shipped weight ({fixed['params']:.2f}) gives {fixed['test']:.4f}, "
+            f"BM25 alone {rules['BM25 alone']['test']:.4f}, dense alone "
+            f"{rules['dense alone']['test']:.4f}; shipped minus BM25 {_ci(fixed['minus_bm25'])}: "
+            f"{verdict}. The weight tuned on the tune half ({tuned['params']:.2f}) gives "
+            f"{tuned['test']:.4f} (minus the shipped weight {_ci(tuned['minus_fixed'])}); the "
+            f"length-aware weight (beta {length['params']}) {length['test']:.4f} (minus the "
+            f"shipped weight {_ci(length['minus_fixed'])})."
+        )
+    out += transfer_lines(report)
+    out += pooled_lines(report)
+    return out
+
+
+def pooled_lines(report: dict[str, Any]) -> list[str]:
+    """The pooled choice (``pooled``) per encoder, and what the per-index rule at that slope
+    gives on the glued long sets (their stored weight curves, at the nearest grid weight)."""
+    out = []
+    for enc, res in report.get("pooled", {}).items():
+        for rule in (*POOLED, "best passage (shipped)"):
+            r = res[rule]
+            name = "one flat weight for long documents" if rule.startswith("best") else rule
+            out.append(
+                f"- `{enc}`, {name}: parameter {r['param']} chosen on the tune halves of "
+                + " and ".join(f"`{x}`" for x in res["sets"])
+                + " pooled; test halves: "
+                + "; ".join(
+                    f"`{src}` {v['test']:.4f} against {v['shipped']:.4f} at the shipped weight, "
+                    f"{_ci(v['minus_shipped'])}"
+                    for src, v in r["sets"].items()
+                )
+                + "."
+            )
+        beta = float(res[INDEX_RULE]["param"])
+        wins = all(v["minus_shipped"][1] > 0 for v in res[INDEX_RULE]["sets"].values())
+        slope = current().fusion_length_slope if enc == "mean" else (
+            current().fusion_length_slope_static)  # fmt: skip
+        out.append(
+            f"- `{enc}`: the per-index rule at beta {beta} "
+            + (
+                "wins on every coherent set's test half (95% CI above 0)"
+                if wins
+                else "does not win on every coherent set's test half"
+            )  # fmt: skip
+            + "; a one-passage document (every short dev set) keeps the shipped weight, so "
+            "the short sets' figures (bench_fusion) cannot move. Shipped: "
+            + (
+                f"`settings.fusion_length_slope{'' if enc == 'mean' else '_static'}` = {slope}"
+                if abs(slope - beta) < 1e-9
+                else f"slope {slope} (not this beta)"
+            )
+            + " (flowsearch/search/fusion.py `default_weight`, from the index's live rows per "
+            "live document)."
+        )
+        glued = []
+        for key in ("long", "long_stsb"):
+            g = report.get(key)
+            if enc != "mean" or not g or "curve" not in g:
+                continue
+            fixed = next(v for n, v in g["rules"].items() if n.startswith("shipped (weight"))
+            ratio = g["size"]["passages"] / g["size"]["documents"]
+            w = min(max(float(fixed["params"]) - beta * math.log(ratio), 0.0), 1.0)
+            curve = g["curve"]["best passage (shipped)"]
+            glued.append(
+                f"{key} ({ratio:.1f} passages per document): weight {w:.2f}, test half "
+                f"{curve[grid_index(w)]:.4f} (at {float(GRID[grid_index(w)]):.2f}) against "
+                f"{fixed['test']:.4f} at the shipped weight and "
+                f"{g.get('product', {}).get('lexical', float('nan')):.4f} for BM25 alone"
+            )
+        if glued:
+            out.append(
+                f"- `{enc}`, the per-index rule at beta {beta} on the glued sets: "
+                + "; ".join(glued)
+                + "."
+            )
+    return out
+
+
+def transfer_lines(report: dict[str, Any]) -> list[str]:
+    """The length-aware slope chosen on one coherent set's tune half, on another's test half
+    (documents of another length): does the rule, not just its weight, carry over?"""
+    out = []
+    keys = [k for k in report if k.startswith("long_article") and "length_curve" in report[k]]
+    for a, b in itertools.permutations(keys, 2):
+        ra, rb = report[a], report[b]
+        if ra.get("encoder", "mean") != rb.get("encoder", "mean"):
+            continue
+        for rule in POOLED:
+            curve_a = ra["length_curve"][rule]
+            j = int(np.argmax(curve_a["tune"]))
+            test_b = rb["length_curve"][rule]["test"]
+            out.append(
+                f"- `{ra.get('encoder', 'mean')}`, {rule}: beta {LENGTH_BETAS[j]} (best on "
+                f"`{ra['source']}`'s tune half) on `{rb['source']}`'s test half "
+                f"({rb['mean_passages']:.1f} passages per document): {test_b[j]:.4f} against "
+                f"{test_b[0]:.4f} at the shipped weight ({test_b[j] - test_b[0]:+.4f}); the "
+                f"best beta there in hindsight {LENGTH_BETAS[int(np.argmax(test_b))]} "
+                f"({max(test_b):.4f})."
+            )
+    return out
+
+
+def long_line(para: dict[str, Any], qnli: dict[str, Any] | None, coherent: bool = False) -> str:
     """The paraphrase-kind long set in one line, and whether it agrees with the QNLI one."""
     fixed = next(v for k, v in para["rules"].items() if k.startswith("shipped (weight"))
     tuned = para["rules"]["best passage (shipped)"]
@@ -542,8 +682,12 @@ def long_line(para: dict[str, Any], qnli: dict[str, Any] | None) -> str:
             "of long documents. Not shipped: both sets are concatenations of short sentences, "
             "whose passage vectors average unrelated facts (dense alone far below BM25 on "
             "both), which a real abstract or argument, one text, is not; the weight may be "
-            "the construction's. It needs a long-document set of real texts (and was measured "
-            "too close to the deadline to build and test)."
+            "the construction's. "
+            + (
+                "The coherent sets below (one SQuAD article per document) settle it."
+                if coherent
+                else "It needs a long-document set of real texts."
+            )
             if both
             else " This set does not confirm the QNLI set's lower weight by 0.01 or more."
         )
@@ -554,6 +698,48 @@ def long_line(para: dict[str, Any], qnli: dict[str, Any] | None) -> str:
 
 
 LONG_WORK = WORK / "fusion_long"
+#: The length-aware rules' slopes: weight = shipped - beta x ln(passages per document).
+LENGTH_BETAS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6)
+INDEX_RULE = "length-aware weight per index, shipped - beta ln(mean passages)"
+#: Rules whose one parameter is also chosen on the coherent sets' tune halves pooled.
+POOLED = ("length-aware weight, shipped - beta ln(passages)", INDEX_RULE)
+
+
+def pooled(report: dict[str, Any]) -> dict[str, Any]:
+    """Per encoder: each one-parameter rule's parameter chosen on the coherent sets' tune halves
+    pooled (each set weighs the same), and each set's test half at it minus the shipped weight
+    (95% CI, paired). Also the flat weight for long documents chosen the same way."""
+    out: dict[str, Any] = {}
+    keys = [k for k in report if k.startswith("long_article") and "_q" in report[k]]
+    for enc in sorted({report[k].get("encoder", "mean") for k in keys}):
+        mine = [k for k in keys if report[k].get("encoder", "mean") == enc]
+        if len(mine) < 2:
+            continue
+        grids = {rule: list(LENGTH_BETAS) for rule in POOLED}
+        grids["best passage (shipped)"] = [float(w) for w in GRID]
+        res: dict[str, Any] = {"sets": [report[k]["source"] for k in mine]}
+        for rule, grid in grids.items():
+            tune = np.mean([report[k]["length_curve"][rule]["tune"] for k in mine], axis=0)
+            j = int(np.argmax(tune))
+            per = {}
+            for k in mine:
+                r = report[k]
+                fixed = next(v for n, v in r["rules"].items() if n.startswith("shipped (weight"))
+                w_s = float(fixed["params"])
+                base = r["_q"]["best passage (shipped)"][grid_index(w_s)]
+                got = r["_q"][rule][j]
+                per[r["source"]] = {
+                    "test": round(float(got.mean()), 4),
+                    "shipped": round(float(base.mean()), 4),
+                    "minus_shipped": paired({"x": got}, {"x": base}, ["x"]),
+                }
+            res[rule] = {"param": grid[j], "sets": per}
+        out[enc] = res
+    return out
+
+
+def grid_index(w: float) -> int:
+    return int(np.argmin(np.abs(GRID - w)))
 
 
 #: Sentences per document of the STS-B long set (its sentences are short: ~300 tokens).
@@ -591,6 +777,108 @@ def stsb_long(data: Path, per_doc: int = STSB_PER_DOC, seed: int = 0) -> dict[st
     return {"docs": docs, "queries": queries, "qrels": qrels}
 
 
+#: Sentences per document of the coherent QNLI sets (``article16``, ``article32``).
+ARTICLE_SOURCES = {"article16": 16, "article32": 32}
+#: Articles of SQuAD v1.1's dev split, whose paragraphs QNLI's dev set is built from.
+SQUAD_DEV_ARTICLES = 48
+
+
+def qnli_articles(data: Path, per_doc: int = 16) -> dict[str, Any]:
+    """A long-document set whose documents are each ONE topic (issue 32: the other sets glue
+    unrelated sentences). QNLI's dev pairs come from SQuAD's dev paragraphs: a question is
+    paired with sentences of its own paragraph, so the question <-> sentence links (both
+    labels) join sentences into paragraph fragments. The fragments are clustered into
+    ``SQUAD_DEV_ARTICLES`` articles (average-linkage cosine over TF-IDF of each fragment's
+    sentences and questions, terms in 2 or more fragments and at most 5% of them); within an
+    article, a document is a seed fragment (fragments in text order) and the article's unused
+    fragments nearest it, until ``per_doc`` sentences; an article's remainder under half of
+    ``per_doc`` joins its last document, and an article with fewer than half of ``per_doc``
+    sentences is left out. Queries: the questions with an ``entailment`` sentence in a kept
+    document, relevant = that document (a question whose entailed sentences fall in two
+    documents is dropped)."""
+    from scipy.cluster.hierarchy import fcluster, linkage
+
+    from flowsearch.evaluation.datasets import load_qnli
+    from flowsearch.lexical.tokens import tokenize_batch
+
+    pairs = load_qnli(data, "dev")
+    parent: dict[str, str] = {}
+
+    def root(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for q, s in zip(pairs.s1, pairs.s2, strict=True):
+        a, b = root("Q" + q), root("S" + s)
+        if a != b:
+            parent[a] = b
+    frag: dict[str, list[str]] = {}
+    words: dict[str, list[str]] = {}
+    for q, s in zip(pairs.s1, pairs.s2, strict=True):
+        r = root("S" + s)
+        if s not in frag.setdefault(r, []):
+            frag[r].append(s)
+        words.setdefault(r, []).append(q)
+    keys = sorted(frag, key=lambda r: sorted(frag[r])[0])
+    sents = [sorted(frag[k]) for k in keys]
+    toks = tokenize_batch([" ".join(sents[i] + sorted(set(words[k]))) for i, k in
+                           enumerate(keys)])  # fmt: skip
+    df: dict[str, int] = {}
+    for t in toks:
+        for w in set(t):
+            df[w] = df.get(w, 0) + 1
+    vocab = {w: j for j, w in enumerate(sorted(w for w, n in df.items()
+                                               if 2 <= n <= 0.05 * len(keys)))}  # fmt: skip
+    X = np.zeros((len(keys), len(vocab)))
+    for i, t in enumerate(toks):
+        for w in t:
+            if w in vocab:
+                X[i, vocab[w]] += 1
+    X = np.where(X > 0, 1 + np.log(np.maximum(X, 1)), 0.0)
+    X *= np.log(len(keys) / np.array([df[w] for w in vocab]))[None, :]
+    X /= np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)
+    empty = ~X.any(axis=1)
+    X[empty, 0] = 1.0  # a fragment with no kept term: its own (far) point
+    labels = fcluster(linkage(X, "average", metric="cosine"), SQUAD_DEV_ARTICLES, "maxclust")
+    docs: list[list[str]] = []
+    for c in sorted(set(labels.tolist())):
+        members = list(np.flatnonzero(labels == c))
+        if sum(len(sents[i]) for i in members) < per_doc // 2:
+            continue
+        free = set(members)
+        first = len(docs)
+        while free:
+            seed = min(free)
+            free.discard(seed)
+            group = list(sents[seed])
+            near = sorted(free, key=lambda i: (-float(X[i] @ X[seed]), i))
+            for i in near:
+                if len(group) >= per_doc:
+                    break
+                group += sents[i]
+                free.discard(i)
+            if len(group) < per_doc // 2 and len(docs) > first:
+                docs[-1] += group
+            else:
+                docs.append(group)
+    doc_of = {s: d for d, group in enumerate(docs) for s in group}
+    answers: dict[str, set[int]] = {}
+    for q, s, label in zip(pairs.s1, pairs.s2, pairs.scores, strict=True):
+        if label == 1.0 and s in doc_of:
+            answers.setdefault(q, set()).add(doc_of[s])
+    queries: dict[str, str] = {}
+    qrels: dict[str, dict[str, int]] = {}
+    for q in sorted(answers):
+        if len(answers[q]) == 1:
+            qid = f"q{len(queries)}"
+            queries[qid] = q
+            qrels[qid] = {f"doc{next(iter(answers[q]))}": 1}
+    return {"docs": [" ".join(g) for g in docs], "queries": queries, "qrels": qrels,
+            "sentences": [len(g) for g in docs]}  # fmt: skip
+
+
 def long_dump(data: Path, encoder: str = "mean", source: str = "qnli") -> Path:
     """Build the long-document set's index with the shipped defaults; dump passage vectors,
     query vectors, each row's document, and the texts. Returns the ``.npz``."""
@@ -605,7 +893,12 @@ def long_dump(data: Path, encoder: str = "mean", source: str = "qnli") -> Path:
     if target.is_file():
         return target
     LONG_WORK.mkdir(parents=True, exist_ok=True)
-    dev = _dev_set(data, 10_000, 16, 100_000, "topic") if source == "qnli" else stsb_long(data)
+    if source == "qnli":
+        dev = _dev_set(data, 10_000, 16, 100_000, "topic")
+    elif source in ARTICLE_SOURCES:
+        dev = qnli_articles(data, ARTICLE_SOURCES[source])
+    else:
+        dev = stsb_long(data)
     ids = [f"doc{i}" for i in range(len(dev["docs"]))]
     corpus = LONG_WORK / f"docs_{tag}.parquet"
     pq.write_table(pa.table({"id": ids, "text": dev["docs"]}), corpus)
@@ -638,7 +931,30 @@ def long_dump(data: Path, encoder: str = "mean", source: str = "qnli") -> Path:
     return target
 
 
-def study_long(data: Path, encoder: str = "mean", source: str = "qnli") -> dict[str, Any]:
+def coherence(V: np.ndarray, doc_of: np.ndarray, seed: int = 0) -> dict[str, float]:
+    """How one-topic a set's documents are, seen by the dense side: the mean cosine between
+    two passages of one document, and between passages of two documents (random pairs)."""
+    rng = np.random.default_rng(seed)
+    Vn = V / np.maximum(np.linalg.norm(V, axis=1, keepdims=True), 1e-12)
+    order = np.argsort(doc_of, kind="stable")
+    same = [
+        float(Vn[a] @ Vn[b])
+        for d in np.unique(doc_of)
+        for a, b in itertools.combinations(order[doc_of[order] == d], 2)
+    ]
+    i, j = rng.integers(len(V), size=(2, 20_000))
+    other = doc_of[i] != doc_of[j]
+    across = np.einsum("ij,ij->i", Vn[i[other]], Vn[j[other]])
+    return {"within": round(float(np.mean(same)), 4), "across": round(float(across.mean()), 4)}
+
+
+def study_long(
+    data: Path,
+    encoder: str = "mean",
+    source: str = "qnli",
+    stored: dict[str, Any] | None = None,
+    query_signals: bool = True,
+) -> dict[str, Any]:
     from bench_fusion_query import Lexical
 
     from flowsearch.search.scores import FusionReference
@@ -724,6 +1040,23 @@ def study_long(data: Path, encoder: str = "mean", source: str = "qnli") -> dict[
     rank_l = np.argsort(np.argsort(-Lp, axis=1), axis=1) + 1.0
     rrf = 1 / (60 + rank_d) + np.where(Lp > 0, 1 / (60 + rank_l), 0.0)
     sweeps["published: RRF (k=60)"] = ([ndcg(per_doc_max(rrf))], [None])
+    # length-aware: a document's weight falls with its passages, w(n) = clip(w_s - beta ln n),
+    # w_s the shipped weight, so a one-passage document (every short set) scores as today
+    n_pass = np.bincount(doc_of, minlength=n_docs)
+    w_s = current().fusion_dense_weight if encoder == "mean" else (
+        current().fusion_dense_weight_static)  # fmt: skip
+    per, params = [], []
+    for beta in LENGTH_BETAS:
+        w = np.clip(w_s - beta * np.log(n_pass[doc_of]), 0, 1)[None, :]
+        per.append(ndcg(per_doc_max(w * nd + (1 - w) * nl)))
+        params.append(beta)
+    sweeps["length-aware weight, shipped - beta ln(passages)"] = (per, params)
+    # the same with one weight per index: its mean passages per document
+    per = []
+    for beta in LENGTH_BETAS:
+        w = float(np.clip(w_s - beta * np.log(len(V) / n_docs), 0, 1))
+        per.append(ndcg(per_doc_max(w * nd + (1 - w) * nl)))
+    sweeps[INDEX_RULE] = (per, list(LENGTH_BETAS))
     # (a) query-dependent weight, signals standardised on the tune half
     terms = np.maximum(np.asarray(qc.sum(1)).reshape(-1) + unknown / lp.idf_unknown, 1)
     signals = {
@@ -732,7 +1065,7 @@ def study_long(data: Path, encoder: str = "mean", source: str = "qnli") -> dict[
         "dense_conf": nd.max(1),
         "lex_conf": nl.max(1),
     }
-    for f, x in signals.items():
+    for f, x in signals.items() if query_signals else ():
         z = (x - x[tune].mean()) / (x[tune].std() or 1.0)
         per, params = [], []
         for beta in BETAS:
@@ -756,26 +1089,54 @@ def study_long(data: Path, encoder: str = "mean", source: str = "qnli") -> dict[
             "tune": round(float(per[j][tune].mean()), 4),
             "test": round(float(per[j][~tune].mean()), 4),
         }
+    alone = {
+        "dense alone": ndcg(per_doc_max(nd))[~tune],
+        "BM25 alone": ndcg(per_doc_max(nl))[~tune],
+    }
+    for label, q in alone.items():
+        res["rules"][label] = {"params": None, "test": round(float(q.mean()), 4)}
+        chosen_q[label] = q
     base = chosen_q["best passage (shipped)"]
     for label, r in res["rules"].items():
         q = chosen_q.get(label, fixed)
         r["minus_shipped"] = paired({"x": q}, {"x": base}, ["x"])
+        r["minus_fixed"] = paired({"x": q}, {"x": fixed}, ["x"])
+        r["minus_bm25"] = paired({"x": q}, {"x": alone["BM25 alone"]}, ["x"])
     res["curve"] = {
         label: [round(float(x[~tune].mean()), 4) for x in sweeps[label][0]]
         for label in ("best passage (shipped)", "published: TM2C2, dense bound -1",
                       "published: DBSF")
     }  # fmt: skip
-    res["product"] = product_check(tag, texts["queries"], rel, ~tune)
+    res["length_curve"] = {
+        label: {
+            "tune": [round(float(x[tune].mean()), 4) for x in sweeps[label][0]],
+            "test": [round(float(x[~tune].mean()), 4) for x in sweeps[label][0]],
+        }
+        for label in (*POOLED, "best passage (shipped)")
+    }
+    # per-query test halves of every grid point, for pooling the tune halves across sets
+    # (main: ``pooled``); not written to the JSON
+    res["_q"] = {label: [x[~tune] for x in sweeps[label][0]] for label in res["length_curve"]}
+    res["mean_passages"] = round(len(V) / n_docs, 3)
+    if stored and stored.get("product") and stored.get("size", {}).get("passages") == len(V):
+        res["product"] = stored["product"]  # the same index, searched before
+    else:
+        res["product"] = product_check(tag, texts["queries"], rel, ~tune)
     res["source"] = source
     cands = [k for k in sweeps if k != "best passage (shipped)" and not k.startswith("published")]
     res["chosen_on_tune"] = max(cands, key=lambda k: res["rules"][k]["tune"])
+    res["encoder"] = encoder
+    res["coherence"] = coherence(V, doc_of)
+    res["passages_per_document"] = [round(float(x), 2) for x in
+                                     np.percentile(n_pass, [0, 10, 50, 90, 100])]  # fmt: skip
     res["size"] = {"documents": n_docs, "passages": len(V), "queries": len(Z),
                    "tune": int(tune.sum()), "test": int((~tune).sum())}  # fmt: skip
     res["seconds"] = round(time.perf_counter() - t0, 1)
     return res
 
 
-def product_check(tag: str, queries: list[str], rel: np.ndarray, test: np.ndarray) -> dict:
+def product_check(tag: str, queries: list[str], rel: np.ndarray, test: np.ndarray,
+                  modes: Sequence[str] = ("hybrid", "dense", "lexical")) -> dict:  # fmt: skip
     """nDCG@10 of ``Searcher.search(k=10)`` on the test half, each mode: the study's shipped
     row must equal the product's hybrid."""
     from flowsearch import Searcher
@@ -783,7 +1144,7 @@ def product_check(tag: str, queries: list[str], rel: np.ndarray, test: np.ndarra
     s = Searcher.open(LONG_WORK / f"index_{tag}")
     which = np.flatnonzero(test)
     out = {}
-    for mode in ("hybrid", "dense", "lexical"):
+    for mode in modes:
         hits = s.search([queries[i] for i in which], k=10, mode=mode)
         got = []
         for i, hs in zip(which, hits, strict=True):
@@ -795,31 +1156,67 @@ def product_check(tag: str, queries: list[str], rel: np.ndarray, test: np.ndarra
     return out
 
 
+def recheck_product(report: dict[str, Any]) -> None:
+    """The product's hybrid search, as it ships now (the length-aware default weight), on each
+    coherent set's stored index and test half."""
+    for key in [k for k in report if k.startswith("long_article")]:
+        r = report[key]
+        tag = f"{r['source']}_{r.get('encoder', 'mean')}"
+        texts = json.loads((LONG_WORK / f"{tag}.json").read_text())
+        rel = np.load(LONG_WORK / f"{tag}.npz")["relevant"]
+        tune = split(len(rel), f"{r['source']}-long")
+        got = product_check(tag, texts["queries"], rel, ~tune, ("hybrid",))
+        r["product_shipped"] = {"hybrid": got["hybrid"],
+                                "slope": current().fusion_length_slope}  # fmt: skip
+
+
 def render_long(long: dict[str, Any]) -> list[str]:
     sz = long["size"]
-    lines = [
-        (
-            f"Long documents (`mean`; {sz['documents']} documents of 16 QNLI dev sentences by "
+    source, enc = long.get("source", "qnli"), long.get("encoder", "mean")
+    if source == "qnli":
+        what = (
+            f"Long documents (`{enc}`; {sz['documents']} documents of 16 QNLI dev sentences by "
             f"topic, {sz['passages']} passages at the shipped 128/16 cut, {sz['queries']} QNLI "
             f"questions"
-            if long.get("source", "qnli") == "qnli"
-            else f"Long documents, paraphrase kind (`mean`; {sz['documents']} documents of "
+        )
+    elif source in ARTICLE_SOURCES:
+        what = (
+            f"Coherent long documents `{source}` (`{enc}`; {sz['documents']} documents of "
+            f"about {ARTICLE_SOURCES[source]} QNLI dev sentences of one SQuAD article, "
+            f"{sz['passages']} passages at the shipped 128/16 cut (per document, min/10%/"
+            f"median/90%/max: {long['passages_per_document']}), {sz['queries']} QNLI questions"
+        )
+    else:
+        what = (
+            f"Long documents, paraphrase kind (`{enc}`; {sz['documents']} documents of "
             f"{STSB_PER_DOC} STS-B sentences by topic, {sz['passages']} passages at the "
             f"shipped 128/16 cut, {sz['queries']} STS-B first sentences (gold >= 4) whose "
             "paraphrase is in one document"
         )
-        + f", {sz['test']} in the test half; every passage scored): test-half "
-        "nDCG@10 with parameters tuned on the tune half; minus the shipped rule (best "
-        "passage) at its tuned weight, 95% CI:",
+    coh = long.get("coherence")
+    lines = [
+        what
+        + f", {sz['test']} in the test half; every passage scored"
+        + (
+            f"; mean cosine of two passages of one document {coh['within']:.3f}, of two "
+            f"documents {coh['across']:.3f}"
+            if coh
+            else ""
+        )
+        + "): test-half nDCG@10 with parameters tuned on the tune half; minus the shipped "
+        "rule (best passage) at its tuned weight, at the shipped weight, and minus BM25 "
+        "alone, 95% CI (queries resampled, paired):",
         "",
-        "| document score | params (tune) | tune | test | minus best passage |",
-        "|---|---|---:|---:|---|",
+        "| document score | params (tune) | tune | test | minus best passage (tuned) "
+        "| minus shipped weight | minus BM25 alone |",
+        "|---|---|---:|---:|---|---|---|",
     ]
     for label, r in long["rules"].items():
         tune = f"{r['tune']:.4f}" if "tune" in r else "-"
+        extra = [_ci(r[k]) if k in r else "-" for k in ("minus_fixed", "minus_bm25")]
         lines.append(
             f"| {label} | {json.dumps(r['params'])} | {tune} | {r['test']:.4f} "
-            f"| {_ci(r['minus_shipped'])} |"
+            f"| {_ci(r['minus_shipped'])} | " + " | ".join(extra) + " |"
         )
     if "curve" in long:
         lines += [
@@ -833,7 +1230,13 @@ def render_long(long: dict[str, Any]) -> list[str]:
         lines += [
             "",
             f"The product itself (`Searcher.search(k=10)` on the test half): hybrid "
-            f"{p['hybrid']:.4f}, dense {p['dense']:.4f}, lexical {p['lexical']:.4f}.",
+            f"{p['hybrid']:.4f}, dense {p['dense']:.4f}, lexical {p['lexical']:.4f}"
+            + (
+                f"; hybrid with the length-aware default weight (slope "
+                f"{long['product_shipped']['slope']}): {long['product_shipped']['hybrid']:.4f}."
+                if "product_shipped" in long
+                else "."
+            ),
         ]
     return lines
 
@@ -845,6 +1248,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--encoders", default="mean,static")
     parser.add_argument("--no-long", action="store_true", help="skip the long-document study")
     parser.add_argument("--long-sets", default="qnli,stsb", help="long-document sets to study")
+    parser.add_argument("--no-signals", action="store_true", help="long sets: no (a) sweeps")
+    parser.add_argument("--recheck-product", action="store_true", help="coherent sets: hybrid now")
+    parser.add_argument("--long-encoders", default="mean", help="encoders of the long sets")
     parser.add_argument("--merge", action="store_true", help="keep the stored report's parts")
     parser.add_argument("--out", default=str(HERE / "bench_fusion_adaptive"))
     parser.add_argument("--report-only", action="store_true")
@@ -863,8 +1269,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["short"][enc] = study_short(enc, args.max_corpus)
     if not args.no_long:
         for source in [x for x in args.long_sets.split(",") if x]:
-            key = "long" if source == "qnli" else f"long_{source}"
-            report[key] = study_long(resolve_data_dir(args.data), source=source)
+            for enc in [e for e in args.long_encoders.split(",") if e]:
+                key = ("long" if source == "qnli" else f"long_{source}") + (
+                    "" if enc == "mean" else f"_{enc}")  # fmt: skip
+                report[key] = study_long(resolve_data_dir(args.data), enc, source,
+                                         report.get(key), not args.no_signals)  # fmt: skip
+    if args.recheck_product:
+        recheck_product(report)
+    report["pooled"] = pooled(report) or report.get("pooled", {})
+    for key in [k for k in report if k.startswith("long")]:
+        report[key].pop("_q", None)
     report["runs"].append(
         {
             "encoders": args.encoders,

@@ -265,6 +265,17 @@ class Settings:
     #: trails BM25 on question -> passage search (bench_fusion_query: 0.7702 leave-one-set-out
     #: with the lexical score stretched, as without).
     fusion_dense_weight_static: float = 0.3
+    #: How fast the default dense weight falls with an index's passages per document p (rows
+    #: over documents, 1 when no document is cut): weight - slope x ln p, clipped to [0, 1]
+    #: (flowsearch.search.fusion.default_weight); an index of short texts keeps the weight.
+    #: 0.1: chosen on the tune halves of two long-document sets whose documents are each one
+    #: SQuAD article's QNLI sentences (6.1 and 12.2 passages per document: weights 0.47, 0.40):
+    #: test-half nDCG@10 0.9113 against 0.8967 at 0.65 (+0.015, 95% CI +0.009 to +0.020) and
+    #: 0.9329 against 0.9185 (+0.014, +0.009 to +0.021); BM25 alone 0.8867 and 0.9146
+    #: (bench_fusion_adaptive, "Coherent long documents").
+    fusion_length_slope: float = 0.1
+    #: The same for a static pooling: 0 (unmeasured on coherent long documents).
+    fusion_length_slope_static: float = 0.0
 
     # --- calibration: memory and speed of the calibrators ---------------------------------
     #: Rows a calibrator centres or converts at a time while fitting (whitening's covariance,

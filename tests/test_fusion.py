@@ -310,6 +310,29 @@ def test_fuse_default_weight_comes_from_settings_per_kind():
         fuse(dense, lexical, REF, 2, kind="onnx", **kw)  # type: ignore[arg-type]
 
 
+def test_default_weight_falls_with_passages_per_document():
+    from flowsearch.search.fusion import default_weight
+
+    with override(fusion_dense_weight=0.6, fusion_length_slope=0.2,
+                  fusion_dense_weight_static=0.3, fusion_length_slope_static=0.1):  # fmt: skip
+        assert default_weight("transformer") == 0.6  # an index of short texts
+        assert default_weight("transformer", 1.0) == 0.6
+        assert default_weight("transformer", np.e) == pytest.approx(0.4)
+        assert default_weight("transformer", np.e**2) > default_weight("transformer", np.e**3)
+        assert default_weight("transformer", 1e9) == 0.0  # clipped
+        assert default_weight("static", np.e) == pytest.approx(0.2)
+        for bad in (0.5, float("nan"), float("inf")):
+            with pytest.raises(BadInput, match="passages_per_document"):
+                default_weight("transformer", bad)
+    dense, lexical = _hits([(1, 0.9), (2, 0.2)]), _hits([(2, 9.0), (1, 0.5)])
+    kw = {"upper": np.array([10.0]), "dense_of_lexical": np.array([[0.2, 0.9]]),
+          "lexical_of_dense": np.array([[0.5, 9.0]])}  # fmt: skip
+    with override(fusion_dense_weight=1.0, fusion_length_slope=1.0):
+        assert fuse(dense, lexical, REF, 2, **kw).rows.tolist() == [[1, 2]]
+        assert fuse(dense, lexical, REF, 2, passages_per_document=10.0,
+                    **kw).rows.tolist() == [[2, 1]]  # fmt: skip
+
+
 def test_fuse_refuses_bad_arguments():
     side = _hits([(1, 0.5)])
     with pytest.raises(BadInput, match="weight"):

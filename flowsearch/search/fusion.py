@@ -57,7 +57,7 @@ from flowsearch.search.scores import (
 )
 from flowsearch.settings import current
 
-__all__ = ["FusedHits", "Hits", "Kind", "convex", "fuse", "rrf"]
+__all__ = ["FusedHits", "Hits", "Kind", "convex", "default_weight", "fuse", "rrf"]
 
 LOG = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ def fuse(
     upper: np.ndarray,
     kind: Kind = "transformer",
     weight: float | None = None,
+    passages_per_document: float = 1.0,
     dense_of_lexical: np.ndarray | None = None,
     lexical_of_dense: np.ndarray | None = None,
     lexical_match: float | None = LEXICAL_MATCH,
@@ -125,6 +126,9 @@ def fuse(
         kind: picks the default weight: ``settings.fusion_dense_weight`` for a transformer
             pooling, ``settings.fusion_dense_weight_static`` for a static one.
         weight: the dense side's weight in [0, 1], instead of the default.
+        passages_per_document: the index's live rows per live document (>= 1); the default
+            weight falls with it (:func:`default_weight`). 1 (every document one passage, as
+            in an index of short texts): the weight as it stands.
         dense_of_lexical: float (q, kl): the cosine of each lexical candidate (the query's
             searched vector dotted with the row's stored vector); NaN where unknown.
         lexical_of_dense: float (q, kd): the BM25 of each dense candidate for the query (0
@@ -137,7 +141,7 @@ def fuse(
         :class:`FusedHits` of shape (q, k).
     """
     if weight is None:
-        weight = _default_weight(kind)
+        weight = default_weight(kind, passages_per_document)
     if not 0.0 <= weight <= 1.0:
         raise BadInput(f"weight must be in [0, 1], got {weight}", param="weight")
     own_dense, own_lexical = dense, lexical
@@ -158,12 +162,26 @@ def fuse(
     return _fuse(dense, lexical, k, rule)
 
 
-def _default_weight(kind: str) -> float:
+def default_weight(kind: str, passages_per_document: float = 1.0) -> float:
+    """The default dense weight: ``settings.fusion_dense_weight`` (a transformer pooling) or
+    ``settings.fusion_dense_weight_static``, less ``slope x ln(passages_per_document)``
+    (``settings.fusion_length_slope``, per kind), clipped to [0, 1]. A passage of a long
+    document holds several facts and its vector their average, while BM25 still finds the
+    one sentence's terms: on documents of one topic cut into passages the dense side needs
+    less weight (benchmarks/RESULTS.md, "Query-dependent fusion ... passage combination")."""
+    settings = current()
     if kind == "transformer":
-        return current().fusion_dense_weight
-    if kind == "static":
-        return current().fusion_dense_weight_static
-    raise BadInput(f"unknown encoder kind {kind!r}; use 'transformer' or 'static'", param="kind")
+        base, slope = settings.fusion_dense_weight, settings.fusion_length_slope
+    elif kind == "static":
+        base, slope = settings.fusion_dense_weight_static, settings.fusion_length_slope_static
+    else:
+        raise BadInput(
+            f"unknown encoder kind {kind!r}; use 'transformer' or 'static'", param="kind"
+        )
+    if not (math.isfinite(passages_per_document) and passages_per_document >= 1.0):
+        raise BadInput(f"passages_per_document must be a number >= 1, got "
+                       f"{passages_per_document!r}", param="passages_per_document")  # fmt: skip
+    return float(min(max(base - slope * math.log(passages_per_document), 0.0), 1.0))
 
 
 def _extended(side: Hits, rows: np.ndarray, scores: np.ndarray, name: str) -> Hits:

@@ -509,10 +509,12 @@ def run(
     mode: str,
     embed: Callable[[list[str]], tuple[np.ndarray, np.ndarray | None]] | None = None,
     vectors: np.ndarray | None = None,
+    passages_per_document: float = 1.0,
 ) -> Ranked | None:
     """One search over every shard (two phases, see the module docstring): the ranked global
     rows with their scores, or None when ``where`` matched no row. ``mode`` is checked;
-    ``vectors`` (searched space) stand in for ``embed``'s when given."""
+    ``vectors`` (searched space) stand in for ``embed``'s when given; the hybrid's weight
+    falls with ``passages_per_document`` (:func:`flowsearch.search.fusion.default_weight`)."""
     from flowsearch.search.fusion import fuse
     from flowsearch.search.scores import normalise_dense, normalise_lexical
 
@@ -553,6 +555,7 @@ def run(
             "static" if manifest.encoder.pooling == "static" else "transformer"
         )
         fused = fuse((d[0], d[1]), (lx[0], lx[1]), reference, k, upper=upper, kind=kind,
+                     passages_per_document=passages_per_document,
                      dense_of_lexical=lx[2], lexical_of_dense=d[2])  # fmt: skip
         parts = (fused.dense_scores, fused.lexical_scores)
         return Ranked(fused.scores, fused.rows, parts, lp, top)
