@@ -71,10 +71,10 @@ class Settings:
     #: against 60 s); at 16, 0.897 at 1024. As ``auto`` tunes it: at 80, efSearch 104, real
     #: queries 0.955, 58x ``Flat`` (0.57 ms); at 40, efSearch 1024 (the tuner's largest), 0.965,
     #: 4.2x (bench_ann_study). Not measured at 1M (a 1M build at 40 took 415 s on one core).
-    #: One value at every size: 10 segments of 20k rows built at 160 or 320 needed 3.22x /
-    #: 3.24x one 200k segment's vector-search CPU at equal recall@10 0.95 (80: 3.43x, 40:
-    #: 4.71x) for 2.7x / 7.5x the build of 40 (bench_segments), far from the 1.3x that would
-    #: pay for a size-dependent value.
+    #: One value at every size: 10 segments of 20k rows built at 160 or 320 needed 3.0x /
+    #: 2.8x one 200k segment's vector-search CPU at equal recall@10 0.95 (80: 3.4x, 40: 3.7x;
+    #: HNSW16 at 160: 2.9x) for 2.7x / 7.5x the build of 40 (bench_segments), far from the
+    #: 1.3x that would pay for a size-dependent value.
     hnsw_ef_construction: int = 80
     #: Largest segment ``auto`` indexes with :attr:`graph_factory`; above, IVF-PQ with an exact
     #: re-rank: HNSW32 holds ~1.8 KB per row in RAM at dim 384 (docs/SCALE.md).
