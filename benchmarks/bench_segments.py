@@ -16,9 +16,17 @@ dense recall@10 against exact search over all rows; hybrid: the share of the top
 to an exact twin's (every segment searched exactly); batch QPS (all queries at once) and the
 QPS of concurrent single queries from 4 threads.
 
+Equal recall (``knob_curves``): whatever each set-up's tuner chose, the dense vector search
+alone (``search_segments``: no embedding, no row join) swept over one efSearch for every
+segment, recall@10 against p50 (the CPU time of the searching thread, so the other jobs of a
+shared core do not enter it; wall time beside), interpolated at recall 0.95, 0.96 and 0.97.
+``--variants HNSW32@160,...``: the segmented index's segments rebuilt from their searched
+vectors as other graphs (factory @ efConstruction), compared on the same curves.
+
 Usage::
 
     python benchmarks/bench_segments.py [--rows 200000] [--segments 10] [--queries 1000]
+        [--variants HNSW32@160,HNSW16@160]
     python benchmarks/bench_segments.py --smoke
 """
 
@@ -167,8 +175,137 @@ def curve_summary(searcher: Any) -> dict[str, Any]:
     }
 
 
+class Graph:
+    """A bare FAISS index standing in for a segment reader in ``search_segments``."""
+
+    def __init__(self, index: Any) -> None:
+        self.index = index
+
+    def search(self, queries: np.ndarray, k: int, rows: Any, deleted: Any, knob: Any) -> Any:
+        from flowsearch.ann import io as ann_io
+
+        return ann_io.search(self.index, queries, k, knob)
+
+
+def rebuilt(searcher: Any, specs: list[str], work: Path) -> dict[str, Any]:
+    """Per spec (``HNSW32@160``: factory @ efConstruction), the segmented index's segments
+    rebuilt as that graph from their searched vectors (same rows and bounds; built once, on
+    FAISS's threads as ingest builds, cached under ``work``): ``{spec: (graphs, offsets,
+    {"seconds": build seconds, "note": how, when a cached build says})}``."""
+    import faiss
+
+    v = searcher.version
+    X = searcher.vectors()
+    out: dict[str, Any] = {}
+    for spec in specs:
+        factory, _, efc = spec.partition("@")
+        folder = work / "variants" / spec.replace("@", "_")
+        folder.mkdir(parents=True, exist_ok=True)
+        done = folder / "build.json"
+        graphs = []
+        if done.exists():
+            graphs = [faiss.read_index(str(folder / f"{i}.faiss")) for i in range(len(v.segments))]
+        else:
+            t = time.perf_counter()
+            for i in range(len(v.segments)):
+                g = faiss.index_factory(X.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+                faiss.downcast_index(g).hnsw.efConstruction = int(efc)
+                g.add(np.ascontiguousarray(X[v.offsets[i] : v.offsets[i + 1]]))
+                faiss.write_index(g, str(folder / f"{i}.faiss"))
+                graphs.append(g)
+            done.write_text(json.dumps({"seconds": time.perf_counter() - t}))
+        out[spec] = ([Graph(g) for g in graphs], v.offsets, json.loads(done.read_text()))
+    return out
+
+
+def interpolate(points: list[tuple[int, float, float]], target: float) -> float | None:
+    """The p50 at ``target`` recall, linear between the two measured points around it (None
+    outside the measured range); ``points``: (knob, recall, p50)."""
+    ordered = sorted(points, key=lambda p: p[1])
+    for (_, r0, p0), (_, r1, p1) in zip(ordered, ordered[1:], strict=False):
+        if r0 <= target <= r1 and r1 > r0:
+            return p0 + (p1 - p0) * (target - r0) / (r1 - r0)
+    return None
+
+
+def knob_curves(opened: dict[str, Any], queries: list[str], n_latency: int, rounds: int = 3,
+                sweeps: dict[str, tuple[int, ...]] | None = None,
+                extra: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Recall against p50 of the dense vector search alone (``search_segments``, what a
+    searcher runs after embedding and before joining rows), each index swept over one efSearch
+    for all its segments: the set-ups compared at equal recall, whatever their tuners chose.
+    p50 per point: one query at a time on one FAISS thread, CPU time of the thread (the
+    machine's other jobs do not enter it) and wall time; points interleaved (a round times
+    every point's queries, the order shuffled per round) after a warm-up round."""
+    from flowsearch.ann import io as ann_io
+    from flowsearch.search.dense import search_segments
+
+    sweeps = sweeps or {"one": (64, 96, 128, 192, 256, 384, 512),
+                        "many": (15, 20, 25, 30, 40, 50, 60, 80)}  # fmt: skip
+    Z, _ = opened["one"].embed(queries)
+    Z = np.ascontiguousarray(Z, dtype=np.float32)
+    truth = harness.exact_top(Z, opened["one"].vectors(), 10)[1]
+    points: list[tuple[str, int]] = []
+    recall: dict[tuple[str, int], float] = {}
+    indexes = {name: (s.version.segments, s.version.offsets) for name, s in opened.items()}
+    indexes.update({name: (g[0], g[1]) for name, g in (extra or {}).items()})
+    runs = {
+        name: (lambda Q, ef, segs=segs, offsets=offsets: search_segments(
+            segs, [None] * len(segs), offsets, Q, 10, [None] * len(segs), [ef] * len(segs)))
+        for name, (segs, offsets) in indexes.items()
+    }  # fmt: skip
+    for name, (segs, _) in indexes.items():
+        for ef in sweeps["one" if len(segs) == 1 else "many"]:
+            found = ann_io.single_threaded(lambda: runs[name](Z, ef)[1])  # noqa: B023
+            recall[(name, ef)] = r = harness.recall(found, truth)
+            if 0.92 <= r <= 0.985:
+                points.append((name, ef))
+    picked = Z[:: max(1, len(Z) // n_latency)][:n_latency]
+    cpu: dict[tuple[str, int], list[float]] = {p: [] for p in points}
+    wall: dict[tuple[str, int], list[float]] = {p: [] for p in points}
+    rng = np.random.default_rng(0)
+
+    def one_round(record: bool) -> None:
+        for i in rng.permutation(len(points)):
+            name, ef = points[i]
+            fn = runs[name]
+            for q in picked:
+                q1 = q[None]
+                c, t = time.thread_time(), time.perf_counter()
+                fn(q1, ef)
+                if record:
+                    wall[(name, ef)].append((time.perf_counter() - t) * 1e3)
+                    cpu[(name, ef)].append((time.thread_time() - c) * 1e3)
+
+    load = [harness.load_average()]
+    ann_io.single_threaded(lambda: [one_round(r > 0) for r in range(rounds + 1)])
+    load.append(harness.load_average())
+    table: dict[str, list[tuple[int, float, float, float]]] = {}
+    for name, ef in points:
+        table.setdefault(name, []).append((ef, recall[(name, ef)],
+                                           float(np.median(cpu[(name, ef)])),
+                                           float(np.median(wall[(name, ef)]))))  # fmt: skip
+    at: dict[str, dict[str, Any]] = {}
+    for target in (0.95, 0.96, 0.97):
+        row = {}
+        for name, pts in table.items():
+            c = interpolate([(e, r, p) for e, r, p, _ in pts], target)
+            w = interpolate([(e, r, p) for e, r, _, p in pts], target)
+            row[name] = {"cpu_ms": c, "wall_ms": w}
+        base = row.get("one", {})
+        for r in row.values():
+            for key in ("cpu_ms", "wall_ms"):
+                b = base.get(key)
+                r[key.replace("_ms", "_ratio")] = None if r[key] is None or not b else r[key] / b
+        at[f"{target:.2f}"] = row
+    return {"points": table, "at": at, "load": load,
+            "all_recall": {f"{n} ef {e}": r for (n, e), r in recall.items()},
+            "latency_queries": len(picked), "rounds": rounds}  # fmt: skip
+
+
 def measure(one: Path, many: dict[str, Path], queries: list[str], n_latency: int,
-            threads: tuple[int, ...], skews: tuple[float, ...]) -> dict[str, Any]:  # fmt: skip
+            threads: tuple[int, ...], skews: tuple[float, ...],
+            specs: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
     """Every index's recall, latency and throughput (see the module docstring)."""
     from flowsearch import Searcher
     from flowsearch.settings import override
@@ -182,6 +319,11 @@ def measure(one: Path, many: dict[str, Path], queries: list[str], n_latency: int
                 opened[f"{name} skew {skew:g}"].version.knobs()
     truth = truth_of(opened["one"], queries)
     out: dict[str, Any] = {"queries": len(queries), "load": [harness.load_average()]}
+    extra = rebuilt(opened[main], list(specs), one.parent) if specs else {}
+    out["variant_build_s"] = {name: g[2] for name, g in extra.items()}
+    out["curves"] = knob_curves({n: opened[n] for n in ("one", *many)}, queries, n_latency,
+                                extra=extra)  # fmt: skip
+    LOG.info("curves %s", json.dumps(out["curves"]["at"], indent=1))
     answers: dict[str, dict[str, np.ndarray]] = {}
     for name, s in opened.items():
         answers[name] = {m: ids_of(s.search(queries, k=10, mode=m)) for m in ("dense", "hybrid")}
@@ -263,7 +405,11 @@ def main() -> int:
     parser.add_argument("--baseline", default=None, help="a segmented index built by main's code")
     parser.add_argument("--threads", default="1", help="segment_threads settings to measure")
     parser.add_argument("--skews", default="", help="more merged_skew settings to measure")
+    parser.add_argument("--variants", default="", help="segment graphs to compare at equal "
+                        "recall, e.g. HNSW32@160,HNSW16@160 (factory@efConstruction)")  # fmt: skip
     args = harness.parse(parser, rows=20_000, segments=4, queries=100, latency_queries=50)
+    if harness.rendered(args, render):
+        return 0
     data = harness.data_dir(args.data)
     work = harness.WORK / ("smoke/segments" if args.smoke else "segments") / str(args.rows)
     work.mkdir(parents=True, exist_ok=True)
@@ -302,7 +448,15 @@ def main() -> int:
             }.items()
             if p.exists() and p.read_text().strip()
         },  # fmt: skip
-        "measured": measure(one, many_paths, queries, args.latency_queries, threads, skews),
+        "measured": measure(
+            one,
+            many_paths,
+            queries,
+            args.latency_queries,
+            threads,
+            skews,
+            tuple(x for x in args.variants.split(",") if x),
+        ),  # fmt: skip
         "machine": harness.machine(),
         "command": harness.command_line(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -318,6 +472,9 @@ def render(report: dict[str, Any]) -> str:
     names = report.get("names", {})
 
     def label(name: str) -> str:
+        if "@" in name:
+            factory, _, efc = name.partition("@")
+            return f"{n} segments rebuilt as {factory}, efConstruction {efc}"
         first, _, rest = name.partition(" ")
         if first in names and rest.startswith("skew"):
             return f"{n} segments, knobs for the merged top 10 ({rest})"
@@ -344,6 +501,37 @@ def render(report: dict[str, Any]) -> str:
             f"({r['recall_dense_questions']:.3f} / {r['recall_dense_partial']:.3f}) | "
             f"{r['hybrid_same_as_one']:.3f} | {knobs}; {', '.join(r['params'])} |"
         )
+    c = m.get("curves")
+    if c:
+
+        def ms(x: float | None) -> str:
+            return "-" if x is None else f"{x:.2f}"
+
+        def ratio(x: float | None) -> str:
+            return "-" if x is None else f"{x:.2f}x"
+
+        body += [
+            "",
+            "Equal recall: the dense vector search alone (`search_segments`: every segment at one "
+            "efSearch, swept; no embedding, no row join), one query at a time on one FAISS "
+            f"thread, {c['latency_queries']} queries x {c['rounds']} interleaved rounds; p50 of "
+            "the thread's CPU time (wall time beside it), interpolated at each recall@10. "
+            f"Load (1-minute) before / after: {[x[0] for x in c['load']]}: wall time on a "
+            "shared core counts other jobs' time slices, which a longer search catches more "
+            "often; compare CPU time.",
+            "",
+            "| recall@10 | index | CPU p50 ms | / one | wall p50 ms | / one |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for target, row in c["at"].items():
+            for name, r in row.items():
+                body.append(
+                    f"| {target} | {label(name)} | {ms(r['cpu_ms'])} | {ratio(r['cpu_ratio'])} | "
+                    f"{ms(r['wall_ms'])} | {ratio(r['wall_ratio'])} |"
+                )
+        body += ["", "Measured points (efSearch: recall@10, CPU p50 ms): " + "; ".join(
+            f"{label(name)}: " + ", ".join(f"{e}: {r:.3f}, {p:.2f}" for e, r, p, _ in pts)
+            for name, pts in c["points"].items())]  # fmt: skip
     body += [
         "",
         "| index | dense p50 ms | / one | dense p90 | hybrid p50 ms | / one | hybrid p90 |",
@@ -365,7 +553,11 @@ def render(report: dict[str, Any]) -> str:
             f"| {label(name)} | {r['batch_qps_dense']:.0f} | {r['concurrent_qps_dense']:.0f} | "
             f"{r['concurrent_qps_hybrid']:.0f} |"
         )
-    body += ["", f"Build seconds: {report['build_s']}.", "",
+    body += ["", f"Build seconds: {report['build_s']}"
+             + (("; the rebuilt segments' graphs alone: " + ", ".join(
+                 f"{k} {b['seconds']:.0f} s" + (f" ({b['note']})" if b.get("note") else "")
+                 for k, b in m["variant_build_s"].items()))
+                if m.get("variant_build_s") else "") + ".", "",
              f"Produced by `{report['command']}`, {report['date']}."]  # fmt: skip
     return "\n".join(body) + "\n"
 

@@ -76,6 +76,10 @@ class Settings:
     #: HNSW32 at 24 (over 192 principal components) 170 s and 0.938; HNSW32 at 32 needed 220 s
     #: for 0.961 at 18.6x; HNSW32 at 28 over 128 components 190 s (3.05x its run's encoding)
     #: for 0.951 at 25x: on the line, not clearly met, so no size tier here.
+    #: One value at every size: 10 segments of 20k rows built at 160 or 320 needed 3.0x /
+    #: 2.8x one 200k segment's vector-search CPU at equal recall@10 0.95 (80: 3.4x, 40: 3.7x;
+    #: HNSW16 at 160: 2.9x) for 2.7x / 7.5x the build of 40 (bench_segments), far from the
+    #: 1.3x that would pay for a size-dependent value.
     hnsw_ef_construction: int = 80
     #: Largest segment ``auto`` indexes with :attr:`graph_factory`; above, IVF-PQ with an exact
     #: re-rank: HNSW32 holds ~1.8 KB per row in RAM at dim 384 (docs/SCALE.md).
@@ -97,6 +101,10 @@ class Settings:
     #: the 200k rows: 0.959; each segment tuned alone: 0.969), partial sentences 0.927, 0.944,
     #: 0.950: the curves come from held-out rows, easier than real queries at the small knobs
     #: a segment then gets, and neighbours crowd into some segments more than their share.
+    #: The allocation is not what keeps 10 segments slower than one: at 5 it chose efSearch
+    #: 18-60 (414 in all) for 0.960, where 40 each (400) gave 0.968 and 30 each 0.952, and at
+    #: equal recall 0.95 the 10 graphs' search costs ~3.4x one graph's CPU whatever the knobs
+    #: (bench_segments' equal-recall table).
     merged_skew: float = 5.0
     #: Threads that search one query's segments concurrently (FAISS releases the GIL); 1: in
     #: turn. Only single queries (batches already use FAISS's threads). At 10 segments of 20k
