@@ -70,7 +70,9 @@ class Settings:
     #: built at 80, 0.953 at 128 (0.71 ms) and 0.973 at 512, for a 1.45x longer build (87 s
     #: against 60 s); at 16, 0.897 at 1024. As ``auto`` tunes it: at 80, efSearch 104, real
     #: queries 0.955, 58x ``Flat`` (0.57 ms); at 40, efSearch 1024 (the tuner's largest), 0.965,
-    #: 4.2x (bench_ann_study). Not measured at 1M (a 1M build at 40 took 415 s on one core).
+    #: 4.2x (bench_ann_study). At 1M (bench_storage: bench_serving's corpus, whitened) a build
+    #: at 80 took 1,985 s on a third of a core and its tuning stopped at efSearch 1024 with
+    #: recall 0.803 on its check rows (it warns); at 40, one core: 415 s.
     #: Cheaper graphs at 1M (bench_ann_study's scale-graph runs, encoding 1M rows: 60-68 s)
     #: lose the recall instead: HNSW16 at 40 built in 197 s reached 0.933 at 20x ``Flat``,
     #: HNSW32 at 24 (over 192 principal components) 170 s and 0.938; HNSW32 at 32 needed 220 s

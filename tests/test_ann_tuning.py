@@ -104,6 +104,24 @@ def test_tuning_reaches_the_target_on_queries_it_never_saw():
     assert ab.recall_at_k(index.search(fresh, 10)[1], _exact(fresh, x, 10)) < real
 
 
+def test_a_tuning_that_cannot_reach_the_target_says_so(caplog):
+    """The largest knob tried and the recall still short (as a 1M graph was in bench_storage):
+    the tuning warns with what to do, records the recall it got, and keeps that knob."""
+    x = _clustered(4_000, 32, 40)
+    index = af.new_index(32, "HNSW8")
+    ab.add(index, x)
+    pos = np.arange(0, len(x), 3)
+    chunks = lambda: iter([x])  # noqa: E731
+    with override(max_ef_search=16), caplog.at_level("WARNING", logger="flowsearch"):
+        t = ab.tune(index, x[pos], chunks, sample_rows=pos, target=0.999, noise=0.5)
+    assert t.params == "efSearch=16" and t.tuned_recall < 0.999
+    assert "below the target 0.999" in caplog.text and "max_ef_search" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="flowsearch"):  # reachable: no warning
+        ab.tune(index, x[pos], chunks, sample_rows=pos, target=0.5, noise=0.5)
+    assert "below the target" not in caplog.text
+
+
 def test_an_exact_index_needs_no_tuning():
     x = _clustered(300, 8, 5)
     flat = af.new_index(8, "Flat")

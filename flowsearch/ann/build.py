@@ -422,6 +422,13 @@ def tune(
         tuned = tuning.recall(index)
         params = ",".join(p for p in (params, f"k_factor_rf={depth}") if p)
     checked = check.recall(index)
+    if name != "k_factor_rf" and tuned < aim:  # the largest knob tried and still short
+        more = "raise Settings.max_ef_search" if name == "efSearch" else "use finer codes"
+        LOG.warning(
+            "this segment's vector index reached recall@%d %.3f on held-out rows at its largest "
+            "%s (%d), below the target %g: %s, or index it exactly (index_factory='Flat')",
+            k, tuned, name, value, target, more,
+        )  # fmt: skip
     curve = None
     if not rerank:
         every = _Queries(queries, truth, source, k)
