@@ -165,6 +165,23 @@ def test_an_address_other_than_the_joined_cluster_is_refused(monkeypatch) -> Non
     assert caught.value.param == "address"
 
 
+def test_shards_start_on_the_live_nodes_in_turn() -> None:
+    """Each shard names its node (softly, so a lost node's shard starts elsewhere): Ray's
+    best-effort SPREAD once put both shards of a 3-node cluster on the head node."""
+    pytest.importorskip("ray")
+    from types import SimpleNamespace
+
+    from flowsearch.search.ray_shards import _placements
+
+    a, b, c = ("a" * 56, "b" * 56, "c" * 56)  # Ray's node ids: 28 bytes in hex
+    nodes = [{"NodeID": c, "Alive": True}, {"NodeID": a, "Alive": True},
+             {"NodeID": b, "Alive": False}]  # fmt: skip
+    places = _placements(SimpleNamespace(nodes=lambda: nodes), 5)
+    assert [p.node_id for p in places] == [a, c, a, c, a]
+    assert all(p.soft for p in places)
+    assert _placements(SimpleNamespace(nodes=lambda: []), 2) == ["SPREAD", "SPREAD"]
+
+
 def test_segments_are_balanced_by_rows_and_keep_their_shard(index) -> None:
     from flowsearch.search.ray_shards import assign, specs
 

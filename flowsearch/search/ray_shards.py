@@ -1,7 +1,7 @@
 r"""Serving one index from Ray actors: ``Searcher.open(index_dir, engine="ray", shards=N)``.
 
 The version's segments are spread over N actors, balanced by live rows (the largest first, each
-to the lightest shard) and placed across nodes (Ray's ``SPREAD`` strategy). Each actor opens its
+to the lightest shard) and started on the cluster's live nodes in turn. Each actor opens its
 segments from the index directory (a path every node reads: a shared filesystem) and answers as
 a :class:`~flowsearch.search.shards.SegmentSet`; the driver (this process) holds the manifest,
 the encoder and the calibrator, embeds the queries once, and runs the two phases of
@@ -336,6 +336,18 @@ class RayShards:
         return out
 
 
+def _placements(ray: Any, n: int) -> list[Any]:
+    """Where each of ``n`` shards starts: the cluster's live nodes in turn (a soft affinity, so
+    a shard whose node is gone starts on another). Ray's ``SPREAD`` is best effort: under load
+    it put both shards of a 3-node cluster on one node (tests/test_ray_serve.py)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = sorted(node["NodeID"] for node in ray.nodes() if node.get("Alive"))
+    if not nodes:
+        return ["SPREAD"] * n
+    return [NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=True) for i in range(n)]
+
+
 class RayBackend:
     """What a :class:`~flowsearch.search.searcher.Searcher` opened with ``engine="ray"``
     holds: the actors, the assignment of segments to them, the shards of the pinned version
@@ -378,15 +390,16 @@ class RayBackend:
             if n < wanted:
                 LOG.info("%d shards asked, %d segments: using %d", wanted, n, n)
             restarts = current().shard_restarts
-            actor = ray.remote(ShardServer).options(
-                # no CPU reserved: a shard always fits (any node count, any shard count) and
-                # a lost one restarts wherever a node is left; SPREAD still spreads them
-                num_cpus=0,
-                max_restarts=restarts,
-                max_task_retries=restarts,
-                scheduling_strategy="SPREAD",
-            )
-            actors += [actor.remote(str(root.resolve())) for _ in range(n)]
+            for place in _placements(ray, n):
+                actor = ray.remote(ShardServer).options(
+                    # no CPU reserved: a shard always fits (any node count, any shard count)
+                    # and a lost one restarts wherever a node is left (the affinity is soft)
+                    num_cpus=0,
+                    max_restarts=restarts,
+                    max_task_retries=restarts,
+                    scheduling_strategy=place,
+                )
+                actors.append(actor.remote(str(root.resolve())))
             backend = cls(ray, started, actors, assign(version.manifest, n), version)
             backend.current.ready()
         except BaseException:
