@@ -619,17 +619,20 @@ NOISES = (0.0, 0.5, 0.8, 1.0, 1.2)
 EFS = (16, 32, 64, 128, 256, 512)
 
 
-def tune(rows: int, factory: str | None = None, curves: bool = True) -> dict[str, Any]:
+def tune(
+    rows: int, factory: str | None = None, curves: bool = True, work: Path | None = None
+) -> dict[str, Any]:
     """``auto``'s index over the searched vectors and its tuner; then real queries at the knob
     it chose, and, knob by knob, recall of real queries beside the tuner's held-out queries at
-    several noise norms (which noise makes the tuner's queries as hard as real ones)."""
+    several noise norms (which noise makes the tuner's queries as hard as real ones).
+    ``work``: the stages' folder (default: ``rows`` rows of ``static``)."""
     import faiss
 
     from flowsearch.ann import build as ann_build
     from flowsearch.ann.factory import auto_factory, new_index
     from flowsearch.settings import current
 
-    work = WORK / str(rows)
+    work = work or WORK / str(rows)
     Z, Zq = np.load(work / "z.npy"), np.load(work / "z_q.npy")
     truth = _truth(Zq, Z)
     faiss.omp_set_num_threads(1)
@@ -876,6 +879,69 @@ def _scale_tune_section(t: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _study_keys(out: dict[str, Any], pooling: str, rows: int) -> tuple[str, str]:
+    """``(study key, prepare key)`` of a study of ``rows`` rows encoded with ``pooling``: one
+    pair per row count, so that a run at another size does not replace (or merge its curves
+    into) another size's. ``static``: ``study`` / ``prepare_static``; other poolings
+    ``study_<pooling>_<rows>``, except the first such run (``mean`` at 50,000 rows), kept
+    under ``study_<pooling>`` / ``prepare_<pooling>``."""
+    if pooling == "static":
+        return "study", "prepare_static"
+    if out.get(f"study_{pooling}", {}).get("rows") in (None, rows):
+        return f"study_{pooling}", f"prepare_{pooling}"
+    return f"study_{pooling}_{rows}", f"prepare_{pooling}_{rows}"
+
+
+def _pooled_studies(out: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """``(study, prepare)`` of each study of a pooling other than ``static``, smallest first."""
+    pairs = [
+        (v, out.get("prepare_" + k.removeprefix("study_"), {}))
+        for k, v in out.items()
+        if k.startswith("study_") and isinstance(v, dict) and "curves" in v
+    ]
+    return sorted(pairs, key=lambda p: (p[1].get("pooling", ""), p[0]["rows"]))
+
+
+def _pooled_section(m: dict[str, Any], pm: dict[str, Any]) -> list[str]:
+    """One study of :func:`_pooled_studies`: how its rows were encoded, ``auto``'s choices
+    for them, ``Flat``, the curves."""
+    pooling = pm.get("pooling", "mean")
+    why = (
+        f" (why not 200k: that is ~{4 * pm.get('encode_s', float('nan')) / 60:.0f} min more of "
+        "the timed core)"
+        if m["rows"] < 200_000
+        else ""
+    )
+    chosen = (
+        f"; `auto`'s index at this size: `{m['auto_factory']}`" if m.get("auto_factory") else ""
+    )
+    if m.get("auto_factory") == "HNSW32":
+        chosen += " (built at `Settings`' `efConstruction` 80: the `HNSW32 efConstruction 80` rows)"
+    body = [
+        f"### The same at {m['rows']:,} rows, `{pooling}` pooling (one thread)",
+        "",
+        f"`{pooling}` (the bundled model's transformer pooling) encoded {m['rows']:,} rows of "
+        f"the same kind of corpus in {pm.get('encode_s', float('nan')):.0f} s on one core{why}; "
+        f"calibrator `{pm.get('calibrator')}` ({pm.get('space')}){chosen}. "
+        f"`Flat` p50 **{m['flat_p50_ms']:.2f} ms**.",
+        "",
+        *_curves_table(m["curves"]),
+    ]
+    t = m.get("tune")
+    if t:
+        body += [
+            f"`auto`'s tuner on its `{t['factory']}` over these rows (built {t['build_s']:.0f} s, "
+            f"tuned {t['tune_s']:.0f} s, one thread; held-out rows + noise {t['noise']:g}) chose "
+            f"`{t['params']}`: recall@10 {t['tuning']['tuned_recall']:.3f} on its tuning half, "
+            f"recorded **{t['tuning']['recall']:.3f}** (check half); the real queries at that knob "
+            f"**{t['real_recall']:.3f}** ({t['real_recall_questions']:.3f} / "
+            f"{t['real_recall_partial']:.3f}), p50 {t['p50_ms']:.2f} ms against `Flat`'s "
+            f"{t['flat_p50_ms']:.1f} ms = **{t['speedup']:.1f}x**.",
+            "",
+        ]
+    return body
+
+
 def render(out: dict[str, Any]) -> str:
     p = out["prepare"]
     body = [
@@ -907,20 +973,8 @@ def render(out: dict[str, Any]) -> str:
             "",
             *_curves_table(s["curves"]),
         ]
-    m = out.get("study_mean")
-    if m:
-        pm = out.get("prepare_mean", {})
-        body += [
-            f"### The same at {m['rows']:,} rows, `mean` pooling (one thread)",
-            "",
-            f"`mean` (the bundled model's transformer pooling) encoded {m['rows']:,} rows of the "
-            f"same kind of corpus in {pm.get('encode_s', float('nan')):.0f} s on one core (why "
-            f"not 200k: that is ~{4 * pm.get('encode_s', float('nan')) / 60:.0f} min more of "
-            f"the timed core); calibrator `{pm.get('calibrator')}` ({pm.get('space')}). `Flat` "
-            f"p50 **{m['flat_p50_ms']:.2f} ms**.",
-            "",
-            *_curves_table(m["curves"]),
-        ]
+    for m, pm in _pooled_studies(out):
+        body += _pooled_section(m, pm)
     c = out.get("scale")
     if c and c.get("curves"):
         cp = c["prepare"]
@@ -1079,6 +1133,12 @@ def main() -> int:
     prep = prepare(data, args.rows, args.queries, args.pooling)
     if args.pooling == "static":
         out["prepare"] = prep
+    if args.stage == "tune" and args.pooling != "static":  # kept beside that study
+        key = _study_keys(out, args.pooling, args.rows)[0]
+        work = workdir(args.rows, args.pooling)
+        out[key]["tune"] = tune(args.rows, curves=False, work=work)
+        harness.finish(args, render, out)
+        return 0
     if args.stage in ("tune", "all"):
         before = out.get("tune", {}).get("noise_curves", [])
         out["tune"] = tune(args.rows, curves=args.curves or not before)
@@ -1108,9 +1168,13 @@ def main() -> int:
     if args.stage == "scale-tune":
         out["scale_tune"] = scale_tune(data, args.rows)
     if args.stage in ("study", "all"):
-        key = "study" if args.pooling == "static" else f"study_{args.pooling}"
-        out[f"prepare_{args.pooling}"] = prep
+        key, prep_key = _study_keys(out, args.pooling, args.rows)
+        out[prep_key] = prep
         out[key] = study(workdir(args.rows, args.pooling), args.only, out.get(key))
+        if args.pooling != "static":
+            from flowsearch.ann.factory import auto_factory
+
+            out[key]["auto_factory"] = auto_factory(prep["rows"], dim=prep["dim"])
     harness.finish(args, render, out)
     return 0
 
