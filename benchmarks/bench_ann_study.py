@@ -404,9 +404,9 @@ def scale_encode_s(data: Path, rows: int) -> float:
     return time.perf_counter() - t
 
 
-def scale(data: Path, rows: int, only: str | None, before: dict[str, Any] | None) -> dict[str, Any]:
-    """The best structures of the study at 1M rows (:func:`scale_prepare`), built and searched
-    on one thread, beside ``static`` encoding of as many rows on the same thread."""
+def _scale_rows(data: Path, rows: int) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray]:
+    """The 1M stages' common start: one torch and one FAISS thread, the prepared rows
+    (:func:`scale_prepare`): its record, the searched vectors in RAM, the queries, the truth."""
     import faiss
     import torch
 
@@ -414,11 +414,18 @@ def scale(data: Path, rows: int, only: str | None, before: dict[str, Any] | None
     work = WORK / f"scale_{prep['rows']}"
     torch.set_num_threads(1)
     faiss.omp_set_num_threads(1)
+    Z = np.ascontiguousarray(np.load(work / "z.npy", mmap_mode="r"))
+    return prep, Z, np.load(work / "z_q.npy"), np.load(work / "truth.npy")
+
+
+def scale(data: Path, rows: int, only: str | None, before: dict[str, Any] | None) -> dict[str, Any]:
+    """The best structures of the study at 1M rows (:func:`scale_prepare`), built and searched
+    on one thread, beside ``static`` encoding of as many rows on the same thread."""
+    import faiss
+
+    prep, Z, Zq, truth = _scale_rows(data, rows)
     out = dict(before or {})
     out["prepare"] = prep
-    Z = np.load(work / "z.npy", mmap_mode="r")
-    Z = np.ascontiguousarray(Z)
-    Zq, truth = np.load(work / "z_q.npy"), np.load(work / "truth.npy")
     lat = np.arange(len(Zq))[:: max(1, len(Zq) // LATENCY_QUERIES)]
     if "encode_s" not in out or not only:
         out["encode_s"] = scale_encode_s(data, rows)
@@ -497,16 +504,10 @@ def graph_scale(
     publishes the report after each structure. Runs of other structures are kept
     (``before``); each row carries its run's encoding and ``Flat`` figures."""
     import faiss
-    import torch
 
-    prep = scale_prepare(data, rows)
-    work = WORK / f"scale_{prep['rows']}"
-    torch.set_num_threads(1)
-    faiss.omp_set_num_threads(1)
+    prep, Z, Zq, truth = _scale_rows(data, rows)
     out = dict(before or {})
     out["prepare"] = prep
-    Z = np.ascontiguousarray(np.load(work / "z.npy", mmap_mode="r"))
-    Zq, truth = np.load(work / "z_q.npy"), np.load(work / "truth.npy")
     lat = np.arange(len(Zq))[:: max(1, len(Zq) // LATENCY_QUERIES)]
     # glibc's malloc asked for transparent huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1):
     # FAISS's vectors and graph then sit on 2 MB pages (fewer TLB misses in a graph's random
@@ -559,17 +560,11 @@ def scale_tune(data: Path, rows: int) -> dict[str, Any]:
     queries); then real queries at the knob chosen. Encoding 1M rows with ``static`` and
     ``Flat``'s p50 are measured in the same run (encoding before and after)."""
     import faiss
-    import torch
 
     from flowsearch.ann import build as ann_build
     from flowsearch.ann.factory import auto_factory, new_index
 
-    prep = scale_prepare(data, rows)
-    work = WORK / f"scale_{prep['rows']}"
-    torch.set_num_threads(1)
-    faiss.omp_set_num_threads(1)
-    Z = np.ascontiguousarray(np.load(work / "z.npy", mmap_mode="r"))
-    Zq, truth = np.load(work / "z_q.npy"), np.load(work / "truth.npy")
+    prep, Z, Zq, truth = _scale_rows(data, rows)
     lat = np.arange(len(Zq))[:: max(1, len(Zq) // LATENCY_QUERIES)]
     out: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     out["encode_s"] = [scale_encode_s(data, rows)]
@@ -1160,7 +1155,8 @@ def main() -> int:
     if args.stage == "scale-graph":
 
         def save(graph: dict[str, Any]) -> None:
-            harness.publish(args.out, render, args.section, {**out, "scale_graph": graph})
+            harness.publish(args.out, render, args.section, {**out, "scale_graph": graph},
+                            smoke=args.smoke)  # fmt: skip
 
         out["scale_graph"] = graph_scale(
             data, args.rows, args.only, out.get("scale_graph"), save, args.build_limit
