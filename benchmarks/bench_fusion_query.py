@@ -55,6 +55,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import fusion_rules as fr  # noqa: E402
+import harness  # noqa: E402
 from bench_fusion import GRID, RULES, loso_weights, paired_ci, ranking, sweep  # noqa: E402
 from fusion_dump import ALL_SETS, OUT, WORK  # noqa: E402
 from harness import publish  # noqa: E402
@@ -691,7 +692,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
-    )
-    sys.exit(main())
+    harness.script(main)
