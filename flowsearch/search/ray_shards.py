@@ -42,7 +42,7 @@ import numpy as np
 
 from flowsearch.errors import BadInput, FlowsearchError, MissingExtra, Unavailable
 from flowsearch.search import shards as sh
-from flowsearch.search.version import Opened, Version, load, open_current
+from flowsearch.search.version import Opened, Version, live_documents, load, open_current
 from flowsearch.settings import current
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
@@ -455,4 +455,5 @@ def _front(
     if space.spec != manifest.calibration:
         space = SearchSpace(space.calibrator, manifest.calibration, space.encoder)
     offsets = np.concatenate([[0], np.cumsum([s.n_rows for s in manifest.segments])])
-    return Version(root, manifest, space, [], offsets.astype(np.int64), [], checked, None)
+    return Version(root, manifest, space, [], offsets.astype(np.int64), [], checked, None,
+                   live_documents(root, manifest))  # fmt: skip

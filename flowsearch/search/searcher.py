@@ -35,7 +35,6 @@ from flowsearch.search.version import (
     IndexInfo,
     Opened,
     Version,
-    live_documents,
     load,
     open_current,
     sizes,
@@ -74,8 +73,6 @@ class Searcher:
         self._filters: Any = None
         self._filters_lock = threading.Lock()
         self._statistics = sh.StatisticsCache()
-        self._passages: tuple[int, float] | None = None  # (version, rows per document)
-        self._count_passages(version)
         self._local: tuple[Version, sh.InProcess] | None = None
 
     @classmethod
@@ -192,7 +189,6 @@ class Searcher:
                     lambda m: load(self.root, m, self._opened, encoder=encoder, **self._options),
                 )
             self._opened.keep_only(self._version.manifest)  # dropped readers close when unused
-            self._count_passages(self._version)
             LOG.info("now on version %d of %s", self._version.manifest.version, self.root)
             return True
 
@@ -224,12 +220,13 @@ class Searcher:
     def info(self) -> IndexInfo:
         """What the pinned version holds (as ``flowsearch info``)."""
         v = self._version
+        assert v.n_documents is not None  # counted when the version was opened
         return IndexInfo(
             path=str(self.root.resolve()),
             manifest=v.manifest,
             bytes=sizes(self.root, v.manifest),
             verified=v.verified,
-            n_documents=live_documents(self.root, v.manifest),
+            n_documents=v.n_documents,
         )
 
     def embed(self, queries: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
@@ -382,10 +379,10 @@ class Searcher:
         k = min(k, n_live)
         depth = k  # rows searched: deeper until they hold k documents (k counts documents)
         top = None
-        per_doc = self._passages_per_document(version, mode)
         while True:
             ranked = sh.run(shards, version.manifest, self._statistics, queries, depth, where,
-                            mode, vectors=vectors, passages_per_document=per_doc)  # fmt: skip
+                            mode, vectors=vectors,
+                            passages_per_document=version.passages_per_document)  # fmt: skip
             if ranked is None:
                 return [[] for _ in queries], None, None
             top = ranked.top if top is None else top
@@ -393,33 +390,6 @@ class Searcher:
             if done or depth >= n_live:
                 return hits, lp, top
             depth = min(depth * 4, n_live)
-
-    def _count_passages(self, version: Version) -> None:
-        """Count ``version``'s live rows per live document (which the hybrid's default weight
-        reads) when it is pinned, while its files are certainly there: a pinned version keeps
-        answering after a compaction removed them. No read when nothing is cut or there is no
-        lexical side."""
-        m = version.manifest
-        ratio = 1.0
-        if m.passages is not None and m.lexical is not None:
-            try:
-                n_docs = live_documents(self.root, m)
-            except FileNotFoundError:  # a newer version already cleaned this one up
-                LOG.warning("version %d of %s: passages not counted (files gone); the hybrid "
-                            "weight is the short-text one", m.version, self.root)  # fmt: skip
-                n_docs = 0
-            ratio = max(m.n_live / n_docs, 1.0) if n_docs else 1.0
-        self._passages = (int(m.version), float(ratio))
-
-    def _passages_per_document(self, version: Version, mode: str) -> float:
-        """Live rows per live document of ``version`` (1.0 when no document is cut into
-        passages); counted when the version was pinned."""
-        if mode != "hybrid":
-            return 1.0
-        if self._passages is None or self._passages[0] != int(version.manifest.version):
-            self._count_passages(version)
-        assert self._passages is not None
-        return self._passages[1]
 
     def query_report(self, top_score: float | None, log_density: float | None = None) -> Any:
         """Judge a query from its best dense score over the whole index (see

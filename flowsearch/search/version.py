@@ -91,9 +91,12 @@ def sizes(index_dir: Path, manifest: mf.Manifest) -> dict[str, int]:
 
 def live_documents(index_dir: Path, manifest: mf.Manifest) -> int:
     """Live documents of a version (its live rows, less the second and later passages of the
-    documents cut into passages: one small column read per segment that has them)."""
+    documents cut into passages: one small column read per segment that has them; none when
+    the index does not cut)."""
     from flowsearch.storage.passages import count_documents
 
+    if manifest.passages is None:
+        return sum(s.n_live for s in manifest.segments)
     return sum(count_documents(manifest.path(index_dir, s.dir), s) for s in manifest.segments)
 
 
@@ -190,6 +193,8 @@ class Version:
             ``offsets[i] .. offsets[i+1] - 1``.
         deleted: per segment, its deleted rows as a bool mask, or None.
         lexical: the version's BM25 side over all segments, or None.
+        n_documents: live documents (:func:`live_documents`), counted when the version is
+            opened, while its files are certainly there; None for a shard's part of one.
     """
 
     root: Path
@@ -200,12 +205,21 @@ class Version:
     deleted: list[np.ndarray | None]
     verified: Verification
     lexical: Any = None
+    n_documents: int | None = None
     _reference: Any = None
     _fusion: Any = None
     _dense: Any = None
     _filter: Any = None
     _filter_lock: threading.Lock = field(default_factory=threading.Lock)
     _knobs: Any = None
+
+    @property
+    def passages_per_document(self) -> float:
+        """Live rows per live document (1.0 when no document is cut into passages), which the
+        hybrid's default weight reads (:func:`flowsearch.search.fusion.default_weight`)."""
+        if not self.n_documents:
+            return 1.0
+        return max(self.manifest.n_live / self.n_documents, 1.0)
 
     def knobs(self) -> list[int | None] | None:
         """Per segment, the search knob (``efSearch`` / ``nprobe``) that makes the merged top
@@ -381,7 +395,8 @@ def load(
             [(r.postings, m) for r, m in zip(readers, masks)],
             **_bm25_params(manifest.lexical.params),
         )
-    return Version(root, manifest, space, readers, offsets, masks, checked, lexical)
+    n_documents = live_documents(root, manifest)
+    return Version(root, manifest, space, readers, offsets, masks, checked, lexical, n_documents)
 
 
 def _bm25_params(params: dict[str, Any]) -> dict[str, Any]:
