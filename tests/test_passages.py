@@ -271,6 +271,30 @@ def test_upsert_and_delete_act_on_every_passage(tmp_path, model_dir):
     assert any(h.highlight is not None for h in after)
 
 
+def test_a_refresh_counts_documents_only_in_the_segments_a_write_changed(
+    tmp_path, model_dir, monkeypatch
+):
+    from flowsearch.storage import passages as sp
+
+    pq.write_table(pa.Table.from_pylist(_records()), tmp_path / "c.parquet")
+    idx = tmp_path / "idx"
+    build_index(tmp_path / "c.parquet", idx, model=str(model_dir), max_length=MAX_LENGTH)
+    s = Searcher.open(idx)
+    assert s.info().n_documents == 12 and s._version.passages_per_document > 1.5
+    upsert(idx, [{"id": "new", "text": _document(7), "topic": "x", "year": 1}],
+           merge_segments=False)  # fmt: skip
+    counted: list[str] = []
+    real = sp.count_documents
+    monkeypatch.setattr(
+        sp, "count_documents", lambda f, seg: counted.append(seg.name) or real(f, seg)
+    )
+    assert s.refresh()
+    first = s.manifest.segments[0].name  # unchanged by the write: its count is reused
+    assert counted == [seg.name for seg in s.manifest.segments if seg.name != first]
+    assert s.info().n_documents == 13 == index_info(idx).n_documents
+    assert s._version.passages_per_document == s.manifest.n_live / 13
+
+
 def test_without_long_documents_an_index_answers_as_before(tmp_path, model_dir):
     corpus = write_corpus(tmp_path / "c.parquet", n=60, seed=4)
     build_index(corpus, tmp_path / "new", model=str(model_dir))

@@ -455,5 +455,7 @@ def _front(
     if space.spec != manifest.calibration:
         space = SearchSpace(space.calibrator, manifest.calibration, space.encoder)
     offsets = np.concatenate([[0], np.cumsum([s.n_rows for s in manifest.segments])])
+    with opened.lock:
+        n_documents = live_documents(root, manifest, opened.documents)
     return Version(root, manifest, space, [], offsets.astype(np.int64), [], checked, None,
-                   live_documents(root, manifest))  # fmt: skip
+                   n_documents)  # fmt: skip

@@ -89,15 +89,27 @@ def sizes(index_dir: Path, manifest: mf.Manifest) -> dict[str, int]:
     return out
 
 
-def live_documents(index_dir: Path, manifest: mf.Manifest) -> int:
+def live_documents(
+    index_dir: Path,
+    manifest: mf.Manifest,
+    known: dict[tuple[str, str, str | None], int] | None = None,
+) -> int:
     """Live documents of a version (its live rows, less the second and later passages of the
     documents cut into passages: one small column read per segment that has them; none when
-    the index does not cut)."""
+    the index does not cut). ``known``: counts by (segment, directory, deletions), reused
+    and filled (a refresh re-reads only the segments a write changed)."""
     from flowsearch.storage.passages import count_documents
 
     if manifest.passages is None:
         return sum(s.n_live for s in manifest.segments)
-    return sum(count_documents(manifest.path(index_dir, s.dir), s) for s in manifest.segments)
+    known = {} if known is None else known
+    total = 0
+    for s in manifest.segments:
+        key = (s.name, s.dir, s.deletions)
+        if key not in known:
+            known[key] = count_documents(manifest.path(index_dir, s.dir), s)
+        total += known[key]
+    return total
 
 
 def open_current(index_dir: Path, opener: Callable[[mf.Manifest], T]) -> T:
@@ -164,11 +176,13 @@ def index_history(index_dir: str | os.PathLike[str]) -> list[mf.WriteRecord]:
 @dataclass
 class Opened:
     """What a searcher has opened, reused across its versions: segment readers by (name,
-    directory), deletion masks by file, the calibrator's space by directory, the row cache."""
+    directory), deletion masks and live documents by file, the calibrator's space by directory,
+    the row cache."""
 
     cache: RowCache = field(default_factory=RowCache)
     segments: dict[tuple[str, str], SegmentReader] = field(default_factory=dict)
     deleted: dict[tuple[str, str, str | None], np.ndarray | None] = field(default_factory=dict)
+    documents: dict[tuple[str, str, str | None], int] = field(default_factory=dict)
     spaces: dict[str, SearchSpace] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -180,6 +194,7 @@ class Opened:
         self.segments = {k: r for k, r in self.segments.items() if k in used}
         dels = {(s.name, s.dir, s.deletions) for s in manifest.segments}
         self.deleted = {k: v for k, v in self.deleted.items() if k in dels}
+        self.documents = {k: v for k, v in self.documents.items() if k in dels}
         self.spaces = {k: v for k, v in self.spaces.items() if k == manifest.calibration.path}
         return gone
 
@@ -383,6 +398,7 @@ def load(
             if dkey not in opened.deleted:
                 opened.deleted[dkey] = read_deleted(root / seg.dir, seg)
             masks.append(opened.deleted[dkey])
+        n_documents = live_documents(root, manifest, opened.documents)
     counts = [s.n_rows for s in manifest.segments]
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     lexical = None
@@ -395,7 +411,6 @@ def load(
             [(r.postings, m) for r, m in zip(readers, masks)],
             **_bm25_params(manifest.lexical.params),
         )
-    n_documents = live_documents(root, manifest)
     return Version(root, manifest, space, readers, offsets, masks, checked, lexical, n_documents)
 
 
