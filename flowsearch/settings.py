@@ -93,6 +93,18 @@ class Settings:
     #: at efSearch >= 64 but easier at 16-32 unless moved by 1.2, the one noise tried whose
     #: recall was at or below real queries' at every efSearch (small segments tune to 16-64).
     query_noise: float = 1.2
+    #: Segments of at least this many rows tune at :attr:`query_noise`; a smaller one (the
+    #: whole of a small index) tunes its knob at a noise raised by :attr:`query_noise_per_decade`
+    #: per tenfold fewer rows (:func:`flowsearch.ann.build.noise_for_rows`). At 20,000 real
+    #: sentences real queries are harder than held-out rows at 1.2: the tuner chose efSearch
+    #: 20-48 and real queries got recall@10 0.83-0.92 in 6 of 6 seeded runs, where 50,000 of
+    #: the same sentences matched 1.2 (real 0.94-0.96 at the knobs it chose; bench_tuner).
+    query_noise_rows: int = 50_000
+    #: See :attr:`query_noise_rows`: at 20,000 rows the noise whose probes' recall curve
+    #: follows real queries' near 0.95 is ~1.6 (1.2 + 1.0 x log10(50k / 20k)); at 12,000 rows
+    #: 1.2 chose efSearch 32-40 for real recall 0.91-0.93 (real queries reach 0.95 at ~52), and
+    #: this rule's 1.82 errs on the safe side there (bench_tuner).
+    query_noise_per_decade: float = 1.0
     #: A version of several segments searches each one with the knob its recall curve and
     #: its share of the live rows call for, so that the *merged* top 10 reaches
     #: :attr:`target_recall` (``flowsearch.ann.merged``), not each segment's own top 10.

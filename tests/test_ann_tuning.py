@@ -15,7 +15,7 @@ from flowsearch.ann import build as ab
 from flowsearch.ann import factory as af
 from flowsearch.ann.identity import linear_twin
 from flowsearch.calibration.linear import Gaussian, Whitening
-from flowsearch.settings import override
+from flowsearch.settings import current, override
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.writer import open_writer
 
@@ -120,6 +120,32 @@ def test_a_tuning_that_cannot_reach_the_target_says_so(caplog):
     with caplog.at_level("WARNING", logger="flowsearch"):  # reachable: no warning
         ab.tune(index, x[pos], chunks, sample_rows=pos, target=0.5, noise=0.5)
     assert "below the target" not in caplog.text
+
+
+def test_a_small_index_tunes_its_knob_on_harder_queries():
+    """Below ``query_noise_rows`` the knob is chosen at a noise raised per decade fewer rows
+    (recorded), which needs a larger knob; the recall curve (what a search over segments
+    allocates from) stays at ``query_noise``, so it is the curve an unraised tuning draws."""
+    assert ab.noise_for_rows(50_000) == ab.noise_for_rows(10**7) == current().query_noise
+    assert ab.noise_for_rows(5_000) == pytest.approx(current().query_noise + 1.0)
+    with override(query_noise_per_decade=0.5):
+        assert ab.noise_for_rows(5_000) == pytest.approx(current().query_noise + 0.5)
+    x = _clustered(4_000, 32, 40, spread=0.6)
+    index = af.new_index(32, "HNSW8")
+    ab.add(index, x)
+    pos = np.arange(0, len(x), 3)
+    chunks = lambda: iter([x])  # noqa: E731
+    with override(query_noise_rows=4_000):  # 4,000 rows: the standard noise
+        plain = ab.tune(index, x[pos], chunks, sample_rows=pos, target=0.95)
+    raised = ab.tune(index, x[pos], chunks, sample_rows=pos, target=0.95)
+    assert plain.noise == current().query_noise
+    assert raised.noise == pytest.approx(ab.noise_for_rows(4_000)) and raised.noise > plain.noise
+    value = lambda t: int(t.params.partition("=")[2])  # noqa: E731
+    assert value(raised) > value(plain)
+    assert plain.curve is not None and raised.curve is not None
+    shared = min(len(plain.curve.values), len(raised.curve.values))
+    assert raised.curve.values[:shared] == plain.curve.values[:shared]
+    assert raised.curve.found[:shared] == plain.curve.found[:shared]
 
 
 def test_an_exact_index_needs_no_tuning():

@@ -335,6 +335,21 @@ def held_out_queries(
     return queries, pick.astype(np.int64)
 
 
+def noise_for_rows(n_rows: int) -> float:
+    """The noise a segment of ``n_rows`` rows tunes its knob at: ``Settings.query_noise`` from
+    ``Settings.query_noise_rows`` rows on, raised by ``Settings.query_noise_per_decade`` per
+    tenfold fewer rows below (real queries are harder than held-out rows in a small corpus,
+    bench_tuner).
+
+    Example:
+        >>> noise_for_rows(1_000_000), round(noise_for_rows(20_000), 2)
+        (1.2, 1.6)
+    """
+    s = current()
+    fewer = math.log10(s.query_noise_rows / max(n_rows, 1))
+    return s.query_noise + s.query_noise_per_decade * max(0.0, fewer)
+
+
 def _drop_source(rows: np.ndarray, source: np.ndarray, k: int) -> np.ndarray:
     """Each row of ``rows`` (int64 (q, >k)) without its query's ``source`` row, first ``k``."""
     out = np.full((len(rows), k), -1, dtype=np.int64)
@@ -383,20 +398,18 @@ def tune(
         k: neighbours compared.
         n_queries: queries drawn (half to choose, half to check).
         seed: sampling seed.
-        noise: norm of the noise that moves each query off its row.
+        noise: norm of the noise that moves each query off its row (default:
+            :func:`noise_for_rows` of the index's rows for the knob, ``Settings.query_noise``
+            for the recall curve).
     """
     knob = search_knob(index)
     target = current().target_recall if target is None else target
-    noise = current().query_noise if noise is None else noise
+    curve_noise = current().query_noise if noise is None else noise
+    noise = noise_for_rows(index.ntotal) if noise is None else noise
     if knob is None:
         return Tuning("", 1.0, 1.0, target, k, 0, noise)
     name, largest = knob
-    queries, pick = held_out_queries(sample, n_queries, noise=noise, seed=seed)
-    extra = 1 if sample_rows is not None else 0
-    source = np.asarray(sample_rows, np.int64)[pick] if sample_rows is not None else None
-    _, truth = exact_knn(queries, chunks(), k + extra)
-    if source is not None:
-        truth = _drop_source(truth, source, k)
+    queries, truth, source = _probes(sample, sample_rows, chunks, n_queries, noise, seed, k)
     half = max(1, len(queries) // 2) if len(queries) > 1 else len(queries)
     parts = (slice(0, half), slice(half, None)) if len(queries) > 1 else (slice(None),) * 2
     tuning = _Queries(queries[parts[0]], truth[parts[0]], _at(source, parts[0]), k)
@@ -430,7 +443,12 @@ def tune(
             k, tuned, name, value, target, more,
         )  # fmt: skip
     curve = None
-    if not rerank:
+    if not rerank:  # what a search over several segments allocates knobs from: at the
+        # standard noise (a segment's own top ranks, what it gives a merged top k, are easy)
+        if curve_noise != noise:
+            queries, truth, source = _probes(
+                sample, sample_rows, chunks, n_queries, curve_noise, seed, k
+            )
         every = _Queries(queries, truth, source, k)
         curve = recall_curve(index, name, knob_ladder(first if name == "nprobe" else k, value),
                              every)  # fmt: skip
@@ -440,6 +458,26 @@ def tune(
         params, k, tuned, len(tuning.queries), checked, len(check.queries),
     )  # fmt: skip
     return Tuning(params, checked, tuned, target, k, len(check.queries), noise, curve)
+
+
+def _probes(
+    sample: np.ndarray,
+    sample_rows: np.ndarray | None,
+    chunks: Callable[[], Iterable[np.ndarray]],
+    n_queries: int,
+    noise: float,
+    seed: int,
+    k: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """:func:`held_out_queries` with their exact top ``k`` (each without its own row when
+    ``sample_rows`` are given): ``(queries, truth, source rows or None)``."""
+    queries, pick = held_out_queries(sample, n_queries, noise=noise, seed=seed)
+    extra = 1 if sample_rows is not None else 0
+    source = np.asarray(sample_rows, np.int64)[pick] if sample_rows is not None else None
+    _, truth = exact_knn(queries, chunks(), k + extra)
+    if source is not None:
+        truth = _drop_source(truth, source, k)
+    return queries, truth, source
 
 
 def knob_ladder(first: int, last: int) -> list[int]:
