@@ -83,6 +83,21 @@ class Settings:
     #: HNSW16 at 160: 2.9x) for 2.7x / 7.5x the build of 40 (bench_segments), far from the
     #: 1.3x that would pay for a size-dependent value.
     hnsw_ef_construction: int = 80
+    #: Segments of at least this many rows get ``auto``'s graph built over their first
+    #: :attr:`projected_graph_dims` principal components (a PCA fitted on
+    #: :attr:`projected_graph_sample_rows` seeded rows) at :attr:`projected_graph_ef_construction`,
+    #: then moved into an ordinary HNSW index of the full vectors (searches and scores read the
+    #: full vectors; ``flowsearch.ann.build.ProjectedGraph``). The build then costs about half
+    #: the full graph's (each build distance reads a third of the floats). MEASURED: see
+    #: docs/SCALE.md.
+    projected_graph_min_rows: int = 500_000
+    #: Principal components the projected graph is built over (below the vectors' dimension;
+    #: at or above it, the graph is built over the full vectors).
+    projected_graph_dims: int = 96
+    #: ``efConstruction`` of the projected graph (:attr:`hnsw_ef_construction` for the others).
+    projected_graph_ef_construction: int = 32
+    #: Rows (a seeded sample) the projected graph's PCA is fitted on.
+    projected_graph_sample_rows: int = 65_536
     #: Largest segment ``auto`` indexes with :attr:`graph_factory`; above, IVF-PQ with an exact
     #: re-rank: HNSW32 holds ~1.8 KB per row in RAM at dim 384 (docs/SCALE.md).
     graph_max_rows: int = 2_000_000
