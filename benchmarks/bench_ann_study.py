@@ -513,13 +513,15 @@ def graph_scale(
     before: dict[str, Any] | None,
     save: Any,
     limit_x: float = 5.0,
+    tag: str = "",
 ) -> dict[str, Any]:
     """:data:`GRAPH_STRUCTURES` at 1M rows (:func:`scale_prepare`), each run measuring, on
     the same core and thread, encoding 1M rows with ``static`` (at its start and its end),
     ``Flat``'s p50 and each structure's build (time-boxed at ``limit_x`` times the encoding:
     a build past it stops and is recorded with the rows it had added) and curve. ``save``
     publishes the report after each structure. Runs of other structures are kept
-    (``before``); each row carries its run's encoding and ``Flat`` figures."""
+    (``before``); each row carries its run's encoding and ``Flat`` figures. ``tag``: added to
+    this run's labels (a repeat kept beside the earlier run's rows)."""
     import faiss
 
     prep, Z, Zq, truth = _scale_rows(data, rows)
@@ -551,6 +553,7 @@ def graph_scale(
             continue
         label += ", huge pages" if huge else ""
         label += f", {THREADS} threads" if THREADS > 1 else ""
+        label += f", {tag}" if tag else ""
         curves = [r for r in curves if r["structure"] != label]
         stopped = [r for r in stopped if r["structure"] != label]
         _threads(THREADS)
@@ -675,7 +678,7 @@ def tune(
     import faiss
 
     from flowsearch.ann import build as ann_build
-    from flowsearch.ann.factory import auto_factory, new_index
+    from flowsearch.ann.factory import auto_factory
     from flowsearch.settings import current
 
     work = work or WORK / str(rows)
@@ -683,10 +686,13 @@ def tune(
     truth = _truth(Zq, Z)
     faiss.omp_set_num_threads(1)
     factory = factory or auto_factory(len(Z), dim=Z.shape[1])
-    t = time.perf_counter()  # built as ingest builds it (new_index: Settings' efConstruction)
-    index = new_index(Z.shape[1], factory)
-    ann_build.train(index, Z, factory)
-    ann_build.add(index, Z, factory)
+    t = time.perf_counter()  # built as a segment's index is (Settings' graph and its build)
+    building, _ = ann_build.segment_index(Z.shape[1], "auto", len(Z), factory)
+    projection = ann_build.projection_of(building)
+    ann_build.train(building, Z, factory)
+    ann_build.add(building, Z, factory)
+    index = ann_build.finished(building)
+    del building
     build_s = time.perf_counter() - t
     rng = np.random.default_rng(0)
     pos = np.sort(rng.choice(len(Z), size=min(4096, len(Z)), replace=False))
@@ -725,6 +731,7 @@ def tune(
             print(json.dumps(row), flush=True)
     return {
         "factory": factory,
+        "projection": None if projection is None else projection.__dict__,
         "params": tuned.params,
         "build_s": build_s,
         "tune_s": tune_s,
@@ -900,29 +907,51 @@ def _graph_section(g: dict[str, Any] | None) -> list[str]:
     return body
 
 
-def _scale_tune_section(t: dict[str, Any] | None) -> list[str]:
-    """``auto`` on one 1M-row segment (:func:`scale_tune`)."""
-    if not t:
+def _scale_tunes(out: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every :func:`scale_tune` run kept (the first was kept alone under ``scale_tune``)."""
+    return list(out.get("scale_tunes") or ([out["scale_tune"]] if out.get("scale_tune") else []))
+
+
+def _scale_tune_section(runs: list[dict[str, Any]]) -> list[str]:
+    """``auto`` on one 1M-row segment (:func:`scale_tune`), one row per run."""
+    if not runs:
         return []
-    enc = " then ".join(f"{e:.1f} s" for e in t["encode_s"])
-    return [
-        "### `auto` on one segment of the 1M rows (one thread: encoding, build, tuning, queries)",
+    body = [
+        "### `auto` on one segment of the 1M rows (encoding, build, tuning on the run's threads; "
+        "queries on one)",
         "",
-        f"Run {t['started']} (load {t['load_start']} at the start, {t['load_end']} at the end): "
-        f"encoding 1M rows with `static` {enc}; `auto` chose `{t['factory']}` (built at "
-        f"`efConstruction` {t['ef_construction']}) and tuned it to `{t['params']}` (recall@10 "
-        f"{t['tuning']['tuned_recall']:.3f} on its tuning half, recorded "
-        f"{t['tuning']['recall']:.3f} on its check half).",
+        "`auto`'s index for the 1M rows made as a segment's is "
+        "(`flowsearch.ann.build.segment_index`, trained, chunked adds, finished), tuned by its "
+        "own tuner (`flowsearch.ann.build.tune`: 4,096 rows sampled, held-out rows + noise, half "
+        "to choose the knob, half to check it, the knob capped at `Settings.max_ef_search`), "
+        "then the 2,000 real queries at the knob it chose. Encoding 1M rows with `static` before "
+        "and after the build, on the same threads; build / encode is against their mean.",
         "",
-        "| build s | tuning s | build / encode | (build + tuning) / encode | recall@10 real "
-        "queries (questions / partial) | p50 ms | `Flat` p50 ms | x Flat |",
-        "|---:|---:|---:|---:|---|---:|---:|---:|",
-        f"| {t['build_s']:.0f} | {t['tune_s']:.0f} | {t['build_x_encode']:.2f} | "
-        f"{t['build_tune_x_encode']:.2f} | **{t['real_recall']:.3f}** "
-        f"({t['real_recall_questions']:.3f} / {t['real_recall_partial']:.3f}) | "
-        f"{t['p50_ms']:.2f} | {t['flat_p50_ms']:.1f} | **{t['speedup']:.1f}x** |",
-        "",
+        "| run | threads | graph | encoding s | build s | tuning s | build / encode | "
+        "(build + tuning) / encode | knob chosen | recall@10 tuning half / recorded (check half) "
+        "| recall@10 real queries (questions / partial) | p50 ms | `Flat` p50 ms | x Flat |",
+        "|---|---:|---|---|---:|---:|---:|---:|---|---|---|---:|---:|---:|",
     ]
+    for t in runs:
+        pr = t.get("projection")
+        graph = f"`{t['factory']}`, efConstruction {t['ef_construction']}"
+        if pr:
+            graph = (
+                f"`{t['factory']}` over {pr['dims']} principal components, efConstruction "
+                f"{pr['ef_construction']}"
+            )
+        body.append(
+            f"| {t['started']} (load {t['load_start'][0]:.1f} / {t['load_end'][0]:.1f}) | "
+            f"{t.get('threads', 1)} | {graph} | "
+            + " then ".join(f"{e:.1f}" for e in t["encode_s"])
+            + f" | {t['build_s']:.0f} | {t['tune_s']:.0f} | {t['build_x_encode']:.2f} | "
+            f"{t['build_tune_x_encode']:.2f} | `{t['params']}` | "
+            f"{t['tuning']['tuned_recall']:.3f} / {t['tuning']['recall']:.3f} | "
+            f"**{t['real_recall']:.3f}** ({t['real_recall_questions']:.3f} / "
+            f"{t['real_recall_partial']:.3f}) | {t['p50_ms']:.2f} | {t['flat_p50_ms']:.1f} | "
+            f"**{t['speedup']:.1f}x** |"
+        )
+    return [*body, ""]
 
 
 def _study_keys(out: dict[str, Any], pooling: str, rows: int) -> tuple[str, str]:
@@ -1038,8 +1067,9 @@ def render(out: dict[str, Any]) -> str:
             *_curves_table(c["curves"], encode=True),
         ]
     body += _graph_section(out.get("scale_graph"))
-    body += _scale_tune_section(out.get("scale_tune"))
-    names = {"tune": "default", "tune_efc40": "before (efConstruction 40)", "tune_scan": "scan"}
+    body += _scale_tune_section(_scale_tunes(out))
+    names = {"tune": "default", "tune_efc40": "before (efConstruction 40)", "tune_scan": "scan",
+             "tune_projected": "projected graph"}  # fmt: skip
     tunes = [{**out[k], "label": v} for k, v in names.items() if out.get(k)]
     if tunes:
         t = tunes[0]
@@ -1143,6 +1173,7 @@ def main() -> int:
             "study",
             "tune",
             "tune-scan",
+            "tune-projected",
             "segments",
             "scale-prepare",
             "scale",
@@ -1161,6 +1192,9 @@ def main() -> int:
         "--build-limit", type=float, default=5.0,
         help="scale-graph: stop a build past this many times the encoding's seconds",
     )  # fmt: skip
+    parser.add_argument(
+        "--tag", default="", help="scale-graph: added to this run's labels (a repeat)"
+    )
     parser.add_argument(
         "--threads", type=int, default=1,
         help="scale stages: FAISS, torch and tokenizer threads of encoding and builds (searches "
@@ -1192,6 +1226,8 @@ def main() -> int:
 
 def _run(args: Any, data: Path) -> int:
     """:func:`main` after the options: the stages asked for."""
+    from flowsearch.settings import override
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out_path = Path(args.out + ".json")
     out: dict[str, Any] = {}
@@ -1213,9 +1249,11 @@ def _run(args: Any, data: Path) -> int:
         out["tune"] = tune(args.rows, curves=args.curves or not before)
         out["tune"]["noise_curves"] = out["tune"]["noise_curves"] or before
         harness.finish(args, render, out)
+    if args.stage == "tune-projected":  # auto's projected graph (as at 1M), at this size
+        with override(projected_graph_min_rows=args.rows):
+            out["tune_projected"] = tune(args.rows, curves=False)
+        harness.finish(args, render, out)
     if args.stage == "tune-scan":  # auto with its scan tier on, at this size
-        from flowsearch.settings import override
-
         with override(scan_max_rows=args.rows):
             out["tune_scan"] = tune(args.rows, curves=False)
         harness.finish(args, render, out)
@@ -1233,10 +1271,11 @@ def _run(args: Any, data: Path) -> int:
                             smoke=args.smoke)  # fmt: skip
 
         out["scale_graph"] = graph_scale(
-            data, args.rows, args.only, out.get("scale_graph"), save, args.build_limit
+            data, args.rows, args.only, out.get("scale_graph"), save, args.build_limit, args.tag
         )
     if args.stage == "scale-tune":
-        out["scale_tune"] = scale_tune(data, args.rows)
+        out["scale_tunes"] = [*_scale_tunes(out), scale_tune(data, args.rows)]
+        out.pop("scale_tune", None)  # the first run's key, now the list's first
     if args.stage in ("study", "all"):
         key, prep_key = _study_keys(out, args.pooling, args.rows)
         out[prep_key] = prep
