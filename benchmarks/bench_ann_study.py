@@ -1234,7 +1234,12 @@ def _run(args: Any, data: Path) -> int:
     if out_path.exists() and not args.smoke:
         out = json.loads(out_path.read_text())
     out["machine"] = harness.machine()
-    out["command"] = harness.command_line()
+    this = harness.command_line()
+    if out.get("command") and (args.stage.startswith("scale") or args.stage == "tune-projected"):
+        # the 1M runs add to the section: keep how its earlier figures were made
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        this = f"{out['command']}; then {this} ({when})"
+    out["command"] = this
     prep = prepare(data, args.rows, args.queries, args.pooling)
     if args.pooling == "static":
         out["prepare"] = prep
