@@ -37,6 +37,10 @@ from speed_corpus import partial_sentence
 
 WORK = harness.WORK / "ann_study"
 LATENCY_QUERIES = 300
+#: FAISS and torch (and the tokenizer's) threads of the 1M stages' encoding and builds
+#: (``--threads``); their searches run on one thread (a single query searches so in the
+#: product: ``Settings.one_thread_max_queries``).
+THREADS = 1
 
 
 def workdir(rows: int, pooling: str = "static") -> Path:
@@ -208,33 +212,31 @@ def _build_within(
 def _reduced_graph(
     factory: str, x: np.ndarray, dims: int, kind: int, limit_s: float | None
 ) -> tuple[Any, float, int]:
-    """An ``HNSW<M>[@efC<n>]`` graph built over the rows' first ``dims`` principal components
-    (each build distance reads ``dims`` floats, not ``d``), searched over the full rows: the
-    graph moved into an ``IndexHNSWFlat`` holding the full vectors. PCA trained on 65,536 rows
-    (timed with the build). ``(index, seconds, rows added)`` as :func:`_build_within`."""
+    """An ``HNSW<M>[@efC<n>]`` graph built as ``auto`` builds a large segment's
+    (:class:`flowsearch.ann.build.ProjectedGraph`): over the rows' first ``dims`` principal
+    components (PCA fitted on ``Settings.projected_graph_sample_rows`` seeded rows, timed with
+    the build), then an ``IndexHNSWFlat`` of the full rows (searches read them). Inner product
+    only. ``(index, seconds, rows added)`` as :func:`_build_within`."""
     import faiss
 
+    from flowsearch.ann import build as ann_build
+    from flowsearch.settings import current
+
+    if kind != faiss.METRIC_INNER_PRODUCT:
+        raise ValueError("a projected graph is built for inner product only")
     graph, _, ef_construction = factory.partition("@efC")
-    m = int(graph.removeprefix("HNSW"))
+    ef = int(ef_construction) if ef_construction else current().projected_graph_ef_construction
+    projection = ann_build.Projection(dims, ef, current().projected_graph_sample_rows)
     t = time.perf_counter()
-    pick = np.random.default_rng(0).choice(len(x), size=min(65_536, len(x)), replace=False)
-    pca = faiss.PCAMatrix(x.shape[1], dims)
-    pca.train(x[np.sort(pick)])
-    low = faiss.IndexHNSWFlat(dims, m, kind)
-    if ef_construction:
-        low.hnsw.efConstruction = int(ef_construction)
-    full = faiss.IndexHNSWFlat(x.shape[1], m, kind)
+    index = ann_build.ProjectedGraph(x.shape[1], int(graph.removeprefix("HNSW")), projection)
+    ann_build.train(index, x, graph)
     added = 0
     for start in range(0, len(x), 65_536):
-        chunk = np.ascontiguousarray(x[start : start + 65_536])
-        low.add(pca.apply(chunk))
-        full.storage.add(chunk)
-        added = start + len(chunk)
+        ann_build.add(index, x[start : start + 65_536], graph)
+        added = min(len(x), start + 65_536)
         if limit_s is not None and time.perf_counter() - t > limit_s and added < len(x):
             break
-    full.hnsw = low.hnsw  # the graph, copied; searches read the full vectors
-    full.ntotal = low.ntotal
-    return full, time.perf_counter() - t, added
+    return ann_build.finished(index), time.perf_counter() - t, added
 
 
 def _cached(
@@ -404,16 +406,21 @@ def scale_encode_s(data: Path, rows: int) -> float:
     return time.perf_counter() - t
 
 
-def _scale_rows(data: Path, rows: int) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray]:
-    """The 1M stages' common start: one torch and one FAISS thread, the prepared rows
-    (:func:`scale_prepare`): its record, the searched vectors in RAM, the queries, the truth."""
+def _threads(n: int) -> None:
+    """FAISS's and torch's threads (the tokenizer's are set by ``main``, before it starts)."""
     import faiss
     import torch
 
+    torch.set_num_threads(n)
+    faiss.omp_set_num_threads(n)
+
+
+def _scale_rows(data: Path, rows: int) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray]:
+    """The 1M stages' common start: :data:`THREADS` torch and FAISS threads, the prepared rows
+    (:func:`scale_prepare`): its record, the searched vectors in RAM, the queries, the truth."""
     prep = scale_prepare(data, rows)
     work = WORK / f"scale_{prep['rows']}"
-    torch.set_num_threads(1)
-    faiss.omp_set_num_threads(1)
+    _threads(THREADS)
     Z = np.ascontiguousarray(np.load(work / "z.npy", mmap_mode="r"))
     return prep, Z, np.load(work / "z_q.npy"), np.load(work / "truth.npy")
 
@@ -473,6 +480,16 @@ GRAPH_STRUCTURES: list[tuple[str, str, str, list[dict[str, int]]]] = [
     ("HNSW32 efC28 over PCA128", "HNSW32@efC28@PCA128", "IP",
      _grid(efSearch=(256, 512, 768, 1024, 2048))),
 ]  # fmt: skip
+#: The product's projected graph (``flowsearch.ann.build.ProjectedGraph``: the components of
+#: the rows' second moments) around the study's closest point (the rows above labelled "over
+#: PCA" came from the study's own copy, a PCA centred on the rows' mean).
+EF_PROJECTED = (512, 768, 1024, 1280)
+GRAPH_STRUCTURES += [
+    (f"projected HNSW{m} efC{ef} PCA{dims}", f"HNSW{m}@efC{ef}@PCA{dims}", "IP",
+     _grid(efSearch=EF_PROJECTED))
+    for m, ef, dims in ((32, 28, 128), (32, 24, 128), (32, 32, 128), (32, 28, 96), (32, 32, 96),
+                        (32, 36, 96), (24, 36, 128), (24, 32, 96))
+]  # fmt: skip
 
 
 def _p50_ms(index: Any, q: np.ndarray, repeats: int = 2) -> float:
@@ -496,13 +513,15 @@ def graph_scale(
     before: dict[str, Any] | None,
     save: Any,
     limit_x: float = 5.0,
+    tag: str = "",
 ) -> dict[str, Any]:
     """:data:`GRAPH_STRUCTURES` at 1M rows (:func:`scale_prepare`), each run measuring, on
     the same core and thread, encoding 1M rows with ``static`` (at its start and its end),
     ``Flat``'s p50 and each structure's build (time-boxed at ``limit_x`` times the encoding:
     a build past it stops and is recorded with the rows it had added) and curve. ``save``
     publishes the report after each structure. Runs of other structures are kept
-    (``before``); each row carries its run's encoding and ``Flat`` figures."""
+    (``before``); each row carries its run's encoding and ``Flat`` figures. ``tag``: added to
+    this run's labels (a repeat kept beside the earlier run's rows)."""
     import faiss
 
     prep, Z, Zq, truth = _scale_rows(data, rows)
@@ -515,9 +534,10 @@ def graph_scale(
     huge = "hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
     run: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "build_limit_x": limit_x,
-        "huge_pages": huge,
+        "huge_pages": huge, "threads": THREADS,
     }  # fmt: skip
     run["encode_s"] = [scale_encode_s(data, rows)]
+    _threads(1)
     flat = faiss.IndexFlatIP(Z.shape[1])
     flat.add(Z)
     run["flat_p50_ms"] = _p50_ms(flat, Zq[lat], repeats=1)  # 142 ms a query: steady
@@ -532,9 +552,13 @@ def graph_scale(
         if label not in chosen:
             continue
         label += ", huge pages" if huge else ""
+        label += f", {THREADS} threads" if THREADS > 1 else ""
+        label += f", {tag}" if tag else ""
         curves = [r for r in curves if r["structure"] != label]
         stopped = [r for r in stopped if r["structure"] != label]
+        _threads(THREADS)
         index, build_s, added = _build_within(factory, Z, metric, limit_x * encode_s)
+        _threads(1)
         row = {"structure": label, "space": "searched", "build_s": build_s,
                "build_x_encode": build_s / encode_s, "encode_s": encode_s,
                "flat_p50_ms": run["flat_p50_ms"], "run": run["started"]}  # fmt: skip
@@ -547,38 +571,63 @@ def graph_scale(
         del index
         out.update(curves=curves, stopped=stopped)
         save(out)
+    _threads(THREADS)
     run["encode_s"].append(scale_encode_s(data, rows))
     run["load_end"] = harness.load_average()
     print(json.dumps(run), flush=True)
     return out
 
 
+def _settings_used() -> dict[str, Any]:
+    """The settings that decide a 1M segment's graph (as in force: ``--set`` included)."""
+    from flowsearch.settings import current
+
+    names = (
+        "graph_factory",
+        "hnsw_ef_construction",
+        "projected_graph_min_rows",
+        "projected_graph_dims",
+        "projected_graph_ef_construction",
+        "projected_graph_sample_rows",
+        "max_ef_search",
+        "target_recall",
+        "query_noise",
+    )
+    return {n: getattr(current(), n) for n in names}  # fmt: skip
+
+
 def scale_tune(data: Path, rows: int) -> dict[str, Any]:
-    """What ``auto`` does with one segment of the 1M rows (:func:`scale_prepare`), on one core
-    and thread: its factory built as ingest builds it (``new_index``: Settings' graph and
-    ``efConstruction``; chunked adds), then tuned as a segment is (4,096 rows sampled, held-out
-    queries); then real queries at the knob chosen. Encoding 1M rows with ``static`` and
-    ``Flat``'s p50 are measured in the same run (encoding before and after)."""
+    """What ``auto`` does with one segment of the 1M rows (:func:`scale_prepare`), on
+    :data:`THREADS` threads: its index made as a segment's is
+    (:func:`flowsearch.ann.build.segment_index`: the projected graph at 1M with the default
+    settings; trained, chunked adds, finished), then tuned as a segment is (4,096 rows
+    sampled, held-out queries); then real queries at the knob chosen (searches on one
+    thread). Encoding 1M rows with ``static`` and ``Flat``'s p50 are measured in the same run
+    (encoding before and after)."""
     import faiss
 
     from flowsearch.ann import build as ann_build
-    from flowsearch.ann.factory import auto_factory, new_index
 
     prep, Z, Zq, truth = _scale_rows(data, rows)
     lat = np.arange(len(Zq))[:: max(1, len(Zq) // LATENCY_QUERIES)]
-    out: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    out: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                           "threads": THREADS, "settings": _settings_used()}  # fmt: skip
     out["encode_s"] = [scale_encode_s(data, rows)]
+    _threads(1)
     flat = faiss.IndexFlatIP(Z.shape[1])
     flat.add(Z)
     out["flat_p50_ms"] = _p50_ms(flat, Zq[lat], repeats=1)
     del flat
     out["load_start"] = harness.load_average()
-    factory = auto_factory(len(Z), dim=Z.shape[1])
-    t = time.perf_counter()
-    index = new_index(Z.shape[1], factory)
-    ann_build.train(index, Z, factory)
+    _threads(THREADS)
+    t = time.perf_counter()  # as a segment's build: segment_index, train, chunked adds
+    building, factory = ann_build.segment_index(Z.shape[1], "auto", len(Z))
+    projection = ann_build.projection_of(building)
+    ann_build.train(building, Z, factory)
     for start in range(0, len(Z), 65_536):
-        ann_build.add(index, Z[start : start + 65_536], factory)
+        ann_build.add(building, Z[start : start + 65_536], factory)
+    index = ann_build.finished(building)
+    del building
     out["build_s"] = time.perf_counter() - t
     rng = np.random.default_rng(0)
     pos = np.sort(rng.choice(len(Z), size=4096, replace=False))
@@ -586,6 +635,7 @@ def scale_tune(data: Path, rows: int) -> dict[str, Any]:
     t = time.perf_counter()
     tuned = ann_build.tune(index, Z[pos], chunks, sample_rows=pos)
     out["tune_s"] = time.perf_counter() - t
+    _threads(1)
     found = index.search(Zq, 10)[1]
     half = len(Zq) // 2
     ms = _p50_ms(index, Zq[lat])
@@ -593,6 +643,9 @@ def scale_tune(data: Path, rows: int) -> dict[str, Any]:
     out.update({
         "factory": factory, "params": tuned.params,
         "ef_construction": int(graph.hnsw.efConstruction) if hasattr(graph, "hnsw") else None,
+        "projection": None if projection is None else {
+            "dims": projection.dims, "ef_construction": projection.ef_construction,
+            "sample_rows": projection.sample_rows},
         "tuning": {"recall": tuned.recall, "tuned_recall": tuned.tuned_recall,
                    "queries": tuned.queries},
         "real_recall": harness.recall(found, truth),
@@ -601,6 +654,7 @@ def scale_tune(data: Path, rows: int) -> dict[str, Any]:
         "p50_ms": ms, "speedup": out["flat_p50_ms"] / ms,
     })  # fmt: skip
     del index
+    _threads(THREADS)
     out["encode_s"].append(scale_encode_s(data, rows))
     mean_encode = float(np.mean(out["encode_s"]))
     out["build_x_encode"] = out["build_s"] / mean_encode
@@ -624,7 +678,7 @@ def tune(
     import faiss
 
     from flowsearch.ann import build as ann_build
-    from flowsearch.ann.factory import auto_factory, new_index
+    from flowsearch.ann.factory import auto_factory
     from flowsearch.settings import current
 
     work = work or WORK / str(rows)
@@ -632,10 +686,13 @@ def tune(
     truth = _truth(Zq, Z)
     faiss.omp_set_num_threads(1)
     factory = factory or auto_factory(len(Z), dim=Z.shape[1])
-    t = time.perf_counter()  # built as ingest builds it (new_index: Settings' efConstruction)
-    index = new_index(Z.shape[1], factory)
-    ann_build.train(index, Z, factory)
-    ann_build.add(index, Z, factory)
+    t = time.perf_counter()  # built as a segment's index is (Settings' graph and its build)
+    building, _ = ann_build.segment_index(Z.shape[1], "auto", len(Z), factory)
+    projection = ann_build.projection_of(building)
+    ann_build.train(building, Z, factory)
+    ann_build.add(building, Z, factory)
+    index = ann_build.finished(building)
+    del building
     build_s = time.perf_counter() - t
     rng = np.random.default_rng(0)
     pos = np.sort(rng.choice(len(Z), size=min(4096, len(Z)), replace=False))
@@ -674,6 +731,7 @@ def tune(
             print(json.dumps(row), flush=True)
     return {
         "factory": factory,
+        "projection": None if projection is None else projection.__dict__,
         "params": tuned.params,
         "build_s": build_s,
         "tune_s": tune_s,
@@ -849,29 +907,51 @@ def _graph_section(g: dict[str, Any] | None) -> list[str]:
     return body
 
 
-def _scale_tune_section(t: dict[str, Any] | None) -> list[str]:
-    """``auto`` on one 1M-row segment (:func:`scale_tune`)."""
-    if not t:
+def _scale_tunes(out: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every :func:`scale_tune` run kept (the first was kept alone under ``scale_tune``)."""
+    return list(out.get("scale_tunes") or ([out["scale_tune"]] if out.get("scale_tune") else []))
+
+
+def _scale_tune_section(runs: list[dict[str, Any]]) -> list[str]:
+    """``auto`` on one 1M-row segment (:func:`scale_tune`), one row per run."""
+    if not runs:
         return []
-    enc = " then ".join(f"{e:.1f} s" for e in t["encode_s"])
-    return [
-        "### `auto` on one segment of the 1M rows (one thread: encoding, build, tuning, queries)",
+    body = [
+        "### `auto` on one segment of the 1M rows (encoding, build, tuning on the run's threads; "
+        "queries on one)",
         "",
-        f"Run {t['started']} (load {t['load_start']} at the start, {t['load_end']} at the end): "
-        f"encoding 1M rows with `static` {enc}; `auto` chose `{t['factory']}` (built at "
-        f"`efConstruction` {t['ef_construction']}) and tuned it to `{t['params']}` (recall@10 "
-        f"{t['tuning']['tuned_recall']:.3f} on its tuning half, recorded "
-        f"{t['tuning']['recall']:.3f} on its check half).",
+        "`auto`'s index for the 1M rows made as a segment's is "
+        "(`flowsearch.ann.build.segment_index`, trained, chunked adds, finished), tuned by its "
+        "own tuner (`flowsearch.ann.build.tune`: 4,096 rows sampled, held-out rows + noise, half "
+        "to choose the knob, half to check it, the knob capped at `Settings.max_ef_search`), "
+        "then the 2,000 real queries at the knob it chose. Encoding 1M rows with `static` before "
+        "and after the build, on the same threads; build / encode is against their mean.",
         "",
-        "| build s | tuning s | build / encode | (build + tuning) / encode | recall@10 real "
-        "queries (questions / partial) | p50 ms | `Flat` p50 ms | x Flat |",
-        "|---:|---:|---:|---:|---|---:|---:|---:|",
-        f"| {t['build_s']:.0f} | {t['tune_s']:.0f} | {t['build_x_encode']:.2f} | "
-        f"{t['build_tune_x_encode']:.2f} | **{t['real_recall']:.3f}** "
-        f"({t['real_recall_questions']:.3f} / {t['real_recall_partial']:.3f}) | "
-        f"{t['p50_ms']:.2f} | {t['flat_p50_ms']:.1f} | **{t['speedup']:.1f}x** |",
-        "",
+        "| run | threads | graph | encoding s | build s | tuning s | build / encode | "
+        "(build + tuning) / encode | knob chosen | recall@10 tuning half / recorded (check half) "
+        "| recall@10 real queries (questions / partial) | p50 ms | `Flat` p50 ms | x Flat |",
+        "|---|---:|---|---|---:|---:|---:|---:|---|---|---|---:|---:|---:|",
     ]
+    for t in runs:
+        pr = t.get("projection")
+        graph = f"`{t['factory']}`, efConstruction {t['ef_construction']}"
+        if pr:
+            graph = (
+                f"`{t['factory']}` over {pr['dims']} principal components, efConstruction "
+                f"{pr['ef_construction']}"
+            )
+        body.append(
+            f"| {t['started']} (load {t['load_start'][0]:.1f} / {t['load_end'][0]:.1f}) | "
+            f"{t.get('threads', 1)} | {graph} | "
+            + " then ".join(f"{e:.1f}" for e in t["encode_s"])
+            + f" | {t['build_s']:.0f} | {t['tune_s']:.0f} | {t['build_x_encode']:.2f} | "
+            f"{t['build_tune_x_encode']:.2f} | `{t['params']}` | "
+            f"{t['tuning']['tuned_recall']:.3f} / {t['tuning']['recall']:.3f} | "
+            f"**{t['real_recall']:.3f}** ({t['real_recall_questions']:.3f} / "
+            f"{t['real_recall_partial']:.3f}) | {t['p50_ms']:.2f} | {t['flat_p50_ms']:.1f} | "
+            f"**{t['speedup']:.1f}x** |"
+        )
+    return [*body, ""]
 
 
 def _study_keys(out: dict[str, Any], pooling: str, rows: int) -> tuple[str, str]:
@@ -987,8 +1067,9 @@ def render(out: dict[str, Any]) -> str:
             *_curves_table(c["curves"], encode=True),
         ]
     body += _graph_section(out.get("scale_graph"))
-    body += _scale_tune_section(out.get("scale_tune"))
-    names = {"tune": "default", "tune_efc40": "before (efConstruction 40)", "tune_scan": "scan"}
+    body += _scale_tune_section(_scale_tunes(out))
+    names = {"tune": "default", "tune_efc40": "before (efConstruction 40)", "tune_scan": "scan",
+             "tune_projected": "projected graph"}  # fmt: skip
     tunes = [{**out[k], "label": v} for k, v in names.items() if out.get(k)]
     if tunes:
         t = tunes[0]
@@ -1092,6 +1173,7 @@ def main() -> int:
             "study",
             "tune",
             "tune-scan",
+            "tune-projected",
             "segments",
             "scale-prepare",
             "scale",
@@ -1111,20 +1193,53 @@ def main() -> int:
         help="scale-graph: stop a build past this many times the encoding's seconds",
     )  # fmt: skip
     parser.add_argument(
+        "--tag", default="", help="scale-graph: added to this run's labels (a repeat)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="scale stages: FAISS, torch and tokenizer threads of encoding and builds (searches "
+             "stay on one thread)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--set", dest="settings", action="append", default=[], metavar="NAME=INT",
+        help="scale stages: a flowsearch Setting (an integer) for the run, e.g. "
+             "projected_graph_dims=96 (repeatable)",
+    )  # fmt: skip
+    parser.add_argument(
         "--no-curves", dest="curves", action="store_false",
         help="keep the saved noise curves of the tune stage (they do not depend on the tuner)",
     )  # fmt: skip
     args = harness.parse(parser, rows=20_000, queries=400)
     if harness.rendered(args, render):
         return 0
-    data = harness.data_dir(args.data)
+    global THREADS
+    THREADS = max(1, args.threads)
+    if THREADS > 1:  # the tokenizer's threads start with its first batch: set them before
+        os.environ["TOKENIZERS_PARALLELISM"] = "true"
+        os.environ["RAYON_NUM_THREADS"] = str(THREADS)
+    from flowsearch.settings import override
+
+    changes = {k: int(v) for k, _, v in (x.partition("=") for x in args.settings)}
+    with override(**changes):
+        return _run(args, data=harness.data_dir(args.data))
+
+
+def _run(args: Any, data: Path) -> int:
+    """:func:`main` after the options: the stages asked for."""
+    from flowsearch.settings import override
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out_path = Path(args.out + ".json")
     out: dict[str, Any] = {}
     if out_path.exists() and not args.smoke:
         out = json.loads(out_path.read_text())
     out["machine"] = harness.machine()
-    out["command"] = harness.command_line()
+    this = harness.command_line()
+    if out.get("command") and (args.stage.startswith("scale") or args.stage == "tune-projected"):
+        # the 1M runs add to the section: keep how its earlier figures were made
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        this = f"{out['command']}; then {this} ({when})"
+    out["command"] = this
     prep = prepare(data, args.rows, args.queries, args.pooling)
     if args.pooling == "static":
         out["prepare"] = prep
@@ -1139,9 +1254,11 @@ def main() -> int:
         out["tune"] = tune(args.rows, curves=args.curves or not before)
         out["tune"]["noise_curves"] = out["tune"]["noise_curves"] or before
         harness.finish(args, render, out)
+    if args.stage == "tune-projected":  # auto's projected graph (as at 1M), at this size
+        with override(projected_graph_min_rows=args.rows):
+            out["tune_projected"] = tune(args.rows, curves=False)
+        harness.finish(args, render, out)
     if args.stage == "tune-scan":  # auto with its scan tier on, at this size
-        from flowsearch.settings import override
-
         with override(scan_max_rows=args.rows):
             out["tune_scan"] = tune(args.rows, curves=False)
         harness.finish(args, render, out)
@@ -1159,10 +1276,11 @@ def main() -> int:
                             smoke=args.smoke)  # fmt: skip
 
         out["scale_graph"] = graph_scale(
-            data, args.rows, args.only, out.get("scale_graph"), save, args.build_limit
+            data, args.rows, args.only, out.get("scale_graph"), save, args.build_limit, args.tag
         )
     if args.stage == "scale-tune":
-        out["scale_tune"] = scale_tune(data, args.rows)
+        out["scale_tunes"] = [*_scale_tunes(out), scale_tune(data, args.rows)]
+        out.pop("scale_tune", None)  # the first run's key, now the list's first
     if args.stage in ("study", "all"):
         key, prep_key = _study_keys(out, args.pooling, args.rows)
         out[prep_key] = prep

@@ -77,12 +77,41 @@ class Settings:
     #: lose the recall instead: HNSW16 at 40 built in 197 s reached 0.933 at 20x ``Flat``,
     #: HNSW32 at 24 (over 192 principal components) 170 s and 0.938; HNSW32 at 32 needed 220 s
     #: for 0.961 at 18.6x; HNSW32 at 28 over 128 components 190 s (3.05x its run's encoding)
-    #: for 0.951 at 25x: on the line, not clearly met, so no size tier here.
+    #: for 0.951 at 25x. Large segments now take that road: :attr:`projected_graph_min_rows`.
     #: One value at every size: 10 segments of 20k rows built at 160 or 320 needed 3.0x /
     #: 2.8x one 200k segment's vector-search CPU at equal recall@10 0.95 (80: 3.4x, 40: 3.7x;
     #: HNSW16 at 160: 2.9x) for 2.7x / 7.5x the build of 40 (bench_segments), far from the
     #: 1.3x that would pay for a size-dependent value.
     hnsw_ef_construction: int = 80
+    #: Segments of at least this many rows get ``auto``'s graph built over their rows' first
+    #: :attr:`projected_graph_dims` principal components (a PCA of
+    #: :attr:`projected_graph_sample_rows` seeded rows) at :attr:`projected_graph_ef_construction`,
+    #: then moved into an ordinary HNSW index of the full vectors: searches and their scores
+    #: read the full vectors (``flowsearch.ann.build.ProjectedGraph``; the manifest's ann
+    #: record says so, ``info`` shows it). Issue 30's 1M budget (build <= 3x encoding the rows
+    #: with ``static``): at 1M static rows, one thread, HNSW32 over 96 components at 32 built in
+    #: 145-196 s in four runs, 2.73x, 3.23x, 3.42x and 3.01x their runs' encoding (46.9-68.0 s):
+    #: on the line, not clearly under 3x; the full graph at :attr:`hnsw_ef_construction` 40 took
+    #: 415 s (6.7x; at 80 about twice that). Recall@10 of real queries 0.954 at efSearch 1024
+    #: (23.3-23.5x ``Flat``), which ``auto``'s tuner chose (its largest, :attr:`max_ef_search`):
+    #: 20.3x and 21.1x in its runs (bench_ann_study, scale-graph and scale-tune). Below, the
+    #: full graph: at 200k real rows the projected one built in 33 s (full, at 80: 107 s) but
+    #: tuned to efSearch 1024 for real queries' 0.947 at 4.8x ``Flat`` (full: 0.955 at 58.5x).
+    #: The 1M rows are 200k real rows and 4 jittered copies of each: easier for a graph than 1M
+    #: distinct rows (docs/SCALE.md).
+    projected_graph_min_rows: int = 500_000
+    #: Principal components the projected graph is built over (at or above the vectors'
+    #: dimension the graph is built over the full vectors). At 1M, efConstruction 28: 128
+    #: components built in 158 s for 0.950 at efSearch 1024, 96 in 143 s for 0.943.
+    projected_graph_dims: int = 96
+    #: ``efConstruction`` of the projected graph (:attr:`hnsw_ef_construction` for the others).
+    #: At 1M over 96 components: 28 gave 0.943 at efSearch 1024, 32 0.954, 36 0.961 (171 s:
+    #: 3.51x its run's encoding); HNSW24 at 32 0.942 (128 s).
+    projected_graph_ef_construction: int = 32
+    #: Rows (a seeded sample of the segment's first rows, or of the build's fit rows) the
+    #: projected graph's PCA is fitted on; the build holds the projected rows (4 bytes x
+    #: :attr:`projected_graph_dims` per row) beside the full ones until the graph is moved.
+    projected_graph_sample_rows: int = 65_536
     #: Largest segment ``auto`` indexes with :attr:`graph_factory`; above, IVF-PQ with an exact
     #: re-rank: HNSW32 holds ~1.8 KB per row in RAM at dim 384 (docs/SCALE.md).
     graph_max_rows: int = 2_000_000

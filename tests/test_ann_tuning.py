@@ -214,8 +214,10 @@ def test_a_merge_builds_and_tunes_the_merged_index_once(tmp_path, monkeypatch):
         base = _write(root, [300, 300, 300], "auto")
         assert [s.ann.factory for s in base.segments] == ["Flat"] * 3
         made, tuned = [], []
-        real_new, real_tune = seg_mod.new_index, seg_mod.ann_build.tune
-        monkeypatch.setattr(seg_mod, "new_index", lambda *a: made.append(a) or real_new(*a))
+        real_new, real_tune = seg_mod.ann_build.segment_index, seg_mod.ann_build.tune
+        monkeypatch.setattr(
+            seg_mod.ann_build, "segment_index", lambda *a: made.append(a) or real_new(*a)
+        )
         monkeypatch.setattr(
             seg_mod.ann_build, "tune", lambda *a, **kw: tuned.append(a) or real_tune(*a, **kw)
         )

@@ -339,3 +339,47 @@ def test_long_documents_answer_on_ray_as_locally(built_long: dict[str, Any], mod
             shown = [(h.text, h.highlight) for h in hits_a]
             assert [(h.text, h.highlight) for h in hits_b] == shown
     assert any(h.highlight is not None for hits in got for h in hits)
+
+
+@pytest.fixture(scope="module")
+def built_projected(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> dict[str, Any]:
+    """``auto``'s graph built over principal components (the thresholds lowered), by both
+    engines."""
+    from flowsearch.settings import override
+
+    tmp = tmp_path_factory.mktemp("ray-projected")
+    corpus = write_corpus(tmp / "corpus.parquet", n=ROWS)
+    options = dict(model=str(model_dir), calibration="none", lexical=False)
+    lowered = dict(flat_max_rows=50, projected_graph_min_rows=100, projected_graph_dims=8,
+                   projected_graph_sample_rows=64)  # fmt: skip
+    with override(**lowered):
+        build_index(corpus, tmp / "local", **options)
+        with ray_ingest.ray_session():
+            build_index(corpus, tmp / "ray", engine="ray", **options)
+    return {"tmp": tmp}
+
+
+@pytest.mark.slow
+def test_a_projected_graph_is_built_on_ray_as_locally(built_projected: dict[str, Any]) -> None:
+    from flowsearch.settings import current
+
+    tmp = built_projected["tmp"]
+    want = mf.AnnProjection(
+        dims=8, ef_construction=current().projected_graph_ef_construction, sample_rows=64
+    )
+    for engine in ("local", "ray"):
+        (seg,) = mf.read(tmp / engine).segments
+        assert seg.ann.factory == "HNSW32" and seg.ann.projection == want
+        assert seg.ann.tuning is not None
+    a = Searcher.open(tmp / "local", gpu=False)
+    b = Searcher.open(tmp / "ray", gpu=False, encoder=a.encoder)
+    try:
+        found = [
+            len({h.id for h in x} & {h.id for h in y}) / 10
+            for x, y in zip(a.search(QUERIES, k=10, mode="dense"),
+                            b.search(QUERIES, k=10, mode="dense"), strict=True)
+        ]  # fmt: skip
+        assert np.mean(found) >= 0.9  # the same rows and vectors; graphs may differ by threads
+    finally:
+        a.close()
+        b.close()

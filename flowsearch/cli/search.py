@@ -184,6 +184,15 @@ def _tuned_recall(segments: Any) -> str:
     )
 
 
+def _graph_builds(segments: Any) -> str | None:
+    """How ``auto`` built the segments whose graph was built over principal components (None:
+    no segment was)."""
+    built = [s for s in segments if s.ann.projection is not None]
+    if not built:
+        return None
+    return "; ".join(f"{s.name} {s.ann.factory}: {s.ann.projection.to_words()}" for s in built)
+
+
 def _info_rows(info: Any) -> list[tuple[str, str]]:
     """``info``'s table: (what, value) pairs read from the manifest and the verification."""
     from flowsearch.space.reference import reference_of
@@ -215,6 +224,7 @@ def _info_rows(info: Any) -> list[tuple[str, str]]:
         ("schema", ", ".join(f"{c.name} {c.type}" for c in m.schema_) or "(no metadata)"),
         ("size", ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in info.bytes.items())),
         ("vector index recall", _tuned_recall(m.segments)),
+        *[("vector index build", b) for b in [_graph_builds(m.segments)] if b is not None],
         (
             "verified",
             f"{counted(checked.n_files, 'file')} by size, {checked.n_hashed} by sha256{unhashed}"

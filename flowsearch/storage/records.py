@@ -30,6 +30,7 @@ __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "AnnCurve",
+    "AnnProjection",
     "AnnRecord",
     "AnnTuning",
     "AutoDecision",
@@ -272,10 +273,30 @@ class AnnTuning(BaseModel):
         )
 
 
+class AnnProjection(BaseModel):
+    """How ``auto`` built a large segment's graph (:class:`flowsearch.ann.build.ProjectedGraph`):
+    over the rows' first ``dims`` principal components, fitted on at most ``sample_rows`` rows,
+    at ``ef_construction``; the index file is an ordinary HNSW index of the full vectors."""
+
+    model_config = _FROZEN
+    dims: int = Field(ge=1)
+    ef_construction: int = Field(ge=1)
+    sample_rows: int = Field(ge=1)
+
+    def to_words(self) -> str:
+        """``"graph built over the first 128 principal components (...)"``."""
+        return (
+            f"graph built over the first {self.dims} principal components (fitted on at most "
+            f"{self.sample_rows:,} rows) at efConstruction {self.ef_construction}, searched "
+            "over the full vectors"
+        )
+
+
 class AnnRecord(BaseModel):
     """A segment's vector index: its file, the resolved factory and its search parameters
     (``tuning``: what ``auto``'s tuning measured; None for an exact or a user's index, or a
-    segment written before it was recorded)."""
+    segment written before it was recorded; ``projection``: how a graph built over principal
+    components was built, None for any other index)."""
 
     model_config = _FROZEN
     path: str
@@ -283,6 +304,7 @@ class AnnRecord(BaseModel):
     params: str = ""
     data: str | None = None  # an IVF index's lists on disk, beside ``path``
     tuning: AnnTuning | None = None
+    projection: AnnProjection | None = None
 
     _check_paths = field_validator("path", "data")(_inside("vector index"))
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from flowsearch.ann.build import check_projection_settings
 from flowsearch.ann.factory import check_factory
 from flowsearch.errors import BadInput
 from flowsearch.progress import Stages
@@ -183,6 +184,8 @@ def _load(model: Any, pooling: str, max_length: int | None, backend: str, quanti
     factory checked against the searched dimension before any encoding."""
     from flowsearch.encode.encoder import Encoder
 
+    if index_factory == "auto":  # its graph's settings, before a model is even loaded
+        check_projection_settings()
     options: dict[str, Any] = {}
     if backend != "torch" or quantize is not None:  # only encoders that have them
         options = {"backend": backend, "quantize": quantize}

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from flowsearch.ann import build as ann_build
-from flowsearch.ann.factory import auto_factory, new_index
 from flowsearch.progress import Stages
 from flowsearch.space.fitting import fit_for_index
 from flowsearch.space.reference import (
@@ -90,9 +89,7 @@ def fit_space(
         pooling=enc.pooling,
     )
     space = SearchSpace(cal, spec, enc)
-    requested = options.index_factory
-    factory = auto_factory(n_rows, dim=space.dim) if requested == "auto" else requested
-    index = new_index(space.dim, factory)
+    index, factory = ann_build.segment_index(space.dim, options.index_factory, n_rows)
     if not index.is_trained:
         sample = ann_build.training_sample(index, U_fit, space.project)
         ann_build.train(index, sample, factory)

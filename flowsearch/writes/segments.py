@@ -32,7 +32,13 @@ from flowsearch.ann.factory import auto_factory, new_index
 from flowsearch.errors import BadInput
 from flowsearch.storage.keys import KeyIndex
 from flowsearch.storage.layout import ANN_FILE, KEYS_FILE, POSTINGS_DIR
-from flowsearch.storage.manifest import AnnCurve, AnnRecord, AnnTuning, SegmentRecord
+from flowsearch.storage.manifest import (
+    AnnCurve,
+    AnnProjection,
+    AnnRecord,
+    AnnTuning,
+    SegmentRecord,
+)
 from flowsearch.storage.records import encode_vector_sum
 from flowsearch.storage.rows import PartWriter, RowReader, matrix
 from flowsearch.storage.writer import Writer
@@ -84,7 +90,9 @@ class SegmentBuilder:
         self.lexical = lexical
         self.strict = strict_factory
         self.factory = factory or resolve_factory(requested, n_rows, dim)
-        self.index = index if index is not None else new_index(dim, self.factory)
+        if index is None:  # auto's graph over a large segment: built over components
+            index, _ = ann_build.segment_index(dim, requested, n_rows, self.factory)
+        self.index = index
         self.parts = PartWriter(self.stage)
         self._buffer: list[np.ndarray] = []
         self._buffered = 0
@@ -149,6 +157,11 @@ class SegmentBuilder:
         (``fields``: more :class:`SegmentRecord` fields)."""
         if not self.index.is_trained or self._buffer:
             self._train_and_flush()
+        built = ann_build.projection_of(self.index)
+        self.index = ann_build.finished(self.index)
+        projection = None if built is None else AnnProjection(
+            dims=built.dims, ef_construction=built.ef_construction, sample_rows=built.sample_rows
+        )  # fmt: skip
         parts = self.close_parts()
         reader = RowReader(self.stage, parts)
         try:
@@ -192,7 +205,12 @@ class SegmentBuilder:
             n_rows=self.n_rows,
             parts=parts,
             ann=AnnRecord(
-                path=ANN_FILE, factory=self.factory, params=params, data=self._data, tuning=tuning
+                path=ANN_FILE,
+                factory=self.factory,
+                params=params,
+                data=self._data,
+                tuning=tuning,
+                projection=projection,
             ),
             postings=POSTINGS_DIR if postings is not None else None,
             keys=KEYS_FILE,
