@@ -41,6 +41,7 @@ __all__ = [
     "corpus_prefix",
     "fresh_copy",
     "io_counters",
+    "keyed",
     "new_bytes",
     "new_texts",
     "records_table",
@@ -178,6 +179,12 @@ def serving_base(
             "calibration": m.calibration.name, "wall_s": None, "seconds": {},
             "bytes": size_on_disk(target), "load": None, "note": note,
         }  # fmt: skip
+        if spec.factory == "Flat":  # written before key_ids.arrow: upgraded as compact does
+            record.update(keyed(target))
+            record["note"] = (
+                f"{note}, then its segments given key_ids.arrow as `compact` does (files "
+                f"hard-linked, keys rewritten: {record['seconds']['key ids']} s)"
+            )
         if spec.factory != "Flat":  # its rows in one segment with the vector index asked for
             LOG.info("re-indexing serving_%s (%d rows, %s)", spec.name, m.n_live, spec.factory)
             record.update(reindexed(target, spec.factory))
@@ -244,6 +251,23 @@ def reindexed(index: Path, factory: str) -> dict[str, Any]:
         "seconds": {"merge (rows, index, tuning)": round(merged, 1)},
         "bytes": size_on_disk(index),
     }
+
+
+def keyed(index: Path) -> dict[str, Any]:
+    """Give every segment of ``index`` written without ``key_ids.arrow`` the file (the upgrade
+    ``compact`` runs: :func:`~flowsearch.storage.upgrade.add_key_ids`, files hard-linked, no
+    merge), published as a compaction. Returns the build record's fields it changes."""
+    from flowsearch.storage.upgrade import add_key_ids
+    from flowsearch.storage.writer import open_writer
+
+    start = time.perf_counter()
+    with open_writer(index) as writer:
+        assert writer.base is not None
+        upgraded = add_key_ids(writer)
+        if upgraded:
+            writer.publish(kind="compact", n_rows=0, detail={"merged": 0, "dropped": 0,
+                                                            "key_ids": len(upgraded)})  # fmt: skip
+    return {"seconds": {"key ids": round(time.perf_counter() - start, 1)}, "key_ids": len(upgraded)}
 
 
 def serving_batches(data: Path, rows: int, size: int = 1000, seed: int = 7) -> WriteBatch:
