@@ -77,3 +77,19 @@ def test_an_older_index_is_written_correctly_then_upgraded_by_compact(older):
     path.unlink()
     with pytest.raises(IndexDamaged, match="missing.*key_ids.arrow"):
         verify(root, m)
+
+
+def test_the_compact_command_says_it_gave_older_segments_their_ids(older):
+    from typer.testing import CliRunner
+
+    from flowsearch.cli import app
+
+    wide = CliRunner(env={"COLUMNS": "200"})
+    done = wide.invoke(app, ["compact", "--index", str(older)])
+    assert done.exit_code == 0, done.output
+    assert " ".join(done.stderr.split()) == (
+        f"compacted {older} (version 3): 70 live rows in 2 segments; "
+        "gave 2 older segments key_ids.arrow"
+    )
+    again = wide.invoke(app, ["compact", "--index", str(older)])
+    assert again.exit_code == 0 and again.stderr.startswith("nothing to compact")

@@ -116,13 +116,16 @@ class KeyIndex:
             raise IndexDamaged(f"the ids of {directory} do not match its rows", "rebuild it")
         return cls(keys, rows, load_ids(directory, n_rows) if ids else None)
 
-    def lookup(self, ids: pa.Array | pa.ChunkedArray) -> list[tuple[int, int]]:
+    def lookup(
+        self, ids: pa.Array | pa.ChunkedArray, keys: np.ndarray | None = None
+    ) -> list[tuple[int, int]]:
         """``(position in ids, local row)`` for every row whose key matches an id's. Integer
         ids match exactly; string ids are confirmed against the stored ids when this index has
-        them (:attr:`exact`), else they are candidates the caller confirms."""
+        them (:attr:`exact`), else they are candidates the caller confirms. ``keys``: the ids'
+        keys when the caller has them (:func:`keys_of`; one hashing for every segment)."""
         if isinstance(ids, pa.ChunkedArray):
             ids = ids.combine_chunks()
-        wanted = keys_of(ids)
+        wanted = keys_of(ids) if keys is None else keys
         lo = np.searchsorted(self.keys, wanted, side="left")
         hi = np.searchsorted(self.keys, wanted, side="right")
         at = np.flatnonzero(hi > lo)

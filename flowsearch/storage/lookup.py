@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from flowsearch.errors import BadInput
-from flowsearch.storage import deletions
+from flowsearch.storage import deletions, keys
 from flowsearch.storage.keys import KeyIndex
 from flowsearch.storage.layout import KEY_IDS_FILE
 from flowsearch.storage.manifest import SegmentRecord
@@ -87,12 +87,13 @@ def find_live(
     """
     found: list[tuple[int, str, int]] = []
     strings = pa.types.is_string(ids.type)
+    hashed = keys.keys_of(ids)  # once for every segment
     for seg in segments:
         folder = folder_of(seg)
         if seg.keys is None:
             raise BadInput(f"segment {seg.name} has no id keys", "rebuild the index")
-        keys = KeyIndex.load(folder, seg.n_rows, ids=strings and KEY_IDS_FILE in seg.files)
-        candidates = keys.lookup(ids)
+        index = KeyIndex.load(folder, seg.n_rows, ids=strings and KEY_IDS_FILE in seg.files)
+        candidates = index.lookup(ids, hashed)
         if not candidates:
             continue
         if seg.deletions is not None:
@@ -100,7 +101,7 @@ def find_live(
             rows = np.array([r for _, r in candidates], np.int64)
             alive = ~np.isin(rows, dead)
             candidates = [c for c, live in zip(candidates, alive, strict=True) if live]
-        if strings and candidates and not keys.exact:  # a segment without key_ids.arrow
+        if strings and candidates and not index.exact:  # a segment without key_ids.arrow
             reader = RowReader(folder, seg.parts)
             try:  # the id column only, of the row groups holding the candidates
                 stored = reader.values_at(np.array([r for _, r in candidates], np.int64), "id")
