@@ -303,7 +303,7 @@ class Writer:
             fsync_dir(target.parent)
         kept = {self.index_dir / s.dir for s in self.segments if s.name not in self._staged}
         files = [f for f in self._unflushed if f.parent in kept]  # not of a dropped segment
-        fsync_paths([*files, *{f.parent for f in files}])  # deletion files, then none is lost
+        fsync_paths([*files, *{f.parent for f in files}])  # before the manifest names them
 
 
 def _with_checksum(manifest: mf.Manifest) -> dict[str, Any]:
