@@ -41,6 +41,7 @@ __all__ = [
     "corpus_prefix",
     "fresh_copy",
     "io_counters",
+    "keyed",
     "new_bytes",
     "new_texts",
     "records_table",
@@ -155,6 +156,7 @@ def serving_base(
     from flowsearch import build_index
     from flowsearch.storage import manifest as mf
     from flowsearch.storage.cleanup import clean
+    from flowsearch.storage.layout import KEY_IDS_FILE
     from flowsearch.storage.verify import size_on_disk
     from flowsearch.storage.writer import referenced
 
@@ -178,6 +180,12 @@ def serving_base(
             "calibration": m.calibration.name, "wall_s": None, "seconds": {},
             "bytes": size_on_disk(target), "load": None, "note": note,
         }  # fmt: skip
+        if spec.factory == "Flat":  # written before key_ids.arrow: upgraded as compact does
+            record.update(keyed(target))
+            record["note"] = (
+                f"{note}, then its segments given key_ids.arrow as `compact` does (files "
+                f"hard-linked, keys rewritten: {record['seconds']['key ids']} s)"
+            )
         if spec.factory != "Flat":  # its rows in one segment with the vector index asked for
             LOG.info("re-indexing serving_%s (%d rows, %s)", spec.name, m.n_live, spec.factory)
             record.update(reindexed(target, spec.factory))
@@ -207,6 +215,8 @@ def serving_base(
             "seconds": result.seconds, "bytes": result.bytes,
             "load": [load_before, harness.load_average()],
         }  # fmt: skip
+    # whether its id lookups confirm through key_ids.arrow (else the older row-group path)
+    record["key_ids"] = all(KEY_IDS_FILE in seg.files for seg in mf.read(target).segments)
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     return target, record
 
@@ -244,6 +254,23 @@ def reindexed(index: Path, factory: str) -> dict[str, Any]:
         "seconds": {"merge (rows, index, tuning)": round(merged, 1)},
         "bytes": size_on_disk(index),
     }
+
+
+def keyed(index: Path) -> dict[str, Any]:
+    """Give every segment of ``index`` written without ``key_ids.arrow`` the file (the upgrade
+    ``compact`` runs: :func:`~flowsearch.storage.upgrade.add_key_ids`, files hard-linked, no
+    merge), published as a compaction. Returns the build record's fields it changes."""
+    from flowsearch.storage.upgrade import add_key_ids
+    from flowsearch.storage.writer import open_writer
+
+    start = time.perf_counter()
+    with open_writer(index) as writer:
+        assert writer.base is not None
+        upgraded = add_key_ids(writer)
+        if upgraded:
+            writer.publish(kind="compact", n_rows=0, detail={"merged": 0, "dropped": 0,
+                                                            "key_ids": len(upgraded)})  # fmt: skip
+    return {"seconds": {"key ids": round(time.perf_counter() - start, 1)}}
 
 
 def serving_batches(data: Path, rows: int, size: int = 1000, seed: int = 7) -> WriteBatch:

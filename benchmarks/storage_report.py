@@ -177,6 +177,7 @@ def stages_part(w: dict[str, Any]) -> list[str]:
     lines.append("| **without encoding** | " + " | ".join(f"**{wall[n]:.3f}**" for n in names)
                  + " | " + " | ".join(f"**{wall[b] / wall[a]:.2f}x**" for a, b in pairs.values())
                  + " |")  # fmt: skip
+    older = [_index_label(n, bases) for n in names if bases[n]["build"].get("key_ids") is False]
     said = []
     for fam, (small, large) in pairs.items():
         added = {g: stage(large, parts) - stage(small, parts) for g, parts in STAGE_GROUPS.items()}
@@ -188,12 +189,14 @@ def stages_part(w: dict[str, Any]) -> list[str]:
     lines += [
         "",
         f"What the larger index adds, most: {'; '.join(said)}. The id lookups confirm each "
-        "replaced string id against "
-        "the id column of the row group holding it (a 64-bit key can collide): 500 ids spread "
-        "over 1M rows touch about 500 row groups of 1,024 rows, over 20k rows the 20 there "
-        "are; so this part grows with the rows a write replaces, up to one row group each, "
-        "not past it. Deletion files: one per segment the replaced rows are in (the base "
-        "indexes' segments: see their table below).",
+        "replaced string id (a 64-bit key can collide) against its segment's `key_ids.arrow` "
+        "(the ids in key order, memory-mapped: one comparison per id, whatever the size); a "
+        "segment written before that file confirms against the id column of the row group "
+        "holding the row (500 ids spread over 1M rows touch about 500 row groups of 1,024 "
+        "rows, over 20k rows the 20 there are)"
+        + (f": {', '.join(older)} had none" if older else ": every base here has it")
+        + ". Deletion files: one per segment the replaced rows are in (the base indexes' "
+        "segments: see their table below), flushed together when the write publishes.",
     ]
     return lines
 

@@ -74,3 +74,31 @@ def test_each_write_adds_a_file_with_every_deleted_row_and_cleanup_keeps_two_ver
     ]
     assert m.segments[1].deletions is None and m.segments[1].name == other
     assert not list((root / m.segments[1].dir).glob("deleted-v*"))
+
+
+def test_a_writes_deletion_files_are_flushed_together_before_the_manifest(tmp_path, monkeypatch):
+    """Deletion files are written without a flush each; publish flushes every one of them and
+    its segment's directory in one batch, before the manifest names them (a crash before it
+    leaves the previous version whole, the files unreferenced)."""
+    from flowsearch.storage import writer as writer_mod
+
+    root = tmp_path / "idx"
+    first = build(root, [["a", "b", "c"], ["d", "e"], ["f"]])
+    flushed: list[tuple[set, int]] = []
+    real = writer_mod.fsync_paths
+
+    def record(paths):
+        paths = list(paths)
+        flushed.append(({p.relative_to(root).as_posix() for p in paths}, mf.read(root).version))
+        real(paths)
+
+    monkeypatch.setattr(writer_mod, "fsync_paths", record)
+    with open_writer(root) as writer:
+        for seg, rows in zip(first.segments[:2], ([0, 2], [1]), strict=True):
+            writer.delete_rows(seg.name, np.array(rows))
+        writer.publish(kind="delete", n_rows=3)
+    dirs = [s.dir for s in first.segments[:2]]
+    name = deletions_file(2)
+    assert flushed == [({*dirs, *(f"{d}/{name}" for d in dirs)}, 1)]  # before version 2
+    m = mf.read(root)
+    assert m.version == 2 and [s.n_deleted for s in m.segments] == [2, 1, 0]

@@ -10,7 +10,9 @@ from segment_helpers import add_segment
 
 from flowsearch.errors import BadInput
 from flowsearch.storage import keys
+from flowsearch.storage.layout import KEY_IDS_FILE
 from flowsearch.storage.lookup import find_live, typed_ids
+from flowsearch.storage.rows import RowReader
 from flowsearch.storage.writer import Writer
 
 
@@ -28,8 +30,11 @@ def _found(writer, ids):
     return sorted(find_live(writer.segments, writer.segment_path, ids))
 
 
-def test_string_ids_across_segments(tmp_path):
+@pytest.mark.parametrize("key_ids", [True, False], ids=["key_ids", "older-segments"])
+def test_string_ids_across_segments(tmp_path, key_ids):
     writer, (s1, s2) = _version(tmp_path, [["a", "b", "c"], ["d", "e"]])
+    if not key_ids:
+        _without_key_ids(writer)
     ids = pa.array(["e", "zz", "a", "c"])
     assert _found(writer, ids) == [(0, s2, 1), (2, s1, 0), (3, s1, 2)]
     assert _found(writer, pa.array(["nope"])) == []
@@ -50,7 +55,19 @@ def test_deleted_rows_are_not_live(tmp_path):
     assert _found(writer, pa.array(["b"])) == []
 
 
-def test_a_hash_collision_is_confirmed_by_the_stored_id(tmp_path, monkeypatch):
+def _without_key_ids(writer):
+    """The segments as an older release wrote them: no key_ids.arrow."""
+    for at, seg in enumerate(writer.segments):
+        (writer.segment_path(seg) / KEY_IDS_FILE).unlink()
+        files = {k: v for k, v in seg.files.items() if k != KEY_IDS_FILE}
+        writer.segments[at] = seg.model_copy(update={"files": files})
+
+
+@pytest.mark.parametrize("key_ids", [True, False], ids=["key_ids", "older-segments"])
+def test_a_hash_collision_is_confirmed_by_the_stored_id(tmp_path, monkeypatch, key_ids):
+    """Every string shares one key: each lookup meets every row, and only the row holding the
+    very id is found (confirmed by key_ids.arrow without reading the rows; in a segment
+    without it, by the rows' id column)."""
     real = keys.keys_of
 
     def colliding(ids):  # every string has the same key: each lookup sees every row
@@ -61,7 +78,15 @@ def test_a_hash_collision_is_confirmed_by_the_stored_id(tmp_path, monkeypatch):
 
     monkeypatch.setattr(keys, "keys_of", colliding)
     writer, (s1, s2) = _version(tmp_path, [["a", "b", "c"], ["d", "b2"]], deleted={0: [0]})
+    reads = []
+    values_at = RowReader.values_at
+    monkeypatch.setattr(
+        RowReader, "values_at", lambda self, *a, **k: reads.append(1) or values_at(self, *a, **k)
+    )
+    if not key_ids:
+        _without_key_ids(writer)
     assert _found(writer, pa.array(["b2", "c", "zz", "a"])) == [(0, s2, 1), (1, s1, 2)]
+    assert bool(reads) is not key_ids  # the rows are read only without key_ids.arrow
 
 
 def test_a_segment_without_keys_is_refused(tmp_path):

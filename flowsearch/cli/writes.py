@@ -237,18 +237,23 @@ def compact_cmd(
     """Merge small segments and drop deleted rows; reports the space freed."""
     from flowsearch.writes.compact import compact
 
+    before = _version(index)
     result = compact(index, full=full, **wait_kwargs(wait))
     if as_json:
         print_json(result.to_dict())
         return
-    stderr_console().print(literal(_compacted(index, result)))
+    stderr_console().print(literal(_compacted(index, result, result.version != before)))
 
 
-def _compacted(index: object, result: Any) -> str:
-    """``compact``'s summary: what it merged or rewrote, what it dropped, what it freed."""
+def _compacted(index: object, result: Any, published: bool = True) -> str:
+    """``compact``'s summary: what it merged or rewrote, what it dropped, what it freed
+    (``published``: whether it wrote a version)."""
     where = f"{index} (version {result.version}): {counted(result.n_live, 'live row')} in "
     where += counted(result.n_segments, "segment")
     if not result.n_merged:
+        upgraded = _key_ids_given(index, result.version) if published else 0
+        if upgraded:  # only the upgrade of older segments (flowsearch.storage.upgrade)
+            return f"compacted {where}; gave {counted(upgraded, 'older segment')} key_ids.arrow"
         return f"nothing to compact in {where}"
     done = (
         f"merged {result.n_merged} segments into one"
@@ -259,6 +264,27 @@ def _compacted(index: object, result: Any) -> str:
         f"compacted {where}; {done}, dropped {counted(result.n_dropped, 'deleted row')}, "
         f"freed {result.bytes_freed / 2**20:.2f} MiB"
     )
+
+
+def _version(index: object) -> int | None:
+    """The index's current version (None: no index; the write says so in its own words)."""
+    from flowsearch.errors import FlowsearchError
+    from flowsearch.storage import manifest as mf
+
+    try:
+        return mf.read(Path(str(index))).version
+    except FlowsearchError:
+        return None
+
+
+def _key_ids_given(index: object, version: int) -> int:
+    """How many older segments the compaction that published ``version`` gave key_ids.arrow."""
+    from flowsearch.storage import manifest as mf
+
+    last = mf.read(Path(str(index))).last_write
+    if last is None or last.version != version or last.kind != "compact":
+        return 0
+    return int(last.detail.get("key_ids", 0))
 
 
 @app.command("recalibrate")

@@ -26,15 +26,18 @@ from flowsearch.errors import IndexDamaged
 __all__ = ["read", "read_rows", "write"]
 
 
-def write(path: Path, rows: np.ndarray) -> int:
-    """Store deleted local rows at ``path`` (atomically); returns how many there are."""
+def write(path: Path, rows: np.ndarray, *, durable: bool = True) -> int:
+    """Store deleted local rows at ``path`` (atomically); returns how many there are.
+    ``durable=False``: the caller flushes the file and its directory before anything names
+    it (:func:`~flowsearch.atomic.atomic_write`; the version writer does, all of a write's
+    deletion files at once, before the manifest)."""
     rows = np.unique(np.asarray(rows, dtype=np.int64))
 
     def save(tmp: str) -> None:
         with open(tmp, "wb") as handle:
             np.save(handle, rows, allow_pickle=False)
 
-    atomic_write(path, save)
+    atomic_write(path, save, durable=durable)
     return int(len(rows))
 
 

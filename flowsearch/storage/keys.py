@@ -4,8 +4,12 @@ An upsert or a delete must find which live row holds each id it names. Reading e
 every segment costs the whole corpus; instead each segment stores its ids' 64-bit keys, sorted,
 beside the local row of each (``keys.npy``, ``key_rows.npy``, memory-mapped when read): a
 lookup is a binary search per id and segment. Integer ids are their own keys; a string id's key
-is the first 8 bytes of its BLAKE2b digest, so two strings can share a key: callers confirm a
-string match against the row's stored id (:meth:`KeyIndex.lookup` returns candidates).
+is the first 8 bytes of its BLAKE2b digest, so two strings can share a key. A string-id segment
+therefore also stores its ids themselves in key order (``key_ids.arrow``, Arrow IPC,
+memory-mapped): a key match is confirmed by comparing the id at the same sorted position, exact
+and at the cost of the ids asked for (a segment written before this file existed has none:
+:meth:`KeyIndex.lookup` then returns unconfirmed candidates, which callers confirm against the
+rows' stored ids).
 
 Example:
     >>> keys = KeyIndex.build(pa.array(["a", "b", "c"]))
@@ -20,12 +24,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from flowsearch.atomic import atomic_write
 from flowsearch.errors import IndexDamaged
-from flowsearch.storage.layout import KEY_ROWS_FILE, KEYS_FILE
+from flowsearch.storage.layout import KEY_IDS_FILE, KEY_ROWS_FILE, KEYS_FILE
 
-__all__ = ["KeyIndex", "keys_of"]
+__all__ = ["KeyIndex", "keys_of", "load_ids", "save_ids"]
 
 
 def keys_of(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -43,26 +48,35 @@ def keys_of(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 class KeyIndex:
-    """Sorted keys of one segment's ids, with each key's local row.
+    """Sorted keys of one segment's ids, with each key's local row (and, for string ids, the
+    id itself).
 
     Args:
         keys: uint64 (n,), ascending.
         rows: int64 (n,), the local row of each key.
+        ids: the id of each key (string, in key order), or None (integer ids, or a segment
+            written without ``key_ids.arrow``).
     """
 
-    def __init__(self, keys: np.ndarray, rows: np.ndarray) -> None:
+    def __init__(self, keys: np.ndarray, rows: np.ndarray, ids: pa.Array | None = None) -> None:
         self.keys = keys
         self.rows = rows
+        self.ids = ids
 
     @classmethod
     def build(cls, ids: pa.Array | pa.ChunkedArray) -> KeyIndex:
         """The key index of a segment whose local row ``i`` has id ``ids[i]``."""
+        if isinstance(ids, pa.ChunkedArray):
+            ids = ids.combine_chunks()
         keys = keys_of(ids)
         order = np.argsort(keys, kind="stable")
-        return cls(keys[order], order.astype(np.int64))
+        ordered = None
+        if not pa.types.is_integer(ids.type):
+            ordered = ids.take(pa.array(order)).cast(pa.large_string())
+        return cls(keys[order], order.astype(np.int64), ordered)
 
     def save(self, directory: Path) -> list[str]:
-        """Write the two files into ``directory``; returns their names."""
+        """Write the files into ``directory`` (each atomically); returns their names."""
         for name, array in ((KEYS_FILE, self.keys), (KEY_ROWS_FILE, self.rows)):
 
             def save(tmp: str, array: np.ndarray = array) -> None:
@@ -70,11 +84,15 @@ class KeyIndex:
                     np.save(handle, array, allow_pickle=False)
 
             atomic_write(directory / name, save)
-        return [KEYS_FILE, KEY_ROWS_FILE]
+        if self.ids is None:
+            return [KEYS_FILE, KEY_ROWS_FILE]
+        save_ids(directory, self.ids)
+        return [KEYS_FILE, KEY_ROWS_FILE, KEY_IDS_FILE]
 
     @classmethod
-    def load(cls, directory: Path, n_rows: int) -> KeyIndex:
-        """Open the files :meth:`save` wrote (memory-mapped).
+    def load(cls, directory: Path, n_rows: int, *, ids: bool = False) -> KeyIndex:
+        """Open the files :meth:`save` wrote (memory-mapped); ``ids``: the ids in key order too
+        (only when the segment has ``key_ids.arrow``: its manifest record names it).
 
         Raises:
             FileNotFoundError: a file vanished.
@@ -96,15 +114,89 @@ class KeyIndex:
             or (rows.shape != (n_rows,))
         ):
             raise IndexDamaged(f"the ids of {directory} do not match its rows", "rebuild it")
-        return cls(keys, rows)
+        return cls(keys, rows, load_ids(directory, n_rows) if ids else None)
 
-    def lookup(self, ids: pa.Array | pa.ChunkedArray) -> list[tuple[int, int]]:
-        """``(position in ids, local row)`` for every row whose key matches an id's (string
-        ids: confirm against the stored id; integer ids match exactly)."""
-        wanted = keys_of(ids)
+    def lookup(
+        self, ids: pa.Array | pa.ChunkedArray, keys: np.ndarray | None = None
+    ) -> list[tuple[int, int]]:
+        """``(position in ids, local row)`` for every row whose key matches an id's. Integer
+        ids match exactly; string ids are confirmed against the stored ids when this index has
+        them (:attr:`exact`), else they are candidates the caller confirms. ``keys``: the ids'
+        keys when the caller has them (:func:`keys_of`; one hashing for every segment)."""
+        if isinstance(ids, pa.ChunkedArray):
+            ids = ids.combine_chunks()
+        wanted = keys_of(ids) if keys is None else keys
         lo = np.searchsorted(self.keys, wanted, side="left")
         hi = np.searchsorted(self.keys, wanted, side="right")
-        out: list[tuple[int, int]] = []
-        for at in np.flatnonzero(hi > lo):
-            out.extend((int(at), int(self.rows[j])) for j in range(lo[at], hi[at]))
-        return out
+        at = np.flatnonzero(hi > lo)
+        counts = (hi - lo)[at]
+        positions = np.repeat(at, counts)  # one entry per (id, key match)
+        sorted_at = np.repeat(lo[at], counts) + _ranks(counts)
+        if self.ids is not None and len(positions):
+            given = ids.take(pa.array(positions)).cast(pa.large_string())
+            same = pc.equal(self.ids.take(pa.array(sorted_at)), given)
+            keep = np.asarray(same.to_numpy(zero_copy_only=False), dtype=bool)
+            positions, sorted_at = positions[keep], sorted_at[keep]
+        rows = np.asarray(self.rows[sorted_at]) if len(sorted_at) else np.zeros(0, np.int64)
+        return [(int(p), int(r)) for p, r in zip(positions, rows, strict=True)]
+
+    @property
+    def exact(self) -> bool:
+        """Whether :meth:`lookup` confirms string ids itself (the segment has their sidecar)."""
+        return self.ids is not None
+
+    def check(self, directory: Path) -> None:
+        """Check that the stored ids hash to the stored keys (``info --verify``): a sidecar
+        that disagrees would let a 64-bit collision through, or miss a row.
+
+        Raises:
+            IndexDamaged: naming the segment's directory.
+        """
+        if self.ids is not None and not np.array_equal(keys_of(self.ids), self.keys):
+            raise IndexDamaged(
+                f"the ids in {directory / KEY_IDS_FILE} do not match its keys",
+                "the index is damaged; rebuild it",
+            )
+
+
+def _ranks(counts: np.ndarray) -> np.ndarray:
+    """int64: 0..c-1 for each count c, concatenated."""
+    total = int(counts.sum())
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    ranks: np.ndarray = np.arange(total, dtype=np.int64) - starts
+    return ranks
+
+
+def save_ids(directory: Path, ids: pa.Array) -> None:
+    """Write ``key_ids.arrow`` (string ids in key order) into ``directory``, atomically."""
+    table = pa.table({"id": ids.cast(pa.large_string())})
+
+    def save(tmp: str) -> None:
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as out:
+            out.write_table(table)
+
+    atomic_write(directory / KEY_IDS_FILE, save)
+
+
+def load_ids(directory: Path, n_rows: int) -> pa.Array:
+    """The ids :func:`save_ids` wrote, memory-mapped (large_string (n_rows,)).
+
+    Raises:
+        FileNotFoundError: the file vanished.
+        IndexDamaged: unreadable, or not ``n_rows`` string ids.
+    """
+    path = directory / KEY_IDS_FILE
+    try:
+        table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+    except FileNotFoundError:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        raise IndexDamaged(f"{path} is unreadable ({exc})", "rebuild the index") from None
+    if (
+        table.num_columns != 1
+        or table.num_rows != n_rows
+        or not pa.types.is_large_string(table.schema.field(0).type)
+    ):
+        raise IndexDamaged(f"{path} does not hold its segment's ids", "rebuild the index")
+    column = table.column(0)
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # no copy

@@ -29,6 +29,7 @@ __all__ = [
     "CALIBRATORS_DIR",
     "HISTORY_NAME",
     "KEYS_FILE",
+    "KEY_IDS_FILE",
     "KEY_ROWS_FILE",
     "LOCK_NAME",
     "MANIFEST_NAME",
@@ -61,6 +62,9 @@ ANN_DATA_FILE = "ann.ivfdata"
 POSTINGS_DIR = "postings"
 KEYS_FILE = "keys.npy"
 KEY_ROWS_FILE = "key_rows.npy"
+#: A string-id segment's ids in key order (Arrow IPC, memory-mapped): confirms a key match
+#: exactly without reading the rows (absent in segments written before it).
+KEY_IDS_FILE = "key_ids.arrow"
 
 
 def segment_name(number: int) -> str:

@@ -2,8 +2,11 @@ r"""Finding the live rows that hold given ids, across a version's segments.
 
 An id is live in at most one segment (an upsert deletes the old row when it writes the new
 one). Each segment's key index (:mod:`flowsearch.storage.keys`) gives candidate rows by binary
-search; a string candidate is confirmed against the row's stored id, and a deleted row does not
-count. The cost grows with the ids asked for and the segments, not with the corpus.
+search; a string candidate is confirmed exactly against the segment's ids in key order
+(``key_ids.arrow``), or, in a segment written before that file, against the id column of the
+row group holding the row; a deleted row does not count. The cost grows with the ids asked for
+and the segments, not with the corpus (the older segments' confirmation: with the row groups
+the ids fall in, up to one of 1,024 rows per id).
 
 Ids keep the index's type: an integer index takes integers and canonical decimal strings
 (ASCII digits, as the command line and JSON give them: ``"17"``, ``"-3"``; not ``"²"`` or
@@ -25,8 +28,9 @@ import numpy as np
 import pyarrow as pa
 
 from flowsearch.errors import BadInput
-from flowsearch.storage import deletions
+from flowsearch.storage import deletions, keys
 from flowsearch.storage.keys import KeyIndex
+from flowsearch.storage.layout import KEY_IDS_FILE
 from flowsearch.storage.manifest import SegmentRecord
 from flowsearch.storage.rows import RowReader
 
@@ -83,18 +87,21 @@ def find_live(
     """
     found: list[tuple[int, str, int]] = []
     strings = pa.types.is_string(ids.type)
+    hashed = keys.keys_of(ids)  # once for every segment
     for seg in segments:
         folder = folder_of(seg)
         if seg.keys is None:
             raise BadInput(f"segment {seg.name} has no id keys", "rebuild the index")
-        candidates = KeyIndex.load(folder, seg.n_rows).lookup(ids)
+        index = KeyIndex.load(folder, seg.n_rows, ids=strings and KEY_IDS_FILE in seg.files)
+        candidates = index.lookup(ids, hashed)
         if not candidates:
             continue
-        dead = None
         if seg.deletions is not None:
-            dead = deletions.read(folder / seg.deletions, seg.n_rows)
-        candidates = [(p, r) for p, r in candidates if dead is None or not dead[r]]
-        if strings and candidates:
+            dead = deletions.read_rows(folder / seg.deletions, seg.n_rows)
+            rows = np.array([r for _, r in candidates], np.int64)
+            alive = ~np.isin(rows, dead)
+            candidates = [c for c, live in zip(candidates, alive, strict=True) if live]
+        if strings and candidates and not index.exact:  # a segment without key_ids.arrow
             reader = RowReader(folder, seg.parts)
             try:  # the id column only, of the row groups holding the candidates
                 stored = reader.values_at(np.array([r for _, r in candidates], np.int64), "id")

@@ -4,7 +4,8 @@ Every file a version references (each segment's parts, vector index, postings, k
 file, the calibrator's files, the reference sample's base and deltas) must be there with its
 recorded size; small files (at most ``Settings.cheap_checksum_bytes``) are checksummed on every
 open, all of them with ``checksums=True`` (``info --verify``, ``Searcher.open(verify=True)``),
-which also checks the history log. A file in a segment's, the calibrator's or a reference sample
+which also checks the history log and that each segment's ``key_ids.arrow`` holds the ids its
+keys were hashed from. A file in a segment's, the calibrator's or a reference sample
 piece's directory that the manifest does not name is refused (older deletion files, which earlier
 versions still use, and a killed atomic write's temporary file excepted; the next writer removes
 both).
@@ -24,6 +25,8 @@ from flowsearch.errors import IndexDamaged
 from flowsearch.settings import current
 from flowsearch.storage import history
 from flowsearch.storage import manifest as mf
+from flowsearch.storage.keys import KeyIndex
+from flowsearch.storage.layout import KEY_IDS_FILE
 from flowsearch.storage.relpaths import reference_sample, sample_pieces
 
 __all__ = ["Verification", "size_on_disk", "verify", "verify_files"]
@@ -132,6 +135,8 @@ def verify(
         out += verify_files(folder, seg.files, checksums)
         if manifest.format_version >= 3:
             _extra_files(folder, seg.files)
+        if checksums and KEY_IDS_FILE in seg.files:  # the ids confirm lookups: they must agree
+            KeyIndex.load(folder, seg.n_rows, ids=True).check(folder)
     if checksums and manifest.format_version >= 3:
         out = out.model_copy(update={"history_records": history.verify(index_dir, manifest)})
     return out

@@ -55,7 +55,7 @@ import filelock
 import numpy as np
 
 from flowsearch._version import __version__
-from flowsearch.atomic import atomic_write_text, fsync_dir, fsync_tree
+from flowsearch.atomic import atomic_write_text, fsync_dir, fsync_paths, fsync_tree
 from flowsearch.errors import BadInput, FlowsearchError, IndexDamaged, IndexLocked, WriteFailed
 from flowsearch.storage import deletions, history
 from flowsearch.storage import manifest as mf
@@ -132,6 +132,7 @@ class Writer:
         self.segments: list[mf.SegmentRecord] = [] if new or base is None else list(base.segments)
         self._next_segment = 1 if base is None else base.next_segment
         self._staged: dict[str, Path] = {}  # segment name -> its staging directory
+        self._unflushed: list[Path] = []  # deletion files written into published segments
         self._calibrator: tuple[Path, mf.CalibrationSpec] | None = None
         self._sample: tuple[Path, str] | None = None
         self._stages: list[Path] = []
@@ -160,6 +161,24 @@ class Writer:
         self.segments.append(record)
         return record
 
+    def relink_segment(
+        self, name: str, stage: Path, files: dict[str, mf.FileRecord], **fields: Any
+    ) -> mf.SegmentRecord:
+        """Replace segment ``name`` by the same rows in ``stage`` (its files hard-linked there,
+        some added or rewritten: an upgrade, :mod:`flowsearch.storage.upgrade`), under a new
+        name at the same place. ``files``: every file's record (a hard-linked file keeps its
+        recorded size and checksum: nothing is re-read); ``fields``: record fields to change.
+        A published segment is never written into (readers of older versions keep it)."""
+        at = next(i for i, s in enumerate(self.segments) if s.name == name)
+        new = segment_name(self._next_segment)
+        self._next_segment += 1
+        record = self.segments[at].model_copy(
+            update={"name": new, "dir": segment_dir(new), "files": files, **fields}
+        )
+        self._staged[new] = stage
+        self.segments[at] = record
+        return record
+
     def drop_segments(self, names: Sequence[str]) -> None:
         """Leave the named segments out of the new version (a merge replaced them)."""
         gone = set(names)
@@ -179,7 +198,12 @@ class Writer:
         if seg.deletions is not None:
             old = deletions.read_rows(folder / seg.deletions, seg.n_rows)
         rel = deletions_file(self.number)
-        count = deletions.write(folder / rel, np.union1d(old, np.asarray(rows, np.int64)))
+        rows = np.union1d(old, np.asarray(rows, np.int64))
+        # flushed at publish (_place_stages), all of the write's at once: a staged segment's
+        # with its tree, a published one's with its directory
+        count = deletions.write(folder / rel, rows, durable=False)
+        if seg.name not in self._staged:
+            self._unflushed.append(folder / rel)
         files = {k: v for k, v in seg.files.items() if k != seg.deletions}
         files[rel] = mf.FileRecord(
             bytes=(folder / rel).stat().st_size, sha256=mf.sha256_file(folder / rel)
@@ -277,9 +301,9 @@ class Writer:
                 shutil.rmtree(target)
             os.rename(stage, target)
             fsync_dir(target.parent)
-        for seg in self.segments:  # deletion files written into published segments
-            if seg.name not in self._staged:
-                fsync_dir(self.index_dir / seg.dir)
+        kept = {self.index_dir / s.dir for s in self.segments if s.name not in self._staged}
+        files = [f for f in self._unflushed if f.parent in kept]  # not of a dropped segment
+        fsync_paths([*files, *{f.parent for f in files}])  # before the manifest names them
 
 
 def _with_checksum(manifest: mf.Manifest) -> dict[str, Any]:

@@ -2,7 +2,10 @@ r"""Compaction and recalibration: the writes that rewrite segments, never re-enc
 
 - :func:`compact` runs the size-tiered merge policy without the bound writes keep
   (:mod:`flowsearch.writes.merge`) and rewrites every segment that holds deleted rows, so no
-  deleted row is left on disk; ``full=True`` merges the whole index into one segment.
+  deleted row is left on disk; ``full=True`` merges the whole index into one segment. A
+  string-id segment an older release wrote without ``key_ids.arrow`` and left unmerged is given
+  the file (:mod:`flowsearch.storage.upgrade`: its files hard-linked, its keys rewritten), so
+  id lookups in it are confirmed exactly without reading its rows.
 - :func:`recalibrate` refits (or loads) the calibrator on the raw encoder vectors every segment
   keeps, and rewrites every segment's searched vectors and vector index from them: the searched
   space changes without touching the encoder, which is >99% of an index's cost. Deleted rows
@@ -30,6 +33,7 @@ from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.layout import CALIBRATORS_DIR
 from flowsearch.storage.rows import RowReader
+from flowsearch.storage.upgrade import add_key_ids, lacks_key_ids
 from flowsearch.storage.writer import Writer, open_writer
 from flowsearch.writes.measure import remeasure
 from flowsearch.writes.merge import merge, plan_merges
@@ -62,7 +66,8 @@ def compact(
 
     Returns:
         A :class:`WriteResult`: ``merged`` segments, ``n_dropped`` deleted rows,
-        ``bytes_freed``. When there is nothing to do, no version is written.
+        ``bytes_freed``. When there is nothing to do (nothing to merge or drop, no segment to
+        give ``key_ids.arrow``), no version is written.
 
     Raises:
         NotFound: no index. IndexLocked: another writer, past ``wait``.
@@ -74,7 +79,7 @@ def compact(
         assert base is not None
         before = sizes(root, base)["total"]
         groups = _merges(writer.base.segments if writer.base else (), full)
-        if not groups:
+        if not groups and not lacks_key_ids(writer):
             return result_of("compact", root, base, st, bytes_freed=0)
         with st.timed("merge"):
             for names in groups:
@@ -86,14 +91,16 @@ def compact(
                     lexical=base.lexical is not None,
                     schema=base.schema_,
                 )
+        with st.timed("key ids"):
+            upgraded = add_key_ids(writer)  # the segments no merge rewrote
         merged = sum(len(g) for g in groups)
         dropped = base.n_deleted - sum(s.n_deleted for s in writer.segments)
-        written = sum(
-            s.n_rows for s in writer.segments if s.name not in {b.name for b in base.segments}
-        )
-        manifest = writer.publish(
-            kind="compact", n_rows=written, detail={"merged": merged, "dropped": dropped}
-        )
+        carried = {b.name for b in base.segments} | set(upgraded)  # rows not rewritten
+        written = sum(s.n_rows for s in writer.segments if s.name not in carried)
+        detail: dict[str, Any] = {"merged": merged, "dropped": dropped}
+        if upgraded:
+            detail["key_ids"] = len(upgraded)
+        manifest = writer.publish(kind="compact", n_rows=written, detail=detail)
     after = sizes(root, manifest)["total"]
     return result_of(
         "compact",

@@ -430,7 +430,7 @@ def test_crash_inside_a_deletion_file_write(cli, index, encoder, monkeypatch):
     old = answers_of(index, encoder)
     base = mf.read(index)
 
-    def killed_inside(target, write):  # atomic_write up to the rename, then the kill
+    def killed_inside(target, write, **_):  # atomic_write up to the rename, then the kill
         fd, tmp = tempfile.mkstemp(prefix=f".{Path(target).name}.tmp-", dir=Path(target).parent)
         os.close(fd)
         write(tmp)
