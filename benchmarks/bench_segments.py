@@ -48,6 +48,8 @@ from speed_corpus import partial_sentence
 
 LOG = logging.getLogger("bench_segments")
 
+MODES = ("dense", "hybrid")
+
 
 def corpus(data: Path, work: Path, rows: int, n_queries: int) -> tuple[Path, list[str]]:
     """The corpus and its queries: QNLI questions, then partial held-out sentences."""
@@ -394,6 +396,93 @@ def measure(one: Path, many: dict[str, Path], queries: list[str], n_latency: int
     return out
 
 
+def scores_of(hits: list[list[Any]], k: int = 10) -> np.ndarray:
+    out = np.full((len(hits), k), np.nan)
+    for i, hs in enumerate(hits):
+        for j, h in enumerate(hs[:k]):
+            out[i, j] = h.score
+    return out
+
+
+def latency_stage(one: Path, many: Path, queries: list[str], n_latency: int, rounds: int,
+                  label: str, work: Path,
+                  also: dict[str, Path] | None = None) -> dict[str, Any]:  # fmt: skip
+    """``--stage latency``: the one and the segmented index through ``Searcher.search``, dense
+    and hybrid, interleaved (``rounds`` passes over ``n_latency`` queries), with the code on
+    the path (``label`` names it: run it once per code, e.g. main's and a branch's); every
+    query's top-10 ids and scores saved under ``work`` and compared with the other labels'.
+    ``also``: more indexes measured beside them (name: directory), e.g. what bench_storage's
+    policy stage left."""
+    from flowsearch import Searcher
+
+    opened = {"one": Searcher.open(one), "ten": Searcher.open(many)}
+    opened.update({name: Searcher.open(path) for name, path in (also or {}).items()})
+    picked = queries[:: max(1, len(queries) // n_latency)][:n_latency]
+    calls = {
+        name: (lambda q, mode, s=s: s.search(q, k=10, mode=mode)) for name, s in opened.items()
+    }  # fmt: skip
+    load = [harness.load_average()]
+    for q in picked[:20]:  # warm
+        for call in calls.values():
+            call(q, "dense"), call(q, "hybrid")
+    wall: dict[tuple[str, str], list[float]] = {(n, m): [] for n in calls for m in MODES}
+    cpu: dict[tuple[str, str], list[float]] = {(n, m): [] for n in calls for m in MODES}
+    turn = 0
+    for q in picked * rounds:
+        for mode in MODES:
+            names = list(calls)
+            turn += 1
+            for name in names[turn % len(names) :] + names[: turn % len(names)]:
+                c, t = time.thread_time(), time.perf_counter()
+                calls[name](q, mode)
+                wall[name, mode].append((time.perf_counter() - t) * 1e3)
+                cpu[name, mode].append((time.thread_time() - c) * 1e3)
+    load.append(harness.load_average())
+    out: dict[str, Any] = {"queries": len(picked), "rounds": rounds, "load": load}
+    for name in calls:
+        out[name] = {
+            m: {
+                "p50_ms": float(np.median(wall[name, m])),
+                "p90_ms": float(np.percentile(wall[name, m], 90)),
+                "ratio": float(np.median(wall[name, m]) / np.median(wall["one", m])),
+                "cpu_p50_ms": float(np.median(cpu[name, m])),
+                "cpu_ratio": float(np.median(cpu[name, m]) / np.median(cpu["one", m])),
+            }
+            for m in MODES
+        }
+    answers: dict[str, np.ndarray] = {}
+    for name, s in opened.items():
+        for mode in ("dense", "hybrid"):
+            hits = s.search(queries, k=10, mode=mode)
+            answers[f"{name} {mode} ids"], answers[f"{name} {mode} scores"] = (
+                ids_of(hits),
+                scores_of(hits),
+            )
+    for s in opened.values():
+        s.close()
+    np.savez(work / f"answers_{label}.npz", **answers)
+    same: dict[str, Any] = {}
+    for other in sorted(work.glob("answers_*.npz")):
+        theirs = other.stem.removeprefix("answers_")
+        if theirs == label:
+            continue
+        saved = np.load(other)
+        same[theirs] = {
+            key.removesuffix(" ids"): {
+                "same_ids": float(np.mean(np.all(answers[key] == saved[key], axis=1))),
+                "same_scores": float(np.mean(np.all(
+                    answers[key.replace("ids", "scores")]
+                    == saved[key.replace("ids", "scores")], axis=1))),
+            }
+            for key in answers if key.endswith(" ids") and key in saved
+        }  # fmt: skip
+    out["same_answers_as"] = same
+    out["answers_queries"] = len(queries)
+    out["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    out["command"] = harness.command_line()
+    return out
+
+
 def main() -> int:
     parser = harness.arguments(__doc__, "20k rows as 4 segments, 100 queries", "bench_segments")
     parser.add_argument("--rows", type=int, default=200_000)
@@ -401,7 +490,16 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--latency-queries", type=int, default=300)
     parser.add_argument("--name", default="ten", help="the segmented index's directory name")
-    parser.add_argument("--stage", default="all", choices=("build", "all"))
+    parser.add_argument("--stage", default="all", choices=("build", "all", "latency"))
+    parser.add_argument(
+        "--label",
+        default="branch",
+        help="--stage latency: the code's name "
+        "(its run is kept beside the other labels' in the JSON)",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="--stage latency: passes")
+    parser.add_argument("--also", default="", help="--stage latency: more indexes beside, "
+                        "name=directory,... (e.g. bench_storage's policy indexes)")  # fmt: skip
     parser.add_argument("--baseline", default=None, help="a segmented index built by main's code")
     parser.add_argument("--threads", default="1", help="segment_threads settings to measure")
     parser.add_argument("--skews", default="", help="more merged_skew settings to measure")
@@ -418,6 +516,24 @@ def main() -> int:
     many = segmented(path, one, work, args.segments, args.name)
     LOG.info("built %s and %s", one, many)
     if args.stage == "build":
+        return 0
+    if args.stage == "latency":
+        saved = Path(args.out + ".json")
+        report = json.loads(saved.read_text()) if saved.exists() and not args.smoke else {}
+        report.setdefault("latency_runs", {})[args.label] = latency_stage(
+            one,
+            many,
+            queries,
+            args.latency_queries,
+            args.rounds,
+            args.label,
+            work,
+            {n: Path(d) for n, _, d in (x.partition("=") for x in args.also.split(",") if x)},
+        )
+        report["latency_runs"][args.label]["cores"] = sorted(os.sched_getaffinity(0))
+        if "measured" not in report:  # a first run: this section holds only the stage
+            report.update({"rows": args.rows, "segments": args.segments})
+        harness.finish(args, render, report)
         return 0
     many_paths = {args.name: many}
     if args.baseline:
@@ -465,8 +581,60 @@ def main() -> int:
     return 0
 
 
+def latency_runs_part(report: dict[str, Any]) -> list[str]:
+    """The ``--stage latency`` runs: one row per code label and index."""
+    runs = report.get("latency_runs") or {}
+    if not runs:
+        return []
+    body = [
+        f"Per-segment overhead, by code (`--stage latency`): the one segment and the "
+        f"{report.get('segments', 10)} segments through `Searcher.search(q, k=10)`, dense and "
+        "hybrid, every query on both indexes in turn (wall time, and the CPU time of the "
+        "searching thread: the shared core's other jobs do not enter it); each label is a run "
+        "of this script with "
+        "that code first on the path (`main`: the code before the per-segment cuts), so "
+        "compare ratios (each run's own one-segment p50 is its base); `policy-*`: the indexes "
+        "bench_storage.py's policy stage left (100 upserts of 1,000 rows into a copy of the one "
+        "segment; `before`: the tiers alone, ten to a tier; `now`: the default policy). Same "
+        "answers: share of "
+        "all queries whose top-10 ids (and scores, bit for bit) equal the other label's run.",
+        "",
+        "| code | index | dense p50 / p90 ms | / one | CPU p50 ms | / one | hybrid p50 / p90 ms "
+        "| / one | CPU p50 ms | / one | load | same answers as |",
+        "|---|---|---|---:|---:|---:|---|---:|---:|---:|---|---|",
+    ]
+
+    def cpu(r: dict[str, Any], key: str, unit: str = "") -> str:
+        return f"{r[key]:.2f}{unit}" if key in r else "-"
+
+    for label, run in runs.items():
+        for name in [n for n in run if isinstance(run[n], dict) and "dense" in run[n]]:
+            d, h = run[name]["dense"], run[name]["hybrid"]
+            same = "; ".join(
+                f"{other}: " + ", ".join(
+                    f"{k.split(' ')[1]} {v['same_ids']:.3f} / {v['same_scores']:.3f}"
+                    for k, v in found.items() if k.startswith(name + " "))
+                for other, found in run.get("same_answers_as", {}).items()
+            ) or "-"  # fmt: skip
+            body.append(
+                f"| {label} ({run['date']}) | {name} | {d['p50_ms']:.2f} / {d['p90_ms']:.2f} | "
+                f"{d['ratio']:.2f}x | {cpu(d, 'cpu_p50_ms')} | {cpu(d, 'cpu_ratio', 'x')} | "
+                f"{h['p50_ms']:.2f} / {h['p90_ms']:.2f} | {h['ratio']:.2f}x | "
+                f"{cpu(h, 'cpu_p50_ms')} | {cpu(h, 'cpu_ratio', 'x')} | "
+                f"{run['load'][0][0]}-{run['load'][1][0]} | {same} |"
+            )
+    first = next(iter(runs.values()))
+    body += ["", f"({first['queries']} queries x {first['rounds']} rounds per run, on cores "
+             f"{first.get('cores', '?')}; answers over all {first['answers_queries']} queries. "
+             "Commands: " + "; ".join(f"{k}: `{r['command']}`" for k, r in runs.items())
+             + ")", ""]  # fmt: skip
+    return body
+
+
 def render(report: dict[str, Any]) -> str:
     """The RESULTS.md section."""
+    if "measured" not in report:
+        return "\n".join(latency_runs_part(report)) + "\n"
     m = report["measured"]
     n = report["segments"]
     names = report.get("names", {})
@@ -553,7 +721,8 @@ def render(report: dict[str, Any]) -> str:
             f"| {label(name)} | {r['batch_qps_dense']:.0f} | {r['concurrent_qps_dense']:.0f} | "
             f"{r['concurrent_qps_hybrid']:.0f} |"
         )
-    body += ["", f"Build seconds: {report['build_s']}"
+    body += ["", *latency_runs_part(report)]
+    body += [f"Build seconds: {report['build_s']}"
              + (("; the rebuilt segments' graphs alone: " + ", ".join(
                  f"{k} {b['seconds']:.0f} s" + (f" ({b['note']})" if b.get("note") else "")
                  for k, b in m["variant_build_s"].items()))

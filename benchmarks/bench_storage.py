@@ -12,8 +12,10 @@ the saved JSON):
 - ``segments`` (:mod:`storage_segments`): single-query latency, dense and hybrid, of the 200k
   rows as 1, 10 and 50 segments (``Flat`` and ``auto``), and whether the ``Flat`` top-k equals
   the one segment's;
-- ``policy``: ``--policy-writes`` upserts of ``--batch`` rows into the 200k ``auto`` index with
-  the default merge policy: segments left and latency then;
+- ``policy``: ``--policy-writes`` upserts of ``--batch`` rows into the 200k ``auto`` index
+  under each merge policy of ``storage_segments.POLICIES`` (the tiers alone, the Flat budget,
+  and fewer segments per tier), write by write in turn: each write's time and the rows its
+  merges rewrote, the segments left, and the latency then;
 - ``refresh`` (:mod:`storage_refresh`): ``Searcher.refresh()`` and a one-id delete after 1, 100,
   1,000 and 10,000 writes, and the manifest's and history's sizes.
 

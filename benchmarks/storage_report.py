@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from harness import markdown
 
 __all__ = ["render"]
@@ -422,35 +423,71 @@ def segments_part(g: dict[str, Any]) -> list[str]:
 
 
 def policy_part(p: dict[str, Any]) -> list[str]:
-    log = p["log"]
-    walls = sorted(x["wall_s"] for x in log)
-    merges = [x for x in log if x["merged"]]
-    sizes = ", ".join(f"{s['rows']:,} ({s['factory']})" for s in p["segments"])
+    from flowsearch.settings import current
+
+    if "runs" not in p:  # a run before the policies were compared
+        p = {**p, "runs": {"after": p}, "policies": {"after": {}}}
     lat = p["latency"]
-    drift = sorted(x["seconds"].get("drift", 0.0) for x in log)
-    return [
+    defaults = p.get("defaults", {})
+    lines = [
         "### What the default merge policy leaves",
         "",
-        f"{p['writes']} upserts of {p['batch']:,} rows (half replacing live rows at random, "
-        f"half new) into a copy of the one-segment {p['rows']:,}-row `auto` index, default "
-        "settings "
-        f"({_run_load(p['run'])}). Each write took {walls[0]:.1f}-{walls[-1]:.1f} s (median "
-        f"{walls[len(walls) // 2]:.1f}; its drift measure alone median "
-        f"{drift[len(drift) // 2]:.1f} s); {len(merges)} of them merged segments "
-        f"({sum(x['merged'] for x in merges)} segments in all). Left: **{len(p['segments'])} "
-        f"segments**: {sizes}; {p['n_live']:,} live rows.",
+        f"{p['writes']} upserts of {p['batch']:,} rows (half replacing rows of the base at "
+        f"random, half new) into a copy of the one-segment {p['rows']:,}-row `auto` index per "
+        f"merge policy, write by write in turn ({_run_load(p['run'])}"
+        + (f"; the base: {p['base']['note']}" if p.get("base", {}).get("note") else "")
+        + "). *merged rows*: rows the "
+        "write's merges wrote (a merge of segments into one; *graph rows*: those in merged "
+        "segments that got a graph, the costly part); *wall*: the whole write, encoding, drift "
+        "and merges included. Defaults when it ran: "
+        + ", ".join(f"`{k}` {v:,}" for k, v in defaults.items())
+        + ".",
+        "",
+        "| policy | settings | wall s median / p90 / worst | merging writes | merged rows "
+        "(graph) in all / worst write | segments after a write: max / mean | left |",
+        "|---|---|---|---:|---|---|---|",
+    ]
+    for name, run in p["runs"].items():
+        log = run["log"]
+        walls = np.sort([x["wall_s"] for x in log])
+        rows = [x.get("rows_merged", 0) for x in log]
+        graph = [x.get("graph_rows", 0) for x in log]
+        counts = [x["segments"] for x in log]
+        sizes = ", ".join(f"{s['live']:,} ({s['factory']})" for s in run["segments"])
+        chosen = p["policies"].get(name, {})
+        settings = ", ".join(f"`{k}` {v:,}" for k, v in chosen.items())
+        if chosen and all(getattr(current(), k, None) == v for k, v in chosen.items()):
+            name += " (the default now)"
+        lines.append(
+            f"| {name} | {settings or 'default'} | {np.median(walls):.2f} / "
+            f"{np.percentile(walls, 90):.2f} / {walls[-1]:.2f} | "
+            f"{sum(1 for x in log if x['merged'])} | {sum(rows):,} ({sum(graph):,}) / "
+            f"{max(rows):,} ({max(graph):,}) | {max(counts)} / {np.mean(counts):.1f} | "
+            f"**{len(run['segments'])}**: {sizes} |"
+        )
+    lines += [
+        "",
+        "Query latency after the writes (live rows: "
+        + ", ".join(f"{name} {run['n_live']:,}" for name, run in p["runs"].items())
+        + f"); {lat.get('queries', '?')} held-out queries x {lat.get('rounds', '?')} rounds, "
+        "every index in turn query by query; ratio to the base's p50 (and the median of each "
+        "query's own ratio).",
         "",
         "| index | dense p50 / p90 ms | ratio (paired) | hybrid p50 / p90 ms | ratio (paired) |",
         "|---|---|---|---|---|",
-        *(
-            f"| {label} | {lat[k]['dense']['p50_ms']:.2f} / {lat[k]['dense']['p90_ms']:.2f} | "
-            f"{lat[k]['dense']['p50_ratio']:.2f}x ({lat[k]['dense']['paired_ratio_median']:.2f}x)"
-            f" | {lat[k]['hybrid']['p50_ms']:.2f} / {lat[k]['hybrid']['p90_ms']:.2f} | "
-            f"{lat[k]['hybrid']['p50_ratio']:.2f}x "
-            f"({lat[k]['hybrid']['paired_ratio_median']:.2f}x) |"
-            for k, label in (("base", "before: one segment"), ("after", "after the upserts"))
-        ),
     ]
+    labels = {"base": "before the writes: one segment"}
+    for k in ("base", *p["runs"]):
+        if k not in lat:
+            continue
+        d, h = lat[k]["dense"], lat[k]["hybrid"]
+        lines.append(
+            f"| {labels.get(k, 'after the upserts: ' + k)} | {d['p50_ms']:.2f} / "
+            f"{d['p90_ms']:.2f} | {d['p50_ratio']:.2f}x ({d['paired_ratio_median']:.2f}x) | "
+            f"{h['p50_ms']:.2f} / {h['p90_ms']:.2f} | {h['p50_ratio']:.2f}x "
+            f"({h['paired_ratio_median']:.2f}x) |"
+        )
+    return lines
 
 
 def refresh_part(r: dict[str, Any]) -> list[str]:

@@ -15,8 +15,9 @@ warm-up pass; p50 and p90 per index, and the ratio to the one segment's (p50 ove
 median of each query's own ratio).
 
 Policy: ``--policy-writes`` upserts of ``--batch`` rows (half replacing live rows at random, half
-new) into a copy of the ``auto`` base with the default settings (the writes merge small tiers):
-the segments left, each write's time, and the latency then against the base.
+new) into a copy of the ``auto`` base per merge policy of :data:`POLICIES` (the writes merge as
+each says): the segments left, each write's time and the rows its merges rewrote, and the
+latency then against the base.
 
 Example:
     >>> family = segmented_family(data, spec, work, (10, 50))  # doctest: +SKIP
@@ -24,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -260,45 +262,84 @@ def with_deletions(path: Path, rows: int, work: Path) -> Path:
 # -- the merge policy after many small upserts ---------------------------------------------------
 
 
+#: The merge policies the policy stage compares: a label and its settings (every one named, so
+#: a run does not depend on the defaults of its day). ``before``: the tiers alone (the policy
+#: up to issue 30); ``flat budget``: at most 4 segments of up to ``flat_max_rows`` rows;
+#: ``flat budget + 4 per tier``: and 4 segments to a tier instead of 10.
+POLICIES: dict[str, dict[str, int]] = {
+    "before": {"flat_segments_max": 10**9, "segments_per_tier": 10},
+    "flat budget": {"flat_segments_max": 4, "segments_per_tier": 10},
+    "flat budget + 4 per tier": {"flat_segments_max": 4, "segments_per_tier": 4},
+}
+
+
 def policy(
-    data: Path, spec: BaseSpec, work: Path, *, writes: int, batch: int, queries: int, rounds: int
-) -> dict[str, Any]:
-    """``writes`` upserts of ``batch`` rows into a copy of the base, default settings: each
-    write's seconds and segments, then the segments left and the latency against the base."""
+    data: Path, spec: BaseSpec, work: Path, *, writes: int, batch: int, queries: int, rounds: int,
+    policies: dict[str, dict[str, int]] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """``writes`` upserts of ``batch`` rows into a copy of the base per merge policy (settings
+    overridden as ``policies`` say; write ``i`` runs on every copy in turn, so the machine's
+    load falls alike on each): each write's seconds, segments and the rows its merges rewrote,
+    then the segments left and the latency of every copy against the base, interleaved."""
     from flowsearch import Searcher, upsert
+    from flowsearch.settings import current, override
     from flowsearch.storage import manifest as mf
 
-    base, _ = base_index(data, spec, work)
-    index = fresh_copy(base, work / "policy" / "index")
+    policies = POLICIES if policies is None else policies
+    base, record = base_index(data, spec, work)
+    indexes = {
+        name: fresh_copy(base, work / "policy" / f"index-{at}")
+        for at, name in enumerate(policies)
+    }  # fmt: skip
     half = batch // 2
     texts = new_texts(data, writes * batch, seed=11)
     replaced = np.random.default_rng(3).choice(spec.rows, size=writes * half, replace=False)
-    log: list[dict[str, Any]] = []
+    logs: dict[str, list[dict[str, Any]]] = {name: [] for name in policies}
     for i in range(writes):
         chunk = texts[i * batch : (i + 1) * batch]
         ids = [*replaced[i * half : (i + 1) * half].tolist()]
         ids += [3 * CORPUS_ROWS + i * batch + j for j in range(batch - half)]
         records = [{"id": int(d), "text": t} for d, t in zip(ids, chunk, strict=True)]
-        result, cost = timed_write(lambda records=records: upsert(index, records), index)
-        log.append({"write": i + 1, **cost, "segments": result.n_segments,
-                    "merged": result.n_merged, "seconds": dict(result.seconds)})  # fmt: skip
-        LOG.info(
-            "policy write %d: %.1f s, %d segments", i + 1, log[-1]["wall_s"], result.n_segments
-        )
-    m = mf.read(index)
+        for name, index in indexes.items():
+            before = {s.name for s in mf.read(index).segments}
+            with override(**policies[name]):
+                result, cost = timed_write(lambda r=records, x=index: upsert(x, r), index)
+            new = [s for s in mf.read(index).segments if s.name not in before]
+            last = (index / "history.jsonl").read_text().splitlines()[-1]
+            own = json.loads(last)["detail"]["segment"]  # the write's own segment
+            outputs = [s for s in new if s.name != own]  # what its merges wrote
+            logs[name].append({
+                "write": i + 1, **cost, "segments": result.n_segments,
+                "merged": result.n_merged, "seconds": dict(result.seconds),
+                "rows_merged": sum(s.n_rows for s in outputs),
+                "graph_rows": sum(s.n_rows for s in outputs if s.ann.factory != "Flat"),
+            })  # fmt: skip
+            LOG.info("policy %s write %d: %.1f s, %d segments, %d rows merged", name, i + 1,
+                     cost["wall_s"], result.n_segments, logs[name][-1]["rows_merged"])  # fmt: skip
     out: dict[str, Any] = {
         "rows": spec.rows,
         "writes": writes,
         "batch": batch,
-        "log": log,
-        "segments": [
-            {"rows": s.n_rows, "live": s.n_live, "factory": s.ann.factory} for s in m.segments
-        ],
-        "n_live": m.n_live,
-    }
+        "policies": policies,
+        "base": record,
+        "defaults": {k: getattr(current(), k) for k in
+                     ("flat_segments_max", "segments_per_tier", "merge_factor",
+                      "floor_segment_rows", "flat_max_rows", "write_merge_max_rows")},
+        "runs": {},
+    }  # fmt: skip
+    for name, index in indexes.items():
+        m = mf.read(index)
+        out["runs"][name] = {
+            "log": logs[name],
+            "segments": [
+                {"rows": s.n_rows, "live": s.n_live, "factory": s.ann.factory} for s in m.segments
+            ],
+            "n_live": m.n_live,
+        }
     _, held = corpus(data)
     picked = held[:: max(1, len(held) // queries)][:queries]
-    searchers = {"base": Searcher.open(base), "after": Searcher.open(index)}
+    searchers = {"base": Searcher.open(base)}
+    searchers.update({name: Searcher.open(index) for name, index in indexes.items()})
     out["latency"] = latency(searchers, picked, rounds)
     for s in searchers.values():
         s.close()

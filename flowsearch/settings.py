@@ -192,8 +192,15 @@ class Settings:
 
     # --- merging segments (compact and the writes' size-tiered policy) ----------------------
     #: Segments of one size tier (sizes within a factor of ``merge_factor``) that trigger a
-    #: merge of that tier, after a write and in ``compact`` (Lucene's segments-per-tier).
-    segments_per_tier: int = 10
+    #: merge of that tier, after a write and in ``compact`` (Lucene's segments-per-tier). 100
+    #: upserts of 1,000 rows into a one-segment 200k ``auto`` index (bench_storage's policy
+    #: stage) left 5 segments at 4 (at most 7 after any write) against 9 at 10 (12), the
+    #: hybrid p50 1.58x the one segment's against 1.82x (before the Flat budget: 11 segments,
+    #: 2.93x), for 324k rows rewritten by merges against 203k (135k in graphs against 91k;
+    #: the worst write 105 s, a 66k-row graph, against 29 s): each row is rewritten more
+    #: often (about log base 4 of the index's growth instead of base 10), and the big merges
+    #: come sooner and smaller (at 10 the tier of 10k-100k would merge ten 10k+ segments at once).
+    segments_per_tier: int = 4
     #: Sizes of neighbouring tiers differ by this factor.
     merge_factor: int = 10
     #: Segments below this many rows count as one (the smallest) tier.
@@ -201,6 +208,15 @@ class Settings:
     #: Writes merge on their own only tiers whose merged size is at most this many rows (a
     #: write's cost stays bounded; ``compact`` merges bigger tiers).
     write_merge_max_rows: int = 200_000
+    #: Segments of at most :attr:`flat_max_rows` live rows (``Flat`` under ``auto``) a write
+    #: or ``compact`` leaves; one more and they are all merged into one, which gets a graph
+    #: once it passes :attr:`flat_max_rows` (within :attr:`write_merge_max_rows` for a write).
+    #: Small segments cost a query the most per row (an exact scan: a 10k-row ``Flat`` segment
+    #: took ~3 ms of a query where a 66k-row graph took ~1 ms), and the tiers alone let them
+    #: pile up: 100 upserts of 1,000 rows into a 200k ``auto`` index left ten 10k ``Flat``
+    #: segments beside the 200k graph, the dense p50 4.3x the one segment's (bench_storage's
+    #: policy stage; with this budget and 10 segments per tier: 9 segments, 2.4x).
+    flat_segments_max: int = 4
 
     # --- calibration: what auto fits -------------------------------------------------------
     #: When ``auto`` keeps the encoder's space, the flow it fits serves only the raw

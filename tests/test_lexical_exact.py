@@ -82,6 +82,17 @@ def _segments_answer_as_one_segment(corpus_, qs, method, k1, b, k, data):
     ref_scores, ref_rows = one.search(qs, k, allowed=None if allowed is None else allowed[live])
     np.testing.assert_array_equal(rows, _as_global(ref_rows, live))
     np.testing.assert_array_equal(bits(scores), bits(ref_scores))
+    # hybrid's one scoring per query: the same answer, and score_rows' scores of asked rows
+    asked = np.random.default_rng(len(qs)).integers(-1, len(texts), size=(len(qs), 6))
+    (both_scores, both_rows), scored = segmented.search_and_score(qs, k, asked, allowed=allowed)
+    np.testing.assert_array_equal(both_rows, rows)
+    np.testing.assert_array_equal(bits(both_scores), bits(scores))
+    want = np.full(asked.shape, np.nan)
+    for qi, q in enumerate(qs):
+        valid = asked[qi] >= 0
+        if valid.any():
+            want[qi, valid] = segmented.score_rows(q, asked[qi, valid])
+    np.testing.assert_array_equal(scored, want)
     for q in qs[:3]:
         assert segmented.upper_bound(q) == one.upper_bound(q)
         np.testing.assert_array_equal(

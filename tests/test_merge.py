@@ -95,6 +95,50 @@ def test_segments_with_many_deleted_rows_are_rewritten_alone(small_tiers):
     ]
 
 
+@pytest.fixture()
+def flat_budget():
+    """Tiers of 10x from 10 rows, ten segments to a tier; segments of up to 20 rows are Flat
+    and at most two of them stay apart."""
+    with override(floor_segment_rows=10, merge_factor=10, segments_per_tier=10,
+                  flat_max_rows=20, flat_segments_max=2) as s:  # fmt: skip
+        yield s
+
+
+@pytest.mark.parametrize(
+    ("sizes", "want"),
+    [
+        ((500, 5, 6), []),  # two small segments: within the budget
+        ((500, 5, 6, 7), [[2, 3, 4]]),  # a third: all the small ones merge into one
+        ((500, 5, 30, 6, 20, 7), [[2, 4, 5, 6]]),  # up to flat_max_rows live rows is small
+        ((500, (40, 35), 6, 7), [[2, 3, 4]]),  # live rows decide: 40 rows, 35 deleted
+        ((5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]),
+    ],
+)
+def test_small_segments_past_the_flat_budget_merge_into_one(flat_budget, sizes, want):
+    segments = _segments(*sizes)
+    assert plan_merges(segments, max_rows=None) == [[f"s{i:06d}" for i in g] for g in want]
+
+
+def test_the_flat_budget_leaves_segments_a_tier_merge_takes(flat_budget):
+    # tier 1 (10-99 rows) is full with ten segments: the tier's merge takes its ten smallest
+    # (11-20); the small ones left (5, 6, 7) are three, over the budget of two: merged too
+    sizes = (500, 5, 6, 7, *range(11, 21), 21)
+    plans = plan_merges(_segments(*sizes), max_rows=None)
+    assert plans == [[f"s{i:06d}" for i in range(5, 15)], ["s000002", "s000003", "s000004"]]
+    with override(flat_segments_max=3):  # three small ones left: within the budget
+        assert plan_merges(_segments(*sizes), max_rows=None) == plans[:1]
+
+
+def test_a_write_merges_the_small_segments_only_within_its_bound(flat_budget):
+    segments = _segments(500, 5, 6, 7)
+    assert plan_merges(segments, max_rows=18) == [["s000002", "s000003", "s000004"]]
+    assert plan_merges(segments, max_rows=17) == []  # 5 + 6 + 7 rows exceed it
+    assert plan_merges(segments, max_rows=None) != []  # compact: no bound
+    with override(flat_segments_max=0):  # 0 keeps one small segment, never merges one alone
+        assert plan_merges(_segments(500, 5), max_rows=None) == []
+        assert plan_merges(_segments(500, 5, 6), max_rows=None) == [["s000002", "s000003"]]
+
+
 def _live_rows(root, manifest, names):
     """The live rows of the named segments, in order: (table of id/text/meta, vector, raw)."""
     tables, vectors, raws = [], [], []
@@ -256,3 +300,37 @@ def test_recalibrate_rewrites_every_segment_from_the_raw_vectors(tmp_path):
     np.testing.assert_allclose(vectors, want, atol=2e-3)  # none: the raw vectors, normalised
     np.testing.assert_array_equal(raws, want.astype(np.float16).astype(np.float32))
     assert texts_for(["a"])[0] == tables[0].column("text")[0].as_py()
+
+
+def test_a_write_past_the_flat_budget_merges_the_small_segments_into_a_graph(tmp_path, model_dir):
+    """Upserts of small segments: once more of them than ``flat_segments_max`` would be left,
+    the write merges them into one, which gets a graph when it passes ``flat_max_rows``;
+    a bound under their rows leaves them to compact."""
+    from flowsearch import build_index, upsert
+
+    built = tmp_path / "built"
+    corpus = write_corpus(tmp_path / "c.parquet", n=20)
+    build_index(corpus, built, model=str(model_dir), calibration="none", lexical=False)
+
+    def rows(first):
+        return [{"id": f"n{i}", "text": f"a new row {i}"} for i in range(first, first + 3)]
+
+    for bound, merged in ((1_000, 2), (5, 0)):
+        root = Path(shutil.copytree(built, tmp_path / f"idx-{bound}"))
+        with override(flat_max_rows=5, flat_segments_max=1, floor_segment_rows=100,
+                      write_merge_max_rows=bound):  # fmt: skip
+            upsert(root, rows(0))  # one small segment: within the budget
+            assert [s.ann.factory for s in mf.read(root).segments] == ["Flat", "Flat"]
+            result = upsert(root, rows(3))  # a second: 3 + 3 rows, merged when the bound allows
+            m = mf.read(root)
+            assert result.n_merged == merged and m.n_live == 26
+            if merged:
+                assert [(s.n_rows, s.ann.factory) for s in m.segments] == [
+                    (20, "Flat"), (6, "HNSW32")]  # fmt: skip
+            else:
+                assert [s.n_rows for s in m.segments] == [20, 3, 3]
+                assert compact(root).n_merged == 2  # compact merges them (no bound)
+                assert [s.ann.factory for s in mf.read(root).segments] == ["Flat", "HNSW32"]
+        assert _ids(root, mf.read(root)) == sorted(
+            [*(f"d{i}" for i in range(20)), *(f"n{i}" for i in range(6))]
+        )

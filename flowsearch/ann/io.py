@@ -10,6 +10,8 @@ Example:
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,18 +70,37 @@ def search(
     return index.search(queries, k, params=params)
 
 
+# Per index (held weakly: a closed segment's index goes with it), its kind ("hnsw", "ivf" or
+# "") and the HNSW search parameters made so far, by efSearch: a downcast and a SWIG
+# constructor cost ~90 us a search, ~1 ms of a query over 10 segments (bench_segments).
+_KNOBS: weakref.WeakKeyDictionary[Any, tuple[str, dict[int, Any]]] = weakref.WeakKeyDictionary()
+_KNOBS_LOCK = threading.Lock()
+
+
 def knob_params(index: faiss.Index, knob: int | None) -> Any:
     """FAISS search parameters setting an HNSW index's ``efSearch`` or an IVF index's
     ``nprobe`` to ``knob`` for one search; None when ``knob`` is None or the index has no such
-    knob (exact, or with a re-rank)."""
+    knob (exact, or with a re-rank). HNSW's are made once per index and value and shared
+    (FAISS only reads them); IVF's afresh (they copy the index's ``max_codes``)."""
     if knob is None:
         return None
-    inner = faiss.downcast_index(index)
-    if isinstance(inner, faiss.IndexHNSW):
-        return _faiss.SearchParametersHNSW(efSearch=int(knob))
-    if isinstance(inner, faiss.IndexIVF):
+    entry = _KNOBS.get(index)
+    if entry is None:
+        inner = faiss.downcast_index(index)
+        kind = ("hnsw" if isinstance(inner, faiss.IndexHNSW)
+                else "ivf" if isinstance(inner, faiss.IndexIVF) else "")  # fmt: skip
+        with _KNOBS_LOCK:
+            entry = _KNOBS.setdefault(index, (kind, {}))
+    kind, made = entry
+    if kind == "hnsw":
+        params = made.get(int(knob))
+        if params is None:
+            with _KNOBS_LOCK:
+                params = made.setdefault(int(knob), _faiss.SearchParametersHNSW(efSearch=int(knob)))
+        return params
+    if kind == "ivf":
         params = _faiss.SearchParametersIVF(nprobe=int(knob))
-        params.max_codes = inner.max_codes
+        params.max_codes = _faiss.downcast_index(index).max_codes
         return params
     return None
 

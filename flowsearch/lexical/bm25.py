@@ -242,12 +242,40 @@ class Bm25:
             _top(*self._scores(t, allowed, statistics), int(k))
             for t in tokenize_batch(list(queries))
         ]
-        width = max((len(rows) for _, rows in answers), default=0)
-        scores = np.full((len(answers), width), -np.inf, dtype=np.float32)
-        rows = np.full((len(answers), width), -1, dtype=np.int64)
-        for i, (s, r) in enumerate(answers):
-            scores[i, : len(s)], rows[i, : len(r)] = s, r
-        return scores, rows
+        return _padded(answers)
+
+    def search_and_score(
+        self,
+        queries: Sequence[str],
+        k: int,
+        rows: Int64,
+        *,
+        allowed: Mask | None = None,
+        statistics: Statistics | None = None,
+    ) -> tuple[tuple[Float32, Int64], np.ndarray]:
+        """:meth:`search` and, for each query, :meth:`score_rows` of its ``rows`` (int64
+        (q, c) global rows, -1 for none: NaN), from one scoring of each query (hybrid search
+        asks both, and each alone scores every row holding a query term).
+
+        Returns:
+            ``(search's answer, float64 (q, c))``.
+        """
+        if k < 1:
+            raise BadInput(f"k must be an integer >= 1, got {k!r}", "give {k=10}", param="k")
+        if allowed is not None:
+            check_mask(allowed, self.n_rows, "allowed")
+        scored = np.full(rows.shape, np.nan)
+        answers = []
+        for qi, terms in enumerate(tokenize_batch(list(queries))):
+            found, total = self._scores(terms, None, statistics)
+            valid = rows[qi] >= 0
+            if valid.any():
+                scored[qi, valid] = self._score_of(found, total, rows[qi, valid])
+            if allowed is not None:
+                keep = allowed[found]
+                found, total = found[keep], total[keep]
+            answers.append(_top(found, total, int(k)))
+        return _padded(answers), scored
 
     def score_rows(
         self, query: str, rows: npt.ArrayLike, statistics: Statistics | None = None
@@ -270,6 +298,11 @@ class Bm25:
                 param="rows",
             )
         found, total = self._scores(tokenize_batch([query])[0], None, statistics)
+        return self._score_of(found, total, wanted)
+
+    @staticmethod
+    def _score_of(found: Int64, total: Float32, wanted: Int64) -> Float32:
+        """The score of each of ``wanted`` among ``_scores``' rows (0 for a row not there)."""
         if not len(found):
             return np.zeros(len(wanted), np.float32)
         at = np.minimum(np.searchsorted(found, wanted), len(found) - 1)
@@ -366,6 +399,16 @@ def _sum_by_row(blocks: list[Block]) -> tuple[Int64, Float32]:
     group = np.cumsum(starts) - 1
     total = np.bincount(group, weights=weights[order], minlength=int(group[-1]) + 1)
     return ordered[starts], total.astype(np.float32)
+
+
+def _padded(answers: list[tuple[Float32, Int64]]) -> tuple[Float32, Int64]:
+    """Per-query answers as ``(scores (q, k'), rows (q, k'))``, -inf / -1 padding."""
+    width = max((len(rows) for _, rows in answers), default=0)
+    scores = np.full((len(answers), width), -np.inf, dtype=np.float32)
+    rows = np.full((len(answers), width), -1, dtype=np.int64)
+    for i, (s, r) in enumerate(answers):
+        scores[i, : len(s)], rows[i, : len(r)] = s, r
+    return scores, rows
 
 
 def _top(found: Int64, total: Float32, k: int) -> tuple[Float32, Int64]:

@@ -43,10 +43,11 @@ def merge_top_k(
     if not answers:
         return np.zeros((0, 0), np.float32), np.zeros((0, 0), np.int64)
     scores = np.concatenate([a[0] for a in answers], axis=1).astype(np.float32, copy=False)
-    rows = np.concatenate(
-        [np.where(a[1] >= 0, a[1] + offsets[i], -1) for i, a in enumerate(answers)], axis=1
-    ).astype(np.int64, copy=False)
-    valid = rows >= 0
+    local = np.concatenate([a[1] for a in answers], axis=1).astype(np.int64, copy=False)
+    shift = np.repeat(np.asarray(offsets[: len(answers)], np.int64),
+                      [a[1].shape[1] for a in answers])  # fmt: skip
+    valid = local >= 0
+    rows = np.where(valid, local + shift, -1)
     width = int(min(k, valid.sum(axis=1).max(initial=0)))
     if width == 0:
         return np.zeros((len(rows), 0), np.float32), np.zeros((len(rows), 0), np.int64)

@@ -280,12 +280,16 @@ class SegmentSet:
             if rows is not None:
                 allowed = np.zeros(v.n_rows, dtype=bool)
                 allowed[rows] = True
-            lx = v.lexical.search(list(request.queries), request.k, allowed=allowed,
-                                  statistics=stats)  # fmt: skip
+            if d is None:
+                lx = v.lexical.search(list(request.queries), request.k, allowed=allowed,
+                                      statistics=stats)  # fmt: skip
+            else:  # hybrid: each query scored once for its candidates and the dense ones'
+                lx, of_dense = v.lexical.search_and_score(
+                    list(request.queries), request.k, d[1], allowed=allowed, statistics=stats
+                )
         if d is not None and lx is not None:
             assert request.vectors is not None
             of_lexical = dense.cosines(v.segments, v.offsets, request.vectors, lx[1])
-            of_dense = self.bm25(request.queries, d[1], stats)
         return Answer(
             matched,
             None if d is None else (d[0], self.to_global(d[1])),
@@ -340,18 +344,6 @@ class SegmentSet:
             found: Side = ann_io.single_threaded(search)
             return found
         return search()
-
-    def bm25(
-        self, queries: Sequence[str], rows: np.ndarray, stats: Bm25Statistics | None
-    ) -> np.ndarray:
-        """Each query's BM25 for each of its own ``rows`` (int64 (q, c), -1 for none):
-        float64, NaN for -1."""
-        out = np.full(rows.shape, np.nan)
-        for qi, query in enumerate(queries):
-            valid = rows[qi] >= 0
-            if valid.any():
-                out[qi, valid] = self.version.lexical.score_rows(query, rows[qi, valid], stats)
-        return out
 
 
 _POOL: tuple[int, ThreadPoolExecutor] | None = None

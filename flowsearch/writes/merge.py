@@ -5,7 +5,11 @@ of segments. Segments are grouped in size *tiers* (sizes within a factor of
 ``Settings.merge_factor``, everything under ``Settings.floor_segment_rows`` in the lowest); when
 a tier holds ``Settings.segments_per_tier`` segments they are merged into one of the next tier,
 as Lucene's tiered policy does. Each row is rewritten about log(n) times over an index's life,
-and a query sees a logarithmic number of segments. Writes run the policy themselves for tiers
+and a query sees a logarithmic number of segments. Small segments have a budget of their own
+(the *Flat budget*): at most ``Settings.flat_segments_max`` segments of up to
+``Settings.flat_max_rows`` live rows (those ``auto`` searches exactly, the costliest per row) stay
+apart; one more and all of them merge into one, which gets a graph once it passes that size
+(the floor of Lucene's policy plays this part there). Writes run the policy themselves for tiers
 whose merge stays small (``Settings.write_merge_max_rows``), so a write's cost stays bounded;
 ``compact`` runs it without that bound, rewrites segments with many deleted rows, and
 ``compact(full=True)`` merges everything into one segment.
@@ -66,11 +70,15 @@ def tiers(sizes: Sequence[int]) -> list[list[int]]:
 def plan_merges(
     segments: Sequence[SegmentRecord], *, max_rows: int | None, deleted_share: float | None = None
 ) -> list[list[str]]:
-    """The merges the policy asks for: lists of segment names, each merged into one.
+    """The merges the policy asks for: lists of segment names, each merged into one: full
+    tiers (their ``segments_per_tier`` smallest), then the small segments the tiers left when
+    there are more than the Flat budget (``flat_segments_max``), then segments with many
+    deleted rows.
 
     Args:
         segments: the version's segments.
-        max_rows: merge a tier only when its live rows are at most this (None: no bound).
+        max_rows: merge a tier (or the small segments) only when its live rows are at most
+            this (None: no bound).
         deleted_share: also rewrite (alone) a segment with at least this share of deleted
             rows (None: no).
     """
@@ -85,6 +93,13 @@ def plan_merges(
         if max_rows is not None and sum(live[at] for at in pick) > max_rows:
             continue
         out.append([segments[at].name for at in sorted(pick)])
+        taken.update(out[-1])
+    # the Flat budget: small segments beyond it merge into one (a graph past flat_max_rows)
+    small = [at for at, n in enumerate(live)
+             if 0 < n <= current().flat_max_rows and segments[at].name not in taken]  # fmt: skip
+    bounded = max_rows is None or sum(live[at] for at in small) <= max_rows
+    if len(small) > max(current().flat_segments_max, 1) and bounded:
+        out.append([segments[at].name for at in small])
         taken.update(out[-1])
     if deleted_share is not None:
         for seg in segments:

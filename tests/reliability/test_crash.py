@@ -159,8 +159,8 @@ def bases(tmp_path_factory, built, encoder) -> dict[str, Path | None]:
     shutil.copytree(built, segmented)
     for i in range(8):
         small = write_corpus(root / f"small{i}.parquet", n=3, seed=20 + i, id_prefix=f"s{i}-")
-        add_to_index(segmented, small, encoder=encoder)
-    assert len(mf.read(segmented).segments) == 9  # one more in the lowest tier merges it
+        add_to_index(segmented, small, encoder=encoder, merge_segments=False)
+    assert len(mf.read(segmented).segments) == 9  # the next write merges them (Flat budget)
     segmented_deleted = root / "segmented-deleted"
     shutil.copytree(segmented, segmented_deleted)
     delete(segmented_deleted, ["d5", "s3-1", "s7-0"])
@@ -340,16 +340,18 @@ def test_sigkill_at_every_stage(kind, cli, bases, corpora, model_dir, encoder, t
 
 
 def test_the_merge_trial_merges(bases, corpora, encoder, tmp_path):
-    """What the "merge" kind runs: an upsert whose segment is the tenth of the lowest tier, so
-    the write merges the ten (the replaced rows dropped), not an upsert beside nine."""
+    """What the "merge" kind runs: an upsert whose segment is the tenth small one, so the write
+    merges all ten (the replaced rows dropped), not an upsert beside nine: the lowest tier's
+    four smallest into one, the other six (past the Flat budget) into another."""
     from flowsearch.writes.upsert import upsert
 
     index = tmp_path / "idx"
     shutil.copytree(bases["segmented"], index)
     result = upsert(index, corpora["changed"], encoder=encoder)
-    assert result.n_merged == 10 and result.n_segments == 1 and result.n_replaced == 10
-    (segment,) = mf.read(index).segments
-    assert segment.n_deleted == 0 and segment.n_rows == 60 + 8 * 3
+    assert result.n_merged == 10 and result.n_segments == 2 and result.n_replaced == 10
+    segments = mf.read(index).segments
+    assert all(s.n_deleted == 0 for s in segments)
+    assert sum(s.n_rows for s in segments) == 60 + 8 * 3
 
 
 def test_sigint_during_index(cli, bases, corpora, model_dir, encoder, tmp_path):
