@@ -127,3 +127,17 @@ def build(
             )
             n += len(ids)
         return writer.publish(kind="build", n_rows=n, template=base)
+
+
+def build_vectors(root: Path, vectors: Sequence[np.ndarray], factory: str, dim: int) -> mf.Manifest:
+    """Publish a first version of ``root`` with one segment per array of ``vectors`` (ids
+    ``r0``, ``r1``, ... across segments), each indexed as ``factory``, no lexical index."""
+    base = template(dim=dim, lexical=False)
+    with open_writer(root, new=True) as writer:
+        save_none_calibrator(writer, base.calibration, dim)
+        start = 0
+        for rows in vectors:
+            ids = [f"r{i}" for i in range(start, start + len(rows))]
+            add_segment(writer, ids, vectors=rows, factory=factory, lexical=False, dim=dim)
+            start += len(rows)
+        return writer.publish(kind="build", n_rows=start, template=base)

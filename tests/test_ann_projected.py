@@ -12,7 +12,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 import pytest
-from segment_helpers import add_segment, save_none_calibrator, template
+from segment_helpers import build_vectors
 
 from flowsearch.ann import build as ab
 from flowsearch.ann import io as ann_io
@@ -115,16 +115,8 @@ def test_the_index_saves_and_reads_back_as_an_ordinary_hnsw_index(tmp_path):
 
 
 def _write(root: Path, sizes: list[int]) -> mf.Manifest:
-    base = template(dim=DIM, lexical=False)
-    with open_writer(root, new=True) as writer:
-        save_none_calibrator(writer, base.calibration, DIM)
-        start = 0
-        for at, n in enumerate(sizes):
-            ids = [f"r{i}" for i in range(start, start + n)]
-            add_segment(writer, ids, vectors=_clustered(n, seed=at), factory="auto",
-                        lexical=False, dim=DIM)  # fmt: skip
-            start += n
-        return writer.publish(kind="build", n_rows=start, template=base)
+    vectors = [_clustered(n, seed=at) for at, n in enumerate(sizes)]
+    return build_vectors(root, vectors, "auto", DIM)
 
 
 def test_the_manifest_records_how_the_graph_was_built_and_info_shows_it(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 import pytest
-from segment_helpers import add_segment, save_none_calibrator, template
+from segment_helpers import build_vectors
 
 from flowsearch.ann import build as ab
 from flowsearch.ann import factory as af
@@ -171,16 +171,8 @@ def test_auto_indexes_each_segment_by_its_size():
 
 
 def _write(root: Path, sizes: list[int], factory: str, dim: int = 16) -> mf.Manifest:
-    base = template(dim=dim, lexical=False)
-    with open_writer(root, new=True) as writer:
-        save_none_calibrator(writer, base.calibration, dim)
-        start = 0
-        for at, n in enumerate(sizes):
-            ids = [f"r{i}" for i in range(start, start + n)]
-            vectors = _clustered(n, dim, 12, seed=5 + at)
-            add_segment(writer, ids, vectors=vectors, factory=factory, lexical=False, dim=dim)
-            start += n
-        return writer.publish(kind="build", n_rows=start, template=base)
+    vectors = [_clustered(n, dim, 12, seed=5 + at) for at, n in enumerate(sizes)]
+    return build_vectors(root, vectors, factory, dim)
 
 
 def test_the_tuned_recall_is_recorded_per_segment_and_shown_by_info(tmp_path):
