@@ -1020,18 +1020,22 @@ def _pooled_section(m: dict[str, Any], pm: dict[str, Any]) -> list[str]:
 def _distinct_section(out: dict[str, Any]) -> list[str]:
     """``auto``'s projected graph on a corpus of distinct texts of another size
     (``--stage tune-projected --rows N``): one table row per size."""
-    runs = sorted((k for k in out if k.startswith("tune_projected_")), key=lambda k: int(k[15:]))
+    runs = sorted(
+        (k for k in out if k.startswith(("tune_projected_", "tune_full_"))),
+        key=lambda k: (int(k.rsplit("_", 1)[1]), k),
+    )
     if not runs:
         return []
     body = [
-        "### `auto`'s projected graph on distinct texts (one thread)",
+        "### `auto`'s graphs on distinct texts (one thread)",
         "",
         "The speed corpus at this size (real sentences topped up with splices of two real "
         "sentences: every row a distinct text, unlike the 1M rows above, whose copies make 57% "
         "of the true top 10), encoded with `static` and projected as `auto` fits it; `auto`'s "
         "projected graph built as a segment's is, tuned by its own tuner, then the 2,000 real "
-        "queries at the knob it chose. The encoding ran on the machine's threads, the build, "
-        "tuning and queries on one, so build / encoding overstates the one-thread ratio.",
+        "queries at the knob it chose; beside it the full graph (`--stage tune --set "
+        "projected_graph_min_rows=...` above the rows). The encoding ran on the machine's "
+        "threads, the builds, tuning and queries on one.",
         "",
         "| rows (real / splices) | graph | encoding s | build s | tuning s | knob chosen | "
         "recall@10 tuning half / recorded | recall@10 real (questions / partial) | p50 ms | "
@@ -1041,10 +1045,14 @@ def _distinct_section(out: dict[str, Any]) -> list[str]:
     for key in runs:
         t = out[key]
         c, pr = t["prepare"]["counts"], t["projection"]
+        graph = (
+            f"`{t['factory']}` over {pr['dims']} components, efConstruction {pr['ef_construction']}"
+            if pr
+            else f"`{t['factory']}` over all dimensions, efConstruction {t['ef_construction']}"
+        )
         body.append(
             f"| {t['prepare']['rows']:,} ({c['real_sentences']:,} / {c['splices']:,}) | "
-            f"`{t['factory']}` over {pr['dims']} components, efConstruction "
-            f"{pr['ef_construction']} | {t['prepare']['encode_s']:.1f} | {t['build_s']:.0f} | "
+            f"{graph} | {t['prepare']['encode_s']:.1f} | {t['build_s']:.0f} | "
             f"{t['tune_s']:.0f} | `{t['params']}` | {t['tuning']['tuned_recall']:.3f} / "
             f"{t['tuning']['recall']:.3f} | **{t['real_recall']:.3f}** "
             f"({t['real_recall_questions']:.3f} / {t['real_recall_partial']:.3f}) | "
