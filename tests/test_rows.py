@@ -203,3 +203,55 @@ def test_values_at_reads_one_column_in_any_order_across_parts_and_groups(tmp_pat
     assert reader.values_at([]) == []
     with pytest.raises(IndexError):
         reader.values_at([100])
+
+
+class _Watched:
+    """A part file's stand-in that records how many threads read it at once."""
+
+    def __init__(self, handle, seen):
+        self._handle, self._seen = handle, seen
+
+    def __getattr__(self, name):
+        attr = getattr(self._handle, name)
+        if not name.startswith("read"):
+            return attr
+
+        def read(*args, **kwargs):
+            import time
+
+            self._seen["now"] += 1
+            self._seen["most"] = max(self._seen["most"], self._seen["now"])
+            time.sleep(0.002)  # long enough for another thread to come in
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self._seen["now"] -= 1
+
+        return read
+
+
+def test_threads_read_a_segments_files_in_turn(tmp_path):
+    """A ParquetFile's reader is not safe from two threads at once (concurrent row-group reads
+    of one file crashed a test process): a segment's reads take turns, whatever reads them."""
+    import threading
+
+    parts, (ids, _, _, vectors, _) = _segment(tmp_path, 400, part_rows=200, row_group_rows=16)
+    reader = store.RowReader(tmp_path, parts, cache=store.RowCache(max_bytes=0))
+    seen = {"now": 0, "most": 0}
+    reader._files = [_Watched(h, seen) for h in reader._files]
+    rng = np.random.default_rng(0)
+    got: list[bool] = []
+
+    def work(seed: int) -> None:
+        pick = np.random.default_rng(seed).choice(400, size=40, replace=False)
+        ok = [r["id"] for r in reader.records(pick)] == [ids[i] for i in pick]
+        ok &= np.array_equal(reader.vectors_at(pick), vectors[pick])
+        ok &= reader.values_at(pick) == [ids[i] for i in pick]
+        got.append(bool(ok))
+
+    threads = [threading.Thread(target=work, args=(int(s),)) for s in rng.integers(0, 1e6, 6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [True] * 6 and seen["most"] == 1

@@ -189,6 +189,10 @@ class RowReader:
         self.parts = tuple(parts)
         self._cache = cache if cache is not None else RowCache()
         self._files: list[pq.ParquetFile] = []
+        #: a ParquetFile's reader is not safe to read from two threads at once (concurrent
+        #: read_row_group calls on one file crashed the process: a searcher's pinned version
+        #: serves its joins from every thread that searches it), so reads take turns per segment
+        self._read_lock = threading.Lock()
         self._group_starts: list[np.ndarray] = []
         try:
             for part in self.parts:
@@ -229,7 +233,8 @@ class RowReader:
         if cached is not None:
             return cached
         names = ["id", "text", *self.metadata_columns, *self.passage_columns]
-        table = self._files[part].read_row_group(group, columns=names)
+        with self._read_lock:
+            table = self._files[part].read_row_group(group, columns=names)
         columns = {name: table.column(name).to_pylist() for name in names}
         self._cache.put(key, table.nbytes, columns)
         return columns
@@ -278,7 +283,8 @@ class RowReader:
         dim = self.schema.field(name).type.list_size if name in self.schema.names else 0
         out = np.zeros((len(rows), dim), dtype=np.float32)
         for part, group, positions, offsets in self._row_groups_of(rows):
-            table = self._files[part].read_row_group(group, columns=[name])
+            with self._read_lock:
+                table = self._files[part].read_row_group(group, columns=[name])
             out[positions] = matrix(table.column(name))[offsets]
         return out
 
@@ -294,7 +300,9 @@ class RowReader:
             touched.setdefault(part, []).append((group, positions, offsets))
         for part, groups in touched.items():
             sizes = np.diff(self._group_starts[part])
-            column = self._files[part].read_row_groups([g for g, _, _ in groups], columns=[name])
+            wanted = [g for g, _, _ in groups]
+            with self._read_lock:
+                column = self._files[part].read_row_groups(wanted, columns=[name])
             start, at, where = 0, [], []
             for group, positions, offsets in groups:
                 at.append(start + offsets)
@@ -308,7 +316,8 @@ class RowReader:
     def column_chunks(self, name: str) -> Iterator[Any]:
         """A column part by part: ``vector``/``raw`` as float32 (n, d), others as lists."""
         for handle in self._files:
-            col = handle.read(columns=[name]).column(name)
+            with self._read_lock:
+                col = handle.read(columns=[name]).column(name)
             yield matrix(col) if name in VECTOR_COLUMNS else col.to_pylist()
 
     def vectors(self, name: str = "vector") -> np.ndarray:
@@ -319,7 +328,8 @@ class RowReader:
     def table(self, columns: Sequence[str] | None = None) -> pa.Table:
         """The segment's rows as one table (all but the vector columns by default)."""
         names = list(columns) if columns is not None else ["id", "text", *self.metadata_columns]
-        tables = [handle.read(columns=names) for handle in self._files]
+        with self._read_lock:
+            tables = [handle.read(columns=names) for handle in self._files]
         if not tables:
             return self.schema.empty_table().select(names)
         # parts of an older release's segment may type a column differently (int32, int64)
@@ -328,7 +338,9 @@ class RowReader:
     def batches(self, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
         """The segment's rows part by part (all columns by default)."""
         for handle in self._files:
-            yield handle.read(columns=list(columns) if columns is not None else None)
+            with self._read_lock:
+                part = handle.read(columns=list(columns) if columns is not None else None)
+            yield part
 
 
 def _own(value: Any) -> Any:
