@@ -100,7 +100,11 @@ class Settings:
     #: The 1M rows are 200k real rows and 4 jittered copies of each: easier for a graph than 1M
     #: distinct rows; on 1M distinct texts (real sentences topped up with splices) real queries
     #: got 0.905 at efSearch 1024, 20.2x ``Flat`` (docs/SCALE.md).
-    projected_graph_min_rows: int = 500_000
+    #: **Off by default (0)**: on 1M distinct texts the projected graph at its largest
+    #: efSearch gave real queries 0.905 (the full graph at 80: 0.966, in 2.9x its build), so
+    #: it would break ``auto``'s recall promise; set it (e.g. 500_000, the value measured
+    #: above) to trade recall for a 3x faster build, as with a fast ``static`` encoder.
+    projected_graph_min_rows: int = 0
     #: Principal components the projected graph is built over (at or above the vectors'
     #: dimension the graph is built over the full vectors). At 1M, efConstruction 28: 128
     #: components built in 158 s for 0.950 at efSearch 1024, 96 in 143 s for 0.943.

@@ -100,6 +100,11 @@ def test_below_the_threshold_or_not_auto_nothing_changes():
         assert ab.projection_for("HNSW16", 5_000, DIM) == ab.Projection(12, 24, 800)
         index, _, _ = ab.build(_clustered(900), "auto")
     assert ab.finished(index) is index
+    # off by default (0): a segment of any size builds its graph over the full vectors
+    assert current().projected_graph_min_rows == 0
+    assert ab.projection_for("HNSW32", 10**7, 384) is None
+    with override(**{**PROJECTED, "projected_graph_min_rows": 0}):
+        assert ab.projection_for("HNSW16", 5_000, DIM) is None
 
 
 def test_the_index_saves_and_reads_back_as_an_ordinary_hnsw_index(tmp_path):
@@ -173,7 +178,8 @@ def test_a_merge_into_a_large_segment_takes_the_same_path(tmp_path):
     [
         ("projected_graph_dims", 0, "projected_graph_dims must be a positive integer"),
         ("projected_graph_ef_construction", -3, "projected_graph_ef_construction must be"),
-        ("projected_graph_min_rows", 2.5, "projected_graph_min_rows must be a positive integer"),
+        ("projected_graph_min_rows", 2.5, "projected_graph_min_rows must be an integer of at"),
+        ("projected_graph_min_rows", -1, "projected_graph_min_rows must be an integer of at"),
         ("projected_graph_sample_rows", 8, "is below projected_graph_dims"),
     ],
 )

@@ -10,8 +10,9 @@ and recorded (:func:`tune`, :class:`Tuning`).
 
 Every segment's index starts here (:func:`segment_index`), and every write builds it with
 :func:`train`, :func:`add` and :func:`finished`. ``auto``'s graph over a large segment
-(``Settings.projected_graph_min_rows``) is a :class:`ProjectedGraph`: built over the rows'
-first principal components, it becomes an ordinary HNSW index of the full vectors.
+(``Settings.projected_graph_min_rows``; off by default) is a :class:`ProjectedGraph`:
+built over the rows' first principal components, it becomes an ordinary HNSW index of the
+full vectors.
 
 Example:
     >>> x = np.eye(4, dtype=np.float32)
@@ -82,11 +83,12 @@ class Projection:
     sample_rows: int
 
 
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def _positive(name: str, value: object, least: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        kind = "a positive integer" if least == 1 else f"an integer of at least {least}"
         raise BadInput(
-            f"Settings.{name} must be a positive integer, got {value!r}",
-            fix=f"set {name} to a whole number of at least 1 (its default: "
+            f"Settings.{name} must be {kind}, got {value!r}",
+            fix=f"set {name} to a whole number of at least {least} (its default: "
             f"{getattr(Settings(), name)})",
         )
     return value
@@ -101,7 +103,7 @@ def check_projection_settings() -> Projection:
             fewer rows than its components.
     """
     s = current()
-    _positive("projected_graph_min_rows", s.projected_graph_min_rows)
+    _positive("projected_graph_min_rows", s.projected_graph_min_rows, least=0)  # 0: off
     dims = _positive("projected_graph_dims", s.projected_graph_dims)
     ef = _positive("projected_graph_ef_construction", s.projected_graph_ef_construction)
     sample = _positive("projected_graph_sample_rows", s.projected_graph_sample_rows)
@@ -116,20 +118,18 @@ def check_projection_settings() -> Projection:
 
 def projection_for(factory: str, n_rows: int, dim: int) -> Projection | None:
     """How ``auto``'s graph ``factory`` over ``n_rows`` rows of ``dim`` dimensions is built:
-    a :class:`Projection` when the segment has at least ``Settings.projected_graph_min_rows``
-    rows, ``factory`` is a plain ``HNSW<M>`` graph and ``Settings.projected_graph_dims`` is
-    below ``dim``; else None (built over the full vectors).
+    a :class:`Projection` when ``Settings.projected_graph_min_rows`` is set (not 0: off, the
+    default) and the segment has at least that many rows, ``factory`` is a plain ``HNSW<M>``
+    graph and ``Settings.projected_graph_dims`` is below ``dim``; else None (built over the
+    full vectors).
 
     Raises:
         BadInput: a projected-graph setting is not a positive integer, or its sample holds
             fewer rows than its components.
     """
     projection = check_projection_settings()
-    if (
-        n_rows < current().projected_graph_min_rows
-        or projection.dims >= dim
-        or _graph_m(factory) is None
-    ):
+    least = current().projected_graph_min_rows
+    if not least or n_rows < least or projection.dims >= dim or _graph_m(factory) is None:
         return None
     return projection
 
