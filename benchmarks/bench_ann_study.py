@@ -185,8 +185,6 @@ def _build_within(
     factory sets its graph's ``efConstruction`` (under a re-rank too)."""
     import faiss
 
-    from flowsearch.ann import build as ann_build
-
     kind = faiss.METRIC_L2 if metric == "L2" else faiss.METRIC_INNER_PRODUCT
     factory, _, reduced = factory.partition("@PCA")  # e.g. HNSW32@efC40@PCA256
     if reduced:
@@ -199,6 +197,15 @@ def _build_within(
             graph = faiss.downcast_index(graph.base_index)
         graph.hnsw.efConstruction = int(ef_construction)
     t = time.perf_counter()
+    added = _train_and_add(index, x, factory, t, limit_s)
+    return index, time.perf_counter() - t, added
+
+
+def _train_and_add(index: Any, x: np.ndarray, factory: str, t: float, limit_s: float | None) -> int:
+    """Train ``index`` on ``x`` and add it in chunks of 65,536 rows, stopping once a chunk
+    ends ``limit_s`` seconds past ``t``: the rows added."""
+    from flowsearch.ann import build as ann_build
+
     ann_build.train(index, x, factory)
     added = 0
     for start in range(0, len(x), 65_536):
@@ -206,7 +213,7 @@ def _build_within(
         added = min(len(x), start + 65_536)
         if limit_s is not None and time.perf_counter() - t > limit_s and added < len(x):
             break
-    return index, time.perf_counter() - t, added
+    return added
 
 
 def _reduced_graph(
@@ -229,13 +236,7 @@ def _reduced_graph(
     projection = ann_build.Projection(dims, ef, current().projected_graph_sample_rows)
     t = time.perf_counter()
     index = ann_build.ProjectedGraph(x.shape[1], int(graph.removeprefix("HNSW")), projection)
-    ann_build.train(index, x, graph)
-    added = 0
-    for start in range(0, len(x), 65_536):
-        ann_build.add(index, x[start : start + 65_536], graph)
-        added = min(len(x), start + 65_536)
-        if limit_s is not None and time.perf_counter() - t > limit_s and added < len(x):
-            break
+    added = _train_and_add(index, x, graph, t, limit_s)
     return ann_build.finished(index), time.perf_counter() - t, added
 
 
