@@ -38,7 +38,6 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -345,7 +344,7 @@ def measure(one: Path, many: dict[str, Path], queries: list[str], n_latency: int
 
     def caller(s: Any, n: int) -> Callable[[str, str], Any]:
         def call(q: str, mode: str) -> Any:
-            with override(segment_threads=n) if n > 1 else nullcontext():
+            with override(segment_threads=n):  # 1: in turn (the default is every core)
                 return s.search(q, k=10, mode=mode)
 
         return call
@@ -405,22 +404,44 @@ def scores_of(hits: list[list[Any]], k: int = 10) -> np.ndarray:
 
 
 def latency_stage(one: Path, many: Path, queries: list[str], n_latency: int, rounds: int,
-                  label: str, work: Path,
-                  also: dict[str, Path] | None = None) -> dict[str, Any]:  # fmt: skip
+                  label: str, work: Path, also: dict[str, Path] | None = None,
+                  threads: tuple[int, ...] = (),
+                  skews: tuple[float, ...] = ()) -> dict[str, Any]:  # fmt: skip
     """``--stage latency``: the one and the segmented index through ``Searcher.search``, dense
     and hybrid, interleaved (``rounds`` passes over ``n_latency`` queries), with the code on
     the path (``label`` names it: run it once per code, e.g. main's and a branch's); every
     query's top-10 ids and scores saved under ``work`` and compared with the other labels'.
     ``also``: more indexes measured beside them (name: directory), e.g. what bench_storage's
-    policy stage left."""
+    policy stage left. ``threads``: the segmented index also searched with
+    ``Settings.segment_threads`` at each of these (as ``ten xN``; ``ten``: the default); CPU
+    time is then the whole process's (every thread's), and the QPS of 4 concurrent clients is
+    measured per index. ``skews``: the segmented index also opened with its knobs chosen at
+    each ``Settings.merged_skew`` (as ``ten skew S``: higher knobs, higher recall), so the one
+    and the segmented index are compared at equal recall too; each index's dense recall@10
+    (against exact search over every row) is recorded."""
     from flowsearch import Searcher
+    from flowsearch.settings import override
 
     opened = {"one": Searcher.open(one), "ten": Searcher.open(many)}
     opened.update({name: Searcher.open(path) for name, path in (also or {}).items()})
+    for skew in skews:  # a version's knobs are chosen at its first search
+        opened[f"ten skew {skew:g}"] = Searcher.open(many)
+        with override(merged_skew=skew):
+            opened[f"ten skew {skew:g}"].search(queries[0], k=10)
     picked = queries[:: max(1, len(queries) // n_latency)][:n_latency]
     calls = {
         name: (lambda q, mode, s=s: s.search(q, k=10, mode=mode)) for name, s in opened.items()
     }  # fmt: skip
+
+    def threaded(n: int) -> Callable[[str, str], Any]:
+        def call(q: str, mode: str) -> Any:
+            with override(segment_threads=n):
+                return opened["ten"].search(q, k=10, mode=mode)
+
+        return call
+
+    calls.update({f"ten x{n}": threaded(n) for n in threads if n > 0})
+    clock = time.process_time if threads else time.thread_time
     load = [harness.load_average()]
     for q in picked[:20]:  # warm
         for call in calls.values():
@@ -433,13 +454,24 @@ def latency_stage(one: Path, many: Path, queries: list[str], n_latency: int, rou
             names = list(calls)
             turn += 1
             for name in names[turn % len(names) :] + names[: turn % len(names)]:
-                c, t = time.thread_time(), time.perf_counter()
+                c, t = clock(), time.perf_counter()
                 calls[name](q, mode)
                 wall[name, mode].append((time.perf_counter() - t) * 1e3)
-                cpu[name, mode].append((time.thread_time() - c) * 1e3)
+                cpu[name, mode].append((clock() - c) * 1e3)
     load.append(harness.load_average())
-    out: dict[str, Any] = {"queries": len(picked), "rounds": rounds, "load": load}
-    for name in calls:
+    out: dict[str, Any] = {"queries": len(picked), "rounds": rounds, "load": load,
+                           "cpu_clock": clock.__name__}  # fmt: skip
+    if threads:
+        out["concurrent_qps"] = {}
+        for name in calls:  # override is process-wide: set once around the clients
+            n = name.partition(" x")[2]
+            target = opened[name.partition(" x")[0]]
+            with override(**({"segment_threads": int(n)} if n else {})):
+                out["concurrent_qps"][name] = {
+                    m: concurrent_qps(lambda q, m=m, t=target: t.search(q, k=10, mode=m), picked)
+                    for m in MODES
+                }  # fmt: skip
+    for name in calls:  # the one and the others: ratios of p50s to the one's
         out[name] = {
             m: {
                 "p50_ms": float(np.median(wall[name, m])),
@@ -451,6 +483,7 @@ def latency_stage(one: Path, many: Path, queries: list[str], n_latency: int, rou
             for m in MODES
         }
     answers: dict[str, np.ndarray] = {}
+    truth = truth_of(opened["one"], queries)
     for name, s in opened.items():
         for mode in ("dense", "hybrid"):
             hits = s.search(queries, k=10, mode=mode)
@@ -458,6 +491,7 @@ def latency_stage(one: Path, many: Path, queries: list[str], n_latency: int, rou
                 ids_of(hits),
                 scores_of(hits),
             )
+        out[name]["dense"]["recall"] = harness.recall(answers[f"{name} dense ids"], truth)
     for s in opened.values():
         s.close()
     np.savez(work / f"answers_{label}.npz", **answers)
@@ -502,6 +536,10 @@ def main() -> int:
                         "name=directory,... (e.g. bench_storage's policy indexes)")  # fmt: skip
     parser.add_argument("--baseline", default=None, help="a segmented index built by main's code")
     parser.add_argument("--threads", default="1", help="segment_threads settings to measure")
+    parser.add_argument("--latency-skews", default="", help="--stage latency: the segmented "
+                        "index also with knobs at these merged_skew settings")  # fmt: skip
+    parser.add_argument("--latency-threads", default="", help="--stage latency: the segmented "
+                        "index also at these segment_threads settings (e.g. 1,2)")  # fmt: skip
     parser.add_argument("--skews", default="", help="more merged_skew settings to measure")
     parser.add_argument("--variants", default="", help="segment graphs to compare at equal "
                         "recall, e.g. HNSW32@160,HNSW16@160 (factory@efConstruction)")  # fmt: skip
@@ -529,6 +567,8 @@ def main() -> int:
             args.label,
             work,
             {n: Path(d) for n, _, d in (x.partition("=") for x in args.also.split(",") if x)},
+            tuple(int(x) for x in args.latency_threads.split(",") if x),
+            tuple(float(x) for x in args.latency_skews.split(",") if x),
         )
         report["latency_runs"][args.label]["cores"] = sorted(os.sched_getaffinity(0))
         if "measured" not in report:  # a first run: this section holds only the stage
@@ -595,7 +635,10 @@ def latency_runs_part(report: dict[str, Any]) -> list[str]:
         "that code first on the path (`main`: the code before the per-segment cuts), so "
         "compare ratios (each run's own one-segment p50 is its base); `policy-*`: the indexes "
         "bench_storage.py's policy stage left (100 upserts of 1,000 rows into a copy of the one "
-        "segment; `before`: the tiers alone, ten to a tier; `now`: the default policy). Same "
+        "segment; `before`: the tiers alone, ten to a tier; `now`: the default policy); "
+        "`ten` is searched with the default `Settings.segment_threads`, which was 1 (in turn) "
+        "before the segment-threads run and is every core since (2 here, both cores allowed), "
+        "`ten x1` in turn; `ten skew S`: knobs chosen at `merged_skew` S (equal recall). Same "
         "answers: share of "
         "all queries whose top-10 ids (and scores, bit for bit) equal the other label's run.",
         "",
@@ -615,18 +658,26 @@ def latency_runs_part(report: dict[str, Any]) -> list[str]:
                     f"{k.split(' ')[1]} {v['same_ids']:.3f} / {v['same_scores']:.3f}"
                     for k, v in found.items() if k.startswith(name + " "))
                 for other, found in run.get("same_answers_as", {}).items()
+                if any(k.startswith(name + " ") for k in found)
             ) or "-"  # fmt: skip
+            shown = f"{name} (recall {d['recall']:.3f})" if "recall" in d else name
             body.append(
-                f"| {label} ({run['date']}) | {name} | {d['p50_ms']:.2f} / {d['p90_ms']:.2f} | "
+                f"| {label} ({run['date']}) | {shown} | {d['p50_ms']:.2f} / {d['p90_ms']:.2f} | "
                 f"{d['ratio']:.2f}x | {cpu(d, 'cpu_p50_ms')} | {cpu(d, 'cpu_ratio', 'x')} | "
                 f"{h['p50_ms']:.2f} / {h['p90_ms']:.2f} | {h['ratio']:.2f}x | "
                 f"{cpu(h, 'cpu_p50_ms')} | {cpu(h, 'cpu_ratio', 'x')} | "
                 f"{run['load'][0][0]}-{run['load'][1][0]} | {same} |"
             )
+    for label, run in runs.items():
+        if run.get("concurrent_qps"):
+            body += ["", f"{label}: QPS of 4 concurrent clients (single queries), dense / hybrid: "
+                     + ", ".join(f"{n} {q['dense']:.0f} / {q['hybrid']:.0f}"
+                                 for n, q in run["concurrent_qps"].items())
+                     + f"; CPU time: `{run.get('cpu_clock', 'thread_time')}`."]  # fmt: skip
     first = next(iter(runs.values()))
-    body += ["", f"({first['queries']} queries x {first['rounds']} rounds per run, on cores "
-             f"{first.get('cores', '?')}; answers over all {first['answers_queries']} queries. "
-             "Commands: " + "; ".join(f"{k}: `{r['command']}`" for k, r in runs.items())
+    body += ["", f"(Answers over all {first['answers_queries']} queries. Runs: "
+             + "; ".join(f"{k} ({r['queries']} queries x {r['rounds']} rounds, cores "
+                         f"{r.get('cores', '?')}): `{r['command']}`" for k, r in runs.items())
              + ")", ""]  # fmt: skip
     return body
 

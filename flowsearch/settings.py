@@ -154,10 +154,13 @@ class Settings:
     #: equal recall 0.95 the 10 graphs' search costs ~3.4x one graph's CPU whatever the knobs
     #: (bench_segments' equal-recall table).
     merged_skew: float = 5.0
-    #: Threads that search one query's segments concurrently (FAISS releases the GIL); 1: in
-    #: turn. Only single queries (batches already use FAISS's threads). At 10 segments of 20k
-    #: on 2 cores, 2 threads made p50 slower (1.15x one segment against 1.07x, bench_segments).
-    segment_threads: int = 1
+    #: Threads that search one query's segments concurrently (FAISS releases the GIL): the
+    #: query's own thread and helpers of one shared pool, each taking the next segment, a
+    #: helper only while fewer queries search than there are threads; 1: in turn; 0: the
+    #: cores the process may run on, at most 4. Only single queries (batches already use
+    #: FAISS's threads). 10 segments of 20k rows on 2 cores: p50 1.02x one segment (dense)
+    #: and 1.08x (hybrid) against 1.39x / 1.35x in turn, for 1.5x the CPU (bench_segments).
+    segment_threads: int = 0
     #: Largest HNSW efSearch the tuning tries.
     max_ef_search: int = 1024
     #: Largest re-rank depth (k_factor) the tuning tries.

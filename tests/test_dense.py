@@ -142,3 +142,123 @@ def test_exact_ties_across_segments_go_to_the_lowest_rows(cuts, n_queries):
     scores, rows = _search(x, cuts, queries, 4, deleted, None)
     assert rows.tolist() == [[0, 1, 6, 7]] * n_queries
     assert len(set(scores.ravel().tolist())) == 1
+
+
+# -- one query's segments searched by its own thread and helpers (Settings.segment_threads) --
+
+
+class _Pool:
+    """An executor whose helpers run on real threads, counting what it was given."""
+
+    def __init__(self, workers: int = 1) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.inner = ThreadPoolExecutor(workers)
+        self.submitted = 0
+
+    def submit(self, fn, *args):
+        self.submitted += 1
+        return self.inner.submit(fn, *args)
+
+
+def _segments(seed: int = 3, parts: int = 8):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(400, 16)).astype(F32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    bounds = np.linspace(0, 400, parts + 1).astype(np.int64)
+    deleted = rng.random(400) < 0.1
+    segments = [_flat(x[a:b]) for a, b in zip(bounds, bounds[1:])]
+    dead = [deleted[a:b] for a, b in zip(bounds, bounds[1:])]
+    rows = [None] * parts
+    rows[2] = np.arange(0, 50, 3, dtype=np.int64)  # a filter keeping some of one segment
+    rows[5] = np.zeros(0, np.int64)  # and none of another
+    queries = rng.normal(size=(1, 16)).astype(F32)
+    return segments, dead, bounds, queries, rows
+
+
+@pytest.mark.parametrize("threads", [2, 3, 9])
+def test_segments_searched_on_helper_threads_answer_as_in_turn(threads):
+    from flowsearch.settings import override
+
+    segments, dead, offsets, queries, rows = _segments()
+    alone = search_segments(segments, dead, offsets, queries, 10, rows)
+    pool = _Pool(threads)
+    with override(segment_threads=threads):
+        for _ in range(20):
+            got = search_segments(segments, dead, offsets, queries, 10, rows, pool=pool)
+            np.testing.assert_array_equal(got[1], alone[1])
+            np.testing.assert_array_equal(got[0], alone[0])
+    assert pool.submitted == 20 * (min(threads, 7) - 1)  # 7 segments have rows to search
+    pool.inner.shutdown()
+
+
+def test_a_query_never_waits_for_a_helper_that_has_not_started():
+    """The pool's only worker is busy elsewhere: the query's own thread searches every segment
+    and returns (the helper it asked for is cancelled, never run)."""
+    import threading
+
+    from flowsearch.settings import override
+
+    segments, dead, offsets, queries, rows = _segments()
+    alone = search_segments(segments, dead, offsets, queries, 10, rows)
+    pool = _Pool(1)
+    release = threading.Event()
+    busy = pool.inner.submit(release.wait, 30)
+    try:
+        with override(segment_threads=2):
+            got = search_segments(segments, dead, offsets, queries, 10, rows, pool=pool)
+        np.testing.assert_array_equal(got[1], alone[1])
+        assert pool.submitted == 1 and not busy.done()
+    finally:
+        release.set()
+        pool.inner.shutdown()
+
+
+def test_no_helper_is_asked_for_while_other_queries_hold_the_threads(monkeypatch):
+    from flowsearch.search import dense
+    from flowsearch.settings import override
+
+    segments, dead, offsets, queries, rows = _segments()
+    pool = _Pool(1)
+    monkeypatch.setattr(dense, "_RUNNING", 1)  # one query already searching, on 2 threads
+    with override(segment_threads=2):
+        got = search_segments(segments, dead, offsets, queries, 10, rows, pool=pool)
+    assert pool.submitted == 0 and got[1].shape == (1, 10)
+    assert dense._RUNNING == 1  # its own count given back
+    pool.inner.shutdown()
+
+
+def test_an_error_in_a_helper_reaches_the_query():
+    from flowsearch.settings import override
+
+    segments, dead, offsets, queries, rows = _segments()
+
+    class Broken:
+        def search(self, *args):
+            raise RuntimeError("segment file unreadable")
+
+    segments = [Broken() if i % 2 else s for i, s in enumerate(segments)]
+    pool = _Pool(1)
+    with override(segment_threads=2), pytest.raises(RuntimeError, match="unreadable"):
+        search_segments(segments, dead, offsets, queries, 10, rows, pool=pool)
+    pool.inner.shutdown()
+    from flowsearch.search import dense
+
+    assert dense._RUNNING == 0
+
+
+def test_segment_threads_zero_means_the_usable_cores_at_most_four(monkeypatch):
+    import os
+
+    from flowsearch.search import dense
+    from flowsearch.settings import current, override
+
+    assert current().segment_threads == 0  # the default
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert dense.segment_threads() == 2
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert dense.segment_threads() == 4
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    assert dense.segment_threads() == 1
+    with override(segment_threads=3):
+        assert dense.segment_threads() == 3

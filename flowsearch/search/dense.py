@@ -13,6 +13,9 @@ Example:
 
 from __future__ import annotations
 
+import itertools
+import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import Any
@@ -22,7 +25,7 @@ import numpy as np
 from flowsearch.ann import io as ann_io
 from flowsearch.settings import current
 
-__all__ = ["cosines", "merge_top_k", "search_segments"]
+__all__ = ["cosines", "merge_top_k", "search_segments", "segment_threads"]
 
 
 def merge_top_k(
@@ -90,23 +93,7 @@ def search_segments(
         if keep is None or len(keep)
     ]
     if pool is not None and len(work) > 1:
-        threads = max(1, min(current().segment_threads, len(work)))
-
-        def some(items: list[tuple[Any, Any, Any, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
-            found: list[tuple[np.ndarray, np.ndarray]] = ann_io.single_threaded(
-                lambda: [
-                    seg.search(queries, k, keep, dead, knob) for seg, dead, keep, knob in items
-                ]  # fmt: skip
-            )
-            return found
-
-        # one task per thread (segments dealt round-robin): a task per segment cost more in
-        # hand-offs than a 20k-row graph search takes
-        groups = [list(range(t, len(work), threads)) for t in range(threads)]
-        placed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for group, found in zip(groups, pool.map(some, [[work[i] for i in g] for g in groups])):
-            placed.update(zip(group, found, strict=True))
-        answers = [placed[i] for i in range(len(work))]
+        answers = _shared(work, queries, k, pool, max(1, min(segment_threads(), len(work))))
     else:
         answers = [seg.search(queries, k, keep, dead, knob) for seg, dead, keep, knob in work]
     if not answers:
@@ -114,6 +101,67 @@ def search_segments(
         return empty.astype(np.float32), empty.astype(np.int64)
     kept = [i for i, keep in enumerate(rows) if keep is None or len(keep)]
     return merge_top_k(answers, offsets[kept], k)
+
+
+def segment_threads() -> int:
+    """Threads that search one query's segments (``Settings.segment_threads``; 0: the cores
+    this process may run on, at most 4)."""
+    n = current().segment_threads
+    if n > 0:
+        return n
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(4, cores or 1))
+
+
+# Searches inside :func:`_shared` now, process-wide (one pool serves every searcher).
+_RUNNING = 0
+_RUNNING_LOCK = threading.Lock()
+
+
+def _shared(
+    work: list[tuple[Any, Any, Any, Any]],
+    queries: np.ndarray,
+    k: int,
+    pool: Executor,
+    threads: int,
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every segment of ``work`` searched by the calling thread and ``threads - 1`` helpers of
+    ``pool``, each taking the next segment not yet taken (one FAISS thread each).
+
+    The caller never idles waiting for a helper to wake: on a virtual machine waking an idle
+    core took 0.1-1.2 ms (bench_segments), more than a 20k-row graph search; a helper that
+    starts after the caller has taken every segment finds none and returns at once, and one
+    that has not started is cancelled. Concurrent queries therefore never queue behind each
+    other's segments: each query's own thread carries its search.
+    """
+    found: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(work)
+    taken = itertools.count()  # next() is atomic under the GIL
+    global _RUNNING
+    with _RUNNING_LOCK:
+        # queries already searching hold the other cores: no helper where none is idle (4
+        # concurrent clients lost 16% of their QPS to hand-offs when every query asked one)
+        spare = threads - _RUNNING
+        _RUNNING += 1
+
+    def drain() -> None:
+        def loop() -> None:
+            while (i := next(taken)) < len(work):
+                seg, dead, keep, knob = work[i]
+                found[i] = seg.search(queries, k, keep, dead, knob)
+
+        ann_io.single_threaded(loop)
+
+    try:
+        helpers = [pool.submit(drain) for _ in range(min(threads, spare) - 1)]
+        drain()
+        for helper in helpers:
+            if not helper.cancel():
+                helper.result()
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING -= 1
+    assert all(f is not None for f in found)
+    return [f for f in found if f is not None]
 
 
 def cosines(

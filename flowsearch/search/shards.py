@@ -351,16 +351,17 @@ _POOL_LOCK = threading.Lock()
 
 
 def segment_pool() -> ThreadPoolExecutor | None:
-    """The process's pool that searches one query's segments concurrently, of
-    ``Settings.segment_threads`` threads (shared by every searcher: concurrent queries queue on
-    it rather than each adding threads); None when that is 1."""
+    """The process's pool of helpers that search one query's segments beside the query's own
+    thread: ``Settings.segment_threads`` less one threads, shared by every searcher (a query
+    asks for a helper only while a thread is idle: :func:`flowsearch.search.dense.search_segments`);
+    None when that setting resolves to 1."""
     global _POOL
-    threads = current().segment_threads
+    threads = dense.segment_threads()
     if threads <= 1:
         return None
     with _POOL_LOCK:
         if _POOL is None or _POOL[0] != threads:
-            old, _POOL = _POOL, (threads, ThreadPoolExecutor(threads, "flowsearch-segments"))
+            old, _POOL = _POOL, (threads, ThreadPoolExecutor(threads - 1, "flowsearch-segments"))
             if old is not None:
                 old[1].shutdown(wait=False)
         return _POOL[1]
