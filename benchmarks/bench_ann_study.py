@@ -1062,6 +1062,118 @@ def _distinct_section(out: dict[str, Any]) -> list[str]:
     return [*body, "", *(f"(`{out[k]['command']}`)" for k in runs), ""]
 
 
+GRAPH_BUILDS = "full@40;full@80;fp16@40;sq8@40;pca192@40;pca128@40;pca96@32"
+BUILD_EFS = (64, 128, 256, 512, 1024)
+
+
+def graph_builds(rows: int, labels: str | None, source: int = 1_000_000) -> dict[str, Any]:
+    """``--stage graph-builds``: what a cheaper HNSW32 build costs in graph quality, on the
+    first ``rows`` rows of the ``source``-row distinct-text corpus (``--stage tune-projected
+    --rows 1000000`` prepares it), all on one thread. Each label is ``kind@efConstruction``:
+    ``full`` the graph over the full vectors; ``fp16`` / ``sq8`` the graph built over the rows
+    stored as half floats / 8-bit scalars (each distance reads 2x / 4x fewer bytes); ``pcaN``
+    over the rows' first N principal components (as :class:`flowsearch.ann.build.
+    ProjectedGraph`). Every graph is then moved into an ``IndexHNSWFlat`` of the full vectors,
+    as ``auto`` saves it, so scores are exact; recall@10 of the 2,000 real queries and the p50
+    of one query per efSearch."""
+    import faiss
+
+    work = WORK / str(source)
+    Z = np.ascontiguousarray(np.load(work / "z.npy", mmap_mode="r")[:rows])
+    Zq = np.load(work / "z_q.npy")
+    faiss.omp_set_num_threads(1)
+    truth = _truth(Zq, Z)
+    d = Z.shape[1]
+
+    def moved(low: Any) -> Any:
+        full = faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
+        full.storage.add(Z)
+        full.hnsw, full.ntotal = low.hnsw, low.ntotal
+        return full
+
+    found: dict[str, Any] = {}
+    for label in (labels or GRAPH_BUILDS).split(";"):
+        kind, _, efc = label.partition("@")
+        t = time.perf_counter()
+        if kind == "full":
+            low = faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
+            low.hnsw.efConstruction = int(efc)
+            low.add(Z)
+        elif kind in ("fp16", "sq8"):
+            qt = faiss.ScalarQuantizer.QT_fp16 if kind == "fp16" else faiss.ScalarQuantizer.QT_8bit
+            low = faiss.IndexHNSWSQ(d, qt, 32, faiss.METRIC_INNER_PRODUCT)
+            low.hnsw.efConstruction = int(efc)
+            low.train(Z[:65_536])
+            low.add(Z)
+        else:
+            dims = int(kind.removeprefix("pca"))
+            pca = faiss.PCAMatrix(d, dims)
+            sample = Z[
+                np.sort(np.random.default_rng(0).choice(rows, min(rows, 65_536), replace=False))
+            ]
+            pca.train(np.concatenate([sample, -sample]))  # second moments, as auto's
+            low = faiss.IndexHNSWFlat(dims, 32, faiss.METRIC_INNER_PRODUCT)
+            low.hnsw.efConstruction = int(efc)
+            for i in range(0, rows, 65_536):
+                low.add(pca.apply(np.ascontiguousarray(Z[i : i + 65_536])))
+        index = moved(low)
+        build_s = time.perf_counter() - t
+        curve = []
+        for ef in BUILD_EFS:
+            params = faiss.SearchParametersHNSW()
+            params.efSearch = ef
+            hits = index.search(Zq, 10, params=params)[1]
+            lat = np.arange(len(Zq))[:: max(1, len(Zq) // LATENCY_QUERIES)]
+            times = []
+            for i in lat:
+                c = time.perf_counter()
+                index.search(Zq[i : i + 1], 10, params=params)
+                times.append(time.perf_counter() - c)
+            curve.append({"efSearch": ef, "recall": harness.recall(hits, truth),
+                          "p50_ms": float(np.median(times)) * 1e3})  # fmt: skip
+        found[label] = {"build_s": build_s, "curve": curve}
+        print(label, json.dumps(found[label]), flush=True)
+    return {"rows": rows, "source": source, "builds": found, "load": harness.load_average(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
+
+
+def _graph_builds_section(runs: dict[str, Any] | None) -> list[str]:
+    """``--stage graph-builds``: one row per build, recall / p50 per efSearch."""
+    if not runs:
+        return []
+    body = [
+        "### What a cheaper graph build costs (distinct texts, one thread)",
+        "",
+        "HNSW32 built over the first rows of the 1M distinct-text corpus (`--stage graph-builds`):"
+        " over the full vectors, over the rows stored as half floats or 8-bit scalars, or over "
+        "their first principal components (as `auto`'s projected graph); every graph then moved "
+        "into an `IndexHNSWFlat` of the full vectors (exact scores). recall@10 of the 2,000 real "
+        "queries / p50 ms of one query, per efSearch; build seconds on one FAISS thread.",
+        "",
+    ]
+    for key in sorted(runs, key=int):
+        run = runs[key]
+        efs = [c["efSearch"] for c in next(iter(run["builds"].values()))["curve"]]
+        body += [
+            f"{run['rows']:,} rows ({run['date']}, load {run['load'][0]}):",
+            "",
+            "| graph (kind@efConstruction) | build s | / full@40 | "
+            + " | ".join(f"efSearch {e}" for e in efs)
+            + " |",
+            "|---|---:|---:|" + "---|" * len(efs),
+        ]
+        base = run["builds"].get("full@40", {}).get("build_s")
+        for label, b in run["builds"].items():
+            rel = f"{b['build_s'] / base:.2f}" if base else "-"
+            body.append(
+                f"| `{label}` | {b['build_s']:.1f} | {rel} | "
+                + " | ".join(f"{c['recall']:.3f} / {c['p50_ms']:.2f}" for c in b["curve"])
+                + " |"
+            )
+        body.append("")
+    return body
+
+
 def render(out: dict[str, Any]) -> str:
     p = out["prepare"]
     body = [
@@ -1116,6 +1228,7 @@ def render(out: dict[str, Any]) -> str:
     names = {"tune": "default", "tune_efc40": "before (efConstruction 40)", "tune_scan": "scan",
              "tune_projected": "projected graph"}  # fmt: skip
     body += _distinct_section(out)
+    body += _graph_builds_section(out.get("graph_builds"))
     tunes = [{**out[k], "label": v} for k, v in names.items() if out.get(k)]
     if tunes:
         t = tunes[0]
@@ -1220,6 +1333,7 @@ def main() -> int:
             "tune",
             "tune-scan",
             "tune-projected",
+            "graph-builds",
             "segments",
             "scale-prepare",
             "scale",
@@ -1281,7 +1395,9 @@ def _run(args: Any, data: Path) -> int:
         out = json.loads(out_path.read_text())
     out["machine"] = harness.machine()
     this = harness.command_line()
-    if out.get("command") and (args.stage.startswith("scale") or args.stage == "tune-projected"):
+    if out.get("command") and (
+        args.stage.startswith("scale") or args.stage in ("tune-projected", "graph-builds")
+    ):
         # the 1M runs add to the section: keep how its earlier figures were made
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         this = f"{out['command']}; then {this} ({when})"
@@ -1311,6 +1427,9 @@ def _run(args: Any, data: Path) -> int:
             out[f"tune_projected_{args.rows}"] = {**tuned, "prepare": prep, "command": this}
         else:
             out["tune_projected"] = tuned
+        harness.finish(args, render, out)
+    if args.stage == "graph-builds":  # cheaper graph builds on distinct texts (1M's first rows)
+        out.setdefault("graph_builds", {})[str(args.rows)] = graph_builds(args.rows, args.only)
         harness.finish(args, render, out)
     if args.stage == "tune-scan":  # auto with its scan tier on, at this size
         with override(scan_max_rows=args.rows):
