@@ -1395,10 +1395,8 @@ def _run(args: Any, data: Path) -> int:
         out = json.loads(out_path.read_text())
     out["machine"] = harness.machine()
     this = harness.command_line()
-    if out.get("command") and (
-        args.stage.startswith("scale") or args.stage in ("tune-projected", "graph-builds")
-    ):
-        # the 1M runs add to the section: keep how its earlier figures were made
+    if out.get("command") and args.stage != "all":
+        # a stage adds to the section: keep how its earlier figures were made
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         this = f"{out['command']}; then {this} ({when})"
     out["command"] = this

@@ -130,6 +130,8 @@ def run(
         "noise": noise,
         "real_curve": real_curve,
         "runs": runs,
+        # how flowsearch.ann.build.tune chose: the larger of two thirds' picks, a third checks
+        "rule": "thirds",
     }
 
 
@@ -149,14 +151,20 @@ def _rows_section(report: dict[str, Any]) -> list[str]:
     curve = ", ".join(f"{c['efSearch']}: {c['recall']:.3f}" for c in report["real_curve"])
     body = [
         f"### {report['rows']:,} rows, the tuner's noise "
-        + (f"{report['noise']:g}" if report.get("noise") is not None else "as `auto` chooses it"),
+        + (f"{report['noise']:g}" if report.get("noise") is not None else "as `auto` chooses it")
+        + (f" ({report['label']})" if report.get("label") else ""),
         "",
         f"`auto`'s index over {report['rows']:,} `static` rows in the searched space "
         f"({report['prepare'].get('calibrator', '?')} / {report['prepare'].get('space', '?')}): "
         f"`{report['factory']}` at `efConstruction` {report['ef_construction']}, built once "
         f"({report['build_s']:.0f} s, one thread). `flowsearch.ann.build.tune` then re-run on it "
-        f"with a different seed each time (new 4,096-row sample and held-out queries; half choose, "
-        f"half check), target {report['target']:g}. *real*: recall@10 of "
+        "with a different seed each time (new 4,096-row sample and held-out queries; "
+        + (
+            "a third and a third each choose, the larger knob is set, the last third checks"
+            if report.get("rule") == "thirds"
+            else "half choose, half check"
+        )
+        + f"), target {report['target']:g}. *real*: recall@10 of "
         f"{report['real_queries']:,} real queries (QNLI questions, partial held-out sentences) "
         "at the chosen `efSearch`.",
         "",
