@@ -596,6 +596,7 @@ def tune(
     name, largest = knob
     queries, truth, source = _probes(sample, sample_rows, chunks, n_queries, noise, seed, k)
     n = len(queries)
+    halves: tuple[slice, ...]
     if n >= 3:  # two thirds choose (each third on its own), the last third checks
         cut = (n // 3, 2 * n // 3)
         parts = (slice(0, cut[1]), slice(cut[1], None))
