@@ -685,7 +685,7 @@ def tune(
     work = work or WORK / str(rows)
     Z, Zq = np.load(work / "z.npy"), np.load(work / "z_q.npy")
     truth = _truth(Zq, Z)
-    faiss.omp_set_num_threads(1)
+    faiss.omp_set_num_threads(THREADS)  # the build on --threads (1 by default)
     factory = factory or auto_factory(len(Z), dim=Z.shape[1])
     t = time.perf_counter()  # built as a segment's index is (Settings' graph and its build)
     building, _ = ann_build.segment_index(Z.shape[1], "auto", len(Z), factory)
@@ -695,6 +695,7 @@ def tune(
     index = ann_build.finished(building)
     del building
     build_s = time.perf_counter() - t
+    faiss.omp_set_num_threads(1)  # tuning and queries on one thread
     rng = np.random.default_rng(0)
     pos = np.sort(rng.choice(len(Z), size=min(4096, len(Z)), replace=False))
     chunks = lambda: (Z[i : i + 65_536] for i in range(0, len(Z), 65_536))  # noqa: E731
@@ -735,6 +736,7 @@ def tune(
         "projection": None if projection is None else projection.__dict__,
         "params": tuned.params,
         "build_s": build_s,
+        "build_threads": THREADS,
         "tune_s": tune_s,
         "noise": current().query_noise,
         "tuning": {
@@ -1050,7 +1052,7 @@ def _distinct_section(out: dict[str, Any]) -> list[str]:
             f"`{t['factory']}` over {pr['dims']} components, efConstruction {pr['ef_construction']}"
             if pr
             else f"`{t['factory']}` over all dimensions, efConstruction {t['ef_construction']}"
-        )
+        ) + (f", built on {t['build_threads']} threads" if t.get("build_threads", 1) > 1 else "")
         body.append(
             f"| {t['prepare']['rows']:,} ({c['real_sentences']:,} / {c['splices']:,}) | "
             f"{graph} | {t['prepare']['encode_s']:.1f} | {t['build_s']:.0f} | "
@@ -1353,7 +1355,9 @@ def main() -> int:
         help="scale-graph: stop a build past this many times the encoding's seconds",
     )  # fmt: skip
     parser.add_argument(
-        "--tag", default="", help="scale-graph: added to this run's labels (a repeat)"
+        "--tag",
+        default="",
+        help="scale-graph: added to this run's labels (a repeat); tune-projected: to its key",
     )
     parser.add_argument(
         "--threads", type=int, default=1,
@@ -1422,7 +1426,8 @@ def _run(args: Any, data: Path) -> int:
         with override(projected_graph_min_rows=args.rows):
             tuned = tune(args.rows, curves=False)
         if other:  # e.g. 1M distinct texts (real sentences topped up with splices)
-            out[f"tune_projected_{args.rows}"] = {**tuned, "prepare": prep, "command": this}
+            key = f"tune_projected_{args.tag.replace(' ', '-')}_" if args.tag else "tune_projected_"
+            out[f"{key}{args.rows}"] = {**tuned, "prepare": prep, "command": this}
         else:
             out["tune_projected"] = tuned
         harness.finish(args, render, out)
