@@ -227,3 +227,25 @@ def test_statistics_cache_answers_while_another_reader_moves_it_to_a_newer_versi
     assert got.version == 1 and got.n_live == 10
     assert got.lexical is not None and got.lexical.df == {"heat": 1, "dog": 1}
     assert cache.version == 2 and cache.get(Steady(), 2, ["heat"]).lexical.df == {"heat": 2}  # type: ignore[arg-type, union-attr]
+
+
+def test_a_ray_shard_searches_its_segments_in_turn_unless_set(monkeypatch):
+    """Shards already search in parallel (one actor per CPU): an actor's call runs with
+    ``segment_threads`` 1 when the setting is the default (every core), and as set otherwise;
+    the process's setting is given back after the call."""
+    from flowsearch.search import dense, ray_shards
+    from flowsearch.settings import current, override
+
+    seen: list[int] = []
+
+    class Shard:
+        def answer(self, request):
+            seen.append(dense.segment_threads())
+            return request
+
+    server = ray_shards.ShardServer("unused")
+    monkeypatch.setattr(server, "_move", lambda spec: Shard())
+    assert server.answer(None, "r") == (True, "r")
+    with override(segment_threads=3):
+        server.answer(None, "r")
+    assert seen == [1, 3] and current().segment_threads == 0

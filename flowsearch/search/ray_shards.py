@@ -43,7 +43,7 @@ import numpy as np
 from flowsearch.errors import BadInput, FlowsearchError, MissingExtra, Unavailable
 from flowsearch.search import shards as sh
 from flowsearch.search.version import Opened, Version, live_documents, load, open_current
-from flowsearch.settings import current
+from flowsearch.settings import current, override
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.verify import verify as check_files
@@ -228,7 +228,11 @@ class ShardServer:
         driver as itself, not wrapped in Ray's task error)."""
         try:
             shard = self._move(spec)
-            return True, getattr(shard, method)(*args)
+            # the shards already search in parallel (one actor per CPU by default): a query's
+            # segments in turn here unless set, not helpers on every actor's cores at once (an
+            # actor runs one call at a time, so the process-wide setting is this call's alone)
+            with override(segment_threads=current().segment_threads or 1):
+                return True, getattr(shard, method)(*args)
         except FlowsearchError as exc:
             return False, exc
 
