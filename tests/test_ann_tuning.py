@@ -170,7 +170,7 @@ def test_a_small_index_tunes_its_knob_on_harder_queries():
     assert plain.curve is not None and raised.curve is not None
     # each ladder ends at its own chosen knob: the knobs both measured give the same curve
     both = set(plain.curve.values) & set(raised.curve.values)
-    assert len(both) >= 3
+    assert len(both) >= 2
     for curve_a, curve_b in ((plain.curve, raised.curve), (raised.curve, plain.curve)):
         at = dict(zip(curve_a.values, curve_a.found, strict=True))
         for v, found in zip(curve_b.values, curve_b.found, strict=True):

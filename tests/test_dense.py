@@ -3,6 +3,8 @@ exact top-k; a Flat index cut into segments answers exactly as one segment does.
 
 from __future__ import annotations
 
+import os
+
 import faiss
 import numpy as np
 import pytest
@@ -176,19 +178,41 @@ def _segments(seed: int = 3, parts: int = 8):
     return segments, dead, bounds, queries, rows
 
 
+class _Timed:
+    """A segment whose search records the thread it ran on, after a short sleep (so helpers
+    that wake within it get segments of their own)."""
+
+    def __init__(self, inner, log, pause=0.002, fail_on_helper=False):
+        self.inner, self.log, self.pause, self.fail_on_helper = inner, log, pause, fail_on_helper
+
+    def search(self, *args):
+        import threading
+        import time
+
+        main = threading.current_thread() is threading.main_thread()
+        self.log.append(main)
+        time.sleep(self.pause)
+        if self.fail_on_helper and not main:
+            raise RuntimeError("segment file unreadable")
+        return self.inner.search(*args)
+
+
 @pytest.mark.parametrize("threads", [2, 3, 9])
 def test_segments_searched_on_helper_threads_answer_as_in_turn(threads):
     from flowsearch.settings import override
 
     segments, dead, offsets, queries, rows = _segments()
     alone = search_segments(segments, dead, offsets, queries, 10, rows)
+    log: list[bool] = []
+    timed = [_Timed(s, log) for s in segments]
     pool = _Pool(threads)
     with override(segment_threads=threads):
         for _ in range(20):
-            got = search_segments(segments, dead, offsets, queries, 10, rows, pool=pool)
+            got = search_segments(timed, dead, offsets, queries, 10, rows, pool=pool)
             np.testing.assert_array_equal(got[1], alone[1])
             np.testing.assert_array_equal(got[0], alone[0])
     assert pool.submitted == 20 * (min(threads, 7) - 1)  # 7 segments have rows to search
+    assert len(log) == 20 * 7 and log.count(False) > 0  # helpers did search segments
     pool.inner.shutdown()
 
 
@@ -228,23 +252,28 @@ def test_no_helper_is_asked_for_while_other_queries_hold_the_threads(monkeypatch
     pool.inner.shutdown()
 
 
-def test_an_error_in_a_helper_reaches_the_query():
+def test_an_error_in_a_helper_reaches_the_query_and_no_search_outlives_it():
+    """A segment fails only on a helper thread: the query raises that error, and when it
+    returns no helper is still searching (nothing more is searched after, the count of
+    searching queries is given back)."""
+    import time
+
+    from flowsearch.search import dense
     from flowsearch.settings import override
 
     segments, dead, offsets, queries, rows = _segments()
-
-    class Broken:
-        def search(self, *args):
-            raise RuntimeError("segment file unreadable")
-
-    segments = [Broken() if i % 2 else s for i, s in enumerate(segments)]
+    log: list[bool] = []
+    timed = [_Timed(s, log, pause=0.02, fail_on_helper=True) for s in segments]
     pool = _Pool(1)
-    with override(segment_threads=2), pytest.raises(RuntimeError, match="unreadable"):
-        search_segments(segments, dead, offsets, queries, 10, rows, pool=pool)
-    pool.inner.shutdown()
-    from flowsearch.search import dense
-
-    assert dense._RUNNING == 0
+    try:
+        with override(segment_threads=2), pytest.raises(RuntimeError, match="unreadable"):
+            search_segments(timed, dead, offsets, queries, 10, rows, pool=pool)
+        assert dense._RUNNING == 0
+        searched = len(log)
+        time.sleep(0.1)
+        assert len(log) == searched < 7  # it stopped: the other segments were never taken
+    finally:
+        pool.inner.shutdown()
 
 
 def test_segment_threads_zero_means_the_usable_cores_at_most_four(monkeypatch):
@@ -254,6 +283,8 @@ def test_segment_threads_zero_means_the_usable_cores_at_most_four(monkeypatch):
     from flowsearch.settings import current, override
 
     assert current().segment_threads == 0  # the default
+    with override(segment_threads=-2):  # below 0: in turn
+        assert dense.segment_threads() == 1
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert dense.segment_threads() == 2
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
@@ -262,3 +293,55 @@ def test_segment_threads_zero_means_the_usable_cores_at_most_four(monkeypatch):
     assert dense.segment_threads() == 1
     with override(segment_threads=3):
         assert dense.segment_threads() == 3
+
+
+def test_one_segment_left_by_a_filter_is_searched_on_one_faiss_thread(monkeypatch):
+    """With a pool (the default) but one segment to search, the search still runs on one
+    FAISS thread, as every single query's does."""
+    from flowsearch.settings import override
+
+    segments, dead, offsets, queries, rows = _segments()
+    only = [np.zeros(0, np.int64)] * len(segments)
+    only[3] = np.arange(10, dtype=np.int64)
+    threads: list[int] = []
+
+    class Seg:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def search(self, *args):
+            threads.append(faiss.omp_get_max_threads())
+            return self.inner.search(*args)
+
+    pool = _Pool(1)
+    with override(segment_threads=2):
+        search_segments([Seg(s) for s in segments], dead, offsets, queries, 10, only, pool=pool)
+    assert threads == [1] and pool.submitted == 0
+    pool.inner.shutdown()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_with_no_searches_and_its_own_pool(monkeypatch):
+    """The parent's pool threads do not exist in a forked child, nor do its searches: the
+    child makes a new pool and counts no search running."""
+    from flowsearch.search import dense
+    from flowsearch.search import shards as sh
+    from flowsearch.settings import override
+
+    with override(segment_threads=2):
+        parent_pool = sh.segment_pool()
+        monkeypatch.setattr(dense, "_RUNNING", 1)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, then leave without running pytest's exit
+            ok = dense._RUNNING == 0 and sh._POOL is None
+            child_pool = sh.segment_pool()
+            ok = ok and child_pool is not None and child_pool is not parent_pool
+            ok = ok and child_pool.submit(lambda: 7).result(timeout=10) == 7
+            os.write(write, b"1" if ok else b"0")
+            os._exit(0)
+        os.close(write)
+        got = os.read(read, 1)
+        os.waitpid(pid, 0)
+    assert got == b"1"
+    assert dense._RUNNING == 1 and sh._POOL is not None  # the parent's own are untouched

@@ -17,7 +17,7 @@ import itertools
 import os
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future, wait
 from typing import Any
 
 import numpy as np
@@ -94,6 +94,10 @@ def search_segments(
     ]
     if pool is not None and len(work) > 1:
         answers = _shared(work, queries, k, pool, max(1, min(segment_threads(), len(work))))
+    elif pool is not None:  # a filter left one segment: still one FAISS thread per query
+        answers = ann_io.single_threaded(
+            lambda: [seg.search(queries, k, keep, dead, knob) for seg, dead, keep, knob in work]
+        )
     else:
         answers = [seg.search(queries, k, keep, dead, knob) for seg, dead, keep, knob in work]
     if not answers:
@@ -107,8 +111,8 @@ def segment_threads() -> int:
     """Threads that search one query's segments (``Settings.segment_threads``; 0: the cores
     this process may run on, at most 4)."""
     n = current().segment_threads
-    if n > 0:
-        return n
+    if n != 0:
+        return max(1, n)  # a negative setting: in turn
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(4, cores or 1))
 
@@ -116,6 +120,16 @@ def segment_threads() -> int:
 # Searches inside :func:`_shared` now, process-wide (one pool serves every searcher).
 _RUNNING = 0
 _RUNNING_LOCK = threading.Lock()
+
+
+def _after_fork() -> None:
+    """A forked child has none of its parent's searches (nor a lock one of them held)."""
+    global _RUNNING, _RUNNING_LOCK
+    _RUNNING, _RUNNING_LOCK = 0, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _shared(
@@ -136,30 +150,43 @@ def _shared(
     """
     found: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(work)
     taken = itertools.count()  # next() is atomic under the GIL
+    stop = threading.Event()  # set when the query is done (or failed): helpers take no more
     global _RUNNING
     with _RUNNING_LOCK:
-        # queries already searching hold the other cores: no helper where none is idle (4
-        # concurrent clients lost 16% of their QPS to hand-offs when every query asked one)
+        # each query searching holds a thread: ask for helpers only up to the threads no query
+        # holds (4 concurrent clients lost 16% of their QPS to hand-offs when every query
+        # asked for one)
         spare = threads - _RUNNING
         _RUNNING += 1
 
     def drain() -> None:
         def loop() -> None:
-            while (i := next(taken)) < len(work):
-                seg, dead, keep, knob = work[i]
-                found[i] = seg.search(queries, k, keep, dead, knob)
+            try:
+                while not stop.is_set() and (i := next(taken)) < len(work):
+                    seg, dead, keep, knob = work[i]
+                    found[i] = seg.search(queries, k, keep, dead, knob)
+            except BaseException:
+                stop.set()  # the query fails: the others take no more segments
+                raise
 
         ann_io.single_threaded(loop)
 
+    helpers: list[Future[None]] = []
     try:
-        helpers = [pool.submit(drain) for _ in range(min(threads, spare) - 1)]
+        for _ in range(min(threads, spare) - 1):
+            try:
+                helpers.append(pool.submit(drain))
+            except RuntimeError:  # the pool was replaced (and shut down): search alone
+                break
         drain()
-        for helper in helpers:
-            if not helper.cancel():
-                helper.result()
     finally:
+        stop.set()
+        running = [h for h in helpers if not h.cancel()]
+        wait(running)  # none is left writing into this query's answers after it returns
         with _RUNNING_LOCK:
             _RUNNING -= 1
+    for helper in running:
+        helper.result()  # a helper's error is the query's
     assert all(f is not None for f in found)
     return [f for f in found if f is not None]
 

@@ -228,9 +228,10 @@ class ShardServer:
         driver as itself, not wrapped in Ray's task error)."""
         try:
             shard = self._move(spec)
-            # the shards already search in parallel (one actor per CPU by default): a query's
-            # segments in turn here unless set, not helpers on every actor's cores at once (an
-            # actor runs one call at a time, so the process-wide setting is this call's alone)
+            # the shards already search in parallel (one actor per CPU by default): an actor
+            # searches a query's segments in turn (its settings are its process's defaults, not
+            # the driver's), not with helpers on every actor's cores at once; an actor runs one
+            # call at a time, so the process-wide setting is this call's alone
             with override(segment_threads=current().segment_threads or 1):
                 return True, getattr(shard, method)(*args)
         except FlowsearchError as exc:

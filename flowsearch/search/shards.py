@@ -35,6 +35,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -348,6 +349,16 @@ class SegmentSet:
 
 _POOL: tuple[int, ThreadPoolExecutor] | None = None
 _POOL_LOCK = threading.Lock()
+
+
+def _pool_after_fork() -> None:
+    """A forked child has none of its parent's pool threads: it makes its own pool."""
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_pool_after_fork)
 
 
 def segment_pool() -> ThreadPoolExecutor | None:
