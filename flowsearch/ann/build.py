@@ -613,6 +613,7 @@ def tune(
         _set_knob(index, "k_factor_rf", current().max_k_factor)
         aim = 1.0 - (1.0 - target) * current().rerank_miss_share
     params = ""
+    short = False
     if name == "k_factor_rf":  # the re-rank depth is the only knob: tuned below
         tuned = tuning.recall(index)
     else:
@@ -620,7 +621,9 @@ def tune(
         # the larger of the knobs two independent sets of queries choose: near the target a
         # recall curve is flat, so one set's sampling error moved the knob 1.8x between seeds
         # and real queries fell short in half the runs at 20k rows (bench_tuner)
-        value = max(_smallest(index, name, first, largest, c, aim)[0] for c in choosers)
+        picks = [_smallest(index, name, first, largest, c, aim) for c in choosers]
+        value = max(v for v, _ in picks)
+        short = any(v >= largest and r < aim for v, r in picks)
         _set_knob(index, name, value)
         tuned = tuning.recall(index)
         params = f"{name}={value}"
@@ -633,7 +636,7 @@ def tune(
         tuned = tuning.recall(index)
         params = ",".join(p for p in (params, f"k_factor_rf={depth}") if p)
     checked = check.recall(index)
-    if name != "k_factor_rf" and tuned < aim:  # the largest knob tried and still short
+    if short:  # the largest knob tried and still short on a choosing third
         more = "raise Settings.max_ef_search" if name == "efSearch" else "use finer codes"
         LOG.warning(
             "this segment's vector index reached recall@%d %.3f on held-out rows at its largest "
