@@ -1081,7 +1081,9 @@ def graph_builds(rows: int, labels: str | None, source: int = 1_000_000) -> dict
     as ``auto`` saves it, so scores are exact; recall@10 of the 2,000 real queries and the p50
     of one query per efSearch. ``pcaNr`` instead searches the graph in the projected space and
     re-ranks its ``REFINE_FACTOR`` x 10 best exactly over the full vectors (cheaper hops, the
-    same graph). Builds run on ``--threads`` (1 by default), searches on one."""
+    same graph). ``nsgR@GK``: FAISS's NSG of degree R over an NN-descent graph of GK
+    neighbours (its search list length in the efSearch column). Builds run on ``--threads`` (1
+    by default), searches on one."""
     import faiss
 
     work = WORK / str(source)
@@ -1106,6 +1108,10 @@ def graph_builds(rows: int, labels: str | None, source: int = 1_000_000) -> dict
             low = faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
             low.hnsw.efConstruction = int(efc)
             low.add(Z)
+        elif kind.startswith("nsg"):  # NSG over an NN-descent k-NN graph of GK neighbours
+            low = faiss.IndexNSGFlat(d, int(kind.removeprefix("nsg")))  # L2: unit rows, same order
+            low.build_type, low.GK = 1, int(efc)
+            low.add(Z)
         elif kind in ("fp16", "sq8"):
             qt = faiss.ScalarQuantizer.QT_fp16 if kind == "fp16" else faiss.ScalarQuantizer.QT_8bit
             low = faiss.IndexHNSWSQ(d, qt, 32, faiss.METRIC_INNER_PRODUCT)
@@ -1123,7 +1129,9 @@ def graph_builds(rows: int, labels: str | None, source: int = 1_000_000) -> dict
             low.hnsw.efConstruction = int(efc)
             for i in range(0, rows, 65_536):
                 low.add(pca.apply(np.ascontiguousarray(Z[i : i + 65_536])))
-        if kind.endswith("r"):  # the graph searched where it was built, then re-ranked
+        if kind.startswith("nsg"):  # searched as built (its search list as the efSearch)
+            index, keep = low, (low,)
+        elif kind.endswith("r"):  # the graph searched where it was built, then re-ranked
             pre = faiss.IndexPreTransform(pca, low)
             exact = faiss.IndexFlatIP(d)
             exact.add(Z)  # the graph already holds the rows: only the re-rank's are added
@@ -1138,7 +1146,9 @@ def graph_builds(rows: int, labels: str | None, source: int = 1_000_000) -> dict
         for ef in BUILD_EFS:
             params = faiss.SearchParametersHNSW()
             params.efSearch = ef
-            if keep:
+            if kind.startswith("nsg"):
+                low.nsg.search_L, params = ef, None
+            elif keep:
                 low.hnsw.efSearch, params = ef, None
             search = lambda q, p=params, x=index: x.search(q, 10, params=p)  # noqa: E731
             hits = search(Zq)[1]
