@@ -159,8 +159,9 @@ class Settings:
     #: query's own thread and helpers of one shared pool, each taking the next segment, a
     #: helper only while fewer queries search than there are threads; 1: in turn; 0: the
     #: cores the process may run on, at most 4. Only single queries (batches already use
-    #: FAISS's threads). 10 segments of 20k rows on 2 cores: p50 1.02x one segment (dense)
-    #: and 1.08x (hybrid) against 1.39x / 1.35x in turn, for 1.5x the CPU (bench_segments).
+    #: FAISS's threads). 10 segments of 20k rows on 2 cores: p50 1.01x one segment (dense)
+    #: and 1.07-1.10x (hybrid) against 1.32-1.45x / 1.35-1.40x in turn, 1.13-1.20x at equal
+    #: recall, for 1.5-1.8x the CPU (bench_segments --stage latency).
     segment_threads: int = 0
     #: Largest HNSW efSearch the tuning tries.
     max_ef_search: int = 1024

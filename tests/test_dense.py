@@ -295,31 +295,6 @@ def test_segment_threads_zero_means_the_usable_cores_at_most_four(monkeypatch):
         assert dense.segment_threads() == 3
 
 
-def test_one_segment_left_by_a_filter_is_searched_on_one_faiss_thread(monkeypatch):
-    """With a pool (the default) but one segment to search, the search still runs on one
-    FAISS thread, as every single query's does."""
-    from flowsearch.settings import override
-
-    segments, dead, offsets, queries, rows = _segments()
-    only = [np.zeros(0, np.int64)] * len(segments)
-    only[3] = np.arange(10, dtype=np.int64)
-    threads: list[int] = []
-
-    class Seg:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def search(self, *args):
-            threads.append(faiss.omp_get_max_threads())
-            return self.inner.search(*args)
-
-    pool = _Pool(1)
-    with override(segment_threads=2):
-        search_segments([Seg(s) for s in segments], dead, offsets, queries, 10, only, pool=pool)
-    assert threads == [1] and pool.submitted == 0
-    pool.inner.shutdown()
-
-
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_starts_with_no_searches_and_its_own_pool(monkeypatch):
     """The parent's pool threads do not exist in a forked child, nor do its searches: the

@@ -249,3 +249,34 @@ def test_a_ray_shard_searches_its_segments_in_turn_unless_set(monkeypatch):
     with override(segment_threads=3):
         server.answer(None, "r")
     assert seen == [1, 3] and current().segment_threads == 0
+
+
+def test_a_single_query_searches_every_segment_on_one_faiss_thread(index, monkeypatch):
+    """With helper threads (the default) or a filter that leaves one segment, each segment
+    search of a single query runs on one FAISS thread, as every single query's does."""
+    import faiss
+
+    from flowsearch.search.segment import SegmentReader
+    from flowsearch.settings import override
+
+    seen: list[int] = []
+    plain = SegmentReader.search
+
+    def search(self, *args):
+        seen.append(faiss.omp_get_max_threads())
+        return plain(self, *args)
+
+    monkeypatch.setattr(SegmentReader, "search", search)
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(2)  # so that one thread is a choice, not the machine's only
+    try:
+        with override(segment_threads=2):
+            s = Searcher.open(index)
+            s.search("tide moon", k=5, mode="dense")
+            assert len(seen) == len(s.version.segments) > 1 and set(seen) == {1}
+            seen.clear()
+            s.search("tide moon", k=5, mode="dense", where="id LIKE 'a1-%'")
+            s.close()
+        assert seen == [1]  # one segment holds the rows the filter kept
+    finally:
+        faiss.omp_set_num_threads(before)

@@ -94,10 +94,6 @@ def search_segments(
     ]
     if pool is not None and len(work) > 1:
         answers = _shared(work, queries, k, pool, max(1, min(segment_threads(), len(work))))
-    elif pool is not None:  # a filter left one segment: still one FAISS thread per query
-        answers = ann_io.single_threaded(
-            lambda: [seg.search(queries, k, keep, dead, knob) for seg, dead, keep, knob in work]
-        )
     else:
         answers = [seg.search(queries, k, keep, dead, knob) for seg, dead, keep, knob in work]
     if not answers:
@@ -173,7 +169,7 @@ def _shared(
 
     helpers: list[Future[None]] = []
     try:
-        for _ in range(min(threads, spare) - 1):
+        for _ in range(spare - 1):  # spare <= threads
             try:
                 helpers.append(pool.submit(drain))
             except RuntimeError:  # the pool was replaced (and shut down): search alone

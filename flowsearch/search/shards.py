@@ -338,11 +338,9 @@ class SegmentSet:
         if self._gpu_lock is not None:
             with self._gpu_lock:
                 return search()
-        if len(Z) <= current().one_thread_max_queries:
+        if len(Z) <= current().one_thread_max_queries:  # each search on one FAISS thread
             pool = segment_pool() if len(v.segments) > 1 else None
-            if pool is not None:
-                return search(pool)
-            found: Side = ann_io.single_threaded(search)
+            found: Side = ann_io.single_threaded(lambda: search(pool))
             return found
         return search()
 
