@@ -131,8 +131,9 @@ def build(
 
 def build_vectors(root: Path, vectors: Sequence[np.ndarray], factory: str, dim: int) -> mf.Manifest:
     """Publish a first version of ``root`` with one segment per array of ``vectors`` (ids
-    ``r0``, ``r1``, ... across segments), each indexed as ``factory``, no lexical index."""
-    base = template(dim=dim, lexical=False)
+    ``r0``, ``r1``, ... across segments), each indexed as ``factory`` (what the manifest says
+    was asked for), no lexical index."""
+    base = template(dim=dim, lexical=False).model_copy(update={"ann_requested": factory})
     with open_writer(root, new=True) as writer:
         save_none_calibrator(writer, base.calibration, dim)
         start = 0

@@ -250,3 +250,94 @@ def test_a_merge_builds_and_tunes_the_merged_index_once(tmp_path, monkeypatch):
     assert len(made) == 1 and len(tuned) == 1
     assert record.ann.factory == "HNSW32" and record.ann.tuning is not None
     assert record.n_rows == 900
+
+
+def _make_stale(root: Path, name: str, params: str) -> None:
+    """Rewrite segment ``name``'s record as an older release left it: ``params`` as its knob and
+    a tuning without the tuner's version (its files hard-linked, as an upgrade does)."""
+    from flowsearch.storage.upgrade import linked_stage
+
+    with open_writer(root) as writer:
+        seg = next(s for s in writer.segments if s.name == name)
+        old = seg.ann.tuning.model_copy(update={"tuner": None, "queries": 256})
+        ann = seg.ann.model_copy(update={"params": params, "tuning": old})
+        writer.relink_segment(name, linked_stage(writer, seg), dict(seg.files), ann=ann)
+        writer.publish(kind="compact", n_rows=0)
+
+
+def test_compact_retunes_a_segment_an_older_rule_tuned_without_rebuilding_it(tmp_path):
+    from flowsearch.cli.search import _info_rows
+    from flowsearch.search.version import index_info
+    from flowsearch.writes.compact import compact
+
+    root = tmp_path / "idx"
+    with override(flat_max_rows=600):
+        fresh = _write(root, [1_200, 400], "auto")
+    big = fresh.segments[0]
+    assert big.ann.tuning.tuner == ab.TUNER_VERSION
+    _make_stale(root, big.name, "efSearch=16")
+    stale = mf.read(root).segments[0]
+    assert stale.ann.params == "efSearch=16" and stale.ann.tuning.tuner is None
+    text = dict(_info_rows(index_info(root)))["vector index recall"]
+    assert "older rule" in text and "flowsearch compact" in text
+    index_file = root / stale.dir / stale.ann.path
+    result = compact(root)
+    assert result.n_retuned == 1 and result.n_merged == 0 and result.n_written == 0
+    m = mf.read(root)
+    done = m.segments[0]
+    assert done.name != stale.name and done.n_rows == 1_200  # a new record, at the same place
+    assert done.ann.params == big.ann.params  # the same rule, the same seed: the same knob
+    assert done.ann.tuning == big.ann.tuning
+    assert done.files == stale.files  # nothing rebuilt: the files are the same bytes
+    assert (root / done.dir / done.ann.path).stat().st_ino == index_file.stat().st_ino
+    assert m.segments[1] == fresh.segments[1]  # the Flat segment is left alone
+    assert m.last_write.detail["retuned"] == 1
+    assert "older rule" not in dict(_info_rows(index_info(root)))["vector index recall"]
+    again = compact(root)  # nothing left to do: no version written
+    assert again.version == m.version and again.n_retuned == 0
+
+
+def test_compact_leaves_a_user_factory_s_knob_alone(tmp_path):
+    from flowsearch.writes.compact import compact
+
+    root = tmp_path / "idx"
+    m = _write(root, [1_200], "HNSW32")
+    assert m.segments[0].ann.tuning is None
+    result = compact(root)
+    assert result.n_retuned == 0 and result.version == m.version
+
+
+def test_compact_says_what_it_retuned(tmp_path):
+    from typer.testing import CliRunner
+
+    from flowsearch.cli import app
+
+    root = tmp_path / "idx"
+    with override(flat_max_rows=600):
+        m = _write(root, [1_200], "auto")
+    _make_stale(root, m.segments[0].name, "efSearch=16")
+    out = CliRunner().invoke(app, ["compact", "--index", str(root)])
+    assert out.exit_code == 0, out.output
+    assert "re-tuned 1 segment an older rule had tuned" in " ".join(out.output.split())
+
+
+def test_one_compact_gives_an_old_segment_its_key_ids_and_retunes_it(tmp_path, monkeypatch):
+    from flowsearch.storage import keys
+    from flowsearch.storage.layout import KEY_IDS_FILE
+    from flowsearch.storage.verify import verify
+    from flowsearch.writes.compact import compact
+
+    root = tmp_path / "idx"
+    with monkeypatch.context() as patch, override(flat_max_rows=600):
+        patch.setattr(keys, "save_ids", lambda directory, ids: None)  # as before key_ids.arrow
+        m = _write(root, [1_200], "auto")
+    assert KEY_IDS_FILE not in m.segments[0].files
+    _make_stale(root, m.segments[0].name, "efSearch=16")
+    result = compact(root)
+    assert result.n_retuned == 1
+    done = mf.read(root)
+    seg = done.segments[0]
+    assert KEY_IDS_FILE in seg.files and seg.ann.tuning.tuner == ab.TUNER_VERSION
+    assert seg.ann.params == m.segments[0].ann.params
+    assert done.last_write.detail == {"merged": 0, "dropped": 0, "key_ids": 1, "retuned": 1}
+    verify(root, done, checksums=True)  # every file as its record says, key files included

@@ -179,8 +179,15 @@ def _tuned_recall(segments: Any) -> str:
     tuned = [s for s in segments if s.ann.tuning is not None]
     if not tuned:
         return "exact (Flat)" if all(s.ann.factory == "Flat" for s in segments) else "not measured"
+    from flowsearch.ann.build import TUNER_VERSION
+
+    def older(tuning: Any) -> str:
+        stale = tuning.tuner != TUNER_VERSION and tuning.queries  # not an exact index's
+        return " (by an older rule: `flowsearch compact` re-tunes it)" if stale else ""
+
     return "; ".join(
-        f"{s.name} {s.ann.factory} {s.ann.params}: {s.ann.tuning.to_words()}" for s in tuned
+        f"{s.name} {s.ann.factory} {s.ann.params}: {s.ann.tuning.to_words()}{older(s.ann.tuning)}"
+        for s in tuned
     )
 
 

@@ -250,19 +250,25 @@ def _compacted(index: object, result: Any, published: bool = True) -> str:
     (``published``: whether it wrote a version)."""
     where = f"{index} (version {result.version}): {counted(result.n_live, 'live row')} in "
     where += counted(result.n_segments, "segment")
+    retuned = (
+        f"re-tuned {counted(result.n_retuned, 'segment')} an older rule had tuned"
+        if result.n_retuned
+        else ""
+    )
     if not result.n_merged:
         upgraded = _key_ids_given(index, result.version) if published else 0
-        if upgraded:  # only the upgrade of older segments (flowsearch.storage.upgrade)
-            return f"compacted {where}; gave {counted(upgraded, 'older segment')} key_ids.arrow"
+        given = [f"gave {counted(upgraded, 'older segment')} key_ids.arrow"] if upgraded else []
+        if given or retuned:  # the upgrade of older segments (flowsearch.storage.upgrade)
+            return f"compacted {where}; {'; '.join([*given, *([retuned] if retuned else [])])}"
         return f"nothing to compact in {where}"
-    done = (
+    merged = (
         f"merged {result.n_merged} segments into one"
         if result.n_merged > 1
         else "rewrote 1 segment"
     )
     return (
-        f"compacted {where}; {done}, dropped {counted(result.n_dropped, 'deleted row')}, "
-        f"freed {result.bytes_freed / 2**20:.2f} MiB"
+        f"compacted {where}; {merged}, dropped {counted(result.n_dropped, 'deleted row')}, "
+        f"freed {result.bytes_freed / 2**20:.2f} MiB" + (f"; {retuned}" if retuned else "")
     )
 
 

@@ -264,6 +264,9 @@ class AnnTuning(BaseModel):
     noise: float
     tuned_recall: float | None = None
     curve: AnnCurve | None = None
+    #: the tuning rule's version (:data:`flowsearch.ann.build.TUNER_VERSION`); None: a tuning
+    #: recorded before versions were (``compact`` re-tunes such a segment)
+    tuner: int | None = None
 
     def to_words(self) -> str:
         """``"recall@10 0.962 on 256 held-out rows + noise 0.8 (target 0.95)"``."""

@@ -18,6 +18,8 @@ Example:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -27,7 +29,18 @@ from flowsearch.storage.layout import KEY_IDS_FILE, KEY_ROWS_FILE, KEYS_FILE
 from flowsearch.storage.rows import RowReader
 from flowsearch.storage.writer import Writer
 
-__all__ = ["add_key_ids", "lacks_key_ids"]
+__all__ = ["add_key_ids", "lacks_key_ids", "linked_stage"]
+
+
+def linked_stage(writer: Writer, seg: mf.SegmentRecord, skip: Iterable[str] = ()) -> Path:
+    """A new stage of ``writer`` holding segment ``seg``'s files hard-linked (nothing copied),
+    but those in ``skip`` (the caller writes them): what :meth:`Writer.relink_segment` takes."""
+    source, stage, skipped = writer.segment_path(seg), writer.stage(), set(skip)
+    for rel in seg.files:
+        if rel not in skipped:
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.link(source / rel, stage / rel)
+    return stage
 
 
 def lacks_key_ids(writer: Writer) -> list[str]:
@@ -52,12 +65,8 @@ def add_key_ids(writer: Writer) -> list[str]:
     for name in lacks_key_ids(writer):
         seg = next(s for s in writer.segments if s.name == name)
         source = writer.segment_path(seg)
-        stage = writer.stage()
         rewritten = (KEYS_FILE, KEY_ROWS_FILE, KEY_IDS_FILE)
-        for rel in seg.files:
-            if rel not in rewritten:
-                (stage / rel).parent.mkdir(parents=True, exist_ok=True)
-                os.link(source / rel, stage / rel)
+        stage = linked_stage(writer, seg, skip=rewritten)
         reader = RowReader(source, seg.parts)
         try:
             ids = pa.chunked_array([pa.array(c, pa.string()) for c in reader.column_chunks("id")])

@@ -6,6 +6,10 @@ r"""Compaction and recalibration: the writes that rewrite segments, never re-enc
   string-id segment an older release wrote without ``key_ids.arrow`` and left unmerged is given
   the file (:mod:`flowsearch.storage.upgrade`: its files hard-linked, its keys rewritten), so
   id lookups in it are confirmed exactly without reading its rows.
+- ``compact`` also re-tunes every ``auto`` segment an older tuning rule tuned
+  (:data:`flowsearch.ann.build.TUNER_VERSION`): the search knob is chosen again on the
+  segment's own rows and recorded, its files hard-linked into a new segment (nothing rebuilt),
+  so an index built before a tuner fix keeps the recall promise without a ``--full`` rebuild.
 - :func:`recalibrate` refits (or loads) the calibrator on the raw encoder vectors every segment
   keeps, and rewrites every segment's searched vectors and vector index from them: the searched
   space changes without touching the encoder, which is >99% of an index's cost. Deleted rows
@@ -24,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from flowsearch.ann import io as ann_io
+from flowsearch.ann.build import TUNER_VERSION
 from flowsearch.errors import BadInput
 from flowsearch.progress import Stages
 from flowsearch.search.version import sizes
@@ -33,11 +39,12 @@ from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.layout import CALIBRATORS_DIR
 from flowsearch.storage.rows import RowReader
-from flowsearch.storage.upgrade import add_key_ids, lacks_key_ids
+from flowsearch.storage.upgrade import add_key_ids, lacks_key_ids, linked_stage
 from flowsearch.storage.writer import Writer, open_writer
 from flowsearch.writes.measure import remeasure
 from flowsearch.writes.merge import merge, plan_merges
 from flowsearch.writes.results import WriteResult, result_of
+from flowsearch.writes.segments import tune_segment
 
 __all__ = ["compact", "recalibrate"]
 
@@ -54,6 +61,39 @@ def _merges(segments: tuple[mf.SegmentRecord, ...], full: bool) -> list[list[str
     return out
 
 
+def _stale(seg: mf.SegmentRecord) -> bool:
+    """Whether ``auto`` tuned segment ``seg``'s approximate index by an older rule."""
+    tuning = seg.ann.tuning
+    return (
+        seg.ann.factory != "Flat"
+        and seg.n_rows > 0
+        and (tuning is None or tuning.tuner != TUNER_VERSION)
+    )
+
+
+def _retune(writer: Writer, requested: str) -> list[str]:
+    """Re-tune every segment :func:`_stale` names (an ``auto`` index only: a user's factory
+    keeps its knob) and relink it with the new knob and tuning (see the module docstring).
+    Returns the new segments' names."""
+    if requested != "auto":
+        return []
+    new: list[str] = []
+    for seg in [s for s in writer.segments if _stale(s)]:
+        folder = writer.segment_path(seg)
+        index = ann_io.read_index(folder / seg.ann.path, seg.ann.params, mmap=seg.ann.factory,
+                                  on_disk=seg.ann.data is not None)  # fmt: skip
+        reader = RowReader(folder, seg.parts)
+        try:
+            params, tuning = tune_segment(index, reader)
+        finally:
+            reader.close()
+        ann = seg.ann.model_copy(update={"params": params, "tuning": tuning})
+        LOG.info("segment %s re-tuned: %s -> %s", seg.name, seg.ann.params, params)
+        stage = linked_stage(writer, seg)
+        new.append(writer.relink_segment(seg.name, stage, dict(seg.files), ann=ann).name)
+    return new
+
+
 def compact(
     index_dir: str | os.PathLike[str], *, full: bool = False, wait: float | None = None
 ) -> WriteResult:
@@ -66,8 +106,9 @@ def compact(
 
     Returns:
         A :class:`WriteResult`: ``merged`` segments, ``n_dropped`` deleted rows,
-        ``bytes_freed``. When there is nothing to do (nothing to merge or drop, no segment to
-        give ``key_ids.arrow``), no version is written.
+        ``bytes_freed``, ``n_retuned`` segments re-tuned. When there is nothing to do
+        (nothing to merge or drop, no segment to give ``key_ids.arrow`` or to re-tune), no
+        version is written.
 
     Raises:
         NotFound: no index. IndexLocked: another writer, past ``wait``.
@@ -79,7 +120,8 @@ def compact(
         assert base is not None
         before = sizes(root, base)["total"]
         groups = _merges(writer.base.segments if writer.base else (), full)
-        if not groups and not lacks_key_ids(writer):
+        stale = base.ann_requested == "auto" and any(_stale(s) for s in base.segments)
+        if not groups and not lacks_key_ids(writer) and not stale:
             return result_of("compact", root, base, st, bytes_freed=0)
         with st.timed("merge"):
             for names in groups:
@@ -93,13 +135,17 @@ def compact(
                 )
         with st.timed("key ids"):
             upgraded = add_key_ids(writer)  # the segments no merge rewrote
+        with st.timed("tuning"):
+            retuned = _retune(writer, base.ann_requested)  # the merged ones are current
         merged = sum(len(g) for g in groups)
         dropped = base.n_deleted - sum(s.n_deleted for s in writer.segments)
-        carried = {b.name for b in base.segments} | set(upgraded)  # rows not rewritten
+        carried = {b.name for b in base.segments} | set(upgraded) | set(retuned)  # relinked
         written = sum(s.n_rows for s in writer.segments if s.name not in carried)
         detail: dict[str, Any] = {"merged": merged, "dropped": dropped}
         if upgraded:
             detail["key_ids"] = len(upgraded)
+        if retuned:
+            detail["retuned"] = len(retuned)
         manifest = writer.publish(kind="compact", n_rows=written, detail=detail)
     after = sizes(root, manifest)["total"]
     return result_of(
@@ -110,6 +156,7 @@ def compact(
         n_written=written,
         n_dropped=dropped,
         n_merged=merged,
+        n_retuned=len(retuned),
         bytes_freed=before - after,
     )
 

@@ -54,6 +54,8 @@ class WriteResult(BaseModel):
         n_skipped: rows skipped for a null or blank text.
         n_segments: segments in the version after the write.
         n_merged: segments the write merged into one (its merge policy, or ``compact``).
+        n_retuned: compact: segments whose ``auto`` index an older tuning rule had tuned,
+            tuned again (their files kept).
         dim: dimension of the searched vectors.
         calibration: the calibration asked for; ``space``: what is searched.
         factory: the vector index of the segment the write made (or the largest).
@@ -77,6 +79,7 @@ class WriteResult(BaseModel):
     n_skipped: int = 0
     n_segments: int = 0
     n_merged: int = 0
+    n_retuned: int = 0
     dim: int | None = None
     calibration: str | None = None
     space: str | None = None

@@ -43,7 +43,7 @@ from flowsearch.storage.records import encode_vector_sum
 from flowsearch.storage.rows import PartWriter, RowReader, matrix
 from flowsearch.storage.writer import Writer
 
-__all__ = ["SegmentBuilder", "resolve_factory"]
+__all__ = ["SegmentBuilder", "resolve_factory", "tune_segment"]
 
 LOG = logging.getLogger(__name__)
 
@@ -167,27 +167,7 @@ class SegmentBuilder:
         try:
             params, tuning = "", None
             if self.requested == "auto" and self.factory != "Flat" and self.n_rows:
-                sample, positions = _sample(reader, 4096)
-                tuned = ann_build.tune(
-                    self.index,
-                    sample,
-                    lambda: reader.column_chunks("vector"),
-                    sample_rows=positions,
-                )
-                params = tuned.params
-                tuning = AnnTuning(
-                    recall=tuned.recall,
-                    target=tuned.target,
-                    k=tuned.k,
-                    queries=tuned.queries,
-                    noise=tuned.noise,
-                    tuned_recall=tuned.tuned_recall,
-                    curve=None
-                    if tuned.curve is None
-                    else AnnCurve(
-                        name=tuned.curve.name, values=tuned.curve.values, found=tuned.curve.found
-                    ),
-                )
+                params, tuning = tune_segment(self.index, reader)
             ann_io.write_index(self.index, self.stage / ANN_FILE)
             ids = pa.chunked_array([pa.array(c) for c in reader.column_chunks("id")])
             KeyIndex.build(ids).save(self.stage)
@@ -217,6 +197,29 @@ class SegmentBuilder:
             vector_sum=encode_vector_sum(self.vector_sum),
             **fields,
         )
+
+
+def tune_segment(index: Any, reader: RowReader) -> tuple[str, AnnTuning]:
+    """Tune ``auto``'s approximate ``index`` of a segment whose rows ``reader`` reads
+    (:func:`flowsearch.ann.build.tune` on held-out rows of a seeded sample of 4,096): the
+    search parameters to record and what the tuning measured, with the tuner's version."""
+    sample, positions = _sample(reader, 4096)
+    tuned = ann_build.tune(
+        index, sample, lambda: reader.column_chunks("vector"), sample_rows=positions
+    )
+    curve = tuned.curve
+    return tuned.params, AnnTuning(
+        recall=tuned.recall,
+        target=tuned.target,
+        k=tuned.k,
+        queries=tuned.queries,
+        noise=tuned.noise,
+        tuned_recall=tuned.tuned_recall,
+        curve=None if curve is None else AnnCurve(
+            name=curve.name, values=curve.values, found=curve.found
+        ),
+        tuner=ann_build.TUNER_VERSION,
+    )  # fmt: skip
 
 
 def _sample(reader: RowReader, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
