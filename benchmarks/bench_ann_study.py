@@ -25,6 +25,7 @@ Run: ``python benchmarks/bench_ann_study.py --stage all`` (``--smoke``: 20k rows
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import time
@@ -1070,20 +1071,29 @@ BUILD_EFS = (64, 128, 256, 512, 1024)
 REFINE_FACTOR = 4
 
 
-def graph_builds(rows: int, labels: str | None, source: int = 1_000_000) -> dict[str, Any]:
+def graph_builds(
+    rows: int, labels: str | None, prior: dict[str, Any] | None = None, source: int = 1_000_000
+) -> dict[str, Any]:
     """``--stage graph-builds``: what a cheaper HNSW32 build costs in graph quality, on the
     first ``rows`` rows of the ``source``-row distinct-text corpus (``--stage tune-projected
     --rows 1000000`` prepares it), all on one thread. Each label is ``kind@efConstruction``:
     ``full`` the graph over the full vectors; ``fp16`` / ``sq8`` the graph built over the rows
     stored as half floats / 8-bit scalars (each distance reads 2x / 4x fewer bytes); ``pcaN``
     over the rows' first N principal components (as :class:`flowsearch.ann.build.
-    ProjectedGraph`). Every graph is then moved into an ``IndexHNSWFlat`` of the full vectors,
+    ProjectedGraph`); ``m0-N`` HNSW32 whose bottom level keeps N links per row, not 64 (fewer
+    links to prune at each insertion); ``ordered`` HNSW32 inserted cluster by cluster (1,024
+    spherical k-means lists trained on a seeded sample, each list's rows added together, so the
+    rows an insertion visits were visited just before; the k-means and the assignment are timed
+    with the build). Every graph is then moved into an ``IndexHNSWFlat`` of the full vectors,
     as ``auto`` saves it, so scores are exact; recall@10 of the 2,000 real queries and the p50
     of one query per efSearch. ``pcaNr`` instead searches the graph in the projected space and
     re-ranks its ``REFINE_FACTOR`` x 10 best exactly over the full vectors (cheaper hops, the
     same graph). ``nsgR@GK``: FAISS's NSG of degree R over an NN-descent graph of GK
-    neighbours (its search list length in the efSearch column). Builds run on ``--threads`` (1
-    by default), searches on one."""
+    neighbours (its search list length in the efSearch column). ``hnswlibM``: hnswlib's own
+    builder (M links added per row, up to 2M on the bottom level, inner product) searched by
+    hnswlib at ef = efSearch (an optional package built from source: ``pip install
+    'flowsearch[graph-study]'``). Builds run on ``--threads`` (1 by default), searches on one.
+    With ``labels``, the builds are added to ``prior``'s (the same rows' earlier run)."""
     import faiss
 
     work = WORK / str(source)
@@ -1093,21 +1103,34 @@ def graph_builds(rows: int, labels: str | None, source: int = 1_000_000) -> dict
     truth = _truth(Zq, Z)
     d = Z.shape[1]
 
-    def moved(low: Any) -> Any:
-        full = faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
-        full.storage.add(Z)
+    def moved(low: Any, rows_in_order: np.ndarray) -> Any:
+        full = faiss.IndexHNSWFlat(d, low.hnsw.nb_neighbors(1), faiss.METRIC_INNER_PRODUCT)
+        full.storage.add(rows_in_order)
         full.hnsw, full.ntotal = low.hnsw, low.ntotal
         return full
 
-    found: dict[str, Any] = {}
+    def graph(dims: int, efc: int, level0: int = 64) -> Any:
+        low = faiss.IndexHNSWFlat(dims, 32, faiss.METRIC_INNER_PRODUCT)
+        low.hnsw.efConstruction = efc
+        low.hnsw.set_nb_neighbors(0, level0)
+        return low
+
+    found: dict[str, Any] = dict(prior["builds"]) if prior and labels else {}
     for label in (labels or GRAPH_BUILDS).split(";"):
         kind, _, efc = label.partition("@")
         faiss.omp_set_num_threads(THREADS)
+        order = None  # the rows' order in the index, when not theirs
         t = time.perf_counter()
-        if kind == "full":
-            low = faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
-            low.hnsw.efConstruction = int(efc)
+        if kind == "full" or kind.startswith("m0-"):
+            low = graph(d, int(efc), int(kind.removeprefix("m0-")) if kind != "full" else 64)
             low.add(Z)
+        elif kind == "ordered":
+            order, bounds = _cluster_order(Z)
+            low = graph(d, int(efc))
+            for lo, hi in itertools.pairwise(bounds):
+                low.add(Z[order[lo:hi]])
+        elif kind.startswith("hnswlib"):
+            low = _hnswlib_build(Z, int(kind.removeprefix("hnswlib")), int(efc))
         elif kind.startswith("nsg"):  # NSG over an NN-descent k-NN graph of GK neighbours
             low = faiss.IndexNSGFlat(d, int(kind.removeprefix("nsg")))  # L2: unit rows, same order
             low.build_type, low.GK = 1, int(efc)
@@ -1125,11 +1148,10 @@ def graph_builds(rows: int, labels: str | None, source: int = 1_000_000) -> dict
                 np.sort(np.random.default_rng(0).choice(rows, min(rows, 65_536), replace=False))
             ]
             pca.train(np.concatenate([sample, -sample]))  # second moments, as auto's
-            low = faiss.IndexHNSWFlat(dims, 32, faiss.METRIC_INNER_PRODUCT)
-            low.hnsw.efConstruction = int(efc)
+            low = graph(dims, int(efc))
             for i in range(0, rows, 65_536):
                 low.add(pca.apply(np.ascontiguousarray(Z[i : i + 65_536])))
-        if kind.startswith("nsg"):  # searched as built (its search list as the efSearch)
+        if kind.startswith(("nsg", "hnswlib")):  # searched as built (search list as efSearch)
             index, keep = low, (low,)
         elif kind.endswith("r"):  # the graph searched where it was built, then re-ranked
             pre = faiss.IndexPreTransform(pca, low)
@@ -1139,19 +1161,24 @@ def graph_builds(rows: int, labels: str | None, source: int = 1_000_000) -> dict
             index.k_factor = REFINE_FACTOR
             keep = (pca, low, pre, exact)  # FAISS holds them by pointer only
         else:
-            index, keep = moved(low), ()
+            index, keep = moved(low, Z if order is None else Z[order]), ()
         build_s = time.perf_counter() - t
         faiss.omp_set_num_threads(1)
         curve = []
         for ef in BUILD_EFS:
             params = faiss.SearchParametersHNSW()
             params.efSearch = ef
-            if kind.startswith("nsg"):
-                low.nsg.search_L, params = ef, None
-            elif keep:
-                low.hnsw.efSearch, params = ef, None
-            search = lambda q, p=params, x=index: x.search(q, 10, params=p)  # noqa: E731
+            if kind.startswith("hnswlib"):
+                low.set_ef(ef)
+                search = lambda q, x=low: x.knn_query(q, k=10)[::-1]  # noqa: E731  (D, I)
+            else:
+                if kind.startswith("nsg"):
+                    low.nsg.search_L, params = ef, None
+                elif keep:
+                    low.hnsw.efSearch, params = ef, None
+                search = lambda q, p=params, x=index: x.search(q, 10, params=p)  # noqa: E731
             hits = search(Zq)[1]
+            hits = hits if order is None else order[hits]
             lat = np.arange(len(Zq))[:: max(1, len(Zq) // LATENCY_QUERIES)]
             times = []
             for i in lat:
@@ -1160,11 +1187,52 @@ def graph_builds(rows: int, labels: str | None, source: int = 1_000_000) -> dict
                 times.append(time.perf_counter() - c)
             curve.append({"efSearch": ef, "recall": harness.recall(hits, truth),
                           "p50_ms": float(np.median(times)) * 1e3})  # fmt: skip
-        found[label] = {"build_s": build_s, "curve": curve, "threads": THREADS}
+        found[label] = {"build_s": build_s, "curve": curve, "threads": THREADS,
+                        "load": harness.load_average(),
+                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
         del keep
         print(label, json.dumps(found[label]), flush=True)
-    return {"rows": rows, "source": source, "builds": found, "load": harness.load_average(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
+    run = {"rows": rows, "source": source, "load": harness.load_average(),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
+    if prior and labels:  # the first run's header (date, load, note) stays
+        run = {**run, **{k: v for k, v in prior.items() if k != "builds"}}
+    return {**run, "builds": found}
+
+
+def _cluster_order(Z: np.ndarray, lists: int = 1_024) -> tuple[np.ndarray, list[int]]:
+    """``ordered``'s insertion order: the rows sorted by their nearest of ``lists`` spherical
+    k-means centroids (trained on 64 seeded rows per list), and the bounds of the chunks added
+    together (whole lists, at least 2,048 rows each)."""
+    import faiss
+
+    rng = np.random.default_rng(1)
+    sample = Z[np.sort(rng.choice(len(Z), min(len(Z), 64 * lists), replace=False))]
+    kmeans = faiss.Kmeans(Z.shape[1], lists, niter=10, seed=1, spherical=True)
+    kmeans.train(np.ascontiguousarray(sample))
+    nearest = kmeans.index.search(Z, 1)[1][:, 0]
+    order = np.argsort(nearest, kind="stable")
+    bounds = [0]
+    for end in np.cumsum(np.bincount(nearest, minlength=lists)):
+        if end - bounds[-1] >= 2_048 or end == len(Z):
+            bounds.append(int(end))
+    return order, bounds
+
+
+def _hnswlib_build(Z: np.ndarray, m: int, ef_construction: int) -> Any:
+    """hnswlib's graph over ``Z`` (inner product), built on :data:`THREADS` threads."""
+    try:
+        import hnswlib
+    except ImportError:
+        raise SystemExit(
+            "hnswlib is not installed: pip install 'flowsearch[graph-study]' "
+            "(it builds from source and needs a C++ compiler)"
+        ) from None
+    index = hnswlib.Index(space="ip", dim=Z.shape[1])
+    index.init_index(max_elements=len(Z), M=m, ef_construction=ef_construction, random_seed=100)
+    index.set_num_threads(THREADS)
+    index.add_items(Z, np.arange(len(Z)))
+    index.set_num_threads(1)
+    return index
 
 
 def _graph_builds_section(runs: dict[str, Any] | None) -> list[str]:
@@ -1176,9 +1244,12 @@ def _graph_builds_section(runs: dict[str, Any] | None) -> list[str]:
         "",
         "HNSW32 built over the first rows of the 1M distinct-text corpus (`--stage graph-builds`):"
         " over the full vectors, over the rows stored as half floats or 8-bit scalars, or over "
-        "their first principal components (as `auto`'s projected graph); every graph then moved "
-        "into an `IndexHNSWFlat` of the full vectors (exact scores). recall@10 of the 2,000 real "
-        "queries / p50 ms of one query, per efSearch; build seconds on one FAISS thread.",
+        "their first principal components (as `auto`'s projected graph); `m0-N`: the bottom "
+        "level keeps N links per row, not 64; `ordered`: rows inserted cluster by cluster (1,024"
+        " k-means lists, timed with the build); `hnswlibM`: hnswlib's builder and search. Every "
+        "FAISS graph is then moved into an `IndexHNSWFlat` of the full vectors (exact scores). "
+        "recall@10 of the 2,000 real queries / p50 ms of one query, per efSearch; build seconds "
+        "on one thread.",
         "",
     ]
     for key in sorted(runs, key=int):
@@ -1200,6 +1271,10 @@ def _graph_builds_section(runs: dict[str, Any] | None) -> list[str]:
                 + " | ".join(f"{c['recall']:.3f} / {c['p50_ms']:.2f}" for c in b["curve"])
                 + " |"
             )
+        later = [f"`{label}` {b['date']}, load {b['load'][0]}" for label, b in
+                 run["builds"].items() if b.get("date") and b["date"] != run["date"]]  # fmt: skip
+        if later:
+            body.append(f"\n(added by later runs with `--only`: {'; '.join(later)})")
         if run.get("note"):
             body.append(f"\n({run['note']})")
         body.append("")
@@ -1462,7 +1537,8 @@ def _run(args: Any, data: Path) -> int:
             out["tune_projected"] = tuned
         harness.finish(args, render, out)
     if args.stage == "graph-builds":  # cheaper graph builds on distinct texts (1M's first rows)
-        out.setdefault("graph_builds", {})[str(args.rows)] = graph_builds(args.rows, args.only)
+        runs = out.setdefault("graph_builds", {})
+        runs[str(args.rows)] = graph_builds(args.rows, args.only, runs.get(str(args.rows)))
         harness.finish(args, render, out)
     if args.stage == "tune-scan":  # auto with its scan tier on, at this size
         with override(scan_max_rows=args.rows):
