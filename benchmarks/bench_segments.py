@@ -517,6 +517,98 @@ def latency_stage(one: Path, many: Path, queries: list[str], n_latency: int, rou
     return out
 
 
+def retune_stage(
+    indexes: dict[str, Path], queries: list[str], work: Path, n_latency: int
+) -> dict[str, Any]:
+    """``--stage retune``: what ``compact`` does to indexes an older tuning rule tuned. Each of
+    ``indexes`` is copied (its files hard-linked: a write never changes a published file), its
+    knobs, dense recall@10 of the real queries against exact search and dense p50 measured,
+    then ``compact`` re-tunes it (timed) and the same is measured again."""
+    import shutil
+    import subprocess
+
+    from flowsearch import Searcher
+    from flowsearch.writes.compact import compact
+
+    truth = truth_of(Searcher.open(indexes["one"]), queries)
+    out: dict[str, Any] = {"queries": len(queries), "load": [harness.load_average()]}
+
+    def measured(path: Path) -> dict[str, Any]:
+        s = Searcher.open(path)
+        found = ids_of(s.search(queries, k=10, mode="dense"))
+        times = latency({"x": lambda q, m: s.search(q, k=10, mode=m)}, queries[:n_latency])
+        half = len(queries) // 2
+        return {
+            "recall": harness.recall(found, truth),
+            "recall_questions": harness.recall(found[:half], truth[:half]),
+            "recall_partial": harness.recall(found[half:], truth[half:]),
+            "dense_p50_ms": float(np.median(times["x"]["dense"])),
+            "tuned": [None if g.ann.tuning is None else
+                      [g.ann.params, round(g.ann.tuning.recall, 4), g.ann.tuning.queries]
+                      for g in s.version.manifest.segments],
+            "chosen": s.version.knobs(),  # what a search over several segments uses
+        }  # fmt: skip
+
+    for name, path in indexes.items():
+        copy = work / f"retune_{name}"
+        shutil.rmtree(copy, ignore_errors=True)
+        subprocess.run(["cp", "-al", str(path), str(copy)], check=True)
+        before = measured(copy)
+        t = time.perf_counter()
+        result = compact(copy)
+        seconds = time.perf_counter() - t
+        out[name] = {"before": before, "after": measured(copy), "compact_s": seconds,
+                     "retuned": result.n_retuned, "segments": len(before["tuned"]),
+                     "segments_after": result.n_segments}  # fmt: skip
+        LOG.info("%s: %s", name, json.dumps(out[name]))
+        shutil.rmtree(copy)
+    out["load"].append(harness.load_average())
+    out["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    out["command"] = harness.command_line()
+    return out
+
+
+def retune_part(report: dict[str, Any]) -> list[str]:
+    """``--stage retune``'s table (none before its first run)."""
+    r = report.get("retune")
+    if not r:
+        return []
+    body = [
+        "### `compact` re-tunes indexes an older tuning rule tuned",
+        "",
+        "The indexes above as an earlier release's tuner left them (fewer probes, one pick), "
+        "copied, then `flowsearch compact` (which now re-tunes each segment whose tuning "
+        "predates `flowsearch.ann.build.TUNER_VERSION`, its files kept). Dense recall@10 of "
+        f"the {r['queries']} real queries against exact search; p50 of one dense query, one at "
+        f"a time. Load (1-minute) {[x[0] for x in r['load']]}.",
+        "",
+        "| index | segments re-tuned | compact s | efSearch before | after | recall@10 "
+        "before (questions / partial) | after | dense p50 ms before | after |",
+        "|---|---:|---:|---|---|---|---|---:|---:|",
+    ]
+
+    def knobs(m: dict[str, Any]) -> str:
+        tuned = ", ".join(t[0].removeprefix("efSearch=") for t in m["tuned"] if t) or "-"
+        chosen = m.get("chosen")
+        return tuned + (f" (searched at {', '.join(map(str, chosen))})" if chosen else "")
+
+    def recall(m: dict[str, Any]) -> str:
+        return f"{m['recall']:.3f} ({m['recall_questions']:.3f} / {m['recall_partial']:.3f})"
+
+    for name, x in r.items():
+        if not isinstance(x, dict) or "before" not in x:
+            continue
+        b, a = x["before"], x["after"]
+        after = x.get("segments_after", x["segments"])
+        merged = f" (merged into {after})" if after != x["segments"] else ""
+        body.append(
+            f"| {name} | {x['retuned']} of {x['segments']}{merged} | {x['compact_s']:.0f} | "
+            f"{knobs(b)} | {knobs(a)} | {recall(b)} | **{recall(a)}** | "
+            f"{b['dense_p50_ms']:.2f} | {a['dense_p50_ms']:.2f} |"
+        )
+    return [*body, "", f"(`{r['command']}`, {r['date']})", ""]
+
+
 def main() -> int:
     parser = harness.arguments(__doc__, "20k rows as 4 segments, 100 queries", "bench_segments")
     parser.add_argument("--rows", type=int, default=200_000)
@@ -524,7 +616,7 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--latency-queries", type=int, default=300)
     parser.add_argument("--name", default="ten", help="the segmented index's directory name")
-    parser.add_argument("--stage", default="all", choices=("build", "all", "latency"))
+    parser.add_argument("--stage", default="all", choices=("build", "all", "latency", "retune"))
     parser.add_argument(
         "--label",
         default="branch",
@@ -572,6 +664,15 @@ def main() -> int:
         )
         report["latency_runs"][args.label]["cores"] = sorted(os.sched_getaffinity(0))
         if "measured" not in report:  # a first run: this section holds only the stage
+            report.update({"rows": args.rows, "segments": args.segments})
+        harness.finish(args, render, report)
+        return 0
+    if args.stage == "retune":
+        saved = Path(args.out + ".json")
+        report = json.loads(saved.read_text()) if saved.exists() and not args.smoke else {}
+        report["retune"] = retune_stage({"one": one, args.name: many}, queries, work,
+                                        args.latency_queries)  # fmt: skip
+        if "measured" not in report:
             report.update({"rows": args.rows, "segments": args.segments})
         harness.finish(args, render, report)
         return 0
@@ -685,7 +786,7 @@ def latency_runs_part(report: dict[str, Any]) -> list[str]:
 def render(report: dict[str, Any]) -> str:
     """The RESULTS.md section."""
     if "measured" not in report:
-        return "\n".join(latency_runs_part(report)) + "\n"
+        return "\n".join([*latency_runs_part(report), *retune_part(report)]) + "\n"
     m = report["measured"]
     n = report["segments"]
     names = report.get("names", {})
@@ -772,7 +873,7 @@ def render(report: dict[str, Any]) -> str:
             f"| {label(name)} | {r['batch_qps_dense']:.0f} | {r['concurrent_qps_dense']:.0f} | "
             f"{r['concurrent_qps_hybrid']:.0f} |"
         )
-    body += ["", *latency_runs_part(report)]
+    body += ["", *latency_runs_part(report), *retune_part(report)]
     body += [f"Build seconds: {report['build_s']}"
              + (("; the rebuilt segments' graphs alone: " + ", ".join(
                  f"{k} {b['seconds']:.0f} s" + (f" ({b['note']})" if b.get("note") else "")
