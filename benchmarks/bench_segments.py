@@ -521,11 +521,10 @@ def retune_stage(
     indexes: dict[str, Path], queries: list[str], work: Path, n_latency: int
 ) -> dict[str, Any]:
     """``--stage retune``: what ``compact`` does to indexes an older tuning rule tuned. Each of
-    ``indexes`` is copied (its files hard-linked: a write never changes a published file), its
-    knobs, dense recall@10 of the real queries against exact search and dense p50 measured,
-    then ``compact`` re-tunes it (timed) and the same is measured again."""
+    ``indexes`` is copied (:func:`_linked_copy`), its knobs, dense recall@10 of the real queries
+    against exact search and dense p50 measured, then ``compact`` re-tunes it (timed) and the
+    same is measured again."""
     import shutil
-    import subprocess
 
     from flowsearch import Searcher
     from flowsearch.writes.compact import compact
@@ -552,7 +551,7 @@ def retune_stage(
     for name, path in indexes.items():
         copy = work / f"retune_{name}"
         shutil.rmtree(copy, ignore_errors=True)
-        subprocess.run(["cp", "-al", str(path), str(copy)], check=True)
+        _linked_copy(path, copy)
         before = measured(copy)
         t = time.perf_counter()
         result = compact(copy)
@@ -566,6 +565,26 @@ def retune_stage(
     out["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     out["command"] = harness.command_line()
     return out
+
+
+def _linked_copy(src: Path, dst: Path) -> None:
+    """``dst``: a copy of index ``src`` whose segments', calibrators' and references' files
+    (never written once published) are hard links, and the rest copied: the history a write
+    appends to and the lock must not be the source's."""
+    import shutil
+
+    immutable = ("segments", "calibrators", "references")
+    for item in sorted(src.rglob("*")):
+        rel = item.relative_to(src)
+        target = dst / rel
+        if item.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        elif rel.parts[0] in immutable:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(item, target)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(item, target)
 
 
 def retune_part(report: dict[str, Any]) -> list[str]:

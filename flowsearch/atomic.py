@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +28,19 @@ __all__ = [
     "fsync_dir",
     "fsync_paths",
     "fsync_tree",
+    "link_or_copy",
     "sha256_file",
 ]
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link ``src`` at ``dst`` (its parent made), or copy it where the filesystem refuses
+    a link: how a segment's immutable files move into a new segment without being rewritten."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def fsync_dir(path: Path) -> None:

@@ -252,14 +252,17 @@ def test_a_merge_builds_and_tunes_the_merged_index_once(tmp_path, monkeypatch):
     assert record.n_rows == 900
 
 
-def _make_stale(root: Path, name: str, params: str) -> None:
-    """Rewrite segment ``name``'s record as an older release left it: ``params`` as its knob and
-    a tuning without the tuner's version (its files hard-linked, as an upgrade does)."""
+def _make_stale(root: Path, name: str, params: str, tuner: int | None = None, **kw) -> None:
+    """Rewrite segment ``name``'s record as another release left it: ``params`` as its knob and
+    a tuning by rule ``tuner`` (None: before versions were recorded; ``tuning=None`` in ``kw``:
+    before tunings were), its files hard-linked as an upgrade does."""
     from flowsearch.storage.upgrade import linked_stage
 
     with open_writer(root) as writer:
         seg = next(s for s in writer.segments if s.name == name)
-        old = seg.ann.tuning.model_copy(update={"tuner": None, "queries": 256})
+        old = kw.get("tuning", seg.ann.tuning)
+        if old is not None:
+            old = old.model_copy(update={"tuner": tuner, "queries": 256})
         ann = seg.ann.model_copy(update={"params": params, "tuning": old})
         writer.relink_segment(name, linked_stage(writer, seg), dict(seg.files), ann=ann)
         writer.publish(kind="compact", n_rows=0)
@@ -297,14 +300,72 @@ def test_compact_retunes_a_segment_an_older_rule_tuned_without_rebuilding_it(tmp
     assert again.version == m.version and again.n_retuned == 0
 
 
-def test_compact_leaves_a_user_factory_s_knob_alone(tmp_path):
+def test_compact_leaves_a_user_factory_s_knob_alone(tmp_path, monkeypatch):
+    from flowsearch.storage import keys
     from flowsearch.writes.compact import compact
 
     root = tmp_path / "idx"
-    m = _write(root, [1_200], "HNSW32")
-    assert m.segments[0].ann.tuning is None
+    with monkeypatch.context() as patch:  # no key_ids.arrow: compact has work to do
+        patch.setattr(keys, "save_ids", lambda directory, ids: None)
+        m = _write(root, [1_200], "HNSW32")
+    assert m.ann_requested == "HNSW32" and m.segments[0].ann.tuning is None
+    _make_stale(root, m.segments[0].name, "efSearch=77", tuning=None)  # the user's knob
     result = compact(root)
-    assert result.n_retuned == 0 and result.version == m.version
+    assert result.n_retuned == 0 and result.version == m.version + 2  # the key ids only
+    seg = mf.read(root).segments[0]
+    assert seg.ann.params == "efSearch=77" and seg.ann.tuning is None
+
+
+def test_compact_tunes_a_segment_written_before_tunings_were_recorded(tmp_path):
+    from flowsearch.cli.search import _info_rows
+    from flowsearch.search.version import index_info
+    from flowsearch.writes.compact import compact
+
+    root = tmp_path / "idx"
+    with override(flat_max_rows=600):
+        m = _write(root, [1_200], "auto")
+    _make_stale(root, m.segments[0].name, "efSearch=40", tuning=None)
+    text = dict(_info_rows(index_info(root)))["vector index recall"]
+    assert "not measured" in text and "flowsearch compact" in text
+    assert compact(root).n_retuned == 1
+    seg = mf.read(root).segments[0]
+    assert seg.ann.tuning == m.segments[0].ann.tuning and seg.ann.params == m.segments[0].ann.params
+
+
+def test_a_newer_release_s_tuning_is_left_alone(tmp_path):
+    from flowsearch.cli.search import _info_rows
+    from flowsearch.search.version import index_info
+    from flowsearch.writes.compact import compact
+
+    root = tmp_path / "idx"
+    with override(flat_max_rows=600):
+        m = _write(root, [1_200], "auto")
+    _make_stale(root, m.segments[0].name, "efSearch=40", tuner=ab.TUNER_VERSION + 1)
+    version = mf.read(root).version
+    assert "older rule" not in dict(_info_rows(index_info(root)))["vector index recall"]
+    result = compact(root)
+    assert result.n_retuned == 0 and result.version == version
+    assert mf.read(root).segments[0].ann.params == "efSearch=40"
+
+
+def test_a_segment_that_cannot_be_retuned_keeps_its_knob_and_compact_goes_on(
+    tmp_path, monkeypatch, caplog
+):
+    from flowsearch.writes import compact as compact_mod
+
+    root = tmp_path / "idx"
+    with override(flat_max_rows=600):
+        m = _write(root, [1_200, 100, 100, 100, 100], "auto")  # four small ones merge
+    _make_stale(root, m.segments[0].name, "efSearch=16")
+
+    def broken(index, reader):
+        raise RuntimeError("Error in faiss::read_index: bad magic")
+
+    monkeypatch.setattr(compact_mod, "tune_segment", broken)
+    result = compact_mod.compact(root)
+    assert result.n_retuned == 0 and result.n_merged == 4  # the merge still happened
+    assert mf.read(root).segments[0].ann.params == "efSearch=16"
+    assert "keeps its knob" in caplog.text and "bad magic" in caplog.text
 
 
 def test_compact_says_what_it_retuned(tmp_path):
@@ -341,3 +402,4 @@ def test_one_compact_gives_an_old_segment_its_key_ids_and_retunes_it(tmp_path, m
     assert seg.ann.params == m.segments[0].ann.params
     assert done.last_write.detail == {"merged": 0, "dropped": 0, "key_ids": 1, "retuned": 1}
     verify(root, done, checksums=True)  # every file as its record says, key files included
+    assert not list(root.rglob(".stage*"))  # the key ids' stage, replaced, is gone too

@@ -174,21 +174,22 @@ def _documents_line(info: Any) -> str:
     return f"{docs:,} live in {counted(m.n_live, 'passage')} ({how})"
 
 
-def _tuned_recall(segments: Any) -> str:
-    """What ``auto``'s tuning measured, per segment with an approximate index it tuned."""
-    tuned = [s for s in segments if s.ann.tuning is not None]
-    if not tuned:
+def _tuned_recall(segments: Any, requested: str = "auto") -> str:
+    """What ``auto``'s tuning measured, per segment with an approximate index it tuned; a
+    segment ``compact`` would re-tune (an older rule's tuning, or none recorded) says so."""
+    from flowsearch.writes.compact import tuned_by_older_rule
+
+    again = " (by an older rule: `flowsearch compact` re-tunes it)"
+    shown = [
+        f"{s.name} {s.ann.factory} {s.ann.params}: "
+        + (s.ann.tuning.to_words() if s.ann.tuning is not None else "not measured")
+        + (again if tuned_by_older_rule(s, requested) else "")
+        for s in segments
+        if s.ann.tuning is not None or tuned_by_older_rule(s, requested)
+    ]
+    if not shown:
         return "exact (Flat)" if all(s.ann.factory == "Flat" for s in segments) else "not measured"
-    from flowsearch.ann.build import TUNER_VERSION
-
-    def older(tuning: Any) -> str:
-        stale = tuning.tuner != TUNER_VERSION and tuning.queries  # not an exact index's
-        return " (by an older rule: `flowsearch compact` re-tunes it)" if stale else ""
-
-    return "; ".join(
-        f"{s.name} {s.ann.factory} {s.ann.params}: {s.ann.tuning.to_words()}{older(s.ann.tuning)}"
-        for s in tuned
-    )
+    return "; ".join(shown)
 
 
 def _graph_builds(segments: Any) -> str | None:
@@ -230,7 +231,7 @@ def _info_rows(info: Any) -> list[tuple[str, str]]:
         ("judged against", reference.to_words() if reference is not None else "nothing"),
         ("schema", ", ".join(f"{c.name} {c.type}" for c in m.schema_) or "(no metadata)"),
         ("size", ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in info.bytes.items())),
-        ("vector index recall", _tuned_recall(m.segments)),
+        ("vector index recall", _tuned_recall(m.segments, m.ann_requested)),
         *[("vector index build", b) for b in [_graph_builds(m.segments)] if b is not None],
         (
             "verified",

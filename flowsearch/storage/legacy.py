@@ -16,8 +16,6 @@ removed once no version references them (two writes later).
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from flowsearch.atomic import link_or_copy
 from flowsearch.errors import IndexDamaged
 from flowsearch.storage import history, schema
 from flowsearch.storage import records as mf
@@ -181,17 +180,9 @@ def _describe(raw: dict[str, Any], index_dir: Path) -> mf.Manifest:
     )
 
 
-def _link(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def _link_tree(src: Path, dst: Path) -> None:
     for item in sorted(p for p in src.rglob("*") if p.is_file()):
-        _link(item, dst / item.relative_to(src))
+        link_or_copy(item, dst / item.relative_to(src))
 
 
 def convert(writer: Any) -> None:
@@ -205,11 +196,11 @@ def convert(writer: Any) -> None:
     stage = writer.stage()
     parts = []
     for number, part in enumerate(old.parts):
-        _link(src / part.path, stage / part_file(number))
+        link_or_copy(src / part.path, stage / part_file(number))
         parts.append(mf.PartRecord(path=part_file(number), n_rows=part.n_rows))
-    _link(src / old.ann.path, stage / ANN_FILE)
+    link_or_copy(src / old.ann.path, stage / ANN_FILE)
     if old.ann.data is not None:
-        _link(src / old.ann.data, stage / old.ann.data)
+        link_or_copy(src / old.ann.data, stage / old.ann.data)
     if old.postings is not None:
         _link_tree(src / old.postings, stage / POSTINGS_DIR)
     reader = RowReader(src, old.parts)

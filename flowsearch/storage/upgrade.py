@@ -17,12 +17,12 @@ Example:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
 
+from flowsearch.atomic import link_or_copy
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.keys import KeyIndex
 from flowsearch.storage.layout import KEY_IDS_FILE, KEY_ROWS_FILE, KEYS_FILE
@@ -33,13 +33,13 @@ __all__ = ["add_key_ids", "lacks_key_ids", "linked_stage"]
 
 
 def linked_stage(writer: Writer, seg: mf.SegmentRecord, skip: Iterable[str] = ()) -> Path:
-    """A new stage of ``writer`` holding segment ``seg``'s files hard-linked (nothing copied),
-    but those in ``skip`` (the caller writes them): what :meth:`Writer.relink_segment` takes."""
+    """A new stage of ``writer`` holding segment ``seg``'s files hard-linked (copied where the
+    filesystem refuses links), but those in ``skip`` (the caller writes them): what
+    :meth:`Writer.relink_segment` takes."""
     source, stage, skipped = writer.segment_path(seg), writer.stage(), set(skip)
     for rel in seg.files:
         if rel not in skipped:
-            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
-            os.link(source / rel, stage / rel)
+            link_or_copy(source / rel, stage / rel)  # a copy keeps the recorded checksum too
     return stage
 
 

@@ -46,7 +46,7 @@ from flowsearch.writes.merge import merge, plan_merges
 from flowsearch.writes.results import WriteResult, result_of
 from flowsearch.writes.segments import tune_segment
 
-__all__ = ["compact", "recalibrate"]
+__all__ = ["compact", "recalibrate", "tuned_by_older_rule"]
 
 LOG = logging.getLogger(__name__)
 
@@ -61,32 +61,40 @@ def _merges(segments: tuple[mf.SegmentRecord, ...], full: bool) -> list[list[str
     return out
 
 
-def _stale(seg: mf.SegmentRecord) -> bool:
-    """Whether ``auto`` tuned segment ``seg``'s approximate index by an older rule."""
+def tuned_by_older_rule(seg: mf.SegmentRecord, requested: str = "auto") -> bool:
+    """Whether ``compact`` re-tunes segment ``seg`` of an index that asked for ``requested``:
+    an ``auto`` approximate index tuned by a rule older than :data:`TUNER_VERSION`, or before
+    tunings were recorded (a newer release's tuning is left alone)."""
     tuning = seg.ann.tuning
     return (
-        seg.ann.factory != "Flat"
+        requested == "auto"
+        and seg.ann.factory != "Flat"
         and seg.n_rows > 0
-        and (tuning is None or tuning.tuner != TUNER_VERSION)
+        and (tuning is None or tuning.tuner is None or tuning.tuner < TUNER_VERSION)
     )
 
 
 def _retune(writer: Writer, requested: str) -> list[str]:
-    """Re-tune every segment :func:`_stale` names (an ``auto`` index only: a user's factory
-    keeps its knob) and relink it with the new knob and tuning (see the module docstring).
-    Returns the new segments' names."""
-    if requested != "auto":
-        return []
+    """Re-tune every segment :func:`tuned_by_older_rule` names and relink it with the new knob
+    and tuning (see the module docstring). A segment that cannot be re-tuned (its index
+    unreadable, the tuning failing) keeps its knob, with a warning: the rest of the compaction
+    goes on. Returns the new segments' names."""
     new: list[str] = []
-    for seg in [s for s in writer.segments if _stale(s)]:
+    for seg in [s for s in writer.segments if tuned_by_older_rule(s, requested)]:
         folder = writer.segment_path(seg)
-        index = ann_io.read_index(folder / seg.ann.path, seg.ann.params, mmap=seg.ann.factory,
-                                  on_disk=seg.ann.data is not None)  # fmt: skip
-        reader = RowReader(folder, seg.parts)
         try:
-            params, tuning = tune_segment(index, reader)
-        finally:
-            reader.close()
+            index = ann_io.read_index(folder / seg.ann.path, seg.ann.params,
+                                      mmap=seg.ann.factory,
+                                      on_disk=seg.ann.data is not None)  # fmt: skip
+            reader = RowReader(folder, seg.parts)
+            try:
+                params, tuning = tune_segment(index, reader)
+            finally:
+                reader.close()
+        except (OSError, RuntimeError, ValueError) as e:  # FAISS raises RuntimeError
+            LOG.warning("segment %s keeps its knob (%s): re-tuning failed: %s", seg.name,
+                        seg.ann.params or "none", e)  # fmt: skip
+            continue
         ann = seg.ann.model_copy(update={"params": params, "tuning": tuning})
         LOG.info("segment %s re-tuned: %s -> %s", seg.name, seg.ann.params, params)
         stage = linked_stage(writer, seg)
@@ -120,7 +128,7 @@ def compact(
         assert base is not None
         before = sizes(root, base)["total"]
         groups = _merges(writer.base.segments if writer.base else (), full)
-        stale = base.ann_requested == "auto" and any(_stale(s) for s in base.segments)
+        stale = any(tuned_by_older_rule(s, base.ann_requested) for s in base.segments)
         if not groups and not lacks_key_ids(writer) and not stale:
             return result_of("compact", root, base, st, bytes_freed=0)
         with st.timed("merge"):
