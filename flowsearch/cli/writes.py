@@ -234,7 +234,8 @@ def compact_cmd(
     wait: Wait = None,
     as_json: AsJson = False,
 ) -> None:
-    """Merge small segments and drop deleted rows; reports the space freed."""
+    """Merge small segments and drop deleted rows; re-tune segments an older release tuned
+    (their files kept); reports the space freed."""
     from flowsearch.writes.compact import compact
 
     before = _version(index)
