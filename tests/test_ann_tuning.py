@@ -403,3 +403,20 @@ def test_one_compact_gives_an_old_segment_its_key_ids_and_retunes_it(tmp_path, m
     assert done.last_write.detail == {"merged": 0, "dropped": 0, "key_ids": 1, "retuned": 1}
     verify(root, done, checksums=True)  # every file as its record says, key files included
     assert not list(root.rglob(".stage*"))  # the key ids' stage, replaced, is gone too
+
+
+def test_a_compact_whose_only_re_tune_fails_writes_no_version(tmp_path, monkeypatch):
+    from flowsearch.writes import compact as compact_mod
+
+    root = tmp_path / "idx"
+    with override(flat_max_rows=600):
+        m = _write(root, [1_200], "auto")
+    _make_stale(root, m.segments[0].name, "efSearch=16")
+    version = mf.read(root).version
+
+    def broken(index, reader):
+        raise RuntimeError("Error in faiss::read_index: bad magic")
+
+    monkeypatch.setattr(compact_mod, "tune_segment", broken)
+    result = compact_mod.compact(root)
+    assert result.n_retuned == 0 and result.version == version == mf.read(root).version

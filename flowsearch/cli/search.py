@@ -179,14 +179,14 @@ def _tuned_recall(segments: Any, requested: str = "auto") -> str:
     segment ``compact`` would re-tune (an older rule's tuning, or none recorded) says so."""
     from flowsearch.writes.compact import tuned_by_older_rule
 
-    again = " (by an older rule: `flowsearch compact` re-tunes it)"
-    shown = [
-        f"{s.name} {s.ann.factory} {s.ann.params}: "
-        + (s.ann.tuning.to_words() if s.ann.tuning is not None else "not measured")
-        + (again if tuned_by_older_rule(s, requested) else "")
-        for s in segments
-        if s.ann.tuning is not None or tuned_by_older_rule(s, requested)
-    ]
+    shown = []
+    for s in segments:
+        older = tuned_by_older_rule(s, requested)
+        if s.ann.tuning is None and not older:
+            continue
+        words = s.ann.tuning.to_words() if s.ann.tuning is not None else "not measured"
+        again = " (by an older rule: `flowsearch compact` re-tunes it)" if older else ""
+        shown.append(f"{s.name} {s.ann.factory} {s.ann.params}: {words}{again}")
     if not shown:
         return "exact (Flat)" if all(s.ann.factory == "Flat" for s in segments) else "not measured"
     return "; ".join(shown)

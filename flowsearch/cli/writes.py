@@ -258,10 +258,9 @@ def _compacted(index: object, result: Any, published: bool = True) -> str:
     )
     if not result.n_merged:
         upgraded = _key_ids_given(index, result.version) if published else 0
-        given = [f"gave {counted(upgraded, 'older segment')} key_ids.arrow"] if upgraded else []
-        if given or retuned:  # the upgrade of older segments (flowsearch.storage.upgrade)
-            return f"compacted {where}; {'; '.join([*given, *([retuned] if retuned else [])])}"
-        return f"nothing to compact in {where}"
+        given = f"gave {counted(upgraded, 'older segment')} key_ids.arrow" if upgraded else ""
+        done = [x for x in (given, retuned) if x]  # the upgrades of older segments only
+        return f"compacted {where}; {'; '.join(done)}" if done else f"nothing to compact in {where}"
     merged = (
         f"merged {result.n_merged} segments into one"
         if result.n_merged > 1

@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from flowsearch.ann import io as ann_io
 from flowsearch.ann.build import TUNER_VERSION
 from flowsearch.errors import BadInput
 from flowsearch.progress import Stages
@@ -41,7 +40,7 @@ from flowsearch.storage.layout import CALIBRATORS_DIR
 from flowsearch.storage.rows import RowReader
 from flowsearch.storage.upgrade import add_key_ids, lacks_key_ids, linked_stage
 from flowsearch.storage.writer import Writer, open_writer
-from flowsearch.writes.measure import remeasure
+from flowsearch.writes.measure import open_index, remeasure
 from flowsearch.writes.merge import merge, plan_merges
 from flowsearch.writes.results import WriteResult, result_of
 from flowsearch.writes.segments import tune_segment
@@ -81,12 +80,9 @@ def _retune(writer: Writer, requested: str) -> list[str]:
     goes on. Returns the new segments' names."""
     new: list[str] = []
     for seg in [s for s in writer.segments if tuned_by_older_rule(s, requested)]:
-        folder = writer.segment_path(seg)
         try:
-            index = ann_io.read_index(folder / seg.ann.path, seg.ann.params,
-                                      mmap=seg.ann.factory,
-                                      on_disk=seg.ann.data is not None)  # fmt: skip
-            reader = RowReader(folder, seg.parts)
+            index = open_index(writer, seg)
+            reader = RowReader(writer.segment_path(seg), seg.parts)
             try:
                 params, tuning = tune_segment(index, reader)
             finally:
@@ -145,6 +141,8 @@ def compact(
             upgraded = add_key_ids(writer)  # the segments no merge rewrote
         with st.timed("tuning"):
             retuned = _retune(writer, base.ann_requested)  # the merged ones are current
+        if not groups and not upgraded and not retuned:  # every re-tune failed: no new version
+            return result_of("compact", root, base, st, bytes_freed=0)
         merged = sum(len(g) for g in groups)
         dropped = base.n_deleted - sum(s.n_deleted for s in writer.segments)
         carried = {b.name for b in base.segments} | set(upgraded) | set(retuned)  # relinked

@@ -41,6 +41,7 @@ from flowsearch.storage.writer import Writer, sample_record
 __all__ = [
     "best_scores",
     "draw_sample",
+    "open_index",
     "read_sample",
     "remeasure",
     "sample_positions",
@@ -58,7 +59,9 @@ def sample_positions(n: int, most: int | None = None, seed: int = 0) -> np.ndarr
     return np.sort(np.random.default_rng(seed).choice(n, most, replace=False)).astype(np.int64)
 
 
-def _open(writer: Writer, seg: SegmentRecord) -> Any:
+def open_index(writer: Writer, seg: SegmentRecord) -> Any:
+    """Segment ``seg``'s vector index as the writer sees it (staged or published), its recorded
+    search parameters set."""
     folder = writer.segment_path(seg)
     return ann_io.read_index(folder / seg.ann.path, seg.ann.params, mmap=seg.ann.factory,
                              on_disk=seg.ann.data is not None)  # fmt: skip
@@ -88,7 +91,7 @@ def best_scores(
         if seg.n_live == 0:
             continue
         dead = _dead(writer, seg, excluded.get(seg.name))
-        scores, rows = filtered_search(_open(writer, seg), Z, 1, None, excluded=dead)
+        scores, rows = filtered_search(open_index(writer, seg), Z, 1, None, excluded=dead)
         found = rows[:, 0] >= 0
         best[found] = np.maximum(best[found], scores[found, 0])
     return np.where(np.isfinite(best), best, np.nan)
@@ -260,7 +263,7 @@ def remeasure(writer: Writer, space: SearchSpace, lps: np.ndarray | None = None)
     answers = []
     for seg in segments:
         dead = _dead(writer, seg, None)
-        answers.append(filtered_search(_open(writer, seg), Z, 2, None, excluded=dead))
+        answers.append(filtered_search(open_index(writer, seg), Z, 2, None, excluded=dead))
     scores, found = merge_top_k(answers, offsets, 2)
     top = best_other_score(scores, found, rows)
     spec = space.spec
