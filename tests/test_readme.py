@@ -1,6 +1,8 @@
 """The README's examples, run as written: its ``flowsearch`` commands (through the CLI, in
 order, in one directory) and its Python blocks, on the sample corpus ``data/sample.parquet``
-with the bundled model. The ``curl`` line is run against a real server in ``test_server``."""
+with the bundled model; and the ``flowsearch`` commands of ``docs/GUIDE.md``'s ``shell`` blocks,
+the same way in a directory of their own (blocks without the ``shell`` tag are illustrations,
+not run). The ``curl`` line is run against a real server in ``test_server``."""
 
 from __future__ import annotations
 
@@ -19,25 +21,25 @@ from flowsearch.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
+GUIDE = (REPO / "docs" / "GUIDE.md").read_text(encoding="utf-8")
 
 
-def blocks(language: str) -> list[str]:
-    """The README's fenced code blocks in ``language``, in order."""
-    return [m.group(2) for m in re.finditer(r"```(\w*)\n(.*?)```", README, re.S)
+def blocks(language: str, doc: str = README) -> list[str]:
+    """The fenced code blocks of ``doc`` (the README by default) in ``language``, in order."""
+    return [m.group(2) for m in re.finditer(r"```(\w*)\n(.*?)```", doc, re.S)
             if m.group(1) == language]  # fmt: skip
 
 
-def commands() -> list[str]:
+def commands(doc: str = README) -> list[str]:
     """Every ``flowsearch`` command of the shell blocks but ``serve`` (it runs until stopped)."""
-    lines = [line.strip() for block in blocks("shell") for line in block.splitlines()]
+    lines = [line.strip() for block in blocks("shell", doc) for line in block.splitlines()]
     return [line for line in lines if line.startswith("flowsearch ") and " serve " not in line]
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory laid out as the README assumes: data/sample.parquet, and the files its
-    writes name (more.parquet: new rows; changed.jsonl: new texts of existing ids; ids.txt)."""
-    root = tmp_path_factory.mktemp("readme")
+def _layout(root: Path) -> Path:
+    """``root`` laid out as the README and the guide assume: data/sample.parquet, and the files
+    their writes name (more.parquet: new rows; changed.jsonl: new texts of existing ids;
+    ids.txt)."""
     (root / "data").mkdir()
     shutil.copy(REPO / "data" / "sample.parquet", root / "data" / "sample.parquet")
     sample = pq.read_table(root / "data" / "sample.parquet")
@@ -49,6 +51,18 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "changed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in changed))
     (root / "ids.txt").write_text("p0019\np0020\n")
     return root
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The README's directory."""
+    return _layout(tmp_path_factory.mktemp("readme"))
+
+
+@pytest.fixture(scope="module")
+def guide_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The guide's directory (its commands build indexes of their own)."""
+    return _layout(tmp_path_factory.mktemp("guide"))
 
 
 def test_the_readme_has_examples() -> None:
@@ -65,6 +79,21 @@ def test_readme_command_runs(workdir: Path, monkeypatch: pytest.MonkeyPatch, lin
     if "--json" in args:
         doc = json.loads(result.stdout)
         assert len(doc["hits"]) == 3 and doc["hits"][0]["metadata"].keys() == {"topic", "source"}
+
+
+def test_the_guide_has_examples() -> None:
+    assert len(commands(GUIDE)) >= 10
+    assert all(shlex.split(c, comments=True)[0] == "flowsearch" for c in commands(GUIDE))
+
+
+@pytest.mark.parametrize("line", commands(GUIDE))
+def test_guide_command_runs(guide_dir: Path, monkeypatch: pytest.MonkeyPatch, line: str) -> None:
+    monkeypatch.chdir(guide_dir)
+    args = shlex.split(line, comments=True)[1:]
+    result = CliRunner(env={"COLUMNS": "100"}).invoke(app, args)
+    assert result.exit_code == 0, (line, result.output)
+    if "--json" in args:
+        json.loads(result.stdout)  # one JSON document on stdout, nothing else
 
 
 def test_readme_python_search_example_runs(
