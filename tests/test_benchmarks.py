@@ -172,3 +172,14 @@ def test_a_script_report_defaults_beside_the_script_and_its_command_is_the_entry
     assert Path(parser.parse_args([]).out) == Path(__file__).resolve().parent / "bench_y"
     line = harness.command_line([str(BENCH / "ann" / "bench_ann_study.py"), "--rows", "5"])
     assert line == "python -m benchmarks run ann_study --rows 5"
+
+
+def test_plots_are_drawn_from_the_recorded_reports(tmp_path):
+    pytest.importorskip("matplotlib")
+    from benchmarks import figures
+
+    assert figures.main(["--out", str(tmp_path)]) == 0
+    for name in ("ann_recall_speedup", "encoder_rows_per_s", "sts_spearman_by_calibration"):
+        assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit, match="unknown plot 'nope'"):
+        figures.main(["--only", "nope"])
