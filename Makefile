@@ -37,5 +37,9 @@ lint: setup
 	$(BIN)/ruff format --check flowsearch tests benchmarks data
 	$(BIN)/mypy flowsearch
 
+# Every suite benchmark's smallest configuration, in turn (python -m benchmarks list names them).
+bench: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks run --suite --smoke
+
 clean:
 	rm -rf $(VENV) $(INDEX) .pytest_cache .ruff_cache

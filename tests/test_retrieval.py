@@ -428,9 +428,9 @@ def test_run_retrieval_bundled_model_on_stsb_paraphrases(tmp_path, monkeypatch):
         pytest.skip("set FLOWSEARCH_DATA to the evaluation data folder")
     import importlib.util
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "make_dev_sets.py"
-    monkeypatch.syspath_prepend(str(script.parent))  # its harness
-    spec = importlib.util.spec_from_file_location("make_dev_sets", script)
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "common" / "dev_sets.py"
+    monkeypatch.syspath_prepend(str(script.parents[2]))  # the benchmarks package
+    spec = importlib.util.spec_from_file_location("benchmarks.common.dev_sets", script)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up

@@ -1,0 +1,1 @@
+"""Suite: the vector index (structures, segments, the 1M IVF-PQ path)."""

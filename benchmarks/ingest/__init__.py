@@ -1,0 +1,1 @@
+"""Suite: ingest throughput and the figures at 200k rows."""

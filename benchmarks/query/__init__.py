@@ -1,0 +1,1 @@
+"""Suite: query latency (filters, the segment filter, lexical over segments)."""

@@ -1,0 +1,1 @@
+"""Suite: serving from Ray shards beside the local Searcher."""

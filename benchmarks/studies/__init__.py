@@ -1,0 +1,1 @@
+"""Studies: questions already settled, kept runnable (not part of ``run --suite``)."""

@@ -1,0 +1,1 @@
+"""Studies of the flow calibrator's implementation."""

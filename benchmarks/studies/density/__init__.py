@@ -1,0 +1,1 @@
+"""Studies of the flow density as an out-of-distribution signal."""

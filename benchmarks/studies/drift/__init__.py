@@ -1,0 +1,1 @@
+"""Studies of the query verdict and the drift report."""

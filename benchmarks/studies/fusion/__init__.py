@@ -1,0 +1,1 @@
+"""Studies of hybrid fusion rules."""

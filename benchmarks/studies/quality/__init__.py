@@ -1,0 +1,1 @@
+"""Studies of retrieval quality: calibration variants, ``auto``, passages."""

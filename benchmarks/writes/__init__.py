@@ -1,0 +1,1 @@
+"""Suite: writes and storage (add, upsert, delete, compact, refresh)."""
