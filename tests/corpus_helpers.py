@@ -3,11 +3,17 @@ index directory should and should not hold after a write."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from flowsearch.ingest.corpus import CorpusOptions, CorpusPlan, read_corpus
+from flowsearch.storage import manifest as mf
+from flowsearch.writes.corpus import IndexColumns
 
 _WORD_LINES = (
     "cat dog bird fish tree river sea moon sun star city town road car train ship plane",
@@ -16,6 +22,22 @@ _WORD_LINES = (
     "man woman child people house room door window book page word letter number year",
 )
 WORDS = [word for line in _WORD_LINES for word in line.split()]
+
+
+def scan_corpus(
+    corpus: Any,
+    text_column: str = "text",
+    id_column: str | None = "id",
+    *,
+    strict: bool = False,
+    auto_id_start: int = 0,
+    schema: Sequence[mf.SchemaColumn] | None = None,
+    id_type: Any = None,
+) -> CorpusPlan:
+    """A corpus read as a write reads it: for a new index, or (``schema``, ``id_type``) into
+    an existing one."""
+    rules = IndexColumns(None if schema is None else tuple(schema), id_type, auto_id_start)
+    return read_corpus(corpus, CorpusOptions(text_column, id_column, strict), rules)
 
 
 def sentences(n: int, seed: int = 0, length: tuple[int, int] = (4, 12)) -> list[str]:

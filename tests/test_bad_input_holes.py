@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from corpus_helpers import scan_corpus
 from typer.testing import CliRunner
 
 from flowsearch.cli import app
 from flowsearch.errors import BadInput
 from flowsearch.search.searcher import Searcher
 from flowsearch.storage import manifest as mf
-from flowsearch.storage.corpus import scan_corpus
 from flowsearch.storage.layout import LOCK_NAME
 from flowsearch.writes.build import build_index
 from flowsearch.writes.delete import delete

@@ -476,9 +476,9 @@ def test_empty_result_prints_the_report_on_one_line(built):
 
 
 WRITES = {
-    "index": ("flowsearch.writes.build", "build_index", ["index", "c.parquet"]),
-    "add": ("flowsearch.writes.upsert", "add_to_index", ["add", "c.parquet"]),
-    "upsert": ("flowsearch.writes.upsert", "upsert", ["upsert", "c.parquet"]),
+    "index": ("flowsearch.writes.build", "build", ["index", "c.parquet"]),
+    "add": ("flowsearch.writes.upsert", "write", ["add", "c.parquet"]),
+    "upsert": ("flowsearch.writes.upsert", "write", ["upsert", "c.parquet"]),
     "delete": ("flowsearch.writes.delete", "delete", ["delete", "d1"]),
     "compact": ("flowsearch.writes.compact", "compact", ["compact"]),
     "recalibrate": ("flowsearch.writes.compact", "recalibrate", ["recalibrate"]),
@@ -495,7 +495,8 @@ def test_wait_is_passed_to_the_library_only_when_given(monkeypatch, tmp_path, co
     calls: list[dict] = []
 
     def fake(*a, **kwargs):
-        calls.append(kwargs)
+        request = next((x for x in a if hasattr(x, "wait")), None)  # a BuildRequest, a WriteRequest
+        calls.append(kwargs if request is None else {"wait": request.wait})
         raise IndexLocked("another flowsearch process is writing idx", "retry with {wait=60}",
                           param="wait")  # fmt: skip
 

@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 from flowsearch.cli import app
 from flowsearch.errors import BadInput
 from flowsearch.search.searcher import Searcher
-from flowsearch.storage import corpus as corpus_mod
 from flowsearch.storage import manifest as mf
 from flowsearch.writes.build import build_index
 from flowsearch.writes.compact import compact
+from flowsearch.writes.corpus import IndexColumns
 from flowsearch.writes.delete import delete
 from flowsearch.writes.upsert import add_to_index, upsert
 
@@ -128,7 +128,7 @@ def test_http_upsert_refuses_it_with_a_4xx_line(index):
 def damaged(tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An index as an earlier release let it be written: a ``__row`` metadata column, and
     ``Topic`` beside ``topic``."""
-    monkeypatch.setattr(corpus_mod, "check_names", lambda *a, **k: None)
+    monkeypatch.setattr(IndexColumns, "check_names", lambda self, names: None)
     rows = [{**r, "__row": 100 + i, "Topic": r["topic"].upper()} for i, r in enumerate(ROWS)]
     build_index(rows, tmp_path / "idx", model=str(model_dir), calibration="none")
     upsert(tmp_path / "idx", [{"id": "d", "text": "warm sea", "topic": "sea", "__row": 9,

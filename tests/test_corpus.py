@@ -11,10 +11,12 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
+from corpus_helpers import scan_corpus
 
 from flowsearch.errors import FlowsearchError
-from flowsearch.storage import readers as readers
-from flowsearch.storage.corpus import CorpusPlan, resolve_files, scan_corpus
+from flowsearch.ingest import readers as readers
+from flowsearch.ingest.corpus import CorpusPlan
+from flowsearch.ingest.files import resolve_files
 
 ROWS = [
     {"id": "a", "text": "the cat", "year": 2001},

@@ -15,7 +15,7 @@ from flowsearch.space.reference import MIN_ROWS_PER_DIM
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.rows import RowReader
 from flowsearch.storage.verify import verify
-from flowsearch.writes import build as ingest
+from flowsearch.writes import build as build_module
 from flowsearch.writes import segments as segment_writes
 from flowsearch.writes.build import build_index
 from flowsearch.writes.upsert import add_to_index
@@ -303,7 +303,7 @@ def test_bad_factory_fails_before_encoding(tmp_path, model_dir, corpus, monkeypa
     def no_encoding(*args, **kwargs):
         raise AssertionError("encoded before the factory was checked")
 
-    monkeypatch.setattr(ingest, "_encode_pass", no_encoding)
+    monkeypatch.setattr(build_module, "_encode_pass", no_encoding)
     out = tmp_path / "idx"
     for factory, message in [("PQ5", "multiple of"), ("IDMap,Flat", "IDMap"),
                              ("Nope3", "rejects index factory")]:  # fmt: skip
@@ -314,7 +314,7 @@ def test_bad_factory_fails_before_encoding(tmp_path, model_dir, corpus, monkeypa
 
 
 def test_faiss_add_failure_is_a_user_error(tmp_path, model_dir, corpus, monkeypatch):
-    monkeypatch.setattr(ingest, "check_factory", lambda factory, dim: None)
+    monkeypatch.setattr(build_module, "check_factory", lambda factory, dim: None)
     out = tmp_path / "idx"
     with pytest.raises(FlowsearchError, match="cannot add vectors"):
         build_index(

@@ -25,6 +25,7 @@ LAYERS = {
     "jsonable": 0,
     "encode": 1,
     "calibration": 1,
+    "ingest": 1,
     "storage": 2,
     "space": 3,
     "ann": 3,

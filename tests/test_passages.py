@@ -15,8 +15,8 @@ from shard_helpers import assert_same, split_searcher
 from typer.testing import CliRunner
 
 from flowsearch.encode.encoder import Encoder
-from flowsearch.encode.passages import PassageSizes, checked_sizes, joined, spans, split_texts
 from flowsearch.errors import BadInput
+from flowsearch.ingest.passages import PassageSizes, checked_sizes, joined, spans, split_texts
 from flowsearch.search.searcher import Searcher
 from flowsearch.search.version import index_info
 from flowsearch.storage.passages import PASSAGE_COLUMNS
@@ -327,15 +327,16 @@ def test_the_ray_encoder_cuts_rows_as_the_local_build(tmp_path, encoder):
     """The Ray build's encoder actors cut with the local build's code: the same passage rows
     (ids, texts, metadata, passage columns), each keeping its document's sort key; and the row
     order check sees passages (the Ray build itself: tests/test_ray_ingest.py, slow)."""
-    from flowsearch.storage.corpus import scan_corpus
-    from flowsearch.writes.passages import Cuts
+    from corpus_helpers import scan_corpus
+
+    from flowsearch.ingest.passages import Cuts
     from flowsearch.writes.ray_encode import ROW, cut_rows, key_range
 
     pq.write_table(pa.Table.from_pylist(_records()), tmp_path / "c.parquet")
     plan = scan_corpus(tmp_path / "c.parquet", "text", "id")
     sizes = checked_sizes(encoder.window)
     cuts = Cuts(encoder, plan, sizes, batch_rows=5)
-    local = [rows_of(*batch) for batch in cuts.batches(plan)]
+    local = [rows_of(*batch) for batch in cuts.batches()]
     want = pa.concat_tables(local)
     ((ids, texts, meta),) = plan.batches(100)
     batch = pa.table({ROW: np.arange(len(texts)) + (3 << 32), "id": ids, "text": texts,
@@ -351,9 +352,12 @@ def test_the_ray_encoder_cuts_rows_as_the_local_build(tmp_path, encoder):
     assert key_range(got.take([0, 0])) is None  # a row twice
 
 
-def rows_of(ids, texts, meta, passages) -> pa.Table:
+def rows_of(ids, texts, meta, spans) -> pa.Table:
+    from flowsearch.storage.passages import passage_columns
+
     return pa.table({"id": ids, "text": pa.array(texts, pa.string()),
-                     **{n: meta.column(n) for n in meta.column_names}, **passages})  # fmt: skip
+                     **{n: meta.column(n) for n in meta.column_names},
+                     **passage_columns(spans)})  # fmt: skip
 
 
 # --- surfaces -----------------------------------------------------------------------------

@@ -107,18 +107,23 @@ def index_cmd(
     as_json: AsJson = False,
 ) -> None:
     """Build an index from a corpus."""
-    from flowsearch.writes.build import build_index
+    from flowsearch.ingest.corpus import CorpusOptions
+    from flowsearch.writes.build import BuildRequest, EncoderOptions, build
 
-    options: dict[str, Any] = dict(
-        text_column=text_column, id_column=id_column, model=model, pooling=pooling
-    )
-    options.update(max_length=max_length, calibration=calibration, calibrator=calibrator)
-    options.update(index_factory=index_factory, batch_size=batch_size, overwrite=overwrite)
-    options.update(fit_sample=fit_sample, strict=strict, lexical=lexical, backend=backend)
-    options.update(quantize=quantize, engine=engine, address=address)
-    options.update(passage_tokens=passage_tokens, passage_overlap=passage_overlap)
-    summary = build_index(corpus, index, **options, **wait_kwargs(wait))
-    _done(summary, "indexed", as_json)
+    request = BuildRequest(
+        corpus=CorpusOptions(text_column, id_column, strict),
+        encoder=EncoderOptions(model, pooling, max_length, backend, quantize),
+        calibration=calibration, calibrator=calibrator, index_factory=index_factory,
+        batch_size=batch_size, overwrite=overwrite, fit_sample=fit_sample, lexical=lexical,
+        engine=engine, address=address, wait=_seconds(wait),
+        passage_tokens=passage_tokens, passage_overlap=passage_overlap,
+    )  # fmt: skip
+    _done(build(corpus, index, request), "indexed", as_json)
+
+
+def _seconds(wait: float | None) -> float | None:
+    """``--wait`` as the library's ``wait=`` (None: refuse at once)."""
+    return None if wait is None else float(wait)
 
 
 def _done(result: Any, verb: str, as_json: bool) -> None:
@@ -142,10 +147,11 @@ def add_cmd(
     as_json: AsJson = False,
 ) -> None:
     """Append a corpus to an index (same encoder and calibrator); reports drift."""
-    from flowsearch.writes.upsert import add_to_index
+    from flowsearch.writes.upsert import WriteRequest, write
 
-    options = _corpus_options(text_column, id_column, batch_size, strict, model, wait)
-    _done(add_to_index(index, corpus, **options), "added", as_json)
+    request = WriteRequest("add", text_column, id_column, batch_size, strict, model,
+                           wait=_seconds(wait))  # fmt: skip
+    _done(write(index, corpus, request), "added", as_json)
 
 
 @app.command("upsert")
@@ -162,28 +168,16 @@ def upsert_cmd(
     as_json: AsJson = False,
 ) -> None:
     """Insert new ids and replace existing ones (re-encoded under the frozen calibrator)."""
-    from flowsearch.writes.upsert import upsert
+    from flowsearch.writes.upsert import WriteRequest, write
 
-    options = _corpus_options(text_column, id_column, batch_size, strict, model, wait)
-    summary = upsert(index, corpus, **options)
+    request = WriteRequest("upsert", text_column, id_column, batch_size, strict, model,
+                           wait=_seconds(wait))  # fmt: skip
+    summary = write(index, corpus, request)
     if as_json:
         print_json(summary.to_dict())
         return
     print_summary(summary, "upserted")
     typer.echo(f"{summary.n_inserted:,} inserted, {summary.n_replaced:,} replaced", err=True)
-
-
-def _corpus_options(
-    text_column: str | None,
-    id_column: str | None,
-    batch_size: int,
-    strict: bool,
-    model: str | None,
-    wait: float | None,
-) -> dict[str, Any]:
-    """The keyword arguments ``add`` and ``upsert`` pass on to the library alike."""
-    return {"text_column": text_column, "id_column": id_column, "batch_size": batch_size,
-            "strict": strict, "model": model, **wait_kwargs(wait)}  # fmt: skip
 
 
 def _read_ids(ids: list[str] | None, ids_file: Path | None) -> list[str]:

@@ -204,7 +204,7 @@ class Encoder:
 
     def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
         """Each text's tokens as ``(start, end)`` character offsets (no special tokens, no
-        truncation): where :mod:`flowsearch.encode.passages` may cut.
+        truncation): where :mod:`flowsearch.ingest.passages` may cut.
 
         Raises:
             BadInput: a tokenizer without offsets.

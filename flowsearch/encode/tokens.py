@@ -47,7 +47,7 @@ class Tokens(Protocol):
 
     def offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
         """Per text, each token's ``(start, end)`` character offsets into it (no special
-        tokens, no truncation): what :mod:`flowsearch.encode.passages` cuts passages on."""
+        tokens, no truncation): what :mod:`flowsearch.ingest.passages` cuts passages on."""
         ...
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from flowsearch.encode.passages import joined
+from flowsearch.ingest.passages import joined
 from flowsearch.search import shards as sh
 from flowsearch.search.hits import build_hits
 from flowsearch.search.results import Hit

@@ -36,8 +36,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from flowsearch.encode.passages import joined
 from flowsearch.errors import FlowsearchError, IndexDamaged
+from flowsearch.ingest.passages import joined
 from flowsearch.search.predicate import ROW, first_line
 from flowsearch.storage.passages import PASSAGE, PASSAGE_END, PASSAGE_START, PASSAGES
 

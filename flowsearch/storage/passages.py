@@ -1,7 +1,7 @@
 r"""Passages on disk: the internal columns that tie a segment's rows to their documents.
 
 A document longer than the encoder's window is stored as several rows, one per passage
-(:mod:`flowsearch.encode.passages`), each with the document's id and metadata, the passage's
+(:mod:`flowsearch.ingest.passages`), each with the document's id and metadata, the passage's
 text in ``text``, and four internal columns (names start with ``__``, which corpora may not
 use):
 

@@ -203,7 +203,7 @@ class LexicalSpec(BaseModel):
 
 class PassageSpec(BaseModel):
     """How the index cuts documents longer than the encoder's window into passages (every
-    write cuts the same way; ``flowsearch.encode.passages``). An index without one (built
+    write cuts the same way; ``flowsearch.ingest.passages``). An index without one (built
     before passages, or with ``passage_tokens=0``) reads only each text's first tokens."""
 
     model_config = _FROZEN

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,8 @@ import numpy as np
 from flowsearch.ann.build import check_projection_settings
 from flowsearch.ann.factory import check_factory
 from flowsearch.errors import BadInput
+from flowsearch.ingest.corpus import Corpus, CorpusOptions, CorpusPlan
+from flowsearch.ingest.passages import Cuts, requested_sizes
 from flowsearch.progress import Stages
 from flowsearch.space.fitting import checked_calibration, load_fitted
 from flowsearch.space.reference import (
@@ -37,42 +41,93 @@ from flowsearch.space.reference import (
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.cleanup import check_target
-from flowsearch.storage.corpus import CorpusPlan, scan_corpus
+from flowsearch.storage.passages import passage_columns
 from flowsearch.storage.rows import rows_table
 from flowsearch.storage.writer import Writer, open_writer
 from flowsearch.writes import ENGINES
+from flowsearch.writes.corpus import read_for_build
 from flowsearch.writes.engine import CHUNK_ROWS, BuildOptions, finish_build, fit_space
-from flowsearch.writes.passages import Cuts, requested_sizes
 from flowsearch.writes.results import WriteResult, result_of
 from flowsearch.writes.segments import SegmentBuilder
 
-__all__ = ["ENGINES", "build_index"]
+__all__ = ["ENGINES", "BuildRequest", "EncoderOptions", "build", "build_index"]
 
 LOG = logging.getLogger(__name__)
 
+#: What builds an index's version under the writer lock, once the corpus is read and the
+#: encoder loaded (the local build, or the Ray engine's).
+Builder = Callable[[Writer, CorpusPlan, Any, Stages, BuildOptions], mf.Manifest]
 
-def _source(model: str | os.PathLike[str] | None, enc: Any) -> str | None:
-    """How to load the model again: None (bundled), else the encoder's own ``model_id``."""
-    return None if model is None else str(enc.model_id)
+
+@dataclass(frozen=True)
+class EncoderOptions:
+    """Which encoder a build loads (recorded in the manifest; every later write reuses it).
+
+    Attributes:
+        model: model id or directory; None is the bundled all-MiniLM-L6-v2.
+        pooling: ``mean``, ``cls``, ``last2avg``, ``first_last_avg``, ``static``,
+            ``embedding_layer``.
+        max_length: tokens the encoder reads of a text (its window); None takes the model's.
+        backend: the runtime, ``torch`` or ``onnx`` (extra ``onnx``).
+        quantize: ``int8`` (ONNX dynamic quantisation), or None.
+    """
+
+    model: str | os.PathLike[str] | None = None
+    pooling: str = "mean"
+    max_length: int | None = None
+    backend: str = "torch"
+    quantize: str | None = None
+
+    def runtime(self) -> dict[str, Any]:
+        """The Encoder's runtime keywords, given only when asked for (not every encoder has
+        them)."""
+        if self.backend != "torch" or self.quantize is not None:
+            return {"backend": self.backend, "quantize": self.quantize}
+        return {}
 
 
-def _checked_options(
-    batch_size: int, fit_sample: int, engine: str, calibration: str, calibrator: Any
-) -> None:
-    if batch_size < 1:
-        raise BadInput(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
-    if fit_sample < 2:
-        raise BadInput(f"fit_sample must be >= 2, got {fit_sample}", param="fit_sample")
-    if engine not in ENGINES:
-        raise BadInput(
-            f"unknown engine {engine!r}", f"choose one of {', '.join(ENGINES)}", param="engine"
-        )
-    if calibrator is None:
-        checked_calibration(calibration)  # an unknown name fails here, before any work
+@dataclass(frozen=True)
+class BuildRequest:
+    """Everything a build is asked, beyond the corpus and the index directory; checked when
+    made, before any work (see :func:`build_index` for each field's meaning).
+
+    Raises:
+        BadInput: a batch size below 1, a fit sample below 2, an unknown engine, or an unknown
+            calibration name.
+    """
+
+    corpus: CorpusOptions = field(default_factory=CorpusOptions)
+    encoder: EncoderOptions = field(default_factory=EncoderOptions)
+    calibration: str = "auto"
+    calibrator: str | os.PathLike[str] | None = None
+    index_factory: str = "auto"
+    batch_size: int = 64
+    overwrite: bool = False
+    fit_sample: int = 200_000
+    lexical: bool = True
+    engine: str = "local"
+    address: str | None = None
+    wait: float | None = None
+    passage_tokens: int | None = None
+    passage_overlap: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise BadInput(f"batch_size must be >= 1, got {self.batch_size}", param="batch_size")
+        if self.fit_sample < 2:
+            raise BadInput(f"fit_sample must be >= 2, got {self.fit_sample}", param="fit_sample")
+        if self.engine not in ENGINES:
+            raise BadInput(
+                f"unknown engine {self.engine!r}",
+                f"choose one of {', '.join(ENGINES)}",
+                param="engine",
+            )
+        if self.calibrator is None:
+            checked_calibration(self.calibration)  # an unknown name fails here, before any work
 
 
 def build_index(
-    corpus: Any,
+    corpus: Corpus,
     index_dir: str | os.PathLike[str],
     text_column: str = "text",
     id_column: str | None = "id",
@@ -120,11 +175,11 @@ def build_index(
         address: the Ray cluster to join (``engine="ray"``); None starts a local one.
         wait: seconds to wait for another writer (None: refuse at once).
         passage_tokens: a text longer than the encoder's window is cut into passages of at
-            most this many tokens (:mod:`flowsearch.encode.passages`); None: the default
-            (:data:`~flowsearch.encode.passages.DEFAULT_TOKENS`, at most the window); 0: not
-            cut (only its first tokens are read, as before passages).
+            most this many tokens (:mod:`flowsearch.ingest.passages`); None: the default
+            (:data:`~flowsearch.ingest.passages.DEFAULT_TOKENS`, at most the window); 0: not
+            cut (only its first tokens are read).
         passage_overlap: tokens a passage shares with the previous one, at most; None: the
-            default (:data:`~flowsearch.encode.passages.DEFAULT_OVERLAP`).
+            default (:data:`~flowsearch.ingest.passages.DEFAULT_OVERLAP`).
 
     Returns:
         A :class:`~flowsearch.writes.results.WriteResult` (``kind="build"``).
@@ -132,67 +187,80 @@ def build_index(
     Raises:
         FlowsearchError: bad input (nothing is written).
     """
+    request = BuildRequest(
+        corpus=CorpusOptions(text_column, id_column, strict),
+        encoder=EncoderOptions(model, pooling, max_length, backend, quantize),
+        calibration=calibration, calibrator=calibrator, index_factory=index_factory,
+        batch_size=batch_size, overwrite=overwrite, fit_sample=fit_sample, lexical=lexical,
+        engine=engine, address=address, wait=wait,
+        passage_tokens=passage_tokens, passage_overlap=passage_overlap,
+    )  # fmt: skip
+    return build(corpus, index_dir, request)
+
+
+def build(corpus: Corpus, index_dir: str | os.PathLike[str], request: BuildRequest) -> WriteResult:
+    """:func:`build_index` with its request made (what the command line calls)."""
     target = Path(index_dir).expanduser()
-    check_target(target, overwrite)
-    _checked_options(batch_size, fit_sample, engine, calibration, calibrator)
+    check_target(target, request.overwrite)
     st = Stages()
     with st.timed("scan"):
-        plan = scan_corpus(corpus, text_column, id_column, strict=strict)
-    if engine == "ray" and not plan.files:
+        plan = read_for_build(corpus, request.corpus)
+    if request.engine == "ray" and not plan.files:
         raise BadInput(
             "engine='ray' reads corpus files",
             "write the records to Parquet first, or use {engine='local'}",
             param="engine",
         )
     with st.timed("load model"):
-        enc, loaded, encoder_options = _load(
-            model, pooling, max_length, backend, quantize, calibrator, calibration, index_factory
-        )
-    builder: Any = _build
-    sizes = requested_sizes(enc, passage_tokens, passage_overlap)
-    if engine == "ray":  # imported only here: `ray` is an optional extra
+        enc, loaded = _load(request)
+    builder: Builder = _build
+    sizes = requested_sizes(enc, request.passage_tokens, request.passage_overlap)
+    model = request.encoder.model
+    if request.engine == "ray":  # imported only here: `ray` is an optional extra
         from flowsearch.writes import ray_engine
 
-        builder = ray_engine.builder(address, model, encoder_options)
+        builder = ray_engine.builder(request.address, model, request.encoder.runtime())
     options = BuildOptions(
-        source=_source(model, enc), calibration=calibration, loaded=loaded,
-        loaded_from=calibrator, index_factory=index_factory, batch_size=batch_size,
-        fit_sample=fit_sample, lexical=lexical, passages=sizes,
+        source=None if model is None else str(enc.model_id), calibration=request.calibration,
+        loaded=loaded, loaded_from=request.calibrator, index_factory=request.index_factory,
+        batch_size=request.batch_size, fit_sample=request.fit_sample, lexical=request.lexical,
+        passages=sizes,
     )  # fmt: skip
-    with open_writer(target, new=True, overwrite=overwrite, wait=wait) as writer, st.live():
+    with (
+        open_writer(target, new=True, overwrite=request.overwrite, wait=request.wait) as writer,
+        st.live(),
+    ):
         manifest = builder(writer, plan, enc, st, options)
     out = result_of("build", target, manifest, st, n_written=plan.n_rows, n_skipped=plan.n_skipped)
     LOG.info("indexed %d rows into %s in %.1f s", plan.n_rows, target, out.seconds["total"])
     return out
 
 
-def _encode_pass(
-    enc: Any, plan: CorpusPlan, cuts: Cuts, raw_path: Path, batch_size: int, st: Stages
-) -> None:
+def _encode_pass(enc: Any, cuts: Cuts, raw_path: Path, batch_size: int, st: Stages) -> None:
     """Encode every passage row to float32, appended to ``raw_path`` (rows in corpus order)."""
     with st.task("encoding", total=cuts.n_rows) as advance, open(raw_path, "wb") as out:
-        for _ids, texts, _, _ in cuts.batches(plan):
-            U = enc.encode(texts, batch_size=batch_size, progress=False)
+        for batch in cuts.batches():
+            U = enc.encode(batch.texts, batch_size=batch_size, progress=False)
             out.write(np.ascontiguousarray(U, dtype=np.float32).tobytes())
-            advance(len(texts))
+            advance(len(batch.texts))
 
 
-def _load(model: Any, pooling: str, max_length: int | None, backend: str, quantize: str | None,
-          calibrator: Any, calibration: str, index_factory: str
-          ) -> tuple[Any, Any, dict[str, Any]]:  # fmt: skip
-    """The encoder, a calibrator fitted elsewhere (or None), the encoder's extra options; the
-    factory checked against the searched dimension before any encoding."""
+def _load(request: BuildRequest) -> tuple[Any, Any]:
+    """The encoder and a calibrator fitted elsewhere (or None); the factory checked against
+    the searched dimension before any encoding."""
     from flowsearch.encode.encoder import Encoder
 
-    if index_factory == "auto":  # its graph's settings, before a model is even loaded
+    if request.index_factory == "auto":  # its graph's settings, before a model is even loaded
         check_projection_settings()
-    options: dict[str, Any] = {}
-    if backend != "torch" or quantize is not None:  # only encoders that have them
-        options = {"backend": backend, "quantize": quantize}
-    enc = Encoder(model, pooling=pooling, max_length=max_length, **options)
-    loaded = load_fitted(calibrator, calibration, enc.dim) if calibrator is not None else None
-    check_factory(index_factory, (loaded.dim_out if loaded else None) or enc.dim)
-    return enc, loaded, options
+    wanted = request.encoder
+    enc = Encoder(wanted.model, pooling=wanted.pooling, max_length=wanted.max_length,
+                  **wanted.runtime())  # fmt: skip
+    calibrator = request.calibrator
+    loaded = None
+    if calibrator is not None:
+        loaded = load_fitted(calibrator, request.calibration, enc.dim)
+    check_factory(request.index_factory, (loaded.dim_out if loaded else None) or enc.dim)
+    return enc, loaded
 
 
 def _build(
@@ -204,7 +272,7 @@ def _build(
         cuts = Cuts(enc, plan, options.passages, CHUNK_ROWS)
     n_rows = cuts.n_rows  # passage rows: the calibrator is fitted on passages
     with st.timed("encode"):
-        _encode_pass(enc, plan, cuts, work / "raw.f32", options.batch_size, st)
+        _encode_pass(enc, cuts, work / "raw.f32", options.batch_size, st)
     raw = np.memmap(work / "raw.f32", dtype=np.float32, mode="r").reshape(n_rows, enc.dim)
     with st.timed("fit"):
         fit_idx, held_idx = split_fit_rows(n_rows, options.fit_sample)
@@ -213,7 +281,7 @@ def _build(
                              requested=options.index_factory, lexical=options.lexical,
                              strict_factory=True, index=index, factory=factory)  # fmt: skip
     with st.timed("write segment"):
-        lps = _write_rows(builder, plan, cuts, raw, space, st)
+        lps = _write_rows(builder, cuts, raw, space, st)
     measured, method = reference_rows(n_rows, held_idx)
     measured_raw = np.asarray(raw[measured])
     del raw
@@ -221,19 +289,20 @@ def _build(
                         (measured, measured_raw, method), options, cuts.documents())  # fmt: skip
 
 
-def _write_rows(builder: SegmentBuilder, plan: CorpusPlan, cuts: Cuts, raw: np.ndarray,
-                space: SearchSpace, st: Stages) -> list[np.ndarray]:  # fmt: skip
+def _write_rows(builder: SegmentBuilder, cuts: Cuts, raw: np.ndarray, space: SearchSpace,
+                st: Stages) -> list[np.ndarray]:  # fmt: skip
     """Every passage row projected and written to the segment; their log-densities (row
     order)."""
     lps: list[np.ndarray] = []
     with st.task("writing rows", total=cuts.n_rows) as advance:
         row = 0
-        for ids, texts, meta, passages in cuts.batches(plan):
+        for ids, texts, meta, spans in cuts.batches():
             U = np.asarray(raw[row : row + len(texts)])
             Z, lp = space.project(U)
             if lp is not None:
                 lps.append(lp)
-            builder.add(rows_table(ids, texts, meta, Z, U, passages), Z)
+            columns = None if spans is None else passage_columns(spans)
+            builder.add(rows_table(ids, texts, meta, Z, U, columns), Z)
             row += len(texts)
             advance(len(texts))
     return lps

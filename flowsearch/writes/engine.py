@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from flowsearch.ann import build as ann_build
+from flowsearch.ingest.corpus import CorpusPlan
 from flowsearch.progress import Stages
 from flowsearch.space.fitting import fit_for_index
 from flowsearch.space.reference import (
@@ -28,11 +29,10 @@ from flowsearch.space.reference import (
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
 from flowsearch.storage import schema
-from flowsearch.storage.corpus import CorpusPlan
 from flowsearch.storage.layout import CALIBRATORS_DIR
 from flowsearch.storage.writer import Writer
+from flowsearch.writes.corpus import spec_of
 from flowsearch.writes.measure import draw_sample, stage_sample
-from flowsearch.writes.passages import spec_of
 from flowsearch.writes.segments import SegmentBuilder
 
 __all__ = [

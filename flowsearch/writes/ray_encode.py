@@ -5,8 +5,8 @@ parsing, ids, skipped texts and metadata types as the local path), tagging each 
 key (file number, row in file); a pool of :class:`EncoderActor` (one per GPU, else CPU actors,
 each building its encoder once, restarted and its batch retried if its process dies) cuts each
 document into passages with its encoder's tokenizer (the local build's own cutting,
-:func:`~flowsearch.encode.passages.split_texts` and
-:func:`~flowsearch.writes.passages.passage_rows`: a passage row keeps its document's sort key and
+:func:`~flowsearch.ingest.passages.split_texts` and
+:func:`~flowsearch.ingest.passages.passage_rows`: a passage row keeps its document's sort key and
 carries its passage number) and adds their raw vectors; the rows land as Parquet in a scratch
 directory, read back in row order (:func:`encode_on_ray`, :func:`read_rows`,
 :func:`documents_in`). See :mod:`flowsearch.writes.ray_engine`.
@@ -18,12 +18,10 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +29,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flowsearch.encode.passages import PassageSizes, split_texts
 from flowsearch.errors import FlowsearchError
-from flowsearch.storage.corpus import CorpusPlan
-from flowsearch.storage.passages import PASSAGE, PASSAGES
+from flowsearch.ingest.corpus import CorpusPlan
+from flowsearch.ingest.passages import PassageSizes, passage_rows, split_texts
+from flowsearch.storage.passages import PASSAGE, PASSAGES, passage_columns
 from flowsearch.storage.rows import vector_column
 from flowsearch.writes.engine import CHUNK_ROWS
-from flowsearch.writes.passages import passage_rows
 
 __all__ = [
     "ROW",
@@ -56,23 +53,6 @@ LOG = logging.getLogger(__name__)
 # "__flowsearch").
 ROW = "__flowsearch_row"
 _FILE_SHIFT = 32  # sort key = file number << 32 | row within file
-
-
-def _file_plans(plan: CorpusPlan) -> list[CorpusPlan]:
-    """One plan per corpus file; row-number ids continue across files as in the local path."""
-    plans = []
-    start = plan.auto_id_start
-    for source in plan.sources:
-        plans.append(replace(plan, sources=[copy.copy(source)], auto_id_start=start))
-        if plan.id_column is None:  # only row-number ids need each file's row count
-            start += _rows_in(source, plan.text_column)
-    return plans
-
-
-def _rows_in(source: Any, text_column: str) -> int:
-    if source.format == "parquet":
-        return int(pq.ParquetFile(source.path).metadata.num_rows)
-    return sum(batch.num_rows for batch in source.batches(65_536, [text_column]))
 
 
 def _read_files(items: dict[str, np.ndarray], plans: list[CorpusPlan]) -> Iterator[pa.Table]:
@@ -99,7 +79,7 @@ class EncoderActor:
         options: extra Encoder options (``backend``, ``quantize``).
         batch_size: texts per forward pass.
         threads: torch threads (the CPUs the actor was given).
-        passages: how to cut (:class:`~flowsearch.encode.passages.PassageSizes` as a dict);
+        passages: how to cut (:class:`~flowsearch.ingest.passages.PassageSizes` as a dict);
             None: every text is one row, read up to the window.
         fault_marker: testing only: the first call that finds this file missing creates it and
             ends the actor's process, so tests can watch Ray restart the actor and retry.
@@ -144,12 +124,11 @@ def cut_rows(encoder: Any, table: pa.Table, sizes: PassageSizes) -> pa.Table:
     texts = table.column("text").to_pylist()
     spans = split_texts(encoder, texts, sizes)
     rest = table.drop_columns(["id", "text"])
-    ids, passages, meta, columns = passage_rows(table.column("id").combine_chunks(), texts,
-                                                rest, spans)  # fmt: skip
-    assert meta is not None
-    out = {"id": ids, "text": pa.array(passages, pa.string())}
-    out.update({name: meta.column(name) for name in meta.column_names})
-    out.update(columns)
+    rows = passage_rows(table.column("id").combine_chunks(), texts, rest, spans)
+    assert rows.metadata is not None
+    out = {"id": rows.ids, "text": pa.array(rows.texts, pa.string())}
+    out.update({name: rows.metadata.column(name) for name in rows.metadata.column_names})
+    out.update(passage_columns(spans))
     return pa.table(out)
 
 
@@ -204,7 +183,7 @@ def documents_in(files: list[tuple[Path, int]]) -> tuple[int, np.ndarray | None]
     """``(documents, each row's document)`` of the raw files (in row order): the second is
     int64 (n_rows,), documents numbered in corpus order, or None when no document was cut into
     several passages (every row is a document, as the local build's
-    :meth:`~flowsearch.writes.passages.Cuts.documents`). Reads two small columns, file by
+    :meth:`~flowsearch.ingest.passages.Cuts.documents`). Reads two small columns, file by
     file."""
     n_rows = sum(n for _, n in files)
     if not files or PASSAGE not in pq.read_schema(files[0][0]).names:
@@ -261,7 +240,7 @@ def encode_on_ray(
     not cut) and encode them into Parquet files in ``raw_dir``; returns them in row order with
     their row counts (passage rows: :func:`documents_in` counts their documents)."""
     n_actors, resources = _actors(ray, actors)
-    plans = _file_plans(plan)
+    plans = plan.by_file()
     items = ray.data.from_items([{"file": i} for i in range(len(plans))])
     rows = items.map_batches(_read_files, batch_size=1, fn_kwargs={"plans": plans}, num_cpus=0.5)
     encoded = rows.map_batches(

@@ -60,11 +60,11 @@ import pyarrow.parquet as pq
 
 from flowsearch.ann import ondisk
 from flowsearch.errors import BadInput, FlowsearchError, MissingExtra
+from flowsearch.ingest.corpus import CorpusPlan
 from flowsearch.progress import Stages
 from flowsearch.space.reference import reference_rows, split_fit_rows
 from flowsearch.space.search_space import SearchSpace, load_index_calibrator
 from flowsearch.storage import manifest as mf
-from flowsearch.storage.corpus import CorpusPlan
 from flowsearch.storage.layout import ANN_DATA_FILE
 from flowsearch.storage.passages import PASSAGE_COLUMNS
 from flowsearch.storage.rows import rows_table

@@ -30,13 +30,16 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 from flowsearch.errors import BadInput
+from flowsearch.ingest.corpus import Corpus, CorpusOptions, CorpusPlan
+from flowsearch.ingest.passages import Cuts
 from flowsearch.progress import Stages
 from flowsearch.settings import current
 from flowsearch.space.drift import DriftReport, drift_report
@@ -44,11 +47,12 @@ from flowsearch.space.reference import Reference, reference_of
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
 from flowsearch.storage import schema as schema_mod
-from flowsearch.storage.corpus import CorpusPlan, scan_corpus
 from flowsearch.storage.keys import keys_of
 from flowsearch.storage.lookup import find_live
+from flowsearch.storage.passages import passage_columns
 from flowsearch.storage.rows import rows_table
 from flowsearch.storage.writer import Writer, open_writer
+from flowsearch.writes.corpus import read_for_write, sizes_of
 from flowsearch.writes.engine import CHUNK_ROWS
 from flowsearch.writes.measure import (
     draw_sample,
@@ -58,18 +62,47 @@ from flowsearch.writes.measure import (
     stale_keys,
 )
 from flowsearch.writes.merge import merge, merged_at_once, plan_merges
-from flowsearch.writes.passages import Cuts, sizes_of
 from flowsearch.writes.results import WriteResult, result_of
 from flowsearch.writes.segments import SegmentBuilder
 
-__all__ = ["add_to_index", "upsert"]
+__all__ = ["WriteRequest", "add_to_index", "upsert", "write"]
 
 LOG = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class WriteRequest:
+    """What an add or upsert is asked, beyond the index and the corpus; checked when made (see
+    :func:`upsert` for each field's meaning).
+
+    Raises:
+        BadInput: a batch size that is not an integer >= 1.
+    """
+
+    kind: Literal["add", "upsert"]
+    text_column: str | None = None
+    id_column: str | None = None
+    batch_size: int = 64
+    strict: bool = False
+    model: str | os.PathLike[str] | None = None
+    encoder: Any = None
+    wait: float | None = None
+    merge_segments: bool = True
+
+    def __post_init__(self) -> None:
+        size = self.batch_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise BadInput(f"batch_size must be an integer >= 1, got {size!r}", param="batch_size")
+
+    def corpus_options(self, columns: mf.Columns) -> CorpusOptions:
+        """The columns to read: those asked for, else the index's."""
+        return CorpusOptions(self.text_column or columns.text, self.id_column or columns.id,
+                             self.strict)  # fmt: skip
+
+
 def upsert(
     index_dir: str | os.PathLike[str],
-    corpus: Any,
+    corpus: Corpus,
     text_column: str | None = None,
     id_column: str | None = None,
     batch_size: int = 64,
@@ -106,24 +139,14 @@ def upsert(
         FlowsearchError: bad input (a type conflict, a repeated id, a missing column, ...);
             nothing is written.
     """
-    return _write(
-        "upsert",
-        index_dir,
-        corpus,
-        text_column,
-        id_column,
-        batch_size,
-        strict,
-        model,
-        encoder,
-        wait,
-        merge_segments,
-    )
+    request = WriteRequest("upsert", text_column, id_column, batch_size, strict, model,
+                           encoder, wait, merge_segments)  # fmt: skip
+    return write(index_dir, corpus, request)
 
 
 def add_to_index(
     index_dir: str | os.PathLike[str],
-    corpus: Any,
+    corpus: Corpus,
     text_column: str | None = None,
     id_column: str | None = None,
     batch_size: int = 64,
@@ -141,19 +164,9 @@ def add_to_index(
     argument that is an index directory is taken as the index) with a DeprecationWarning.
     """
     index_dir, corpus = _index_first(index_dir, corpus)
-    return _write(
-        "add",
-        index_dir,
-        corpus,
-        text_column,
-        id_column,
-        batch_size,
-        strict,
-        model,
-        encoder,
-        wait,
-        merge_segments,
-    )
+    request = WriteRequest("add", text_column, id_column, batch_size, strict, model, encoder,
+                           wait, merge_segments)  # fmt: skip
+    return write(index_dir, corpus, request)
 
 
 def _index_first(first: Any, second: Any) -> tuple[Any, Any]:
@@ -171,37 +184,24 @@ def _index_first(first: Any, second: Any) -> tuple[Any, Any]:
     return first, second
 
 
-def _write(
-    kind: str,
-    index_dir: Any,
-    corpus: Any,
-    text_column: str | None,
-    id_column: str | None,
-    batch_size: int,
-    strict: bool,
-    model: Any,
-    encoder: Any,
-    wait: float | None,
-    merge_segments: bool,
-) -> WriteResult:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise BadInput(
-            f"batch_size must be an integer >= 1, got {batch_size!r}", param="batch_size"
-        )
+def write(index_dir: str | os.PathLike[str], corpus: Corpus, request: WriteRequest) -> WriteResult:
+    """:func:`upsert` or :func:`add_to_index` (``request.kind``) with its request made (what
+    the command line calls)."""
+    kind, model, merge_segments = request.kind, request.model, request.merge_segments
     target = Path(index_dir).expanduser()
     st = Stages()
-    with open_writer(target, wait=wait) as writer, st.live():
+    with open_writer(target, wait=request.wait) as writer, st.live():
         base = writer.base
         assert base is not None
         with st.timed("scan"):
-            plan = _plan(kind, base, corpus, text_column, id_column, strict)
+            plan = read_for_write(corpus, request.corpus_options(base.columns), base)
             replaced, replaced_keys, n_replaced = _replaced(writer, plan, kind)
         with st.timed("load model"):
-            space = SearchSpace.open(target, base, encoder, model=model)
+            space = SearchSpace.open(target, base, request.encoder, model=model)
         with st.timed("cut"):  # as the build cut (the manifest's sizes): rows are passages
             cuts = Cuts(space.encoder, plan, sizes_of(base.passages), CHUNK_ROWS)
         transient = merge_segments and merged_at_once(writer.segments, replaced, cuts.n_rows)
-        record, scored = _write_segment(writer, base, plan, cuts, space, batch_size, st,
+        record, scored = _write_segment(writer, base, cuts, space, request.batch_size, st,
                                         transient=transient)  # fmt: skip
         with st.timed("drift"):
             before = [seg for seg in writer.segments if seg.name != record.name]
@@ -242,33 +242,6 @@ def _changes(base: mf.Manifest, plan: CorpusPlan, space: SearchSpace, model: Any
     return changes
 
 
-def _plan(
-    kind: str,
-    base: mf.Manifest,
-    corpus: Any,
-    text_column: str | None,
-    id_column: str | None,
-    strict: bool,
-) -> CorpusPlan:
-    cols = base.columns
-    plan = scan_corpus(
-        corpus,
-        text_column or cols.text,
-        id_column or cols.id,
-        strict=strict,
-        auto_id_start=base.next_auto_id,
-        schema=base.schema_,
-        id_type=cols.id_type,
-    )
-    if plan.id_column is None and cols.id is not None:
-        raise BadInput(
-            f"the index has ids from column {cols.id!r}, the corpus has no such column",
-            "add the column, or pass {id_column=...}",
-            param="id_column",
-        )
-    return plan
-
-
 def _plan_ids(plan: CorpusPlan) -> pa.Array | None:
     if plan.id_column is None:
         return None
@@ -303,7 +276,6 @@ def _replaced(
 def _write_segment(
     writer: Writer,
     base: mf.Manifest,
-    plan: CorpusPlan,
     cuts: Cuts,
     space: SearchSpace,
     batch_size: int,
@@ -329,12 +301,13 @@ def _write_segment(
     lps: list[np.ndarray] = []
     row = 0
     with st.task("writing rows", total=cuts.n_rows) as advance:
-        for ids, texts, meta, passages in cuts.batches(plan):
+        for ids, texts, meta, spans in cuts.batches():
             with st.timed("encode"):
                 U = space.encoder.encode(texts, batch_size=batch_size, progress=False)
             with st.timed("write"):
                 Z, lp = space.project(U)
-                builder.add(rows_table(ids, texts, meta, Z, U, passages), Z)
+                columns = None if spans is None else passage_columns(spans)
+                builder.add(rows_table(ids, texts, meta, Z, U, columns), Z)
             pick = pool[(pool >= row) & (pool < row + len(texts))] - row
             Zs.append(Z[pick])
             keys.append(keys_of(ids.take(pa.array(pick, pa.int64()))))

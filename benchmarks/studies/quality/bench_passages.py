@@ -265,7 +265,7 @@ def _tables(report: dict[str, Any]) -> list[str]:
     modes = ("dense", "hybrid")
     head = " | ".join(f"{m} {g} ({report['queries'][g]})" for m in modes for g in groups)
     lines = [f"| cut (tokens/overlap) | passages | {head} |", "|" + "---|" * (2 + 2 * len(groups))]
-    from flowsearch.encode.passages import DEFAULT_OVERLAP, DEFAULT_TOKENS
+    from flowsearch.ingest.passages import DEFAULT_OVERLAP, DEFAULT_TOKENS
 
     shipped = f"{DEFAULT_TOKENS}/{DEFAULT_OVERLAP}"
     for name, row in report["configs"].items():

@@ -2,7 +2,7 @@ r"""Where a corpus's rows come from: its files (a file, a directory, a glob, a l
 
 :func:`resolve_files` finds the files a path argument names (directories searched recursively;
 hidden and ``_``-prefixed files ignored, as pyarrow's datasets do), and :func:`sources` turns a
-corpus argument into :class:`~flowsearch.storage.readers.Source` objects, in sorted path order,
+corpus argument into :class:`~flowsearch.ingest.readers.Source` objects, in sorted path order,
 so the same corpus always yields the same row order.
 
 Example:
@@ -21,7 +21,7 @@ from typing import Any, TypeAlias
 import pyarrow as pa
 
 from flowsearch.errors import BadInput
-from flowsearch.storage.readers import Source, format_of, records_table
+from flowsearch.ingest.readers import Source, format_of, records_table
 
 __all__ = ["Corpus", "resolve_files", "sources"]
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import logging
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,7 +43,11 @@ __all__ = [
     "format_of",
     "records_table",
     "reading_error",
+    "with_growing_blocks",
 ]
+
+LOG = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: File name suffixes read, and the format each names (``.gz`` may follow a text format).
 FORMATS: dict[str, str] = {
@@ -83,14 +88,15 @@ class Source:
         format: ``"parquet"``, ``"jsonl"``, ``"csv"``, ``"tsv"`` or ``"table"``.
         path: the file (None for a table).
         table: the in-memory table (None for a file).
-        block_size: bytes per block for the JSON/CSV readers (grown by the corpus scan).
+        block_size: bytes per block for the JSON/CSV readers (grown by
+            :func:`with_growing_blocks`).
     """
 
     name: str
     format: str
     path: Path | None = None
     table: pa.Table | None = None
-    block_size: int = FIRST_BLOCK
+    block_size: int = field(default_factory=lambda: FIRST_BLOCK)
     #: the file's numbers were read as text once and found fine (:func:`_refuse_big_numbers`)
     numbers_checked: bool = field(default=False, repr=False)
 
@@ -116,7 +122,8 @@ class Source:
 
         Raises:
             FlowsearchError: the file cannot be read (one line naming it).
-            BlockTooSmall: a JSON/CSV block reader needs larger blocks (the scan retries).
+            BlockTooSmall: a JSON/CSV block reader needs larger blocks
+                (:func:`with_growing_blocks` retries).
         """
         if self.table is not None:
             table = self.table if columns is None else self.table.select(list(columns))
@@ -166,6 +173,17 @@ class Source:
             # an empty field is a missing value (as pandas reads it), not an empty string
             convert_options=pcsv.ConvertOptions(strings_can_be_null=True),
         )
+
+
+def with_growing_blocks(source: Source, read: Callable[[Source], _T]) -> _T:
+    """``read(source)``, read again with blocks twice as large while a JSON/CSV block reader
+    needs them (up to :data:`MAX_BLOCK`, past which the reader's error is the one line)."""
+    while True:
+        try:
+            return read(source)
+        except BlockTooSmall:
+            source.block_size = min(source.block_size * 2, MAX_BLOCK)
+            LOG.debug("re-reading %s with %d-byte blocks", source.name, source.block_size)
 
 
 def _needs_larger_block(exc: Exception, fmt: str) -> bool:

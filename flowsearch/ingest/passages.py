@@ -1,5 +1,5 @@
-r"""Long texts cut into passages the encoder reads whole: by its own tokens, with overlap, at
-sentence ends where possible.
+r"""Passages: long documents cut into spans the encoder reads whole, and into the rows a write
+makes of them.
 
 An encoder reads a bounded number of tokens (its *window*: all-MiniLM-L6-v2 reads 256, two of
 them its [CLS] and [SEP]); what a text holds past it never reaches its vector. A text of at
@@ -17,6 +17,12 @@ first starts at 0, the last ends at ``len(text)``, each starts at or before the 
 end (a passage keeps the whitespace after its last token). So the text is rebuilt from its
 passages alone (:func:`joined`), and a passage's own text is ``text[start:end]``.
 
+A write cuts every document the same way (the index's manifest records the sizes):
+:class:`Cuts` tokenizes the corpus once, before anything is encoded, so the write knows how many
+rows it makes and whether its segment needs the passage columns (stored by
+:mod:`flowsearch.storage.passages`, only when a document is longer than the window). Each
+passage row repeats its document's id and metadata; its ``text`` is the passage's.
+
 Example:
     >>> offsets = [(0, 3), (4, 7), (7, 8), (9, 12), (13, 16), (16, 17)]  # "the cat. the dog."
     >>> spans("the cat. the dog.", offsets, PassageSizes(tokens=3, overlap=0, window=4))
@@ -25,32 +31,58 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import NamedTuple, Protocol
+
+import numpy as np
+import pyarrow as pa
 
 from flowsearch.errors import BadInput
+from flowsearch.ingest.corpus import CorpusPlan
 
 __all__ = [
+    "BATCH_DOCUMENTS",
     "DEFAULT_OVERLAP",
     "DEFAULT_TOKENS",
+    "Cuts",
+    "PassageBatch",
     "PassageSizes",
+    "Spans",
+    "Tokenizer",
     "checked_sizes",
     "joined",
+    "passage_rows",
+    "requested_sizes",
     "spans",
     "split_texts",
 ]
 
-#: Tokens per passage unless asked otherwise (at most the window): on both long-document dev
-#: sets (``benchmarks/bench_passages.py``, RESULTS.md "Passages") 128-token passages beat
-#: window-sized ones (dense nDCG@10 0.711 against 0.651 on one-topic documents, 0.506 against
-#: 0.392 on mixed ones) for twice the rows; 64 did better still there, but both sets look for
-#: one sentence, which favours short passages, at four times the rows.
+#: Tokens per passage unless asked otherwise (at most the window): shorter passages than the
+#: window find a document by one of its sentences better, for more rows (RESULTS.md, "Passages").
 DEFAULT_TOKENS = 128
 #: Tokens a passage shares with the previous one, at most, unless asked otherwise (at most a
-#: quarter of the passage): overlap 32 beat 0 at 254-token passages on mixed documents (0.392
-#: against 0.374); at 128 tokens 16 and 0 are level (0.711, 0.715) for 10% more rows.
+#: quarter of the passage), so a sentence cut at a passage's end is read whole by the next.
 DEFAULT_OVERLAP = 16
+#: Documents per batch (as the writes encode them).
+BATCH_DOCUMENTS = 2048
+
+#: Per document, its passages' character spans, in order.
+Spans = list[list[tuple[int, int]]]
+
+
+class Tokenizer(Protocol):
+    """What cutting needs of an encoder: its window and its tokens' character offsets."""
+
+    @property
+    def window(self) -> int:
+        """Tokens the encoder reads of one text (its special tokens not counted)."""
+        ...
+
+    def token_offsets(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        """Each text's tokens as character spans (no special tokens, no truncation)."""
+        ...
+
 
 #: Characters that end a sentence when a token ends with one (closing quotes and brackets may
 #: follow).
@@ -205,14 +237,12 @@ def spans(
     return out
 
 
-def split_texts(
-    encoder: Any, texts: Sequence[str], sizes: PassageSizes | None
-) -> list[list[tuple[int, int]]]:
+def split_texts(encoder: Tokenizer, texts: Sequence[str], sizes: PassageSizes | None) -> Spans:
     """Each text's passages (character spans) under ``encoder``'s tokenizer; with ``sizes``
     None every text is one passage (an index that does not cut: truncation, as before)."""
     if sizes is None:
         return [[(0, len(t))] for t in texts]
-    out: list[list[tuple[int, int]]] = [[(0, len(t))] for t in texts]
+    out: Spans = [[(0, len(t))] for t in texts]
     # a character is at most 4 UTF-8 bytes, so at most 4 tokens (byte-level BPE; word pieces
     # take at least one character each): texts too short to pass the window are not tokenized
     longer = [i for i, t in enumerate(texts) if 4 * len(t) > sizes.window]
@@ -232,3 +262,111 @@ def joined(texts: Sequence[str], starts: Sequence[int], ends: Sequence[int]) -> 
             out.append(text[max(reached - start, 0) :])
             reached = end
     return "".join(out)
+
+
+def requested_sizes(enc: Tokenizer, tokens: int | None, overlap: int | None) -> PassageSizes | None:
+    """A build's passage sizes: ``tokens=0`` turns passages off (each text truncated to the
+    window); None takes the defaults.
+
+    Raises:
+        BadInput: sizes the encoder cannot use.
+    """
+    if tokens == 0:
+        if overlap:
+            raise BadInput(
+                "passage_overlap needs passages", "omit it, or give passage_tokens > 0",
+                param="passage_overlap",
+            )  # fmt: skip
+        return None
+    return checked_sizes(enc.window, tokens, overlap)
+
+
+class PassageBatch(NamedTuple):
+    """A batch of passage rows: one row per passage, each with its document's id and metadata."""
+
+    ids: pa.Array
+    texts: list[str]
+    metadata: pa.Table | None
+    #: per document of the batch, its passages' spans; None when no document of the corpus is
+    #: cut (every row is a whole document, and the segment has no passage columns)
+    spans: Spans | None
+
+
+class Cuts:
+    """Every document of ``plan`` cut into passages (character spans), batch by batch; only
+    the documents of several passages are remembered (the others are whole).
+
+    Args:
+        encoder: the index's encoder (its tokenizer cuts).
+        plan: the corpus being written.
+        sizes: how to cut (None: every document is one passage).
+        batch_rows: documents per batch.
+
+    Attributes:
+        n_rows: passage rows the write makes.
+        n_cut: documents of several passages.
+        cut: whether any document has several passages (the segment gets the passage columns).
+    """
+
+    def __init__(
+        self,
+        encoder: Tokenizer,
+        plan: CorpusPlan,
+        sizes: PassageSizes | None,
+        batch_rows: int = BATCH_DOCUMENTS,
+    ) -> None:
+        self.plan = plan
+        self.batch_rows = batch_rows
+        #: per batch: {document's position in the batch: its spans} for the documents cut
+        self.spans: list[dict[int, list[tuple[int, int]]]] = []
+        self.batch_sizes: list[int] = []
+        self.n_rows = 0
+        for _ids, texts, _meta in plan.batches(batch_rows):
+            cut = split_texts(encoder, texts, sizes) if sizes is not None else []
+            self.spans.append({i: doc for i, doc in enumerate(cut) if len(doc) > 1})
+            self.batch_sizes.append(len(texts))
+            self.n_rows += len(texts) + sum(len(doc) - 1 for doc in self.spans[-1].values())
+        self.n_cut = sum(len(batch) for batch in self.spans)
+        self.cut = self.n_cut > 0
+
+    def _counts(self, at: int) -> np.ndarray:
+        counts = np.ones(self.batch_sizes[at], dtype=np.int64)
+        for i, doc in self.spans[at].items():
+            counts[i] = len(doc)
+        return counts
+
+    def documents(self) -> np.ndarray | None:
+        """int64 (n_rows,): each passage row's document (numbered in corpus order), or None
+        when no document is cut."""
+        if not self.cut:
+            return None
+        counts = np.concatenate([self._counts(at) for at in range(len(self.spans))])
+        return np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+
+    def batches(self) -> Iterator[PassageBatch]:
+        """The plan's rows as passage rows, batch by batch (see :class:`PassageBatch`)."""
+        for at, (ids, texts, meta) in enumerate(self.plan.batches(self.batch_rows)):
+            if not self.cut:
+                yield PassageBatch(ids, texts, meta, None)
+                continue
+            cut = self.spans[at]
+            spans = [cut.get(i, [(0, len(t))]) for i, t in enumerate(texts)]
+            yield passage_rows(ids, texts, meta, spans)
+
+
+def passage_rows(
+    ids: pa.Array, texts: list[str], meta: pa.Table | None, spans: Spans
+) -> PassageBatch:
+    """Documents as passage rows (every build engine's one way): one row per span of ``spans``
+    (per document, its passages' character spans), each repeating its document's id and
+    metadata (any columns ``meta`` holds).
+
+    Example:
+        >>> rows = passage_rows(pa.array(["a", "b"]), ["x y", "z"], None,
+        ...                     [[(0, 2), (2, 3)], [(0, 1)]])
+        >>> rows.ids.to_pylist(), rows.texts
+        (['a', 'a', 'b'], ['x ', 'y', 'z'])
+    """
+    take = pa.array(np.repeat(np.arange(len(texts)), [len(doc) for doc in spans]))
+    passages = [texts[i][a:b] for i, doc in enumerate(spans) for a, b in doc]
+    return PassageBatch(ids.take(take), passages, None if meta is None else meta.take(take), spans)

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flowsearch.errors import BadInput
-from flowsearch.storage.readers import Source
+from flowsearch.ingest.readers import Source
 
 __all__ = [
     "check_text_type",
