@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from flowsearch.ann.build import check_projection_settings
 from flowsearch.ann.factory import check_factory
+from flowsearch.ann.policy import AnnPolicy, policy_or_default
 from flowsearch.errors import BadInput
 from flowsearch.progress import Stages
 from flowsearch.space.fitting import checked_calibration, load_fitted
@@ -94,6 +94,7 @@ def build_index(
     wait: float | None = None,
     passage_tokens: int | None = None,
     passage_overlap: int | None = None,
+    ann: AnnPolicy | None = None,
 ) -> WriteResult:
     r"""Index a corpus into ``index_dir`` (see the module docstring for the data flow).
 
@@ -125,6 +126,8 @@ def build_index(
             cut (only its first tokens are read, as before passages).
         passage_overlap: tokens a passage shares with the previous one, at most; None: the
             default (:data:`~flowsearch.encode.passages.DEFAULT_OVERLAP`).
+        ann: what ``index_factory="auto"`` builds and tunes for
+            (:class:`~flowsearch.ann.policy.AnnPolicy`; None: the defaults).
 
     Returns:
         A :class:`~flowsearch.writes.results.WriteResult` (``kind="build"``).
@@ -135,6 +138,7 @@ def build_index(
     target = Path(index_dir).expanduser()
     check_target(target, overwrite)
     _checked_options(batch_size, fit_sample, engine, calibration, calibrator)
+    policy = policy_or_default(ann)
     st = Stages()
     with st.timed("scan"):
         plan = scan_corpus(corpus, text_column, id_column, strict=strict)
@@ -157,7 +161,7 @@ def build_index(
     options = BuildOptions(
         source=_source(model, enc), calibration=calibration, loaded=loaded,
         loaded_from=calibrator, index_factory=index_factory, batch_size=batch_size,
-        fit_sample=fit_sample, lexical=lexical, passages=sizes,
+        fit_sample=fit_sample, lexical=lexical, passages=sizes, ann=policy,
     )  # fmt: skip
     with open_writer(target, new=True, overwrite=overwrite, wait=wait) as writer, st.live():
         manifest = builder(writer, plan, enc, st, options)
@@ -184,8 +188,6 @@ def _load(model: Any, pooling: str, max_length: int | None, backend: str, quanti
     factory checked against the searched dimension before any encoding."""
     from flowsearch.encode.encoder import Encoder
 
-    if index_factory == "auto":  # its graph's settings, before a model is even loaded
-        check_projection_settings()
     options: dict[str, Any] = {}
     if backend != "torch" or quantize is not None:  # only encoders that have them
         options = {"backend": backend, "quantize": quantize}
@@ -211,7 +213,8 @@ def _build(
         space, index, factory = fit_space(np.asarray(raw[fit_idx]), enc, n_rows, st, options)
     builder = SegmentBuilder(writer, dim=space.dim, n_rows=n_rows,
                              requested=options.index_factory, lexical=options.lexical,
-                             strict_factory=True, index=index, factory=factory)  # fmt: skip
+                             strict_factory=True, index=index, factory=factory,
+                             ann=options.ann)  # fmt: skip
     with st.timed("write segment"):
         lps = _write_rows(builder, plan, cuts, raw, space, st)
     measured, method = reference_rows(n_rows, held_idx)

@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from flowsearch.ann.policy import AnnPolicy, policy_or_default
 from flowsearch.errors import BadInput
 from flowsearch.progress import Stages
 from flowsearch.settings import current
@@ -57,7 +58,8 @@ from flowsearch.writes.measure import (
     stage_sample,
     stale_keys,
 )
-from flowsearch.writes.merge import merge, merged_at_once, plan_merges
+from flowsearch.writes.merge import MergePolicy, merge, merged_at_once, plan_merges
+from flowsearch.writes.merge import policy_or_default as merge_policy_or_default
 from flowsearch.writes.passages import Cuts, sizes_of
 from flowsearch.writes.results import WriteResult, result_of
 from flowsearch.writes.segments import SegmentBuilder
@@ -79,6 +81,8 @@ def upsert(
     encoder: Any = None,
     wait: float | None = None,
     merge_segments: bool = True,
+    ann: AnnPolicy | None = None,
+    merge: MergePolicy | None = None,
 ) -> WriteResult:
     r"""Insert new ids and replace existing ones, under the index's frozen encoder and calibrator.
 
@@ -98,6 +102,10 @@ def upsert(
         encoder: a loaded Encoder to reuse (must match the index's).
         wait: seconds to wait for another writer (None: refuse at once).
         merge_segments: let the write merge small segments (the size-tiered policy).
+        ann: what ``auto`` builds and tunes the new and merged segments for
+            (:class:`~flowsearch.ann.policy.AnnPolicy`; None: the defaults).
+        merge: when segments merge (:class:`~flowsearch.writes.merge.MergePolicy`; None: the
+            defaults).
 
     Returns:
         A :class:`WriteResult` with ``n_written``, ``n_inserted``, ``n_replaced`` and ``drift``.
@@ -118,6 +126,8 @@ def upsert(
         encoder,
         wait,
         merge_segments,
+        ann=policy_or_default(ann),
+        merge_policy=merge_policy_or_default(merge),
     )
 
 
@@ -133,6 +143,8 @@ def add_to_index(
     encoder: Any = None,
     wait: float | None = None,
     merge_segments: bool = True,
+    ann: AnnPolicy | None = None,
+    merge: MergePolicy | None = None,
 ) -> WriteResult:
     r"""Append rows whose ids are new (an id already in the index is refused: use
     :func:`upsert` to replace). Same arguments and result as :func:`upsert`.
@@ -153,6 +165,8 @@ def add_to_index(
         encoder,
         wait,
         merge_segments,
+        ann=policy_or_default(ann),
+        merge_policy=merge_policy_or_default(merge),
     )
 
 
@@ -183,6 +197,9 @@ def _write(
     encoder: Any,
     wait: float | None,
     merge_segments: bool,
+    *,
+    ann: AnnPolicy,
+    merge_policy: MergePolicy,
 ) -> WriteResult:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise BadInput(
@@ -200,9 +217,10 @@ def _write(
             space = SearchSpace.open(target, base, encoder, model=model)
         with st.timed("cut"):  # as the build cut (the manifest's sizes): rows are passages
             cuts = Cuts(space.encoder, plan, sizes_of(base.passages), CHUNK_ROWS)
-        transient = merge_segments and merged_at_once(writer.segments, replaced, cuts.n_rows)
+        transient = merge_segments and merged_at_once(writer.segments, replaced, cuts.n_rows,
+                                                       merge_policy, ann)  # fmt: skip
         record, scored = _write_segment(writer, base, plan, cuts, space, batch_size, st,
-                                        transient=transient)  # fmt: skip
+                                        transient=transient, ann=ann)  # fmt: skip
         with st.timed("drift"):
             before = [seg for seg in writer.segments if seg.name != record.name]
             drift, reference = _drift(writer, base, before, replaced, replaced_keys, scored,
@@ -212,7 +230,7 @@ def _write(
                 writer.delete_rows(name, rows)
         new_schema = schema_mod.merged(base.schema_, plan.metadata_schema)
         with st.timed("merge"):
-            merged = _merge(writer, base, new_schema) if merge_segments else 0
+            merged = _merge(writer, base, new_schema, merge_policy, ann) if merge_segments else 0
         changes = _changes(base, plan, space, model, new_schema)
         if reference is not None:
             changes["reference"] = reference
@@ -310,6 +328,7 @@ def _write_segment(
     st: Stages,
     *,
     transient: bool = False,
+    ann: AnnPolicy | None = None,
 ) -> tuple[mf.SegmentRecord, _Pool]:
     """Encode, project and write the new rows (a row per passage) as one segment. Returns its
     record and a seeded sample of the new rows (:func:`_pool`): their searched vectors, keys,
@@ -322,6 +341,7 @@ def _write_segment(
         n_rows=cuts.n_rows,
         requested="Flat" if transient else base.ann_requested,
         lexical=base.lexical is not None,
+        ann=ann,
     )
     pool, judged = _pool(cuts.n_rows)
     Zs: list[np.ndarray] = []
@@ -369,12 +389,12 @@ def _pool(n_rows: int) -> tuple[np.ndarray, np.ndarray]:
     return pool, judged
 
 
-def _merge(writer: Writer, base: mf.Manifest, schema: tuple[mf.SchemaColumn, ...]) -> int:
+def _merge(writer: Writer, base: mf.Manifest, schema: tuple[mf.SchemaColumn, ...],
+           policy: MergePolicy, ann: AnnPolicy) -> int:  # fmt: skip
     """Run the size-tiered policy on small segments; returns how many segments it merged."""
-    from flowsearch.settings import current
-
     merged = 0
-    for names in plan_merges(writer.segments, max_rows=current().write_merge_max_rows):
+    for names in plan_merges(writer.segments, policy, max_rows=policy.write_merge_max_rows,
+                             flat_max_rows=ann.flat_max_rows):  # fmt: skip
         merge(
             writer,
             names,
@@ -382,6 +402,7 @@ def _merge(writer: Writer, base: mf.Manifest, schema: tuple[mf.SchemaColumn, ...
             requested=base.ann_requested,
             lexical=base.lexical is not None,
             schema=schema,
+            ann=ann,
         )
         merged += len(names)
     return merged
