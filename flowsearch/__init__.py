@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any
 from flowsearch._version import __version__
 
 __all__ = [
+    "AnnPolicy",
     "Encoder",
     "FlowsearchError",
     "Hit",
+    "MergePolicy",
     "QueryResult",
     "Searcher",
     "Settings",
@@ -34,9 +36,11 @@ __all__ = [
 ]
 
 _LAZY = {
+    "AnnPolicy": "flowsearch.ann.policy",
     "Encoder": "flowsearch.encode.encoder",
     "FlowsearchError": "flowsearch.errors",
     "Hit": "flowsearch.search.results",
+    "MergePolicy": "flowsearch.writes.merge",
     "QueryResult": "flowsearch.search.results",
     "Searcher": "flowsearch.search.searcher",
     "Settings": "flowsearch.settings",
@@ -54,6 +58,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from flowsearch.ann.policy import AnnPolicy
     from flowsearch.calibration import load_calibrator, make_calibrator
     from flowsearch.encode.encoder import Encoder
     from flowsearch.errors import FlowsearchError
@@ -64,6 +69,7 @@ if TYPE_CHECKING:
     from flowsearch.writes.build import build_index
     from flowsearch.writes.compact import compact, recalibrate
     from flowsearch.writes.delete import delete
+    from flowsearch.writes.merge import MergePolicy
     from flowsearch.writes.results import WriteResult
     from flowsearch.writes.upsert import add_to_index, upsert
 

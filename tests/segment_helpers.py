@@ -63,14 +63,18 @@ def add_segment(
     factory: str = "Flat",
     lexical: bool = True,
     dim: int = DIM,
+    ann: Any = None,
 ) -> mf.SegmentRecord:
     """Write one segment of ``ids`` into ``writer`` (vectors seeded by ``seed`` unless given;
-    raw vectors = searched vectors). Returns its record."""
+    raw vectors = searched vectors; ``ann``: an ``AnnPolicy`` for ``auto``). Returns its
+    record."""
     from flowsearch.writes.segments import SegmentBuilder
 
     Z = unit(len(ids), dim, seed) if vectors is None else np.asarray(vectors, np.float32)
     texts = list(texts) if texts is not None else texts_for(ids)
-    builder = SegmentBuilder(writer, dim=dim, n_rows=len(ids), requested=factory, lexical=lexical)
+    builder = SegmentBuilder(
+        writer, dim=dim, n_rows=len(ids), requested=factory, lexical=lexical, ann=ann
+    )
     builder.add(rows_table(list(ids), texts, meta, Z, Z), Z)
     return builder.finish()
 
@@ -129,16 +133,18 @@ def build(
         return writer.publish(kind="build", n_rows=n, template=base)
 
 
-def build_vectors(root: Path, vectors: Sequence[np.ndarray], factory: str, dim: int) -> mf.Manifest:
+def build_vectors(
+    root: Path, vectors: Sequence[np.ndarray], factory: str, dim: int, ann: Any = None
+) -> mf.Manifest:
     """Publish a first version of ``root`` with one segment per array of ``vectors`` (ids
     ``r0``, ``r1``, ... across segments), each indexed as ``factory`` (what the manifest says
-    was asked for), no lexical index."""
+    was asked for; ``ann``: an ``AnnPolicy`` for ``auto``), no lexical index."""
     base = template(dim=dim, lexical=False).model_copy(update={"ann_requested": factory})
     with open_writer(root, new=True) as writer:
         save_none_calibrator(writer, base.calibration, dim)
         start = 0
         for rows in vectors:
             ids = [f"r{i}" for i in range(start, start + len(rows))]
-            add_segment(writer, ids, vectors=rows, factory=factory, lexical=False, dim=dim)
+            add_segment(writer, ids, vectors=rows, factory=factory, lexical=False, dim=dim, ann=ann)
             start += len(rows)
         return writer.publish(kind="build", n_rows=start, template=base)

@@ -13,11 +13,15 @@ from test_ann_tuning import _clustered, _exact
 from flowsearch.ann import build as ab
 from flowsearch.ann import factory as af
 from flowsearch.ann import io as ann_io
+from flowsearch.ann import merged
+from flowsearch.ann import tune as at
 from flowsearch.ann.merged import Curve, choose_knobs, merged_recall, rank_tails
+from flowsearch.ann.policy import AnnPolicy
 from flowsearch.ann.prefilter import filtered_search
 from flowsearch.settings import override
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.writer import open_writer
+from flowsearch.writes.merge import MergePolicy
 
 
 def test_rank_tails_are_a_binomial_count_of_merged_rows():
@@ -79,7 +83,7 @@ def test_tune_records_a_recall_curve_ending_at_the_tuned_value():
     x = _clustered(3_000, 32, 30)
     index = af.new_index(32, "HNSW8")
     ab.add(index, x)
-    t = ab.tune(index, x, lambda: iter([x]), sample_rows=np.arange(len(x)), noise=0.5)
+    t = at.tune(index, x, lambda: iter([x]), sample_rows=np.arange(len(x)), noise=0.5)
     value = int(t.params.split("=")[1])
     assert t.curve is not None and t.curve.name == "efSearch"
     assert t.curve.values[0] == 10 and t.curve.values[-1] == value
@@ -91,8 +95,8 @@ def test_tune_records_a_recall_curve_ending_at_the_tuned_value():
     # nearer ranks are found at least as often at a low knob as deeper ones, on average
     first = t.curve.found[0]
     assert np.mean(first[:3]) >= np.mean(first[-3:])
-    assert ab.knob_ladder(10, 64) == [10, 15, 20, 30, 40, 60, 64]
-    assert ab.knob_ladder(16, 16) == [16]
+    assert at.knob_ladder(10, 64) == [10, 15, 20, 30, 40, 60, 64]
+    assert at.knob_ladder(16, 16) == [16]
 
 
 def test_a_knob_given_per_search_leaves_the_shared_index_alone():
@@ -105,7 +109,7 @@ def test_a_knob_given_per_search_leaves_the_shared_index_alone():
     shallow = ann_io.search(index, q, 10, knob=1)
     assert faiss.downcast_index(index).hnsw.efSearch == 400
     truth = _exact(q, x, 10)
-    assert ab.recall_at_k(shallow[1], truth) < ab.recall_at_k(deep[1], truth)
+    assert at.recall_at_k(shallow[1], truth) < at.recall_at_k(deep[1], truth)
     faiss.downcast_index(index).hnsw.efSearch = 1
     np.testing.assert_array_equal(ann_io.search(index, q, 10)[1], shallow[1])
     faiss.downcast_index(index).hnsw.efSearch = 400
@@ -113,16 +117,16 @@ def test_a_knob_given_per_search_leaves_the_shared_index_alone():
     dead = np.zeros(len(x), bool)
     dead[::50] = True
     post = filtered_search(index, q, 10, excluded=dead, knob=1)[1]
-    assert ab.recall_at_k(post, truth) < ab.recall_at_k(deep[1], truth)
+    assert at.recall_at_k(post, truth) < at.recall_at_k(deep[1], truth)
     keep = np.arange(0, len(x), 2)
     sel_low = filtered_search(index, q, 10, keep, exact_below=0, knob=1)[1]
     sel_high = filtered_search(index, q, 10, keep, exact_below=0)[1]
     assert np.isin(sel_low[sel_low >= 0], keep).all()
     kept_truth = keep[_exact(q, x[keep], 10)]
-    assert ab.recall_at_k(sel_low, kept_truth) < ab.recall_at_k(sel_high, kept_truth)
+    assert at.recall_at_k(sel_low, kept_truth) < at.recall_at_k(sel_high, kept_truth)
 
 
-def _write(root, sizes, dim, seed=5):
+def _write(root, sizes, dim, seed=5, ann=None):
     """Segments of ``sizes`` rows cut in order from one clustered sample (rows ``r0``...)."""
     x = _clustered(sum(sizes), dim, 12, seed=seed)
     base = template(dim=dim, lexical=False)
@@ -132,7 +136,7 @@ def _write(root, sizes, dim, seed=5):
         for n in sizes:
             ids = [f"r{i}" for i in range(start, start + n)]
             add_segment(writer, ids, vectors=x[start : start + n], factory="auto",
-                        lexical=False, dim=dim)  # fmt: skip
+                        lexical=False, dim=dim, ann=ann)  # fmt: skip
             start += n
         return writer.publish(kind="build", n_rows=start, template=base)
 
@@ -146,19 +150,19 @@ def _dense_recall(root, queries):
     v = vmod.load(root, mf.read(root), vmod.Opened(), with_encoder=False)
     found = SegmentSet(v).dense(queries, 10, None)[1]
     vectors = np.concatenate([seg.vectors(np.arange(seg.n_rows)) for seg in v.segments])
-    return ab.recall_at_k(found, _exact(queries, vectors, 10)), v.knobs(), found
+    return at.recall_at_k(found, _exact(queries, vectors, 10)), v.knobs(), found
 
 
-def test_a_version_of_many_graph_segments_searches_each_below_its_own_tuning(tmp_path):
+def test_a_version_of_many_graph_segments_searches_each_below_its_own_tuning(tmp_path, monkeypatch):
     root = tmp_path / "idx"
-    with override(flat_max_rows=600):
-        m = _write(root, [1_500] * 6 + [400], dim=32)
+    m = _write(root, [1_500] * 6 + [400], dim=32, ann=AnnPolicy(flat_max_rows=600))
     curves = [s.ann.tuning.curve for s in m.segments[:6]]
     assert all(c is not None and c.values[-1] == int(s.ann.params.split("=")[1])
                for c, s in zip(curves, m.segments, strict=False))  # fmt: skip
     assert mf.read(root).segments[0].ann.tuning.curve == curves[0]  # the manifest keeps it
     queries = _clustered(300, 32, 12, seed=5)  # fresh rows, the same centres
-    with override(merged_skew=1.0):  # rows spread as the segments' sizes (so they are here)
+    with monkeypatch.context() as patch:  # rows spread as the segments' sizes (so they are here)
+        patch.setattr(merged, "MERGED_SKEW", 1.0)
         recall, knobs, found = _dense_recall(root, queries)
     _, safer, _ = _dense_recall(root, queries)  # the default assumes crowding: higher knobs
     assert all(a <= b for a, b in zip(knobs[:6], safer[:6], strict=True))
@@ -167,9 +171,6 @@ def test_a_version_of_many_graph_segments_searches_each_below_its_own_tuning(tmp
     assert all(k <= t for k, t in zip(knobs[:6], tuned, strict=False))
     assert sum(knobs[:6]) < sum(tuned)  # cheaper than each tuned for its own top 10
     assert recall >= 0.95  # the merged answer still reaches the target
-    with override(merged_knobs=False):
-        alone, none, _ = _dense_recall(root, queries)
-    assert none is None and alone >= recall - 0.01
     with override(segment_threads=2):  # concurrent segments: the same answers
         _, _, again = _dense_recall(root, queries[:1])
     np.testing.assert_array_equal(again, found[:1])
@@ -187,7 +188,7 @@ def test_a_write_merged_at_once_builds_and_tunes_one_graph(tmp_path, model_dir, 
     build_index(write_corpus(tmp_path / "c.parquet", n=20), root, model=str(model_dir),
                 calibration="none", lexical=False)  # fmt: skip
     tuned, factories = [], []
-    real_tune, real_init = seg_mod.ann_build.tune, seg_mod.SegmentBuilder.__init__
+    real_tune, real_init = seg_mod.tune_segment, seg_mod.SegmentBuilder.__init__
 
     def init(self, *a, **kw):
         real_init(self, *a, **kw)
@@ -195,17 +196,21 @@ def test_a_write_merged_at_once_builds_and_tunes_one_graph(tmp_path, model_dir, 
 
     monkeypatch.setattr(seg_mod.SegmentBuilder, "__init__", init)
     monkeypatch.setattr(
-        seg_mod.ann_build, "tune", lambda *a, **kw: tuned.append(1) or real_tune(*a, **kw)
+        seg_mod, "tune_segment", lambda *a, **kw: tuned.append(1) or real_tune(*a, **kw)
     )
 
     def rows(first):
         return [{"id": f"n{i}", "text": f"a new row {i}"} for i in range(first, first + 8)]
 
-    with override(flat_max_rows=5, floor_segment_rows=100, segments_per_tier=3,
-                  write_merge_max_rows=1_000):  # fmt: skip
-        upsert(root, rows(0))  # two segments in the lowest tier: no merge, its graph is kept
-        assert (factories, len(tuned)) == (["HNSW32"], 1)
-        result = upsert(root, rows(8))  # the third: merged in the same write
+    policies = {
+        "ann": AnnPolicy(flat_max_rows=5),
+        "merge": MergePolicy(
+            floor_segment_rows=100, segments_per_tier=3, write_merge_max_rows=1_000
+        ),
+    }
+    upsert(root, rows(0), **policies)  # two segments in the lowest tier: no merge, graph kept
+    assert (factories, len(tuned)) == (["HNSW32"], 1)
+    result = upsert(root, rows(8), **policies)  # the third: merged in the same write
     assert result.n_merged == 3 and len(mf.read(root).segments) == 1
     assert factories[1:] == ["Flat", "HNSW32"] and len(tuned) == 2  # one graph, tuned once
     assert mf.read(root).segments[0].ann.factory == "HNSW32"

@@ -1,7 +1,8 @@
-"""``auto``'s scan tier (issue 30; off unless ``Settings.scan_max_rows`` is set): every row's
-1-bit RaBitQ code scanned, the best re-ranked exactly; its re-rank depth tuned on held-out rows,
-kept through a write and a memory-mapped read, and filtered (FAISS 1.15 passes no ID selector
-to it: the searchable rows are searched exactly over the re-rank vectors)."""
+"""A scan of 1-bit RaBitQ codes re-ranked exactly (``RaBitQfs,RFlat``): no tier of ``auto`` any
+more, but a factory a user may pass (``index_factory``, or ``AnnPolicy.graph_factory``), and what
+the segments of an older release's scan tier hold: its re-rank depth tuned on held-out rows, kept
+through a write and a memory-mapped read, and filtered (FAISS passes no ID selector to it: the
+searchable rows are searched exactly over the re-rank vectors)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import pytest
 from flowsearch.ann import build as ab
 from flowsearch.ann import factory as af
 from flowsearch.ann import io as ann_io
+from flowsearch.ann import tune
+from flowsearch.ann.policy import AnnPolicy
 from flowsearch.ann.prefilter import filtered_search, search_params
-from flowsearch.settings import current, override
+
+SCAN = "RaBitQfs,RFlat"
 
 
 def _exact(q: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
@@ -30,35 +34,20 @@ def _clustered(n: int, dim: int, clusters: int, seed: int = 0) -> np.ndarray:
 
 def _near(x: np.ndarray, n: int, seed: int) -> np.ndarray:
     """Queries near rows of ``x`` (held out of the index) as the tuner draws them."""
-    return ab.held_out_queries(x, n, seed=seed)[0]
-
-
-def test_auto_scans_codes_between_flat_and_the_graph():
-    assert current().scan_max_rows == 0 and af.auto_factory(20_000) == "HNSW32"  # off by default
-    with override(flat_max_rows=100, scan_max_rows=1_000, graph_max_rows=5_000):
-        assert af.auto_factory(100) == "Flat"
-        assert af.auto_factory(101) == current().scan_factory == "RaBitQfs,RFlat"
-        assert af.auto_factory(1_000) == "RaBitQfs,RFlat"
-        assert af.auto_factory(1_001) == "HNSW32"
-        assert af.auto_factory(5_001, dim=32) == "IVF64,PQ4,RFlat"
-        # a graph threshold below the scan threshold wins: no scan past it
-        assert af.auto_factory(600, graph_max_rows=500, dim=32).endswith(",PQ4,RFlat")
-    assert af.refined(current().scan_factory)
-    assert af.mmap_flags("RaBitQfs,RFlat") & faiss.IO_FLAG_MMAP_IFC
+    return tune.held_out_queries(x, n, seed=seed)[0]
 
 
 def test_the_scan_index_is_tuned_by_its_rerank_depth_and_keeps_it(tmp_path):
     x, held = np.split(_clustered(4_000, 64, 40, seed=1), [3_000])
-    with override(flat_max_rows=1_000, scan_max_rows=10_000):
-        index, factory, params = ab.build(x, "auto")
-    assert factory == "RaBitQfs,RFlat"
+    index, factory, params = ab.build(x, "auto", AnnPolicy(flat_max_rows=1_000, graph_factory=SCAN))
+    assert factory == SCAN
     assert isinstance(faiss.downcast_index(index), faiss.IndexRefine)
     name, depth = params.split("=")
     assert name == "k_factor_rf"
-    assert 1 < int(depth) <= current().max_k_factor
+    assert 1 < int(depth) <= tune.MAX_K_FACTOR
     fresh = _near(held, 300, seed=5)  # rows the index never saw
     truth = _exact(fresh, x, 10)
-    tuned = ab.recall_at_k(index.search(fresh, 10)[1], truth)
+    tuned = tune.recall_at_k(index.search(fresh, 10)[1], truth)
     assert tuned >= 0.95
     # written and read back memory-mapped, the tuned depth is applied again
     path = tmp_path / "scan.faiss"
@@ -68,13 +57,13 @@ def test_the_scan_index_is_tuned_by_its_rerank_depth_and_keeps_it(tmp_path):
     np.testing.assert_array_equal(again.search(fresh, 10)[1], index.search(fresh, 10)[1])
     # the re-rank is what buys the recall: codes alone (depth 1) lose it
     faiss.downcast_index(index).k_factor = 1
-    assert ab.recall_at_k(index.search(fresh, 10)[1], truth) < tuned - 0.1
+    assert tune.recall_at_k(index.search(fresh, 10)[1], truth) < tuned - 0.1
 
 
 def test_a_filter_on_the_scan_index_returns_the_exact_top_k_of_matching_rows():
     x = _clustered(3_000, 32, 30, seed=2)
-    index = af.new_index(32, "RaBitQfs,RFlat")
-    ab.train(index, x, "RaBitQfs,RFlat")
+    index = af.new_index(32, SCAN)
+    ab.train(index, x, SCAN)
     ab.add(index, x)
     faiss.downcast_index(index).k_factor = 1  # the codes alone would miss most of the top 10
     q = _near(_clustered(200, 32, 30, seed=2), 20, seed=3)
@@ -92,30 +81,45 @@ def test_a_filter_on_the_scan_index_returns_the_exact_top_k_of_matching_rows():
     assert not excluded[found].any()
 
 
-def test_a_segment_written_with_the_scan_tier_is_tuned_recorded_and_searchable(tmp_path):
-    from test_ann_tuning import _write
+def test_a_segment_of_an_older_scan_tier_is_tuned_recorded_and_searchable(tmp_path):
+    """An ``auto`` index whose segment resolved to the scan (what the fourth release's scan
+    tier wrote): tuned by its re-rank depth, recorded, read back and searched."""
+    from segment_helpers import save_none_calibrator, template
 
     from flowsearch.storage import manifest as mf
+    from flowsearch.storage.rows import rows_table
+    from flowsearch.storage.writer import open_writer
+    from flowsearch.writes.segments import SegmentBuilder
 
     root = tmp_path / "idx"
-    with override(flat_max_rows=600, scan_max_rows=5_000):
-        m = _write(root, [1_500, 400], "auto", dim=64)
-    big, small = m.segments
-    assert (big.ann.factory, small.ann.factory) == ("RaBitQfs,RFlat", "Flat")
+    x = _clustered(1_500, 64, 30, seed=4)
+    base = template(dim=64, lexical=False).model_copy(update={"ann_requested": "auto"})
+    with open_writer(root, new=True) as writer:
+        save_none_calibrator(writer, base.calibration, 64)
+        builder = SegmentBuilder(writer, dim=64, n_rows=len(x), requested="auto", factory=SCAN,
+                                 lexical=False)  # fmt: skip
+        ids = [f"r{i}" for i in range(len(x))]
+        builder.add(rows_table(ids, ids, None, x, x), x)
+        builder.finish()
+        m = writer.publish(kind="build", n_rows=len(x), template=base)
+    (big,) = m.segments
+    assert big.ann.factory == SCAN
     assert big.ann.params.startswith("k_factor_rf=") and big.ann.tuning is not None
     assert 0.9 <= big.ann.tuning.recall <= 1.0
     path = next(p for p in root.rglob(big.ann.path) if big.name in str(p))
     index = ann_io.read_index(path, big.ann.params, mmap=big.ann.factory)
     assert faiss.downcast_index(index).k_factor == int(big.ann.params.split("=")[1])
     assert mf.read(root).segments[0].ann == big.ann  # survives the manifest's round trip
+    q = _near(x, 50, seed=6)
+    found = index.search(q, 10)[1]
+    assert tune.recall_at_k(found, _exact(q, x, 10)) >= 0.9
 
 
-def test_hnsw_is_built_with_the_settings_ef_construction_and_keeps_it(tmp_path):
-    assert current().hnsw_ef_construction == 80  # FAISS's own default is 40
+def test_hnsw_is_built_with_the_policy_ef_construction_and_keeps_it(tmp_path):
+    assert AnnPolicy().ef_construction == 80  # FAISS's own default is 40
     index = af.new_index(16, "HNSW8")
     assert faiss.downcast_index(index).hnsw.efConstruction == 80
-    with override(hnsw_ef_construction=12):
-        small = af.new_index(16, "HNSW8")
+    small = af.new_index(16, "HNSW8", AnnPolicy(ef_construction=12))
     assert faiss.downcast_index(small).hnsw.efConstruction == 12
     ab.add(small, _clustered(300, 16, 5))
     ann_io.write_index(small, tmp_path / "g.faiss")  # later adds build with the same value

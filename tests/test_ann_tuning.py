@@ -1,6 +1,7 @@
-"""``auto``'s vector index (issue 30): tuning on held-out queries, the recall it records in the
-manifest and ``info`` shows, the index each segment gets by its size, a merge building its index
-once, and the exact inner-product twin of a linear calibrator."""
+"""``auto``'s vector index: tuning on held-out queries (:mod:`flowsearch.ann.tune`), the recall it
+records in the manifest and ``info`` shows, the index each segment gets by its size and policy, a
+merge building its index once, compact's re-tune, and the exact inner-product twin of a linear
+calibrator (what lets an index over raw vectors answer the calibrated space)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from segment_helpers import build_vectors
 
 from flowsearch.ann import build as ab
 from flowsearch.ann import factory as af
-from flowsearch.ann.identity import linear_twin
+from flowsearch.ann import tune
+from flowsearch.ann.policy import AnnPolicy
 from flowsearch.calibration.linear import Gaussian, Whitening
-from flowsearch.settings import current, override
+from flowsearch.errors import BadInput
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.writer import open_writer
 
@@ -38,6 +40,19 @@ def _anisotropic(n: int, dim: int, seed: int) -> np.ndarray:
 
 def _exact(q: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-(q @ x.T), axis=1, kind="stable")[:, :k]
+
+
+def linear_twin(
+    x: np.ndarray, q: np.ndarray, mu: np.ndarray, rotation: np.ndarray, scales: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``v = (x - mu) / |z_x|`` and queries ``u = (q - mu) R S^-2 R^T / |z_q|`` of a linear
+    calibrator ``z = ((x - mu) @ R) / s``: ``u . v`` is the calibrated cosine, since
+    ``z_q . z_x = (q - mu) R S^-2 R^T (x - mu)^T``."""
+    centred = np.asarray(x, np.float64) - mu
+    v = centred / np.linalg.norm((centred @ rotation) / scales, axis=1, keepdims=True)
+    zq = ((np.asarray(q, np.float64) - mu) @ rotation) / scales
+    u = ((zq / scales) @ rotation.T) / np.linalg.norm(zq, axis=1, keepdims=True)
+    return v.astype(np.float32), u.astype(np.float32)
 
 
 @pytest.mark.parametrize(
@@ -68,10 +83,10 @@ def test_the_linear_twin_ranks_rows_as_the_calibrated_cosine(calibrator, k):
 
 def test_held_out_queries_are_seeded_unit_rows_near_their_source():
     x = _clustered(500, 16, 10)
-    q, pick = ab.held_out_queries(x, 64, noise=0.5, seed=3)
+    q, pick = tune.held_out_queries(x, 64, noise=0.5, seed=3)
     assert q.shape == (64, 16) and q.dtype == np.float32 and pick.shape == (64,)
     np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, rtol=1e-5)
-    q2, pick2 = ab.held_out_queries(x, 64, noise=0.5, seed=3)
+    q2, pick2 = tune.held_out_queries(x, 64, noise=0.5, seed=3)
     np.testing.assert_array_equal(q, q2)
     np.testing.assert_array_equal(pick, pick2)
     assert np.all(np.sum(q * x[pick], axis=1) > 0.7)  # near the row it came from
@@ -79,7 +94,7 @@ def test_held_out_queries_are_seeded_unit_rows_near_their_source():
 
 def test_the_source_row_is_left_out_of_answer_and_truth():
     rows = np.array([[4, 7, 1, 9], [2, 3, 5, 6]])
-    got = ab._drop_source(rows, np.array([7, 8]), 3)
+    got = tune._drop_source(rows, np.array([7, 8]), 3)
     assert got.tolist() == [[4, 1, 9], [2, 3, 5]]
 
 
@@ -91,17 +106,17 @@ def test_tuning_reaches_the_target_on_queries_it_never_saw():
     ab.add(index, x)
     pos = np.arange(0, len(x), 3)
     chunks = lambda: iter([x[:2_000], x[2_000:]])  # noqa: E731
-    t = ab.tune(index, x[pos], chunks, sample_rows=pos, target=0.95, noise=0.5)
+    t = tune.tune(index, x[pos], chunks, sample_rows=pos, target=0.95, noise=0.5)
     name, _, value = t.params.partition("=")
     assert name == "efSearch" and faiss.downcast_index(index).hnsw.efSearch == int(value)
     assert t.tuned_recall >= 0.95 and t.queries == 256 and t.target == 0.95
     fresh = _clustered(600, 32, 40)  # different rows (seed + n), same centres
     found = index.search(fresh, 10)[1]
-    real = ab.recall_at_k(found, _exact(fresh, x, 10))
+    real = tune.recall_at_k(found, _exact(fresh, x, 10))
     assert real >= 0.92 and abs(real - t.recall) < 0.05
     # lowering the knob below the tuned value loses recall on those fresh queries
     faiss.downcast_index(index).hnsw.efSearch = 1
-    assert ab.recall_at_k(index.search(fresh, 10)[1], _exact(fresh, x, 10)) < real
+    assert tune.recall_at_k(index.search(fresh, 10)[1], _exact(fresh, x, 10)) < real
 
 
 def test_the_knob_is_the_larger_of_two_independent_picks_and_checked_on_a_third():
@@ -115,14 +130,14 @@ def test_the_knob_is_the_larger_of_two_independent_picks_and_checked_on_a_third(
     chunks = lambda: iter([x])  # noqa: E731
     picks, checks = [], []
     for seed in range(4):
-        t = ab.tune(index, x[pos], chunks, sample_rows=pos, target=0.95, noise=1.0, seed=seed)
-        q, truth, source = ab._probes(x[pos], pos, chunks, 768, 1.0, seed, 10)
-        thirds = [ab._Queries(q[a:b], truth[a:b], source[a:b], 10)
+        t = tune.tune(index, x[pos], chunks, sample_rows=pos, target=0.95, noise=1.0, seed=seed)
+        q, truth, source = tune._probes(x[pos], pos, chunks, 768, 1.0, seed, 10)
+        thirds = [tune._Queries(q[a:b], truth[a:b], source[a:b], 10)
                   for a, b in ((0, 256), (256, 512), (512, 768))]  # fmt: skip
-        each = [ab._smallest(index, "efSearch", 16, 1024, part, 0.95)[0] for part in thirds[:2]]
+        each = [tune._smallest(index, "efSearch", 16, 1024, part, 0.95)[0] for part in thirds[:2]]
         value = int(t.params.partition("=")[2])
         assert value == max(each)
-        ab._set_knob(index, "efSearch", value)
+        tune._set_knob(index, "efSearch", value)
         assert t.recall == thirds[2].recall(index) and t.queries == 256
         picks.append(each)
         checks.append(t.recall)
@@ -130,41 +145,44 @@ def test_the_knob_is_the_larger_of_two_independent_picks_and_checked_on_a_third(
 
 
 def test_a_tuning_that_cannot_reach_the_target_says_so(caplog):
-    """The largest knob tried and the recall still short (as a 1M graph was in bench_storage):
+    """The largest knob tried and the recall still short (as a graph of a hard large segment):
     the tuning warns with what to do, records the recall it got, and keeps that knob."""
     x = _clustered(4_000, 32, 40)
     index = af.new_index(32, "HNSW8")
     ab.add(index, x)
     pos = np.arange(0, len(x), 3)
     chunks = lambda: iter([x])  # noqa: E731
-    with override(max_ef_search=16), caplog.at_level("WARNING", logger="flowsearch"):
-        t = ab.tune(index, x[pos], chunks, sample_rows=pos, target=0.999, noise=0.5)
+    with caplog.at_level("WARNING", logger="flowsearch"):
+        t = tune.tune(index, x[pos], chunks, sample_rows=pos, target=0.999, noise=0.5,
+                      policy=AnnPolicy(max_ef_search=16))  # fmt: skip
     assert t.params == "efSearch=16" and t.tuned_recall < 0.999
     assert "below the target 0.999" in caplog.text and "max_ef_search" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="flowsearch"):  # reachable: no warning
-        ab.tune(index, x[pos], chunks, sample_rows=pos, target=0.5, noise=0.5)
+        tune.tune(index, x[pos], chunks, sample_rows=pos, target=0.5, noise=0.5)
     assert "below the target" not in caplog.text
 
 
-def test_a_small_index_tunes_its_knob_on_harder_queries():
-    """Below ``query_noise_rows`` the knob is chosen at a noise raised per decade fewer rows
+def test_a_small_index_tunes_its_knob_on_harder_queries(monkeypatch):
+    """Below ``QUERY_NOISE_ROWS`` the knob is chosen at a noise raised per decade fewer rows
     (recorded), which needs a larger knob; the recall curve (what a search over segments
-    allocates from) stays at ``query_noise``, so it is the curve an unraised tuning draws."""
-    assert ab.noise_for_rows(50_000) == ab.noise_for_rows(10**7) == current().query_noise
-    assert ab.noise_for_rows(5_000) == pytest.approx(current().query_noise + 1.5)
-    with override(query_noise_per_decade=0.5):
-        assert ab.noise_for_rows(5_000) == pytest.approx(current().query_noise + 0.5)
+    allocates from) stays at ``QUERY_NOISE``, so it is the curve an unraised tuning draws."""
+    assert tune.noise_for_rows(50_000) == tune.noise_for_rows(10**7) == tune.QUERY_NOISE
+    assert tune.noise_for_rows(5_000) == pytest.approx(tune.QUERY_NOISE + 1.5)
+    with monkeypatch.context() as patch:
+        patch.setattr(tune, "QUERY_NOISE_PER_DECADE", 0.5)
+        assert tune.noise_for_rows(5_000) == pytest.approx(tune.QUERY_NOISE + 0.5)
     x = _clustered(4_000, 32, 40, spread=0.6)
     index = af.new_index(32, "HNSW8")
     ab.add(index, x)
     pos = np.arange(0, len(x), 3)
     chunks = lambda: iter([x])  # noqa: E731
-    with override(query_noise_rows=4_000):  # 4,000 rows: the standard noise
-        plain = ab.tune(index, x[pos], chunks, sample_rows=pos, target=0.95)
-    raised = ab.tune(index, x[pos], chunks, sample_rows=pos, target=0.95)
-    assert plain.noise == current().query_noise
-    assert raised.noise == pytest.approx(ab.noise_for_rows(4_000)) and raised.noise > plain.noise
+    with monkeypatch.context() as patch:  # 4,000 rows: the standard noise
+        patch.setattr(tune, "QUERY_NOISE_ROWS", 4_000)
+        plain = tune.tune(index, x[pos], chunks, sample_rows=pos, target=0.95)
+    raised = tune.tune(index, x[pos], chunks, sample_rows=pos, target=0.95)
+    assert plain.noise == tune.QUERY_NOISE
+    assert raised.noise == pytest.approx(tune.noise_for_rows(4_000)) and raised.noise > plain.noise
     value = lambda t: int(t.params.partition("=")[2])  # noqa: E731
     assert value(raised) > value(plain)
     assert plain.curve is not None and raised.curve is not None
@@ -182,27 +200,71 @@ def test_an_exact_index_needs_no_tuning():
     x = _clustered(300, 8, 5)
     flat = af.new_index(8, "Flat")
     ab.add(flat, x)
-    t = ab.tune(flat, x, lambda: iter([x]))
+    t = tune.tune(flat, x, lambda: iter([x]))
     assert (t.params, t.recall, t.queries) == ("", 1.0, 0)
 
 
 def test_auto_indexes_each_segment_by_its_size():
-    with override(flat_max_rows=5_000, graph_max_rows=50_000):
-        assert af.auto_factory(5_000) == "Flat"
-        assert af.auto_factory(5_001) == "HNSW32"
-        assert af.auto_factory(50_000) == "HNSW32"
-        assert af.auto_factory(60_000, dim=64).endswith(",RFlat")
+    policy = AnnPolicy(flat_max_rows=5_000, graph_max_rows=50_000)
+    assert af.auto_factory(5_000, policy) == "Flat"
+    assert af.auto_factory(5_001, policy) == "HNSW32"
+    assert af.auto_factory(50_000, policy) == "HNSW32"
+    assert af.auto_factory(60_000, policy, dim=64).endswith(",RFlat")
+    assert af.auto_factory(5_001, AnnPolicy(graph_factory="HNSW16")) == "Flat"
+    assert af.auto_factory(10_001, AnnPolicy(graph_factory="HNSW16")) == "HNSW16"
     from flowsearch.writes.segments import resolve_factory
 
-    with override(flat_max_rows=100):
-        assert resolve_factory("auto", 100, 8) == "Flat"
-        assert resolve_factory("auto", 101, 8) == "HNSW32"
-        assert resolve_factory("IVF4,Flat", 101, 8) == "IVF4,Flat"
+    small = AnnPolicy(flat_max_rows=100)
+    assert resolve_factory("auto", 100, 8, small) == "Flat"
+    assert resolve_factory("auto", 101, 8, small) == "HNSW32"
+    assert resolve_factory("IVF4,Flat", 101, 8, small) == "IVF4,Flat"
+    assert resolve_factory("auto", 101, 8) == "Flat"  # the defaults: Flat up to 10,000 rows
 
 
-def _write(root: Path, sizes: list[int], factory: str, dim: int = 16) -> mf.Manifest:
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("flat_max_rows", -1, "flat_max_rows must be an integer of at least 0"),
+        ("flat_max_rows", 2.5, "flat_max_rows must be an integer"),
+        ("graph_max_rows", 10, "graph_max_rows (10) is below flat_max_rows"),
+        ("ef_construction", 0, "ef_construction must be an integer of at least 1"),
+        ("max_ef_search", True, "max_ef_search must be an integer"),
+        ("target_recall", 0.0, "target_recall must be a number in (0, 1]"),
+        ("target_recall", 1.01, "target_recall must be a number in (0, 1]"),
+        ("graph_factory", "", "graph_factory must be a FAISS factory string"),
+        ("graph_factory", "auto", "graph_factory must be a FAISS factory string"),
+    ],
+)
+def test_a_bad_policy_is_refused_in_one_line(field, value, words):
+    with pytest.raises(BadInput) as err:
+        AnnPolicy(**{field: value})
+    assert words in str(err.value) and "\n" not in str(err.value) and err.value.param == field
+
+
+def test_a_policy_is_passed_not_global(tmp_path):
+    """Two writes with different policies in one process: each segment as its own write
+    asked, and the defaults untouched."""
+    strict = AnnPolicy(flat_max_rows=600, target_recall=0.99, ef_construction=40)
+    a = _write(tmp_path / "a", [1_200], "auto", ann=strict)
+    b = _write(tmp_path / "b", [1_200], "auto")
+    assert a.segments[0].ann.factory == "HNSW32" and a.segments[0].ann.tuning.target == 0.99
+    assert b.segments[0].ann.factory == "Flat" and b.segments[0].ann.tuning is None
+    assert AnnPolicy() == AnnPolicy(flat_max_rows=10_000, target_recall=0.95)
+    with pytest.raises(BadInput, match="ann must be an AnnPolicy"):
+        from flowsearch.ann.policy import policy_or_default
+
+        policy_or_default({"flat_max_rows": 5})  # type: ignore[arg-type]
+
+
+#: What the tests' small segments are built under: a graph from 600 rows on.
+SMALL = AnnPolicy(flat_max_rows=600)
+
+
+def _write(
+    root: Path, sizes: list[int], factory: str, dim: int = 16, ann: AnnPolicy | None = None
+) -> mf.Manifest:
     vectors = [_clustered(n, dim, 12, seed=5 + at) for at, n in enumerate(sizes)]
-    return build_vectors(root, vectors, factory, dim)
+    return build_vectors(root, vectors, factory, dim, ann=ann)
 
 
 def test_the_tuned_recall_is_recorded_per_segment_and_shown_by_info(tmp_path):
@@ -210,8 +272,7 @@ def test_the_tuned_recall_is_recorded_per_segment_and_shown_by_info(tmp_path):
     from flowsearch.search.version import index_info
 
     root = tmp_path / "idx"
-    with override(flat_max_rows=600):
-        m = _write(root, [1_200, 400], "auto")
+    m = _write(root, [1_200, 400], "auto", ann=SMALL)
     big, small = m.segments
     assert big.ann.factory == "HNSW32" and small.ann.factory == "Flat"
     assert small.ann.tuning is None and big.ann.tuning is not None
@@ -232,21 +293,21 @@ def test_a_merge_builds_and_tunes_the_merged_index_once(tmp_path, monkeypatch):
     from flowsearch.writes.merge import merge
 
     root = tmp_path / "idx"
-    with override(flat_max_rows=500):
-        base = _write(root, [300, 300, 300], "auto")
-        assert [s.ann.factory for s in base.segments] == ["Flat"] * 3
-        made, tuned = [], []
-        real_new, real_tune = seg_mod.ann_build.segment_index, seg_mod.ann_build.tune
-        monkeypatch.setattr(
-            seg_mod.ann_build, "segment_index", lambda *a: made.append(a) or real_new(*a)
-        )
-        monkeypatch.setattr(
-            seg_mod.ann_build, "tune", lambda *a, **kw: tuned.append(a) or real_tune(*a, **kw)
-        )
-        with open_writer(root) as writer:
-            record = merge(writer, [s.name for s in base.segments], dim=16, requested="auto",
-                           lexical=False, schema=())  # fmt: skip
-            writer.publish(kind="compact", n_rows=record.n_rows)
+    policy = AnnPolicy(flat_max_rows=500)
+    base = _write(root, [300, 300, 300], "auto", ann=policy)
+    assert [s.ann.factory for s in base.segments] == ["Flat"] * 3
+    made, tuned = [], []
+    real_new, real_tune = seg_mod.ann_build.segment_index, seg_mod.tune_segment
+    monkeypatch.setattr(
+        seg_mod.ann_build, "segment_index", lambda *a: made.append(a) or real_new(*a)
+    )
+    monkeypatch.setattr(
+        seg_mod, "tune_segment", lambda *a, **kw: tuned.append(a) or real_tune(*a, **kw)
+    )
+    with open_writer(root) as writer:
+        record = merge(writer, [s.name for s in base.segments], dim=16, requested="auto",
+                       lexical=False, schema=(), ann=policy)  # fmt: skip
+        writer.publish(kind="compact", n_rows=record.n_rows)
     assert len(made) == 1 and len(tuned) == 1
     assert record.ann.factory == "HNSW32" and record.ann.tuning is not None
     assert record.n_rows == 900
@@ -274,10 +335,9 @@ def test_compact_retunes_a_segment_an_older_rule_tuned_without_rebuilding_it(tmp
     from flowsearch.writes.compact import compact
 
     root = tmp_path / "idx"
-    with override(flat_max_rows=600):
-        fresh = _write(root, [1_200, 400], "auto")
+    fresh = _write(root, [1_200, 400], "auto", ann=SMALL)
     big = fresh.segments[0]
-    assert big.ann.tuning.tuner == ab.TUNER_VERSION
+    assert big.ann.tuning.tuner == tune.TUNER_VERSION
     _make_stale(root, big.name, "efSearch=16")
     stale = mf.read(root).segments[0]
     assert stale.ann.params == "efSearch=16" and stale.ann.tuning.tuner is None
@@ -322,8 +382,7 @@ def test_compact_tunes_a_segment_written_before_tunings_were_recorded(tmp_path):
     from flowsearch.writes.compact import compact
 
     root = tmp_path / "idx"
-    with override(flat_max_rows=600):
-        m = _write(root, [1_200], "auto")
+    m = _write(root, [1_200], "auto", ann=SMALL)
     _make_stale(root, m.segments[0].name, "efSearch=40", tuning=None)
     text = dict(_info_rows(index_info(root)))["vector index recall"]
     assert "not measured" in text and "flowsearch compact" in text
@@ -338,9 +397,8 @@ def test_a_newer_release_s_tuning_is_left_alone(tmp_path):
     from flowsearch.writes.compact import compact
 
     root = tmp_path / "idx"
-    with override(flat_max_rows=600):
-        m = _write(root, [1_200], "auto")
-    _make_stale(root, m.segments[0].name, "efSearch=40", tuner=ab.TUNER_VERSION + 1)
+    m = _write(root, [1_200], "auto", ann=SMALL)
+    _make_stale(root, m.segments[0].name, "efSearch=40", tuner=tune.TUNER_VERSION + 1)
     version = mf.read(root).version
     assert "older rule" not in dict(_info_rows(index_info(root)))["vector index recall"]
     result = compact(root)
@@ -354,14 +412,13 @@ def test_a_segment_that_cannot_be_retuned_keeps_its_knob_and_compact_goes_on(
     from flowsearch.writes import compact as compact_mod
 
     root = tmp_path / "idx"
-    with override(flat_max_rows=600):
-        m = _write(root, [1_200, 100, 100, 100, 100], "auto")  # four small ones merge
+    m = _write(root, [1_200, 100, 100, 100, 100], "auto", ann=SMALL)  # four small ones merge
     _make_stale(root, m.segments[0].name, "efSearch=16")
 
-    def broken(index, reader):
+    def broken(index, reader, policy):
         raise RuntimeError("Error in faiss::read_index: bad magic")
 
-    monkeypatch.setattr(compact_mod, "tune_segment", broken)
+    monkeypatch.setattr(compact_mod, "segment_tuning", broken)
     result = compact_mod.compact(root)
     assert result.n_retuned == 0 and result.n_merged == 4  # the merge still happened
     assert mf.read(root).segments[0].ann.params == "efSearch=16"
@@ -374,8 +431,7 @@ def test_compact_says_what_it_retuned(tmp_path):
     from flowsearch.cli import app
 
     root = tmp_path / "idx"
-    with override(flat_max_rows=600):
-        m = _write(root, [1_200], "auto")
+    m = _write(root, [1_200], "auto", ann=SMALL)
     _make_stale(root, m.segments[0].name, "efSearch=16")
     out = CliRunner().invoke(app, ["compact", "--index", str(root)])
     assert out.exit_code == 0, out.output
@@ -389,16 +445,16 @@ def test_one_compact_gives_an_old_segment_its_key_ids_and_retunes_it(tmp_path, m
     from flowsearch.writes.compact import compact
 
     root = tmp_path / "idx"
-    with monkeypatch.context() as patch, override(flat_max_rows=600):
+    with monkeypatch.context() as patch:
         patch.setattr(keys, "save_ids", lambda directory, ids: None)  # as before key_ids.arrow
-        m = _write(root, [1_200], "auto")
+        m = _write(root, [1_200], "auto", ann=SMALL)
     assert KEY_IDS_FILE not in m.segments[0].files
     _make_stale(root, m.segments[0].name, "efSearch=16")
     result = compact(root)
     assert result.n_retuned == 1
     done = mf.read(root)
     seg = done.segments[0]
-    assert KEY_IDS_FILE in seg.files and seg.ann.tuning.tuner == ab.TUNER_VERSION
+    assert KEY_IDS_FILE in seg.files and seg.ann.tuning.tuner == tune.TUNER_VERSION
     assert seg.ann.params == m.segments[0].ann.params
     assert done.last_write.detail == {"merged": 0, "dropped": 0, "key_ids": 1, "retuned": 1}
     verify(root, done, checksums=True)  # every file as its record says, key files included
@@ -409,14 +465,13 @@ def test_a_compact_whose_only_re_tune_fails_writes_no_version(tmp_path, monkeypa
     from flowsearch.writes import compact as compact_mod
 
     root = tmp_path / "idx"
-    with override(flat_max_rows=600):
-        m = _write(root, [1_200], "auto")
+    m = _write(root, [1_200], "auto", ann=SMALL)
     _make_stale(root, m.segments[0].name, "efSearch=16")
     version = mf.read(root).version
 
-    def broken(index, reader):
+    def broken(index, reader, policy):
         raise RuntimeError("Error in faiss::read_index: bad magic")
 
-    monkeypatch.setattr(compact_mod, "tune_segment", broken)
+    monkeypatch.setattr(compact_mod, "segment_tuning", broken)
     result = compact_mod.compact(root)
     assert result.n_retuned == 0 and result.version == version == mf.read(root).version

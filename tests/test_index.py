@@ -1,4 +1,5 @@
-"""FAISS wrappers of flowsearch.ann (factory, build, io, prefilter, ondisk) on synthetic vectors."""
+"""FAISS wrappers of flowsearch.ann (factory, build, tune, io, prefilter, ondisk) on synthetic
+vectors."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 from flowsearch.ann import build as ab
 from flowsearch.ann import factory as af
 from flowsearch.ann import io as aio
+from flowsearch.ann import tune as at
+from flowsearch.ann.policy import AnnPolicy
 from flowsearch.errors import FlowsearchError
-from flowsearch.settings import current, override
 
 
 def _unit(n: int, dim: int = 16, seed: int = 0, clusters: int = 0) -> np.ndarray:
@@ -24,25 +26,26 @@ def _unit(n: int, dim: int = 16, seed: int = 0, clusters: int = 0) -> np.ndarray
 
 
 def test_auto_factory_switches_at_threshold():
-    flat_max = current().flat_max_rows
+    flat_max = AnnPolicy().flat_max_rows
     assert af.auto_factory(flat_max) == "Flat"
-    assert af.auto_factory(flat_max + 1) == current().graph_factory == "HNSW32"
+    assert af.auto_factory(flat_max + 1) == AnnPolicy().graph_factory == "HNSW32"
     assert af.auto_factory(1_000_000) == "HNSW32"
-    assert af.auto_factory(1_000, flat_max_rows=1_000) == "Flat"
-    assert af.auto_factory(1_001, flat_max_rows=1_000) == "HNSW32"
-    with override(flat_max_rows=10, graph_factory="HNSW8"):  # read at call time
-        assert af.auto_factory(10) == "Flat" and af.auto_factory(11) == "HNSW8"
-    assert af.auto_factory(11) == "Flat"
+    assert af.auto_factory(1_000, AnnPolicy(flat_max_rows=1_000)) == "Flat"
+    assert af.auto_factory(1_001, AnnPolicy(flat_max_rows=1_000)) == "HNSW32"
+    small = AnnPolicy(flat_max_rows=10, graph_factory="HNSW8")
+    assert af.auto_factory(10, small) == "Flat" and af.auto_factory(11, small) == "HNSW8"
+    assert af.auto_factory(11) == "Flat"  # the policy is an argument, not a global
 
 
 def test_auto_factory_picks_ivf_pq_with_rerank_past_the_graph_threshold():
-    graph_max = current().graph_max_rows
+    graph_max = AnnPolicy().graph_max_rows
     assert af.auto_factory(graph_max, dim=384) == "HNSW32"
     assert af.auto_factory(graph_max + 1, dim=384) == af.large_factory(graph_max + 1, 384)
     assert af.large_factory(1_000_000, 384) == "IVF1024,PQ48,RFlat"
     assert af.large_factory(100_000_000, 768) == "IVF8192,PQ96,RFlat"
     assert af.large_factory(1_000, 100) == "IVF16,PQ10,RFlat"  # m divides dim; >= 39 rows a list
-    assert af.auto_factory(5_000, 1_000, graph_max_rows=2_000, dim=32) == "IVF64,PQ4,RFlat"
+    policy = AnnPolicy(flat_max_rows=1_000, graph_max_rows=2_000)
+    assert af.auto_factory(5_000, policy, dim=32) == "IVF64,PQ4,RFlat"
     with pytest.raises(ValueError, match="needs dim"):
         af.auto_factory(graph_max + 1)
     assert af.refined("IVF64,PQ4,RFlat") and af.refined("IVF64,PQ4,Refine(Flat)")
@@ -86,28 +89,28 @@ def test_exact_knn_over_chunks_equals_brute_force():
     x = _unit(1_000, seed=3)
     q = _unit(9, seed=4)
     chunks = [x[:1], x[1:333], x[333:333], x[333:]]  # uneven, one empty, one of a single row
-    scores, rows = ab.exact_knn(q, iter(chunks), 12)
+    scores, rows = at.exact_knn(q, iter(chunks), 12)
     want_scores, want_rows = _brute(q, x, 12)
     np.testing.assert_array_equal(rows, want_rows)
     np.testing.assert_allclose(scores, want_scores, rtol=1e-5)
-    _, few = ab.exact_knn(q, [x[:5]], 8)  # fewer rows than k: -1 pads
+    _, few = at.exact_knn(q, [x[:5]], 8)  # fewer rows than k: -1 pads
     assert (few[:, :5] >= 0).all() and (few[:, 5:] == -1).all()
 
 
 def test_auto_graph_reaches_target_recall_on_fresh_queries():
     x = _unit(6_000, dim=24, clusters=30)
-    index, factory, params = ab.build(x, "auto", flat_max_rows=1_000, target_recall=0.95)
+    index, factory, params = ab.build(x, "auto", AnnPolicy(flat_max_rows=1_000, target_recall=0.95))
     assert factory == "HNSW32" and params.startswith("efSearch=")
     q = _unit(300, dim=24, seed=5, clusters=30)  # fresh queries from the same distribution
     _, found = aio.search(index, q, 10)
     _, truth = aio.search(ab.build(x, "Flat")[0], q, 10)
-    assert ab.recall_at_k(found, truth) >= 0.93  # tuned to 0.95 on its own queries
+    assert at.recall_at_k(found, truth) >= 0.93  # tuned to 0.95 on its own queries
 
 
 def test_recall_at_k():
     truth = np.array([[1, 2, 3], [4, 5, 6]])
-    assert ab.recall_at_k(np.array([[3, 2, 1], [4, 9, 9]]), truth, k=3) == pytest.approx(4 / 6)
-    assert ab.recall_at_k(np.array([[9, 9, 1], [4, 5, 9]]), truth, k=2) == pytest.approx(2 / 4)
+    assert at.recall_at_k(np.array([[3, 2, 1], [4, 9, 9]]), truth, k=3) == pytest.approx(4 / 6)
+    assert at.recall_at_k(np.array([[9, 9, 1], [4, 5, 9]]), truth, k=2) == pytest.approx(2 / 4)
 
 
 def test_any_factory_string_trains_when_needed(tmp_path):
@@ -123,7 +126,7 @@ def test_any_factory_string_trains_when_needed(tmp_path):
     assert faiss.extract_index_ivf(again).nprobe == 16
     _, sixteen = aio.search(again, q, 10)
     np.testing.assert_array_equal(sixteen, exact)  # 16 of 16 lists: exact search
-    assert ab.recall_at_k(one, exact) < 1.0  # nprobe=1 would not be
+    assert at.recall_at_k(one, exact) < 1.0  # nprobe=1 would not be
     assert faiss.extract_index_ivf(aio.read_index(tmp_path / "i.faiss")).nprobe == 1
 
 
@@ -177,14 +180,14 @@ def test_check_factory_rejects_before_any_vectors(factory, dim, message):
 
 def test_probe_queries_are_unit_seeded_and_move_with_noise():
     x = _unit(400, dim=32, clusters=8)
-    q = ab.probe_queries(x, 50, noise=0.5, seed=3)
+    q = at.probe_queries(x, 50, noise=0.5, seed=3)
     assert q.shape == (50, 32) and q.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, rtol=1e-5)
-    np.testing.assert_array_equal(q, ab.probe_queries(x, 50, noise=0.5, seed=3))
-    near = (ab.probe_queries(x, 50, noise=0.1) @ x.T).max(axis=1)
-    far = (ab.probe_queries(x, 50, noise=1.0) @ x.T).max(axis=1)
+    np.testing.assert_array_equal(q, at.probe_queries(x, 50, noise=0.5, seed=3))
+    near = (at.probe_queries(x, 50, noise=0.1) @ x.T).max(axis=1)
+    far = (at.probe_queries(x, 50, noise=1.0) @ x.T).max(axis=1)
     assert near.mean() > far.mean() and near.min() > 0.98  # more noise: further from the data
-    assert ab.probe_queries(x[:10], 50).shape == (10, 32)  # never more queries than rows
+    assert at.probe_queries(x[:10], 50).shape == (10, 32)  # never more queries than rows
 
 
 def test_tune_search_sets_hnsw_ef_search_and_leaves_flat_alone():
@@ -192,26 +195,26 @@ def test_tune_search_sets_hnsw_ef_search_and_leaves_flat_alone():
     chunks = lambda: iter([x[:1_000], x[1_000:]])  # noqa: E731
     hnsw = af.new_index(24, "HNSW8")
     ab.add(hnsw, x)
-    params, recall = ab.tune_search(hnsw, x, chunks, target=0.99)
+    params, recall = at.tune_search(hnsw, x, chunks, target=0.99)
     name, _, value = params.partition("=")
     assert name == "efSearch" and int(value) >= 16 and recall >= 0.97  # on check queries
     assert faiss.downcast_index(hnsw).hnsw.efSearch == int(value)
     aio.set_params(hnsw, params)  # the stored string is one ParameterSpace accepts
     flat = af.new_index(24, "Flat")
     ab.add(flat, x)
-    assert ab.tune_search(flat, x, chunks) == ("", 1.0)
+    assert at.tune_search(flat, x, chunks) == ("", 1.0)
 
 
 def test_tune_search_stops_at_the_largest_setting_when_target_is_unreachable():
     x = _unit(2_000, dim=16, clusters=20)
     index, _, _ = ab.build(x, "IVF16,Flat")
-    params, recall = ab.tune_search(index, x, lambda: iter([x]), target=1.01)
+    params, recall = at.tune_search(index, x, lambda: iter([x]), target=1.01)
     assert params == "nprobe=16" and recall == 1.0  # all lists: exact, and no endless loop
 
 
 def _large(x: np.ndarray) -> tuple[faiss.Index, str, str]:
     """``auto`` past lowered thresholds: the IVF-PQ path with its exact re-rank."""
-    return ab.build(x, "auto", flat_max_rows=500, graph_max_rows=1_000, target_recall=0.95)
+    return ab.build(x, "auto", AnnPolicy(flat_max_rows=500, graph_max_rows=1_000))
 
 
 def test_large_path_reranks_to_the_target_recall_where_bare_pq_cannot():
@@ -223,10 +226,10 @@ def test_large_path_reranks_to_the_target_recall_where_bare_pq_cannot():
     q = _unit(300, dim=32, seed=9, clusters=60)  # fresh queries from the same distribution
     _, truth = _brute(q, x, 10)
     _, found = aio.search(index, q, 10)
-    assert ab.recall_at_k(found, truth) >= 0.93  # tuned to 0.95 on its own queries
+    assert at.recall_at_k(found, truth) >= 0.93  # tuned to 0.95 on its own queries
     faiss.downcast_index(index).k_factor = 1  # the PQ codes' own ranking: far from it
     _, bare = aio.search(index, q, 10)
-    assert ab.recall_at_k(bare, truth) < 0.8
+    assert at.recall_at_k(bare, truth) < 0.8
 
 
 def test_ivf_training_is_bounded(monkeypatch):
@@ -238,7 +241,7 @@ def test_ivf_training_is_bounded(monkeypatch):
     ab.train(index, x, "IVF16,PQ4,RFlat")
     assert seen == [10_000]  # max(64 rows per list, 10,000), not the 12,000 given
     ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
-    assert ivf.cp.niter == current().ivf_train_iterations == ivf.pq.cp.niter
+    assert ivf.cp.niter == ab.IVF_TRAIN_ITERATIONS == ivf.pq.cp.niter
     assert not ivf.do_polysemous_training
 
 
@@ -339,7 +342,9 @@ def test_filtered_search_is_exact_whichever_way_it_goes(removed, monkeypatch):
         prefilter, "_selected", lambda i, q, *a: selected.append(len(q)) or real(i, q, *a)
     )
     for k in (1, 10, 50):
-        with override(exact_below=0, postfilter_margin=0):  # as shallow as the path gets
+        with monkeypatch.context() as patch:  # as shallow as the path gets
+            patch.setattr(prefilter, "EXACT_BELOW", 0)
+            patch.setattr(prefilter, "POSTFILTER_MARGIN", 0)
             scores, rows = prefilter.filtered_search(index, Q, k, excluded=dead)
         keep = np.flatnonzero(~dead)
         sims = Q @ X[keep].T
@@ -366,8 +371,7 @@ def test_filtered_search_past_deletions_on_an_l2_index_keeps_nearest_first():
     index.add(X)
     dead = np.zeros(len(X), bool)
     dead[[2, 100, 200]] = True
-    with override(exact_below=0):
-        scores, rows = filtered_search(index, X[2:3] + 1e-4, 5, excluded=dead)
+    scores, rows = filtered_search(index, X[2:3] + 1e-4, 5, excluded=dead, exact_below=0)
     keep = np.flatnonzero(~dead)
     dist = ((X[keep] - (X[2] + 1e-4)) ** 2).sum(axis=1)
     assert rows[0, :3].tolist() == [3, 7, 9]  # the tied copies, lowest row first

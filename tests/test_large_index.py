@@ -1,8 +1,8 @@
 """``auto``'s large-corpus path (IVF-PQ with an exact re-rank) through ingest, writes and mmap.
 
-The thresholds are lowered (``settings.override``) so a thousand-odd rows take the path a
-segment past ``Settings.graph_max_rows`` takes. Recall and mmap are checked on the bundled
-model's ``static`` pooling (dim 384, real word embeddings, calibrated by ``auto`` as ingest
+The thresholds are lowered (an ``AnnPolicy`` passed to every write) so a thousand-odd rows take
+the path a segment past ``AnnPolicy.graph_max_rows`` takes. Recall and mmap are checked on the
+bundled model's ``static`` pooling (dim 384, real word embeddings, calibrated by ``auto`` as ingest
 does); the writes on the tiny test BERT (dim 32: PQ training on 48 sub-quantizers is most of a
 384-d build's time).
 """
@@ -18,16 +18,14 @@ from corpus_helpers import sentences, write_corpus
 
 from flowsearch import Searcher, build_index, compact, delete, upsert
 from flowsearch.ann.factory import large_factory
-from flowsearch.settings import override
+from flowsearch.ann.policy import AnnPolicy
 from flowsearch.writes.upsert import add_to_index
 
 ROWS = 1_500
 
 
-@pytest.fixture
-def large_auto() -> Any:
-    with override(flat_max_rows=500, graph_max_rows=1_000):
-        yield
+#: ``auto`` past lowered thresholds: IVF-PQ with an exact re-rank from 1,000 rows.
+LARGE = AnnPolicy(flat_max_rows=500, graph_max_rows=1_000)
 
 
 def _recall(s: Searcher, queries: list[str], k: int = 10) -> float:
@@ -65,8 +63,7 @@ def static_index(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """The bundled model's ``static`` pooling, built past the lowered thresholds."""
     tmp = tmp_path_factory.mktemp("large")
     corpus = write_corpus(tmp / "c.parquet", n=ROWS)
-    with override(flat_max_rows=500, graph_max_rows=1_000):
-        summary = build_index(corpus, tmp / "idx", pooling="static", lexical=False)
+    summary = build_index(corpus, tmp / "idx", pooling="static", lexical=False, ann=LARGE)
     return tmp / "idx", summary
 
 
@@ -89,15 +86,15 @@ def test_large_corpus_path_filters_memory_mapped(static_index: tuple[Path, Any])
     assert len(hits) == 5 and all(h.metadata["year"] >= 2015 for h in hits)
 
 
-def test_large_corpus_path_survives_writes(
-    tmp_path: Path, model_dir: Path, large_auto: None
-) -> None:
+def test_large_corpus_path_survives_writes(tmp_path: Path, model_dir: Path) -> None:
     index = tmp_path / "idx"
-    build_index(write_corpus(tmp_path / "c.parquet", n=ROWS), index, model=str(model_dir))
-    add_to_index(index, write_corpus(tmp_path / "more.parquet", n=300, seed=5, id_prefix="m"))
+    corpus = write_corpus(tmp_path / "c.parquet", n=ROWS)
+    build_index(corpus, index, model=str(model_dir), ann=LARGE)
+    more = write_corpus(tmp_path / "more.parquet", n=300, seed=5, id_prefix="m")
+    add_to_index(index, more, ann=LARGE)
     new_texts = sentences(40, seed=99)
     upsert(index, [{"id": f"d{i}", "text": t, "topic": "x", "year": 2001} for i, t in
-                   enumerate(new_texts)])  # fmt: skip
+                   enumerate(new_texts)], ann=LARGE)  # fmt: skip
     gone = [f"d{i}" for i in range(100, 140)]
     assert delete(index, gone).n_deleted == len(gone)
     s = Searcher.open(index, gpu=False, mmap=True)
@@ -114,7 +111,7 @@ def test_large_corpus_path_survives_writes(
     assert top[0].id == "d3" and top[0].text == new_texts[3]
     assert sum(h.id == "d3" for h in s.search(new_texts[3], k=50, mode="dense")) == 1
     assert _recall(s, QUERIES) >= 0.9
-    result = compact(index)
+    result = compact(index, ann=LARGE)
     assert result["dropped"] == 80  # 40 replaced + 40 deleted
     s = Searcher.open(index, gpu=False, mmap=True)
     big = max(s.manifest.segments, key=lambda g: g.n_rows)  # rewritten without its dead rows

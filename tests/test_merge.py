@@ -12,14 +12,15 @@ import pytest
 from corpus_helpers import write_corpus
 from segment_helpers import build, texts_for, unit
 
+from flowsearch.ann.policy import AnnPolicy
+from flowsearch.errors import BadInput
 from flowsearch.lexical.postings import Postings
-from flowsearch.settings import override
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.keys import KeyIndex
 from flowsearch.storage.rows import RowReader
 from flowsearch.storage.writer import open_writer
 from flowsearch.writes.compact import compact
-from flowsearch.writes.merge import merge, plan_merges, tier_of, tiers
+from flowsearch.writes.merge import MergePolicy, merge, plan_merges, tier_of, tiers
 
 
 def _segments(*sizes: int | tuple[int, int]) -> list[mf.SegmentRecord]:
@@ -42,20 +43,28 @@ def _segments(*sizes: int | tuple[int, int]) -> list[mf.SegmentRecord]:
 @pytest.fixture()
 def small_tiers():
     """Tiers of 10x from 10 rows, three segments to a tier."""
-    with override(floor_segment_rows=10, merge_factor=10, segments_per_tier=3) as s:
-        yield s
+    return MergePolicy(floor_segment_rows=10, merge_factor=10, segments_per_tier=3)
 
 
 def test_tiers_by_live_size(small_tiers):
-    assert [tier_of(n) for n in (0, 9, 10, 99, 100, 999, 1_001, 50_000)] == [0, 0, 1, 1, 2, 2, 3, 4]
-    assert tiers([5, 150, 9, 12, 0, 99]) == [[0, 2, 4], [3, 5], [1]]
-    assert tiers([]) == []
-    with override(floor_segment_rows=10_000, merge_factor=10):
-        assert tiers([5, 6, 7, 50_000]) == [[0, 1, 2], [3]]  # the module's example
+    assert [tier_of(n, small_tiers) for n in (0, 9, 10, 99, 100, 999, 1_001, 50_000)] == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        2,
+        3,
+        4,
+    ]
+    assert tiers([5, 150, 9, 12, 0, 99], small_tiers) == [[0, 2, 4], [3, 5], [1]]
+    assert tiers([], small_tiers) == []
+    default = MergePolicy(floor_segment_rows=10_000, merge_factor=10)
+    assert tiers([5, 6, 7, 50_000], default) == [[0, 1, 2], [3]]  # the module's example
 
 
 def test_a_segment_at_a_tier_boundary_is_in_the_upper_tier(small_tiers):
-    assert [tier_of(n) for n in (10, 100, 1_000, 10_000, 100_000)] == [1, 2, 3, 4, 5]
+    assert [tier_of(n, small_tiers) for n in (10, 100, 1_000, 10_000, 100_000)] == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize(
@@ -72,23 +81,25 @@ def test_a_segment_at_a_tier_boundary_is_in_the_upper_tier(small_tiers):
 )
 def test_which_segments_a_full_tier_merges(small_tiers, sizes, want):
     segments = _segments(*sizes)
-    assert plan_merges(segments, max_rows=None) == [[f"s{i:06d}" for i in g] for g in want]
+    assert plan_merges(segments, small_tiers, max_rows=None) == [
+        [f"s{i:06d}" for i in g] for g in want
+    ]
 
 
 def test_writes_merge_only_tiers_under_their_bound(small_tiers):
     segments = _segments(5, 6, 7, 500, 600, 700)
-    assert plan_merges(segments, max_rows=18) == [["s000001", "s000002", "s000003"]]
-    assert plan_merges(segments, max_rows=17) == []  # 5 + 6 + 7 rows exceed it
-    assert len(plan_merges(segments, max_rows=None)) == 2  # compact: no bound
+    assert plan_merges(segments, small_tiers, max_rows=18) == [["s000001", "s000002", "s000003"]]
+    assert plan_merges(segments, small_tiers, max_rows=17) == []  # 5 + 6 + 7 rows exceed it
+    assert len(plan_merges(segments, small_tiers, max_rows=None)) == 2  # compact: no bound
 
 
 def test_segments_with_many_deleted_rows_are_rewritten_alone(small_tiers):
     segments = _segments((40, 30), (40, 10), 5, 6, 7)
-    assert plan_merges(segments, max_rows=None, deleted_share=0.5) == [
+    assert plan_merges(segments, small_tiers, max_rows=None, deleted_share=0.5) == [
         ["s000003", "s000004", "s000005"],
         ["s000001"],  # 30 of 40 deleted (live 10: tier 1, alone there)
     ]
-    assert plan_merges(segments, max_rows=None, deleted_share=0.2) == [
+    assert plan_merges(segments, small_tiers, max_rows=None, deleted_share=0.2) == [
         ["s000003", "s000004", "s000005"],
         ["s000001"],
         ["s000002"],
@@ -99,9 +110,12 @@ def test_segments_with_many_deleted_rows_are_rewritten_alone(small_tiers):
 def flat_budget():
     """Tiers of 10x from 10 rows, ten segments to a tier; segments of up to 20 rows are Flat
     and at most two of them stay apart."""
-    with override(floor_segment_rows=10, merge_factor=10, segments_per_tier=10,
-                  flat_max_rows=20, flat_segments_max=2) as s:  # fmt: skip
-        yield s
+    return MergePolicy(floor_segment_rows=10, merge_factor=10, segments_per_tier=10,
+                       flat_segments_max=2)  # fmt: skip
+
+
+#: Segments of up to this many live rows are Flat (the AnnPolicy's ``flat_max_rows``).
+FLAT = 20
 
 
 @pytest.mark.parametrize(
@@ -116,27 +130,38 @@ def flat_budget():
 )
 def test_small_segments_past_the_flat_budget_merge_into_one(flat_budget, sizes, want):
     segments = _segments(*sizes)
-    assert plan_merges(segments, max_rows=None) == [[f"s{i:06d}" for i in g] for g in want]
+    assert plan_merges(segments, flat_budget, max_rows=None, flat_max_rows=FLAT) == [
+        [f"s{i:06d}" for i in g] for g in want
+    ]
 
 
 def test_the_flat_budget_leaves_segments_a_tier_merge_takes(flat_budget):
     # tier 1 (10-99 rows) is full with ten segments: the tier's merge takes its ten smallest
     # (11-20); the small ones left (5, 6, 7) are three, over the budget of two: merged too
     sizes = (500, 5, 6, 7, *range(11, 21), 21)
-    plans = plan_merges(_segments(*sizes), max_rows=None)
+    plans = plan_merges(_segments(*sizes), flat_budget, max_rows=None, flat_max_rows=FLAT)
     assert plans == [[f"s{i:06d}" for i in range(5, 15)], ["s000002", "s000003", "s000004"]]
-    with override(flat_segments_max=3):  # three small ones left: within the budget
-        assert plan_merges(_segments(*sizes), max_rows=None) == plans[:1]
+    roomier = MergePolicy(floor_segment_rows=10, segments_per_tier=10, flat_segments_max=3)
+    assert plan_merges(_segments(*sizes), roomier, max_rows=None, flat_max_rows=FLAT) == plans[:1]
 
 
 def test_a_write_merges_the_small_segments_only_within_its_bound(flat_budget):
     segments = _segments(500, 5, 6, 7)
-    assert plan_merges(segments, max_rows=18) == [["s000002", "s000003", "s000004"]]
-    assert plan_merges(segments, max_rows=17) == []  # 5 + 6 + 7 rows exceed it
-    assert plan_merges(segments, max_rows=None) != []  # compact: no bound
-    with override(flat_segments_max=0):  # 0 keeps one small segment, never merges one alone
-        assert plan_merges(_segments(500, 5), max_rows=None) == []
-        assert plan_merges(_segments(500, 5, 6), max_rows=None) == [["s000002", "s000003"]]
+    assert plan_merges(segments, flat_budget, max_rows=18, flat_max_rows=FLAT) == [
+        ["s000002", "s000003", "s000004"]
+    ]
+    assert (
+        plan_merges(segments, flat_budget, max_rows=17, flat_max_rows=FLAT) == []
+    )  # 5 + 6 + 7 rows exceed it
+    assert (
+        plan_merges(segments, flat_budget, max_rows=None, flat_max_rows=FLAT) != []
+    )  # compact: no bound
+    none = MergePolicy(floor_segment_rows=10, segments_per_tier=10, flat_segments_max=0)
+    # 0 keeps one small segment, never merges one alone
+    assert plan_merges(_segments(500, 5), none, max_rows=None, flat_max_rows=FLAT) == []
+    assert plan_merges(_segments(500, 5, 6), none, max_rows=None, flat_max_rows=FLAT) == [
+        ["s000002", "s000003"]
+    ]
 
 
 def _live_rows(root, manifest, names):
@@ -232,8 +257,9 @@ def test_compact_merges_full_tiers_rewrites_deleted_rows_and_full_merges_all(tmp
         writer.delete_rows(base.segments[3].name, np.array([0, 1]))
         writer.publish(kind="delete", n_rows=2)
     everything = sorted(i for group in ids for i in group if i not in ("r3-0", "r3-1"))
-    with override(floor_segment_rows=10, merge_factor=10, segments_per_tier=3):
-        result = compact(root)
+    result = compact(
+        root, merge=MergePolicy(floor_segment_rows=10, merge_factor=10, segments_per_tier=3)
+    )
     m = mf.read(root)
     # the tier of 2-5 rows: its three smallest (2, 3, 4) merge; the 40-row one is rewritten
     # without its deleted rows; the 5-row one stays as it was
@@ -269,15 +295,19 @@ def test_writes_run_the_policy_within_their_bound(tmp_path, model_dir):
     build_index(corpus, built, model=str(model_dir), calibration="none", lexical=False)
     for bound, merged in ((1_000, 3), (10, 0)):
         root = Path(shutil.copytree(built, tmp_path / f"idx-{bound}"))
-        with override(floor_segment_rows=100, segments_per_tier=3, write_merge_max_rows=bound):
-            upsert(root, [{"id": "n1", "text": "the new cat", "topic": "x", "year": 2001}])
-            result = upsert(root, [{"id": "d3", "text": "the red sea", "topic": "y", "year": 1}])
-            m = mf.read(root)
-            assert result.n_merged == merged and result.n_replaced == 1
-            assert len(m.segments) == (1 if merged else 3)
-            assert m.n_live == 21 and m.n_deleted == (0 if merged else 1)
-            if not merged:
-                assert compact(root).n_merged == 3 and len(mf.read(root).segments) == 1
+        policy = MergePolicy(floor_segment_rows=100, segments_per_tier=3,
+                             write_merge_max_rows=bound)  # fmt: skip
+        upsert(root, [{"id": "n1", "text": "the new cat", "topic": "x", "year": 2001}],
+               merge=policy)  # fmt: skip
+        result = upsert(root, [{"id": "d3", "text": "the red sea", "topic": "y", "year": 1}],
+                        merge=policy)  # fmt: skip
+        m = mf.read(root)
+        assert result.n_merged == merged and result.n_replaced == 1
+        assert len(m.segments) == (1 if merged else 3)
+        assert m.n_live == 21 and m.n_deleted == (0 if merged else 1)
+        if not merged:
+            assert compact(root, merge=policy).n_merged == 3
+            assert len(mf.read(root).segments) == 1
         assert mf.read(root).n_live == 21
 
 
@@ -317,20 +347,45 @@ def test_a_write_past_the_flat_budget_merges_the_small_segments_into_a_graph(tmp
 
     for bound, merged in ((1_000, 2), (5, 0)):
         root = Path(shutil.copytree(built, tmp_path / f"idx-{bound}"))
-        with override(flat_max_rows=5, flat_segments_max=1, floor_segment_rows=100,
-                      write_merge_max_rows=bound):  # fmt: skip
-            upsert(root, rows(0))  # one small segment: within the budget
-            assert [s.ann.factory for s in mf.read(root).segments] == ["Flat", "Flat"]
-            result = upsert(root, rows(3))  # a second: 3 + 3 rows, merged when the bound allows
-            m = mf.read(root)
-            assert result.n_merged == merged and m.n_live == 26
-            if merged:
-                assert [(s.n_rows, s.ann.factory) for s in m.segments] == [
-                    (20, "Flat"), (6, "HNSW32")]  # fmt: skip
-            else:
-                assert [s.n_rows for s in m.segments] == [20, 3, 3]
-                assert compact(root).n_merged == 2  # compact merges them (no bound)
-                assert [s.ann.factory for s in mf.read(root).segments] == ["Flat", "HNSW32"]
+        policies = {
+            "ann": AnnPolicy(flat_max_rows=5),
+            "merge": MergePolicy(
+                flat_segments_max=1, floor_segment_rows=100, write_merge_max_rows=bound
+            ),  # fmt: skip
+        }
+        upsert(root, rows(0), **policies)  # one small segment: within the budget
+        assert [s.ann.factory for s in mf.read(root).segments] == ["Flat", "Flat"]
+        result = upsert(root, rows(3), **policies)  # a second: 3 + 3 rows, merged if bounded
+        m = mf.read(root)
+        assert result.n_merged == merged and m.n_live == 26
+        if merged:
+            assert [(s.n_rows, s.ann.factory) for s in m.segments] == [
+                (20, "Flat"), (6, "HNSW32")]  # fmt: skip
+        else:
+            assert [s.n_rows for s in m.segments] == [20, 3, 3]
+            assert compact(root, **policies).n_merged == 2  # compact merges them (no bound)
+            assert [s.ann.factory for s in mf.read(root).segments] == ["Flat", "HNSW32"]
         assert _ids(root, mf.read(root)) == sorted(
             [*(f"d{i}" for i in range(20)), *(f"n{i}" for i in range(6))]
         )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("segments_per_tier", 1), ("merge_factor", 1), ("floor_segment_rows", 0),
+     ("write_merge_max_rows", -1), ("flat_segments_max", 2.0), ("segments_per_tier", True)],
+)  # fmt: skip
+def test_a_bad_merge_policy_is_refused_in_one_line(field, value):
+    with pytest.raises(BadInput) as err:
+        MergePolicy(**{field: value})
+    assert f"MergePolicy.{field} must be an integer of at least" in str(err.value)
+    assert "\n" not in str(err.value) and err.value.param == field
+
+
+def test_a_write_refuses_a_policy_of_the_wrong_kind(tmp_path):
+    root = tmp_path / "idx"
+    build(root, [["a", "b"]])
+    with pytest.raises(BadInput, match="merge must be a MergePolicy"):
+        compact(root, merge={"segments_per_tier": 2})  # type: ignore[arg-type]
+    with pytest.raises(BadInput, match="ann must be an AnnPolicy"):
+        compact(root, ann=MergePolicy())  # type: ignore[arg-type]

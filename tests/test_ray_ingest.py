@@ -23,6 +23,7 @@ from corpus_helpers import (  # noqa: E402
 )
 
 from flowsearch import Searcher, build_index  # noqa: E402
+from flowsearch.ann.policy import AnnPolicy  # noqa: E402
 from flowsearch.errors import FlowsearchError  # noqa: E402
 from flowsearch.storage import manifest as mf  # noqa: E402
 from flowsearch.storage.layout import ANN_DATA_FILE  # noqa: E402
@@ -341,36 +342,35 @@ def test_long_documents_answer_on_ray_as_locally(built_long: dict[str, Any], mod
     assert any(h.highlight is not None for hits in got for h in hits)
 
 
-@pytest.fixture(scope="module")
-def built_projected(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> dict[str, Any]:
-    """``auto``'s graph built over principal components (the thresholds lowered), by both
-    engines."""
-    from flowsearch.settings import override
+#: A policy no default matches, so a build that dropped it would show.
+POLICY = AnnPolicy(flat_max_rows=50, ef_construction=24, target_recall=0.9)
 
-    tmp = tmp_path_factory.mktemp("ray-projected")
+
+@pytest.fixture(scope="module")
+def built_with_policy(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> dict[str, Any]:
+    """The same corpus built under :data:`POLICY` by both engines."""
+    tmp = tmp_path_factory.mktemp("ray-policy")
     corpus = write_corpus(tmp / "corpus.parquet", n=ROWS)
-    options = dict(model=str(model_dir), calibration="none", lexical=False)
-    lowered = dict(flat_max_rows=50, projected_graph_min_rows=100, projected_graph_dims=8,
-                   projected_graph_sample_rows=64)  # fmt: skip
-    with override(**lowered):
-        build_index(corpus, tmp / "local", **options)
-        with ray_ingest.ray_session():
-            build_index(corpus, tmp / "ray", engine="ray", **options)
+    options = dict(model=str(model_dir), calibration="none", lexical=False, ann=POLICY)
+    build_index(corpus, tmp / "local", **options)
+    with ray_ingest.ray_session():
+        build_index(corpus, tmp / "ray", engine="ray", **options)
     return {"tmp": tmp}
 
 
 @pytest.mark.slow
-def test_a_projected_graph_is_built_on_ray_as_locally(built_projected: dict[str, Any]) -> None:
-    from flowsearch.settings import current
+def test_the_ray_build_carries_the_ann_policy_as_locally(built_with_policy: dict[str, Any]) -> None:
+    import faiss
 
-    tmp = built_projected["tmp"]
-    want = mf.AnnProjection(
-        dims=8, ef_construction=current().projected_graph_ef_construction, sample_rows=64
-    )
+    from flowsearch.ann import io as ann_io
+
+    tmp = built_with_policy["tmp"]
     for engine in ("local", "ray"):
         (seg,) = mf.read(tmp / engine).segments
-        assert seg.ann.factory == "HNSW32" and seg.ann.projection == want
-        assert seg.ann.tuning is not None
+        assert seg.ann.factory == "HNSW32" and seg.ann.tuning is not None
+        assert seg.ann.tuning.target == POLICY.target_recall
+        index = ann_io.read_index(tmp / engine / seg.dir / seg.ann.path, seg.ann.params)
+        assert faiss.downcast_index(index).hnsw.efConstruction == POLICY.ef_construction
     a = Searcher.open(tmp / "local", gpu=False)
     b = Searcher.open(tmp / "ray", gpu=False, encoder=a.encoder)
     try:

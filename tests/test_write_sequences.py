@@ -22,12 +22,12 @@ from hypothesis import strategies as st
 from flowsearch.errors import BadInput
 from flowsearch.search.searcher import Searcher
 from flowsearch.search.version import index_info
-from flowsearch.settings import override
 from flowsearch.storage import history
 from flowsearch.storage import manifest as mf
 from flowsearch.writes.build import build_index
 from flowsearch.writes.compact import compact, recalibrate
 from flowsearch.writes.delete import delete
+from flowsearch.writes.merge import MergePolicy
 from flowsearch.writes.upsert import add_to_index, upsert
 
 POOL = [f"k{i}" for i in range(14)]
@@ -58,8 +58,9 @@ def one_torch_thread():
 class Run:
     """The index under test and the dict it must equal."""
 
-    def __init__(self, root: Path, model_dir: Path) -> None:
+    def __init__(self, root: Path, model_dir: Path, merge: MergePolicy | None = None) -> None:
         self.root = root
+        self.merge = merge  # the writes' merge policy (None: the defaults)
         self.model_dir = model_dir
         self.expected: dict[str, str] = {}
         self.writes = 0
@@ -86,7 +87,7 @@ class Run:
             self.build(arg)
         elif op == "upsert":
             records = self.records(arg)
-            result = upsert(self.root, records, encoder=encoder)
+            result = upsert(self.root, records, encoder=encoder, merge=self.merge)
             replaced = [i for i in arg if i in self.expected]
             assert (result.n_replaced, result.n_inserted) == (
                 len(replaced),
@@ -97,10 +98,11 @@ class Run:
             records = self.records(arg)
             if any(i in self.expected for i in arg):
                 with pytest.raises(BadInput, match="already in the index"):
-                    add_to_index(self.root, records, encoder=encoder)
+                    add_to_index(self.root, records, encoder=encoder, merge=self.merge)
                 assert mf.read(self.root).version == before  # refused: nothing written
                 return
-            assert add_to_index(self.root, records, encoder=encoder).n_written == len(arg)
+            added = add_to_index(self.root, records, encoder=encoder, merge=self.merge)
+            assert added.n_written == len(arg)
             self.expected.update({r["id"]: r["text"] for r in records})
         elif op == "delete":
             result = delete(self.root, arg)
@@ -109,7 +111,7 @@ class Run:
             for i in arg:
                 self.expected.pop(i, None)
         elif op == "compact":
-            compact(self.root, full=arg)
+            compact(self.root, full=arg, merge=self.merge)
             m = mf.read(self.root)
             assert m.n_deleted == 0 and (not arg or len(m.segments) <= 1)
         elif op == "recalibrate":
@@ -159,11 +161,9 @@ class Run:
 )
 @given(n=st.integers(2, 10), ops=st.lists(OPS, min_size=3, max_size=8))
 def test_any_sequence_of_writes_keeps_the_index_equal_to_a_dict(model_dir, n, ops):
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        override(floor_segment_rows=100, segments_per_tier=3),
-    ):  # small segments merge three at a time
-        run = Run(Path(tmp) / "idx", model_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        small = MergePolicy(floor_segment_rows=100, segments_per_tier=3)  # three at a time
+        run = Run(Path(tmp) / "idx", model_dir, merge=small)
         run.build(n)
         run.check()
         for op, arg in ops:

@@ -128,11 +128,13 @@ def _truth(q: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def _identity(work: Path) -> tuple[np.ndarray, np.ndarray]:
     """(v, u): corpus and queries of the exact inner-product twin of a linear calibrator."""
-    from flowsearch.ann.identity import linear_twin
-
     st = np.load(work / "calibrator.npz")
     U, Uq = np.load(work / "raw.npy"), np.load(work / "raw_q.npy")
-    return linear_twin(U, Uq, st["mu"], st["rotation"], st["scales"])
+    mu, rot, s = st["mu"], st["rotation"], st["scales"]  # z = ((x - mu) @ rot) / s
+    v = (U - mu) / np.linalg.norm(((U - mu) @ rot) / s, axis=1, keepdims=True)
+    zq = ((Uq - mu) @ rot) / s
+    u = ((zq / s) @ rot.T) / np.linalg.norm(zq, axis=1, keepdims=True)
+    return v.astype(np.float32), u.astype(np.float32)
 
 
 def _grid(**knobs: tuple[int, ...]) -> list[dict[str, int]]:
@@ -226,20 +228,10 @@ def _reduced_graph(
     components (PCA fitted on ``Settings.projected_graph_sample_rows`` seeded rows, timed with
     the build), then an ``IndexHNSWFlat`` of the full rows (searches read them). Inner product
     only. ``(index, seconds, rows added)`` as :func:`_build_within`."""
-    import faiss
-
-    from flowsearch.ann import build as ann_build
-    from flowsearch.settings import current
-
-    if kind != faiss.METRIC_INNER_PRODUCT:
-        raise ValueError("a projected graph is built for inner product only")
-    graph, _, ef_construction = factory.partition("@efC")
-    ef = int(ef_construction) if ef_construction else current().projected_graph_ef_construction
-    projection = ann_build.Projection(dims, ef, current().projected_graph_sample_rows)
-    t = time.perf_counter()
-    index = ann_build.ProjectedGraph(x.shape[1], int(graph.removeprefix("HNSW")), projection)
-    added = _train_and_add(index, x, graph, t, limit_s)
-    return ann_build.finished(index), time.perf_counter() - t, added
+    raise SystemExit(  # the product's ProjectedGraph left the package (flowsearch/ann/build.py
+        # before the fifth release, in git history): this study's figures stay in RESULTS.md
+        "the projected graph left flowsearch in its fifth release; see git history"
+    )
 
 
 def _cached(
@@ -583,20 +575,14 @@ def graph_scale(
 
 def _settings_used() -> dict[str, Any]:
     """The settings that decide a 1M segment's graph (as in force: ``--set`` included)."""
-    from flowsearch.settings import current
 
-    names = (
-        "graph_factory",
-        "hnsw_ef_construction",
-        "projected_graph_min_rows",
-        "projected_graph_dims",
-        "projected_graph_ef_construction",
-        "projected_graph_sample_rows",
-        "max_ef_search",
-        "target_recall",
-        "query_noise",
-    )
-    return {n: getattr(current(), n) for n in names}  # fmt: skip
+    from flowsearch.ann import tune as ann_tune
+    from flowsearch.ann.policy import AnnPolicy
+
+    p = AnnPolicy()
+    return {"graph_factory": p.graph_factory, "hnsw_ef_construction": p.ef_construction,
+            "max_ef_search": p.max_ef_search, "target_recall": p.target_recall,
+            "query_noise": ann_tune.QUERY_NOISE}  # fmt: skip
 
 
 def scale_tune(data: Path, rows: int) -> dict[str, Any]:
@@ -610,6 +596,7 @@ def scale_tune(data: Path, rows: int) -> dict[str, Any]:
     import faiss
 
     from flowsearch.ann import build as ann_build
+    from flowsearch.ann import tune as ann_tune
 
     prep, Z, Zq, truth = _scale_rows(data, rows)
     lat = np.arange(len(Zq))[:: max(1, len(Zq) // LATENCY_QUERIES)]
@@ -625,18 +612,18 @@ def scale_tune(data: Path, rows: int) -> dict[str, Any]:
     _threads(THREADS)
     t = time.perf_counter()  # as a segment's build: segment_index, train, chunked adds
     building, factory = ann_build.segment_index(Z.shape[1], "auto", len(Z))
-    projection = ann_build.projection_of(building)
+    projection = None  # the projected graph left the package
     ann_build.train(building, Z, factory)
     for start in range(0, len(Z), 65_536):
         ann_build.add(building, Z[start : start + 65_536], factory)
-    index = ann_build.finished(building)
+    index = building
     del building
     out["build_s"] = time.perf_counter() - t
     rng = np.random.default_rng(0)
     pos = np.sort(rng.choice(len(Z), size=4096, replace=False))
     chunks = lambda: (Z[i : i + 65_536] for i in range(0, len(Z), 65_536))  # noqa: E731
     t = time.perf_counter()
-    tuned = ann_build.tune(index, Z[pos], chunks, sample_rows=pos)
+    tuned = ann_tune.tune(index, Z[pos], chunks, sample_rows=pos)
     out["tune_s"] = time.perf_counter() - t
     _threads(1)
     found = index.search(Zq, 10)[1]
@@ -681,8 +668,8 @@ def tune(
     import faiss
 
     from flowsearch.ann import build as ann_build
+    from flowsearch.ann import tune as ann_tune
     from flowsearch.ann.factory import auto_factory
-    from flowsearch.settings import current
 
     work = work or WORK / str(rows)
     Z, Zq = np.load(work / "z.npy"), np.load(work / "z_q.npy")
@@ -691,10 +678,10 @@ def tune(
     factory = factory or auto_factory(len(Z), dim=Z.shape[1])
     t = time.perf_counter()  # built as a segment's index is (Settings' graph and its build)
     building, _ = ann_build.segment_index(Z.shape[1], "auto", len(Z), factory)
-    projection = ann_build.projection_of(building)
+    projection = None  # the projected graph left the package
     ann_build.train(building, Z, factory)
     ann_build.add(building, Z, factory)
-    index = ann_build.finished(building)
+    index = building
     del building
     build_s = time.perf_counter() - t
     faiss.omp_set_num_threads(1)  # tuning and queries on one thread
@@ -702,7 +689,7 @@ def tune(
     pos = np.sort(rng.choice(len(Z), size=min(4096, len(Z)), replace=False))
     chunks = lambda: (Z[i : i + 65_536] for i in range(0, len(Z), 65_536))  # noqa: E731
     t = time.perf_counter()
-    tuned = ann_build.tune(index, Z[pos], chunks, sample_rows=pos)
+    tuned = ann_tune.tune(index, Z[pos], chunks, sample_rows=pos)
     tune_s = time.perf_counter() - t
     found = index.search(Zq, 10)[1]
     half = len(Zq) // 2
@@ -713,14 +700,14 @@ def tune(
     flat_ms = _single_ms(flat, Zq[lat])
     ms = _single_ms(index, Zq[lat])
     faiss.omp_set_num_threads(1)
-    knob = ann_build.search_knob(index)
+    knob = ann_tune.search_knob(index)
     curves: list[dict[str, Any]] = []
     if curves and knob is not None and knob[0] == "efSearch":
         probes = {}
         for noise in NOISES:
-            q, pick = ann_build.held_out_queries(Z[pos], 1024, noise=noise, seed=1)
+            q, pick = ann_tune.held_out_queries(Z[pos], 1024, noise=noise, seed=1)
             src = pos[pick]
-            tr = ann_build._drop_source(harness.exact_top(q, Z, 11)[1], src, 10)
+            tr = ann_tune._drop_source(harness.exact_top(q, Z, 11)[1], src, 10)
             probes[noise] = (q, src, tr)
         for ef in EFS:
             faiss.downcast_index(index).hnsw.efSearch = ef
@@ -729,7 +716,7 @@ def tune(
                 "real": harness.recall(index.search(Zq, 10)[1], truth),
             }
             for noise, (q, src, tr) in probes.items():
-                f = ann_build._drop_source(index.search(q, 11)[1], src, 10)
+                f = ann_tune._drop_source(index.search(q, 11)[1], src, 10)
                 row[f"noise {noise:g}"] = harness.recall(f, tr)
             curves.append(row)
             print(json.dumps(row), flush=True)
@@ -740,7 +727,7 @@ def tune(
         "build_s": build_s,
         "build_threads": THREADS,
         "tune_s": tune_s,
-        "noise": current().query_noise,
+        "noise": ann_tune.QUERY_NOISE,
         "tuning": {
             "recall": tuned.recall,
             "tuned_recall": tuned.tuned_recall,
@@ -1496,7 +1483,6 @@ def main() -> int:
 
 def _run(args: Any, data: Path) -> int:
     """:func:`main` after the options: the stages asked for."""
-    from flowsearch.settings import override
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     out_path = Path(args.out + ".json")
@@ -1528,22 +1514,14 @@ def _run(args: Any, data: Path) -> int:
         out["tune"] = tune(args.rows, curves=args.curves or not before)
         out["tune"]["noise_curves"] = out["tune"]["noise_curves"] or before
         harness.finish(args, render, out)
-    if args.stage == "tune-projected":  # auto's projected graph (as at 1M), at this size
-        with override(projected_graph_min_rows=args.rows):
-            tuned = tune(args.rows, curves=False)
-        if other:  # e.g. 1M distinct texts (real sentences topped up with splices)
-            key = f"tune_projected_{args.tag.replace(' ', '-')}_" if args.tag else "tune_projected_"
-            out[f"{key}{args.rows}"] = {**tuned, "prepare": prep, "command": this}
-        else:
-            out["tune_projected"] = tuned
-        harness.finish(args, render, out)
+    if args.stage == "tune-projected":  # the projected graph left the package (release 5)
+        raise SystemExit("the projected graph left flowsearch in its fifth release")
     if args.stage == "graph-builds":  # cheaper graph builds on distinct texts (1M's first rows)
         runs = out.setdefault("graph_builds", {})
         runs[str(args.rows)] = graph_builds(args.rows, args.only, runs.get(str(args.rows)))
         harness.finish(args, render, out)
     if args.stage == "tune-scan":  # auto with its scan tier on, at this size
-        with override(scan_max_rows=args.rows):
-            out["tune_scan"] = tune(args.rows, curves=False)
+        out["tune_scan"] = tune(args.rows, factory="RaBitQfs,RFlat", curves=False)
         harness.finish(args, render, out)
     if args.stage in ("segments", "all"):
         out["segments"] = segments(args.rows)

@@ -175,8 +175,9 @@ def build() -> dict[str, Any]:
 
     from flowsearch.ann import build as ann_build
     from flowsearch.ann import io as ann_io
+    from flowsearch.ann import tune as ann_tune
     from flowsearch.ann.factory import auto_factory, new_index
-    from flowsearch.settings import current
+    from flowsearch.ann.policy import AnnPolicy
 
     faiss.omp_set_num_threads(2)
     if not (WORK / "z_1m.npy").is_file():
@@ -188,9 +189,8 @@ def build() -> dict[str, Any]:
         # what auto builds past Settings.graph_max_rows (2M), measured at 1M
         # (Flat up to the default 100k rows; a --smoke run is below that too, so its limit is
         # lowered as well and the smoke run takes the same path)
-        factory = auto_factory(
-            len(Z), min(len(Z) - 1, 100_000), graph_max_rows=len(Z) - 1, dim=Z.shape[1]
-        )
+        lowered = AnnPolicy(flat_max_rows=min(len(Z) - 1, 100_000), graph_max_rows=len(Z) - 1)
+        factory = auto_factory(len(Z), lowered, dim=Z.shape[1])
         t = time.perf_counter()
         index = new_index(Z.shape[1], factory)
         # as ann.build.training_sample: a seeded uniform sample, then train() bounds it further
@@ -206,7 +206,7 @@ def build() -> dict[str, Any]:
         seconds["add"] = time.perf_counter() - t
         print("added", seconds, flush=True)
         t = time.perf_counter()
-        params, tuned = ann_build.tune_search(index, sample, chunks)
+        params, tuned = ann_tune.tune_search(index, sample, chunks)
         seconds["tune"] = time.perf_counter() - t
         print("tuned", params, tuned, seconds, flush=True)
         t = time.perf_counter()
@@ -221,7 +221,7 @@ def build() -> dict[str, Any]:
         "peak_anon_mb": peak.peak,
         "peak_rss_mb": _status()["peak_rss"],
         "index_bytes": (WORK / "index.faiss").stat().st_size,
-        "train_rows": min(len(sample), current().ivf_train_per_list * _nlist(factory)),
+        "train_rows": min(len(sample), ann_build.IVF_TRAIN_PER_LIST * _nlist(factory)),
     }
     (WORK / "build.json").write_text(json.dumps(out, indent=1))
     return out

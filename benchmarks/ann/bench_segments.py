@@ -309,14 +309,17 @@ def measure(one: Path, many: dict[str, Path], queries: list[str], n_latency: int
             threads: tuple[int, ...], skews: tuple[float, ...],
             specs: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
     """Every index's recall, latency and throughput (see the module docstring)."""
+    from unittest.mock import patch
+
     from flowsearch import Searcher
+    from flowsearch.ann import merged
     from flowsearch.settings import override
 
     opened = {"one": Searcher.open(one), **{n: Searcher.open(p) for n, p in many.items()}}
     main = next(iter(many))
     for name, path in list(many.items())[:1]:
         for skew in skews:  # a searcher each: a version chooses its knobs once
-            with override(merged_skew=skew):
+            with patch.object(merged, "MERGED_SKEW", skew):
                 opened[f"{name} skew {skew:g}"] = Searcher.open(path)
                 opened[f"{name} skew {skew:g}"].version.knobs()
     truth = truth_of(opened["one"], queries)
@@ -420,14 +423,17 @@ def latency_stage(one: Path, many: Path, queries: list[str], n_latency: int, rou
     each ``Settings.merged_skew`` (as ``ten skew S``: higher knobs, higher recall), so the one
     and the segmented index are compared at equal recall too; each index's dense recall@10
     (against exact search over every row) is recorded."""
+    from unittest.mock import patch
+
     from flowsearch import Searcher
+    from flowsearch.ann import merged
     from flowsearch.settings import override
 
     opened = {"one": Searcher.open(one), "ten": Searcher.open(many)}
     opened.update({name: Searcher.open(path) for name, path in (also or {}).items()})
     for skew in skews:  # a version's knobs are chosen at its first search
         opened[f"ten skew {skew:g}"] = Searcher.open(many)
-        with override(merged_skew=skew):
+        with patch.object(merged, "MERGED_SKEW", skew):
             opened[f"ten skew {skew:g}"].search(queries[0], k=10)
     picked = queries[:: max(1, len(queries) // n_latency)][:n_latency]
     calls = {
@@ -701,7 +707,7 @@ def main() -> int:
         many_paths[args.baseline] = work / args.baseline
     threads = tuple(int(x) for x in args.threads.split(","))
     skews = tuple(float(x) for x in args.skews.split(",") if x)
-    from flowsearch.settings import current
+    from flowsearch.ann import merged
 
     report = {
         "rows": args.rows,
@@ -709,7 +715,7 @@ def main() -> int:
         "names": {
             "one": "one segment",
             args.name: f"{args.segments} segments, knobs for the merged top 10 "
-            f"(skew {current().merged_skew:g}, the default)",
+            f"(skew {merged.MERGED_SKEW:g}, the default)",
             **(
                 {args.baseline: f"{args.segments} segments, each tuned alone (main)"}
                 if args.baseline

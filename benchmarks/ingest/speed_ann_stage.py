@@ -29,7 +29,7 @@ import numpy as np
 from benchmarks.ann.speed_ann import IVF_NPROBES, jitter, jitter_scale, rescored, study, truth
 from benchmarks.common.harness import exact_top, recall, segment_of
 from flowsearch import Searcher
-from flowsearch.ann import build as ann_build
+from flowsearch.ann import tune as ann_tune
 from flowsearch.ann.factory import ivf_factory
 from flowsearch.calibration import make_calibrator
 from flowsearch.space.search_space import normalise
@@ -56,7 +56,7 @@ def proxy_agreement(
     probes = [int(p["param"]) for p in real]
     curves: dict[str, list[float]] = {"real": [p["recall"] for p in real]}
     for noise in PROXY_NOISES:
-        q = ann_build.probe_queries(x, 256, noise=noise, seed=0)
+        q = ann_tune.probe_queries(x, 256, noise=noise, seed=0)
         gt = exact_top(q, x, k)[1]
         rec = []
         for p in probes:

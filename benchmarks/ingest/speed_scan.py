@@ -17,9 +17,8 @@ import numpy as np
 
 from benchmarks.common.harness import exact_top, recall, segment_of, single_query_ms
 from flowsearch import Searcher
-from flowsearch.ann import build as ann_build
 from flowsearch.ann import io as ann_io
-from flowsearch.settings import current
+from flowsearch.ann import tune as ann_tune
 
 __all__ = ["stage_scan"]
 
@@ -48,7 +47,7 @@ def knob_curves(s: Searcher, zq: np.ndarray, x: np.ndarray, n_lat: int = 200) ->
     """recall@10 and p50 by the index's search parameter, real vs tuning queries."""
     seg = segment_of(s)
     index, ann = seg.ann, seg.record.ann
-    knob = ann_build.search_knob(index)
+    knob = ann_tune.search_knob(index)
     if knob is None:
         return {"factory": ann.factory, "_skipped": "exact index: nothing to tune"}
     name, largest = knob
@@ -66,7 +65,7 @@ def knob_curves(s: Searcher, zq: np.ndarray, x: np.ndarray, n_lat: int = 200) ->
         curves["real sentences"].append(recall(found[half:], gt[half:]))
         p50.append(_p50_ms(index, zq[:n_lat]))
     for noise in NOISES:
-        pq = ann_build.probe_queries(x, 256, noise=noise, seed=0)
+        pq = ann_tune.probe_queries(x, 256, noise=noise, seed=0)
         pgt = exact_top(pq, x, 10)[1]
         curve = []
         for v in values:
@@ -83,7 +82,7 @@ def knob_curves(s: Searcher, zq: np.ndarray, x: np.ndarray, n_lat: int = 200) ->
         "values": values,
         "curves": curves,
         "p50_ms": p50,
-        "auto_noise": current().query_noise,
+        "auto_noise": ann_tune.QUERY_NOISE,
     }
 
 

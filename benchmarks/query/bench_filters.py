@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 
 from benchmarks.common import harness
 from benchmarks.common.harness import command_line, load_average, markdown, percentiles_ms, timed
+from flowsearch.ann import prefilter
 from flowsearch.ann.prefilter import (
     _exact,
     filtered_search,
@@ -51,7 +52,6 @@ from flowsearch.ann.prefilter import (
     search_params,
 )
 from flowsearch.search.filters import MetadataFilter, SegmentRef, VersionFilter
-from flowsearch.settings import current
 
 DIM, SHARD_ROWS, K = 384, 50_000, 10
 TARGET_RATIO = 2.0  # a filtered query's p50 at most this times the unfiltered p50
@@ -393,7 +393,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "queries": args.queries,
         "warmup": args.warmup,
         "threads": 1,
-        "exact_below": current().exact_below,
+        "exact_below": prefilter.EXACT_BELOW,
         "machine": platform.processor() or platform.machine(),
         "vectors": "Gaussian, rank-32 signal + isotropic noise, L2-normalised",
         "command": command_line(),

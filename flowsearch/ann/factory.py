@@ -2,12 +2,11 @@ r"""Choosing a vector index: ``auto``'s factory by segment size, and checking a 
 
 Every index here is FAISS with inner product on L2-normalised vectors (cosine similarity), and
 its ids are the segment's local rows, assigned in insertion order. ``"auto"`` chooses per
-segment: exact ``Flat`` up to ``Settings.flat_max_rows`` rows (10k: a segment's own size, so an
-index of many segments gets an approximate index in each of its larger ones); above that, up to
-``Settings.scan_max_rows`` (0 unless set: off), a scan of 1-bit RaBitQ codes re-ranked exactly
-(``RaBitQfs,RFlat``, its re-rank depth tuned by :func:`flowsearch.ann.build.tune`); above that
-``HNSW32`` (``efSearch`` tuned); above ``Settings.graph_max_rows``, IVF-PQ with an exact re-rank
-(:func:`large_factory`). Why these (measured): ``docs/SCALE.md``.
+segment, by the :class:`~flowsearch.ann.policy.AnnPolicy` a write is given: exact ``Flat`` up to
+``flat_max_rows`` rows (a segment's own size, so an index of many segments gets an approximate
+index in each of its larger ones); above that its ``graph_factory`` (``HNSW32``, ``efSearch``
+tuned by :func:`flowsearch.ann.tune.tune`); above ``graph_max_rows``, IVF-PQ with an exact
+re-rank (:func:`large_factory`). Why these (measured): ``docs/SCALE.md``.
 
 Example:
     >>> auto_factory(1_000)
@@ -23,8 +22,8 @@ import re
 
 import faiss
 
+from flowsearch.ann.policy import DEFAULT, AnnPolicy
 from flowsearch.errors import BadInput
-from flowsearch.settings import current
 
 __all__ = [
     "auto_factory",
@@ -53,37 +52,23 @@ def _make(dim: int, factory: str) -> faiss.Index:
         ) from None
 
 
-def auto_factory(
-    n_rows: int,
-    flat_max_rows: int | None = None,
-    *,
-    graph_max_rows: int | None = None,
-    dim: int | None = None,
-) -> str:
+def auto_factory(n_rows: int, policy: AnnPolicy = DEFAULT, *, dim: int | None = None) -> str:
     """The factory string ``"auto"`` stands for at ``n_rows`` rows of ``dim`` dimensions.
 
-    ``Flat`` (exact) up to ``flat_max_rows`` (default ``Settings.flat_max_rows``); then
-    ``Settings.scan_factory`` up to ``Settings.scan_max_rows`` (a scan of RaBitQ codes with an
-    exact re-rank; off unless set); above, ``HNSW32``, whose ``efSearch`` is then tuned by
-    :func:`tune_search`. Not IVF at that size: on
-    a calibrated (whitened, isotropic) space an inverted file has no cluster structure to
-    exploit, and at 200k static rows ``IVF2048,Flat`` needed half its lists for recall@10 0.94
-    (benchmarks/bench_speed.md). HNSW needs no training, adds rows one by one (streaming) and
-    costs about 260 bytes per row beside the vectors. Above ``graph_max_rows`` (default
-    ``Settings.graph_max_rows``) the vectors no longer belong in RAM: :func:`large_factory`.
-    The defaults are read at call time (tests lower them).
+    ``Flat`` (exact) up to ``policy.flat_max_rows``; above, ``policy.graph_factory``
+    (``HNSW32``), whose ``efSearch`` is then tuned (:func:`flowsearch.ann.tune.tune`). Not IVF
+    at that size: on a calibrated (whitened, isotropic) space an inverted file has no cluster
+    structure to exploit (benchmarks/RESULTS.md). HNSW needs no training and adds rows one by
+    one (streaming). Above ``policy.graph_max_rows`` the vectors no longer belong in RAM:
+    :func:`large_factory`.
 
     Raises:
         ValueError: ``dim`` missing when the large factory is chosen.
     """
-    flat_max = current().flat_max_rows if flat_max_rows is None else flat_max_rows
-    graph_max = current().graph_max_rows if graph_max_rows is None else graph_max_rows
-    if n_rows <= flat_max:
+    if n_rows <= policy.flat_max_rows:
         return "Flat"
-    if n_rows <= min(current().scan_max_rows, graph_max):
-        return current().scan_factory
-    if n_rows <= graph_max:
-        return current().graph_factory
+    if n_rows <= policy.graph_max_rows:
+        return policy.graph_factory
     if dim is None:
         raise ValueError("auto_factory needs dim above graph_max_rows (for the PQ code size)")
     return large_factory(n_rows, dim)
@@ -104,8 +89,8 @@ def large_factory(n_rows: int, dim: int) -> str:
     ``nlist`` is the power of two nearest ``sqrt(n)``, with at least 39 training rows per list;
     ``m`` is :func:`_pq_subquantizers` (codes of ``m`` bytes). ``RFlat`` keeps the
     full-precision vectors (4 * dim bytes per row) for the re-rank, in the same file: on disk,
-    memory-mapped when searching (:func:`mmap_flags`). Bare PQ is unusable for recall@10 on
-    these spaces (0.55-0.61 at 200k, benchmarks/bench_speed.md); the re-rank wins it back.
+    memory-mapped when searching (:func:`mmap_flags`). Bare PQ loses too much recall@10 on these
+    spaces (benchmarks/RESULTS.md); the re-rank wins it back.
     """
     nlist = 2 ** round(math.log2(math.sqrt(max(n_rows, 1))))
     while nlist > 1 and nlist * 39 > n_rows:
@@ -122,8 +107,8 @@ def mmap_flags(factory: str) -> int:
     """The FAISS read flags that memory-map an index of ``factory`` (faiss 1.15).
 
     ``IO_FLAG_MMAP_IFC`` maps flat code arrays: ``Flat``, HNSW's vectors, and, for an IVF index
-    with a re-rank, both the re-rank vectors and the inverted lists (measured: anonymous RSS
-    unchanged after opening a 54 MB ``IVF256,PQ16,RFlat``). A plain IVF index needs
+    with a re-rank, both the re-rank vectors and the inverted lists (opening one leaves the
+    anonymous memory unchanged). A plain IVF index needs
     ``IO_FLAG_MMAP`` for its lists; combining both flags fails on IVF files.
     """
     ivf = "IVF" in factory.upper()
@@ -156,10 +141,10 @@ def check_factory(factory: str, dim: int) -> None:
         )
 
 
-def new_index(dim: int, factory: str) -> faiss.Index:
+def new_index(dim: int, factory: str, policy: AnnPolicy = DEFAULT) -> faiss.Index:
     """An empty inner-product FAISS index of ``dim`` dimensions from a resolved factory string;
-    an HNSW graph is built with ``efConstruction`` = ``Settings.hnsw_ef_construction`` (kept in
-    the index file, so later adds use it too).
+    an HNSW graph is built with ``efConstruction`` = ``policy.ef_construction`` (kept in the
+    index file, so later adds use it too).
 
     Raises:
         BadInput: a factory string FAISS rejects.
@@ -167,5 +152,5 @@ def new_index(dim: int, factory: str) -> faiss.Index:
     index = _make(dim, factory)
     graph = faiss.downcast_index(index)
     if isinstance(graph, faiss.IndexHNSW):
-        graph.hnsw.efConstruction = current().hnsw_ef_construction
+        graph.hnsw.efConstruction = policy.ef_construction
     return index

@@ -23,6 +23,7 @@ from flowsearch.ann.factory import mmap_flags, reason
 from flowsearch.errors import IndexDamaged
 
 __all__ = [
+    "as_f32",
     "knob_params",
     "num_gpus",
     "read_index",
@@ -37,6 +38,18 @@ LOG = logging.getLogger(__name__)
 
 # faiss's bundled stubs lack the inverted-list classes' SWIG attributes.
 _faiss: Any = faiss
+
+
+def as_f32(x: np.ndarray) -> np.ndarray:
+    """``x`` as FAISS reads vectors: a C-contiguous float32 (n, d) array.
+
+    Raises:
+        ValueError: ``x`` is not 2-D.
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"expected a 2-D array of vectors, got shape {x.shape}")
+    return x
 
 
 def set_params(index: faiss.Index, params: str) -> None:
@@ -72,7 +85,7 @@ def search(
 
 # Per index (held weakly: a closed segment's index goes with it), its kind ("hnsw", "ivf" or
 # "") and the HNSW search parameters made so far, by efSearch: a downcast and a SWIG
-# constructor cost ~90 us a search, ~1 ms of a query over 10 segments (bench_segments).
+# constructor on every search add up over a query's segments.
 _KNOBS: weakref.WeakKeyDictionary[Any, tuple[str, dict[int, Any]]] = weakref.WeakKeyDictionary()
 _KNOBS_LOCK = threading.Lock()
 

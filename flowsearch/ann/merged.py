@@ -3,7 +3,7 @@ r"""Each segment's search knob for the recall of a search over several segments.
 A search over segments keeps the best ``k`` of the segments' answers. A segment holding a share
 ``w`` of the live rows gives that merged top-k about ``k * w`` rows, and those are its own
 *nearest* ones, which a graph or an inverted file finds far more reliably than its 10th. So
-tuning each segment's knob for its own recall@10 (what :func:`flowsearch.ann.build.tune` does)
+tuning each segment's knob for its own recall@10 (what :func:`flowsearch.ann.tune.tune` does)
 overpays ``n`` times over at ``n`` equal segments. Instead each segment records a recall curve
 (:class:`Curve`: per knob value, the share of held-out queries whose rank-r neighbour it finds)
 and a version chooses every segment's knob from the curves and the segments' shares
@@ -32,7 +32,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Curve", "choose_knobs", "merged_recall", "rank_tails"]
+__all__ = ["MERGED_SKEW", "Curve", "choose_knobs", "merged_recall", "rank_tails"]
+
+#: The ``skew`` a version's search chooses its segments' knobs with: a query's neighbours crowd
+#: into some segments more than their share, and the curves' held-out rows are easier than real
+#: queries at the small knobs a segment then gets.
+MERGED_SKEW = 5.0
 
 
 @dataclass(frozen=True)

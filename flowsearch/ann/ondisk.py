@@ -24,8 +24,6 @@ def mergeable(index: faiss.Index) -> bool:
     """Whether parts of ``index`` filled separately can be merged on disk (:func:`merge_on_disk`):
     IVF-family indexes, with or without a pre-transform, but not with a re-rank (its full vectors
     are a flat array inside the index file, not inverted lists)."""
-    if not isinstance(index, faiss.Index):  # a graph still being built (ann.build)
-        return False
     return faiss.try_extract_index_ivf(index) is not None and not isinstance(
         faiss.downcast_index(index), faiss.IndexRefine
     )

@@ -2,13 +2,13 @@ r"""Searching only the rows a filter kept: a FAISS pre-filter that returns the t
 
 :func:`filtered_search` takes the rows a ``where`` predicate matched
 (:meth:`flowsearch.search.filters.MetadataFilter.rows`) and the deleted rows to skip, and searches
-only the rest: up to ``Settings.exact_below`` searchable rows by brute force over their own vectors
+only the rest: up to :data:`EXACT_BELOW` searchable rows by brute force over their own vectors
 (exact for any index), more through FAISS with an ID-selector bitmap (:func:`search_params`), so the
 answer is the top-k among matching rows, never a post-filtered top-k. An approximate index that
 found fewer than k of them is searched again exhaustively. When few rows are removed (deleted
 rows, a filter keeping most), an unfiltered search a little deeper than k finds the top-k among
 the rest for almost every query, at FAISS's fast path (a selector disables its matrix products);
-the few it leaves short take the selector's way (``Settings.postfilter_max_removed_share``).
+the few it leaves short take the selector's way (:data:`POSTFILTER_MAX_REMOVED_SHARE`).
 
 Example:
     >>> import faiss
@@ -28,9 +28,27 @@ import faiss
 import numpy as np
 
 from flowsearch.ann import io as ann_io
-from flowsearch.settings import current
 
-__all__ = ["allowed_rows", "filtered_search", "prepare_index", "search_params"]
+__all__ = [
+    "EXACT_BELOW",
+    "POSTFILTER_MARGIN",
+    "POSTFILTER_MAX_REMOVED_SHARE",
+    "allowed_rows",
+    "filtered_search",
+    "prepare_index",
+    "search_params",
+]
+
+#: A filter or deletions leaving at most this many rows of a segment searchable are searched by
+#: brute force over those rows' vectors (faster there than FAISS's ID selector).
+EXACT_BELOW = 16_384
+#: A filter or deletions removing at most this share of a segment's rows are searched without
+#: FAISS's ID selector (which costs FAISS its matrix-product path): an unfiltered top-(k / kept
+#: share + :data:`POSTFILTER_MARGIN`), the removed rows dropped, and only the queries left short
+#: of k searched again through the selector (exact for Flat).
+POSTFILTER_MAX_REMOVED_SHARE = 0.25
+#: Extra candidates per query on that path (removed rows among a query's nearest).
+POSTFILTER_MARGIN = 16
 
 LOG = logging.getLogger(__name__)
 
@@ -57,8 +75,8 @@ def _keep_mask(
         return None
     dead = excluded if excluded is not None and excluded.dtype == np.bool_ else None
     if rows is None:
-        if dead is not None:  # deletions alone, every query: one pass (boolean indexing: ~2 ms
-            alive: np.ndarray = np.logical_not(dead)  # at 200k rows, bench_storage's policy)
+        if dead is not None:  # deletions alone, every query: one pass, no boolean indexing
+            alive: np.ndarray = np.logical_not(dead)
             return alive
         keep = np.ones(ntotal, dtype=bool)
     else:
@@ -192,7 +210,7 @@ def filtered_search(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-k among the searchable rows only (a pre-filter), shaped like ``index.search``.
 
-    When at most ``Settings.postfilter_max_removed_share`` of the rows are removed, an
+    When at most :data:`POSTFILTER_MAX_REMOVED_SHARE` of the rows are removed, an
     unfiltered search a little deeper than k is read past them (:func:`_postfiltered`; queries
     it leaves short take the selector). Otherwise up to ``exact_below`` searchable rows are
     searched by brute force over their own vectors (exact for every index type); more go
@@ -208,7 +226,7 @@ def filtered_search(
         k: hits per query.
         rows: int64 row numbers a filter matched (:meth:`MetadataFilter.rows`); None: all.
         excluded: deleted rows never to return, bool mask (ntotal,) or int64 row numbers.
-        exact_below: the brute-force/selector switch (default ``Settings.exact_below``).
+        exact_below: the brute-force/selector switch (default :data:`EXACT_BELOW`).
         knob: the search's ``efSearch`` / ``nprobe`` instead of the index's own
             (:func:`flowsearch.ann.io.knob_params`; an exhaustive re-search ignores it).
 
@@ -218,7 +236,7 @@ def filtered_search(
         score) pad when fewer than k' rows are searchable.
     """
     queries = np.ascontiguousarray(queries, dtype=np.float32)
-    exact_below = current().exact_below if exact_below is None else exact_below
+    exact_below = EXACT_BELOW if exact_below is None else exact_below
     k = max(1, min(int(k), max(index.ntotal, 1)))
     ip = index.metric_type == faiss.METRIC_INNER_PRODUCT
     fill = float(-np.finfo(np.float32).max if ip else np.finfo(np.float32).max)
@@ -231,7 +249,7 @@ def filtered_search(
         empty = np.zeros((len(queries), 0), dtype=np.float32)
         return _pad(empty, empty.astype(np.int64), k, fill)
     kk = min(k, count)
-    if 1.0 - count / index.ntotal <= current().postfilter_max_removed_share:
+    if 1.0 - count / index.ntotal <= POSTFILTER_MAX_REMOVED_SHARE:
         scores, found, short = _postfiltered(index, queries, kk, mask, count, fill, knob)
         if len(short):
             again = _selected(index, queries[short], kk, mask, knob)
@@ -256,7 +274,7 @@ def _postfiltered(
     """The top-k searchable rows read off an unfiltered search deep enough that k of them are
     usually among it, and the queries (int64 positions) where they were not. A row ranked
     below k searchable ones cannot be in their top-k, so for Flat the answer is exact."""
-    depth = math.ceil(k * index.ntotal / count) + current().postfilter_margin
+    depth = math.ceil(k * index.ntotal / count) + POSTFILTER_MARGIN
     scores, found = ann_io.search(index, queries, min(depth, index.ntotal), knob)
     kept = found >= 0
     kept[kept] = mask[found[kept]]

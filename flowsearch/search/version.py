@@ -28,7 +28,6 @@ from pydantic import BaseModel, ConfigDict
 
 from flowsearch.errors import IndexDamaged
 from flowsearch.search.segment import SegmentReader, read_deleted
-from flowsearch.settings import current
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.rows import RowCache
@@ -238,21 +237,21 @@ class Version:
 
     def knobs(self) -> list[int | None] | None:
         """Per segment, the search knob (``efSearch`` / ``nprobe``) that makes the merged top
-        10 of this version's segments reach ``Settings.target_recall``, from each segment's
-        recorded recall curve and its share of the live rows
+        10 of this version's segments reach the recall their tunings aimed for, from each
+        segment's recorded recall curve and its share of the live rows
         (:func:`flowsearch.ann.merged.choose_knobs`); None for a segment searched as tuned
-        (exact, no curve). None for one segment, or when ``Settings.merged_knobs`` is off.
-        Chosen once per version, with the settings of its first search."""
+        (exact, no curve). None for one segment. Chosen once per version."""
         if self._knobs is None:
             self._knobs = self._choose_knobs() or False
         return self._knobs or None
 
     def _choose_knobs(self) -> list[int | None] | None:
+        from flowsearch.ann import merged
         from flowsearch.ann.merged import Curve, choose_knobs
+        from flowsearch.ann.policy import DEFAULT
 
-        settings = current()
         records = self.manifest.segments
-        if not settings.merged_knobs or len(records) < 2:
+        if len(records) < 2:
             return None
         curves: list[Curve | float] = []
         for seg in records:
@@ -264,8 +263,10 @@ class Version:
                 curves.append(1.0 if tuning is None else min(tuning.recall, 1.0))
         if not any(isinstance(c, Curve) for c in curves):
             return None
+        targets = [s.ann.tuning.target for s in records if s.ann.tuning is not None]
+        target = max(targets, default=DEFAULT.target_recall)  # what the writes tuned for
         return choose_knobs(curves, [s.n_live for s in records],
-                            target=settings.target_recall, skew=settings.merged_skew)  # fmt: skip
+                            target=target, skew=merged.MERGED_SKEW)  # fmt: skip
 
     @property
     def n_rows(self) -> int:

@@ -252,7 +252,7 @@ class AnnCurve(BaseModel):
 
 class AnnTuning(BaseModel):
     """What ``auto``'s tuning of a segment's approximate index measured
-    (:class:`flowsearch.ann.build.Tuning`): recall@k against exact search on ``queries``
+    (:class:`flowsearch.ann.tune.Tuning`): recall@k against exact search on ``queries``
     held-out rows moved by noise of norm ``noise``, which the search knob was *not* chosen on
     (``tuned_recall``: on the ones it was chosen on), for a ``target``."""
 
@@ -264,7 +264,7 @@ class AnnTuning(BaseModel):
     noise: float
     tuned_recall: float | None = None
     curve: AnnCurve | None = None
-    #: the tuning rule's version (:data:`flowsearch.ann.build.TUNER_VERSION`); None: a tuning
+    #: the tuning rule's version (:data:`flowsearch.ann.tune.TUNER_VERSION`); None: a tuning
     #: recorded before versions were (``compact`` re-tunes such a segment)
     tuner: int | None = None
 
@@ -277,7 +277,7 @@ class AnnTuning(BaseModel):
 
 
 class AnnProjection(BaseModel):
-    """How ``auto`` built a large segment's graph (:class:`flowsearch.ann.build.ProjectedGraph`):
+    """How an older release's ``auto`` built a large segment's graph (the projected graph):
     over the rows' first ``dims`` principal components, fitted on at most ``sample_rows`` rows,
     at ``ef_construction``; the index file is an ordinary HNSW index of the full vectors."""
 

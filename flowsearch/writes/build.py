@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from flowsearch.ann.build import check_projection_settings
 from flowsearch.ann.factory import check_factory
+from flowsearch.ann.policy import AnnPolicy, policy_or_default
 from flowsearch.errors import BadInput
 from flowsearch.ingest.corpus import Corpus, CorpusOptions, CorpusPlan
 from flowsearch.ingest.passages import Cuts, requested_sizes
@@ -110,8 +110,10 @@ class BuildRequest:
     wait: float | None = None
     passage_tokens: int | None = None
     passage_overlap: int | None = None
+    ann: AnnPolicy | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "ann", policy_or_default(self.ann))
         if self.batch_size < 1:
             raise BadInput(f"batch_size must be >= 1, got {self.batch_size}", param="batch_size")
         if self.fit_sample < 2:
@@ -149,6 +151,7 @@ def build_index(
     wait: float | None = None,
     passage_tokens: int | None = None,
     passage_overlap: int | None = None,
+    ann: AnnPolicy | None = None,
 ) -> WriteResult:
     r"""Index a corpus into ``index_dir`` (see the module docstring for the data flow).
 
@@ -180,6 +183,8 @@ def build_index(
             cut (only its first tokens are read).
         passage_overlap: tokens a passage shares with the previous one, at most; None: the
             default (:data:`~flowsearch.ingest.passages.DEFAULT_OVERLAP`).
+        ann: what ``index_factory="auto"`` builds and tunes for
+            (:class:`~flowsearch.ann.policy.AnnPolicy`; None: the defaults).
 
     Returns:
         A :class:`~flowsearch.writes.results.WriteResult` (``kind="build"``).
@@ -193,7 +198,7 @@ def build_index(
         calibration=calibration, calibrator=calibrator, index_factory=index_factory,
         batch_size=batch_size, overwrite=overwrite, fit_sample=fit_sample, lexical=lexical,
         engine=engine, address=address, wait=wait,
-        passage_tokens=passage_tokens, passage_overlap=passage_overlap,
+        passage_tokens=passage_tokens, passage_overlap=passage_overlap, ann=ann,
     )  # fmt: skip
     return build(corpus, index_dir, request)
 
@@ -224,7 +229,7 @@ def build(corpus: Corpus, index_dir: str | os.PathLike[str], request: BuildReque
         source=None if model is None else str(enc.model_id), calibration=request.calibration,
         loaded=loaded, loaded_from=request.calibrator, index_factory=request.index_factory,
         batch_size=request.batch_size, fit_sample=request.fit_sample, lexical=request.lexical,
-        passages=sizes,
+        passages=sizes, ann=policy_or_default(request.ann),
     )  # fmt: skip
     with (
         open_writer(target, new=True, overwrite=request.overwrite, wait=request.wait) as writer,
@@ -250,8 +255,6 @@ def _load(request: BuildRequest) -> tuple[Any, Any]:
     the searched dimension before any encoding."""
     from flowsearch.encode.encoder import Encoder
 
-    if request.index_factory == "auto":  # its graph's settings, before a model is even loaded
-        check_projection_settings()
     wanted = request.encoder
     enc = Encoder(wanted.model, pooling=wanted.pooling, max_length=wanted.max_length,
                   **wanted.runtime())  # fmt: skip
@@ -279,7 +282,8 @@ def _build(
         space, index, factory = fit_space(np.asarray(raw[fit_idx]), enc, n_rows, st, options)
     builder = SegmentBuilder(writer, dim=space.dim, n_rows=n_rows,
                              requested=options.index_factory, lexical=options.lexical,
-                             strict_factory=True, index=index, factory=factory)  # fmt: skip
+                             strict_factory=True, index=index, factory=factory,
+                             ann=options.ann)  # fmt: skip
     with st.timed("write segment"):
         lps = _write_rows(builder, cuts, raw, space, st)
     measured, method = reference_rows(n_rows, held_idx)

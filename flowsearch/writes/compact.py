@@ -7,12 +7,12 @@ r"""Compaction and recalibration: the writes that rewrite segments, never re-enc
   the file (:mod:`flowsearch.storage.upgrade`: its files hard-linked, its keys rewritten), so
   id lookups in it are confirmed exactly without reading its rows.
 - ``compact`` also re-tunes every ``auto`` segment an older tuning rule tuned
-  (:data:`flowsearch.ann.build.TUNER_VERSION`): the search knob is chosen again on the
+  (:data:`flowsearch.ann.tune.TUNER_VERSION`): the search knob is chosen again on the
   segment's own rows and recorded, its files hard-linked into a new segment (nothing rebuilt),
   so an index built before a tuner fix keeps the recall promise without a ``--full`` rebuild.
 - :func:`recalibrate` refits (or loads) the calibrator on the raw encoder vectors every segment
   keeps, and rewrites every segment's searched vectors and vector index from them: the searched
-  space changes without touching the encoder, which is >99% of an index's cost. Deleted rows
+  space changes without touching the encoder, nearly all of an index's cost. Deleted rows
   are dropped on the way; the postings and ids are carried over.
 
 Example:
@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from flowsearch.ann.build import TUNER_VERSION
+from flowsearch.ann.policy import AnnPolicy
+from flowsearch.ann.policy import policy_or_default as ann_or_default
+from flowsearch.ann.tune import TUNER_VERSION
 from flowsearch.errors import BadInput
 from flowsearch.progress import Stages
 from flowsearch.search.version import sizes
@@ -40,21 +42,24 @@ from flowsearch.storage.layout import CALIBRATORS_DIR
 from flowsearch.storage.rows import RowReader
 from flowsearch.storage.upgrade import add_key_ids, lacks_key_ids, linked_stage
 from flowsearch.storage.writer import Writer, open_writer
+from flowsearch.writes import merge as merging
 from flowsearch.writes.measure import open_index, remeasure
-from flowsearch.writes.merge import merge, plan_merges
+from flowsearch.writes.merge import MergePolicy, plan_merges
 from flowsearch.writes.results import WriteResult, result_of
-from flowsearch.writes.segments import tune_segment
+from flowsearch.writes.segments import segment_tuning
 
 __all__ = ["compact", "recalibrate", "tuned_by_older_rule"]
 
 LOG = logging.getLogger(__name__)
 
 
-def _merges(segments: tuple[mf.SegmentRecord, ...], full: bool) -> list[list[str]]:
+def _merges(
+    segments: tuple[mf.SegmentRecord, ...], full: bool, policy: MergePolicy, ann: AnnPolicy
+) -> list[list[str]]:
     if full:
         whole = len(segments) > 1 or any(s.n_deleted for s in segments)
         return [[s.name for s in segments]] if whole else []
-    out = plan_merges(segments, max_rows=None)
+    out = plan_merges(segments, policy, max_rows=None, flat_max_rows=ann.flat_max_rows)
     taken = {name for group in out for name in group}
     out += [[s.name] for s in segments if s.n_deleted and s.name not in taken]
     return out
@@ -73,7 +78,7 @@ def tuned_by_older_rule(seg: mf.SegmentRecord, requested: str = "auto") -> bool:
     )
 
 
-def _retune(writer: Writer, requested: str) -> list[str]:
+def _retune(writer: Writer, requested: str, policy: AnnPolicy) -> list[str]:
     """Re-tune every segment :func:`tuned_by_older_rule` names and relink it with the new knob
     and tuning (see the module docstring). A segment that cannot be re-tuned (its index
     unreadable, the tuning failing) keeps its knob, with a warning: the rest of the compaction
@@ -84,7 +89,7 @@ def _retune(writer: Writer, requested: str) -> list[str]:
             index = open_index(writer, seg)
             reader = RowReader(writer.segment_path(seg), seg.parts)
             try:
-                params, tuning = tune_segment(index, reader)
+                params, tuning = segment_tuning(index, reader, policy)
             finally:
                 reader.close()
         except (OSError, RuntimeError, ValueError) as e:  # FAISS raises RuntimeError
@@ -99,7 +104,12 @@ def _retune(writer: Writer, requested: str) -> list[str]:
 
 
 def compact(
-    index_dir: str | os.PathLike[str], *, full: bool = False, wait: float | None = None
+    index_dir: str | os.PathLike[str],
+    *,
+    full: bool = False,
+    wait: float | None = None,
+    ann: AnnPolicy | None = None,
+    merge: MergePolicy | None = None,
 ) -> WriteResult:
     """Merge small segments and drop every deleted row (see the module docstring).
 
@@ -107,6 +117,9 @@ def compact(
         index_dir: the index directory.
         full: merge everything into one segment.
         wait: seconds to wait for another writer (None: refuse at once).
+        ann: what ``auto`` builds and tunes merged and re-tuned segments for (None: the
+            defaults).
+        merge: when segments merge (None: the defaults).
 
     Returns:
         A :class:`WriteResult`: ``merged`` segments, ``n_dropped`` deleted rows,
@@ -117,30 +130,32 @@ def compact(
     Raises:
         NotFound: no index. IndexLocked: another writer, past ``wait``.
     """
+    policy, ann = merging.policy_or_default(merge), ann_or_default(ann)
     st = Stages()
     root = Path(index_dir).expanduser()
     with open_writer(root, wait=wait) as writer, st.live():
         base = writer.base
         assert base is not None
         before = sizes(root, base)["total"]
-        groups = _merges(writer.base.segments if writer.base else (), full)
+        groups = _merges(writer.base.segments if writer.base else (), full, policy, ann)
         stale = any(tuned_by_older_rule(s, base.ann_requested) for s in base.segments)
         if not groups and not lacks_key_ids(writer) and not stale:
             return result_of("compact", root, base, st, bytes_freed=0)
         with st.timed("merge"):
             for names in groups:
-                merge(
+                merging.merge(
                     writer,
                     names,
                     dim=base.dim,
                     requested=base.ann_requested,
                     lexical=base.lexical is not None,
                     schema=base.schema_,
+                    ann=ann,
                 )
         with st.timed("key ids"):
             upgraded = add_key_ids(writer)  # the segments no merge rewrote
         with st.timed("tuning"):
-            retuned = _retune(writer, base.ann_requested)  # the merged ones are current
+            retuned = _retune(writer, base.ann_requested, ann)  # the merged ones are current
         if not groups and not upgraded and not retuned:  # every re-tune failed: no new version
             return result_of("compact", root, base, st, bytes_freed=0)
         merged = sum(len(g) for g in groups)
@@ -202,6 +217,7 @@ def recalibrate(
     fit_sample: int = 200_000,
     *,
     wait: float | None = None,
+    ann: AnnPolicy | None = None,
 ) -> WriteResult:
     """Refit the calibrator on the stored raw vectors (no re-encoding) and rewrite every
     segment's searched vectors and vector index; deleted rows are dropped on the way.
@@ -212,6 +228,7 @@ def recalibrate(
         calibrator: a calibrator fitted elsewhere to load instead of fitting.
         fit_sample: fit on a uniform sample of at most this many live rows.
         wait: seconds to wait for another writer (None: refuse at once).
+        ann: what ``auto`` builds and tunes the rewritten segments for (None: the defaults).
 
     Returns:
         A :class:`WriteResult` with the new ``calibration``, ``space`` and ``decision``.
@@ -220,6 +237,7 @@ def recalibrate(
         BadInput: an unknown calibration, a calibrator of another dimension, every row deleted.
         NotFound: no index.
     """
+    policy = ann_or_default(ann)
     if calibrator is None:
         checked_calibration(calibration)  # an unknown name fails here, before any work
     if fit_sample < 2:
@@ -239,11 +257,11 @@ def recalibrate(
             )
         space = SearchSpace(cal, spec)
         with st.timed("rewrite"):
-            manifest = _rewrite(writer, base, space)
+            manifest = _rewrite(writer, base, space, policy)
     return result_of("recalibrate", root, manifest, st, n_written=manifest.n_rows)
 
 
-def _rewrite(writer: Writer, base: mf.Manifest, space: SearchSpace) -> mf.Manifest:
+def _rewrite(writer: Writer, base: mf.Manifest, space: SearchSpace, ann: AnnPolicy) -> mf.Manifest:
     """Every segment rewritten in ``space``; publishes the new version."""
     stage = writer.stage(CALIBRATORS_DIR)
     space.calibrator.save(stage)
@@ -251,7 +269,7 @@ def _rewrite(writer: Writer, base: mf.Manifest, space: SearchSpace) -> mf.Manife
     lps: list[np.ndarray] = []
     names = [s.name for s in writer.segments]
     for name in names:  # one new segment per old one: sizes and merge tiers stay
-        merge(
+        merging.merge(
             writer,
             [name],
             dim=space.dim,
@@ -260,6 +278,7 @@ def _rewrite(writer: Writer, base: mf.Manifest, space: SearchSpace) -> mf.Manife
             schema=base.schema_,
             project=space.project,
             lps=lps,
+            ann=ann,
         )
     reference = remeasure(writer, space)  # the old one was measured in the old space
     changes: dict[str, Any] = {

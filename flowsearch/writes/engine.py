@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from flowsearch.ann import build as ann_build
+from flowsearch.ann.policy import DEFAULT, AnnPolicy
 from flowsearch.ingest.corpus import CorpusPlan
 from flowsearch.progress import Stages
 from flowsearch.space.fitting import fit_for_index
@@ -61,6 +62,7 @@ class BuildOptions:
         lexical: build BM25 postings.
         passages: how documents are cut (a
             :class:`~flowsearch.encode.passages.PassageSizes`; None: not cut).
+        ann: what ``auto`` builds and tunes the segment for.
     """
 
     source: str | None
@@ -72,6 +74,7 @@ class BuildOptions:
     fit_sample: int
     lexical: bool
     passages: Any = None
+    ann: AnnPolicy = DEFAULT
 
 
 def fit_space(
@@ -89,7 +92,9 @@ def fit_space(
         pooling=enc.pooling,
     )
     space = SearchSpace(cal, spec, enc)
-    index, factory = ann_build.segment_index(space.dim, options.index_factory, n_rows)
+    index, factory = ann_build.segment_index(
+        space.dim, options.index_factory, n_rows, policy=options.ann
+    )
     if not index.is_trained:
         sample = ann_build.training_sample(index, U_fit, space.project)
         ann_build.train(index, sample, factory)

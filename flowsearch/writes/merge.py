@@ -1,32 +1,39 @@
-r"""Merging segments: the size-tiered policy and the merge itself.
+r"""Merging segments: the size-tiered policy (:class:`MergePolicy`) and the merge itself.
 
 Every write adds a segment, so without merging a busy index would be searched across thousands
 of segments. Segments are grouped in size *tiers* (sizes within a factor of
-``Settings.merge_factor``, everything under ``Settings.floor_segment_rows`` in the lowest); when
-a tier holds ``Settings.segments_per_tier`` segments they are merged into one of the next tier,
-as Lucene's tiered policy does. Each row is rewritten about log(n) times over an index's life,
-and a query sees a logarithmic number of segments. Small segments have a budget of their own
-(the *Flat budget*): at most ``Settings.flat_segments_max`` segments of up to
-``Settings.flat_max_rows`` live rows (those ``auto`` searches exactly, the costliest per row) stay
-apart; one more and all of them merge into one, which gets a graph once it passes that size
-(the floor of Lucene's policy plays this part there). Writes run the policy themselves for tiers
-whose merge stays small (``Settings.write_merge_max_rows``), so a write's cost stays bounded;
-``compact`` runs it without that bound, rewrites segments with many deleted rows, and
-``compact(full=True)`` merges everything into one segment.
+``MergePolicy.merge_factor``, everything under ``floor_segment_rows`` in the lowest); when a tier
+holds ``segments_per_tier`` segments they are merged into one of the next tier, as Lucene's
+tiered policy does. Each row is rewritten about log(n) times over an index's life, and a query
+sees a logarithmic number of segments. Small segments have a budget of their own (the *Flat
+budget*): at most ``flat_segments_max`` segments of up to the
+:class:`~flowsearch.ann.policy.AnnPolicy`'s ``flat_max_rows`` live rows (those ``auto``
+searches exactly, the costliest per row) stay apart; one more and all of them merge into one,
+which gets a graph once it passes that size (the floor of Lucene's policy plays this part
+there). Writes run the policy themselves for tiers whose merge stays small
+(``write_merge_max_rows``), so a write's cost stays bounded; ``compact`` runs it without that
+bound, rewrites segments with many deleted rows, and ``compact(full=True)`` merges everything
+into one segment. The writes take the policy as ``merge=MergePolicy(...)`` (None: the defaults)
+and hand it to every function here.
 
 A merge reads the live rows of its segments (no re-encoding: the stored ``vector`` and ``raw``
 columns are copied), builds the merged vector index, merges the postings (no re-tokenising),
 and hands the new segment to the writer, which drops the old ones from the version.
 
 Example:
-    >>> [len(t) for t in tiers([5, 6, 7, 50_000])]
+    >>> [len(t) for t in tiers([5, 6, 7, 50_000], MergePolicy())]
     [3, 1]
+    >>> MergePolicy(segments_per_tier=1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    flowsearch.errors.BadInput: MergePolicy.segments_per_tier must be an integer of at least 2...
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +41,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flowsearch.errors import IndexDamaged
-from flowsearch.settings import current
+from flowsearch.ann.policy import DEFAULT as DEFAULT_ANN
+from flowsearch.ann.policy import AnnPolicy
+from flowsearch.errors import BadInput, IndexDamaged
 from flowsearch.storage import deletions
 from flowsearch.storage.manifest import AnnRecord, SchemaColumn, SegmentRecord
 from flowsearch.storage.passages import PASSAGE_COLUMNS, has_passages, whole_documents
@@ -44,14 +52,80 @@ from flowsearch.storage.schema import type_of
 from flowsearch.storage.writer import Writer
 from flowsearch.writes.segments import SegmentBuilder
 
-__all__ = ["merge", "merged_at_once", "plan_merges", "tier_of", "tiers"]
+__all__ = [
+    "DEFAULT",
+    "MergePolicy",
+    "merge",
+    "merged_at_once",
+    "plan_merges",
+    "policy_or_default",
+    "tier_of",
+    "tiers",
+]
 
 LOG = logging.getLogger(__name__)
 
 
-def tier_of(n_live: int) -> int:
+@dataclass(frozen=True)
+class MergePolicy:
+    """When segments are merged (size tiers, as Lucene's TieredMergePolicy; range-checked).
+
+    Attributes:
+        segments_per_tier: Segments a size tier holds before they merge; fewer means fewer
+            segments to search for more rows rewritten by merges.
+        merge_factor: How many times larger each tier's segments are than the one below;
+            larger means fewer, bigger merges and more segments per query.
+        floor_segment_rows: Segments below this many live rows all count as the lowest tier;
+            higher merges small segments sooner.
+        write_merge_max_rows: Largest merge a write runs on its own (``compact`` runs any);
+            higher keeps fewer segments at the cost of slower worst-case writes.
+        flat_segments_max: Small (exactly searched) segments a write or ``compact`` leaves
+            apart before merging them all into one; fewer means faster queries, more merging.
+    """
+
+    segments_per_tier: int = 4
+    merge_factor: int = 10
+    floor_segment_rows: int = 10_000
+    write_merge_max_rows: int = 200_000
+    flat_segments_max: int = 4
+
+    def __post_init__(self) -> None:
+        least = {"segments_per_tier": 2, "merge_factor": 2, "floor_segment_rows": 1,
+                 "write_merge_max_rows": 0, "flat_segments_max": 0}  # fmt: skip
+        for f in fields(self):
+            value, low = getattr(self, f.name), least[f.name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise BadInput(
+                    f"MergePolicy.{f.name} must be an integer of at least {low}, got {value!r}",
+                    f"pass {f.name}= a whole number >= {low} (default {f.default})",
+                    param=f.name,
+                )
+
+
+#: The policy a write uses when it is given none.
+DEFAULT = MergePolicy()
+
+
+def policy_or_default(policy: MergePolicy | None) -> MergePolicy:
+    """``policy``, or :data:`DEFAULT` for None; anything else is refused.
+
+    Raises:
+        BadInput: ``policy`` is not a :class:`MergePolicy`.
+    """
+    if policy is None:
+        return DEFAULT
+    if not isinstance(policy, MergePolicy):
+        raise BadInput(
+            f"merge must be a MergePolicy, got {type(policy).__name__}",
+            "pass merge=flowsearch.MergePolicy(...) or leave it out",
+            param="merge",
+        )
+    return policy
+
+
+def tier_of(n_live: int, policy: MergePolicy) -> int:
     """The size tier of a segment with ``n_live`` live rows (0: under the floor)."""
-    floor, factor = current().floor_segment_rows, current().merge_factor
+    floor, factor = policy.floor_segment_rows, policy.merge_factor
     tier = 0
     while n_live >= floor:  # integers: a segment of exactly floor x factor**t rows is tier t + 1
         tier += 1
@@ -59,16 +133,21 @@ def tier_of(n_live: int) -> int:
     return tier
 
 
-def tiers(sizes: Sequence[int]) -> list[list[int]]:
+def tiers(sizes: Sequence[int], policy: MergePolicy) -> list[list[int]]:
     """Segment positions grouped by tier, smallest tier first (positions in order)."""
     groups: dict[int, list[int]] = {}
     for at, n in enumerate(sizes):
-        groups.setdefault(tier_of(n), []).append(at)
+        groups.setdefault(tier_of(n, policy), []).append(at)
     return [groups[t] for t in sorted(groups)]
 
 
 def plan_merges(
-    segments: Sequence[SegmentRecord], *, max_rows: int | None, deleted_share: float | None = None
+    segments: Sequence[SegmentRecord],
+    policy: MergePolicy,
+    *,
+    max_rows: int | None,
+    flat_max_rows: int = DEFAULT_ANN.flat_max_rows,
+    deleted_share: float | None = None,
 ) -> list[list[str]]:
     """The merges the policy asks for: lists of segment names, each merged into one: full
     tiers (their ``segments_per_tier`` smallest), then the small segments the tiers left when
@@ -77,16 +156,19 @@ def plan_merges(
 
     Args:
         segments: the version's segments.
+        policy: the tiers and the Flat budget.
         max_rows: merge a tier (or the small segments) only when its live rows are at most
             this (None: no bound).
+        flat_max_rows: segments of at most this many live rows count against the Flat budget
+            (the :class:`~flowsearch.ann.policy.AnnPolicy`'s).
         deleted_share: also rewrite (alone) a segment with at least this share of deleted
             rows (None: no).
     """
-    per_tier = current().segments_per_tier
+    per_tier = policy.segments_per_tier
     out: list[list[str]] = []
     taken: set[str] = set()
     live = [s.n_live for s in segments]
-    for group in tiers(live):
+    for group in tiers(live, policy):
         if len(group) < per_tier:
             continue
         pick = sorted(group, key=lambda at: live[at])[:per_tier]
@@ -96,9 +178,9 @@ def plan_merges(
         taken.update(out[-1])
     # the Flat budget: small segments beyond it merge into one (a graph past flat_max_rows)
     small = [at for at, n in enumerate(live)
-             if 0 < n <= current().flat_max_rows and segments[at].name not in taken]  # fmt: skip
+             if 0 < n <= flat_max_rows and segments[at].name not in taken]  # fmt: skip
     bounded = max_rows is None or sum(live[at] for at in small) <= max_rows
-    if len(small) > max(current().flat_segments_max, 1) and bounded:
+    if len(small) > max(policy.flat_segments_max, 1) and bounded:
         out.append([segments[at].name for at in small])
         taken.update(out[-1])
     if deleted_share is not None:
@@ -110,10 +192,14 @@ def plan_merges(
 
 
 def merged_at_once(
-    segments: Sequence[SegmentRecord], removed: dict[str, np.ndarray], n_new: int
+    segments: Sequence[SegmentRecord],
+    removed: dict[str, np.ndarray],
+    n_new: int,
+    policy: MergePolicy,
+    ann: AnnPolicy = DEFAULT_ANN,
 ) -> bool:
     """Whether the policy a write runs (:func:`plan_merges` with
-    ``Settings.write_merge_max_rows``) will merge the write's own new segment of ``n_new`` rows
+    ``policy.write_merge_max_rows``) will merge the write's own new segment of ``n_new`` rows
     in the same write, once ``removed`` (per segment name, the rows it replaces) are deleted: then
     that segment's vector index would be built, tuned and thrown away, and the write builds it
     ``Flat`` (a copy of its vectors) instead; the merge builds the one index that is kept."""
@@ -123,7 +209,8 @@ def merged_at_once(
     after.append(
         SegmentRecord(name=new, dir=".", n_rows=n_new, ann=AnnRecord(path="-", factory=""))
     )
-    plans = plan_merges(after, max_rows=current().write_merge_max_rows)
+    plans = plan_merges(after, policy, max_rows=policy.write_merge_max_rows,
+                        flat_max_rows=ann.flat_max_rows)  # fmt: skip
     return any(new in names for names in plans)
 
 
@@ -160,6 +247,7 @@ def merge(
     schema: Sequence[SchemaColumn],
     project: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]] | None = None,
     lps: list[np.ndarray] | None = None,
+    ann: AnnPolicy | None = None,
 ) -> SegmentRecord | None:
     """Merge the named segments' live rows into one new segment (None when none is live: the
     segments are just dropped). Returns the new segment's record.
@@ -168,6 +256,7 @@ def merge(
         project: recalibrate: map the stored raw vectors (float32 (n, dim_in)) to new searched
             vectors and log-densities (the ``vector`` column is rewritten); None copies it.
         lps: where ``project``'s log-densities are appended (row order).
+        ann: what ``auto`` builds and tunes the merged segment for (None: the defaults).
     """
     wanted = set(names)
     records = [s for s in writer.segments if s.name in wanted]
@@ -175,7 +264,8 @@ def merge(
     writer.drop_segments(list(wanted))
     if n_live == 0:
         return None
-    builder = SegmentBuilder(writer, dim=dim, n_rows=n_live, requested=requested, lexical=False)
+    builder = SegmentBuilder(writer, dim=dim, n_rows=n_live, requested=requested, lexical=False,
+                             ann=ann)  # fmt: skip
     # one part schema per segment: passage columns for all rows when any segment has them
     passages = any(
         has_passages(pq.read_schema(writer.segment_path(s) / s.parts[0].path))

@@ -328,7 +328,8 @@ def build_on_ray(
         space, index, factory = fit_space(U_fit, enc, n_rows, st, options)
     builder = SegmentBuilder(writer, dim=space.dim, n_rows=n_rows,
                              requested=options.index_factory, lexical=options.lexical,
-                             strict_factory=True, index=index, factory=factory)  # fmt: skip
+                             strict_factory=True, index=index, factory=factory,
+                             ann=options.ann)  # fmt: skip
     on_disk = ondisk.mergeable(index)  # IVF: filled per part on Ray, merged on disk
     with st.timed("write segment"), st.status("projecting on Ray, writing the segment"):
         lps = _project_on_ray(ray, files, space, plan, builder, on_disk, documents is not None)

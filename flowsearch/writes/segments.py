@@ -29,21 +29,17 @@ import pyarrow as pa
 from flowsearch.ann import build as ann_build
 from flowsearch.ann import io as ann_io
 from flowsearch.ann.factory import auto_factory, new_index
+from flowsearch.ann.policy import DEFAULT, AnnPolicy
+from flowsearch.ann.tune import TUNER_VERSION, tune_segment
 from flowsearch.errors import BadInput
 from flowsearch.storage.keys import KeyIndex
 from flowsearch.storage.layout import ANN_FILE, KEYS_FILE, POSTINGS_DIR
-from flowsearch.storage.manifest import (
-    AnnCurve,
-    AnnProjection,
-    AnnRecord,
-    AnnTuning,
-    SegmentRecord,
-)
+from flowsearch.storage.manifest import AnnCurve, AnnRecord, AnnTuning, SegmentRecord
 from flowsearch.storage.records import encode_vector_sum
 from flowsearch.storage.rows import PartWriter, RowReader, matrix
 from flowsearch.storage.writer import Writer
 
-__all__ = ["SegmentBuilder", "resolve_factory", "tune_segment"]
+__all__ = ["SegmentBuilder", "resolve_factory", "segment_tuning"]
 
 LOG = logging.getLogger(__name__)
 
@@ -51,9 +47,9 @@ LOG = logging.getLogger(__name__)
 TRAIN_ROWS = 262_144
 
 
-def resolve_factory(requested: str, n_rows: int, dim: int) -> str:
+def resolve_factory(requested: str, n_rows: int, dim: int, policy: AnnPolicy = DEFAULT) -> str:
     """The factory a segment of ``n_rows`` rows gets when ``requested`` is asked for."""
-    return auto_factory(n_rows, dim=dim) if requested == "auto" else requested
+    return auto_factory(n_rows, policy, dim=dim) if requested == "auto" else requested
 
 
 class SegmentBuilder:
@@ -69,6 +65,7 @@ class SegmentBuilder:
             trained on these rows (a build: the user asked for it).
         index: a trained, empty FAISS index to fill instead (the build trains on its sample).
         factory: ``index``'s factory string.
+        ann: what ``auto`` builds and tunes for (None: the defaults).
     """
 
     def __init__(
@@ -82,16 +79,18 @@ class SegmentBuilder:
         strict_factory: bool = False,
         index: Any = None,
         factory: str | None = None,
+        ann: AnnPolicy | None = None,
     ) -> None:
         self.writer = writer
+        self.policy = ann or DEFAULT
         self.stage = writer.stage()
         self.dim = dim
         self.requested = requested
         self.lexical = lexical
         self.strict = strict_factory
-        self.factory = factory or resolve_factory(requested, n_rows, dim)
-        if index is None:  # auto's graph over a large segment: built over components
-            index, _ = ann_build.segment_index(dim, requested, n_rows, self.factory)
+        self.factory = factory or resolve_factory(requested, n_rows, dim, self.policy)
+        if index is None:
+            index, _ = ann_build.segment_index(dim, requested, n_rows, self.factory, self.policy)
         self.index = index
         self.parts = PartWriter(self.stage)
         self._buffer: list[np.ndarray] = []
@@ -157,17 +156,12 @@ class SegmentBuilder:
         (``fields``: more :class:`SegmentRecord` fields)."""
         if not self.index.is_trained or self._buffer:
             self._train_and_flush()
-        built = ann_build.projection_of(self.index)
-        self.index = ann_build.finished(self.index)
-        projection = None if built is None else AnnProjection(
-            dims=built.dims, ef_construction=built.ef_construction, sample_rows=built.sample_rows
-        )  # fmt: skip
         parts = self.close_parts()
         reader = RowReader(self.stage, parts)
         try:
             params, tuning = "", None
             if self.requested == "auto" and self.factory != "Flat" and self.n_rows:
-                params, tuning = tune_segment(self.index, reader)
+                params, tuning = segment_tuning(self.index, reader, self.policy)
             ann_io.write_index(self.index, self.stage / ANN_FILE)
             ids = pa.chunked_array([pa.array(c) for c in reader.column_chunks("id")])
             KeyIndex.build(ids).save(self.stage)
@@ -190,7 +184,6 @@ class SegmentBuilder:
                 params=params,
                 data=self._data,
                 tuning=tuning,
-                projection=projection,
             ),
             postings=POSTINGS_DIR if postings is not None else None,
             keys=KEYS_FILE,
@@ -199,14 +192,13 @@ class SegmentBuilder:
         )
 
 
-def tune_segment(index: Any, reader: RowReader) -> tuple[str, AnnTuning]:
+def segment_tuning(
+    index: Any, reader: RowReader, policy: AnnPolicy = DEFAULT
+) -> tuple[str, AnnTuning]:
     """Tune ``auto``'s approximate ``index`` of a segment whose rows ``reader`` reads
-    (:func:`flowsearch.ann.build.tune` on held-out rows of a seeded sample of 4,096): the
-    search parameters to record and what the tuning measured, with the tuner's version."""
-    sample, positions = _sample(reader, 4096)
-    tuned = ann_build.tune(
-        index, sample, lambda: reader.column_chunks("vector"), sample_rows=positions
-    )
+    (:func:`flowsearch.ann.tune.tune_segment`, for ``policy``): the search parameters to record
+    and what the tuning measured, with the tuner's version."""
+    tuned = tune_segment(index, lambda: reader.column_chunks("vector"), policy)
     curve = tuned.curve
     return tuned.params, AnnTuning(
         recall=tuned.recall,
@@ -218,21 +210,5 @@ def tune_segment(index: Any, reader: RowReader) -> tuple[str, AnnTuning]:
         curve=None if curve is None else AnnCurve(
             name=curve.name, values=curve.values, found=curve.found
         ),
-        tuner=ann_build.TUNER_VERSION,
+        tuner=TUNER_VERSION,
     )  # fmt: skip
-
-
-def _sample(reader: RowReader, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """A seeded uniform sample of at most ``n`` of the segment's searched vectors (reading one
-    part at a time) and their positions in the segment (int64)."""
-    rate = min(1.0, n / max(len(reader), 1))
-    rng = np.random.default_rng(seed)
-    picked, positions, start = [], [], 0
-    for chunk in reader.column_chunks("vector"):
-        keep = np.ones(len(chunk), bool) if rate >= 1 else rng.random(len(chunk)) < rate
-        picked.append(chunk[keep])
-        positions.append(start + np.flatnonzero(keep))
-        start += len(chunk)
-    if not picked:
-        return np.zeros((0, 0), dtype=np.float32), np.zeros(0, dtype=np.int64)
-    return np.concatenate(picked), np.concatenate(positions).astype(np.int64)

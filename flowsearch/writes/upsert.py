@@ -37,6 +37,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from flowsearch.ann.policy import AnnPolicy, policy_or_default
 from flowsearch.errors import BadInput
 from flowsearch.ingest.corpus import Corpus, CorpusOptions, CorpusPlan
 from flowsearch.ingest.passages import Cuts
@@ -61,7 +62,8 @@ from flowsearch.writes.measure import (
     stage_sample,
     stale_keys,
 )
-from flowsearch.writes.merge import merge, merged_at_once, plan_merges
+from flowsearch.writes.merge import MergePolicy, merge, merged_at_once, plan_merges
+from flowsearch.writes.merge import policy_or_default as merge_policy_or_default
 from flowsearch.writes.results import WriteResult, result_of
 from flowsearch.writes.segments import SegmentBuilder
 
@@ -88,8 +90,12 @@ class WriteRequest:
     encoder: Any = None
     wait: float | None = None
     merge_segments: bool = True
+    ann: AnnPolicy | None = None
+    merge: MergePolicy | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "ann", policy_or_default(self.ann))
+        object.__setattr__(self, "merge", merge_policy_or_default(self.merge))
         size = self.batch_size
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise BadInput(f"batch_size must be an integer >= 1, got {size!r}", param="batch_size")
@@ -112,6 +118,8 @@ def upsert(
     encoder: Any = None,
     wait: float | None = None,
     merge_segments: bool = True,
+    ann: AnnPolicy | None = None,
+    merge: MergePolicy | None = None,
 ) -> WriteResult:
     r"""Insert new ids and replace existing ones, under the index's frozen encoder and calibrator.
 
@@ -131,6 +139,10 @@ def upsert(
         encoder: a loaded Encoder to reuse (must match the index's).
         wait: seconds to wait for another writer (None: refuse at once).
         merge_segments: let the write merge small segments (the size-tiered policy).
+        ann: what ``auto`` builds and tunes the new and merged segments for
+            (:class:`~flowsearch.ann.policy.AnnPolicy`; None: the defaults).
+        merge: when segments merge (:class:`~flowsearch.writes.merge.MergePolicy`; None: the
+            defaults).
 
     Returns:
         A :class:`WriteResult` with ``n_written``, ``n_inserted``, ``n_replaced`` and ``drift``.
@@ -140,7 +152,7 @@ def upsert(
             nothing is written.
     """
     request = WriteRequest("upsert", text_column, id_column, batch_size, strict, model,
-                           encoder, wait, merge_segments)  # fmt: skip
+                           encoder, wait, merge_segments, ann, merge)  # fmt: skip
     return write(index_dir, corpus, request)
 
 
@@ -156,6 +168,8 @@ def add_to_index(
     encoder: Any = None,
     wait: float | None = None,
     merge_segments: bool = True,
+    ann: AnnPolicy | None = None,
+    merge: MergePolicy | None = None,
 ) -> WriteResult:
     r"""Append rows whose ids are new (an id already in the index is refused: use
     :func:`upsert` to replace). Same arguments and result as :func:`upsert`.
@@ -165,7 +179,7 @@ def add_to_index(
     """
     index_dir, corpus = _index_first(index_dir, corpus)
     request = WriteRequest("add", text_column, id_column, batch_size, strict, model, encoder,
-                           wait, merge_segments)  # fmt: skip
+                           wait, merge_segments, ann, merge)  # fmt: skip
     return write(index_dir, corpus, request)
 
 
@@ -188,6 +202,7 @@ def write(index_dir: str | os.PathLike[str], corpus: Corpus, request: WriteReque
     """:func:`upsert` or :func:`add_to_index` (``request.kind``) with its request made (what
     the command line calls)."""
     kind, model, merge_segments = request.kind, request.model, request.merge_segments
+    ann, merge_policy = policy_or_default(request.ann), merge_policy_or_default(request.merge)
     target = Path(index_dir).expanduser()
     st = Stages()
     with open_writer(target, wait=request.wait) as writer, st.live():
@@ -200,9 +215,10 @@ def write(index_dir: str | os.PathLike[str], corpus: Corpus, request: WriteReque
             space = SearchSpace.open(target, base, request.encoder, model=model)
         with st.timed("cut"):  # as the build cut (the manifest's sizes): rows are passages
             cuts = Cuts(space.encoder, plan, sizes_of(base.passages), CHUNK_ROWS)
-        transient = merge_segments and merged_at_once(writer.segments, replaced, cuts.n_rows)
+        transient = merge_segments and merged_at_once(writer.segments, replaced, cuts.n_rows,
+                                                       merge_policy, ann)  # fmt: skip
         record, scored = _write_segment(writer, base, cuts, space, request.batch_size, st,
-                                        transient=transient)  # fmt: skip
+                                        transient=transient, ann=ann)  # fmt: skip
         with st.timed("drift"):
             before = [seg for seg in writer.segments if seg.name != record.name]
             drift, reference = _drift(writer, base, before, replaced, replaced_keys, scored,
@@ -212,7 +228,7 @@ def write(index_dir: str | os.PathLike[str], corpus: Corpus, request: WriteReque
                 writer.delete_rows(name, rows)
         new_schema = schema_mod.merged(base.schema_, plan.metadata_schema)
         with st.timed("merge"):
-            merged = _merge(writer, base, new_schema) if merge_segments else 0
+            merged = _merge(writer, base, new_schema, merge_policy, ann) if merge_segments else 0
         changes = _changes(base, plan, space, model, new_schema)
         if reference is not None:
             changes["reference"] = reference
@@ -282,6 +298,7 @@ def _write_segment(
     st: Stages,
     *,
     transient: bool = False,
+    ann: AnnPolicy | None = None,
 ) -> tuple[mf.SegmentRecord, _Pool]:
     """Encode, project and write the new rows (a row per passage) as one segment. Returns its
     record and a seeded sample of the new rows (:func:`_pool`): their searched vectors, keys,
@@ -294,6 +311,7 @@ def _write_segment(
         n_rows=cuts.n_rows,
         requested="Flat" if transient else base.ann_requested,
         lexical=base.lexical is not None,
+        ann=ann,
     )
     pool, judged = _pool(cuts.n_rows)
     Zs: list[np.ndarray] = []
@@ -342,12 +360,12 @@ def _pool(n_rows: int) -> tuple[np.ndarray, np.ndarray]:
     return pool, judged
 
 
-def _merge(writer: Writer, base: mf.Manifest, schema: tuple[mf.SchemaColumn, ...]) -> int:
+def _merge(writer: Writer, base: mf.Manifest, schema: tuple[mf.SchemaColumn, ...],
+           policy: MergePolicy, ann: AnnPolicy) -> int:  # fmt: skip
     """Run the size-tiered policy on small segments; returns how many segments it merged."""
-    from flowsearch.settings import current
-
     merged = 0
-    for names in plan_merges(writer.segments, max_rows=current().write_merge_max_rows):
+    for names in plan_merges(writer.segments, policy, max_rows=policy.write_merge_max_rows,
+                             flat_max_rows=ann.flat_max_rows):  # fmt: skip
         merge(
             writer,
             names,
@@ -355,6 +373,7 @@ def _merge(writer: Writer, base: mf.Manifest, schema: tuple[mf.SchemaColumn, ...
             requested=base.ann_requested,
             lexical=base.lexical is not None,
             schema=schema,
+            ann=ann,
         )
         merged += len(names)
     return merged

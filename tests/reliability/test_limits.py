@@ -18,6 +18,7 @@ from corpus_helpers import sentences
 from flowsearch.search.searcher import Searcher
 from flowsearch.settings import current
 from flowsearch.storage import manifest as mf
+from flowsearch.writes.merge import MergePolicy
 
 #: small writes in the manifest-growth test (one-row upserts and one-id deletes, alternating):
 #: the default suite's (15 merges of the lowest tier), and ``-m slow``'s
@@ -53,8 +54,8 @@ def _bound(index: Path) -> int:
     delta = {"delta.npz": {"bytes": 10**6, "sha256": "f" * 64}}
     piece = {"path": "references/r000000", "files": delta}
     chain = current().reference_delta_max * (len(json.dumps(piece, indent=1)) + 64)
-    return (_manifest_bytes(index) + (current().segments_per_tier - 2) * per_segment + last_write
-            + chain)  # fmt: skip
+    tiers = MergePolicy().segments_per_tier
+    return _manifest_bytes(index) + (tiers - 2) * per_segment + last_write + chain
 
 
 def log_lines(index: Path) -> list[str]:
@@ -130,7 +131,7 @@ def test_manifest_stays_small_and_the_log_lists_every_write(
     print(f"manifest: {sizes[0]} bytes after the first write, at most {max(sizes)} over "
           f"{n_writes} (bound {bound}); log {len(log_lines(index))} lines")  # fmt: skip
     assert max(sizes) <= bound, (max(sizes), bound)
-    assert max(segments) < current().segments_per_tier
+    assert max(segments) < MergePolicy().segments_per_tier
     half = n_writes // 2  # no growth with the writes: the second half as big as the first
     assert max(sizes[half:]) <= max(sizes[:half]) + 64, (max(sizes[half:]), max(sizes[:half]))
     log_bytes = len((index / "history.jsonl").read_bytes())

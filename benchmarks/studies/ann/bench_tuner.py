@@ -37,10 +37,10 @@ def _index(work: Any, z: np.ndarray) -> tuple[Any, str, float]:
 
     from flowsearch.ann import build as ann_build
     from flowsearch.ann.factory import auto_factory, new_index
-    from flowsearch.settings import current
+    from flowsearch.ann.policy import AnnPolicy
 
     factory = auto_factory(len(z), dim=z.shape[1])
-    name = f"tuner_{factory}_efc{current().hnsw_ef_construction}"
+    name = f"tuner_{factory}_efc{AnnPolicy().ef_construction}"
     path, meta = work / f"{name}.faiss", work / f"{name}.json"
     if path.exists() and meta.exists():
         return faiss.read_index(str(path)), factory, float(json.loads(meta.read_text())["build_s"])
@@ -66,8 +66,8 @@ def run(
     import faiss
 
     from benchmarks.ann.bench_ann_study import prepare, workdir
-    from flowsearch.ann import build as ann_build
-    from flowsearch.settings import current
+    from flowsearch.ann import tune as ann_tune
+    from flowsearch.ann.policy import AnnPolicy
 
     faiss.omp_set_num_threads(1)
     prep = prepare(data, rows, n_queries)
@@ -75,7 +75,7 @@ def run(
     z, zq = np.load(work / "z.npy"), np.load(work / "z_q.npy")
     truth = harness.exact_top(zq, z, 10)[1]
     index, factory, build_s = _index(work, z)
-    knob = ann_build.search_knob(index)
+    knob = ann_tune.search_knob(index)
     if knob is None or knob[0] != "efSearch":
         raise SystemExit(f"auto built {factory} here; this benchmark studies an HNSW efSearch")
     hnsw = faiss.downcast_index(index).hnsw
@@ -83,15 +83,15 @@ def run(
     pos = np.sort(rng.choice(len(z), size=min(4096, len(z)), replace=False))
     probes = {}
     for level in noises:  # held-out rows moved by each noise, as the tuner draws them
-        q, pick = ann_build.held_out_queries(z[pos], 2048, noise=level, seed=1)
+        q, pick = ann_tune.held_out_queries(z[pos], 2048, noise=level, seed=1)
         src = pos[pick]
-        probes[level] = (q, src, ann_build._drop_source(harness.exact_top(q, z, 11)[1], src, 10))
+        probes[level] = (q, src, ann_tune._drop_source(harness.exact_top(q, z, 11)[1], src, 10))
     real_curve = []
     for ef in LADDER:
         hnsw.efSearch = ef
         point = {"efSearch": ef, "recall": harness.recall(index.search(zq, 10)[1], truth)}
         for level, (q, src, tr) in probes.items():
-            found = ann_build._drop_source(index.search(q, 11)[1], src, 10)
+            found = ann_tune._drop_source(index.search(q, 11)[1], src, 10)
             point[f"noise {level:g}"] = harness.recall(found, tr)
         real_curve.append(point)
     chunks = lambda: (z[i : i + 65_536] for i in range(0, len(z), 65_536))  # noqa: E731
@@ -101,7 +101,7 @@ def run(
             rng = np.random.default_rng(1000 + seed)
             pos = np.sort(rng.choice(len(z), size=min(4096, len(z)), replace=False))
             t = time.perf_counter()
-            tuned = ann_build.tune(
+            tuned = ann_tune.tune(
                 index, z[pos], chunks, sample_rows=pos, n_queries=size, seed=seed, noise=noise
             )
             tune_s = time.perf_counter() - t
@@ -123,8 +123,8 @@ def run(
     return {
         "rows": len(z),
         "factory": factory,
-        "ef_construction": current().hnsw_ef_construction,
-        "target": current().target_recall,
+        "ef_construction": AnnPolicy().ef_construction,
+        "target": AnnPolicy().target_recall,
         "build_s": build_s,
         "prepare": {k: prep[k] for k in ("rows", "calibrator", "space") if k in prep},
         "real_queries": len(zq),
