@@ -15,6 +15,7 @@ from flowsearch.ann import factory as af
 from flowsearch.ann import io as ann_io
 from flowsearch.ann.merged import Curve, choose_knobs, merged_recall, rank_tails
 from flowsearch.ann.prefilter import filtered_search
+from flowsearch.search.dense import SegmentHelpers
 from flowsearch.settings import override
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.writer import open_writer
@@ -137,14 +138,14 @@ def _write(root, sizes, dim, seed=5):
         return writer.publish(kind="build", n_rows=start, template=base)
 
 
-def _dense_recall(root, queries):
+def _dense_recall(root, queries, helpers=None):
     """recall@10 of the version's dense side (every segment, knobs chosen by the version)
     against exact search over all rows; the knobs; the rows found."""
     from flowsearch.search import version as vmod
     from flowsearch.search.shards import SegmentSet
 
     v = vmod.load(root, mf.read(root), vmod.Opened(), with_encoder=False)
-    found = SegmentSet(v).dense(queries, 10, None)[1]
+    found = SegmentSet(v, helpers=helpers).dense(queries, 10, None)[1]
     vectors = np.concatenate([seg.vectors(np.arange(seg.n_rows)) for seg in v.segments])
     return ab.recall_at_k(found, _exact(queries, vectors, 10)), v.knobs(), found
 
@@ -170,8 +171,9 @@ def test_a_version_of_many_graph_segments_searches_each_below_its_own_tuning(tmp
     with override(merged_knobs=False):
         alone, none, _ = _dense_recall(root, queries)
     assert none is None and alone >= recall - 0.01
-    with override(segment_threads=2):  # concurrent segments: the same answers
-        _, _, again = _dense_recall(root, queries[:1])
+    helpers = SegmentHelpers(2)  # concurrent segments: the same answers
+    _, _, again = _dense_recall(root, queries[:1], helpers)
+    helpers.close()
     np.testing.assert_array_equal(again, found[:1])
 
 

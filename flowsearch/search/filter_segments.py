@@ -200,7 +200,7 @@ def create_table(cursor: Any, key: str, table: pa.Table, memory_limit: int) -> N
         raise FlowsearchError(
             f"the filter columns need more than the filter database's {memory_limit // 2**20} "
             f"MiB ({first_line(exc)})",
-            "raise flowsearch.settings filter_memory_bytes",
+            "open the searcher with a larger SearchOptions(filter_memory_bytes=...)",
         ) from None
     except duckdb.Error as exc:
         raise FlowsearchError(
