@@ -37,26 +37,12 @@ class Settings:
     """The tuning constants (see each field's comment for the measurement behind it)."""
 
     # --- ann: which vector index, and how hard it searches --------------------------------
-    #: Threads that search one query's segments concurrently (FAISS releases the GIL): the
-    #: query's own thread and helpers of one shared pool, each taking the next segment, a
-    #: helper only while fewer queries search than there are threads; 1: in turn; 0: the
-    #: cores the process may run on, at most 4. Only single queries (batches already use
-    #: FAISS's threads). 10 segments of 20k rows on 2 cores: p50 1.01x one segment (dense)
-    #: and 1.07-1.10x (hybrid) against 1.32-1.45x / 1.35-1.40x in turn, 1.13-1.20x at equal
-    #: recall, for 1.5-1.8x the CPU (bench_segments --stage latency).
-    segment_threads: int = 0
-    #: Batches up to this many queries search FAISS on the calling thread alone (waking
-    #: OpenMP threads for one query cost tens of ms on a busy machine, bench_speed).
-    one_thread_max_queries: int = 1
 
     # --- storage: segments and their files ------------------------------------------------
     #: Rows per Parquet part of a segment (about 150 MB at dim 384 with short passages).
     part_rows: int = 50_000
     #: Rows per Parquet row group: the unit decoded to join one hit to its row.
     row_group_rows: int = 1024
-    #: Bytes (Arrow size) of decoded row groups a searcher keeps for the join: at 200k rows a
-    #: warm join took 0.19 ms with 128 MiB against 1.95 ms with 64 groups (bench_speed).
-    row_cache_bytes: int = 128 * 2**20
     #: Files at most this large are checksummed on every open; larger ones with verify=True.
     cheap_checksum_bytes: int = 16 * 2**20
 
@@ -68,37 +54,13 @@ class Settings:
     density_fit_rows: int = 50_000
 
     # --- search -----------------------------------------------------------------------------
-    #: Candidates each side contributes to hybrid fusion (at least k).
-    hybrid_candidates: int = 100
-    #: Seconds a searcher served from Ray shards waits for every shard's answer (a restarted
-    #: actor reopening its segments included) before it raises ``Unavailable``.
-    shard_timeout: float = 60.0
-    #: How often Ray restarts a lost shard actor, and retries a call it lost.
-    shard_restarts: int = 3
 
     # --- search: where filters (DuckDB) ----------------------------------------------------
-    #: Seconds a filter may run before it is interrupted (DuckDB checks between vectors of
-    #: 2,048 rows, so a filter stops within this plus one vector's work).
-    filter_timeout: float = 10.0
-    #: DuckDB's ``memory_limit`` for a Searcher's filter database: the segments' filterable
-    #: columns (about their text's size: 62 MB for 200k rows of 300 characters,
-    #: bench_filter_segments) plus the queries' working memory (hash tables, sorts). Not the
-    #: strings a scalar function returns: DuckDB does not count those (see search.predicate).
-    filter_memory_bytes: int = 2 * 2**30
-    #: DuckDB threads per filter (1: filters of concurrent queries run side by side anyway).
-    filter_threads: int = 1
-    #: Bytes of matched row numbers kept per version, most recently used first (a tenant
-    #: filter repeats on every query).
-    filter_rows_cache_bytes: int = 64 * 2**20
 
     # --- lexical: BM25 postings ------------------------------------------------------------
     #: Texts tokenised at a time while building postings: bounds the memory of the Python
     #: token lists (a few MB per chunk of short texts) while numpy does the rest in bulk.
     lexical_build_chunk: int = 8192
-    #: Bytes of weighed postings (12 per posting) a version's BM25 keeps for recent query
-    #: terms: a term met again skips the per-segment gathering and the weighing
-    #: (bench_lexical). 0 keeps none.
-    lexical_cache_bytes: int = 64 * 2**20
     #: Segments with at least this many terms find a query term by bisection in their sorted
     #: vocabulary instead of a dictionary: ~0.7 us a lookup instead of 0.04, but nothing to
     #: build on open (a million-term dictionary took 1.5 s on the shared 2-core machine).
@@ -165,28 +127,6 @@ class Settings:
     qrels_missing_max_share: float = 0.5
 
     # --- search: hybrid fusion (flowsearch.search.fusion.fuse) ----------------------------
-    #: Dense weight of the hybrid score for a transformer pooling: the best mean nDCG@10 over
-    #: the five dev sets for the bundled ``mean`` with the lexical score stretched (match 0.7:
-    #: 0.8297 with weights chosen leave-one-set-out, against 0.8286 for the best published
-    #: rule and 0.8001 for RRF; bench_fusion_query).
-    fusion_dense_weight: float = 0.65
-    #: Dense weight for a static pooling (a table lookup, Model2Vec included): its dense side
-    #: trails BM25 on question -> passage search (bench_fusion_query: 0.7702 leave-one-set-out
-    #: with the lexical score stretched, as without).
-    fusion_dense_weight_static: float = 0.3
-    #: How fast the default dense weight falls with an index's passages per document p (rows
-    #: over documents, 1 when no document is cut): weight - slope x ln p, clipped to [0, 1]
-    #: (flowsearch.search.fusion.default_weight); an index of short texts keeps the weight.
-    #: 0.1: chosen on the tune halves of two long-document sets whose documents are each one
-    #: SQuAD article's QNLI sentences (6.1 and 12.2 passages per document: weights 0.47, 0.40):
-    #: test-half nDCG@10 0.9113 against 0.8967 at 0.65 (+0.015, 95% CI +0.009 to +0.020) and
-    #: 0.9329 against 0.9185 (+0.014, +0.009 to +0.021); BM25 alone 0.8867 and 0.9146
-    #: (bench_fusion_adaptive, "Coherent long documents"). On bench_passages' set, not used to
-    #: choose it (120 TF-IDF-grouped documents, 500 questions), the default cut's hybrid went
-    #: from 0.807 at slope 0 to 0.836 (254/32: 0.780 -> 0.803; 64/8: 0.843 -> 0.861).
-    fusion_length_slope: float = 0.1
-    #: The same for a static pooling: 0 (unmeasured on coherent long documents).
-    fusion_length_slope_static: float = 0.0
 
     # --- calibration: memory and speed of the calibrators ---------------------------------
     #: Rows a calibrator centres or converts at a time while fitting (whitening's covariance,

@@ -82,7 +82,7 @@ def split_searcher(index_dir: Any, groups: list[list[int]]) -> Searcher:
         kept = [g for g in kept if g]
         rest = [i for i in range(n) if all(i not in g for g in kept)]
         return sh.split(version, kept + ([rest] if rest else []),
-                        filters=s._filter_database)  # fmt: skip
+                        filters=s._backend.filter_database)  # type: ignore[attr-defined]  # fmt: skip
 
     s._shards = shards  # type: ignore[method-assign]
     return s

@@ -18,7 +18,7 @@ from flowsearch.ann import tune as at
 from flowsearch.ann.merged import Curve, choose_knobs, merged_recall, rank_tails
 from flowsearch.ann.policy import AnnPolicy
 from flowsearch.ann.prefilter import filtered_search
-from flowsearch.settings import override
+from flowsearch.search.dense import SegmentHelpers
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.writer import open_writer
 from flowsearch.writes.merge import MergePolicy
@@ -141,14 +141,14 @@ def _write(root, sizes, dim, seed=5, ann=None):
         return writer.publish(kind="build", n_rows=start, template=base)
 
 
-def _dense_recall(root, queries):
+def _dense_recall(root, queries, helpers=None):
     """recall@10 of the version's dense side (every segment, knobs chosen by the version)
     against exact search over all rows; the knobs; the rows found."""
     from flowsearch.search import version as vmod
     from flowsearch.search.shards import SegmentSet
 
     v = vmod.load(root, mf.read(root), vmod.Opened(), with_encoder=False)
-    found = SegmentSet(v).dense(queries, 10, None)[1]
+    found = SegmentSet(v, helpers=helpers).dense(queries, 10, None)[1]
     vectors = np.concatenate([seg.vectors(np.arange(seg.n_rows)) for seg in v.segments])
     return at.recall_at_k(found, _exact(queries, vectors, 10)), v.knobs(), found
 
@@ -171,8 +171,9 @@ def test_a_version_of_many_graph_segments_searches_each_below_its_own_tuning(tmp
     assert all(k <= t for k, t in zip(knobs[:6], tuned, strict=False))
     assert sum(knobs[:6]) < sum(tuned)  # cheaper than each tuned for its own top 10
     assert recall >= 0.95  # the merged answer still reaches the target
-    with override(segment_threads=2):  # concurrent segments: the same answers
-        _, _, again = _dense_recall(root, queries[:1])
+    helpers = SegmentHelpers(2)  # concurrent segments: the same answers
+    _, _, again = _dense_recall(root, queries[:1], helpers)
+    helpers.close()
     np.testing.assert_array_equal(again, found[:1])
 
 

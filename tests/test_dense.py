@@ -146,7 +146,7 @@ def test_exact_ties_across_segments_go_to_the_lowest_rows(cuts, n_queries):
     assert len(set(scores.ravel().tolist())) == 1
 
 
-# -- one query's segments searched by its own thread and helpers (Settings.segment_threads) --
+# -- one query's segments searched by its own thread and helpers (SegmentHelpers) --
 
 
 class _Pool:
@@ -199,18 +199,18 @@ class _Timed:
 
 @pytest.mark.parametrize("threads", [2, 3, 9])
 def test_segments_searched_on_helper_threads_answer_as_in_turn(threads):
-    from flowsearch.settings import override
+    from flowsearch.search.dense import SegmentHelpers
 
     segments, dead, offsets, queries, rows = _segments()
     alone = search_segments(segments, dead, offsets, queries, 10, rows)
     log: list[bool] = []
     timed = [_Timed(s, log) for s in segments]
     pool = _Pool(threads)
-    with override(segment_threads=threads):
-        for _ in range(20):
-            got = search_segments(timed, dead, offsets, queries, 10, rows, pool=pool)
-            np.testing.assert_array_equal(got[1], alone[1])
-            np.testing.assert_array_equal(got[0], alone[0])
+    helpers = SegmentHelpers(threads, pool)
+    for _ in range(20):
+        got = search_segments(timed, dead, offsets, queries, 10, rows, helpers=helpers)
+        np.testing.assert_array_equal(got[1], alone[1])
+        np.testing.assert_array_equal(got[0], alone[0])
     assert pool.submitted == 20 * (min(threads, 7) - 1)  # 7 segments have rows to search
     assert len(log) == 20 * 7 and log.count(False) > 0  # helpers did search segments
     pool.inner.shutdown()
@@ -221,7 +221,7 @@ def test_a_query_never_waits_for_a_helper_that_has_not_started():
     and returns (the helper it asked for is cancelled, never run)."""
     import threading
 
-    from flowsearch.settings import override
+    from flowsearch.search.dense import SegmentHelpers
 
     segments, dead, offsets, queries, rows = _segments()
     alone = search_segments(segments, dead, offsets, queries, 10, rows)
@@ -229,8 +229,8 @@ def test_a_query_never_waits_for_a_helper_that_has_not_started():
     release = threading.Event()
     busy = pool.inner.submit(release.wait, 30)
     try:
-        with override(segment_threads=2):
-            got = search_segments(segments, dead, offsets, queries, 10, rows, pool=pool)
+        helpers = SegmentHelpers(2, pool)
+        got = search_segments(segments, dead, offsets, queries, 10, rows, helpers=helpers)
         np.testing.assert_array_equal(got[1], alone[1])
         assert pool.submitted == 1 and not busy.done()
     finally:
@@ -238,17 +238,16 @@ def test_a_query_never_waits_for_a_helper_that_has_not_started():
         pool.inner.shutdown()
 
 
-def test_no_helper_is_asked_for_while_other_queries_hold_the_threads(monkeypatch):
-    from flowsearch.search import dense
-    from flowsearch.settings import override
+def test_no_helper_is_asked_for_while_other_queries_hold_the_threads():
+    from flowsearch.search.dense import SegmentHelpers
 
     segments, dead, offsets, queries, rows = _segments()
     pool = _Pool(1)
-    monkeypatch.setattr(dense, "_RUNNING", 1)  # one query already searching, on 2 threads
-    with override(segment_threads=2):
-        got = search_segments(segments, dead, offsets, queries, 10, rows, pool=pool)
+    helpers = SegmentHelpers(2, pool)
+    helpers.running = 1  # one query already searching, on 2 threads
+    got = search_segments(segments, dead, offsets, queries, 10, rows, helpers=helpers)
     assert pool.submitted == 0 and got[1].shape == (1, 10)
-    assert dense._RUNNING == 1  # its own count given back
+    assert helpers.running == 1  # its own count given back
     pool.inner.shutdown()
 
 
@@ -258,17 +257,17 @@ def test_an_error_in_a_helper_reaches_the_query_and_no_search_outlives_it():
     searching queries is given back)."""
     import time
 
-    from flowsearch.search import dense
-    from flowsearch.settings import override
+    from flowsearch.search.dense import SegmentHelpers
 
     segments, dead, offsets, queries, rows = _segments()
     log: list[bool] = []
     timed = [_Timed(s, log, pause=0.02, fail_on_helper=True) for s in segments]
     pool = _Pool(1)
+    helpers = SegmentHelpers(2, pool)
     try:
-        with override(segment_threads=2), pytest.raises(RuntimeError, match="unreadable"):
-            search_segments(timed, dead, offsets, queries, 10, rows, pool=pool)
-        assert dense._RUNNING == 0
+        with pytest.raises(RuntimeError, match="unreadable"):
+            search_segments(timed, dead, offsets, queries, 10, rows, helpers=helpers)
+        assert helpers.running == 0
         searched = len(log)
         time.sleep(0.1)
         assert len(log) == searched < 7  # it stopped: the other segments were never taken
@@ -279,44 +278,58 @@ def test_an_error_in_a_helper_reaches_the_query_and_no_search_outlives_it():
 def test_segment_threads_zero_means_the_usable_cores_at_most_four(monkeypatch):
     import os
 
+    from flowsearch.errors import BadInput
     from flowsearch.search import dense
-    from flowsearch.settings import current, override
+    from flowsearch.search.options import SearchOptions
 
-    assert current().segment_threads == 0  # the default
-    with override(segment_threads=-2):  # below 0: in turn
-        assert dense.segment_threads() == 1
+    assert SearchOptions().segment_threads == 0  # the default
+    with pytest.raises(BadInput, match="segment_threads"):
+        SearchOptions(segment_threads=-2)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    assert dense.segment_threads() == 2
+    assert dense.segment_threads(0) == 2
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
-    assert dense.segment_threads() == 4
+    assert dense.segment_threads(0) == 4
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3}, raising=False)
-    assert dense.segment_threads() == 1
-    with override(segment_threads=3):
-        assert dense.segment_threads() == 3
+    assert dense.segment_threads(0) == 1
+    assert dense.segment_threads(3) == 3
+
+
+def test_closed_helpers_search_on_the_query_thread_alone():
+    """After its owner closes them, a query still answers (in turn), and no thread is left."""
+    from flowsearch.search.dense import SegmentHelpers
+
+    segments, dead, offsets, queries, rows = _segments()
+    alone = search_segments(segments, dead, offsets, queries, 10, rows)
+    helpers = SegmentHelpers(3)
+    pool = helpers.executor()
+    assert pool is not None
+    helpers.close()
+    assert helpers.executor() is None and pool._shutdown  # type: ignore[attr-defined]
+    got = search_segments(segments, dead, offsets, queries, 10, rows, helpers=helpers)
+    np.testing.assert_array_equal(got[1], alone[1])
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_starts_with_no_searches_and_its_own_pool(monkeypatch):
+def test_a_forked_child_starts_with_no_searches_and_its_own_pool():
     """The parent's pool threads do not exist in a forked child, nor do its searches: the
     child makes a new pool and counts no search running."""
-    from flowsearch.search import dense
-    from flowsearch.search import shards as sh
-    from flowsearch.settings import override
+    from flowsearch.search.dense import SegmentHelpers
 
-    with override(segment_threads=2):
-        parent_pool = sh.segment_pool()
-        monkeypatch.setattr(dense, "_RUNNING", 1)
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report, then leave without running pytest's exit
-            ok = dense._RUNNING == 0 and sh._POOL is None
-            child_pool = sh.segment_pool()
-            ok = ok and child_pool is not None and child_pool is not parent_pool
-            ok = ok and child_pool.submit(lambda: 7).result(timeout=10) == 7
-            os.write(write, b"1" if ok else b"0")
-            os._exit(0)
-        os.close(write)
-        got = os.read(read, 1)
-        os.waitpid(pid, 0)
+    helpers = SegmentHelpers(2)
+    parent_pool = helpers.executor()
+    helpers.running = 1
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running pytest's exit
+        child_pool = helpers.executor()
+        ok = helpers.running == 0
+        ok = ok and child_pool is not None and child_pool is not parent_pool
+        ok = ok and child_pool.submit(lambda: 7).result(timeout=10) == 7
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write)
+    got = os.read(read, 1)
+    os.waitpid(pid, 0)
     assert got == b"1"
-    assert dense._RUNNING == 1 and sh._POOL is not None  # the parent's own are untouched
+    assert helpers.running == 1 and helpers.executor() is parent_pool  # the parent's own
+    helpers.close()

@@ -732,14 +732,17 @@ def test_a_segment_that_breaks_its_promise_is_damage() -> None:
             flt.rows("id = 'a'")
 
 
-def test_settings_bound_the_filter() -> None:
-    from flowsearch import settings as tuning
+def test_a_searchers_options_bound_its_filter() -> None:
+    from flowsearch.search.backend import LocalBackend
+    from flowsearch.search.options import SearchOptions
 
-    with (
-        tuning.override(filter_timeout=3.5, filter_memory_bytes=64 * 2**20),
-        MetadataFilter() as db,
-    ):
-        assert db.timeout == 3.5
+    options = SearchOptions(filter_timeout=3.5, filter_memory_bytes=64 * 2**20)
+    backend = LocalBackend(Path("unused"), options)
+    with backend.filter_database() as db:
+        assert db.timeout == 3.5 and db is backend.filter_database()
         limit = db._con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
         assert limit.startswith("61") or limit.startswith("64"), limit  # 64 MB (MiB shown)
         assert db._con.execute("SELECT current_setting('temp_directory')").fetchone()[0] == ""
+    with MetadataFilter() as db:  # a filter of its own: the options' defaults
+        assert db.timeout == SearchOptions().filter_timeout
+        assert db.memory_limit == SearchOptions().filter_memory_bytes

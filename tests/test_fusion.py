@@ -1,6 +1,6 @@
 """flowsearch.search.fusion: the shipped fusion (hand-computed, and its properties under
-hypothesis: bounded, monotone, independent of the other candidates), the published baselines
-(convex, reciprocal-rank), and nonsense queries through the Searcher on the sample corpus."""
+hypothesis: bounded, monotone, independent of the other candidates), and nonsense queries
+through the Searcher on the sample corpus."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flowsearch.errors import BadInput
-from flowsearch.search.fusion import FusedHits, convex, fuse, rrf
+from flowsearch.search import fusion
+from flowsearch.search.fusion import FusedHits, fuse
 from flowsearch.search.scores import (
     LEXICAL_MATCH,
     ONE_OCCURRENCE,
     FusionReference,
     normalise_lexical,
 )
-from flowsearch.settings import override
 
 REPO = Path(__file__).resolve().parents[1]
 REF = FusionReference(n_measured=0, n_rows=1000, dense_background=0.1)
@@ -44,60 +44,19 @@ def _random_side(rng: np.random.Generator, q: int, width: int, n_rows: int):
     return scores, rows.astype(np.int64)
 
 
-def test_convex_hand_computed():
-    # dense: 10 -> (0.9-0.5)/(0.9-0.5)=1, 11 -> 0.5, 12 -> 0; lexical: 12 -> 1, 13 -> 0.25, 10 -> 0
-    dense = _hits([(10, 0.9), (11, 0.7), (12, 0.5)])
-    lexical = _hits([(12, 8.0), (13, 3.5), (10, 2.0)])
-    out = convex(dense, lexical, k=5, weight=0.4)
-    # fused: 10 = 0.4, 11 = 0.2, 12 = 0.6, 13 = 0.6 * 0.25 = 0.15
-    assert out.rows.tolist() == [[12, 10, 11, 13, -1]]
-    np.testing.assert_allclose(out.scores[0, :4], [0.6, 0.4, 0.2, 0.15], rtol=1e-6)
-    assert out.scores[0, 4] == -np.inf
-    np.testing.assert_allclose(out.dense_scores[0], [0.5, 0.9, 0.7, np.nan, np.nan], rtol=1e-6)
-    np.testing.assert_allclose(out.lexical_scores[0], [8.0, 2.0, np.nan, 3.5, np.nan])
-    assert out.rows.dtype == np.int64 and out.scores.dtype == np.float64
-    assert out.dense_scores.dtype == out.lexical_scores.dtype == np.float32
-
-
-def test_rrf_hand_computed():
-    dense = _hits([(10, 0.9), (11, 0.7), (12, 0.5)])
-    lexical = _hits([(12, 8.0), (13, 3.5)])
-    out = rrf(dense, lexical, k=4, k_rrf=1)
-    # 10: 1/2; 11: 1/3; 12: 1/4 + 1/2 = 3/4; 13: 1/3 (ties 11, best rank 2 each -> lower row)
-    assert out.rows.tolist() == [[12, 10, 11, 13]]
-    np.testing.assert_allclose(out.scores[0], [0.75, 0.5, 1 / 3, 1 / 3], rtol=1e-6)
-    np.testing.assert_allclose(out.lexical_scores[0], [8.0, np.nan, np.nan, 3.5])
-
-
-def test_rrf_ties_go_to_the_lower_row():
-    # 9 and 3 are both first on one side (1/61), 5 and 6 both second (1/62)
-    out = rrf(_hits([(9, 0.9), (5, 0.1)]), _hits([(3, 7.0), (6, 2.0)]), k=4)
-    assert out.rows.tolist() == [[3, 9, 5, 6]]
-    # in both lists beats first in one: 1/61 + 1/63 > 1/61
-    out = rrf(_hits([(5, 3.0), (6, 2.0), (8, 1.0)]), _hits([(7, 3.0), (2, 2.0), (5, 1.0)]), k=2)
-    assert out.rows.tolist() == [[5, 7]]
-
-
-def test_weight_one_is_dense_order_and_zero_is_lexical_order():
-    rng = np.random.default_rng(0)
-    dense, lexical = _random_side(rng, 6, 12, 40), _random_side(rng, 6, 12, 40)
-    for weight, side in ((1.0, dense), (0.0, lexical)):
-        out = convex(dense, lexical, k=30, weight=weight)
-        for i in range(6):
-            own = side[1][i][side[1][i] >= 0]
-            assert out.rows[i, : len(own)].tolist() == own.tolist()
-
-
 def _shipped(dense, lexical, k):
     """fuse() with BM25 upper bounds of 10 (the random BM25 is N(0, 1))."""
-    return fuse(dense, lexical, REF, k, upper=np.full(len(dense[0]), 10.0), weight=0.5)
+    return _shipped_at(dense, lexical, k, weight=0.5)
 
 
-@pytest.mark.parametrize("rule", [_shipped, lambda d, lx, k: convex(d, lx, k, 0.3), rrf])
-def test_rows_come_only_from_candidates_once_each(rule):
+def _shipped_at(dense, lexical, k, weight):
+    return fuse(dense, lexical, REF, k, upper=np.full(len(dense[0]), 10.0), weight=weight)
+
+
+def test_rows_come_only_from_candidates_once_each():
     rng = np.random.default_rng(1)
     dense, lexical = _random_side(rng, 8, 10, 25), _random_side(rng, 8, 15, 25)
-    out: FusedHits = rule(dense, lexical, 12)
+    out: FusedHits = _shipped(dense, lexical, 12)
     assert out.rows.shape == out.scores.shape == (8, 12)
     for i in range(8):
         got = out.rows[i][out.rows[i] >= 0]
@@ -113,35 +72,8 @@ def test_rows_come_only_from_candidates_once_each(rule):
         assert np.array_equal(~np.isnan(out.dense_scores[i][: len(got)]), in_dense)
 
 
-def test_convex_ties_are_deterministic():
-    # 1 and 2 tie on everything: the lower row first, whatever the input order
-    a = convex(_hits([(2, 1.0), (1, 1.0), (3, 0.0)]), _hits([]), k=3, weight=0.5)
-    b = convex(_hits([(1, 1.0), (2, 1.0), (3, 0.0)]), _hits([]), k=3, weight=0.5)
-    assert a.rows.tolist() == b.rows.tolist() == [[1, 2, 3]]
-    # equal fused score: the heavier side decides (dense at weight 0.5)
-    out = convex(_hits([(4, 0.9), (7, 0.5)]), _hits([(7, 12.0), (2, 3.0)]), k=3, weight=0.5)
-    assert out.rows.tolist() == [[4, 7, 2]]
-    out = convex(_hits([(4, 0.9), (7, 0.5)]), _hits([(7, 12.0), (2, 3.0)]), k=3, weight=0.4)
-    assert out.rows.tolist() == [[7, 4, 2]]
-
-
-def test_convex_sides_with_zero_or_one_candidate():
-    # no lexical candidate: fused = weight * normalised dense
-    out = convex(_hits([(3, 0.8), (4, 0.2)]), _hits([], width=3), k=3, weight=0.7)
-    assert out.rows.tolist() == [[3, 4, -1]]
-    np.testing.assert_allclose(out.scores[0, :2], [0.7, 0.0], atol=1e-7)
-    assert np.isnan(out.lexical_scores[0]).all()
-    # one lexical candidate: it is that side's best (1), not its worst
-    out = convex(_hits([(3, 0.8), (4, 0.2)]), _hits([(4, 5.0)]), k=2, weight=0.5)
-    assert out.rows.tolist() == [[3, 4]]
-    np.testing.assert_allclose(out.scores[0], [0.5, 0.5])
-    # no candidate on either side: all padding
-    out = convex(_hits([], width=2), _hits([], width=2), k=2, weight=0.5)
-    assert out.rows.tolist() == [[-1, -1]] and np.isneginf(out.scores).all()
-
-
 def test_duplicate_rows_in_a_side_keep_their_best_place():
-    out = rrf(_hits([(5, 0.9), (6, 0.8), (5, 0.1)]), _hits([]), k=3)
+    out = _shipped(_hits([(5, 0.9), (6, 0.8), (5, 0.1)]), _hits([]), 3)
     assert out.rows.tolist() == [[5, 6, -1]]
     np.testing.assert_allclose(out.dense_scores[0, :2], [0.9, 0.8])
 
@@ -149,22 +81,20 @@ def test_duplicate_rows_in_a_side_keep_their_best_place():
 def test_sides_may_have_different_widths_and_many_queries():
     dense = _hits([(1, 0.5)], [(2, 0.4), (3, 0.3)], width=4)
     lexical = _hits([(9, 1.0), (1, 0.5), (8, 0.1)], [], width=6)
-    out = convex(dense, lexical, k=3, weight=0.5)
+    out = fuse(dense, lexical, REF, 3, upper=np.array([10.0, 10.0]), weight=0.5)
     assert out.rows.tolist() == [[1, 9, 8], [2, 3, -1]]
 
 
 def test_bad_arguments_are_refused():
     side = _hits([(1, 0.5)])
     with pytest.raises(ValueError, match="weight"):
-        convex(side, side, k=2, weight=1.5)
+        _shipped_at(side, side, 2, weight=1.5)
     with pytest.raises(ValueError, match="k must"):
-        convex(side, side, k=0, weight=0.5)
-    with pytest.raises(ValueError, match="k_rrf"):
-        rrf(side, side, k=2, k_rrf=0)
+        _shipped(side, side, 0)
     with pytest.raises(ValueError, match="queries"):
-        rrf(side, _hits([(1, 0.5)], [(2, 0.1)]), k=2)
+        fuse(side, _hits([(1, 0.5)], [(2, 0.1)]), REF, 2, upper=np.array([1.0, 1.0]))
     with pytest.raises(ValueError, match="2-D shape"):
-        rrf((np.zeros(3), np.zeros(3, int)), side, k=2)
+        _shipped((np.zeros(3), np.zeros(3, int)), side, 2)
 
 
 # -- the shipped rule ---------------------------------------------------------------------------
@@ -189,6 +119,8 @@ def test_fuse_hand_computed_with_complete_scores():
     np.testing.assert_allclose(out.scores[0], 0.5 * np.array([0.5, 0.9, 0.0]) + 0.5 * lex)
     np.testing.assert_allclose(out.dense_scores[0], [0.55, 0.91, 0.1], rtol=1e-6)
     np.testing.assert_allclose(out.lexical_scores[0], [6.0, 0.0, 2.0])
+    assert out.rows.dtype == np.int64 and out.scores.dtype == np.float64
+    assert out.dense_scores.dtype == out.lexical_scores.dtype == np.float32
     # partial scores: a side's unknown score is its floor (0); the raw figure is NaN
     out = fuse(dense, lexical, REF, k=3, upper=np.array([10.0]), weight=0.5, lexical_match=None)
     np.testing.assert_allclose(out.scores[0], [0.55, 0.45, 0.1], atol=1e-6)
@@ -205,8 +137,6 @@ def test_a_lone_weak_lexical_candidate_does_not_outrank_a_strong_dense_one(weigh
         out = fuse(dense, lexical, REF, k=2, upper=np.array([10.0]), weight=weight, **extra)
         assert out.rows.tolist() == [[5, 9]]
         assert out.scores[0, 1] < 0.05
-    if weight <= 0.3:  # the baseline fails exactly this
-        assert convex(dense, lexical, k=2, weight=weight).rows.tolist() == [[9, 5]]
 
 
 def _universe(draw, n: int):
@@ -299,38 +229,41 @@ def test_fuse_ties_go_to_the_lower_row_whatever_the_input_order():
     assert a.rows.tolist() == b.rows.tolist() == [[3, 8]]
 
 
-def test_fuse_default_weight_comes_from_settings_per_kind():
+def test_fuse_default_weight_comes_from_the_constants_per_kind(monkeypatch):
     dense, lexical = _hits([(1, 0.9), (2, 0.2)]), _hits([(2, 9.0), (1, 0.5)])
     kw = {"upper": np.array([10.0]), "dense_of_lexical": np.array([[0.2, 0.9]]),
           "lexical_of_dense": np.array([[0.5, 9.0]])}  # fmt: skip
-    with override(fusion_dense_weight=1.0, fusion_dense_weight_static=0.0):
-        assert fuse(dense, lexical, REF, 2, **kw).rows.tolist() == [[1, 2]]
-        assert fuse(dense, lexical, REF, 2, kind="static", **kw).rows.tolist() == [[2, 1]]
+    monkeypatch.setattr(fusion, "DENSE_WEIGHT", 1.0)
+    monkeypatch.setattr(fusion, "DENSE_WEIGHT_STATIC", 0.0)
+    assert fuse(dense, lexical, REF, 2, **kw).rows.tolist() == [[1, 2]]
+    assert fuse(dense, lexical, REF, 2, kind="static", **kw).rows.tolist() == [[2, 1]]
     with pytest.raises(BadInput, match="kind"):
         fuse(dense, lexical, REF, 2, kind="onnx", **kw)  # type: ignore[arg-type]
 
 
-def test_default_weight_falls_with_passages_per_document():
+def test_default_weight_falls_with_passages_per_document(monkeypatch):
     from flowsearch.search.fusion import default_weight
 
-    with override(fusion_dense_weight=0.6, fusion_length_slope=0.2,
-                  fusion_dense_weight_static=0.3, fusion_length_slope_static=0.1):  # fmt: skip
-        assert default_weight("transformer") == 0.6  # an index of short texts
-        assert default_weight("transformer", 1.0) == 0.6
-        assert default_weight("transformer", np.e) == pytest.approx(0.4)
-        assert default_weight("transformer", np.e**2) > default_weight("transformer", np.e**3)
-        assert default_weight("transformer", 1e9) == 0.0  # clipped
-        assert default_weight("static", np.e) == pytest.approx(0.2)
-        for bad in (0.5, float("nan"), float("inf")):
-            with pytest.raises(BadInput, match="passages_per_document"):
-                default_weight("transformer", bad)
+    for name, value in (("DENSE_WEIGHT", 0.6), ("LENGTH_SLOPE", 0.2),
+                        ("DENSE_WEIGHT_STATIC", 0.3), ("LENGTH_SLOPE_STATIC", 0.1)):  # fmt: skip
+        monkeypatch.setattr(fusion, name, value)
+    assert default_weight("transformer") == 0.6  # an index of short texts
+    assert default_weight("transformer", 1.0) == 0.6
+    assert default_weight("transformer", np.e) == pytest.approx(0.4)
+    assert default_weight("transformer", np.e**2) > default_weight("transformer", np.e**3)
+    assert default_weight("transformer", 1e9) == 0.0  # clipped
+    assert default_weight("static", np.e) == pytest.approx(0.2)
+    for bad in (0.5, float("nan"), float("inf")):
+        with pytest.raises(BadInput, match="passages_per_document"):
+            default_weight("transformer", bad)
     dense, lexical = _hits([(1, 0.9), (2, 0.2)]), _hits([(2, 9.0), (1, 0.5)])
     kw = {"upper": np.array([10.0]), "dense_of_lexical": np.array([[0.2, 0.9]]),
           "lexical_of_dense": np.array([[0.5, 9.0]])}  # fmt: skip
-    with override(fusion_dense_weight=1.0, fusion_length_slope=1.0):
-        assert fuse(dense, lexical, REF, 2, **kw).rows.tolist() == [[1, 2]]
-        assert fuse(dense, lexical, REF, 2, passages_per_document=10.0,
-                    **kw).rows.tolist() == [[2, 1]]  # fmt: skip
+    monkeypatch.setattr(fusion, "DENSE_WEIGHT", 1.0)
+    monkeypatch.setattr(fusion, "LENGTH_SLOPE", 1.0)
+    assert fuse(dense, lexical, REF, 2, **kw).rows.tolist() == [[1, 2]]
+    assert fuse(dense, lexical, REF, 2, passages_per_document=10.0,
+                **kw).rows.tolist() == [[2, 1]]  # fmt: skip
 
 
 def test_fuse_refuses_bad_arguments():

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from lexical_helpers import QUERIES, WORDS, all_scores, bits, corpus
 
-from flowsearch import settings
 from flowsearch.errors import BadInput
 from flowsearch.lexical.bm25 import Bm25, idf
 from flowsearch.lexical.postings import Postings
@@ -271,8 +270,7 @@ def test_cached_blocks_answer_as_computed_ones():
     texts = corpus(400, seed=8)
     deleted = np.random.default_rng(8).random(200) < 0.2
     segments = [(Postings.build(texts[:200]), None), (Postings.build(texts[200:]), deleted)]
-    with settings.override(lexical_cache_bytes=0):
-        cold = Bm25(segments)
+    cold = Bm25(segments, cache_bytes=0)
     warm = Bm25(segments)
     queries = [*QUERIES, "tide tide moon", "moon tide"]
     first = warm.search(queries, k=50)
@@ -286,8 +284,7 @@ def test_the_cache_stays_within_its_budget():
     texts = corpus(2000, seed=9) + ["zebra crossing", "zebra"]
     bm25 = Bm25([(Postings.build(texts), None)])
     budget = 12 * 300  # room for a few hundred postings: the common terms do not fit
-    with settings.override(lexical_cache_bytes=budget):
-        small = Bm25([(Postings.build(texts), None)])
+    small = Bm25([(Postings.build(texts), None)], cache_bytes=budget)
     for query in [*QUERIES, " ".join(WORDS), "zebra crossing"]:
         np.testing.assert_array_equal(small.search(query, k=20)[1], bm25.search(query, k=20)[1])
         assert small._cache.n_bytes <= budget

@@ -63,16 +63,16 @@ def _as_global(rows: np.ndarray, live: np.ndarray) -> np.ndarray:
 def test_segments_answer_as_one_segment_of_the_live_rows(corpus_, qs, method, k1, b, k, data):
     # bisection or dictionaries for the vocabularies, the block cache on or off
     lookups = {"lexical_bisect_min_terms": data.draw(st.sampled_from([1, 10**9]))}
-    cache = {"lexical_cache_bytes": data.draw(st.sampled_from([0, 2**20]))}
-    with config.override(**lookups, **cache):
-        _segments_answer_as_one_segment(corpus_, qs, method, k1, b, k, data)
+    cache = data.draw(st.sampled_from([0, 2**20]))
+    with config.override(**lookups):
+        _segments_answer_as_one_segment(corpus_, qs, method, k1, b, k, data, cache)
 
 
-def _segments_answer_as_one_segment(corpus_, qs, method, k1, b, k, data):
+def _segments_answer_as_one_segment(corpus_, qs, method, k1, b, k, data, cache):
     texts, cuts, deleted = corpus_
     live = np.flatnonzero(~deleted)
     params = {"k1": k1, "b": b, "method": method}
-    segmented = Bm25(_segmented(texts, cuts, deleted), **params)
+    segmented = Bm25(_segmented(texts, cuts, deleted), cache_bytes=cache, **params)
     one = Bm25([(Postings.build([texts[i] for i in live]), None)], **params)
     assert (segmented.n_rows, segmented.n_live) == (len(texts), len(live))
     allowed = None

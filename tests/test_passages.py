@@ -426,41 +426,45 @@ def _ranked(s: Searcher, queries: list[str]) -> list[list[tuple[str, float]]]:
             for hits in s.search(queries, k=6, mode="hybrid")]  # fmt: skip
 
 
-def test_the_hybrid_weight_falls_with_passages_per_document(long_index):
+def test_the_hybrid_weight_falls_with_passages_per_document(long_index, monkeypatch):
+    from flowsearch.search import fusion
     from flowsearch.search.fusion import default_weight
-    from flowsearch.settings import current, override
 
     s = Searcher.open(long_index)
     info = s.info()
     ratio = info.manifest.n_live / info.n_documents
     assert ratio > 1.5  # most documents of this index are cut
     queries = [r["text"].split(".")[1] for r in _records() if "." in r["text"][:-1]][:4]
-    with override(fusion_length_slope=0.0):
-        flat = _ranked(s, queries)
+    shipped = fusion.DENSE_WEIGHT
+    monkeypatch.setattr(fusion, "LENGTH_SLOPE", 0.0)
+    flat = _ranked(s, queries)
     # the default: the weight at this index's passages per document, as a flat weight gives it
-    with override(fusion_length_slope=0.2):
-        w = default_weight("transformer", ratio)
-        got = _ranked(s, queries)
-    assert w < current().fusion_dense_weight
-    with override(fusion_dense_weight=w, fusion_length_slope=0.0):
-        assert got == _ranked(s, queries)
+    monkeypatch.setattr(fusion, "LENGTH_SLOPE", 0.2)
+    w = default_weight("transformer", ratio)
+    got = _ranked(s, queries)
+    assert w < shipped
+    monkeypatch.setattr(fusion, "DENSE_WEIGHT", w)
+    monkeypatch.setattr(fusion, "LENGTH_SLOPE", 0.0)
+    assert got == _ranked(s, queries)
     # a slope steep enough clips the weight to 0: the lexical side alone decides
-    with override(fusion_length_slope=100.0):
-        steep = _ranked(s, queries)
-    with override(fusion_dense_weight=0.0, fusion_length_slope=0.0):
-        assert steep == _ranked(s, queries)
+    monkeypatch.setattr(fusion, "DENSE_WEIGHT", shipped)
+    monkeypatch.setattr(fusion, "LENGTH_SLOPE", 100.0)
+    steep = _ranked(s, queries)
+    monkeypatch.setattr(fusion, "DENSE_WEIGHT", 0.0)
+    monkeypatch.setattr(fusion, "LENGTH_SLOPE", 0.0)
+    assert steep == _ranked(s, queries)
     assert steep != flat
 
 
-def test_an_index_of_short_texts_keeps_the_hybrid_weight(tmp_path, model_dir):
-    from flowsearch.settings import override
+def test_an_index_of_short_texts_keeps_the_hybrid_weight(tmp_path, model_dir, monkeypatch):
+    from flowsearch.search import fusion
 
     corpus = write_corpus(tmp_path / "c.parquet", n=40, seed=5)
     build_index(corpus, tmp_path / "idx", model=str(model_dir))
     s = Searcher.open(tmp_path / "idx")
     assert s.info().n_documents == len(s)
     queries = sentences(3, seed=9)
-    with override(fusion_length_slope=0.0):
-        flat = _ranked(s, queries)
-    with override(fusion_length_slope=100.0):
-        assert _ranked(s, queries) == flat
+    monkeypatch.setattr(fusion, "LENGTH_SLOPE", 0.0)
+    flat = _ranked(s, queries)
+    monkeypatch.setattr(fusion, "LENGTH_SLOPE", 100.0)
+    assert _ranked(s, queries) == flat

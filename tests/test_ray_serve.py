@@ -22,8 +22,8 @@ from hypothesis import strategies as st  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 from shard_helpers import QUERIES, WHERES, assert_same, segmented, write_again  # noqa: E402
 
-from flowsearch import settings as fs_settings  # noqa: E402
 from flowsearch.errors import BadInput, Unavailable  # noqa: E402
+from flowsearch.search.options import SearchOptions  # noqa: E402
 from flowsearch.search.searcher import Searcher  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -141,13 +141,15 @@ def test_refresh_moves_every_shard_after_writes(cluster: Any, index: Path,
         on_ray.close()
 
 
-def _with_a_shard_on_a_worker(index: Path, workers: list[Any]) -> tuple[Searcher, Any]:
+def _with_a_shard_on_a_worker(
+    index: Path, workers: list[Any], options: SearchOptions | None = None
+) -> tuple[Searcher, Any]:
     """A Ray searcher of 2 shards with one on a worker node, and that node. Shards are placed
     on the live nodes in turn by a *soft* affinity, so a busy node's shard may start on the
     head instead (it did once in a loaded run): open again, up to three times."""
     placed: list[Any] = []
     for _ in range(3):
-        on_ray = Searcher.open(index, engine="ray", shards=2)
+        on_ray = Searcher.open(index, engine="ray", shards=2, options=options)
         placed = ray.get([a.node.remote() for a in on_ray._backend.actors])
         victim = next((w for w in workers if w.node_id in placed), None)
         if victim is not None:
@@ -164,42 +166,42 @@ def test_a_lost_node_gives_the_same_answer_or_unavailable(cluster: Any, index: P
     made, workers = cluster
     local = Searcher.open(index)
     want = local.search(QUERIES, k=10, mode="hybrid")
-    with fs_settings.override(shard_timeout=20.0):
-        on_ray, victim = _with_a_shard_on_a_worker(index, workers)
-        try:
-            outcomes: list[Any] = []
-            done = threading.Event()
+    options = SearchOptions(shard_timeout=20.0)
+    on_ray, victim = _with_a_shard_on_a_worker(index, workers, options)
+    try:
+        outcomes: list[Any] = []
+        done = threading.Event()
 
-            def ask() -> None:
-                while not done.is_set():
-                    started = time.monotonic()
-                    try:
-                        outcomes.append((on_ray.search(QUERIES, k=10, mode="hybrid"),
-                                         time.monotonic() - started))  # fmt: skip
-                    except Unavailable as exc:
-                        outcomes.append((exc, time.monotonic() - started))
-
-            asking = threading.Thread(target=ask)
-            asking.start()
-            time.sleep(1.0)
-            made.remove_node(victim, allow_graceful=False)
-            time.sleep(8.0)
-            done.set()
-            asking.join(timeout=60)
-            assert not asking.is_alive()  # never a hang
-            assert outcomes
-            for answer, seconds in outcomes:
-                assert seconds < 20.0 + 10.0
-                if not isinstance(answer, Unavailable):
-                    assert_same(answer, want)
-            deadline = time.monotonic() + 60
-            while True:  # the shard restarts on a node with room and reopens its segments
+        def ask() -> None:
+            while not done.is_set():
+                started = time.monotonic()
                 try:
-                    assert_same(on_ray.search(QUERIES, k=10, mode="hybrid"), want)
-                    break
-                except Unavailable:
-                    assert time.monotonic() < deadline
-            now = ray.get([a.node.remote() for a in on_ray._backend.actors])
-            assert victim.node_id not in now  # restarted on a node that is left
-        finally:
-            on_ray.close()
+                    outcomes.append((on_ray.search(QUERIES, k=10, mode="hybrid"),
+                                     time.monotonic() - started))  # fmt: skip
+                except Unavailable as exc:
+                    outcomes.append((exc, time.monotonic() - started))
+
+        asking = threading.Thread(target=ask)
+        asking.start()
+        time.sleep(1.0)
+        made.remove_node(victim, allow_graceful=False)
+        time.sleep(8.0)
+        done.set()
+        asking.join(timeout=60)
+        assert not asking.is_alive()  # never a hang
+        assert outcomes
+        for answer, seconds in outcomes:
+            assert seconds < 20.0 + 10.0
+            if not isinstance(answer, Unavailable):
+                assert_same(answer, want)
+        deadline = time.monotonic() + 60
+        while True:  # the shard restarts on a node with room and reopens its segments
+            try:
+                assert_same(on_ray.search(QUERIES, k=10, mode="hybrid"), want)
+                break
+            except Unavailable:
+                assert time.monotonic() < deadline
+        now = ray.get([a.node.remote() for a in on_ray._backend.actors])
+        assert victim.node_id not in now  # restarted on a node that is left
+    finally:
+        on_ray.close()

@@ -113,8 +113,7 @@ def test_the_row_cache_keeps_to_its_byte_budget_and_is_shared(tmp_path):
     tiny = store.RowCache(max_bytes=10)
     tiny.put(("x", 0, 0), 11, {"id": ["a"]})
     assert tiny.get(("x", 0, 0)) is None
-    with override(row_cache_bytes=5 * size):
-        assert store.RowCache()._cache.maxsize == 5 * size  # default budget: the setting
+    assert store.RowCache()._cache.maxsize == store.ROW_CACHE_BYTES  # the default budget
 
 
 def test_rows_from_the_cache_are_the_callers_own(tmp_path):

@@ -196,7 +196,7 @@ def test_nonsense_queries_score_low_on_the_sample_corpus():
     import pyarrow.parquet as pq
 
     from flowsearch import Encoder
-    from flowsearch.settings import current
+    from flowsearch.search.fusion import DENSE_WEIGHT
 
     texts = pq.read_table(REPO / "data" / "sample.parquet").column("text").to_pylist()
     queries = [q["query"] for q in json.loads((REPO / "tests" / "sample_queries.json").read_text())]
@@ -205,7 +205,7 @@ def test_nonsense_queries_score_low_on_the_sample_corpus():
     V /= np.linalg.norm(V, axis=1, keepdims=True)
     ref = build_reference(V.sum(0), len(V))
     lex = _bm25(texts)
-    w = current().fusion_dense_weight
+    w = DENSE_WEIGHT
 
     def top(group: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         Q = enc.encode(group)

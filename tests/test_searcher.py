@@ -260,7 +260,7 @@ def test_index_on_gpu_is_searched_under_the_lock(index_dir, monkeypatch):
             self.inner, self.ntotal, self.d = inner, inner.ntotal, inner.d
 
         def search(self, q, k):
-            held.append(box["s"]._gpu_lock.locked())
+            held.append(box["s"]._backend.gpu_lock.locked())
             return self.inner.search(q, k)
 
     monkeypatch.setattr(ann_io, "num_gpus", lambda: 1)

@@ -229,26 +229,23 @@ def test_statistics_cache_answers_while_another_reader_moves_it_to_a_newer_versi
     assert cache.version == 2 and cache.get(Steady(), 2, ["heat"]).lexical.df == {"heat": 2}  # type: ignore[arg-type, union-attr]
 
 
-def test_a_ray_shard_searches_its_segments_in_turn_unless_set(monkeypatch):
-    """Shards already search in parallel (one actor per CPU): an actor's call runs with
-    ``segment_threads`` 1 when the setting is the default (every core), and as set otherwise;
-    the process's setting is given back after the call."""
-    from flowsearch.search import dense, ray_shards
-    from flowsearch.settings import current, override
+def test_a_ray_shard_searches_its_segments_in_turn_unless_set(index):
+    """Shards already search in parallel (one actor per CPU): an actor searches a query's
+    segments in turn when ``segment_threads`` is the default (every core), and with as many
+    threads as set otherwise."""
+    from flowsearch.search import ray_shards
+    from flowsearch.search.options import SearchOptions
+    from flowsearch.storage import manifest as mf
 
-    seen: list[int] = []
-
-    class Shard:
-        def answer(self, request):
-            seen.append(dense.segment_threads())
-            return request
-
-    server = ray_shards.ShardServer("unused")
-    monkeypatch.setattr(server, "_move", lambda spec: Shard())
-    assert server.answer(None, "r") == (True, "r")
-    with override(segment_threads=3):
-        server.answer(None, "r")
-    assert seen == [1, 3] and current().segment_threads == 0
+    m = mf.read(index)
+    spec = ray_shards.specs(m, ray_shards.assign(m, 1), 1)[0]
+    default = ray_shards.ShardServer(str(index))
+    assert default.helpers is None and default._move(spec)._helpers is None
+    three = ray_shards.ShardServer(str(index), options=SearchOptions(segment_threads=3))
+    assert three.helpers is not None and three.helpers.threads == 3
+    assert three._move(spec)._helpers is three.helpers
+    ok, answer = three.statistics(spec, ["tide"])
+    assert ok and answer.n_live == m.n_live
 
 
 def test_a_single_query_searches_every_segment_on_one_faiss_thread(index, monkeypatch):
@@ -256,8 +253,8 @@ def test_a_single_query_searches_every_segment_on_one_faiss_thread(index, monkey
     search of a single query runs on one FAISS thread, as every single query's does."""
     import faiss
 
+    from flowsearch.search.options import SearchOptions
     from flowsearch.search.segment import SegmentReader
-    from flowsearch.settings import override
 
     seen: list[int] = []
     plain = SegmentReader.search
@@ -270,13 +267,12 @@ def test_a_single_query_searches_every_segment_on_one_faiss_thread(index, monkey
     before = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(2)  # so that one thread is a choice, not the machine's only
     try:
-        with override(segment_threads=2):
-            s = Searcher.open(index)
-            s.search("tide moon", k=5, mode="dense")
-            assert len(seen) == len(s.version.segments) > 1 and set(seen) == {1}
-            seen.clear()
-            s.search("tide moon", k=5, mode="dense", where="id LIKE 'a1-%'")
-            s.close()
+        s = Searcher.open(index, options=SearchOptions(segment_threads=2))
+        s.search("tide moon", k=5, mode="dense")
+        assert len(seen) == len(s.version.segments) > 1 and set(seen) == {1}
+        seen.clear()
+        s.search("tide moon", k=5, mode="dense", where="id LIKE 'a1-%'")
+        s.close()
         assert seen == [1]  # one segment holds the rows the filter kept
     finally:
         faiss.omp_set_num_threads(before)

@@ -57,7 +57,7 @@ def test_a_versions_filter_gives_global_rows(index, encoder):
 
     s = Searcher.open(index, encoder=encoder)
     where = "id IN ('d3', 'd4', 'a1', 'd1')"
-    rows = s.version.metadata_filter(s._filter_database()).rows(where)  # what a search uses
+    rows = s.version.metadata_filter(s._backend.filter_database()).rows(where)  # what a search uses
     assert rows is not None and rows.tolist() == [1, 3, 4, 61]  # across both segments
     for mode in ("dense", "lexical", "hybrid"):  # d1 matches but is deleted: never returned
         hits = s.search("the cat a1 d3 d4", k=10, where=where, mode=mode)

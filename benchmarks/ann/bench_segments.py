@@ -51,6 +51,22 @@ LOG = logging.getLogger("bench_segments")
 MODES = ("dense", "hybrid")
 
 
+_THREADED: dict[tuple[int, int], Any] = {}
+
+
+def _threaded(s: Any, n: int) -> Any:
+    """A searcher of ``s``'s index whose single queries use ``n`` segment threads (a searcher's
+    own option), opened once per setting with ``s``'s encoder."""
+    from flowsearch.search.options import SearchOptions
+    from flowsearch.search.searcher import Searcher
+
+    key = (id(s), n)
+    if key not in _THREADED:
+        options = SearchOptions(segment_threads=n)
+        _THREADED[key] = Searcher.open(s.root, encoder=s.encoder, options=options)
+    return _THREADED[key]
+
+
 def corpus(data: Path, work: Path, rows: int, n_queries: int) -> tuple[Path, list[str]]:
     """The corpus and its queries: QNLI questions, then partial held-out sentences."""
     from benchmarks.common.corpora import corpus_and_queries
@@ -313,7 +329,6 @@ def measure(one: Path, many: dict[str, Path], queries: list[str], n_latency: int
 
     from flowsearch import Searcher
     from flowsearch.ann import merged
-    from flowsearch.settings import override
 
     opened = {"one": Searcher.open(one), **{n: Searcher.open(p) for n, p in many.items()}}
     main = next(iter(many))
@@ -348,8 +363,8 @@ def measure(one: Path, many: dict[str, Path], queries: list[str], n_latency: int
 
     def caller(s: Any, n: int) -> Callable[[str, str], Any]:
         def call(q: str, mode: str) -> Any:
-            with override(segment_threads=n):  # 1: in turn (the default is every core)
-                return s.search(q, k=10, mode=mode)
+            # 1: in turn (the default is every core)
+            return _threaded(s, n).search(q, k=10, mode=mode)
 
         return call
 
@@ -379,18 +394,18 @@ def measure(one: Path, many: dict[str, Path], queries: list[str], n_latency: int
             if n > 1 and name != main:
                 continue
             label = name if n == 1 else f"{name} x{n} threads"
-            with override(segment_threads=n):
-                throughput[label] = {
-                    "batch_qps_dense": batch_qps(
-                        lambda s=s: s.search(queries, k=10, mode="dense"), len(queries)
-                    ),
-                    "concurrent_qps_dense": concurrent_qps(
-                        lambda q, s=s: s.search(q, k=10, mode="dense"), queries[:400]
-                    ),
-                    "concurrent_qps_hybrid": concurrent_qps(
-                        lambda q, s=s: s.search(q, k=10, mode="hybrid"), queries[:400]
-                    ),
-                }
+            t = _threaded(s, n)
+            throughput[label] = {
+                "batch_qps_dense": batch_qps(
+                    lambda s=t: s.search(queries, k=10, mode="dense"), len(queries)
+                ),
+                "concurrent_qps_dense": concurrent_qps(
+                    lambda q, s=t: s.search(q, k=10, mode="dense"), queries[:400]
+                ),
+                "concurrent_qps_hybrid": concurrent_qps(
+                    lambda q, s=t: s.search(q, k=10, mode="hybrid"), queries[:400]
+                ),
+            }
             LOG.info("%s throughput %s", label, throughput[label])
     out["throughput"] = throughput
     out["load"].append(harness.load_average())
@@ -427,7 +442,6 @@ def latency_stage(one: Path, many: Path, queries: list[str], n_latency: int, rou
 
     from flowsearch import Searcher
     from flowsearch.ann import merged
-    from flowsearch.settings import override
 
     opened = {"one": Searcher.open(one), "ten": Searcher.open(many)}
     opened.update({name: Searcher.open(path) for name, path in (also or {}).items()})
@@ -442,8 +456,7 @@ def latency_stage(one: Path, many: Path, queries: list[str], n_latency: int, rou
 
     def threaded(n: int) -> Callable[[str, str], Any]:
         def call(q: str, mode: str) -> Any:
-            with override(segment_threads=n):
-                return opened["ten"].search(q, k=10, mode=mode)
+            return _threaded(opened["ten"], n).search(q, k=10, mode=mode)
 
         return call
 
@@ -470,14 +483,14 @@ def latency_stage(one: Path, many: Path, queries: list[str], n_latency: int, rou
                            "cpu_clock": clock.__name__}  # fmt: skip
     if threads:
         out["concurrent_qps"] = {}
-        for name in calls:  # override is process-wide: set once around the clients
+        for name in calls:  # each setting: a searcher of its own
             n = name.partition(" x")[2]
             target = opened[name.partition(" x")[0]]
-            with override(**({"segment_threads": int(n)} if n else {})):
-                out["concurrent_qps"][name] = {
-                    m: concurrent_qps(lambda q, m=m, t=target: t.search(q, k=10, mode=m), picked)
-                    for m in MODES
-                }  # fmt: skip
+            target = _threaded(target, int(n)) if n else target
+            out["concurrent_qps"][name] = {
+                m: concurrent_qps(lambda q, m=m, t=target: t.search(q, k=10, mode=m), picked)
+                for m in MODES
+            }  # fmt: skip
     for name in calls:  # the one and the others: ratios of p50s to the one's
         out[name] = {
             m: {

@@ -57,7 +57,6 @@ import numpy as np
 from benchmarks.common import harness
 from benchmarks.common.corpora import real_sentences, top_up
 from benchmarks.query.lexical_latency import latency_table, render_latency
-from flowsearch import settings
 from flowsearch.lexical.bm25 import Bm25
 from flowsearch.lexical.postings import Postings
 from flowsearch.lexical.tokens import tokenize_batch
@@ -275,14 +274,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     release = ReleaseIndex.build(texts)  # the second release's one index, as the peer
 
     def make(cache: bool) -> dict[str, Any]:
-        with settings.override(**({} if cache else {"lexical_cache_bytes": 0})):
-            return {
-                "1 segment": Bm25([(one, None)]),
-                "10 segments": Bm25([(p, None) for p in tens]),
-                "50 segments": Bm25([(p, None) for p in fifties]),
-                "10 segments, 1% deleted": Bm25(list(zip(tens, masks))),
-                "release index (one, precomputed weights)": release,
-            }
+        size = {} if cache else {"cache_bytes": 0}
+        return {
+            "1 segment": Bm25([(one, None)], **size),
+            "10 segments": Bm25([(p, None) for p in tens], **size),
+            "50 segments": Bm25([(p, None) for p in fifties], **size),
+            "10 segments, 1% deleted": Bm25(list(zip(tens, masks)), **size),
+            "release index (one, precomputed weights)": release,
+        }
 
     latency = latency_table(make, queries, args.repeats)
     with tempfile.TemporaryDirectory() as tmp:

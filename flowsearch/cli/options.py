@@ -22,7 +22,7 @@ import typer
 
 from flowsearch.calibration import names as calibrator_names
 from flowsearch.encode.encoder import BACKENDS, POOLINGS, QUANTIZATIONS
-from flowsearch.search.searcher import MODES
+from flowsearch.search.modes import MODES
 from flowsearch.writes import ENGINES
 
 __all__ = [

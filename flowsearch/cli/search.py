@@ -61,11 +61,12 @@ def query_cmd(
     as_json: AsJson = False,
 ) -> None:
     """Search an index."""
+    from flowsearch.search.modes import as_mode
     from flowsearch.search.searcher import Searcher
 
     searcher = Searcher.open(index, model=model)
     options = {} if min_score is None else {"min_score": min_score}
-    result = searcher.query(text, k=k, where=where, mode=mode, **options)
+    result = searcher.query(text, k=k, where=where, mode=as_mode(mode), **options)
     if as_json:
         print_json(result.to_dict())
         return

@@ -20,19 +20,17 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from flowsearch.errors import BadInput
 from flowsearch.evaluation import ranking_metrics
 from flowsearch.evaluation.beir import BeirDataset, load_beir
 from flowsearch.evaluation.ranking_metrics import retrieval_scores
+from flowsearch.search.modes import MODES, Mode
 
 __all__ = ["MODES", "Mode", "run_retrieval", "search_run", "write_corpus_parquet"]
 
 LOG = logging.getLogger(__name__)
-
-Mode = Literal["dense", "lexical", "hybrid"]
-MODES: tuple[str, ...] = ("dense", "lexical", "hybrid")
 
 
 def __getattr__(name: str) -> Any:

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from flowsearch import settings
 from flowsearch.errors import BadInput
 from flowsearch.lexical.blocks import (
     Block,
@@ -57,7 +56,11 @@ from flowsearch.lexical.postings import Int64, Mask, check_mask
 from flowsearch.lexical.tokens import tokenize_batch
 from flowsearch.lexical.weights import Method, check_method, idf, tfc_supremum
 
-__all__ = ["Bm25", "Method", "Segment", "Statistics", "query_terms", "upper_bound"]
+__all__ = ["CACHE_BYTES", "Bm25", "Method", "Segment", "Statistics", "query_terms", "upper_bound"]
+
+#: Bytes of weighed postings (12 per posting) a BM25 keeps for recent query terms by default
+#: (a searcher's is its ``SearchOptions.lexical_cache_bytes``).
+CACHE_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -144,11 +147,12 @@ class Bm25:
         k1: term-frequency saturation (>= 0).
         b: length normalisation, in [0, 1].
         method: the BM25 variant, as bm25s names it.
+        cache_bytes: bytes of weighed postings kept for recent query terms (>= 0).
 
     Building one costs O(segments) for the segments and masks already seen, and one pass over
     a new mask's segment otherwise (its live count and length sum); queries do the rest. The
-    weighed postings of recent query terms are kept under ``settings.current()
-    .lexical_cache_bytes`` (they hold for this version only).
+    weighed postings of recent query terms are kept under ``cache_bytes`` (they hold for
+    this version only; 0 keeps none).
 
     Raises:
         BadInput: an unknown method, k1 or b out of range, or a mask that is not bool (n_rows,).
@@ -161,6 +165,7 @@ class Bm25:
         k1: float = 1.5,
         b: float = 0.75,
         method: Method = "lucene",
+        cache_bytes: int = CACHE_BYTES,
     ) -> None:
         check_method(method)
         if not (k1 >= 0 and 0 <= b <= 1):
@@ -181,7 +186,8 @@ class Bm25:
         #: The live rows' mean length in terms.
         self.avg_length = (live_length / self.n_live if self.n_live else 0.0) or 1.0
         self._weighing = Weighing(self.n_live, self.avg_length, self.k1, self.b, method)
-        self._cache = BlockCache(settings.current().lexical_cache_bytes)
+        self.cache_bytes = int(cache_bytes)
+        self._cache = BlockCache(self.cache_bytes)
 
     @property
     def n_rows(self) -> int:

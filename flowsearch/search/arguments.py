@@ -12,26 +12,23 @@ from typing import Any
 import numpy as np
 
 from flowsearch.errors import BadInput
+from flowsearch.search.modes import Mode, as_mode
 from flowsearch.search.version import Version
 
-__all__ = ["MODES", "checked_k", "checked_min_score", "checked_mode", "checked_queries"]
-
-#: Search modes: the encoder's side, BM25's side, or both fused.
-MODES = ("dense", "lexical", "hybrid")
+__all__ = ["checked_k", "checked_min_score", "checked_mode", "checked_queries"]
 
 
-def checked_mode(version: Version, mode: str | None) -> str:
-    if mode is None:
+def checked_mode(version: Version, mode: str | None) -> Mode:
+    checked = as_mode(mode)
+    if checked is None:
         return "hybrid" if version.manifest.lexical is not None else "dense"
-    if mode not in MODES:
-        raise BadInput(f"unknown mode {mode!r}", f"choose one of {', '.join(MODES)}", param="mode")
-    if mode != "dense" and version.manifest.lexical is None:
+    if checked != "dense" and version.manifest.lexical is None:
         raise BadInput(
             f"mode {mode!r} needs a lexical index, and this index was built without one",
             "use {mode='dense'} or rebuild it with a lexical side",
             param="mode",
         )
-    return mode
+    return checked
 
 
 def checked_queries(query: Any) -> list[str]:

@@ -17,15 +17,15 @@ import itertools
 import os
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Executor, Future, wait
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
 
 from flowsearch.ann import io as ann_io
-from flowsearch.settings import current
+from flowsearch.errors import BadInput
 
-__all__ = ["cosines", "merge_top_k", "search_segments", "segment_threads"]
+__all__ = ["SegmentHelpers", "cosines", "merge_top_k", "search_segments", "segment_threads"]
 
 
 def merge_top_k(
@@ -71,7 +71,7 @@ def search_segments(
     k: int,
     rows: Sequence[np.ndarray | None],
     knobs: Sequence[int | None] | None = None,
-    pool: Executor | None = None,
+    helpers: SegmentHelpers | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-k over every segment (see the module docstring).
 
@@ -84,7 +84,8 @@ def search_segments(
         rows: per segment, the local rows a filter kept (sorted int64) or None for all.
         knobs: per segment, its search knob for this version
             (:func:`flowsearch.ann.merged.choose_knobs`), None for its own; None: all its own.
-        pool: searches the segments concurrently (each on one FAISS thread); None: in turn.
+        helpers: search the segments concurrently, the calling thread with idle helpers (each
+            on one FAISS thread); None: in turn.
     """
     knobs = [None] * len(segments) if knobs is None else knobs
     work = [
@@ -92,8 +93,8 @@ def search_segments(
         for seg, dead, keep, knob in zip(segments, deleted, rows, knobs, strict=True)
         if keep is None or len(keep)
     ]
-    if pool is not None and len(work) > 1:
-        answers = _shared(work, queries, k, pool, max(1, min(segment_threads(), len(work))))
+    if helpers is not None and helpers.threads > 1 and len(work) > 1:
+        answers = helpers.search(work, queries, k)
     else:
         answers = [seg.search(queries, k, keep, dead, knob) for seg, dead, keep, knob in work]
     if not answers:
@@ -103,88 +104,121 @@ def search_segments(
     return merge_top_k(answers, offsets[kept], k)
 
 
-def segment_threads() -> int:
-    """Threads that search one query's segments (``Settings.segment_threads``; 0: the cores
-    this process may run on, at most 4)."""
-    n = current().segment_threads
-    if n != 0:
-        return max(1, n)  # a negative setting: in turn
+def segment_threads(setting: int = 0) -> int:
+    """Threads that search one query's segments for ``SearchOptions.segment_threads``: the
+    setting itself, or for 0 the cores this process may run on, at most 4."""
+    if setting > 0:
+        return setting
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(4, cores or 1))
 
 
-# Searches inside :func:`_shared` now, process-wide (one pool serves every searcher).
-_RUNNING = 0
-_RUNNING_LOCK = threading.Lock()
+Work = tuple[Any, Any, Any, Any]  # (segment, deleted, rows kept, knob)
 
 
-def _after_fork() -> None:
-    """A forked child has none of its parent's searches (nor a lock one of them held)."""
-    global _RUNNING, _RUNNING_LOCK
-    _RUNNING, _RUNNING_LOCK = 0, threading.Lock()
+class SegmentHelpers:
+    """A searcher's helper threads for one query's segments, and the count of its queries
+    searching with them (so a query asks for a helper only while a thread is idle).
 
+    Owned by one searcher (or one shard) and shut down by its ``close()``; its threads are
+    made on first use. A forked child starts with none of its parent's threads or searches:
+    the first use in another process makes them afresh.
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
-
-
-def _shared(
-    work: list[tuple[Any, Any, Any, Any]],
-    queries: np.ndarray,
-    k: int,
-    pool: Executor,
-    threads: int,
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Every segment of ``work`` searched by the calling thread and ``threads - 1`` helpers of
-    ``pool``, each taking the next segment not yet taken (one FAISS thread each).
-
-    The caller never idles waiting for a helper to wake: on a virtual machine waking an idle
-    core took 0.1-1.2 ms (bench_segments), more than a 20k-row graph search; a helper that
-    starts after the caller has taken every segment finds none and returns at once, and one
-    that has not started is cancelled. Concurrent queries therefore never queue behind each
-    other's segments: each query's own thread carries its search.
+    Args:
+        threads: threads per query, the query's own included (>= 1; see :func:`segment_threads`).
+        executor: the helpers' executor instead of a pool of ``threads - 1`` made on first use
+            (it is not shut down by :meth:`close`).
     """
-    found: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(work)
-    taken = itertools.count()  # next() is atomic under the GIL
-    stop = threading.Event()  # set when the query is done (or failed): helpers take no more
-    global _RUNNING
-    with _RUNNING_LOCK:
-        # each query searching holds a thread: ask for helpers only up to the threads no query
-        # holds (4 concurrent clients lost 16% of their QPS to hand-offs when every query
-        # asked for one)
-        spare = threads - _RUNNING
-        _RUNNING += 1
 
-    def drain() -> None:
-        def loop() -> None:
-            try:
-                while not stop.is_set() and (i := next(taken)) < len(work):
-                    seg, dead, keep, knob = work[i]
-                    found[i] = seg.search(queries, k, keep, dead, knob)
-            except BaseException:
-                stop.set()  # the query fails: the others take no more segments
-                raise
+    def __init__(self, threads: int, executor: Executor | None = None) -> None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise BadInput(f"threads must be an integer >= 1, got {threads!r}", param="threads")
+        self.threads = threads
+        self._given = executor
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self.running = 0  # this owner's queries inside :meth:`search` now
+        self._closed = False
 
-        ann_io.single_threaded(loop)
+    def _here(self) -> None:
+        """After a fork: the parent's threads and searches do not exist here (nor a lock one
+        of its threads held)."""
+        if self._pid != os.getpid():
+            self._pid, self._lock, self.running, self._pool = os.getpid(), threading.Lock(), 0, None
 
-    helpers: list[Future[None]] = []
-    try:
-        for _ in range(spare - 1):  # spare <= threads
-            try:
-                helpers.append(pool.submit(drain))
-            except RuntimeError:  # the pool was replaced (and shut down): search alone
-                break
-        drain()
-    finally:
-        stop.set()
-        running = [h for h in helpers if not h.cancel()]
-        wait(running)  # none is left writing into this query's answers after it returns
-        with _RUNNING_LOCK:
-            _RUNNING -= 1
-    for helper in running:
-        helper.result()  # a helper's error is the query's
-    assert all(f is not None for f in found)
-    return [f for f in found if f is not None]
+    def executor(self) -> Executor | None:
+        """The helpers (None after :meth:`close`)."""
+        self._here()
+        with self._lock:
+            if self._closed:
+                return None
+            if self._given is not None:
+                return self._given
+            if self._pool is None and self.threads > 1:
+                self._pool = ThreadPoolExecutor(self.threads - 1, "flowsearch-segments")
+            return self._pool
+
+    def close(self) -> None:
+        """Stop the helper threads (a query still searching finishes on its own thread)."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+    def search(
+        self, work: list[Work], queries: np.ndarray, k: int
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Every segment of ``work`` searched by the calling thread and up to ``threads - 1``
+        idle helpers, each taking the next segment not yet taken (one FAISS thread each).
+
+        The caller never idles waiting for a helper to wake (waking an idle core can take
+        longer than a small segment's search): a helper that starts after the caller has
+        taken every segment finds none and returns at once, and one that has not started is
+        cancelled. Concurrent queries therefore never queue behind each other's segments:
+        each query's own thread carries its search.
+        """
+        pool = self.executor()
+        found: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(work)
+        taken = itertools.count()  # next() is atomic under the GIL
+        stop = threading.Event()  # set when the query is done (or failed): helpers take no more
+        with self._lock:
+            # each query searching holds a thread: ask for helpers only up to the threads no
+            # query holds (hand-offs cost concurrent clients their throughput otherwise)
+            spare = min(self.threads, len(work)) - self.running
+            self.running += 1
+
+        def drain() -> None:
+            def loop() -> None:
+                try:
+                    while not stop.is_set() and (i := next(taken)) < len(work):
+                        seg, dead, keep, knob = work[i]
+                        found[i] = seg.search(queries, k, keep, dead, knob)
+                except BaseException:
+                    stop.set()  # the query fails: the others take no more segments
+                    raise
+
+            ann_io.single_threaded(loop)
+
+        helpers: list[Future[None]] = []
+        try:
+            for _ in range(spare - 1 if pool is not None else 0):
+                try:
+                    helpers.append(pool.submit(drain))  # type: ignore[union-attr]
+                except RuntimeError:  # the pool was shut down meanwhile: search alone
+                    break
+            drain()
+        finally:
+            stop.set()
+            running = [h for h in helpers if not h.cancel()]
+            wait(running)  # none is left writing into this query's answers after it returns
+            with self._lock:
+                self.running -= 1
+        for helper in running:
+            helper.result()  # a helper's error is the query's
+        assert all(f is not None for f in found)
+        return [f for f in found if f is not None]
 
 
 def cosines(

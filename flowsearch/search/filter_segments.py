@@ -4,8 +4,8 @@ A segment's filterable columns are read once, on the first filtered query that n
 (:func:`load_segment` calls the caller's ``load``), copied into a DuckDB table of the shared
 catalog (:func:`create_table`; every cursor sees it), and dropped when no live version uses the
 segment. Native tables, not registered Arrow tables: a registered table is scanned through
-pyarrow with a fixed cost per table and query (10 segments: a 1%-selective predicate took 8 ms
-against 2 ms for native tables, ``benchmarks/bench_filter_segments.py``), and they count against
+pyarrow with a fixed cost per table and query (``benchmarks/bench_filter_segments.py``,
+benchmarks/RESULTS.md), and native ones count against
 DuckDB's ``memory_limit``, which so bounds the data and the queries' working memory together.
 
 A filter's row is a **document**, not a passage: a segment whose long documents are cut into
@@ -200,7 +200,7 @@ def create_table(cursor: Any, key: str, table: pa.Table, memory_limit: int) -> N
         raise FlowsearchError(
             f"the filter columns need more than the filter database's {memory_limit // 2**20} "
             f"MiB ({first_line(exc)})",
-            "raise flowsearch.settings filter_memory_bytes",
+            "open the searcher with a larger SearchOptions(filter_memory_bytes=...)",
         ) from None
     except duckdb.Error as exc:
         raise FlowsearchError(

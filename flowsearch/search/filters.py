@@ -47,7 +47,6 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from flowsearch import settings
 from flowsearch.errors import BadInput, FlowsearchError
 from flowsearch.search.filter_segments import (
     LOCAL,
@@ -59,6 +58,7 @@ from flowsearch.search.filter_segments import (
     load_segment,
     quote,
 )
+from flowsearch.search.options import SearchOptions
 from flowsearch.search.predicate import (
     MAX_WHERE_CHARS,
     ROW,
@@ -75,6 +75,13 @@ __all__ = ["MAX_WHERE_CHARS", "MetadataFilter", "SegmentRef", "VersionFilter"]
 
 LOG = logging.getLogger(__name__)
 
+#: DuckDB threads per filter: filters of concurrent queries already run side by side.
+THREADS = 1
+#: Bytes of matched row numbers a version's filter keeps, most recently used first (a tenant
+#: filter repeats on every query).
+ROWS_CACHE_BYTES = 64 * 2**20
+_DEFAULTS = SearchOptions()
+
 
 _WATCHDOG = Watchdog()
 
@@ -85,10 +92,10 @@ class MetadataFilter:
     Safe to share between threads: each query runs on a cursor of its own.
 
     Args:
-        threads: DuckDB threads per query (default: ``settings.filter_threads``).
-        timeout: seconds a predicate may run (default: ``settings.filter_timeout``).
+        threads: DuckDB threads per query (default: :data:`THREADS`).
+        timeout: seconds a predicate may run (default: ``SearchOptions.filter_timeout``).
         memory_limit: bytes DuckDB's buffer manager may hold (default:
-            ``settings.filter_memory_bytes``).
+            ``SearchOptions.filter_memory_bytes``).
     """
 
     def __init__(
@@ -98,12 +105,11 @@ class MetadataFilter:
         timeout: float | None = None,
         memory_limit: int | None = None,
     ) -> None:
-        tuned = settings.current()
-        self.timeout = float(tuned.filter_timeout if timeout is None else timeout)
-        limit = int(tuned.filter_memory_bytes if memory_limit is None else memory_limit)
+        self.timeout = float(_DEFAULTS.filter_timeout if timeout is None else timeout)
+        limit = int(_DEFAULTS.filter_memory_bytes if memory_limit is None else memory_limit)
         self.memory_limit = limit
         config: dict[str, str | bool | int | float | list[str]] = {
-            "threads": int(tuned.filter_threads if threads is None else threads),
+            "threads": int(THREADS if threads is None else threads),
             "memory_limit": f"{max(1, limit // 2**20)}MB",
             "temp_directory": "",  # never spill to disk: a filter's memory is its bound
             # return freed memory to the system (without: a 1 GB filter's pages stay resident)
@@ -251,7 +257,7 @@ class VersionFilter:
         self._check = PredicateCheck(self.columns, owner.functions)
         self._checked: cachetools.LRUCache[str, Predicate | None] = cachetools.LRUCache(256)
         self._rows: cachetools.LRUCache[str, np.ndarray] = cachetools.LRUCache(
-            settings.current().filter_rows_cache_bytes, getsizeof=lambda rows: int(rows.nbytes)
+            ROWS_CACHE_BYTES, getsizeof=lambda rows: int(rows.nbytes)
         )
         self._cache_lock = threading.Lock()
         self._view_lock = threading.Lock()

@@ -8,11 +8,9 @@ once scores 0.7; both in [0, 1]). Given each side's score of the
 other side's candidates ("complete" scores), a hit's score depends only on its own cosine, its
 own BM25, the query's upper bound and the index's reference: it is comparable across queries,
 does not move when other rows join the candidates, and a nonsense query scores low instead of
-the 1.0 a per-query min-max gives its best row. ``benchmarks/bench_fusion.py`` measured it
-against the published rules on the dev sets (benchmarks/RESULTS.md, "Hybrid fusion").
-
-:func:`convex` (per-query min-max, the second release's rule) and :func:`rrf` stay as the
-published baselines.
+the 1.0 a per-query min-max gives its best row. ``benchmarks/bench_fusion.py`` compares it
+with the published rules (per-query min-max, reciprocal-rank fusion) on the dev sets
+(benchmarks/RESULTS.md, "Hybrid fusion").
 
 Each side's candidates are ``(scores float (q, k_side), rows int (q, k_side))``, row -1 for
 padding (what :func:`flowsearch.ann.io.search` and
@@ -22,8 +20,6 @@ References:
     Bruch, Gai & Ingber, "An Analysis of Fusion Functions for Hybrid Retrieval", ACM TOIS 2023
     (arXiv:2210.11934): a convex combination of normalised scores beats RRF, normalised with
     theoretical bounds where they exist, and scored on both sides for every candidate.
-    Cormack, Clarke & Buettcher, "Reciprocal Rank Fusion outperforms Condorcet and Individual
-    Rank Learning Methods", SIGIR 2009.
 
 Example:
     >>> from flowsearch.search.scores import FusionReference
@@ -55,9 +51,18 @@ from flowsearch.search.scores import (
     normalise_dense,
     normalise_lexical,
 )
-from flowsearch.settings import current
 
-__all__ = ["FusedHits", "Hits", "Kind", "convex", "default_weight", "fuse", "rrf"]
+__all__ = [
+    "DENSE_WEIGHT",
+    "DENSE_WEIGHT_STATIC",
+    "LENGTH_SLOPE",
+    "LENGTH_SLOPE_STATIC",
+    "FusedHits",
+    "Hits",
+    "Kind",
+    "default_weight",
+    "fuse",
+]
 
 LOG = logging.getLogger(__name__)
 
@@ -66,6 +71,19 @@ Hits = tuple[np.ndarray, np.ndarray]
 #: The encoder's kind, which picks the default dense weight: a transformer pooling, or a static
 #: table lookup (``static`` pooling, Model2Vec included).
 Kind = Literal["transformer", "static"]
+
+#: The dense side's weight for a transformer pooling: the best mean nDCG@10 over the dev sets
+#: for the bundled ``mean`` (benchmarks/RESULTS.md, "Query-dependent fusion").
+DENSE_WEIGHT = 0.65
+#: The dense weight for a static pooling (a table lookup), whose dense side trails BM25 on
+#: question -> passage search.
+DENSE_WEIGHT_STATIC = 0.3
+#: How fast the default weight falls with an index's passages per document p: weight - slope x
+#: ln p, chosen on long documents cut into passages (benchmarks/RESULTS.md, "Coherent long
+#: documents"); an index of short texts (p = 1) keeps the weight.
+LENGTH_SLOPE = 0.1
+#: The same for a static pooling: 0, as it was not measured on long documents.
+LENGTH_SLOPE_STATIC = 0.0
 
 
 @dataclass(frozen=True)
@@ -108,9 +126,8 @@ def fuse(
     it does not move when other rows join or leave either side's candidates; a row sharing no
     term with the query has BM25 0, which is a score, not a missing one. Without them a side's
     missing score counts as 0 (its floor), so a row's score depends on whether the other side
-    happened to return it: no longer a property of the hit, and on the dev sets 0.003 nDCG@10
-    lower on average for the bundled ``mean`` (0.010 on question -> passage search; no
-    difference for ``static``).
+    happened to return it: no longer a property of the hit, and lower nDCG@10 on the dev sets
+    for the bundled ``mean`` (benchmarks/RESULTS.md, "Hybrid fusion").
 
     The fused score is in [0, 1] and non-decreasing in each side's raw score (strictly above
     the side's floor: the dense background, BM25 0). Equal scores go to the lower row.
@@ -123,8 +140,8 @@ def fuse(
         k: hits per query (>= 1).
         upper: float (q,): each query's BM25 upper bound (see
             :func:`~flowsearch.search.scores.normalise_lexical`).
-        kind: picks the default weight: ``settings.fusion_dense_weight`` for a transformer
-            pooling, ``settings.fusion_dense_weight_static`` for a static one.
+        kind: picks the default weight: :data:`DENSE_WEIGHT` for a transformer pooling,
+            :data:`DENSE_WEIGHT_STATIC` for a static one.
         weight: the dense side's weight in [0, 1], instead of the default.
         passages_per_document: the index's live rows per live document (>= 1); the default
             weight falls with it (:func:`default_weight`). 1 (every document one passage, as
@@ -154,26 +171,26 @@ def fuse(
         raise BadInput(f"upper has {len(bounds)} entries for {len(dense[1])} queries",
                        "pass one BM25 upper bound per query", param="upper")  # fmt: skip
 
-    def rule(d: np.ndarray, lx: np.ndarray, i: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    def rule(d: np.ndarray, lx: np.ndarray, i: int) -> np.ndarray:
         nd = np.nan_to_num(normalise_dense(d, reference))
         nl = np.nan_to_num(normalise_lexical(lx[None, :], bounds[i : i + 1], lexical_match)[0])
-        return weight * nd + (1.0 - weight) * nl, ()
+        fused: np.ndarray = weight * nd + (1.0 - weight) * nl
+        return fused
 
     return _fuse(dense, lexical, k, rule)
 
 
 def default_weight(kind: str, passages_per_document: float = 1.0) -> float:
-    """The default dense weight: ``settings.fusion_dense_weight`` (a transformer pooling) or
-    ``settings.fusion_dense_weight_static``, less ``slope x ln(passages_per_document)``
-    (``settings.fusion_length_slope``, per kind), clipped to [0, 1]. A passage of a long
+    """The default dense weight: :data:`DENSE_WEIGHT` (a transformer pooling) or
+    :data:`DENSE_WEIGHT_STATIC`, less ``slope x ln(passages_per_document)``
+    (:data:`LENGTH_SLOPE`, per kind), clipped to [0, 1]. A passage of a long
     document holds several facts and its vector their average, while BM25 still finds the
     one sentence's terms: on documents of one topic cut into passages the dense side needs
     less weight (benchmarks/RESULTS.md, "Query-dependent fusion ... passage combination")."""
-    settings = current()
     if kind == "transformer":
-        base, slope = settings.fusion_dense_weight, settings.fusion_length_slope
+        base, slope = DENSE_WEIGHT, LENGTH_SLOPE
     elif kind == "static":
-        base, slope = settings.fusion_dense_weight_static, settings.fusion_length_slope_static
+        base, slope = DENSE_WEIGHT_STATIC, LENGTH_SLOPE_STATIC
     else:
         raise BadInput(
             f"unknown encoder kind {kind!r}; use 'transformer' or 'static'", param="kind"
@@ -195,84 +212,16 @@ def _extended(side: Hits, rows: np.ndarray, scores: np.ndarray, name: str) -> Hi
     return np.concatenate([own_s, scores], 1), np.concatenate([own_r, np.asarray(rows)], 1)
 
 
-def convex(dense: Hits, lexical: Hits, k: int, weight: float) -> FusedHits:
-    r"""Convex combination of per-query min-max normalised scores (the second release's rule).
-
-    Each side's scores are mapped to [0, 1] over that side's candidates for the query,
-    ``(s - min) / (max - min)``. A candidate missing from a side gets that side's 0. A side
-    whose candidates all score the same gives them all 1. Kept as a baseline: its score
-    depends on the other candidates, and every query's best row scores near 1 (see
-    benchmarks/RESULTS.md, "Hybrid fusion").
-
-    Equal fused scores are ordered by the heavier side's normalised score (a row it did not
-    return counts as below 0), then the other side's, then the lower row, so ``weight=1``
-    reproduces the dense order with lexical-only rows after it, and ``weight=0`` the lexical
-    order.
-
-    Args:
-        dense: the dense candidates, ``(scores (q, kd), rows (q, kd))``.
-        lexical: the lexical candidates, ``(scores (q, kl), rows (q, kl))``.
-        k: hits per query (>= 1).
-        weight: the dense side's weight, in [0, 1].
-    """
-    if not 0.0 <= weight <= 1.0:
-        raise BadInput(f"weight must be in [0, 1], got {weight}", param="weight")
-
-    def rule(d: np.ndarray, lx: np.ndarray, _: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
-        nd, nl = _min_max(d), _min_max(lx)
-        fused = weight * np.nan_to_num(nd) + (1 - weight) * np.nan_to_num(nl)
-        heavy, light = (nd, nl) if weight >= 0.5 else (nl, nd)
-        return fused, (np.nan_to_num(heavy, nan=-1.0), np.nan_to_num(light, nan=-1.0))
-
-    return _fuse(dense, lexical, k, rule)
+# (each side's raw score per union row, NaN = absent; the query) -> the fused scores
+Rule = Callable[[np.ndarray, np.ndarray, int], np.ndarray]
 
 
-def rrf(dense: Hits, lexical: Hits, k: int, k_rrf: float = 60.0) -> FusedHits:
-    r"""Reciprocal-rank fusion (Cormack et al., 2009): ``sum over sides of 1 / (k_rrf + rank)``.
-
-    ``rank`` is 1-based in the side's own order; a side that did not return a row adds nothing.
-    Equal fused scores go to the row with the better best rank, then the lower row. A ranking
-    rule, not a score: the sums depend on the other candidates and mean nothing across queries.
-
-    Args:
-        dense: the dense candidates, ``(scores (q, kd), rows (q, kd))``, best first.
-        lexical: the lexical candidates, ``(scores (q, kl), rows (q, kl))``, best first.
-        k: hits per query (>= 1).
-        k_rrf: the damping constant (> 0); 60 as in the paper.
-    """
-    if not k_rrf > 0:
-        raise BadInput(f"k_rrf must be > 0, got {k_rrf}", param="k_rrf")
-
-    def rule(rd: np.ndarray, rl: np.ndarray, _: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
-        fused = np.nan_to_num(1.0 / (k_rrf + rd)) + np.nan_to_num(1.0 / (k_rrf + rl))
-        return fused, (-np.fmin(rd, rl),)
-
-    return _fuse(dense, lexical, k, rule, by_rank=True)
-
-
-def _min_max(scores: np.ndarray) -> np.ndarray:
-    """float64 scores in [0, 1] over the non-NaN entries; NaN stays NaN; a flat side is all 1."""
-    present = ~np.isnan(scores)
-    if not present.any():
-        return scores
-    low, high = scores[present].min(), scores[present].max()
-    if high == low:
-        return np.where(present, 1.0, np.nan)
-    scaled: np.ndarray = (scores - low) / (high - low)
-    return scaled
-
-
-# (each side's value per union row, NaN = absent; the query) -> (fused, tie-break keys)
-Rule = Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, tuple[np.ndarray, ...]]]
-
-
-def _fuse(dense: Hits, lexical: Hits, k: int, rule: Rule, by_rank: bool = False) -> FusedHits:
+def _fuse(dense: Hits, lexical: Hits, k: int, rule: Rule) -> FusedHits:
     """Per query: the union of both sides' candidates, scored by ``rule``, top ``k``.
 
-    ``rule(d, l, i)`` gets, for query ``i``'s union rows (ascending), each side's raw score
-    (or, with ``by_rank``, its 1-based rank in the side's order), NaN where the side did not
-    return the row, and returns the fused scores and tie-break keys (larger first); the lower
-    row breaks the remaining ties.
+    ``rule(d, l, i)`` gets, for query ``i``'s union rows (ascending), each side's raw score,
+    NaN where the side did not return the row, and returns the fused scores; the lower row
+    breaks ties.
     """
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise BadInput(f"k must be >= 1, got {k!r}", param="k")
@@ -295,11 +244,8 @@ def _fuse(dense: Hits, lexical: Hits, k: int, rule: Rule, by_rank: bool = False)
         if not len(union):
             continue
         raw_d, raw_l = _align(union, d), _align(union, lx)
-        if by_rank:
-            fused, keys = rule(_align(union, d, rank=True), _align(union, lx, rank=True), i)
-        else:
-            fused, keys = rule(raw_d, raw_l, i)
-        order = np.lexsort((union, *(-key for key in reversed(keys)), -fused))[:k]
+        fused = rule(raw_d, raw_l, i)
+        order = np.lexsort((union, -fused))[:k]
         n = len(order)
         out.rows[i, :n] = union[order]
         out.scores[i, :n] = fused[order]
@@ -318,24 +264,19 @@ def _side(hits: Hits, name: str) -> tuple[np.ndarray, np.ndarray]:
     return scores.astype(np.float64), rows.astype(np.int64)
 
 
-def _candidates(scores: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One query's candidates of one side: (rows ascending, raw scores, 1-based ranks).
+def _candidates(scores: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One query's candidates of one side: (rows ascending, raw scores).
 
     Padding (row -1) is dropped; a row listed twice keeps its first (best) place.
     """
     valid = np.flatnonzero(rows >= 0)
     found, first = np.unique(rows[valid], return_index=True)
-    place = valid[first]  # position in the side's own order
-    rank = np.empty(len(place), np.float64)
-    rank[np.argsort(place, kind="stable")] = np.arange(1, len(place) + 1)
-    return found, scores[place], rank
+    return found, scores[valid[first]]
 
 
-def _align(
-    union: np.ndarray, side: tuple[np.ndarray, np.ndarray, np.ndarray], rank: bool = False
-) -> np.ndarray:
-    """float64 (len(union),): the side's score (or rank) of each union row, NaN when absent."""
-    found, scores, ranks = side
+def _align(union: np.ndarray, side: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """float64 (len(union),): the side's score of each union row, NaN when absent."""
+    found, scores = side
     out = np.full(len(union), math.nan)
-    out[np.searchsorted(union, found)] = ranks if rank else scores
+    out[np.searchsorted(union, found)] = scores
     return out

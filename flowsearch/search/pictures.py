@@ -15,8 +15,8 @@ Two pictures explain a calibrated index (``flowsearch serve``'s page draws them)
 
 :func:`space_pictures` computes both from a seeded sample of a version's live rows (at most
 :data:`SAMPLE_ROWS`, taken in runs of neighbours so it reads a few dozen Parquet row groups
-whatever the corpus size: :func:`sample_rows`) and caches the answer per opened version, so the
-page's repeated visits cost nothing.
+whatever the corpus size: :func:`sample_rows`) and keeps the answer with the opened version, so
+the page's repeated visits cost nothing.
 
 Example:
     >>> rng = np.random.default_rng(0)
@@ -31,14 +31,16 @@ Example:
 from __future__ import annotations
 
 import math
-import threading
-import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from flowsearch.settings import current
+
+if TYPE_CHECKING:
+    from flowsearch.search.version import Version
+    from flowsearch.space.reference import Reference
 
 __all__ = [
     "HISTOGRAM_BINS",
@@ -173,7 +175,9 @@ def spectrum(vectors: np.ndarray) -> Spectrum:
     )
 
 
-def reference_histogram(reference: Any, bins: int = HISTOGRAM_BINS) -> ReferenceHistogram | None:
+def reference_histogram(
+    reference: Reference | None, bins: int = HISTOGRAM_BINS
+) -> ReferenceHistogram | None:
     """A :class:`~flowsearch.space.reference.Reference` as a histogram (None when it holds no
     scores). The share of each bin is read off the stored percentiles (interpolated), so it
     sums to 100."""
@@ -218,7 +222,7 @@ def sample_rows(live: np.ndarray, size: int, seed: int = 0, run: int = SAMPLE_RU
     return live[picked[:size]] if len(picked) >= size else live[picked]
 
 
-def _sample(version: Any, size: int) -> tuple[list[np.ndarray | None], int]:
+def _sample(version: Version, size: int) -> tuple[list[np.ndarray | None], int]:
     """A seeded sample of live global rows, split per segment (local rows), and its size."""
     live = []
     for i, dead in enumerate(version.deleted):
@@ -229,7 +233,7 @@ def _sample(version: Any, size: int) -> tuple[list[np.ndarray | None], int]:
     return version.split(every), int(len(every))
 
 
-def _measure(version: Any, size: int) -> SpacePictures:
+def _measure(version: Version, size: int) -> SpacePictures:
     from flowsearch.space.reports import describe_space
 
     m = version.manifest
@@ -263,34 +267,17 @@ def _measure(version: Any, size: int) -> SpacePictures:
     )
 
 
-# per opened Version object (a rebuilt index may number its versions from 1 again), dropped
-# when that Version is garbage-collected
-_cache: dict[tuple[int, int], SpacePictures] = {}
-_lock = threading.Lock()
-
-
-def _forget(version_id: int) -> None:
-    with _lock:
-        for key in [k for k in _cache if k[0] == version_id]:
-            del _cache[key]
-
-
-def space_pictures(version: Any, sample: int = SAMPLE_ROWS) -> SpacePictures:
+def space_pictures(version: Version, sample: int = SAMPLE_ROWS) -> SpacePictures:
     """The pictures' numbers for an opened :class:`~flowsearch.search.version.Version` (a
     searcher's ``.version``), from at most ``sample`` of its live rows; computed once per
-    opened version.
+    opened version and kept with it.
 
     Example:
         >>> space_pictures(Searcher.open("idx").version).searched.effective_dim  # doctest: +SKIP
         301.4
     """
-    key = (id(version), int(sample))
-    with _lock:
-        if key in _cache:
-            return _cache[key]
-    pictures = _measure(version, sample)
-    with _lock:
-        if not any(k[0] == key[0] for k in _cache):
-            weakref.finalize(version, _forget, key[0])
-        _cache[key] = pictures
-    return pictures
+    held = version.pictures.get(int(sample))
+    if not isinstance(held, SpacePictures):  # two threads may both measure: either is kept
+        held = version.pictures.setdefault(int(sample), _measure(version, sample))
+    assert isinstance(held, SpacePictures)
+    return held

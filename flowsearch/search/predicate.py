@@ -14,8 +14,8 @@ Two things are read from the tree rather than the text:
   to the time functions when no column has that name): such a predicate's rows are not cached;
 - how large it can make a value. DuckDB bounds a query's buffer-managed memory (``memory_limit``)
   but not the strings a scalar function returns, and it checks for interruption only between
-  vectors of 2,048 rows, so one vector of ``repeat(text, 100000)`` ran 45 s and took 9 GB
-  whatever the limit (measured, DuckDB 2.0.1). Functions that build values from a count or a
+  vectors of 2,048 rows, so one vector of ``repeat(text, 100000)`` runs for a long time and
+  takes gigabytes whatever the limit. Functions that build values from a count or a
   width (``repeat``, ``lpad``, ``range``, ...) are refused, and the constant replacements of
   ``replace``/``regexp_replace`` may grow a value at most :data:`MAX_GROWTH`-fold together,
   and a predicate names columns at most :data:`MAX_COLUMN_REFS` times. What stays unbounded:
@@ -64,7 +64,7 @@ MAX_WHERE_CHARS = 8192
 #: How many times longer than its input the string rewrites of a predicate may make a value.
 MAX_GROWTH = 64
 #: How many column references a predicate may hold: ``text || text || ...`` costs the square
-#: of its length per row (100 of them: 10 s per 2,048-row vector, which no timeout interrupts).
+#: of its length per row, within one vector of rows, which no timeout interrupts.
 MAX_COLUMN_REFS = 32
 
 TABLE = "meta"

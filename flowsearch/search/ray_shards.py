@@ -17,9 +17,9 @@ too, so a query already running on it finishes on the version it started on. ``r
 moves every actor before the searcher answers from the new version; segments keep their shard
 across versions, new ones go to the lightest shard.
 
-**Faults.** Actors are restarted by Ray when they die (``settings.shard_restarts``; a restart
+**Faults.** Actors are restarted by Ray when they die (:data:`SHARD_RESTARTS`; a restart
 reopens its segments from its spec) and a call lost with its actor is retried. A call that
-gets no answer within ``settings.shard_timeout`` seconds raises
+gets no answer within the searcher's ``SearchOptions.shard_timeout`` seconds raises
 :class:`~flowsearch.errors.Unavailable` (HTTP 503): never a partial answer.
 
 Example:
@@ -36,21 +36,37 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from flowsearch.errors import BadInput, FlowsearchError, MissingExtra, Unavailable
 from flowsearch.search import shards as sh
+from flowsearch.search.dense import SegmentHelpers
+from flowsearch.search.options import SearchOptions
 from flowsearch.search.version import Opened, Version, live_documents, load, open_current
-from flowsearch.settings import current, override
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
+from flowsearch.storage.rows import RowCache
 from flowsearch.storage.verify import verify as check_files
 
-__all__ = ["RayBackend", "RayShards", "ShardServer", "ShardSpec", "assign", "connect"]
+if TYPE_CHECKING:
+    from flowsearch.search.filters import MetadataFilter
+
+__all__ = [
+    "SHARD_RESTARTS",
+    "RayBackend",
+    "RayShards",
+    "ShardServer",
+    "ShardSpec",
+    "assign",
+    "connect",
+]
 
 LOG = logging.getLogger(__name__)
+
+#: How often Ray restarts a lost shard actor, and retries a call it lost.
+SHARD_RESTARTS = 3
 
 
 def _import_ray() -> Any:
@@ -188,24 +204,36 @@ class ShardServer:
     """One shard: a Ray actor's state (made with ``ray.remote``; also usable in-process).
 
     Keeps the :class:`~flowsearch.search.shards.SegmentSet` of the last two versions it was
-    asked for; every call names its version's spec and moves the shard to it first."""
+    asked for; every call names its version's spec and moves the shard to it first.
+
+    The shards already search in parallel (one actor per CPU by default), so an actor searches
+    a query's segments in turn unless the searcher's options set ``segment_threads`` (its
+    default, every core, is then 1 here), not with helpers on every actor's cores at once."""
 
     KEEP = 2
 
-    def __init__(self, root: str, mmap: bool = False) -> None:
+    def __init__(self, root: str, mmap: bool = False, options: SearchOptions | None = None) -> None:
         # nothing opened yet: every call names its spec, so an actor Ray restarts opens the
         # version asked for then, not the one it was first made for
         self.root = Path(root)
         self.mmap = mmap
-        self.opened = Opened()
+        self.options = options or SearchOptions()
+        self.opened = Opened(
+            cache=RowCache(self.options.row_cache_bytes),
+            lexical_cache_bytes=self.options.lexical_cache_bytes,
+        )
+        threads = self.options.segment_threads or 1
+        self.helpers = SegmentHelpers(threads) if threads > 1 else None
         self.sets: dict[int, tuple[ShardSpec, sh.SegmentSet]] = {}
-        self._filters: Any = None
+        self._filters: MetadataFilter | None = None
 
-    def _database(self) -> Any:
+    def _database(self) -> MetadataFilter:
         if self._filters is None:
             from flowsearch.search.filters import MetadataFilter
 
-            self._filters = MetadataFilter()
+            self._filters = MetadataFilter(
+                timeout=self.options.filter_timeout, memory_limit=self.options.filter_memory_bytes
+            )
         return self._filters
 
     def _move(self, spec: ShardSpec) -> sh.SegmentSet:
@@ -213,7 +241,8 @@ class ShardServer:
         if held is not None:
             return held[1]
         version = load(self.root, spec.manifest, self.opened, mmap=self.mmap, with_encoder=False)
-        shard = sh.SegmentSet(version, np.array(spec.base, np.int64), filters=self._database)
+        shard = sh.SegmentSet(version, np.array(spec.base, np.int64), filters=self._database,
+                              helpers=self.helpers)  # fmt: skip
         self.sets[spec.version] = (spec, shard)
         for old in sorted(self.sets)[: -self.KEEP]:
             del self.sets[old]
@@ -228,12 +257,7 @@ class ShardServer:
         driver as itself, not wrapped in Ray's task error)."""
         try:
             shard = self._move(spec)
-            # the shards already search in parallel (one actor per CPU by default): an actor
-            # searches a query's segments in turn (its settings are its process's defaults, not
-            # the driver's), not with helpers on every actor's cores at once; an actor runs one
-            # call at a time, so the process-wide setting is this call's alone
-            with override(segment_threads=current().segment_threads or 1):
-                return True, getattr(shard, method)(*args)
+            return True, getattr(shard, method)(*args)
         except FlowsearchError as exc:
             return False, exc
 
@@ -265,11 +289,13 @@ class ShardServer:
 
 class RayShards:
     """The :class:`~flowsearch.search.shards.Shards` of one version: actors asked in
-    parallel, every call bounded by ``settings.shard_timeout``."""
+    parallel, every call bounded by ``timeout`` seconds."""
 
     def __init__(self, ray: Any, actors: list[Any], manifest: mf.Manifest,
-                 where: dict[str, int]) -> None:  # fmt: skip
+                 where: dict[str, int], timeout: float = SearchOptions.shard_timeout,
+                 ) -> None:  # fmt: skip
         self.ray = ray
+        self.timeout = timeout
         self.actors = actors
         self.version = int(manifest.version)
         self.specs = specs(manifest, where, len(actors))
@@ -317,7 +343,7 @@ class RayShards:
         ray = self.ray
         calls = [getattr(self.actors[i], method).remote(self.refs[i], *a)
                  for i, a in zip(which, args, strict=True)]  # fmt: skip
-        timeout = current().shard_timeout
+        timeout = self.timeout
         try:
             answers = ray.get(calls, timeout=timeout)
         except ray.exceptions.GetTimeoutError:
@@ -326,7 +352,8 @@ class RayShards:
                     ray.cancel(call)
             raise Unavailable(
                 f"a shard of version {self.version} did not answer within {timeout:g} s",
-                "retry; if it persists, check the Ray cluster (flowsearch.settings shard_timeout)",
+                "retry; if it persists, check the Ray cluster (or a larger "
+                "SearchOptions(shard_timeout=...))",
             ) from None
         except ray.exceptions.RayError as exc:
             raise Unavailable(
@@ -359,9 +386,10 @@ class RayBackend:
     (and of the one before, for queries still running on it)."""
 
     def __init__(self, ray: Any, started: bool, actors: list[Any], where: dict[str, int],
-                 version: Version) -> None:  # fmt: skip
+                 version: Version, opened: Opened, options: SearchOptions) -> None:  # fmt: skip
         self.ray, self.started, self.actors, self.where = ray, started, actors, where
-        self.current = RayShards(ray, actors, version.manifest, where)
+        self.root, self.opened, self.options = version.root, opened, options
+        self.current = RayShards(ray, actors, version.manifest, where, options.shard_timeout)
         self.old: RayShards | None = None
 
     @classmethod
@@ -371,10 +399,11 @@ class RayBackend:
         verify: bool = False,
         *,
         encoder: Any = None,
-        model: Any = None,
+        model: str | os.PathLike[str] | None = None,
         shards: int | None = None,
         address: str | None = None,
-    ) -> tuple[RayBackend, Version, Opened]:
+        options: SearchOptions | None = None,
+    ) -> tuple[RayBackend, Version]:
         """Connect to Ray, start the actors on the current version's segments; returns the
         backend and the driver's version (see :meth:`Searcher.open`: ``shards`` is capped at
         the number of segments, default one per CPU of the cluster)."""
@@ -383,6 +412,7 @@ class RayBackend:
         ):
             raise BadInput(f"shards must be an integer >= 1, got {shards!r}", param="shards")
         _import_ray()  # before loading anything: one line naming the extra
+        options = options or SearchOptions()
         root = Path(index_dir).expanduser()
         opened = Opened()
         version = open_current(root, lambda m: _front(root, m, opened, verify, encoder, model))
@@ -394,7 +424,7 @@ class RayBackend:
             n = max(1, min(wanted, len(version.manifest.segments)))
             if n < wanted:
                 LOG.info("%d shards asked, %d segments: using %d", wanted, n, n)
-            restarts = current().shard_restarts
+            restarts = SHARD_RESTARTS
             for place in _placements(ray, n):
                 actor = ray.remote(ShardServer).options(
                     # no CPU reserved: a shard always fits (any node count, any shard count)
@@ -404,8 +434,9 @@ class RayBackend:
                     max_task_retries=restarts,
                     scheduling_strategy=place,
                 )
-                actors.append(actor.remote(str(root.resolve())))
-            backend = cls(ray, started, actors, assign(version.manifest, n), version)
+                actors.append(actor.remote(str(root.resolve()), False, options))
+            backend = cls(ray, started, actors, assign(version.manifest, n), version, opened,
+                          options)  # fmt: skip
             backend.current.ready()
         except BaseException:
             for made in actors:
@@ -414,7 +445,7 @@ class RayBackend:
             if started:
                 ray.shutdown()
             raise
-        return backend, version, opened
+        return backend, version
 
     def shards(self, version: Version) -> sh.Shards:
         """The shards answering for ``version`` (the pinned one, or the one before)."""
@@ -424,16 +455,26 @@ class RayBackend:
                 return held
         raise BadInput("this version is no longer served", "search again")
 
-    def refresh(self, root: Path, manifest: mf.Manifest, encoder: Any, opened: Opened) -> Version:
-        """Move every shard to ``manifest``'s version (each opening only the segments it
-        lacks) and return the driver's view of it; the searcher answers from it once every
+    def refresh(self, encoder: Any) -> Version:
+        """Move every shard to the index's current version (each opening only the segments
+        it lacks) and return the driver's view of it; the searcher answers from it once every
         shard holds it."""
+        root, opened = self.root, self.opened
         version = open_current(root, lambda m: _front(root, m, opened, False, encoder, None))
+        opened.keep_only(version.manifest)
         where = assign(version.manifest, len(self.actors), self.where)
-        moved = RayShards(self.ray, self.actors, version.manifest, where)
+        moved = RayShards(self.ray, self.actors, version.manifest, where,
+                          self.options.shard_timeout)  # fmt: skip
         moved.ready()
         self.old, self.current, self.where = self.current, moved, where
         return version
+
+    def vectors(self, version: Version) -> np.ndarray:
+        raise BadInput("a searcher on Ray does not hold the vectors",
+                       "open the index with {engine='local'} to read them")  # fmt: skip
+
+    def describe(self) -> str:
+        return f", engine='ray', shards={len(self.actors)}"
 
     def close(self) -> None:
         """Stop the actors (and Ray, when this backend started it)."""
@@ -447,7 +488,12 @@ class RayBackend:
 
 
 def _front(
-    root: Path, manifest: mf.Manifest, opened: Opened, verify: bool, encoder: Any, model: Any
+    root: Path,
+    manifest: mf.Manifest,
+    opened: Opened,
+    verify: bool,
+    encoder: Any,
+    model: str | os.PathLike[str] | None,
 ) -> Version:
     """The driver's view of a version: manifest, space (encoder and calibrator), files
     checked; no segment opened (the actors open them)."""

@@ -21,14 +21,12 @@ never on which other rows were candidates. A query with nothing like it in the c
 (``"asdf qwerty zxcv"``) gets low figures on both sides; the per-query min-max of the second
 release gave its best row 1.0 whatever it was.
 
-Measured on five dev sets (``benchmarks/bench_fusion.py``, benchmarks/RESULTS.md "Hybrid
+Compared on five dev sets (``benchmarks/bench_fusion.py``, benchmarks/RESULTS.md "Hybrid
 fusion"), fused by :func:`flowsearch.search.fusion.fuse`: for the bundled ``mean`` they rank
-above per-query min-max, theoretical-min-max, z-score, DBSF and RRF (mean nDCG@10 0.8303
-against 0.8286 for the best of those, 0.8000 for RRF); for ``static`` 0.0018 below
-theoretical-min-max and level with min-max (0.7702, 0.7719, 0.7695), the price of a score that
-depends on the hit alone. Percentiles against held-out rows' own neighbours (the other
-candidate for a "meaning") ranked lower (0.8292 and 0.7648 at best): they compress the upper
-tail, where a query's candidates sit.
+above per-query min-max, theoretical-min-max, z-score, DBSF and RRF; for ``static`` about level
+with the min-max rules, the price of a score that depends on the hit alone. Percentiles against
+held-out rows' own neighbours (the other candidate for a "meaning") ranked lower: they
+compress the upper tail, where a query's candidates sit.
 
 References:
     Robertson & Zaragoza, "The Probabilistic Relevance Framework: BM25 and Beyond", 2009 (a
@@ -131,8 +129,8 @@ def build_reference(
         n_rows: how many rows ``total`` sums (>= 2).
         reference: float (m, dim), optional: the reference rows' searched vectors (rows of the
             corpus: those held out of the calibrator fit). Without it the background is the
-            mean over all pairs of distinct rows, ``(|total|^2 - n_rows) / (n_rows (n_rows-1))``;
-            on the dev sets the two agree to 0.0005.
+            mean over all pairs of distinct rows, ``(|total|^2 - n_rows) / (n_rows (n_rows-1))``
+            (on the dev sets the two agree closely).
 
     Raises:
         BadInput: fewer than two rows, or shapes that do not match.
@@ -174,8 +172,7 @@ def normalise_dense(scores: np.ndarray, reference: FusionReference | None) -> np
 ONE_OCCURRENCE = 1.0 / (1.0 + 1.5)
 #: What :func:`normalise_lexical` maps :data:`ONE_OCCURRENCE` to by default: the highest of
 #: 0.5-0.9 whose hybrid nDCG@10 on the dev sets (weight re-chosen leave-one-set-out) is not
-#: significantly below the plain share's for either encoder (``bench_fusion_query.py``; 0.8
-#: cost the bundled model 0.0024).
+#: significantly below the plain share's for either encoder (``bench_fusion_query.py``).
 LEXICAL_MATCH = 0.7
 
 

@@ -23,27 +23,22 @@ from typing import Any, overload
 
 import numpy as np
 
-from flowsearch.ann import io as ann_io
 from flowsearch.errors import BadInput
 from flowsearch.search import arguments as args
 from flowsearch.search import shards as sh
-from flowsearch.search.arguments import MODES
+from flowsearch.search.backend import LocalBackend, ShardBackend
 from flowsearch.search.documents import document_hits
 from flowsearch.search.hits import above
+from flowsearch.search.modes import MODES, Mode
+from flowsearch.search.options import SearchOptions
 from flowsearch.search.results import Hit, QueryResult
-from flowsearch.search.version import (
-    IndexInfo,
-    Opened,
-    Version,
-    load,
-    open_current,
-    sizes,
-)
+from flowsearch.search.version import IndexInfo, Version, sizes
+from flowsearch.space.reports import QueryReport
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.layout import MANIFEST_NAME
 
-__all__ = ["MODES", "Hit", "QueryResult", "Searcher"]
+__all__ = ["MODES", "Hit", "Mode", "QueryResult", "SearchOptions", "Searcher"]
 
 LOG = logging.getLogger(__name__)
 
@@ -57,23 +52,29 @@ def _stat(root: Path) -> tuple[int, int, int] | None:
 
 
 class Searcher:
-    """Searches one index directory. Use :meth:`open`; safe to share between threads."""
+    """Searches one index directory. Use :meth:`open`; safe to share between threads.
+
+    Args:
+        index_dir: the index directory.
+        version: the pinned version.
+        backend: who holds its segments (:class:`~flowsearch.search.backend.ShardBackend`).
+        options: the searcher's knobs.
+    """
 
     def __init__(
-        self, index_dir: Path, version: Version, opened: Opened, backend: Any = None, **options: Any
+        self,
+        index_dir: Path,
+        version: Version,
+        backend: ShardBackend,
+        options: SearchOptions | None = None,
     ) -> None:
         self.root = Path(index_dir)
-        self._backend = backend  # None: every segment here; else their shards (engine="ray")
+        self._backend = backend
         self._version = version
-        self._opened = opened
-        self._options = options  # gpu, mmap: how segments are opened
+        self.options = options or SearchOptions()
         self._stat = _stat(self.root)
-        self._gpu_lock = threading.Lock()  # FAISS GPU indexes are not thread-safe
         self._refresh_lock = threading.Lock()
-        self._filters: Any = None
-        self._filters_lock = threading.Lock()
         self._statistics = sh.StatisticsCache()
-        self._local: tuple[Version, sh.InProcess] | None = None
 
     @classmethod
     def open(
@@ -88,6 +89,7 @@ class Searcher:
         engine: str = "local",
         shards: int | None = None,
         address: str | None = None,
+        options: SearchOptions | None = None,
     ) -> Searcher:
         """Open an index directory at its current version.
 
@@ -106,44 +108,37 @@ class Searcher:
                 count, at most the segments); capped at the number of segments.
             address: with ``engine="ray"``, the Ray cluster to join (else ``RAY_ADDRESS``,
                 else the Ray this process initialised, else a local one).
+            options: the searcher's knobs (threads, caches, filter and shard bounds;
+                :class:`~flowsearch.search.options.SearchOptions`), held for its lifetime.
 
         Raises:
             NotFound: no index there.
             IndexDamaged: a missing or corrupt file.
             BadInput: a mismatched encoder or calibrator, an unknown engine, ``shards`` < 1,
-                an unreachable ``address``.
+                an unreachable ``address``, ``options`` that are not SearchOptions.
             MissingExtra: ``engine="ray"`` without the ``ray`` extra.
         """
+        if options is not None and not isinstance(options, SearchOptions):
+            raise BadInput(f"options must be SearchOptions, got {type(options).__name__}",
+                           "pass options=SearchOptions(...)", param="options")  # fmt: skip
+        options = options or SearchOptions()
+        backend: ShardBackend
         if engine == "ray":
             from flowsearch.search.ray_shards import RayBackend
 
-            backend, version, opened = RayBackend.start(
-                index_dir, verify, encoder=encoder, model=model, shards=shards, address=address
-            )
-            return cls(version.root, version, opened, backend=backend)
+            backend, version = RayBackend.start(index_dir, verify, encoder=encoder, model=model,
+                                                shards=shards, address=address,
+                                                options=options)  # fmt: skip
+            return cls(version.root, version, backend, options)
         if engine != "local":
             raise BadInput(f"unknown engine {engine!r}", "use {engine='local'} or 'ray'",
                            param="engine")  # fmt: skip
         if shards is not None or address is not None:
             raise BadInput("shards and address need engine='ray'", "pass {engine='ray'}",
                            param="engine")  # fmt: skip
-        root = Path(index_dir).expanduser()
-        on_gpu = gpu and ann_io.num_gpus() > 0
-        opened = Opened()
-        version = open_current(
-            root,
-            lambda m: load(
-                root,
-                m,
-                opened,
-                verify_all=verify,
-                encoder=encoder,
-                model=model,
-                gpu=on_gpu,
-                mmap=mmap,
-            ),
-        )
-        return cls(root, version, opened, gpu=on_gpu, mmap=mmap)
+        backend, version = LocalBackend.open(index_dir, verify, encoder=encoder, model=model,
+                                             gpu=gpu, mmap=mmap, options=options)  # fmt: skip
+        return cls(version.root, version, backend, options)
 
     # -- the pinned version ----------------------------------------------------------------
 
@@ -180,41 +175,25 @@ class Searcher:
             self._stat = stat
             if manifest.version == current_version.manifest.version:
                 return False
-            encoder = current_version.space.encoder
-            if self._backend is not None:  # every shard moved before any answer comes from it
-                self._version = self._backend.refresh(self.root, manifest, encoder, self._opened)
-            else:
-                self._version = open_current(
-                    self.root,
-                    lambda m: load(self.root, m, self._opened, encoder=encoder, **self._options),
-                )
-            self._opened.keep_only(self._version.manifest)  # dropped readers close when unused
+            # every shard moves before any answer comes from the new version
+            self._version = self._backend.refresh(current_version.space.encoder)
             LOG.info("now on version %d of %s", self._version.manifest.version, self.root)
             return True
 
     def close(self) -> None:
-        """Release the pinned version's files and the filter database (with
-        ``engine="ray"``: stop the shards, and Ray when the searcher started it)."""
-        if self._backend is not None:
-            self._backend.close()
-        with self._opened.lock:
-            for reader in self._opened.segments.values():
-                reader.close()
-            self._opened.segments.clear()
-        with self._filters_lock:
-            if self._filters is not None:
-                self._filters.close()
-                self._filters = None
+        """Release the pinned version's files, the filter database and the helper threads
+        (with ``engine="ray"``: stop the shards, and Ray when the searcher started it)."""
+        self._backend.close()
 
     def __len__(self) -> int:
         return int(self.manifest.n_live)
 
     def __repr__(self) -> str:
         m = self.manifest
-        ray = "" if self._backend is None else f", engine='ray', shards={len(self._backend.actors)}"
         return (
             f"Searcher({str(self.root)!r}, version={m.version}, n_live={len(self)}, "
-            f"segments={len(m.segments)}, space={m.calibration.space!r}{ray})"
+            f"segments={len(m.segments)}, space={m.calibration.space!r}"
+            f"{self._backend.describe()})"
         )
 
     def info(self) -> IndexInfo:
@@ -234,7 +213,7 @@ class Searcher:
         return self._version.space.embed(queries)
 
     @property
-    def default_mode(self) -> str:
+    def default_mode(self) -> Mode:
         """``hybrid`` when the index has a lexical side, else ``dense``."""
         return "hybrid" if self._version.manifest.lexical is not None else "dense"
 
@@ -246,7 +225,7 @@ class Searcher:
         query: str,
         k: int = 10,
         where: str | None = None,
-        mode: str | None = None,
+        mode: Mode | None = None,
         min_score: float | None = None,
     ) -> list[Hit]: ...
 
@@ -256,7 +235,7 @@ class Searcher:
         query: list[str],
         k: int = 10,
         where: str | None = None,
-        mode: str | None = None,
+        mode: Mode | None = None,
         min_score: float | None = None,
     ) -> list[list[Hit]]: ...
 
@@ -265,7 +244,7 @@ class Searcher:
         query: str | list[str],
         k: int = 10,
         where: str | None = None,
-        mode: str | None = None,
+        mode: Mode | None = None,
         min_score: float | None = None,
     ) -> list[Hit] | list[list[Hit]]:
         """Top-``k`` hits for one query (a list of :class:`Hit`) or a list of queries (one list
@@ -300,7 +279,7 @@ class Searcher:
         query: str,
         k: int = 10,
         where: str | None = None,
-        mode: str | None = None,
+        mode: Mode | None = None,
         min_score: float | None = None,
     ) -> QueryResult:
         """One query's hits with its report (what ``flowsearch query`` prints)."""
@@ -313,7 +292,7 @@ class Searcher:
         queries: list[str],
         k: int = 10,
         where: str | None = None,
-        mode: str | None = None,
+        mode: Mode | None = None,
         min_score: float | None = None,
     ) -> list[QueryResult]:
         """Several queries' results, each with its report, from one version (one encoder call
@@ -331,27 +310,10 @@ class Searcher:
             out.append(QueryResult(query=text, hits=hits[i], report=report))
         return out
 
-    def _filter_database(self) -> Any:
-        """The searcher's filter database (made on first use)."""
-        with self._filters_lock:
-            if self._filters is None:
-                from flowsearch.search.filters import MetadataFilter
-
-                self._filters = MetadataFilter()
-            return self._filters
-
     def _shards(self, version: Version) -> sh.Shards:
-        """Who answers for ``version``: here, one shard holding every segment (the Ray
-        searcher puts them in actors)."""
-        if self._backend is not None:
-            shards: sh.Shards = self._backend.shards(version)
-            return shards
-        local = self._local
-        if local is None or local[0] is not version:
-            gpu_lock = self._gpu_lock if self._options.get("gpu") else None
-            one = sh.SegmentSet(version, filters=self._filter_database, gpu_lock=gpu_lock)
-            local = self._local = (version, sh.InProcess([one]))
-        return local[1]
+        """Who answers for ``version`` (locally one shard holding every segment; the Ray
+        backend's actors)."""
+        return self._backend.shards(version)
 
     def _run(
         self,
@@ -359,7 +321,7 @@ class Searcher:
         queries: list[str],
         k: int,
         where: str | None,
-        mode: str | None,
+        mode: Mode | None,
         vectors: np.ndarray | None = None,
     ) -> tuple[list[list[Hit]], np.ndarray | None, np.ndarray | None]:
         """(hits, query log-densities or None, best dense score over the whole index or None).
@@ -382,7 +344,8 @@ class Searcher:
         while True:
             ranked = sh.run(shards, version.manifest, self._statistics, queries, depth, where,
                             mode, vectors=vectors,
-                            passages_per_document=version.passages_per_document)  # fmt: skip
+                            passages_per_document=version.passages_per_document,
+                            hybrid_candidates=self.options.hybrid_candidates)  # fmt: skip
             if ranked is None:
                 return [[] for _ in queries], None, None
             top = ranked.top if top is None else top
@@ -391,13 +354,17 @@ class Searcher:
                 return hits, lp, top
             depth = min(depth * 4, n_live)
 
-    def query_report(self, top_score: float | None, log_density: float | None = None) -> Any:
+    def query_report(
+        self, top_score: float | None, log_density: float | None = None
+    ) -> QueryReport:
         """Judge a query from its best dense score over the whole index (see
         :func:`flowsearch.space.reports.query_report`)."""
         return self._report(self._version, log_density, top_score)
 
     @staticmethod
-    def _report(version: Version, log_density: float | None, top_score: float | None) -> Any:
+    def _report(
+        version: Version, log_density: float | None, top_score: float | None
+    ) -> QueryReport:
         from flowsearch.space.reports import query_report
 
         return query_report(top_score, version.reference(), log_density)
@@ -424,11 +391,4 @@ class Searcher:
     def vectors(self) -> np.ndarray:
         """Every stored vector of the searched space, float32 (rows, dim), in global row
         order (deleted rows included). Not with ``engine="ray"`` (the shards hold them)."""
-        if self._backend is not None:
-            raise BadInput("a searcher on Ray does not hold the vectors",
-                           "open the index with {engine='local'} to read them")  # fmt: skip
-        parts = [seg.reader.vectors("vector") for seg in self._version.segments]
-        parts = [p for p in parts if len(p)]
-        if not parts:
-            return np.zeros((0, self.manifest.dim), dtype=np.float32)
-        return np.concatenate(parts).astype(np.float32, copy=False)
+        return self._backend.vectors(self._version)

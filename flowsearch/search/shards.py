@@ -35,12 +35,10 @@ Example:
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -49,11 +47,15 @@ from flowsearch.errors import BadInput
 from flowsearch.lexical.bm25 import Statistics as Bm25Statistics
 from flowsearch.lexical.bm25 import query_terms, upper_bound
 from flowsearch.search import dense
+from flowsearch.search.modes import Mode
+from flowsearch.search.options import SearchOptions
 from flowsearch.search.results import Hit
 from flowsearch.search.scores import FusionReference, build_reference
 from flowsearch.search.version import Version
-from flowsearch.settings import current
 from flowsearch.storage import manifest as mf
+
+if TYPE_CHECKING:
+    from flowsearch.search.filters import MetadataFilter
 
 __all__ = [
     "Answer",
@@ -67,11 +69,14 @@ __all__ = [
     "hits_of",
     "records_of",
     "run",
-    "segment_pool",
     "split",
 ]
 
 Side = tuple[np.ndarray, np.ndarray]  # (scores (q, c), global rows (q, c)), row -1 = none
+
+#: Batches up to this many queries search FAISS on the calling thread alone: waking FAISS's
+#: OpenMP threads for one query costs more than its search on a busy machine.
+ONE_THREAD_MAX_QUERIES = 1
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,7 @@ class Request:
     """
 
     version: int
-    mode: str
+    mode: Mode
     queries: tuple[str, ...]
     vectors: np.ndarray | None
     k: int
@@ -199,14 +204,17 @@ class SegmentSet:
         filters: returns the filter database ``where`` runs in (made on first use).
         gpu_lock: held while the vector indexes are searched when they are on a GPU (FAISS
             GPU indexes are not thread-safe); None on the CPU.
+        helpers: search a single query's segments concurrently (the owner's threads); None:
+            in turn.
     """
 
     def __init__(
         self,
         version: Version,
         base: np.ndarray | None = None,
-        filters: Callable[[], Any] | None = None,
+        filters: Callable[[], MetadataFilter] | None = None,
         gpu_lock: threading.Lock | None = None,
+        helpers: dense.SegmentHelpers | None = None,
     ) -> None:
         self.version = version
         self.base = np.asarray(version.offsets[:-1] if base is None else base, np.int64)
@@ -214,6 +222,7 @@ class SegmentSet:
             raise BadInput(f"{len(self.base)} bases for {len(version.segments)} segments")
         self._filters = filters
         self._gpu_lock = gpu_lock
+        self._helpers = helpers
 
     @property
     def number(self) -> int:
@@ -277,6 +286,7 @@ class SegmentSet:
             assert request.vectors is not None
             d = self.dense(request.vectors, request.k, rows)
         if want_lexical:
+            assert v.lexical is not None  # the mode was checked against the manifest
             allowed = None
             if rows is not None:
                 allowed = np.zeros(v.n_rows, dtype=bool)
@@ -330,50 +340,19 @@ class SegmentSet:
         v = self.version
         knobs = v.knobs()
 
-        def search(pool: Executor | None = None) -> Side:
+        def search(helpers: dense.SegmentHelpers | None = None) -> Side:
             return dense.search_segments(
-                v.segments, v.deleted, v.offsets, Z, k, v.split(rows), knobs, pool
+                v.segments, v.deleted, v.offsets, Z, k, v.split(rows), knobs, helpers
             )
 
         if self._gpu_lock is not None:
             with self._gpu_lock:
                 return search()
-        if len(Z) <= current().one_thread_max_queries:  # each search on one FAISS thread
-            pool = segment_pool() if len(v.segments) > 1 else None
-            found: Side = ann_io.single_threaded(lambda: search(pool))
+        if len(Z) <= ONE_THREAD_MAX_QUERIES:  # each search on one FAISS thread
+            helpers = self._helpers if len(v.segments) > 1 else None
+            found: Side = ann_io.single_threaded(lambda: search(helpers))
             return found
         return search()
-
-
-_POOL: tuple[int, ThreadPoolExecutor] | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool_after_fork() -> None:
-    """A forked child has none of its parent's pool threads: it makes its own pool."""
-    global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_pool_after_fork)
-
-
-def segment_pool() -> ThreadPoolExecutor | None:
-    """The process's pool of helpers that search one query's segments beside the query's own
-    thread: ``Settings.segment_threads`` less one threads, shared by every searcher (a query
-    asks for a helper only while a thread is idle: :func:`flowsearch.search.dense.search_segments`);
-    None when that setting resolves to 1."""
-    global _POOL
-    threads = dense.segment_threads()
-    if threads <= 1:
-        return None
-    with _POOL_LOCK:
-        if _POOL is None or _POOL[0] != threads:
-            old, _POOL = _POOL, (threads, ThreadPoolExecutor(threads - 1, "flowsearch-segments"))
-            if old is not None:
-                old[1].shutdown(wait=False)
-        return _POOL[1]
 
 
 class InProcess:
@@ -411,14 +390,21 @@ def owners_of(starts: np.ndarray, shard_of: np.ndarray, rows: np.ndarray) -> np.
     return np.asarray(shard_of[at], np.int64)
 
 
-def split(version: Version, groups: Sequence[Sequence[int]], **options: Any) -> InProcess:
+def split(
+    version: Version,
+    groups: Sequence[Sequence[int]],
+    *,
+    filters: Callable[[], MetadataFilter] | None = None,
+    gpu_lock: threading.Lock | None = None,
+    helpers: dense.SegmentHelpers | None = None,
+) -> InProcess:
     """``version``'s opened segments as shards in this process: shard ``i`` holds the segments
     numbered ``groups[i]`` (every segment once). Nothing is reopened; each shard gets its own
     BM25 side over its segments (what a shard in another process opens)."""
     seen = sorted(i for g in groups for i in g)
     if seen != list(range(len(version.segments))):
         raise BadInput("groups must hold every segment once", param="groups")
-    return InProcess([SegmentSet(*subset(version, g), **options) for g in groups])
+    return InProcess([SegmentSet(*subset(version, g), filters, gpu_lock, helpers) for g in groups])
 
 
 def subset(version: Version, segments: Sequence[int]) -> tuple[Version, np.ndarray]:
@@ -438,6 +424,7 @@ def subset(version: Version, segments: Sequence[int]) -> tuple[Version, np.ndarr
     if version.lexical is not None:
         assert m.lexical is not None
         lexical = Bm25([(r.postings, d) for r, d in zip(readers, masks)],
+                       cache_bytes=version.lexical.cache_bytes,
                        **_bm25_params(m.lexical.params))  # fmt: skip
     sub = Version(version.root, manifest, version.space, readers, offsets, masks,
                   version.verified, lexical)  # fmt: skip
@@ -508,15 +495,17 @@ def run(
     queries: list[str],
     k: int,
     where: str | None,
-    mode: str,
+    mode: Mode,
     embed: Callable[[list[str]], tuple[np.ndarray, np.ndarray | None]] | None = None,
     vectors: np.ndarray | None = None,
     passages_per_document: float = 1.0,
+    hybrid_candidates: int = SearchOptions.hybrid_candidates,
 ) -> Ranked | None:
     """One search over every shard (two phases, see the module docstring): the ranked global
     rows with their scores, or None when ``where`` matched no row. ``mode`` is checked;
     ``vectors`` (searched space) stand in for ``embed``'s when given; the hybrid's weight
-    falls with ``passages_per_document`` (:func:`flowsearch.search.fusion.default_weight`)."""
+    falls with ``passages_per_document`` (:func:`flowsearch.search.fusion.default_weight`);
+    a hybrid fuses ``hybrid_candidates`` (at least k) of each side."""
     from flowsearch.search.fusion import fuse
     from flowsearch.search.scores import normalise_dense, normalise_lexical
 
@@ -525,7 +514,7 @@ def run(
     where = where if where is not None and where.strip() else None
     version = int(manifest.version)
     k = min(k, max(manifest.n_live, 1))
-    candidates = k if mode != "hybrid" else max(k, current().hybrid_candidates)
+    candidates = k if mode != "hybrid" else max(k, hybrid_candidates)
     terms = query_terms(queries) if mode != "dense" else []
     stats = cache.get(shards, version, terms)
     Z = lp = None

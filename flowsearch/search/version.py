@@ -20,18 +20,24 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 
 from flowsearch.errors import IndexDamaged
+from flowsearch.lexical.bm25 import CACHE_BYTES, Bm25
 from flowsearch.search.segment import SegmentReader, read_deleted
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.rows import RowCache
 from flowsearch.storage.verify import Verification, size_on_disk, verify
+
+if TYPE_CHECKING:
+    from flowsearch.search.filters import MetadataFilter, VersionFilter
+    from flowsearch.search.scores import FusionReference
+    from flowsearch.space.reference import Reference
 
 __all__ = [
     "IndexInfo",
@@ -176,9 +182,10 @@ def index_history(index_dir: str | os.PathLike[str]) -> list[mf.WriteRecord]:
 class Opened:
     """What a searcher has opened, reused across its versions: segment readers by (name,
     directory), deletion masks and live documents by file, the calibrator's space by directory,
-    the row cache."""
+    the row cache, and the bytes each version's BM25 may keep for recent terms."""
 
     cache: RowCache = field(default_factory=RowCache)
+    lexical_cache_bytes: int = CACHE_BYTES
     segments: dict[tuple[str, str], SegmentReader] = field(default_factory=dict)
     deleted: dict[tuple[str, str, str | None], np.ndarray | None] = field(default_factory=dict)
     documents: dict[tuple[str, str, str | None], int] = field(default_factory=dict)
@@ -218,14 +225,16 @@ class Version:
     offsets: np.ndarray
     deleted: list[np.ndarray | None]
     verified: Verification
-    lexical: Any = None
+    lexical: Bm25 | None = None
     n_documents: int | None = None
     _reference: Any = None
     _fusion: Any = None
     _dense: Any = None
-    _filter: Any = None
+    _filter: VersionFilter | None = None
     _filter_lock: threading.Lock = field(default_factory=threading.Lock)
     _knobs: Any = None
+    #: the search page's pictures of this version, by sample size (kept by search.pictures)
+    pictures: dict[int, object] = field(default_factory=dict)
 
     @property
     def passages_per_document(self) -> float:
@@ -272,7 +281,7 @@ class Version:
     def n_rows(self) -> int:
         return int(self.offsets[-1])
 
-    def fusion(self) -> Any:
+    def fusion(self) -> FusionReference | None:
         """The version's :class:`~flowsearch.search.scores.FusionReference`: the mean cosine
         between its live rows, from its segments' recorded vector sums minus their deleted
         rows' vectors (read back once per version). None (a background of 0) under two live
@@ -281,7 +290,7 @@ class Version:
             self._fusion = self._measure_fusion() or False
         return self._fusion or None
 
-    def _measure_fusion(self) -> Any:
+    def _measure_fusion(self) -> FusionReference | None:
         from flowsearch.search.scores import build_reference
 
         total, n_live = self.dense_statistics()
@@ -307,7 +316,7 @@ class Version:
         dense: tuple[np.ndarray | None, int] = self._dense
         return dense
 
-    def reference(self) -> Any:
+    def reference(self) -> Reference | None:
         """The version's :class:`~flowsearch.space.reference.Reference` (read once), or None."""
         if self._reference is None:
             from flowsearch.space.reference import reference_of
@@ -328,7 +337,7 @@ class Version:
         cuts = np.searchsorted(rows, self.offsets)
         return [rows[cuts[i] : cuts[i + 1]] - self.offsets[i] for i in range(len(self.segments))]
 
-    def metadata_filter(self, database: Any) -> Any:
+    def metadata_filter(self, database: MetadataFilter) -> VersionFilter:
         """The version's :class:`~flowsearch.search.filters.VersionFilter`, made on first use
         in the searcher's filter ``database`` (closed when this version is garbage-collected,
         so searches still running on it finish first)."""
@@ -406,10 +415,9 @@ def load(
     if manifest.lexical is not None:
         if any(r.postings is None for r in readers):
             raise IndexDamaged("a segment lacks its postings", "rebuild the index")
-        from flowsearch.lexical.bm25 import Bm25
-
         lexical = Bm25(
             [(r.postings, m) for r, m in zip(readers, masks)],
+            cache_bytes=opened.lexical_cache_bytes,
             **_bm25_params(manifest.lexical.params),
         )
     return Version(root, manifest, space, readers, offsets, masks, checked, lexical, n_documents)

@@ -22,7 +22,7 @@ class Watchdog:
 
     One daemon thread polling a few times a second, started on first use: a timer thread per
     predicate costs a thread start on every query, which on a busy machine waits for the
-    scheduler (measured: milliseconds at p95).
+    scheduler.
     """
 
     def __init__(self, period: float = 0.1) -> None:

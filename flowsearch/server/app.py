@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi.concurrency import run_in_threadpool
@@ -43,6 +43,7 @@ from fastapi.params import Depends as DependsParam
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from flowsearch.errors import BadInput
+from flowsearch.search.options import SearchOptions
 from flowsearch.search.searcher import Searcher
 from flowsearch.server.boundary import BodyGuard, SafeJSONResponse, install_error_handlers
 from flowsearch.server.docs import add_docs
@@ -67,13 +68,15 @@ LOG = logging.getLogger(__name__)
 REFRESH_SECONDS = 1.0
 OPENAPI_URL = "/openapi.json"
 
+T = TypeVar("T")
+
 
 class Service:
     """The process's Searcher and its write queue (what the routes share)."""
 
-    def __init__(self, index_dir: Path, **options: Any) -> None:
+    def __init__(self, index_dir: Path, searcher: Searcher) -> None:
         self.index_dir = index_dir
-        self.searcher = Searcher.open(index_dir, **options)
+        self.searcher = searcher
         self._queue = asyncio.Lock()  # FIFO: writers are served in the order they came
         self._write_lock = threading.Lock()
         self._checked = time.monotonic()
@@ -92,12 +95,12 @@ class Service:
         except Exception:  # keep serving the pinned version; the next look may succeed
             LOG.warning("could not move to the newest version of %s", self.index_dir, exc_info=True)
 
-    async def write(self, func: Callable[[], Any]) -> Any:
+    async def write(self, func: Callable[[], T]) -> T:
         """Run one write after the ones queued before it; serve its version from then on."""
         async with self._queue:
             return await run_in_threadpool(self._write_now, func)
 
-    def _write_now(self, func: Callable[[], Any]) -> Any:
+    def _write_now(self, func: Callable[[], T]) -> T:
         with self._write_lock:  # also one at a time for writes from other threads
             result = func()
             self.refresh()
@@ -141,7 +144,13 @@ def _auth(api_key: str | None) -> Sequence[DependsParam]:
 
 
 def create_app(
-    index_dir: str | os.PathLike[str], api_key: str | None = None, **options: Any
+    index_dir: str | os.PathLike[str],
+    api_key: str | None = None,
+    *,
+    engine: str = "local",
+    shards: int | None = None,
+    address: str | None = None,
+    options: SearchOptions | None = None,
 ) -> FastAPI:
     """The FastAPI app serving one index (its Searcher is opened here, before any request).
 
@@ -149,13 +158,16 @@ def create_app(
         index_dir: the index directory.
         api_key: when set, every route except ``/health``, ``/docs`` and ``/openapi.json``
             needs ``Authorization: Bearer KEY`` or ``X-API-Key: KEY``.
-        options: passed to :meth:`Searcher.open` (``engine="ray"``, ``shards``, ``address``).
+        engine, shards, address: how the index is searched (see :meth:`Searcher.open`).
+        options: the served Searcher's knobs (:class:`SearchOptions`).
 
     Raises:
         FlowsearchError: no index there, a damaged one, or an empty ``api_key``.
     """
     guard = _auth(api_key)
-    service = Service(Path(index_dir).expanduser(), **options)
+    root = Path(index_dir).expanduser()
+    searcher = Searcher.open(root, engine=engine, shards=shards, address=address, options=options)
+    service = Service(root, searcher)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -185,7 +197,7 @@ def create_app(
 
 def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -> None:
     @app.get("/health")
-    def health() -> dict[str, Any]:
+    def health() -> dict[str, str | int]:
         """Liveness and the number of live rows (open even with an API key)."""
         return {"status": "ok", "rows": len(service.reader())}
 

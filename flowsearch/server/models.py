@@ -15,11 +15,12 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from flowsearch.jsonable import find_in_json
+from flowsearch.search.modes import Mode
 from flowsearch.search.pictures import SpacePictures
 from flowsearch.search.results import Hit, QueryResult
 from flowsearch.storage.records import WriteRecord
@@ -80,7 +81,7 @@ class SearchRequest(BaseModel):
     query: QueryText | Annotated[list[QueryText], Field(min_length=1, max_length=MAX_QUERIES)]
     k: Annotated[int, Field(ge=1, le=MAX_K)] = 10
     where: Annotated[str, StringConstraints(max_length=MAX_WHERE_CHARS)] | None = None
-    mode: Literal["dense", "lexical", "hybrid"] | None = None
+    mode: Mode | None = None
     #: Drop hits whose score (in [0, 1], comparable across queries) is below this.
     min_score: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
 

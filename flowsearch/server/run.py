@@ -16,12 +16,20 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from flowsearch.errors import BadInput
 from flowsearch.server.app import create_app
+
+if TYPE_CHECKING:
+    import uvicorn
+    from fastapi import FastAPI
+
+    from flowsearch.search.options import SearchOptions
 
 __all__ = ["serve"]
 
@@ -35,12 +43,12 @@ def _say(line: str) -> None:
     print(f"flowsearch: {line}", file=sys.stderr, flush=True)
 
 
-def _uvicorn(app: Any, host: str, port: int, log_level: str, started: str) -> Any:
+def _uvicorn(app: FastAPI, host: str, port: int, log_level: str, started: str) -> uvicorn.Server:
     """A uvicorn server for ``app`` that says ``started`` once its port is bound."""
     import uvicorn
 
     class Server(uvicorn.Server):
-        async def startup(self, sockets: Any = None) -> None:
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             if self.started:  # bound: say so (uvicorn exits instead when it cannot bind)
                 _say(started)
@@ -61,6 +69,7 @@ def serve(
     engine: str = "local",
     shards: int | None = None,
     address: str | None = None,
+    options: SearchOptions | None = None,
 ) -> None:
     """Serve an index over HTTP until SIGTERM or Ctrl-C (what ``flowsearch serve`` runs).
 
@@ -76,6 +85,7 @@ def serve(
         log_level: uvicorn's log level (``info`` logs every request).
         engine, shards, address: how the index is searched (``engine="ray"``: its segments on
             ``shards`` Ray actors of the cluster at ``address``; see :meth:`Searcher.open`).
+        options: the served Searcher's knobs (:class:`~flowsearch.search.options.SearchOptions`).
 
     Raises:
         FlowsearchError: a port out of range (1 to 65535), no index, a damaged one, an empty
@@ -89,10 +99,8 @@ def serve(
         )
     if api_key is None:
         api_key = os.environ.get("FLOWSEARCH_API_KEY")
-    options: dict[str, Any] = {}
-    if engine != "local" or shards is not None or address is not None:
-        options = {"engine": engine, "shards": shards, "address": address}
-    app = create_app(index_dir, api_key=api_key, **options)
+    app = create_app(index_dir, api_key=api_key, engine=engine, shards=shards, address=address,
+                     options=options)  # fmt: skip
     searcher = app.state.service.searcher
     url = _url(host, port)
     key = "API key required" if api_key else "no API key"
@@ -104,7 +112,7 @@ def serve(
 
     server = _uvicorn(app, host, port, log_level, started)
 
-    def stop(signum: int, frame: Any) -> None:
+    def stop(signum: int, frame: FrameType | None) -> None:
         # uvicorn replaces this while it runs, then restores it and re-raises the SIGTERM it
         # caught: here that is a no-op, so a graceful shutdown ends the process with code 0
         server.should_exit = True

@@ -148,12 +148,16 @@ class PartWriter:
         return tuple(p for p in self._parts if p.n_rows > 0)
 
 
+#: A row cache's default budget in bytes (a searcher's is its ``SearchOptions.row_cache_bytes``).
+ROW_CACHE_BYTES = 128 * 2**20
+
+
 class RowCache:
     """Decoded row groups (id, text, metadata as Python lists), least recently used out,
     bounded by their Arrow size in bytes; shared by the readers of one searcher."""
 
-    def __init__(self, max_bytes: int | None = None) -> None:
-        size = current().row_cache_bytes if max_bytes is None else max_bytes
+    def __init__(self, max_bytes: int = ROW_CACHE_BYTES) -> None:
+        size = max_bytes
         self._cache: cachetools.LRUCache[tuple[Any, ...], tuple[int, dict[str, list[Any]]]]
         self._cache = cachetools.LRUCache(maxsize=max(size, 1), getsizeof=lambda v: max(v[0], 1))
         self._lock = threading.Lock()

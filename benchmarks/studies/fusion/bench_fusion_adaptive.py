@@ -87,8 +87,8 @@ from benchmarks.studies.fusion import fusion_rules as fr  # noqa: E402
 from benchmarks.studies.fusion.bench_fusion import GRID, RULES  # noqa: E402
 from benchmarks.studies.fusion.bench_fusion_query import ndcg_at  # noqa: E402
 from benchmarks.studies.fusion.fusion_dump import ALL_SETS, OUT, WORK  # noqa: E402
+from flowsearch.search import fusion  # noqa: E402
 from flowsearch.search.scores import normalise_dense, normalise_lexical  # noqa: E402
-from flowsearch.settings import current  # noqa: E402
 
 LOG = logging.getLogger("bench_fusion_adaptive")
 
@@ -273,8 +273,8 @@ def study_short(encoder: str, max_corpus: int) -> dict[str, Any]:
     sets = [ShortSet(encoder, n, max_corpus) for n in ALL_SETS]
     names = [s.name for s in sets]
     LOG.info("%s: loaded in %.0f s", encoder, time.perf_counter() - t0)
-    shipped_w = current().fusion_dense_weight if encoder == "mean" else (
-        current().fusion_dense_weight_static)  # fmt: skip
+    shipped_w = fusion.DENSE_WEIGHT if encoder == "mean" else (
+        fusion.DENSE_WEIGHT_STATIC)  # fmt: skip
     rules: dict[str, dict[str, Any]] = {}
     fixed = {s.name: s.ndcg(shipped_w * s.nd + (1 - shipped_w) * s.nl) for s in sets}
     rules[f"shipped (weight {shipped_w:.2f})"] = {
@@ -581,8 +581,8 @@ def pooled_lines(report: dict[str, Any]) -> list[str]:
             )
         beta = float(res[INDEX_RULE]["param"])
         wins = all(v["minus_shipped"][1] > 0 for v in res[INDEX_RULE]["sets"].values())
-        slope = current().fusion_length_slope if enc == "mean" else (
-            current().fusion_length_slope_static)  # fmt: skip
+        slope = fusion.LENGTH_SLOPE if enc == "mean" else (
+            fusion.LENGTH_SLOPE_STATIC)  # fmt: skip
         out.append(
             f"- `{enc}`: the per-index rule at beta {beta} "
             + (
@@ -1040,8 +1040,8 @@ def study_long(
     # length-aware: a document's weight falls with its passages, w(n) = clip(w_s - beta ln n),
     # w_s the shipped weight, so a one-passage document (every short set) scores as today
     n_pass = np.bincount(doc_of, minlength=n_docs)
-    w_s = current().fusion_dense_weight if encoder == "mean" else (
-        current().fusion_dense_weight_static)  # fmt: skip
+    w_s = fusion.DENSE_WEIGHT if encoder == "mean" else (
+        fusion.DENSE_WEIGHT_STATIC)  # fmt: skip
     per, params = [], []
     for beta in LENGTH_BETAS:
         w = np.clip(w_s - beta * np.log(n_pass[doc_of]), 0, 1)[None, :]
@@ -1071,8 +1071,8 @@ def study_long(
                 per.append(ndcg(per_doc_max(w * nd + (1 - w) * nl)))
                 params.append((float(w0), beta))
         sweeps[f"(a) weight by {f}"] = (per, params)
-    shipped_w = current().fusion_dense_weight if encoder == "mean" else (
-        current().fusion_dense_weight_static)  # fmt: skip
+    shipped_w = fusion.DENSE_WEIGHT if encoder == "mean" else (
+        fusion.DENSE_WEIGHT_STATIC)  # fmt: skip
     fixed = ndcg(per_doc_max(shipped_w * nd + (1 - shipped_w) * nl))[~tune]
     res: dict[str, Any] = {"rules": {}}
     res["rules"][f"shipped (weight {shipped_w:.2f})"] = {"params": shipped_w,
@@ -1164,7 +1164,7 @@ def recheck_product(report: dict[str, Any]) -> None:
         tune = split(len(rel), f"{r['source']}-long")
         got = product_check(tag, texts["queries"], rel, ~tune, ("hybrid",))
         r["product_shipped"] = {"hybrid": got["hybrid"],
-                                "slope": current().fusion_length_slope}  # fmt: skip
+                                "slope": fusion.LENGTH_SLOPE}  # fmt: skip
 
 
 def render_long(long: dict[str, Any]) -> list[str]:
