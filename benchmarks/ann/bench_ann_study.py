@@ -36,6 +36,7 @@ import numpy as np
 
 from benchmarks.common import harness
 from benchmarks.common.corpora import partial_sentence
+from flowsearch.ann.policy import AnnPolicy
 
 WORK = harness.WORK / "ann_study"
 LATENCY_QUERIES = 300
@@ -577,9 +578,8 @@ def _settings_used() -> dict[str, Any]:
     """The settings that decide a 1M segment's graph (as in force: ``--set`` included)."""
 
     from flowsearch.ann import tune as ann_tune
-    from flowsearch.ann.policy import AnnPolicy
 
-    p = AnnPolicy()
+    p = POLICY
     return {"graph_factory": p.graph_factory, "hnsw_ef_construction": p.ef_construction,
             "max_ef_search": p.max_ef_search, "target_recall": p.target_recall,
             "query_noise": ann_tune.QUERY_NOISE}  # fmt: skip
@@ -611,7 +611,7 @@ def scale_tune(data: Path, rows: int) -> dict[str, Any]:
     out["load_start"] = harness.load_average()
     _threads(THREADS)
     t = time.perf_counter()  # as a segment's build: segment_index, train, chunked adds
-    building, factory = ann_build.segment_index(Z.shape[1], "auto", len(Z))
+    building, factory = ann_build.segment_index(Z.shape[1], "auto", len(Z), None, POLICY)
     projection = None  # the projected graph left the package
     ann_build.train(building, Z, factory)
     for start in range(0, len(Z), 65_536):
@@ -675,9 +675,9 @@ def tune(
     Z, Zq = np.load(work / "z.npy"), np.load(work / "z_q.npy")
     truth = _truth(Zq, Z)
     faiss.omp_set_num_threads(THREADS)  # the build on --threads (1 by default)
-    factory = factory or auto_factory(len(Z), dim=Z.shape[1])
+    factory = factory or auto_factory(len(Z), POLICY, dim=Z.shape[1])
     t = time.perf_counter()  # built as a segment's index is (Settings' graph and its build)
-    building, _ = ann_build.segment_index(Z.shape[1], "auto", len(Z), factory)
+    building, _ = ann_build.segment_index(Z.shape[1], "auto", len(Z), factory, POLICY)
     projection = None  # the projected graph left the package
     ann_build.train(building, Z, factory)
     ann_build.add(building, Z, factory)
@@ -761,7 +761,9 @@ def segments(rows: int, n_segments: int = 10) -> dict[str, Any]:
     bounds = np.linspace(0, len(Z), n_segments + 1).astype(int)
     faiss.omp_set_num_threads(1)
     t = time.perf_counter()
-    one, one_factory, one_params = ann_build.build(Z, "auto")  # one segment, as auto builds it
+    one, one_factory, one_params = ann_build.build(
+        Z, "auto", POLICY
+    )  # one segment, as auto builds it
     one_build_s = time.perf_counter() - t
     families: dict[str, list[tuple[Any, int]]] = {}
     built: dict[str, Any] = {}
@@ -769,7 +771,7 @@ def segments(rows: int, n_segments: int = 10) -> dict[str, Any]:
         t = time.perf_counter()
         idx, chosen, factory = [], set(), ""
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-            index, factory, params = ann_build.build(Z[lo:hi], family)
+            index, factory, params = ann_build.build(Z[lo:hi], family, POLICY)
             idx.append((index, int(lo)))
             chosen.add(params)
         built[family] = {
@@ -1459,8 +1461,8 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument(
         "--set", dest="settings", action="append", default=[], metavar="NAME=INT",
-        help="scale stages: a flowsearch Setting (an integer) for the run, e.g. "
-             "projected_graph_dims=96 (repeatable)",
+        help="a field of flowsearch.AnnPolicy (an integer) for the run's auto builds, e.g. "
+             "ef_construction=40 (repeatable)",
     )  # fmt: skip
     parser.add_argument(
         "--no-curves", dest="curves", action="store_false",
@@ -1474,11 +1476,10 @@ def main() -> int:
     if THREADS > 1:  # the tokenizer's threads start with its first batch: set them before
         os.environ["TOKENIZERS_PARALLELISM"] = "true"
         os.environ["RAYON_NUM_THREADS"] = str(THREADS)
-    from flowsearch.settings import override
-
+    global POLICY
     changes = {k: int(v) for k, _, v in (x.partition("=") for x in args.settings)}
-    with override(**changes):
-        return _run(args, data=harness.data_dir(args.data))
+    POLICY = AnnPolicy(**changes)
+    return _run(args, data=harness.data_dir(args.data))
 
 
 def _run(args: Any, data: Path) -> int:
@@ -1549,7 +1550,7 @@ def _run(args: Any, data: Path) -> int:
         if args.pooling != "static":
             from flowsearch.ann.factory import auto_factory
 
-            out[key]["auto_factory"] = auto_factory(prep["rows"], dim=prep["dim"])
+            out[key]["auto_factory"] = auto_factory(prep["rows"], POLICY, dim=prep["dim"])
     harness.finish(args, render, out)
     return 0
 

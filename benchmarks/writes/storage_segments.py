@@ -282,8 +282,7 @@ def policy(
     overridden as ``policies`` say; write ``i`` runs on every copy in turn, so the machine's
     load falls alike on each): each write's seconds, segments and the rows its merges rewrote,
     then the segments left and the latency of every copy against the base, interleaved."""
-    from flowsearch import Searcher, upsert
-    from flowsearch.settings import current, override
+    from flowsearch import AnnPolicy, MergePolicy, Searcher, upsert
     from flowsearch.storage import manifest as mf
 
     policies = POLICIES if policies is None else policies
@@ -303,8 +302,9 @@ def policy(
         records = [{"id": int(d), "text": t} for d, t in zip(ids, chunk, strict=True)]
         for name, index in indexes.items():
             before = {s.name for s in mf.read(index).segments}
-            with override(**policies[name]):
-                result, cost = timed_write(lambda r=records, x=index: upsert(x, r), index)
+            merge = MergePolicy(**policies[name])
+            result, cost = timed_write(lambda r=records, x=index, m=merge: upsert(x, r, merge=m),
+                                       index)  # fmt: skip
             new = [s for s in mf.read(index).segments if s.name not in before]
             last = (index / "history.jsonl").read_text().splitlines()[-1]
             own = json.loads(last)["detail"]["segment"]  # the write's own segment
@@ -323,9 +323,10 @@ def policy(
         "batch": batch,
         "policies": policies,
         "base": record,
-        "defaults": {k: getattr(current(), k) for k in
-                     ("flat_segments_max", "segments_per_tier", "merge_factor",
-                      "floor_segment_rows", "flat_max_rows", "write_merge_max_rows")},
+        "defaults": {**{k: getattr(MergePolicy(), k) for k in
+                        ("flat_segments_max", "segments_per_tier", "merge_factor",
+                         "floor_segment_rows", "write_merge_max_rows")},
+                     "flat_max_rows": AnnPolicy().flat_max_rows},
         "runs": {},
     }  # fmt: skip
     for name, index in indexes.items():
