@@ -225,7 +225,7 @@ def sample_bytes_part(w: dict[str, Any]) -> list[str]:
         "The reference sample (4,096 rows and up to 2,000 probes, 4.7 MB) is saved as a base "
         "plus one delta per write that changed it (what left, what entered), folded into a new "
         "base once the deltas pass the base's bytes or 32 files; *whole* = every write saving "
-        "the whole sample (`reference_delta_max=0`: how writes saved it before), same run. "
+        "the whole sample (`REFERENCE_DELTA_MAX = 0`: how writes saved it before), same run. "
         "One write: medians over the rounds, each on a fresh copy (a base with no deltas yet). "
         f"Consecutive: mean over {n_seq} upserts in a row on one copy (the default merge "
         "policy), folds included where they fall.",
