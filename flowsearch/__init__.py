@@ -20,7 +20,7 @@ __all__ = [
     "MergePolicy",
     "QueryResult",
     "Searcher",
-    "Settings",
+    "SearchOptions",
     "WriteResult",
     "__version__",
     "add_to_index",
@@ -43,7 +43,7 @@ _LAZY = {
     "MergePolicy": "flowsearch.writes.merge",
     "QueryResult": "flowsearch.search.results",
     "Searcher": "flowsearch.search.searcher",
-    "Settings": "flowsearch.settings",
+    "SearchOptions": "flowsearch.search.options",
     "WriteResult": "flowsearch.writes.results",
     "add_to_index": "flowsearch.writes.upsert",
     "build_index": "flowsearch.writes.build",
@@ -62,10 +62,10 @@ if TYPE_CHECKING:
     from flowsearch.calibration import load_calibrator, make_calibrator
     from flowsearch.encode.encoder import Encoder
     from flowsearch.errors import FlowsearchError
+    from flowsearch.search.options import SearchOptions
     from flowsearch.search.results import Hit, QueryResult
     from flowsearch.search.searcher import Searcher
     from flowsearch.search.version import index_history, index_info
-    from flowsearch.settings import Settings
     from flowsearch.writes.build import build_index
     from flowsearch.writes.compact import compact, recalibrate
     from flowsearch.writes.delete import delete
@@ -75,6 +75,10 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    if name == "Settings":  # the fourth release's process-wide settings
+        from flowsearch.settings import current
+
+        current()  # refuses, saying where the settings went
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'flowsearch' has no attribute {name!r}")

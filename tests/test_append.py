@@ -90,16 +90,14 @@ def test_add_to_a_missing_index_creates_nothing(tmp_path, corpus):
     assert not (tmp_path / "idx").exists()
 
 
-def test_add_warns_on_drift(tmp_path, model_dir, corpus, caplog):
-    from flowsearch.settings import override
+def test_add_warns_on_drift(tmp_path, model_dir, corpus, caplog, monkeypatch):
+    from flowsearch.space import drift
 
     out = tmp_path / "idx"
     build_index(corpus, out, model=str(model_dir))
     extra = write_corpus(tmp_path / "extra.parquet", n=5, seed=6, id_prefix="z")
-    with (
-        override(drift_apart_percentile=101.0),  # any batch counts as apart from the corpus
-        caplog.at_level("WARNING", logger="flowsearch.writes.upsert"),
-    ):
+    monkeypatch.setattr(drift, "DRIFT_APART_PERCENTILE", 101.0)  # any batch is apart
+    with caplog.at_level("WARNING", logger="flowsearch.writes.upsert"):
         summary = add_to_index(out, extra)
     assert summary["drift"]["warn"] is True and summary.drift.warn
     assert "sit apart from the corpus" in caplog.text and "recalibrate" in caplog.text

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from flowsearch.settings import override
+from flowsearch.space import drift
 from flowsearch.space.drift import DriftReport, drift_report, median_interval
 from flowsearch.space.reference import Reference
 
@@ -77,7 +77,7 @@ def test_each_verdict_and_its_words():
     assert wide.verdict == "too few to tell" and "range 2-95" in wide.to_words()
 
 
-def test_a_handful_is_described_never_alarmed():
+def test_a_handful_is_described_never_alarmed(monkeypatch):
     ref = _ref()
     low = np.full(4, SCORES.min() - 0.1)  # four rows below every passage of the corpus
     report = drift_report(low, ref)
@@ -93,7 +93,8 @@ def test_a_handful_is_described_never_alarmed():
     )
     typical = drift_report(np.array([np.median(SCORES)]), ref).to_words()
     assert "closer to the corpus than 50% of its own passages" in typical
-    with override(drift_min_rows=3):
+    with monkeypatch.context() as patched:
+        patched.setattr(drift, "DRIFT_MIN_ROWS", 3)
         assert drift_report(low, ref).warn
 
 

@@ -53,9 +53,10 @@ def test_auto_keeps_the_encoder_space_when_isotropic_or_too_small():
 
 
 def test_a_density_only_flow_is_fitted_on_a_sample(monkeypatch):
-    from flowsearch.settings import override
+    from flowsearch.space import fitting
 
-    with override(density_fit_rows=150):
+    with monkeypatch.context() as patched:
+        patched.setattr(fitting, "DENSITY_FIT_ROWS", 150)
         cal, iso = fit_for_index(_isotropic(400), "auto")
     assert iso.space == "encoder" and iso.fit_rows == 150 and cal.name == AUTO_FITS
     assert iso.anisotropy == fit_for_index(_isotropic(400), "none")[1].anisotropy  # all rows

@@ -223,11 +223,11 @@ def test_frozen_inference_form_equals_the_module(name):
 
 
 @pytest.mark.parametrize("name", ["flow", "whitening-flow"])
-def test_chunking_does_not_change_the_numbers_nor_touch_torch(name):
+def test_chunking_does_not_change_the_numbers_nor_touch_torch(name, monkeypatch):
     """Inference runs the frozen numpy map in blocks of rows, the flow in chunks of them: any
     size gives the same numbers (constant dimensions included), and torch's process-wide thread
     count is never touched (queries run beside each other)."""
-    from flowsearch.settings import override
+    from flowsearch.calibration import flow, stepmath
 
     rng = np.random.default_rng(3)
     U = rng.normal(size=(600, 12)) @ rng.normal(size=(12, 12))
@@ -237,7 +237,9 @@ def test_chunking_does_not_change_the_numbers_nor_touch_torch(name):
     threads = torch.get_num_threads()
     z_one, lp_one = cal.transform_and_log_prob(Q)
     assert torch.get_num_threads() == threads
-    with override(calibration_block_rows=7, calibration_chunk_macs=1):  # chunks of 1 row
+    with monkeypatch.context() as patched:  # chunks of 1 row
+        patched.setattr(flow, "BLOCK_ROWS", 7)
+        patched.setattr(stepmath, "CHUNK_MACS", 1)
         z_five, lp_five = cal.transform_and_log_prob(Q)
         back = cal.inverse(z_five)
     # float64 maps of the same rows (BLAS may sum in another order for another row count);

@@ -10,9 +10,9 @@ from corpus_helpers import segment_dirs, siblings, write_corpus
 
 from flowsearch.errors import FlowsearchError
 from flowsearch.search.searcher import Searcher
-from flowsearch.settings import override
 from flowsearch.space.reference import MIN_ROWS_PER_DIM
 from flowsearch.storage import manifest as mf
+from flowsearch.storage import rows as storage_rows
 from flowsearch.storage.rows import RowReader
 from flowsearch.storage.verify import verify
 from flowsearch.writes import build as build_module
@@ -144,7 +144,8 @@ def test_row_number_ids_directory_input_and_small_shards(tmp_path, model_dir, mo
         table = table.drop_columns(["id"]).rename_columns(["body", "topic", "year"])
         pq.write_table(table, folder / f"part{i}.parquet")
     out = tmp_path / "idx"
-    with override(part_rows=25):
+    with monkeypatch.context() as patched:
+        patched.setattr(storage_rows, "PART_ROWS", 25)
         build_index(folder, out, model=str(model_dir), text_column="body")
     m = mf.read(out)
     assert m.columns.id is None and m.columns.id_type == "int" and m.columns.text == "body"

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "flowsearch"
 LAYERS = {
     "_version": 0,
     "errors": 0,
-    "settings": 0,
+    "settings": 1,  # a shim saying where the fourth release's settings went
     "atomic": 0,
     "progress": 0,
     "jsonable": 0,

@@ -8,13 +8,15 @@ gives the postings of a build of the kept rows.
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lexical_helpers import QUERIES, WORDS, assert_same_postings, bits, corpus
 from lexical_reference import LexicalIndex
 
-from flowsearch import settings as config
+from flowsearch.lexical import postings
 from flowsearch.lexical.bm25 import Bm25
 from flowsearch.lexical.postings import Postings
 
@@ -62,9 +64,9 @@ def _as_global(rows: np.ndarray, live: np.ndarray) -> np.ndarray:
 @given(cut_corpora(), queries(), METHODS, K1, B, st.sampled_from([1, 3, 10, 10**9]), st.data())
 def test_segments_answer_as_one_segment_of_the_live_rows(corpus_, qs, method, k1, b, k, data):
     # bisection or dictionaries for the vocabularies, the block cache on or off
-    lookups = {"lexical_bisect_min_terms": data.draw(st.sampled_from([1, 10**9]))}
+    min_terms = data.draw(st.sampled_from([1, 10**9]))
     cache = data.draw(st.sampled_from([0, 2**20]))
-    with config.override(**lookups):
+    with mock.patch.object(postings, "BISECT_MIN_TERMS", min_terms):
         _segments_answer_as_one_segment(corpus_, qs, method, k1, b, k, data, cache)
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from lexical_helpers import assert_same_postings, corpus
 
-from flowsearch import settings
 from flowsearch.errors import BadInput, IndexDamaged, NotFound
+from flowsearch.lexical import postings
 from flowsearch.lexical.postings import Postings
 from flowsearch.lexical.postings_files import FILES
 from flowsearch.lexical.tokens import tokenize_batch
@@ -43,10 +43,11 @@ def test_build_matches_the_tokeniser_row_by_row():
         assert np.all(np.diff(p.rows[p.indptr[t] : p.indptr[t + 1]]) > 0)
 
 
-def test_streaming_build_in_small_chunks_equals_one_chunk():
+def test_streaming_build_in_small_chunks_equals_one_chunk(monkeypatch):
     texts = corpus(230, seed=4)
     whole = Postings.build(texts)
-    with settings.override(lexical_build_chunk=17):
+    with monkeypatch.context() as patched:
+        patched.setattr(postings, "BUILD_CHUNK", 17)
         streamed = Postings.build(t for t in texts)
     assert_same_postings(whole, streamed)
 
@@ -73,9 +74,10 @@ def test_inconsistent_arrays_are_refused():
 
 
 @pytest.mark.parametrize("min_terms", [1, 10**9])  # bisection in the sorted vocabulary, or a dict
-def test_term_lookup_finds_every_term_and_nothing_else(min_terms):
+def test_term_lookup_finds_every_term_and_nothing_else(min_terms, monkeypatch):
     p = Postings.build(corpus(100, seed=3) + ["Ελληνικά κείμενα", "東京タワー", "2024"])
-    with settings.override(lexical_bisect_min_terms=min_terms):
+    with monkeypatch.context() as patched:
+        patched.setattr(postings, "BISECT_MIN_TERMS", min_terms)
         lookup = p.term_lookup
     assert [lookup(t) for t in p.vocab] == list(range(p.n_terms))
     for absent in ("", "0", "aaa", "zzzz", "tide2", "ｔｉｄｅ", "\uffff"):
@@ -83,9 +85,10 @@ def test_term_lookup_finds_every_term_and_nothing_else(min_terms):
     assert (lookup is p.term_lookup) and (lookup == p.term_index.get) == (min_terms > 1)
 
 
-def test_an_unsorted_vocabulary_is_looked_up_by_dictionary():
+def test_an_unsorted_vocabulary_is_looked_up_by_dictionary(monkeypatch):
     p = Postings(["moon", "cat"], [0, 1, 2], [0, 0], [1, 1], [2])  # format 1 kept first-seen order
-    with settings.override(lexical_bisect_min_terms=1):
+    with monkeypatch.context() as patched:
+        patched.setattr(postings, "BISECT_MIN_TERMS", 1)
         assert p.term_lookup == p.term_index.get and p.term_lookup("cat") == 1
 
 

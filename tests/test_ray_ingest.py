@@ -197,12 +197,13 @@ IVF_FACTORY = "IVF8,Flat"
 def built_ivf(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> dict[str, Any]:
     """An IVF index built by both engines, with shards of 60 rows: on Ray, each shard's rows go
     into their own copy of the trained index and the parts are merged on disk."""
-    from flowsearch.settings import override
+    from flowsearch.storage import rows as storage_rows
 
     tmp = tmp_path_factory.mktemp("ray-ivf")
     corpus = write_corpus(tmp / "corpus.parquet", n=ROWS + 30)
     options = dict(model=str(model_dir), calibration="none", index_factory=IVF_FACTORY)
-    with override(part_rows=60):  # 4 Parquet parts: 4 IVF parts to merge
+    with pytest.MonkeyPatch.context() as patched:  # 4 Parquet parts: 4 IVF parts to merge
+        patched.setattr(storage_rows, "PART_ROWS", 60)
         build_index(corpus, tmp / "local", **options)
         with ray_ingest.ray_session():
             build_index(corpus, tmp / "ray", engine="ray", **options)

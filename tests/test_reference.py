@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from flowsearch.errors import IndexDamaged
-from flowsearch.settings import current, override
+from flowsearch.space import reference as space_reference
 from flowsearch.space.reference import (
     MIN_ROWS_PER_DIM,
     PERCENTS,
@@ -53,15 +53,16 @@ def test_split_holds_out_a_tenth_never_fitted():
 
 def test_split_large_corpus_caps_held_out_and_keeps_the_fit_sample():
     fit, held = split_fit_rows(100_000, fit_sample=10_000)
-    assert len(held) == current().held_out_max and len(fit) == 10_000
+    assert len(held) == space_reference.HELD_OUT_MAX and len(fit) == 10_000
     assert not np.intersect1d(fit, held).size
 
 
-def test_split_small_corpus_holds_none_out_and_follows_the_settings():
-    n = current().held_out_min * 10 - 20
+def test_split_small_corpus_holds_none_out_and_follows_the_constants(monkeypatch):
+    n = space_reference.HELD_OUT_MIN * 10 - 20
     fit, held = split_fit_rows(n, fit_sample=200_000)
     assert len(held) == 0 and len(fit) == n
-    with override(held_out_min=10):
+    with monkeypatch.context() as patched:
+        patched.setattr(space_reference, "HELD_OUT_MIN", 10)
         assert len(split_fit_rows(n, fit_sample=200_000)[1]) == round(n * 0.1)
 
 
@@ -71,9 +72,9 @@ def test_reference_rows_prefers_held_out_rows_then_leave_one_out():
     assert method == "held-out" and np.array_equal(rows, held)
     rows, method = reference_rows(300, np.zeros(0, np.int64))  # the demo corpus: every row
     assert method == "leave-one-out" and np.array_equal(rows, np.arange(300))
-    few = np.arange(current().reference_min_rows - 1)
+    few = np.arange(space_reference.REFERENCE_MIN_ROWS - 1)
     rows, method = reference_rows(20_000, few)  # too few held out: a seeded sample instead
-    assert method == "leave-one-out" and len(rows) == current().reference_max_rows
+    assert method == "leave-one-out" and len(rows) == space_reference.REFERENCE_MAX_ROWS
     assert np.all(np.diff(rows) > 0) and rows.max() < 20_000
     assert np.array_equal(rows, reference_rows(20_000, few)[0])
     assert len(reference_rows(1, np.zeros(0, np.int64))[0]) == 0  # a lone row has no other
@@ -123,12 +124,13 @@ def test_reference_is_small_and_round_trips_through_json():
     assert Reference.model_validate(json.loads(text)) == ref
 
 
-def test_why_unusable_names_the_missing_reference_and_too_few_rows():
+def test_why_unusable_names_the_missing_reference_and_too_few_rows(monkeypatch):
     assert "no reference" in why_unusable(None)
     few = Reference.from_scores(np.linspace(0, 1, 30), method="leave-one-out", n_corpus=30)
     assert "holds 30 rows, too few" in why_unusable(few)
     assert why_unusable(_ref()) is None
-    with override(reference_min_rows=10):
+    with monkeypatch.context() as patched:
+        patched.setattr(space_reference, "REFERENCE_MIN_ROWS", 10)
         assert why_unusable(few) is None
 
 

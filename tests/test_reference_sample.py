@@ -11,7 +11,7 @@ import pytest
 from corpus_helpers import siblings, write_corpus
 
 from flowsearch.errors import IndexDamaged
-from flowsearch.settings import override
+from flowsearch.space import sample as space_sample
 from flowsearch.space.drift import drift_report
 from flowsearch.space.reference import Reference
 from flowsearch.space.sample import ReferenceSample, best_against
@@ -32,7 +32,7 @@ def _clusters(rng: np.random.Generator, n: int, centres: np.ndarray, spread: flo
 
 def _loo(Z: np.ndarray, keys: np.ndarray, probes: np.ndarray, probe_keys: np.ndarray):
     """Brute force: each probe's best score to a sample row with another key."""
-    S = probes @ Z.T
+    S = (probes.astype(np.float64) @ Z.T.astype(np.float64)).astype(np.float32)
     S[probe_keys[:, None] == keys[None, :]] = -np.inf
     return S.max(axis=1).astype(np.float64)
 
@@ -168,7 +168,8 @@ def test_build_keeps_a_sample_and_an_upsert_never_searches_the_segments(
     from flowsearch.ann import prefilter
 
     counts = {}
-    with override(reference_sample_rows=60):
+    with monkeypatch.context() as patched:
+        patched.setattr(space_sample, "REFERENCE_SAMPLE_ROWS", 60)
         for n in (120, 360):
             out = tmp_path / f"idx{n}"
             build_index(write_corpus(tmp_path / f"c{n}.parquet", n=n, seed=4), out,

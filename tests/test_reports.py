@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from flowsearch.settings import override
+from flowsearch.space import reference as space_reference
 from flowsearch.space.reference import Reference
 from flowsearch.space.reports import describe_space, query_report
 from flowsearch.storage.manifest import AutoDecision, CalibrationSpec
@@ -20,7 +20,7 @@ def _ref(**kw) -> Reference:
                                  n_corpus=10_000, **kw)  # fmt: skip
 
 
-def test_verdict_is_the_percentile_among_the_corpus_passages():
+def test_verdict_is_the_percentile_among_the_corpus_passages(monkeypatch):
     ref = _ref()
     fine = query_report(0.6, ref)
     assert fine.verdict == "in-distribution" and fine.percentile == pytest.approx(50.0, abs=0.2)
@@ -39,7 +39,8 @@ def test_verdict_is_the_percentile_among_the_corpus_passages():
     # the cut sits exactly at the reference's 5th percentile
     assert query_report(0.4201, ref).verdict == "in-distribution"
     assert query_report(0.4199, ref).verdict == "out-of-distribution"
-    with override(ood_percentile=10.0):
+    with monkeypatch.context() as patched:
+        patched.setattr(space_reference, "OOD_PERCENTILE", 10.0)
         assert query_report(0.43, ref).verdict == "out-of-distribution"
 
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from corpus_helpers import sentences
 
-from flowsearch import settings
 from flowsearch.errors import BadInput, FlowsearchError
+from flowsearch.evaluation import beir
 from flowsearch.evaluation.beir import load_beir, passage_text, write_beir
 from flowsearch.evaluation.ranking_metrics import (
     drop_identical_ids,
@@ -134,7 +134,7 @@ def test_qrels_naming_a_few_absent_passages_warn_and_are_kept(tmp_path, caplog):
     assert "'gone'" in record.getMessage()
 
 
-def test_qrels_mostly_naming_absent_passages_are_refused(tmp_path):
+def test_qrels_mostly_naming_absent_passages_are_refused(tmp_path, monkeypatch):
     root = _tiny_beir(tmp_path / "set")
     # 2 of 4 missing is half, not most: kept
     _qrels_lines(root, ["q1\td1\t2", "q1\tx\t1", "q2\td2\t1", "q2\ty\t1"])
@@ -144,10 +144,11 @@ def test_qrels_mostly_naming_absent_passages_are_refused(tmp_path):
     with pytest.raises(BadInput, match=r"3 of 4 judgements name 3 corpus id\(s\) absent") as e:
         load_beir(root)
     assert "do not belong to this corpus" in str(e.value) and "\n" not in str(e.value)
-    # the share is a setting
+    # the share is the module's constant
     _qrels_lines(root, ["q1\td1\t2", "q1\tx\t1", "q2\td2\t1", "q2\t3\t1"])
     assert load_beir(root).missing_ids == ("x",)
-    with settings.override(qrels_missing_max_share=0.2), pytest.raises(BadInput):
+    monkeypatch.setattr(beir, "QRELS_MISSING_MAX_SHARE", 0.2)
+    with pytest.raises(BadInput):
         load_beir(root)
 
 

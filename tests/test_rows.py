@@ -11,7 +11,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from flowsearch.errors import IndexDamaged
-from flowsearch.settings import override
 from flowsearch.storage import rows as store
 from flowsearch.storage.manifest import PartRecord
 
@@ -54,8 +53,10 @@ def test_parts_are_bounded_and_typed(tmp_path):
     assert [first.row_group(i).num_rows for i in range(first.num_row_groups)] == [16, 14, 10]
 
 
-def test_part_bounds_default_to_the_settings(tmp_path):
-    with override(part_rows=25, row_group_rows=10):
+def test_part_bounds_default_to_the_module_constants(tmp_path, monkeypatch):
+    with monkeypatch.context() as patched:
+        patched.setattr(store, "PART_ROWS", 25)
+        patched.setattr(store, "ROW_GROUP_ROWS", 10)
         parts, _ = _segment(tmp_path, 60, part_rows=None, row_group_rows=None)
     assert [p.n_rows for p in parts] == [25, 25, 10]
     assert pq.ParquetFile(tmp_path / parts[0].path).num_row_groups == 3

@@ -9,10 +9,11 @@ import pytest
 from corpus_helpers import siblings, write_corpus
 
 from flowsearch.errors import IndexDamaged
-from flowsearch.settings import override
+from flowsearch.space import sample as space_sample
 from flowsearch.space.sample import DELTA_FILE, SAMPLE_FILE, ReferenceSample, SampleDelta
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.verify import verify
+from flowsearch.writes import measure
 
 
 def _unit(X: np.ndarray) -> np.ndarray:
@@ -34,7 +35,7 @@ def _same(a: ReferenceSample, b: ReferenceSample, serials: bool = True) -> None:
 
 
 def _loo(s: ReferenceSample) -> np.ndarray:
-    S = s.probe_vectors @ s.vectors.T
+    S = (s.probe_vectors.astype(np.float64) @ s.vectors.T.astype(np.float64)).astype(np.float32)
     S[s.probe_keys[:, None] == s.keys[None, :]] = -np.inf
     best = S.max(axis=1).astype(np.float64)
     return np.where(np.isfinite(best), best, np.nan)
@@ -139,56 +140,59 @@ def _writes(out, tmp_path, count, start=0):
         upsert(out, rows, merge_segments=False)
 
 
-def test_upserts_write_small_deltas_that_fold_into_a_new_base(tmp_path, model_dir):
+def test_upserts_write_small_deltas_that_fold_into_a_new_base(tmp_path, model_dir, monkeypatch):
     """Each upsert that changes the sample writes a delta beside the build's base (only its
     own file, a fraction of the base's bytes); the chain reads back as the sample a write of
     the whole sample each time gives (the same entries and figures); past
-    ``reference_delta_max`` deltas the next write folds the chain into a new base; the old
+    ``REFERENCE_DELTA_MAX`` deltas the next write folds the chain into a new base; the old
     chain stays while the previous version names it, then cleanup removes it."""
     from flowsearch import build_index
 
     corpus = write_corpus(tmp_path / "c.parquet", n=360, seed=4)
     chained, whole = tmp_path / "chained", tmp_path / "whole"
-    with override(reference_sample_rows=200):
-        for out in (chained, whole):
-            build_index(corpus, out, model=str(model_dir))
-        base = _record(chained)
-        assert base["path"] == "references/r000001" and "deltas" not in base
-        with override(reference_delta_max=0):  # every write saves the whole sample
-            _writes(whole, tmp_path, 3)
-        _writes(chained, tmp_path, 3)
-        record = _record(chained)
-        assert record["path"] == base["path"] and record["files"] == base["files"]
-        assert [d["path"] for d in record["deltas"]] == [f"references/r00000{v}" for v in (2, 3, 4)]
-        for piece in record["deltas"]:
-            assert list(piece["files"]) == [DELTA_FILE]
-            assert _bytes(piece) < _bytes(base) / 4
-        assert "deltas" not in _record(whole) and _record(whole)["path"] == "references/r000004"
-        _same(_load(chained), _load(whole), serials=False)
-        assert record["rows"] == _load(chained).n_sample == _record(whole)["rows"]
-        verify(chained, mf.read(chained), checksums=True)
-        # the bound: a fifth delta would pass reference_delta_max=4, so the chain folds
-        with override(reference_delta_max=4):
-            _writes(chained, tmp_path, 1, start=3)
-            previous = mf.read(chained)
-            assert len(previous.reference["sample"]["deltas"]) == 4
-            _writes(chained, tmp_path, 1, start=4)
-        folded = _record(chained)
-        assert folded["path"] == "references/r000006" and "deltas" not in folded
-        assert list(folded["files"]) == [SAMPLE_FILE]
-        # the previous version's chain is kept (a reader pinned to it, the writer's cleanup
-        # rule), and still verifies; one write later it is gone
-        verify(chained, previous)  # (checksums=True would check the history: newer)
-        _writes(chained, tmp_path, 1, start=5)
-        assert not (chained / "references/r000001").exists()
-        assert sorted(p.name for p in (chained / "references").iterdir()) == [
-            "r000006", "r000007"
-        ]  # fmt: skip
-        with override(reference_delta_max=0):
-            _writes(whole, tmp_path, 3, start=3)
-        _same(_load(chained), _load(whole), serials=False)
-        verify(chained, mf.read(chained), checksums=True)
-        assert siblings(chained) == []
+    monkeypatch.setattr(space_sample, "REFERENCE_SAMPLE_ROWS", 200)
+    for out in (chained, whole):
+        build_index(corpus, out, model=str(model_dir))
+    base = _record(chained)
+    assert base["path"] == "references/r000001" and "deltas" not in base
+    with monkeypatch.context() as patched:  # every write saves the whole sample
+        patched.setattr(measure, "REFERENCE_DELTA_MAX", 0)
+        _writes(whole, tmp_path, 3)
+    _writes(chained, tmp_path, 3)
+    record = _record(chained)
+    assert record["path"] == base["path"] and record["files"] == base["files"]
+    assert [d["path"] for d in record["deltas"]] == [f"references/r00000{v}" for v in (2, 3, 4)]
+    for piece in record["deltas"]:
+        assert list(piece["files"]) == [DELTA_FILE]
+        assert _bytes(piece) < _bytes(base) / 4
+    assert "deltas" not in _record(whole) and _record(whole)["path"] == "references/r000004"
+    _same(_load(chained), _load(whole), serials=False)
+    assert record["rows"] == _load(chained).n_sample == _record(whole)["rows"]
+    verify(chained, mf.read(chained), checksums=True)
+    # the bound: a fifth delta would pass REFERENCE_DELTA_MAX = 4, so the chain folds
+    with monkeypatch.context() as patched:
+        patched.setattr(measure, "REFERENCE_DELTA_MAX", 4)
+        _writes(chained, tmp_path, 1, start=3)
+        previous = mf.read(chained)
+        assert len(previous.reference["sample"]["deltas"]) == 4
+        _writes(chained, tmp_path, 1, start=4)
+    folded = _record(chained)
+    assert folded["path"] == "references/r000006" and "deltas" not in folded
+    assert list(folded["files"]) == [SAMPLE_FILE]
+    # the previous version's chain is kept (a reader pinned to it, the writer's cleanup
+    # rule), and still verifies; one write later it is gone
+    verify(chained, previous)  # (checksums=True would check the history: newer)
+    _writes(chained, tmp_path, 1, start=5)
+    assert not (chained / "references/r000001").exists()
+    assert sorted(p.name for p in (chained / "references").iterdir()) == [
+        "r000006", "r000007"
+    ]  # fmt: skip
+    with monkeypatch.context() as patched:
+        patched.setattr(measure, "REFERENCE_DELTA_MAX", 0)
+        _writes(whole, tmp_path, 3, start=3)
+    _same(_load(chained), _load(whole), serials=False)
+    verify(chained, mf.read(chained), checksums=True)
+    assert siblings(chained) == []
 
 
 def test_a_missing_extra_or_corrupt_delta_is_named(tmp_path, model_dir):

@@ -16,9 +16,9 @@ from flowsearch.encode.encoder import Encoder
 from flowsearch.errors import FlowsearchError
 from flowsearch.search.searcher import Hit, Searcher
 from flowsearch.search.version import index_info
-from flowsearch.settings import override
 from flowsearch.space.reference import reference_of
 from flowsearch.storage import manifest as mf
+from flowsearch.storage import rows as storage_rows
 from flowsearch.storage.writer import open_writer
 from flowsearch.writes.build import build_index
 
@@ -189,11 +189,12 @@ def test_other_factories_are_built_and_searched(tmp_path, model_dir, factory):
     assert [h[0].id for h in hits] == [f"d{i}" for i in range(5)]
 
 
-def test_open_searcher_keeps_its_index_through_a_rebuild(tmp_path, model_dir):
+def test_open_searcher_keeps_its_index_through_a_rebuild(tmp_path, model_dir, monkeypatch):
     corpus = write_corpus(tmp_path / "a.parquet", n=60, seed=11)
     table = pq.read_table(corpus)
     out = tmp_path / "idx"
-    with override(part_rows=10):  # several parts
+    with monkeypatch.context() as patched:  # several parts
+        patched.setattr(storage_rows, "PART_ROWS", 10)
         build_index(corpus, out, model=str(model_dir), calibration="none")
     s = Searcher.open(out)
     assert len(s.manifest.segments[0].parts) == 6 and s.manifest.version == 1

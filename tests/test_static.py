@@ -155,11 +155,12 @@ def test_model2vec_matches_the_library(tmp_path, tiny_model_dir):
     )
 
 
-def test_chunking_never_changes_a_static_vector(tiny_model_dir):
-    from flowsearch.settings import override
+def test_chunking_never_changes_a_static_vector(tiny_model_dir, monkeypatch):
+    from flowsearch.encode import encoder
 
     texts = [f"the cat sat on the mat {i}" * (i % 4 + 1) for i in range(9)]
     enc = Encoder(str(tiny_model_dir), pooling="static")
     whole = enc.encode(texts)
-    with override(static_chunk_texts=2):
+    with monkeypatch.context() as patched:
+        patched.setattr(encoder, "STATIC_CHUNK_TEXTS", 2)
         np.testing.assert_array_equal(enc.encode(texts), whole)

@@ -19,9 +19,9 @@ from segment_helpers import add_segment, build
 from flowsearch.errors import BadInput, FlowsearchError, IndexDamaged, IndexLocked, NotFound
 from flowsearch.search.searcher import Searcher
 from flowsearch.search.version import index_info
-from flowsearch.settings import override
 from flowsearch.storage import history
 from flowsearch.storage import manifest as mf
+from flowsearch.storage import verify as storage_verify
 from flowsearch.storage.layout import HISTORY_NAME, MANIFEST_NAME
 from flowsearch.storage.writer import open_writer
 from flowsearch.writes.build import build_index
@@ -325,7 +325,7 @@ def test_a_hand_edited_manifest_is_caught(index):
     assert len(Searcher.open(index)) == 43
 
 
-def test_info_says_what_was_hashed(index):
+def test_info_says_what_was_hashed(index, monkeypatch):
     m = mf.read(index)
     files = sum(len(s.files) for s in m.segments) + len(m.calibration.files)
     sample = m.reference["sample"]  # the reference sample: its base and deltas
@@ -333,7 +333,8 @@ def test_info_says_what_was_hashed(index):
     plain = index_info(index).verified
     assert (plain.n_files, plain.n_hashed, plain.not_hashed) == (files, files, ())
     assert plain.history_records is None  # the log is read only when verifying
-    with override(cheap_checksum_bytes=100):
+    with monkeypatch.context() as patched:
+        patched.setattr(storage_verify, "CHEAP_CHECKSUM_BYTES", 100)
         cheap = index_info(index).verified
     assert cheap.not_hashed and cheap.n_hashed + len(cheap.not_hashed) == cheap.n_files == files
     assert all(Path(p).stat().st_size > 100 for p in cheap.not_hashed)

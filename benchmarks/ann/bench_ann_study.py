@@ -42,7 +42,7 @@ WORK = harness.WORK / "ann_study"
 LATENCY_QUERIES = 300
 #: FAISS and torch (and the tokenizer's) threads of the 1M stages' encoding and builds
 #: (``--threads``); their searches run on one thread (a single query searches so in the
-#: product: ``Settings.one_thread_max_queries``).
+#: product: ``flowsearch.search.shards.ONE_THREAD_MAX_QUERIES``).
 THREADS = 1
 
 

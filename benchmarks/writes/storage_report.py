@@ -226,7 +226,7 @@ def sample_bytes_part(w: dict[str, Any]) -> list[str]:
         "The reference sample (4,096 rows and up to 2,000 probes, 4.7 MB) is saved as a base "
         "plus one delta per write that changed it (what left, what entered), folded into a new "
         "base once the deltas pass the base's bytes or 32 files; *whole* = every write saving "
-        "the whole sample (`reference_delta_max=0`: how writes saved it before), same run. "
+        "the whole sample (`REFERENCE_DELTA_MAX = 0`: how writes saved it before), same run. "
         "One write: medians over the rounds, each on a fresh copy (a base with no deltas yet). "
         f"Consecutive: mean over {n_seq} upserts in a row on one copy (the default merge "
         "policy), folds included where they fall.",
@@ -424,7 +424,7 @@ def segments_part(g: dict[str, Any]) -> list[str]:
 
 
 def policy_part(p: dict[str, Any]) -> list[str]:
-    from flowsearch.settings import current
+    from flowsearch import MergePolicy
 
     if "runs" not in p:  # a run before the policies were compared
         p = {**p, "runs": {"after": p}, "policies": {"after": {}}}
@@ -457,7 +457,7 @@ def policy_part(p: dict[str, Any]) -> list[str]:
         sizes = ", ".join(f"{s['live']:,} ({s['factory']})" for s in run["segments"])
         chosen = p["policies"].get(name, {})
         settings = ", ".join(f"`{k}` {v:,}" for k, v in chosen.items())
-        if chosen and all(getattr(current(), k, None) == v for k, v in chosen.items()):
+        if chosen and all(getattr(MergePolicy(), k, None) == v for k, v in chosen.items()):
             name += " (the default now)"
         lines.append(
             f"| {name} | {settings or 'default'} | {np.median(walls):.2f} / "

@@ -58,10 +58,11 @@ LOG = logging.getLogger(__name__)
 #: The writes measured, in the order a round runs them.
 KINDS = ("add", "upsert", "delete")
 #: flowsearch as shipped, and with every write saving the whole reference sample
-#: (``reference_delta_max=0``: how writes saved it before the sample's deltas), for upserts.
+#: (``flowsearch.writes.measure.REFERENCE_DELTA_MAX = 0``: how writes saved it before the
+#: sample's deltas), for upserts: constants of ``flowsearch.writes.measure`` to set.
 VARIANTS: dict[str, dict[str, Any]] = {
     "flowsearch": {},
-    "flowsearch-whole": {"reference_delta_max": 0},
+    "flowsearch-whole": {"REFERENCE_DELTA_MAX": 0},
 }
 #: ``WriteResult.seconds`` stages of an upsert, in the order it runs them ("load model" and
 #: "encode" are the encoder's; the rest of the wall time is opening the writer, checking the
@@ -99,15 +100,20 @@ def ours(
     kind: str, index: Path, batch: WriteBatch, variant: str = "flowsearch"
 ) -> tuple[Any, dict[str, Any]]:
     """One write on ``index`` (a fresh copy), timed, with ``variant``'s settings."""
+    from contextlib import ExitStack
+    from unittest import mock
+
     from flowsearch import add_to_index, delete, upsert
-    from flowsearch.settings import override
+    from flowsearch.writes import measure
 
     calls = {
         "add": lambda: add_to_index(index, batch.add),
         "upsert": lambda: upsert(index, batch.upsert),
         "delete": lambda: delete(index, batch.delete),
     }
-    with override(**VARIANTS[variant]):
+    with ExitStack() as patched:
+        for name, value in VARIANTS[variant].items():
+            patched.enter_context(mock.patch.object(measure, name, value))
         result, cost = timed_write(calls[kind], index)
     stages = dict(result.seconds)
     cost["stages"] = stages

@@ -2,7 +2,7 @@
 
 Owns the calibration math only: fitting, the map, its inverse, the log-density, and saving and
 loading a calibrator's own files. It knows nothing of indexes, manifests or the ``auto`` policy,
-and imports only ``flowsearch.errors``, ``flowsearch.settings`` and ``flowsearch.atomic``.
+and imports only ``flowsearch.errors`` and ``flowsearch.atomic``.
 
 All calibrators share one protocol (:class:`Calibrator`: ``fit``, ``transform``, ``inverse``,
 ``log_prob``, ``save``) and one registry (:func:`make_calibrator`, :func:`load_calibrator`,

@@ -16,7 +16,7 @@ similarity is then taken between ``z``'s. The whole map is one composed step
 
 ``log p(u) = log N(z; 0, I) + log|det dz/du|``, exactly. Fitting runs in torch (float32,
 :mod:`~flowsearch.calibration.trainable`); transform, inverse and density run the same steps'
-frozen float64 numpy form, in blocks of ``Settings.calibration_block_rows`` rows (the flow
+frozen float64 numpy form, in blocks of :data:`BLOCK_ROWS` rows (the flow
 itself in smaller chunks, see :func:`~flowsearch.calibration.glowmath.chunked`). This module
 imports no torch: a loaded calibrator restores its frozen form straight from the saved arrays
 (:func:`~flowsearch.calibration.glowmath.frozen_flow`), and builds the torch modules only when
@@ -53,7 +53,6 @@ from flowsearch.calibration.stepmath import (
     constant_channels,
 )
 from flowsearch.errors import BadInput
-from flowsearch.settings import current
 
 if TYPE_CHECKING:  # torch only where the trainable form is asked for
     from torch import Tensor
@@ -62,6 +61,11 @@ if TYPE_CHECKING:  # torch only where the trainable form is asked for
     from flowsearch.calibration.steps import SetAside
 
 __all__ = ["FlowCalibrator", "WhiteningFlowCalibrator"]
+
+#: Rows the flow's inference map (float64 numpy) takes at a time: bounds each of its
+#: temporaries to this many rows instead of allocating them afresh for the whole input; the
+#: whitening front's one large product runs on a whole block.
+BLOCK_ROWS = 4096
 
 _INTEGERS = (("levels", 1), ("depth", 1), ("width", 1), ("batch_size", 1), ("init_rows", 2))
 
@@ -220,9 +224,9 @@ class FlowCalibrator(Calibrator):
     # -- inference -------------------------------------------------------------------------
 
     def _blocks(self, X: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-        """``(start, float64 rows)`` of ``X``, block by block (``calibration_block_rows``): the
+        """``(start, float64 rows)`` of ``X``, block by block (:data:`BLOCK_ROWS`): the
         map's temporaries stay bounded, and no float64 copy of ``X`` is made."""
-        size = current().calibration_block_rows
+        size = BLOCK_ROWS
         for start in range(0, len(X), size):
             yield start, X[start : start + size].astype(np.float64, copy=False)
 

@@ -237,7 +237,8 @@ def layout(
 def chunked(flow: Bijection[np.ndarray], dim: int, width: int) -> Chunked:
     """The frozen flow run in chunks of rows whose largest matrix product (the first level's
     coupling network: ``(d - d // 2) x width`` per row) stays below
-    ``Settings.calibration_chunk_macs`` (see :class:`~flowsearch.calibration.stepmath.Chunked`)."""
+    :data:`~flowsearch.calibration.stepmath.CHUNK_MACS` (see
+    :class:`~flowsearch.calibration.stepmath.Chunked`)."""
     return Chunked(flow, halves(dim)[0] * width)
 
 

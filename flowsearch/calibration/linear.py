@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from flowsearch.calibration import maps
 from flowsearch.calibration.base import Calibrator, as_matrix, register
 from flowsearch.calibration.maps import LOG_2PI, standardise, unstandardise, unwhiten, whiten
 from flowsearch.calibration.state import BadState, Spec, require_positive
 from flowsearch.errors import BadInput
-from flowsearch.settings import current
 
 __all__ = [
     "FULL_POWER",
@@ -298,7 +298,7 @@ class Whitening(Calibrator):
             raise BadInput(f"whitening: k={k} exceeds the dimension {U.shape[1]}", param="k")
         self.mu = U.mean(axis=0)
         cov = np.zeros((U.shape[1], U.shape[1]))
-        chunk = current().calibration_fit_chunk_rows
+        chunk = maps.FIT_CHUNK_ROWS
         for start in range(0, len(U), chunk):  # centred in chunks: no copy of U
             X = U[start : start + chunk] - self.mu
             cov += X.T @ X

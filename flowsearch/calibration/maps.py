@@ -53,6 +53,10 @@ __all__ = [
 
 #: ``log(2 pi)``, the standard normal's normalising constant per dimension.
 LOG_2PI = math.log(2 * math.pi)
+#: Rows a calibrator centres or converts at a time while fitting (whitening's covariance, the
+#: flow's constant-channel check and float32 training matrix): the extra memory is this many
+#: float64 rows, not a copy of the corpus.
+FIT_CHUNK_ROWS = 16_384
 
 #: An array of either kind: every map takes and returns one kind.
 A = TypeVar("A", np.ndarray, "Tensor")

@@ -44,6 +44,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeAlias
 
 import numpy as np
 
+from flowsearch.calibration import maps
 from flowsearch.calibration.maps import (
     A,
     cat,
@@ -56,7 +57,6 @@ from flowsearch.calibration.maps import (
     zero,
 )
 from flowsearch.errors import BadInput
-from flowsearch.settings import current
 
 __all__ = [
     "STD_FLOOR",
@@ -76,6 +76,10 @@ __all__ = [
 
 #: A channel whose spread is below this fraction of the typical one counts as constant.
 STD_FLOOR = 1e-3
+#: Largest matrix product (multiply-adds) in one chunk of the flow's steps: OpenBLAS runs a
+#: product below about this size on the calling thread and splits larger ones over its
+#: threads, which on a busy machine then wait for each other.
+CHUNK_MACS = 500_000
 
 #: A step's parameters by name: its state-dict key, which is also its name in the saved form
 #: below the step's prefix (tensors of a torch module, or float64 / int64 arrays of a file).
@@ -149,7 +153,7 @@ class Chunked:
     Arguments:
         inner: The frozen step.
         macs_per_row: Multiply-adds per row of the step's largest matrix product; a chunk has
-            ``Settings.calibration_chunk_macs // macs_per_row`` rows (read at call time).
+            ``CHUNK_MACS // macs_per_row`` rows (read at call time).
     """
 
     __slots__ = ("inner", "macs_per_row")
@@ -160,7 +164,7 @@ class Chunked:
 
     def rows(self) -> int:
         """Rows per chunk now."""
-        return max(1, current().calibration_chunk_macs // self.macs_per_row)
+        return max(1, CHUNK_MACS // self.macs_per_row)
 
     def __call__(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | float]:
         """``(y, log|det dy/dx|)`` as the inner step gives them."""
@@ -327,7 +331,7 @@ def constant_channels(U: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     """
     mean = U.mean(axis=0)
     square = np.zeros(U.shape[1])
-    chunk = current().calibration_fit_chunk_rows
+    chunk = maps.FIT_CHUNK_ROWS
     for start in range(0, len(U), chunk):  # centred in chunks: no (n, d) temporary
         square += ((U[start : start + chunk] - mean) ** 2).sum(axis=0)
     std = np.sqrt(square / len(U))

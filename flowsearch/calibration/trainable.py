@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from flowsearch.calibration import maps
 from flowsearch.calibration.glow import GlowFlow
 from flowsearch.calibration.steps import Compose, SetAside, Step, Whiten
 from flowsearch.calibration.training import Fit, maximise_likelihood, single_thread
-from flowsearch.settings import current
 
 __all__ = ["build", "fit", "from_saved", "single_thread", "to_saved", "training_rows", "whole_map"]
 
@@ -55,11 +55,11 @@ def build(config: Mapping[str, Any], dim: int) -> GlowFlow:
 
 def training_rows(U: np.ndarray, active: np.ndarray, whitening: _Whitening | None) -> Tensor:
     """The flow's input rows as float32 ``(n, len(active))``: ``U``'s active columns, whitened
-    first when there is a front layer. Built in chunks (``Settings.calibration_fit_chunk_rows``):
-    no float64 copy of ``U``."""
+    first when there is a front layer. Built in chunks
+    (:data:`~flowsearch.calibration.maps.FIT_CHUNK_ROWS`): no float64 copy of ``U``."""
     every = len(active) == U.shape[1]
     data = torch.empty((len(U), len(active)), dtype=torch.float32)
-    chunk = current().calibration_fit_chunk_rows
+    chunk = maps.FIT_CHUNK_ROWS
     for start in range(0, len(U), chunk):
         part = U[start : start + chunk]
         part = part if every else part[:, active]

@@ -48,7 +48,6 @@ from flowsearch.encode.static import StaticTable
 from flowsearch.encode.torch_runner import TorchRunner, default_device
 from flowsearch.errors import BadInput, NotFound
 from flowsearch.progress import Stages
-from flowsearch.settings import current
 
 __all__ = [
     "BACKENDS",
@@ -64,6 +63,13 @@ __all__ = [
 
 Vectors = npt.NDArray[np.float32]
 Ids = npt.NDArray[np.int64]
+
+#: Texts the ``static`` pooling tokenises and averages at once: bounds the memory of their token
+#: ids while keeping each sparse product large.
+STATIC_CHUNK_TEXTS = 8192
+#: ``Encoder.encode(progress=None)`` draws a progress bar from this many texts on: a query or a
+#: small batch never does.
+PROGRESS_MIN_TEXTS = 2000
 
 
 class Encoder:
@@ -259,7 +265,7 @@ class Encoder:
             batch_size: Texts per forward pass. Batches are formed from texts of similar
                 length, so padding costs little.
             progress: Draw a progress bar on stderr. ``None`` draws one from
-                :attr:`~flowsearch.settings.Settings.progress_min_texts` texts on.
+                :data:`PROGRESS_MIN_TEXTS` texts on.
 
         Returns:
             A float32 array of shape ``(len(texts), dim)``, rows in input order; unnormalised
@@ -311,7 +317,7 @@ class Encoder:
         out = {p: np.empty((len(texts), self.dim), dtype=np.float32) for p in poolings}
         if not texts:
             return out
-        show = progress if progress is not None else len(texts) >= current().progress_min_texts
+        show = progress if progress is not None else len(texts) >= PROGRESS_MIN_TEXTS
         stages = Stages(show=show)
         with stages.live(), stages.task("encoding", total=len(texts)) as advance:
             if "static" in out:
@@ -330,7 +336,7 @@ class Encoder:
         # a Model2Vec tokenizer adds no special tokens
         dropped = 0 if special or self._parts.model2vec else self._tokens.num_special()
         limit = max(self.max_length - dropped, 1)
-        step = current().static_chunk_texts
+        step = STATIC_CHUNK_TEXTS
         for start in range(0, len(texts), step):
             chunk = texts[start : start + step]
             ids = self._tokens.ids(chunk, limit, special=special)

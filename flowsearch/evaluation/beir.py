@@ -15,7 +15,7 @@ the two with a space), else ``text``. Every id is read as a string.
 Qrels that name corpus ids the corpus lacks are kept, with a warning: some official BEIR
 releases are so, and BEIR's and MTEB's evaluators score them (those relevant passages are
 unreachable and count against every run). When more than
-:attr:`~flowsearch.settings.Settings.qrels_missing_max_share` of the judgements miss, the qrels
+:data:`QRELS_MISSING_MAX_SHARE` of the judgements miss, the qrels
 belong to another corpus, and the directory is refused.
 
 Example:
@@ -34,10 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flowsearch import settings
 from flowsearch.errors import BadInput, NotFound
 
 __all__ = ["BeirDataset", "find_qrels", "load_beir", "passage_text", "write_beir"]
+
+#: A BEIR directory where more than this share of the qrels' judgements name corpus ids its
+#: corpus lacks is refused: most missing means the qrels belong to another corpus.
+QRELS_MISSING_MAX_SHARE = 0.5
 
 LOG = logging.getLogger(__name__)
 
@@ -198,7 +201,8 @@ def _read_qrels(path: Path) -> Qrels:
 
 def _missing_corpus_ids(qrels: Qrels, doc_ids: list[str], qrels_path: Path) -> tuple[str, ...]:
     """Corpus ids the qrels name that the corpus lacks: warned about when a few, refused when
-    more than the settings' share of the judgements (then the qrels are another corpus's)."""
+    more than :data:`QRELS_MISSING_MAX_SHARE` of the judgements (then the qrels are another
+    corpus's)."""
     known = set(doc_ids)
     judgements = [d for docs in qrels.values() for d in docs]
     missing = sorted({d for d in judgements if d not in known})
@@ -206,7 +210,7 @@ def _missing_corpus_ids(qrels: Qrels, doc_ids: list[str], qrels_path: Path) -> t
         return ()
     absent = sum(d not in known for d in judgements)
     counts = f"{absent:,} of {len(judgements):,} judgements name {len(missing):,} corpus id(s)"
-    if absent > settings.current().qrels_missing_max_share * len(judgements):
+    if absent > QRELS_MISSING_MAX_SHARE * len(judgements):
         raise BadInput(
             f"{counts} absent from corpus.jsonl (e.g. {missing[0]!r}): the qrels in "
             f"{qrels_path} do not belong to this corpus",

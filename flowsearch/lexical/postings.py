@@ -43,12 +43,19 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from flowsearch import settings
 from flowsearch.errors import BadInput, IndexDamaged
 from flowsearch.lexical import postings_files as files
 from flowsearch.lexical.tokens import tokenize_batch
 
 __all__ = ["Postings", "check_mask"]
+
+#: Texts tokenised at a time while building postings: bounds the memory of the Python token
+#: lists while numpy does the rest in bulk.
+BUILD_CHUNK = 8192
+#: Segments with at least this many terms find a query term by bisection in their sorted
+#: vocabulary instead of a dictionary: a slower lookup, but nothing to build when a large
+#: segment is opened.
+BISECT_MIN_TERMS = 100_000
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
@@ -125,15 +132,15 @@ class Postings:
     def term_lookup(self) -> Callable[[str], int | None]:
         """A function: term -> term id, or None for a term not held; chosen on first use.
 
-        A vocabulary of at least ``settings.current().lexical_bisect_min_terms`` terms that
-        ascends (as every vocabulary :meth:`build` and :meth:`merge` make) is searched by
-        bisection in the list itself (a microsecond a lookup, nothing to build: a dictionary of
-        a million terms takes seconds to build); others through :attr:`term_index`.
+        A vocabulary of at least :data:`BISECT_MIN_TERMS` terms that ascends (as every
+        vocabulary :meth:`build` and :meth:`merge` make) is searched by bisection in the list
+        itself (slower a lookup, but nothing to build on open); others through
+        :attr:`term_index`.
         """
         lookup = self._lookup
         if lookup is None:
             vocab = self.vocab
-            big = len(vocab) >= settings.current().lexical_bisect_min_terms
+            big = len(vocab) >= BISECT_MIN_TERMS
             if big and all(map(operator.lt, vocab, islice(vocab, 1, None))):
                 lookup = partial(_bisect, vocab)
             else:
@@ -183,7 +190,7 @@ class Postings:
     def build(cls, texts: Iterable[str]) -> Postings:
         """Postings of ``texts``; text ``i`` (in iteration order) is local row ``i``.
 
-        ``texts`` is consumed once, ``settings.current().lexical_build_chunk`` texts at a time
+        ``texts`` is consumed once, :data:`BUILD_CHUNK` texts at a time
         (a generator over Parquet row groups is fine): beyond one chunk's tokens, only integer
         postings are held.
 
@@ -196,7 +203,7 @@ class Postings:
         tfs: list[Int32] = []
         lengths: list[Int32] = [np.zeros(0, np.int32)]
         n_rows = 0
-        for chunk in _chunks(texts, settings.current().lexical_build_chunk):
+        for chunk in _chunks(texts, BUILD_CHUNK):
             docs = tokenize_batch(chunk)
             counts = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
             ids = np.fromiter(

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from flowsearch.settings import current
+from flowsearch.space import reference as space_reference
 
 if TYPE_CHECKING:
     from flowsearch.search.version import Version
@@ -94,7 +94,7 @@ class ReferenceHistogram(BaseModel):
         edges: ``bins + 1`` ascending score edges.
         shares: per bin, the percent of the measured passages whose best score falls in it.
         cut: the score below which a query is called unlike the corpus
-            (``Settings.ood_percentile``), and ``cut_percentile`` that percentile.
+            (``space.reference.OOD_PERCENTILE``), and ``cut_percentile`` that percentile.
         median: the passages' median best score.
         n_measured: passages measured; method: how (``held-out`` or ``leave-one-out``).
         words: what the reference is, in one line.
@@ -190,7 +190,7 @@ def reference_histogram(
     at = reference.percentiles(edges)
     at[0], at[-1] = 0.0, 100.0
     shares = np.clip(np.diff(at), 0.0, None)
-    cut_p = current().ood_percentile
+    cut_p = space_reference.OOD_PERCENTILE
     return ReferenceHistogram(
         edges=tuple(round(float(e), 6) for e in edges),
         shares=tuple(round(float(s), 4) for s in shares),

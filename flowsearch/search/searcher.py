@@ -96,7 +96,7 @@ class Searcher:
         Args:
             index_dir: the index to search.
             verify: check the sha256 of every file (by default sizes, and the checksums of
-                files up to ``Settings.cheap_checksum_bytes``).
+                files up to ``storage.verify.CHEAP_CHECKSUM_BYTES``).
             encoder: reuse a loaded Encoder (must match the manifest's model, pooling, ...).
             model: where the index's model directory is now, if it has moved since the index
                 was built (checked against the recorded content hash).

@@ -142,7 +142,7 @@ def index_info(index_dir: str | os.PathLike[str], verify: bool = False) -> Index
     Args:
         index_dir: the index directory.
         verify: hash every file and check the history log (by default: sizes, and hashes of
-            files up to ``Settings.cheap_checksum_bytes``).
+            files up to ``storage.verify.CHEAP_CHECKSUM_BYTES``).
 
     Raises:
         NotFound: no index there.

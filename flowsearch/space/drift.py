@@ -9,13 +9,13 @@ distribution-free interval from order statistics (:func:`median_interval`), so a
 is judged with the uncertainty a handful allows:
 
 - ``apart from the corpus`` (the only alarm, ``warn``): the interval lies wholly below
-  ``Settings.drift_apart_percentile`` (25): most new rows are less like the corpus than three
+  :data:`DRIFT_APART_PERCENTILE` (25): most new rows are less like the corpus than three
   quarters of its passages, beyond what chance gives. The advice depends on the searched space
   (a calibrated space may want ``recalibrate``; the encoder's own space has nothing to refit).
 - ``a little apart``: the interval is below 50 but reaches 25: related rows, nothing to do.
 - ``closer than its own passages``: the interval lies above 75: likely repeats of rows held.
 - ``like the corpus``: the interval holds the middle and stays above 25.
-- ``too few to tell``: fewer than ``Settings.drift_min_rows`` (5) rows, or an interval that
+- ``too few to tell``: fewer than :data:`DRIFT_MIN_ROWS` (5) rows, or an interval that
   reaches both "apart" and the middle.
 
 The flow's log-density, which the previous release judged drift by, tracks text length more
@@ -40,10 +40,19 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from flowsearch.settings import current
+from flowsearch.space import reference as space_reference
 from flowsearch.space.reference import Reference, share_words, why_unusable
 
 __all__ = ["DriftReport", "DriftVerdict", "drift_report", "median_interval"]
+
+#: Confidence of the interval around new rows' median percentile (order statistics).
+DRIFT_CONFIDENCE = 0.95
+#: New rows sit apart from the corpus when their median percentile is below this with
+#: :data:`DRIFT_CONFIDENCE`: most of them less like the corpus than 3/4 of its passages.
+DRIFT_APART_PERCENTILE = 25.0
+#: Fewer new rows than this are described, never judged as drift: so few rows all below
+#: :data:`DRIFT_APART_PERCENTILE` happen by chance too often to raise an alarm.
+DRIFT_MIN_ROWS = 5
 
 DriftVerdict = Literal[
     "like the corpus",
@@ -109,9 +118,9 @@ class DriftReport(BaseModel):
         reason: why it was not judged; None otherwise.
         median_percentile: the judged rows' median percentile among the reference (0-100).
         interval: a distribution-free interval for it (:func:`median_interval`).
-        coverage: the interval's confidence (below ``Settings.drift_confidence`` for fewer
+        coverage: the interval's confidence (below :data:`DRIFT_CONFIDENCE` for fewer
             than six rows, where it is their whole range).
-        share_flagged: share of judged rows below ``Settings.ood_percentile`` (what a query
+        share_flagged: share of judged rows below ``OOD_PERCENTILE`` (what a query
             that far off would be flagged at).
         space: the searched space (``calibrated`` or ``encoder``), which decides the advice.
         median_score, reference_median: raw best scores. log_density_median,
@@ -151,7 +160,7 @@ class DriftReport(BaseModel):
     def _interval_words(self) -> str:
         assert self.interval is not None and self.coverage is not None
         lo, hi = self.interval
-        if self.coverage >= current().drift_confidence:
+        if self.coverage >= DRIFT_CONFIDENCE:
             return f"{self.coverage * 100:.0f}% interval {lo:.0f}-{hi:.0f}"
         return f"range {lo:.0f}-{hi:.0f}"
 
@@ -164,7 +173,7 @@ class DriftReport(BaseModel):
         if n == 1:
             where = (
                 f"less like the corpus than {share_words(100 - m)} of its own passages"
-                if m < current().ood_percentile
+                if m < space_reference.OOD_PERCENTILE
                 else f"closer to the corpus than {share_words(m)} of its own passages"
             )
             return f"the new row is {where} (percentile {m:.0f}); one row is too few to call drift"
@@ -194,7 +203,7 @@ class DriftReport(BaseModel):
         flagged = self.share_flagged or 0.0
         return (
             f"{rows} sit apart from the corpus: {figures}; {flagged:.0%} of them are less like "
-            f"it than {share_words(100 - current().ood_percentile)} of its own passages. "
+            f"it than {share_words(100 - space_reference.OOD_PERCENTILE)} of its own passages. "
             + _advice(self.space)
         )
 
@@ -236,16 +245,15 @@ def _advice(space: str | None) -> str:
 
 def _drift_verdict(lo: float, hi: float, n: int) -> DriftVerdict:
     """The verdict of ``n`` judged rows whose median percentile lies in ``[lo, hi]``."""
-    s = current()
-    if n < s.drift_min_rows:
+    if n < DRIFT_MIN_ROWS:
         return "too few to tell"
-    if hi < s.drift_apart_percentile:
+    if hi < DRIFT_APART_PERCENTILE:
         return "apart from the corpus"
-    if lo > 100 - s.drift_apart_percentile:
+    if lo > 100 - DRIFT_APART_PERCENTILE:
         return "closer than its own passages"
     if hi < 50:
         return "a little apart"
-    if lo < s.drift_apart_percentile:
+    if lo < DRIFT_APART_PERCENTILE:
         return "too few to tell"  # the interval reaches both the corpus's middle and "apart"
     return "like the corpus"
 
@@ -264,7 +272,8 @@ def drift_report(
         best_scores: float (m,), each new row's best score against the rows the index held
             before the write (rows the write replaces excluded; the reference sample of them),
             in the searched space; NaN where there was none. At most
-            ``Settings.drift_max_rows`` of the new rows need scoring (a seeded sample).
+            ``flowsearch.writes.measure.DRIFT_MAX_ROWS`` of the new rows need scoring (a seeded
+            sample).
         reference: the index's reference before the write.
         log_densities: float (m,), the scored rows' log-densities, or None (raw figures,
             kept only when the reference has a reliable median to show beside them).
@@ -273,7 +282,7 @@ def drift_report(
 
     Returns:
         The report: ``warn`` only when the interval around the median percentile is wholly
-        below ``Settings.drift_apart_percentile`` (see the module docstring).
+        below :data:`DRIFT_APART_PERCENTILE` (see the module docstring).
     """
     scores = np.asarray(best_scores, np.float64).ravel()
     total = len(scores) if rows is None else int(rows)
@@ -285,9 +294,8 @@ def drift_report(
         reason = "no new row had an existing row to be compared with"
     if reason is not None or reference is None:
         return DriftReport(verdict="not judged", reason=reason, **base)
-    s = current()
     pct = reference.percentiles(judged)
-    lo, hi, coverage = median_interval(pct, s.drift_confidence)
+    lo, hi, coverage = median_interval(pct, DRIFT_CONFIDENCE)
     verdict = _drift_verdict(lo, hi, len(judged))
     raw: dict[str, Any] = {
         "median_score": float(np.median(judged)),
@@ -307,7 +315,7 @@ def drift_report(
         median_percentile=round(float(np.median(pct)), 1),
         interval=(round(lo, 1), round(hi, 1)),
         coverage=round(coverage, 4),
-        share_flagged=round(float(np.mean(pct < s.ood_percentile)), 4),
+        share_flagged=round(float(np.mean(pct < space_reference.OOD_PERCENTILE)), 4),
         space=reference.space,
         **base,
         **raw,

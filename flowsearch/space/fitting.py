@@ -7,7 +7,7 @@ or a Model2Vec model, and ``embedding_layer``), and there are at least
 :data:`~flowsearch.space.reference.MIN_ROWS_PER_DIM` rows per dimension. Then it fits and searches
 :data:`AUTO_SEARCHES`, partial whitening with a Gaussian density
 (``make_calibrator("gaussian", power=0.25)``); otherwise it fits :data:`AUTO_FITS`
-(``whitening-flow``, on at most ``Settings.density_fit_rows`` of the rows: it serves the density
+(``whitening-flow``, on at most :data:`DENSITY_FIT_ROWS` of the rows: it serves the density
 alone) and searches the encoder's own space. Either way the fitted calibrator has a density for
 the drift and query reports. A named calibration is fitted and always searched; a
 calibrator fitted elsewhere (the paper's "flow (NLI)" setting) is loaded and checked against the
@@ -53,7 +53,6 @@ from typing import Any, Literal
 import numpy as np
 
 from flowsearch.errors import BadInput
-from flowsearch.settings import current
 from flowsearch.space.reference import MIN_ROWS_PER_DIM
 from flowsearch.storage.manifest import AutoDecision, CalibrationSpec
 
@@ -104,6 +103,10 @@ AUTO_SEARCHES: tuple[str, dict[str, Any]] = ("gaussian", {"power": 0.25})
 #: a Model2Vec model; ``embedding_layer``: the embedding layer's outputs). See the module
 #: docstring for the measurements.
 AUTO_CALIBRATES_POOLINGS: frozenset[str] = frozenset({"static", "embedding_layer"})
+#: When ``auto`` keeps the encoder's space, the flow it fits serves only the raw log-density
+#: figures, so a seeded uniform sample of at most this many fit rows is enough, and bounds the
+#: fit's memory on a large corpus.
+DENSITY_FIT_ROWS = 50_000
 _SEEDED = ("flow", "whitening-flow")
 
 #: Calibrators whose fit inverts the corpus's covariance. Fitted on fewer rows than
@@ -192,7 +195,7 @@ def _choose(U: np.ndarray, calibration: str, stats: dict[str, float], pooling: s
     if searched:
         name, config = AUTO_SEARCHES
         return _Choice(name, dict(config), True, anisotropic, by_kind, enough), U
-    most = current().density_fit_rows
+    most = DENSITY_FIT_ROWS
     if len(U) > most:  # a density only: a sample is enough
         U = U[np.sort(np.random.default_rng(0).choice(len(U), most, replace=False))]
     return _Choice(AUTO_FITS, {"seed": 0}, False, anisotropic, by_kind, enough), U

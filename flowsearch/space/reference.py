@@ -38,7 +38,6 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from flowsearch.errors import IndexDamaged
-from flowsearch.settings import current
 
 __all__ = [
     "MIN_ROWS_PER_DIM",
@@ -69,6 +68,23 @@ PERCENTS: tuple[float, ...] = tuple(float(p) for p in range(101))
 #: How a reference's rows were measured: held out of the calibrator's fit, or leave-one-out.
 Method = Literal["held-out", "leave-one-out"]
 
+#: Share of the corpus the build keeps out of the calibrator's fit: the rows the reference is
+#: measured on when there are enough of them, unseen by the calibrator as new rows are.
+HELD_OUT_SHARE = 0.10
+#: At most this many rows are held out: enough for a 1st percentile, and cheap to score.
+HELD_OUT_MAX = 2000
+#: Fewer held-out rows than this are none: a small corpus keeps every row for the fit and
+#: measures its reference leave-one-out instead.
+HELD_OUT_MIN = 50
+#: A reference needs at least this many measured rows: fewer say nothing about what is usual.
+REFERENCE_MIN_ROWS = 50
+#: A leave-one-out reference measures at most this many rows (a seeded sample); the reference
+#: sample keeps at most this many probes.
+REFERENCE_MAX_ROWS = 2000
+#: A query whose best score is below this percentile of the reference is out of distribution:
+#: a cut that flags few in-domain questions and most foreign ones (benchmarks/RESULTS.md).
+OOD_PERCENTILE = 5.0
+
 
 def reliable(fit_rows: int, dim: int) -> bool:
     """True when a calibrator fitted on ``fit_rows`` rows of dimension ``dim`` can be trusted
@@ -79,16 +95,15 @@ def reliable(fit_rows: int, dim: int) -> bool:
 def split_fit_rows(n: int, fit_sample: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Which rows fit the calibrator and which are held out (int64, sorted).
 
-    ``Settings.held_out_share`` of the rows (at most ``held_out_max``; none when that is fewer
-    than ``held_out_min``) are held out; at most ``fit_sample`` of the others, a seeded uniform
+    :data:`HELD_OUT_SHARE` of the rows (at most :data:`HELD_OUT_MAX`; none when that is fewer
+    than :data:`HELD_OUT_MIN`) are held out; at most ``fit_sample`` of the others, a seeded uniform
     sample, fit. A corpus larger than ``fit_sample`` holds out rows outside the sample, so its
     fit set does not shrink.
     """
-    s = current()
     rng = np.random.default_rng(seed)
     order = rng.permutation(n)
-    held = min(int(round(n * s.held_out_share)), s.held_out_max)
-    if held < s.held_out_min:
+    held = min(int(round(n * HELD_OUT_SHARE)), HELD_OUT_MAX)
+    if held < HELD_OUT_MIN:
         held = 0
     fit = order[held : held + fit_sample] if n - held > fit_sample else order[held:]
     return np.sort(fit).astype(np.int64), np.sort(order[:held]).astype(np.int64)
@@ -104,17 +119,16 @@ def reference_rows(n_rows: int, held_out: np.ndarray, seed: int = 0) -> tuple[np
 
     Returns:
         ``(rows, method)``: the held-out rows (``"held-out"``) when there are at least
-        ``Settings.reference_min_rows`` of them; otherwise a seeded sample of at most
-        ``Settings.reference_max_rows`` of all rows (``"leave-one-out"``; every row of a small
+        :data:`REFERENCE_MIN_ROWS` of them; otherwise a seeded sample of at most
+        :data:`REFERENCE_MAX_ROWS` of all rows (``"leave-one-out"``; every row of a small
         corpus). int64, sorted. Empty below two rows (a row has no other to be near).
     """
-    s = current()
     held_out = np.asarray(held_out, dtype=np.int64)
-    if len(held_out) >= s.reference_min_rows:
+    if len(held_out) >= REFERENCE_MIN_ROWS:
         return np.sort(held_out), "held-out"
     if n_rows < 2:
         return np.zeros(0, np.int64), "leave-one-out"
-    take = min(n_rows, s.reference_max_rows)
+    take = min(n_rows, REFERENCE_MAX_ROWS)
     rows = np.random.default_rng(seed).choice(n_rows, take, replace=False)
     return np.sort(rows).astype(np.int64), "leave-one-out"
 
@@ -297,7 +311,7 @@ class Reference(BaseModel):
         words = (
             f"{self.n_measured:,} of the corpus's own passages, each scored against its closest "
             f"other passage ({how}); a query less like the corpus than "
-            f"{100 - current().ood_percentile:g}% of them is flagged"
+            f"{100 - OOD_PERCENTILE:g}% of them is flagged"
         )
         rows = (self.sample or {}).get("rows")
         if isinstance(rows, int):
@@ -309,10 +323,10 @@ def why_unusable(reference: Reference | None) -> str | None:
     """Why ``reference`` cannot judge a query or new rows, in words; None when it can."""
     if reference is None or not reference.measured:
         return "the index records no reference to judge against; rebuilding it measures one"
-    if reference.n_measured < current().reference_min_rows:
+    if reference.n_measured < REFERENCE_MIN_ROWS:
         return (
             f"the index holds {reference.n_corpus} rows, too few to know what is usual "
-            f"for it ({current().reference_min_rows} needed)"
+            f"for it ({REFERENCE_MIN_ROWS} needed)"
         )
     return None
 

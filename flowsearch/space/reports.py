@@ -2,10 +2,11 @@ r"""Reports in plain words: the query verdict, and what an index searches.
 
 A query is judged by its best dense score (its cosine to the nearest row of the index), placed
 among the corpus's own rows' (:class:`~flowsearch.space.reference.Reference`): *out of
-distribution* below ``Settings.ood_percentile`` (5). :meth:`QueryReport.to_words` says it in
-percentiles of the corpus ("this query is less like it than 97% of the corpus's own passages");
-the raw figures (scores, log-densities) are fields, for ``--json``, and
-:meth:`QueryReport.to_explain`. The drift of new rows is :mod:`flowsearch.space.drift`.
+distribution* below :data:`~flowsearch.space.reference.OOD_PERCENTILE` (5).
+:meth:`QueryReport.to_words` says it in percentiles of the corpus ("this query is less like it
+than 97% of the corpus's own passages"); the raw figures (scores, log-densities) are fields, for
+``--json``, and :meth:`QueryReport.to_explain`. The drift of new rows is
+:mod:`flowsearch.space.drift`.
 
 :func:`describe_space` says in one line what an index searches, from the manifest's calibration
 record (for ``info``).
@@ -30,7 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from flowsearch.settings import current
+from flowsearch.space import reference as space_reference
 from flowsearch.space.reference import MIN_ROWS_PER_DIM, Reference, share_words, why_unusable
 
 __all__ = ["QueryReport", "QueryVerdict", "describe_space", "query_report"]
@@ -50,7 +51,7 @@ class QueryReport(BaseModel):
         reason: why it was not judged, in words; None when judged.
         percentile: where the query's best score falls among the reference rows' (0-100).
         top_score: the query's best dense score over the whole index (raw).
-        reference_cut: the reference's score at ``Settings.ood_percentile`` (raw).
+        reference_cut: the reference's score at ``OOD_PERCENTILE`` (raw).
         reference_median: the reference's median score (raw).
         n_reference: rows the reference measured; reference_method: how.
         log_density: the query's log-density under the calibrator (raw; shown only with a
@@ -98,7 +99,7 @@ class QueryReport(BaseModel):
             parts.append(
                 f"percentile {self.percentile:.1f} among {self.n_reference:,} passages' best "
                 f"score to another passage ({self.reference_method}; "
-                f"{current().ood_percentile:g}th percentile {self.reference_cut:.3f}, median "
+                f"{space_reference.OOD_PERCENTILE:g}th percentile {self.reference_cut:.3f}, median "
                 f"{self.reference_median:.3f})"
             )
         if self.log_density is not None and self.reference_log_density is not None:
@@ -132,7 +133,7 @@ def query_report(
     raw: dict[str, Any] = {"top_score": top}
     if reference is not None and reference.measured:
         raw.update(
-            reference_cut=reference.score_at(current().ood_percentile),
+            reference_cut=reference.score_at(space_reference.OOD_PERCENTILE),
             reference_median=reference.score_at(50.0),
             n_reference=reference.n_measured,
             reference_method=reference.method,
@@ -155,7 +156,7 @@ def query_report(
         return QueryReport(verdict="not judged", reason=reason, **raw)
     p = reference.percentile(top)
     verdict: QueryVerdict = (
-        "out-of-distribution" if p < current().ood_percentile else "in-distribution"
+        "out-of-distribution" if p < space_reference.OOD_PERCENTILE else "in-distribution"
     )
     return QueryReport(verdict=verdict, percentile=round(p, 1), **raw)
 

@@ -3,12 +3,12 @@ not set.
 
 Drift (:mod:`flowsearch.space.drift`) places each new row's best score among the corpus's own
 rows' best scores. Measured against the whole index, that is a top-1 search per new row whose
-cost grows with the corpus (5.2 s of a 5.4 s upsert into 1M ``Flat`` rows). Instead, a version
-keeps a fixed-size *sample* of its rows' searched vectors (at most
-``Settings.reference_sample_rows``; every row of a smaller corpus) and a set of *probes* (the rows
-the reference is measured on: held out of the calibrator's fit, or leave-one-out on a small
-corpus; at most ``Settings.reference_max_rows``). A probe's best score is to the sample's rows
-other than itself; a new row's is to all of them: the same figure on the same rows, so new rows
+cost grows with the corpus, most of a small write's time on a large index. Instead, a version
+keeps a fixed-size *sample* of its rows' searched vectors (at most :data:`REFERENCE_SAMPLE_ROWS`;
+every row of a smaller corpus) and a set of *probes* (the rows the reference is measured on:
+held out of the calibrator's fit, or leave-one-out on a small corpus; at most
+:data:`~flowsearch.space.reference.REFERENCE_MAX_ROWS`). A probe's best score is to the sample's
+rows other than itself; a new row's is to all of them: the same figure on the same rows, so new rows
 are judged like-for-like, and the check reads one file of ``sample x dim`` floats whatever the
 corpus holds.
 
@@ -28,9 +28,10 @@ the whole sample) followed by *deltas* (:data:`DELTA_FILE`, one per write that c
 entries that left, the rows that entered, the probes whose figure changed; :class:`SampleDelta`).
 Every entry has a *serial*, implicit in the files (a base's entries are numbered in order, each
 delta's entering ones after the highest number so far), so a delta names what left without
-ambiguity (an id's passages share a key). A write into 1M rows changes a few entries: its delta
-is a few KB, where the whole sample is 4.7 MB. The writer folds the chain into a new base when
-the deltas grow past a bound (``Settings.reference_delta_share``, ``reference_delta_max``).
+ambiguity (an id's passages share a key). A small write into a large index changes a few
+entries: its delta is a small fraction of the whole sample. The writer folds the chain into a
+new base when the deltas grow past a bound (``flowsearch.writes.measure.REFERENCE_DELTA_SHARE``,
+``REFERENCE_DELTA_MAX``).
 
 Example:
     >>> rng = np.random.default_rng(0)
@@ -58,6 +59,9 @@ __all__ = ["DELTA_FILE", "SAMPLE_FILE", "ReferenceSample", "SampleDelta", "best_
 SAMPLE_FILE = "sample.npz"
 #: The file a write's change to a reference sample is saved as, inside its directory.
 DELTA_FILE = "delta.npz"
+#: Rows of the reference sample new rows are judged against: a drift check reads this many
+#: vectors whatever the corpus holds, enough for its percentiles to be steady.
+REFERENCE_SAMPLE_ROWS = 4096
 
 #: Entries' and probes' serials, and the next of each (see :class:`ReferenceSample`).
 _Serials = tuple[np.ndarray, np.ndarray, int, int]
@@ -89,7 +93,11 @@ def best_against(
         return best, at
     for start in range(0, m, _CHUNK):
         stop = min(start + _CHUNK, m)
-        S = np.asarray(Z[start:stop], np.float32) @ np.asarray(sample, np.float32).T
+        # float64 products, rounded once to float32: the same bits whatever the BLAS build, its
+        # threads or the chunk's shape (a float32 product's last bit depends on all three)
+        S = (np.asarray(Z[start:stop], np.float64) @ np.asarray(sample, np.float64).T).astype(
+            np.float32
+        )
         if own is not None and keys is not None:
             S[own[start:stop, None] == keys[None, :]] = -np.inf
         j = np.argmax(S, axis=1)
@@ -332,8 +340,9 @@ class ReferenceSample:
             Z: float32 (q, d), a uniform sample of the new rows (all of them when ``q`` ==
                 ``n_new``), at least as many as may enter; keys: uint64 (q,), their keys.
             n_new: rows the write added.
-            most: the sample's size bound (``Settings.reference_sample_rows``).
-            most_probes: the probes' bound (``Settings.reference_max_rows``).
+            most: the sample's size bound (:data:`REFERENCE_SAMPLE_ROWS`).
+            most_probes: the probes' bound
+                (:data:`~flowsearch.space.reference.REFERENCE_MAX_ROWS`).
             seed: seeds which rows enter and which leave.
 
         Returns:

@@ -3,8 +3,8 @@ r"""A segment's rows: Parquet parts written in order, read back by local row num
 A part holds ``id``, ``text``, the segment's metadata columns, ``vector`` (a
 ``fixed_size_list<float32>``: the searched space) and ``raw`` (a ``fixed_size_list<float16>``:
 the encoder's own output, kept so a calibrator can be refitted without re-encoding). Parts have
-at most ``Settings.part_rows`` rows, in row groups of ``Settings.row_group_rows`` (the unit a
-hit's join decodes).
+at most :data:`PART_ROWS` rows, in row groups of :data:`ROW_GROUP_ROWS` (the unit a hit's join
+decodes).
 
 :class:`RowReader` opens every part of a segment when it is made (memory-mapped): it keeps
 reading them after a later write's cleanup unlinked them (an open file outlives its directory
@@ -33,7 +33,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flowsearch.errors import IndexDamaged
-from flowsearch.settings import current
 from flowsearch.storage.layout import part_file
 from flowsearch.storage.passages import PASSAGE_COLUMNS, has_passages
 from flowsearch.storage.records import PartRecord
@@ -53,6 +52,12 @@ __all__ = [
 RESERVED_COLUMNS = ("id", "text", "vector", "raw")
 #: The vector columns (never loaded to join a hit or to filter).
 VECTOR_COLUMNS = ("vector", "raw")
+
+#: Rows per Parquet part of a segment: bounds a part file's size, whatever the segment holds.
+PART_ROWS = 50_000
+#: Rows per Parquet row group: the unit decoded to join one hit to its row, so small enough
+#: that a join decodes little beside the hit.
+ROW_GROUP_ROWS = 1024
 
 
 def vector_column(values: np.ndarray, dtype: type = np.float32) -> pa.FixedSizeListArray:
@@ -101,16 +106,16 @@ class PartWriter:
 
     Args:
         directory: the segment's directory (being staged).
-        part_rows: row bound per part (default ``Settings.part_rows``).
-        row_group_rows: rows per Parquet row group (default ``Settings.row_group_rows``).
+        part_rows: row bound per part (default :data:`PART_ROWS`).
+        row_group_rows: rows per Parquet row group (default :data:`ROW_GROUP_ROWS`).
     """
 
     def __init__(
         self, directory: Path, *, part_rows: int | None = None, row_group_rows: int | None = None
     ) -> None:
         self.directory = Path(directory)
-        self.part_rows = part_rows or current().part_rows
-        self.row_group_rows = min(row_group_rows or current().row_group_rows, self.part_rows)
+        self.part_rows = part_rows or PART_ROWS
+        self.row_group_rows = min(row_group_rows or ROW_GROUP_ROWS, self.part_rows)
         self._parts: list[PartRecord] = []
         self._writer: pq.ParquetWriter | None = None
         self._path = ""

@@ -2,7 +2,7 @@ r"""Checking a version's files against its manifest.
 
 Every file a version references (each segment's parts, vector index, postings, keys and deletion
 file, the calibrator's files, the reference sample's base and deltas) must be there with its
-recorded size; small files (at most ``Settings.cheap_checksum_bytes``) are checksummed on every
+recorded size; small files (at most :data:`CHEAP_CHECKSUM_BYTES`) are checksummed on every
 open, all of them with ``checksums=True`` (``info --verify``, ``Searcher.open(verify=True)``),
 which also checks the history log and that each segment's ``key_ids.arrow`` holds the ids its
 keys were hashed from. A file in a segment's, the calibrator's or a reference sample
@@ -22,7 +22,6 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from flowsearch.errors import IndexDamaged
-from flowsearch.settings import current
 from flowsearch.storage import history
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.keys import KeyIndex
@@ -30,6 +29,10 @@ from flowsearch.storage.layout import KEY_IDS_FILE
 from flowsearch.storage.relpaths import reference_sample, sample_pieces
 
 __all__ = ["Verification", "size_on_disk", "verify", "verify_files"]
+
+#: Files at most this large are checksummed on every open (cheap next to opening them); larger
+#: ones only when asked (``checksums=True``).
+CHEAP_CHECKSUM_BYTES = 16 * 2**20
 
 
 class Verification(BaseModel):
@@ -69,7 +72,7 @@ def verify_files(
         IndexDamaged: naming the first file missing or different.
     """
     hashed, skipped = 0, []
-    cheap = current().cheap_checksum_bytes
+    cheap = CHEAP_CHECKSUM_BYTES
     for relpath, record in files.items():
         path = folder / relpath
         if not path.is_file():

@@ -24,7 +24,7 @@ import numpy as np
 from flowsearch.ann import io as ann_io
 from flowsearch.ann.prefilter import filtered_search
 from flowsearch.search.dense import merge_top_k
-from flowsearch.settings import current
+from flowsearch.space import sample as space_sample
 from flowsearch.space.reference import Method, Reference, best_other_score, reference_rows
 from flowsearch.space.sample import ReferenceSample
 from flowsearch.space.search_space import SearchSpace
@@ -49,11 +49,21 @@ __all__ = [
     "stale_keys",
 ]
 
+#: A write scores at most this many of its new rows (a seeded sample) for the drift report:
+#: enough that the median percentile's interval is narrower than the verdict's steps.
+DRIFT_MAX_ROWS = 100
+#: A write that changes the reference sample saves what changed (a delta) on the last base,
+#: until the deltas since it would pass this share of the base's bytes, or their count
+#: :data:`REFERENCE_DELTA_MAX`; then a new base (the whole sample). So a write pays at most
+#: about twice its delta, and a drift check reads at most about twice a base.
+REFERENCE_DELTA_SHARE = 1.0
+REFERENCE_DELTA_MAX = 32
+
 
 def sample_positions(n: int, most: int | None = None, seed: int = 0) -> np.ndarray:
-    """Sorted positions (int64) of at most ``most`` (``Settings.drift_max_rows``) of ``n`` rows,
-    a seeded uniform sample (all of them when there are few enough)."""
-    most = current().drift_max_rows if most is None else most
+    """Sorted positions (int64) of at most ``most`` (:data:`DRIFT_MAX_ROWS`) of ``n`` rows, a
+    seeded uniform sample (all of them when there are few enough)."""
+    most = DRIFT_MAX_ROWS if most is None else most
     if n <= most:
         return np.arange(n, dtype=np.int64)
     return np.sort(np.random.default_rng(seed).choice(n, most, replace=False)).astype(np.int64)
@@ -140,7 +150,7 @@ def draw_sample(
     seed: int = 0,
 ) -> ReferenceSample:
     """A reference sample of the live rows of ``segments`` (their searched vectors as stored):
-    a seeded uniform sample of at most ``Settings.reference_sample_rows`` rows, and as probes
+    a seeded uniform sample of at most ``REFERENCE_SAMPLE_ROWS`` rows, and as probes
     the live rows ``probes`` (positions in the live rows' order: the build's held-out rows) or,
     by default, a leave-one-out sample (:func:`reference_rows`). Reads the row groups holding
     them: the one step whose cost grows with the corpus, taken once per build, recalibration,
@@ -152,7 +162,7 @@ def draw_sample(
         live.append(np.arange(seg.n_rows) if dead is None else np.flatnonzero(~dead))
     offsets = np.concatenate([[0], np.cumsum([len(x) for x in live])]).astype(np.int64)
     total = int(offsets[-1])
-    most = min(current().reference_sample_rows, total)
+    most = min(space_sample.REFERENCE_SAMPLE_ROWS, total)
     rng = np.random.default_rng(seed)
     picked = np.sort(rng.choice(total, most, replace=False)).astype(np.int64)
     if probes is None:
@@ -213,18 +223,17 @@ def stage_sample(
     With ``parent`` (the base version's sample, as :func:`read_sample` read it, that
     ``sample`` was derived from), only what changed is written: a delta appended to the base
     version's chain (:class:`~flowsearch.space.sample.SampleDelta`), unless the chain's deltas
-    would then pass ``Settings.reference_delta_share`` of its base's bytes or number
-    ``Settings.reference_delta_max``: then, as without a parent, the whole sample (a new base).
+    would then pass :data:`REFERENCE_DELTA_SHARE` of its base's bytes or number
+    :data:`REFERENCE_DELTA_MAX`: then, as without a parent, the whole sample (a new base).
     """
-    s = current()
     before = sample_record(writer.base) if parent is not None else None
     delta = sample.delta_from(parent) if parent is not None and before is not None else None
     if before is not None and delta is not None:
         chain = list(before.get("deltas", []))
         base_bytes = sum(int(f["bytes"]) for f in before["files"].values())
         chain_bytes = sum(int(f["bytes"]) for d in chain for f in d["files"].values())
-        fits = chain_bytes + delta.nbytes <= s.reference_delta_share * base_bytes
-        if fits and len(chain) < s.reference_delta_max:
+        fits = chain_bytes + delta.nbytes <= REFERENCE_DELTA_SHARE * base_bytes
+        if fits and len(chain) < REFERENCE_DELTA_MAX:
             stage = writer.stage(REFERENCES_DIR)
             delta.save(stage)
             record = {k: v for k, v in before.items() if k != "deltas"}

@@ -14,7 +14,7 @@ expected and the given type; a new column is added (null for older rows).
 
 Drift: each new row's best score against the version's reference sample (a fixed-size sample
 of the rows the index held before, those the write replaces or deleted since excluded; at most
-``Settings.drift_max_rows`` new rows, a seeded sample) is placed among the corpus's own best
+``measure.DRIFT_MAX_ROWS`` new rows, a seeded sample) is placed among the corpus's own best
 scores against the same sample (:func:`flowsearch.space.drift.drift_report`): "the 20 new rows
 sit like the corpus: median percentile 48". The check's cost does not grow with the corpus
 (:mod:`flowsearch.space.sample`); the write's rows enter the next version's sample in
@@ -42,7 +42,8 @@ from flowsearch.errors import BadInput
 from flowsearch.ingest.corpus import Corpus, CorpusOptions, CorpusPlan
 from flowsearch.ingest.passages import Cuts
 from flowsearch.progress import Stages
-from flowsearch.settings import current
+from flowsearch.space import reference as space_reference
+from flowsearch.space import sample as space_sample
 from flowsearch.space.drift import DriftReport, drift_report
 from flowsearch.space.reference import Reference, reference_of
 from flowsearch.space.search_space import SearchSpace
@@ -53,6 +54,7 @@ from flowsearch.storage.lookup import find_live
 from flowsearch.storage.passages import passage_columns
 from flowsearch.storage.rows import rows_table
 from flowsearch.storage.writer import Writer, open_writer
+from flowsearch.writes import measure
 from flowsearch.writes.corpus import read_for_write, sizes_of
 from flowsearch.writes.engine import CHUNK_ROWS
 from flowsearch.writes.measure import (
@@ -353,10 +355,10 @@ class _Pool(NamedTuple):
 def _pool(n_rows: int) -> tuple[np.ndarray, np.ndarray]:
     """Which of a write's ``n_rows`` new rows are kept (row positions, sorted): as many as may
     enter the reference sample, and among them (positions in the pool) the at most
-    ``Settings.drift_max_rows`` drift judges (both seeded, uniform)."""
-    s = current()
-    pool = sample_positions(n_rows, max(s.reference_sample_rows, s.drift_max_rows))
-    judged = sample_positions(len(pool), s.drift_max_rows, seed=1)
+    ``measure.DRIFT_MAX_ROWS`` drift judges (both seeded, uniform)."""
+    most = max(space_sample.REFERENCE_SAMPLE_ROWS, measure.DRIFT_MAX_ROWS)
+    pool = sample_positions(n_rows, most)
+    judged = sample_positions(len(pool), measure.DRIFT_MAX_ROWS, seed=1)
     return pool, judged
 
 
@@ -401,10 +403,9 @@ def _drift(
     gone = stale_keys(writer, before, np.concatenate([sample.keys, sample.probe_keys]))
     live = sample.without(np.union1d(gone, replaced_keys))
     n_live = base.n_live - int(sum(len(r) for r in replaced.values()))
-    s = current()
     if not drawn and (
-        live.n_sample < min(s.reference_sample_rows, n_live) // 2
-        or s.reference_min_rows > live.n_probes < n_live
+        live.n_sample < min(space_sample.REFERENCE_SAMPLE_ROWS, n_live) // 2
+        or space_reference.REFERENCE_MIN_ROWS > live.n_probes < n_live
     ):  # deletes took most of it: draw it again (rare; reads the rows it picks)
         sample = draw_sample(writer, before, seed=base.version)
         live, drawn = sample.without(replaced_keys), True
@@ -419,8 +420,8 @@ def _drift(
     reference = reference.model_copy(update={"log_density_median": log_median})
     best = live.best_scores(pool.Z[pool.judged])
     report = drift_report(best, reference, pool.lp, rows=n_rows, sample=live.n_sample)
-    after = live.updated(n_live, pool.Z, pool.keys, n_rows, s.reference_sample_rows,
-                         s.reference_max_rows, seed=writer.number)  # fmt: skip
+    after = live.updated(n_live, pool.Z, pool.keys, n_rows, space_sample.REFERENCE_SAMPLE_ROWS,
+                         space_reference.REFERENCE_MAX_ROWS, seed=writer.number)  # fmt: skip
     if after is sample and not drawn:
         return report, None
     kept = dict(base.reference or {}) or (stored.model_dump(mode="json") if stored else {})

@@ -16,8 +16,8 @@ import pytest
 from corpus_helpers import sentences
 
 from flowsearch.search.searcher import Searcher
-from flowsearch.settings import current
 from flowsearch.storage import manifest as mf
+from flowsearch.writes import measure
 from flowsearch.writes.merge import MergePolicy
 
 #: small writes in the manifest-growth test (one-row upserts and one-id deletes, alternating):
@@ -40,7 +40,7 @@ def _bound(index: Path) -> int:
     tier holds at most ``segments_per_tier - 1``; these writes keep every segment below
     ``floor_segment_rows`` (the lowest tier), so a version has at most that many segments and
     the manifest a bounded size however many writes made it; the reference sample's deltas
-    fold into a new base past ``reference_delta_max``, so its record is bounded too. Only the
+    fold into a new base past ``REFERENCE_DELTA_MAX``, so its record is bounded too. Only the
     log grows per write.
     """
     raw = json.loads((index / mf.MANIFEST_NAME).read_text())
@@ -50,10 +50,10 @@ def _bound(index: Path) -> int:
               "deletions": "deleted-v000000.npy", "n_deleted": 10**6}  # fmt: skip
     per_segment = len(json.dumps(record, indent=1)) + 64  # + digits of a bigger segment number
     last_write = 1024
-    # the reference sample's deltas since its base: at most reference_delta_max records
+    # the reference sample's deltas since its base: at most REFERENCE_DELTA_MAX records
     delta = {"delta.npz": {"bytes": 10**6, "sha256": "f" * 64}}
     piece = {"path": "references/r000000", "files": delta}
-    chain = current().reference_delta_max * (len(json.dumps(piece, indent=1)) + 64)
+    chain = measure.REFERENCE_DELTA_MAX * (len(json.dumps(piece, indent=1)) + 64)
     tiers = MergePolicy().segments_per_tier
     return _manifest_bytes(index) + (tiers - 2) * per_segment + last_write + chain
 

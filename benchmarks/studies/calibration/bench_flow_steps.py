@@ -18,7 +18,7 @@ checks that it is not slower than the code it replaced (the fused torch / numpy 
    the work itself, without the waiting of threads on a shared machine);
 4. reports each side's median over rounds and the ratio new / old (below 1: faster), with the
    load average before and after;
-5. times the new side's ``flow`` transform of all rows by ``Settings.calibration_chunk_macs``
+5. times the new side's ``flow`` transform of all rows by ``calibration.stepmath.CHUNK_MACS``
    (the largest matrix product of a chunk of the flow's steps; in this process, default
    threads, interleaved), the evidence for that setting.
 
@@ -115,16 +115,17 @@ def _side(tree: Path, work: Path, repeats: int, threads: str) -> dict[str, Any]:
 
 
 def _chunk_sweep(work: Path, U: Any, repeats: int) -> dict[str, list[float]]:
-    """The new flow's transform of all rows by ``calibration_chunk_macs`` (seconds per repeat,
+    """The new flow's transform of all rows by ``stepmath.CHUNK_MACS`` (seconds per repeat,
     interleaved); keys are the chunk's rows for 384-d vectors (192 x 32 multiply-adds a row)."""
-    from flowsearch.calibration import load_calibrator
-    from flowsearch.settings import override
+    from unittest import mock
+
+    from flowsearch.calibration import load_calibrator, stepmath
 
     cal = load_calibrator(work / "flow")
     out: dict[str, list[float]] = {str(macs // (192 * 32)): [] for macs in CHUNK_MACS}
     for _ in range(repeats):
         for macs in CHUNK_MACS:
-            with override(calibration_chunk_macs=macs):
+            with mock.patch.object(stepmath, "CHUNK_MACS", macs):
                 out[str(macs // (192 * 32))].append(_timed(lambda: cal.transform(U)))
     return out
 
@@ -252,7 +253,7 @@ def render(res: dict[str, Any]) -> str:
         f"Both sides' float32 outputs of `transform` on all rows agree to {diff} (max abs).",
         "",
         f"The new `flow`'s transform of the {res['rows']:,} rows by the rows of a chunk of its "
-        "steps (`Settings.calibration_chunk_macs` / (192 x 32); default 500,000: 81 rows; default "
+        "steps (`calibration.stepmath.CHUNK_MACS` / (192 x 32); default 500,000: 81 rows; default "
         f"threads, median of {res['repeats']}, interleaved): "
         + ", ".join(f"{c} rows {statistics.median(v):.2f} s" for c, v in sweep.items())
         + ".",

@@ -46,9 +46,8 @@ import numpy as np
 from benchmarks.common import dev_sets, harness
 from benchmarks.studies.density.bench_density import DEV_CORPUS, auroc, snippets
 from benchmarks.studies.density.density_data import VectorStore, load_texts, token_counts
-from flowsearch.settings import current
 from flowsearch.space.fitting import fit_for_index
-from flowsearch.space.reference import best_other_score, split_fit_rows
+from flowsearch.space.reference import OOD_PERCENTILE, best_other_score, split_fit_rows
 from flowsearch.space.search_space import SearchSpace
 
 LOG = logging.getLogger("bench_density_length")
@@ -70,7 +69,7 @@ def nearest_length_cut(tokens: np.ndarray, ref_tokens: np.ndarray, ref: np.ndarr
     log(tokens) (ties by order)."""
     lt, lr = np.log(np.maximum(tokens, 1)), np.log(np.maximum(ref_tokens, 1))
     order = np.argsort(np.abs(lt[:, None] - lr[None, :]), axis=1, kind="stable")[:, :n]
-    return np.percentile(ref[order], current().ood_percentile, axis=1)
+    return np.percentile(ref[order], OOD_PERCENTILE, axis=1)
 
 
 def study(
@@ -102,7 +101,7 @@ def study(
     values["held-out passages"], tokens["held-out passages"] = ref, ref_tok
 
     cuts: dict[str, dict[str, np.ndarray]] = {}
-    product = float(np.percentile(ref, current().ood_percentile))
+    product = float(np.percentile(ref, OOD_PERCENTILE))
     cuts["product: < p5 of held-out rows"] = {
         g: np.full(len(v), product) for g, v in values.items()
     }
@@ -111,13 +110,11 @@ def study(
             g: nearest_length_cut(tokens[g], ref_tok, ref, n) for g in values
         }
     b, a = np.polyfit(np.log(np.maximum(ref_tok, 1)), ref, 1)
-    resid_cut = float(
-        np.percentile(ref - (a + b * np.log(np.maximum(ref_tok, 1))), current().ood_percentile)
-    )
+    resid_cut = float(np.percentile(ref - (a + b * np.log(np.maximum(ref_tok, 1))), OOD_PERCENTILE))
     cuts["length line: residual < p5 of held-out residuals"] = {
         g: a + b * np.log(np.maximum(tokens[g], 1)) + resid_cut for g in values
     }
-    snip_cut = float(np.percentile(snip_scores, current().ood_percentile))
+    snip_cut = float(np.percentile(snip_scores, OOD_PERCENTILE))
     cuts["< p5 of 4-12 word snippets of held-out rows"] = {
         g: np.full(len(v), snip_cut) for g, v in values.items()
     }

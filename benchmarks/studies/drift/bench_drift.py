@@ -26,7 +26,8 @@ into the searched space. Three indexes per set and pooling:
 
 **Query verdict** (:func:`~flowsearch.space.reports.query_report`): every query of every set is
 searched in every index; its best score excludes a row with the very same text (the symmetric
-sets' queries are corpus sentences). Flagged = percentile below ``Settings.ood_percentile``.
+sets' queries are corpus sentences). Flagged = percentile below ``OOD_PERCENTILE``
+(:mod:`flowsearch.space.reference`).
 The set's own queries flagged are false alarms; other sets' queries flagged are catches (the
 caption sets, SICK and SNLI, are close to each other: their cross catches are low by nature).
 The product declines to judge in an anisotropic encoder space (mean cosine above ``auto``'s
@@ -70,10 +71,10 @@ from benchmarks.common.harness import (  # noqa: E402
 from benchmarks.studies.density.density_data import VectorStore  # noqa: E402
 from benchmarks.studies.drift.bench_drift_report import BATCH_SIZES, SETS, VARIANTS, markdown  # noqa: E402
 from flowsearch.evaluation.beir import load_beir  # noqa: E402
-from flowsearch.settings import current  # noqa: E402
 from flowsearch.space.drift import drift_report  # noqa: E402
 from flowsearch.space.fitting import fit_for_index  # noqa: E402
 from flowsearch.space.reference import (  # noqa: E402
+    OOD_PERCENTILE,
     Reference,
     reference_rows,
     reliable,
@@ -175,7 +176,7 @@ def verdicts(index: Index, ref: Reference, queries: dict[str, tuple[list[str], n
     probe = query_report(ref.score_at(50.0), ref)
     out["judged"] = probe.verdict != "not judged"
     out["reason"] = probe.reason
-    cut = current().ood_percentile
+    cut = OOD_PERCENTILE
     for name, (texts, U) in queries.items():
         top, _ = index.best(texts, U)
         out["flagged"][name] = round(float(np.mean(ref.percentiles(top) < cut)), 4)

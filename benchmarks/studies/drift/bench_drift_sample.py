@@ -9,7 +9,7 @@ Usage::
 Writes ``benchmarks/studies/drift/bench_drift_sample.json`` and ``.md``.
 
 Since issue 30 a write's new rows are scored against the version's *reference sample* (at most
-``Settings.reference_sample_rows`` = 4,096 rows, :mod:`flowsearch.space.sample`), and the
+``REFERENCE_SAMPLE_ROWS`` = 4,096 rows, :mod:`flowsearch.space.sample`), and the
 reference's held-out rows against the same sample, instead of a top-1 search over the whole
 index. An index of up to 4,096 rows is all sample, so ``bench_drift.py``'s 2,500-row indexes
 give the very verdicts they gave (its section stands). What is new happens above that, where the
@@ -149,7 +149,7 @@ def markdown(res: dict[str, Any]) -> str:
                 f"{_pct(mean(f'{n}/other', whole, 'alarm'))} caught; " + "; ".join(parts) + "."
             )
     lines += ["", "What it means for the product: an index of up to 4,096 rows "
-              "(`Settings.reference_sample_rows`) is all sample, so its verdicts are "
+              "(`space.sample.REFERENCE_SAMPLE_ROWS`) is all sample, so its verdicts are "
               "`bench_drift.py`'s; above that, new rows are judged as against an index of 4,096 "
               "rows, however large the corpus.", "", "Against us:", ""]  # fmt: skip
     for pooling, per in res["poolings"].items():
