@@ -111,9 +111,26 @@ def test_same_manifest(built: dict[str, Any]) -> None:
             for s in raw["segments"]
         ]
         out["calibration"] = {k: v for k, v in raw["calibration"].items() if k != "files"}
+        sample = raw["reference"]["sample"]  # its file's bytes hold float16 vectors: below
+        files = {name: {"bytes": f["bytes"]} for name, f in sample["files"].items()}
+        out["reference"] = {**raw["reference"], "sample": {**sample, "files": files}}
         return out
 
     _close(stable(a), stable(b))
+    # the reference sample: the same rows and probes, its vectors (float16) and probes' best
+    # scores within the encodings' float noise (a float16 rounding may flip a last bit)
+    name = a["reference"]["sample"]["path"]
+    with (np.load(built["tmp"] / "local" / name / "sample.npz") as la,
+          np.load(built["tmp"] / "ray" / name / "sample.npz") as ra):  # fmt: skip
+        assert sorted(la.files) == sorted(ra.files)
+        for key in la.files:
+            x, y = la[key], ra[key]
+            assert x.dtype == y.dtype and x.shape == y.shape, key
+            if np.issubdtype(x.dtype, np.floating):
+                np.testing.assert_allclose(y.astype(np.float64), x.astype(np.float64),
+                                           atol=1e-3, err_msg=key)  # fmt: skip
+            else:
+                np.testing.assert_array_equal(y, x, err_msg=key)
     # each segment's vector sum (what the dense background is computed from): the same up to
     # the vectors' own float noise (each within 1e-5, test_same_rows_and_vectors) over 330 rows
     dim = mf.read(built["tmp"] / "local").dim
