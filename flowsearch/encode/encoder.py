@@ -44,6 +44,7 @@ from flowsearch.encode.options import (
     checked_texts,
 )
 from flowsearch.encode.pooling import LAYERS_READ, padded, pool_numpy
+from flowsearch.encode.protocol import TextEncoder
 from flowsearch.encode.static import StaticTable
 from flowsearch.encode.torch_runner import TorchRunner, default_device
 from flowsearch.errors import BadInput, NotFound
@@ -379,9 +380,9 @@ def open_encoder(
     described: Mapping[str, Any],
     source: str | None,
     *,
-    encoder: Encoder | None = None,
+    encoder: TextEncoder | None = None,
     model: str | os.PathLike[str] | None = None,
-) -> Encoder:
+) -> TextEncoder:
     """The encoder an index's record names, checked against the record.
 
     Args:
@@ -413,7 +414,7 @@ def open_encoder(
                 "if the model moved, pass {model=DIR} with its new place",
                 param="model",
             )
-        loaded = Encoder(place, **reopen_options(described))
+        loaded: TextEncoder = Encoder(place, **reopen_options(described))
     else:
         loaded = encoder
     relocated = model is not None or loaded.model_id == source

@@ -17,11 +17,12 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from flowsearch.ann import io as ann_io
+from flowsearch.encode.protocol import TextEncoder
 from flowsearch.search import shards as sh
 from flowsearch.search.dense import SegmentHelpers, segment_threads
 from flowsearch.search.options import SearchOptions
@@ -41,7 +42,7 @@ class ShardBackend(Protocol):
         """The shards answering for ``version`` (the pinned one, or one a query still runs on)."""
         ...
 
-    def refresh(self, encoder: Any) -> Version:
+    def refresh(self, encoder: TextEncoder | None) -> Version:
         """Open the index's current version (reusing ``encoder`` and what is already open)
         and move every shard to it before returning it."""
         ...
@@ -96,7 +97,7 @@ class LocalBackend:
         index_dir: str | os.PathLike[str],
         verify: bool = False,
         *,
-        encoder: Any = None,
+        encoder: TextEncoder | None = None,
         model: str | os.PathLike[str] | None = None,
         gpu: bool = True,
         mmap: bool = False,
@@ -142,7 +143,7 @@ class LocalBackend:
             local = self._local = (version, sh.InProcess([one]))
         return local[1]
 
-    def refresh(self, encoder: Any) -> Version:
+    def refresh(self, encoder: TextEncoder | None) -> Version:
         version = open_current(
             self.root,
             lambda m: load(

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flowsearch.encode.protocol import TextEncoder
 from flowsearch.errors import BadInput, FlowsearchError, MissingExtra, Unavailable
 from flowsearch.search import shards as sh
 from flowsearch.search.dense import SegmentHelpers
@@ -398,7 +399,7 @@ class RayBackend:
         index_dir: str | os.PathLike[str],
         verify: bool = False,
         *,
-        encoder: Any = None,
+        encoder: TextEncoder | None = None,
         model: str | os.PathLike[str] | None = None,
         shards: int | None = None,
         address: str | None = None,
@@ -455,7 +456,7 @@ class RayBackend:
                 return held
         raise BadInput("this version is no longer served", "search again")
 
-    def refresh(self, encoder: Any) -> Version:
+    def refresh(self, encoder: TextEncoder | None) -> Version:
         """Move every shard to the index's current version (each opening only the segments
         it lacks) and return the driver's view of it; the searcher answers from it once every
         shard holds it."""
@@ -492,7 +493,7 @@ def _front(
     manifest: mf.Manifest,
     opened: Opened,
     verify: bool,
-    encoder: Any,
+    encoder: TextEncoder | None,
     model: str | os.PathLike[str] | None,
 ) -> Version:
     """The driver's view of a version: manifest, space (encoder and calibrator), files

@@ -23,6 +23,7 @@ from typing import Any, overload
 
 import numpy as np
 
+from flowsearch.encode.protocol import TextEncoder
 from flowsearch.errors import BadInput
 from flowsearch.search import arguments as args
 from flowsearch.search import shards as sh
@@ -82,7 +83,7 @@ class Searcher:
         index_dir: str | os.PathLike[str],
         verify: bool = False,
         *,
-        encoder: Any = None,
+        encoder: TextEncoder | None = None,
         model: str | os.PathLike[str] | None = None,
         gpu: bool = True,
         mmap: bool = False,

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 
+from flowsearch.encode.protocol import TextEncoder
 from flowsearch.errors import IndexDamaged
 from flowsearch.lexical.bm25 import CACHE_BYTES, Bm25
 from flowsearch.search.segment import SegmentReader, read_deleted
@@ -370,7 +371,7 @@ def load(
     opened: Opened,
     *,
     verify_all: bool = False,
-    encoder: Any = None,
+    encoder: TextEncoder | None = None,
     model: Any = None,
     gpu: bool = False,
     mmap: bool = False,

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from flowsearch.encode.protocol import TextEncoder
 from flowsearch.errors import BadInput, FlowsearchError, IndexDamaged, NotFound
 from flowsearch.storage.manifest import CalibrationSpec, Manifest
 
@@ -48,7 +49,9 @@ class SearchSpace:
         encoder: the encoder the vectors come from (needed by :meth:`embed` only).
     """
 
-    def __init__(self, calibrator: Any, spec: CalibrationSpec, encoder: Any = None) -> None:
+    def __init__(
+        self, calibrator: Any, spec: CalibrationSpec, encoder: TextEncoder | None = None
+    ) -> None:
         self.calibrator = calibrator
         self.spec = spec
         self.encoder = encoder
@@ -60,7 +63,7 @@ class SearchSpace:
         cls,
         index_dir: Path,
         manifest: Manifest,
-        encoder: Any = None,
+        encoder: TextEncoder | None = None,
         *,
         model: Any = None,
         with_encoder: bool = True,
@@ -87,6 +90,13 @@ class SearchSpace:
         recorded = manifest.encoder
         encoder = open_encoder(recorded.identity(), recorded.source, encoder=encoder, model=model)
         return cls(calibrator, spec, encoder)
+
+    @property
+    def text_encoder(self) -> TextEncoder:
+        """The encoder (a space opened ``with_encoder=False`` has none: a programming error)."""
+        if self.encoder is None:
+            raise RuntimeError("this space was opened without its encoder")
+        return self.encoder
 
     @property
     def dim(self) -> int:

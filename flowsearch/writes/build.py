@@ -29,6 +29,7 @@ import numpy as np
 
 from flowsearch.ann.factory import check_factory
 from flowsearch.ann.policy import AnnPolicy, policy_or_default
+from flowsearch.encode.protocol import TextEncoder
 from flowsearch.errors import BadInput
 from flowsearch.ingest.corpus import Corpus, CorpusOptions, CorpusPlan
 from flowsearch.ingest.passages import Cuts, requested_sizes
@@ -241,7 +242,7 @@ def build(corpus: Corpus, index_dir: str | os.PathLike[str], request: BuildReque
     return out
 
 
-def _encode_pass(enc: Any, cuts: Cuts, raw_path: Path, batch_size: int, st: Stages) -> None:
+def _encode_pass(enc: TextEncoder, cuts: Cuts, raw_path: Path, batch_size: int, st: Stages) -> None:
     """Encode every passage row to float32, appended to ``raw_path`` (rows in corpus order)."""
     with st.task("encoding", total=cuts.n_rows) as advance, open(raw_path, "wb") as out:
         for batch in cuts.batches():
@@ -267,7 +268,7 @@ def _load(request: BuildRequest) -> tuple[Any, Any]:
 
 
 def _build(
-    writer: Writer, plan: CorpusPlan, enc: Any, st: Stages, options: BuildOptions
+    writer: Writer, plan: CorpusPlan, enc: TextEncoder, st: Stages, options: BuildOptions
 ) -> mf.Manifest:
     """Encode, calibrate, write the segment and publish (under the writer lock)."""
     work = writer.stage()

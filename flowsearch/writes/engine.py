@@ -17,6 +17,7 @@ import numpy as np
 
 from flowsearch.ann import build as ann_build
 from flowsearch.ann.policy import DEFAULT, AnnPolicy
+from flowsearch.encode.protocol import TextEncoder
 from flowsearch.ingest.corpus import CorpusPlan
 from flowsearch.progress import Stages
 from flowsearch.space.fitting import fit_for_index
@@ -78,7 +79,7 @@ class BuildOptions:
 
 
 def fit_space(
-    U_fit: np.ndarray, enc: Any, n_rows: int, st: Stages, options: BuildOptions
+    U_fit: np.ndarray, enc: TextEncoder, n_rows: int, st: Stages, options: BuildOptions
 ) -> tuple[SearchSpace, Any, str]:
     """Fit the calibrator on the raw fit rows, make the searched space and the empty vector
     index of the build's segment, trained on a projected sample (both engines):
@@ -105,7 +106,7 @@ def finish_build(
     writer: Writer,
     builder: SegmentBuilder,
     space: SearchSpace,
-    enc: Any,
+    enc: TextEncoder,
     plan: CorpusPlan,
     lps: list[np.ndarray],
     measured: tuple[np.ndarray, np.ndarray, Method],
@@ -147,7 +148,11 @@ def _save_calibrator(writer: Writer, space: SearchSpace) -> mf.CalibrationSpec:
 
 
 def template(
-    enc: Any, space: SearchSpace, spec: mf.CalibrationSpec, plan: CorpusPlan, options: BuildOptions
+    enc: TextEncoder,
+    space: SearchSpace,
+    spec: mf.CalibrationSpec,
+    plan: CorpusPlan,
+    options: BuildOptions,
 ) -> mf.Manifest:
     """The new index's manifest fields (the writer adds segments, version and times)."""
     return mf.Manifest(

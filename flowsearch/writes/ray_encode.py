@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from flowsearch.encode.protocol import TextEncoder
 from flowsearch.errors import FlowsearchError
 from flowsearch.ingest.corpus import CorpusPlan
 from flowsearch.ingest.passages import PassageSizes, passage_rows, split_texts
@@ -117,7 +118,7 @@ class EncoderActor:
         return table.append_column("raw", vector_column(U))
 
 
-def cut_rows(encoder: Any, table: pa.Table, sizes: PassageSizes) -> pa.Table:
+def cut_rows(encoder: TextEncoder, table: pa.Table, sizes: PassageSizes) -> pa.Table:
     """A batch of documents (``ROW``, ``id``, ``text``, metadata) as passage rows, cut as the
     local build cuts, with the passage columns (every row gets them, whole documents too: the
     driver drops them when no document of the corpus was cut)."""
@@ -226,7 +227,7 @@ def matrix(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
 def encode_on_ray(
     ray: Any,
     plan: CorpusPlan,
-    enc: Any,
+    enc: TextEncoder,
     raw_dir: Path,
     *,
     model: Any,

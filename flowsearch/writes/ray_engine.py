@@ -59,6 +59,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flowsearch.ann import ondisk
+from flowsearch.encode.protocol import TextEncoder
 from flowsearch.errors import BadInput, FlowsearchError, MissingExtra
 from flowsearch.ingest.corpus import CorpusPlan
 from flowsearch.progress import Stages
@@ -156,7 +157,7 @@ def builder(
     """
 
     def build(
-        writer: Writer, plan: CorpusPlan, enc: Any, st: Stages, build_options: BuildOptions
+        writer: Writer, plan: CorpusPlan, enc: TextEncoder, st: Stages, build_options: BuildOptions
     ) -> mf.Manifest:
         with ray_session(address) as ray, _data_context(ray):
             return build_on_ray(ray, writer, plan, enc, st, build_options, model=model,
@@ -300,7 +301,7 @@ def build_on_ray(
     ray: Any,
     writer: Writer,
     plan: CorpusPlan,
-    enc: Any,
+    enc: TextEncoder,
     st: Stages,
     options: BuildOptions,
     *,
