@@ -9,7 +9,8 @@ Modules, from the bottom: ``options`` (names and checks), ``model_files`` (where
 config as JSON, its content hash), ``tokens`` (``tokenizers``, else ``transformers``),
 ``static`` (the table lookup), ``pooling``, ``torch_runner``, ``onnx`` (cached graphs and their
 sessions) and ``onnx_export`` (writing them), ``loading`` (a model's parts), ``identity``
-(recorded fields), ``encoder`` (:class:`~flowsearch.encode.encoder.Encoder`).
+(recorded fields), ``encoder`` (:class:`~flowsearch.encode.encoder.Encoder`), ``protocol``
+(:class:`~flowsearch.encode.protocol.TextEncoder`: what the rest of the package calls on one).
 
 ``torch`` and ``transformers`` are imported only where a model runs in torch or is exported:
 a local model's ``static`` pooling and a cached ONNX graph need neither (docs/ENCODERS.md).
@@ -18,4 +19,6 @@ May import: ``flowsearch.errors``, ``flowsearch.settings``, ``flowsearch.progres
 ``flowsearch.atomic``.
 """
 
-__all__: list[str] = []
+from flowsearch.encode.protocol import TextEncoder
+
+__all__ = ["TextEncoder"]

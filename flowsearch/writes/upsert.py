@@ -239,7 +239,7 @@ def _changes(base: mf.Manifest, plan: CorpusPlan, space: SearchSpace, model: Any
         "schema_": schema,
     }
     if model is not None:  # the model moved: remember where it is now
-        source = str(space.encoder.model_id)
+        source = str(space.require_encoder().model_id)
         changes["encoder"] = base.encoder.model_copy(update={"source": source})
     return changes
 
@@ -333,7 +333,7 @@ def _write_segment(
     with st.task("writing rows", total=cuts.n_rows) as advance:
         for ids, texts, meta, passages in cuts.batches(plan):
             with st.timed("encode"):
-                U = space.encoder.encode(texts, batch_size=batch_size, progress=False)
+                U = space.require_encoder().encode(texts, batch_size=batch_size, progress=False)
             with st.timed("write"):
                 Z, lp = space.project(U)
                 builder.add(rows_table(ids, texts, meta, Z, U, passages), Z)
