@@ -31,8 +31,8 @@ def _current(path):
     """The snapshot without the previous version's reference sample pieces (the next writer's
     start removes what the current version does not reference, as it does segments a merge
     left)."""
-    sample = mf.read(path).reference["sample"]
-    kept = [sample["path"], *(d["path"] for d in sample.get("deltas", []))]  # base and deltas
+    sample = mf.read(path).reference.sample
+    kept = [piece.path for piece in sample.pieces]  # base and deltas
     return {
         p: b
         for p, b in _snapshot(path).items()

@@ -117,7 +117,7 @@ def test_info(built):
     assert doc["n_rows"] == 80 and doc["n_deleted"] == 0
     assert doc["bytes"]["total"] > doc["bytes"]["segments"] > 0
     n_files = sum(len(s.files) for s in m.segments) + len(m.calibration.files)
-    n_files += len(m.reference["sample"]["files"])  # the reference sample
+    n_files += len(m.reference.sample.files)  # the reference sample
     assert doc["verified"]["n_files"] == n_files
     assert doc["verified"]["n_hashed"] + len(doc["verified"]["not_hashed"]) == n_files
     text = CliRunner(env={"COLUMNS": "400"}).invoke(app, ["info", "--index", str(out)]).stdout
@@ -336,7 +336,7 @@ def test_calibrated_space_is_searched_and_verified(whitened, model_dir):
         assert result.exit_code == 0, result.output
     verified = json.loads(runner.invoke(app, ["info", "--index", str(whitened), "--verify",
                                               "--json"]).stdout)["verified"]  # fmt: skip
-    n_files = len(segment.files) + len(m.calibration.files) + len(m.reference["sample"]["files"])
+    n_files = len(segment.files) + len(m.calibration.files) + len(m.reference.sample.files)
     assert verified == {"n_files": n_files, "n_hashed": n_files, "not_hashed": [],
                         "history_records": 1}  # fmt: skip
     # a corrupted file is caught by --verify

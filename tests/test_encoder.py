@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from flowsearch.encode import TextEncoder
 from flowsearch.encode.encoder import POOLINGS, Encoder
 from flowsearch.errors import BadInput, FlowsearchError, NotFound
 
@@ -58,6 +59,16 @@ def test_pooling_matches_definition_and_ignores_padding(tiny_model_dir, hf_model
     assert U.dtype == np.float32 and U.shape == (len(TEXTS), 32)
     for row, text in zip(U, TEXTS):
         np.testing.assert_allclose(row, _reference(hf_model, text, pooling), atol=2e-5)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "static"])
+def test_an_encoder_is_a_text_encoder(tiny_model_dir, pooling):
+    """Every pooling's Encoder has what the package calls on an encoder (the protocol)."""
+    enc = Encoder(str(tiny_model_dir), pooling=pooling)
+    assert isinstance(enc, TextEncoder)
+    assert enc.encode(["a tide"]).shape == (1, enc.dim) and 0 < enc.window <= enc.max_length
+    assert enc.describe()["model"] == enc.model_id and enc.token_offsets(["a b"])[0]
+    assert not isinstance(object(), TextEncoder)
 
 
 def test_poolings_differ(tiny_model_dir):

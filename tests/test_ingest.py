@@ -68,7 +68,7 @@ def test_build_writes_a_complete_index(built, model_dir):
     cal_files = {p.name for p in (out / m.calibration.path).iterdir()}
     assert cal_files == set(m.calibration.files) == {"config.json", "weights.safetensors"}
     checked = verify(out, m, checksums=True)
-    assert set(m.reference["sample"]["files"]) == {"sample.npz"}  # the reference sample
+    assert set(m.reference.sample.files) == {"sample.npz"}  # the reference sample
     assert checked.n_hashed == checked.n_files == len(on_disk) + 2 + 1
     assert checked.history_records == 1
     assert summary["version"] == 1 and summary["space"] == "calibrated"

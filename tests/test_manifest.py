@@ -104,6 +104,75 @@ def test_second_release_manifest_is_read_as_one_legacy_segment():
     assert m.calibration.path == f"{raw['root']}/calibrator"
 
 
+@pytest.mark.parametrize("asset", ["index_v1", "index_v2"])
+def test_the_assets_manifests_round_trip(asset, tmp_path):
+    """An earlier release's manifest, read, writes a manifest that reads back equal and writes
+    the same JSON again (what the first write on it publishes)."""
+    m = mf.read(ASSETS / asset)
+    raw = m.to_json_dict()
+    again = mf.from_json(json.loads(json.dumps(raw)))
+    assert again == m and again.to_json_dict() == raw
+    published = m.model_copy(update={"format_version": mf.FORMAT_VERSION})  # as a write does
+    _write(tmp_path, published.to_json_dict())
+    assert mf.read(tmp_path) == published
+    assert mf.read(tmp_path).to_json_dict() == published.to_json_dict()
+
+
+_FILE = {"bytes": 10, "sha256": "0" * 64}
+_REFERENCE = {
+    "method": "held-out",
+    "n_measured": 60,
+    "n_corpus": 600,
+    "space": "calibrated",
+    "percents": [0.0, 50.0, 100.0],
+    "scores": [0.1, 0.5, 0.9],
+    "mean_cosine": None,
+    "log_density_median": -3.5,
+}
+_BASE = {"path": "references/r000001", "files": {"sample.npz": _FILE}, "rows": 40, "probes": 20}
+_DELTA = {"path": "references/r000002", "files": {"delta.npz": _FILE}}
+
+
+@pytest.mark.parametrize(
+    "reference",
+    [
+        {**_REFERENCE, "sample": _BASE},  # a build's: a base alone has no "deltas" key
+        {**_REFERENCE, "sample": {**_BASE, "deltas": [_DELTA, {**_DELTA, "path": "r/3"}]}},
+        {**_REFERENCE, "sample": None},  # a corpus of one row: no sample
+        _REFERENCE,  # a release before samples: no "sample" key, and none written back
+        {**_REFERENCE, "method": "leave-one-out", "space": None, "percents": [], "scores": []},
+    ],
+)
+def test_the_reference_is_typed_and_written_as_it_was_read(reference, tmp_path):
+    raw = _minimal(reference=reference)
+    m = mf.from_json(json.loads(json.dumps(raw)))
+    assert isinstance(m.reference, mf.ReferenceRecord)
+    assert m.to_json_dict()["reference"] == reference
+    carried = m.model_copy(update={"version": 3})  # a write that keeps the reference
+    assert carried.to_json_dict()["reference"] == reference
+    _write(tmp_path, m.to_json_dict())
+    assert mf.read(tmp_path) == m
+    sample = m.reference.sample
+    if sample is not None:
+        assert [p.path for p in sample.pieces][0] == "references/r000001"
+        assert sample.pieces[0].files["sample.npz"] == mf.FileRecord(**_FILE)
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [
+        {**_BASE, "path": "../elsewhere"},
+        {**_BASE, "files": {"../x": _FILE}},
+        {**_BASE, "deltas": [{**_DELTA, "path": "/abs"}]},
+        {**_BASE, "files": "sample.npz"},
+        {"files": {"sample.npz": _FILE}},
+    ],
+)
+def test_a_malformed_reference_sample_is_damage(sample):
+    with pytest.raises(FlowsearchError, match="malformed|leaves the index|not a relative"):
+        mf.from_json(_minimal(reference={**_REFERENCE, "sample": sample}))
+
+
 @pytest.mark.parametrize(
     "segment",
     [
@@ -250,7 +319,7 @@ def test_second_release_index_answers_identically_and_converts(tmp_path, mode):
            model=model)  # fmt: skip
     m = mf.read(index)
     assert m.format_version == mf.FORMAT_VERSION and m.n_deleted == 3
-    assert m.reference["sample"]["rows"] == m.n_live  # drawn once (every row: it fits), q1 added
+    assert m.reference.sample.rows == m.n_live  # drawn once (every row: it fits), q1 added
     if mode == "dense":  # converted: every segment's vector sum recorded: the live rows' background
         converted = Searcher.open(index, model=model)
         dead = [np.zeros(s.record.n_rows, bool) if d is None else d

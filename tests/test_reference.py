@@ -185,7 +185,7 @@ def test_the_previous_releases_held_out_record_still_gives_a_reference():
 def test_reference_round_trips_through_the_manifest_and_wins_over_held_out():
     ref = _ref(200, "leave-one-out")
     held = mf.HeldOut(n_rows=60, percents=(5.0, 50.0), top_score=(0.1, 0.2))
-    m = _manifest().model_copy(update={"reference": ref.model_dump(mode="json"), "held_out": held})
+    m = _manifest().model_copy(update={"reference": ref, "held_out": held})
     again = mf.from_json(json.loads(json.dumps(m.to_json_dict())))
     assert reference_of(again) == ref
     assert reference_of({"reference": ref}) is ref

@@ -13,7 +13,7 @@ from corpus_helpers import siblings, write_corpus
 from flowsearch.errors import IndexDamaged
 from flowsearch.space import sample as space_sample
 from flowsearch.space.drift import drift_report
-from flowsearch.space.reference import Reference
+from flowsearch.space.reference import Reference, reference_of
 from flowsearch.space.sample import ReferenceSample, best_against
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.keys import keys_of
@@ -143,7 +143,7 @@ def test_sample_file_round_trips_and_refuses_another_dimension(tmp_path):
 def _sample_of(out):
     """The version's sample record and its sample (the base with its deltas applied)."""
     m = mf.read(out)
-    record = m.reference["sample"]
+    record = m.reference.sample.model_dump(mode="json")  # as the manifest stores it
     deltas = [out / d["path"] for d in record.get("deltas", [])]
     return record, ReferenceSample.load(out / record["path"], m.dim, deltas=deltas)
 
@@ -177,7 +177,7 @@ def test_build_keeps_a_sample_and_an_upsert_never_searches_the_segments(
             record, sample = _sample_of(out)
             assert sample.n_sample == record["rows"] == 60 and record["probes"] == sample.n_probes
             assert record["path"] == "references/r000001" and siblings(out) == []
-            words = Reference.model_validate(mf.read(out).reference).to_words()
+            words = reference_of(mf.read(out)).to_words()
             assert words.endswith("new rows are judged against a sample of 60 of its rows")
             verify(out, mf.read(out), checksums=True)
 
@@ -252,14 +252,15 @@ def test_an_index_without_a_sample_gets_one_at_its_next_write(tmp_path, model_di
     raw.pop("checksum")
     raw["checksum"] = mf.checksum(raw)
     path.write_text(json.dumps(raw))
-    assert "sample" not in mf.read(out).reference
+    assert mf.read(out).reference.sample is None
+    assert "sample" not in mf.read(out).to_json_dict()["reference"]  # and is written so
     new = write_corpus(tmp_path / "n.parquet", n=20, seed=9, id_prefix="x")
     drift = upsert(out, new)["drift"]
     assert drift["verdict"] != "not judged" and drift["n_sample"] == 120
     record, sample = _sample_of(out)
     assert record["path"] != old_sample["path"] and sample.n_sample == 140
     assert not (out / old_sample["path"]).exists()  # unreferenced, cleaned
-    assert mf.read(out).reference["n_measured"] == raw["reference"]["n_measured"]  # queries'
+    assert mf.read(out).reference.n_measured == raw["reference"]["n_measured"]  # queries'
 
 
 def test_a_crafted_sample_path_is_refused_and_a_damaged_file_named(tmp_path, model_dir):

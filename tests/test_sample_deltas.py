@@ -116,14 +116,14 @@ def test_a_delta_that_does_not_follow_its_sample_or_its_dimension_is_refused(tmp
 
 
 def _record(out):
-    return mf.read(out).reference["sample"]
+    return mf.read(out).reference.sample.model_dump(mode="json")  # as the manifest stores it
 
 
 def _load(out):
     m = mf.read(out)
-    record = m.reference["sample"]
-    deltas = [out / d["path"] for d in record.get("deltas", [])]
-    return ReferenceSample.load(out / record["path"], m.dim, deltas=deltas)
+    record = m.reference.sample
+    deltas = [out / d.path for d in record.deltas]
+    return ReferenceSample.load(out / record.path, m.dim, deltas=deltas)
 
 
 def _bytes(piece):
@@ -174,7 +174,7 @@ def test_upserts_write_small_deltas_that_fold_into_a_new_base(tmp_path, model_di
         patched.setattr(measure, "REFERENCE_DELTA_MAX", 4)
         _writes(chained, tmp_path, 1, start=3)
         previous = mf.read(chained)
-        assert len(previous.reference["sample"]["deltas"]) == 4
+        assert len(previous.reference.sample.deltas) == 4
         _writes(chained, tmp_path, 1, start=4)
     folded = _record(chained)
     assert folded["path"] == "references/r000006" and "deltas" not in folded

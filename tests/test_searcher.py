@@ -302,8 +302,8 @@ def test_query_result_and_info(searcher, index_dir):
     files = [*m.calibration.files.values(), *(r for s in m.segments for r in s.files.values())]
     assert info.bytes["total"] == sum(r.bytes for r in files)
     # verified: those files and the reference sample that drift judges new rows against
-    assert len(m.reference["sample"]["files"]) == 1
-    files += [mf.FileRecord.model_validate(f) for f in m.reference["sample"]["files"].values()]
+    assert len(m.reference.sample.files) == 1
+    files += list(m.reference.sample.files.values())
     assert info.verified.n_files == len(files)
     cold = index_info(index_dir, verify=True)  # no model load
     assert cold.manifest == m and cold.verified.n_hashed == len(files)

@@ -53,9 +53,9 @@ def _tree(root: Path) -> set[str]:
 
 def _referenced_files(root: Path, m: mf.Manifest) -> set[str]:
     out = {f"{m.calibration.path}/{f}" for f in m.calibration.files}
-    sample = (m.reference or {}).get("sample")
+    sample = m.reference.sample if m.reference is not None else None
     if sample:  # the reference sample
-        out |= {f"{sample['path']}/{f}" for f in sample["files"]}
+        out |= {f"{sample.path}/{f}" for f in sample.files}
     for seg in m.segments:
         out |= {f"{seg.dir}/{f}" for f in seg.files}
     return out
@@ -328,8 +328,8 @@ def test_a_hand_edited_manifest_is_caught(index):
 def test_info_says_what_was_hashed(index, monkeypatch):
     m = mf.read(index)
     files = sum(len(s.files) for s in m.segments) + len(m.calibration.files)
-    sample = m.reference["sample"]  # the reference sample: its base and deltas
-    files += sum(len(piece["files"]) for piece in [sample, *sample.get("deltas", [])])
+    sample = m.reference.sample  # the reference sample: its base and deltas
+    files += sum(len(piece.files) for piece in sample.pieces)
     plain = index_info(index).verified
     assert (plain.n_files, plain.n_hashed, plain.not_hashed) == (files, files, ())
     assert plain.history_records is None  # the log is read only when verifying

@@ -19,4 +19,6 @@ May import: ``flowsearch.errors``, ``flowsearch.progress``,
 ``flowsearch.atomic``.
 """
 
-__all__: list[str] = []
+from flowsearch.encode.protocol import TextEncoder
+
+__all__ = ["TextEncoder"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -423,3 +423,10 @@ def open_encoder(
         moved_to = str(model) if model is not None else None
         raise mismatch_error(difference, reused=encoder is not None, moved_to=moved_to)
     return loaded
+
+
+if TYPE_CHECKING:
+
+    def _implements(encoder: Encoder) -> TextEncoder:
+        """mypy checks here that :class:`Encoder` is a :class:`TextEncoder`."""
+        return encoder

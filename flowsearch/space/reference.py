@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from flowsearch.errors import IndexDamaged
+from flowsearch.storage.records import ReferenceMethod, ReferenceRecord
 
 __all__ = [
     "MIN_ROWS_PER_DIM",
@@ -66,7 +66,7 @@ MIN_ROWS_PER_DIM = 3
 PERCENTS: tuple[float, ...] = tuple(float(p) for p in range(101))
 
 #: How a reference's rows were measured: held out of the calibrator's fit, or leave-one-out.
-Method = Literal["held-out", "leave-one-out"]
+Method = ReferenceMethod
 
 #: Share of the corpus the build keeps out of the calibrator's fit: the rows the reference is
 #: measured on when there are enough of them, unseen by the calibrator as new rows are.
@@ -207,38 +207,12 @@ def percentile_of(values: np.ndarray, percents: np.ndarray, scores: np.ndarray) 
     return out
 
 
-class Reference(BaseModel):
+class Reference(ReferenceRecord):
     """The corpus's own rows' best scores to another row: what queries and new rows are judged
-    against (see the module docstring). Small and JSON-able: stored in the manifest.
-
-    Attributes:
-        method: ``held-out`` (rows the calibrator was not fitted on) or ``leave-one-out``
-            (rows of the whole index, each against the others).
-        n_measured: how many rows were measured.
-        n_corpus: rows in the index when they were measured.
-        space: the space the scores were measured in (``calibrated`` or ``encoder``; None when
-            not recorded, as in the previous release's records).
-        percents: ascending percentiles (0-100) that ``scores`` holds.
-        scores: the measured rows' best scores at ``percents``.
-        mean_cosine: the searched space's mean cosine between rows, when it is the encoder's
-            own space (the calibration record's anisotropy statistic); None otherwise.
-        log_density_median: the measured rows' median log-density under the calibrator (a raw
-            figure, shown by ``--explain`` and ``--json`` only); None without a reliable one.
-        sample: where the version's reference sample is (``path``, ``files``, ``rows``,
-            ``probes``): what a write's new rows are judged against
-            (:mod:`flowsearch.space.sample`); None for an index written before samples existed.
+    against (see the module docstring). Small and JSON-able: the manifest stores it (its fields
+    are :class:`~flowsearch.storage.records.ReferenceRecord`'s; ``space`` is None and
+    ``sample`` absent in records of releases before them).
     """
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-    method: Method
-    n_measured: int = Field(ge=0)
-    n_corpus: int = Field(ge=0)
-    space: str | None = None
-    percents: tuple[float, ...] = ()
-    scores: tuple[float, ...] = ()
-    mean_cosine: float | None = None
-    log_density_median: float | None = None
-    sample: dict[str, Any] | None = None
 
     @classmethod
     def from_scores(
@@ -283,6 +257,7 @@ class Reference(BaseModel):
             scores=values,
             mean_cosine=None if mean_cosine is None else float(mean_cosine),
             log_density_median=median,
+            sample=None,
         )
 
     @property
@@ -313,8 +288,8 @@ class Reference(BaseModel):
             f"other passage ({how}); a query less like the corpus than "
             f"{100 - OOD_PERCENTILE:g}% of them is flagged"
         )
-        rows = (self.sample or {}).get("rows")
-        if isinstance(rows, int):
+        rows = self.sample.rows if self.sample is not None else None
+        if rows is not None:
             words += f"; new rows are judged against a sample of {rows:,} of its rows"
         return words
 
@@ -358,8 +333,9 @@ def _get(record: Any, name: str, default: Any = None) -> Any:
 def reference_of(manifest: Any) -> Reference | None:
     """The reference an index's manifest records, or None.
 
-    This release's indexes store it as ``manifest.reference`` (a :class:`Reference` or its
-    JSON form). Indexes built by the previous release have a ``held_out`` record instead (the
+    This release's indexes store it as ``manifest.reference`` (a
+    :class:`~flowsearch.storage.records.ReferenceRecord`, a :class:`Reference`, or its JSON
+    form). Indexes built by the previous release have a ``held_out`` record instead (the
     best scores of the held-out rows at nine percentiles, and their log-density statistics):
     it is read as a ``held-out`` reference, so those indexes keep their verdict. A ``held_out``
     record without scores (a corpus under 500 rows) gives None.
@@ -370,6 +346,8 @@ def reference_of(manifest: Any) -> Reference | None:
     stored = _get(manifest, "reference")
     if isinstance(stored, Reference):
         return stored
+    if isinstance(stored, ReferenceRecord):  # the manifest's record, checked: the same fields
+        return Reference.model_validate(stored, from_attributes=True)
     if stored:
         try:
             return Reference.model_validate(dict(stored))

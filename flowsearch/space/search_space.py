@@ -19,15 +19,19 @@ Example:
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from flowsearch.encode.protocol import TextEncoder
 from flowsearch.errors import BadInput, FlowsearchError, IndexDamaged, NotFound
 from flowsearch.storage.manifest import CalibrationSpec, Manifest
+
+if TYPE_CHECKING:
+    pass
 
 __all__ = ["SearchSpace", "normalise"]
 
@@ -65,7 +69,7 @@ class SearchSpace:
         manifest: Manifest,
         encoder: TextEncoder | None = None,
         *,
-        model: Any = None,
+        model: str | os.PathLike[str] | None = None,
         with_encoder: bool = True,
     ) -> SearchSpace:
         """The space of an index version: its calibrator, checked against the manifest, and its
@@ -92,13 +96,6 @@ class SearchSpace:
         return cls(calibrator, spec, encoder)
 
     @property
-    def text_encoder(self) -> TextEncoder:
-        """The encoder (a space opened ``with_encoder=False`` has none: a programming error)."""
-        if self.encoder is None:
-            raise RuntimeError("this space was opened without its encoder")
-        return self.encoder
-
-    @property
     def dim(self) -> int:
         """Dimension of the searched vectors."""
         if self.spec.calibrated:
@@ -122,12 +119,21 @@ class SearchSpace:
         lp = np.asarray(self.calibrator.log_prob(raw), dtype=np.float64) if want else None
         return normalise(Z), lp
 
-    def embed(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
-        """Texts -> (float32 (n, d) in the searched space, float64 (n,) log-density or None)."""
+    def require_encoder(self) -> TextEncoder:
+        """The encoder, for a caller that needs one.
+
+        Raises:
+            FlowsearchError: the space was opened without one.
+        """
         if self.encoder is None:
             raise FlowsearchError("this search space has no encoder; open it with one")
+        return self.encoder
+
+    def embed(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
+        """Texts -> (float32 (n, d) in the searched space, float64 (n,) log-density or None)."""
+        encoder = self.require_encoder()
         with self._encode_lock:
-            raw = self.encoder.encode(texts, progress=False)
+            raw = encoder.encode(texts, progress=False)
         return self.project(raw)
 
 

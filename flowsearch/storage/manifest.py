@@ -40,6 +40,7 @@ from flowsearch.storage.layout import MANIFEST_NAME
 from flowsearch.storage.records import (
     FORMAT,
     FORMAT_VERSION,
+    STORED,
     AnnCurve,
     AnnProjection,
     AnnRecord,
@@ -55,6 +56,10 @@ from flowsearch.storage.records import (
     Manifest,
     PartRecord,
     PassageSpec,
+    ReferenceMethod,
+    ReferenceRecord,
+    SamplePiece,
+    SampleRecord,
     SchemaColumn,
     SegmentRecord,
     WriteRecord,
@@ -81,6 +86,10 @@ __all__ = [
     "Manifest",
     "PartRecord",
     "PassageSpec",
+    "ReferenceMethod",
+    "ReferenceRecord",
+    "SamplePiece",
+    "SampleRecord",
     "SchemaColumn",
     "SegmentRecord",
     "WriteRecord",
@@ -156,7 +165,7 @@ def from_json(raw: Mapping[str, Any], where: str = MANIFEST_NAME) -> Manifest:
         IndexDamaged: a missing or malformed field, or a path leaving the index directory.
     """
     try:
-        manifest = Manifest.model_validate(dict(raw))
+        manifest = Manifest.model_validate(dict(raw), context={STORED: True})
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first.get("loc", ()))

@@ -19,7 +19,19 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 import numpy as np
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from flowsearch.atomic import sha256_file
 from flowsearch.errors import IndexDamaged
@@ -44,6 +56,10 @@ __all__ = [
     "Manifest",
     "PartRecord",
     "PassageSpec",
+    "ReferenceMethod",
+    "ReferenceRecord",
+    "SamplePiece",
+    "SampleRecord",
     "SchemaColumn",
     "SegmentRecord",
     "WriteRecord",
@@ -59,6 +75,8 @@ FORMAT: Final = "flowsearch-index"
 FORMAT_VERSION = 3
 
 _FROZEN = ConfigDict(frozen=True, extra="ignore")
+#: The validation context key a manifest read from disk is validated with (``{STORED: True}``).
+STORED: Final = "stored"
 
 
 def utc_now() -> str:
@@ -192,6 +210,106 @@ class HeldOut(BaseModel):
     density: DensityStats | None = None
     percents: tuple[float, ...] = ()
     top_score: tuple[float, ...] = ()
+
+
+#: How a reference's rows were measured: held out of the calibrator's fit, or leave-one-out.
+ReferenceMethod = Literal["held-out", "leave-one-out"]
+
+
+class SamplePiece(BaseModel):
+    """One directory of a reference sample: its base, or one write's delta on it.
+
+    Attributes:
+        path: the directory, relative to the index directory (``references/rNNNNNN``).
+        files: its files (relative to ``path``) with their sizes and checksums.
+    """
+
+    model_config = _FROZEN
+    path: str
+    files: dict[str, FileRecord]
+
+    _check_paths = field_validator("path", "files")(_inside("reference sample"))
+
+
+class SampleRecord(SamplePiece):
+    """Where a version's reference sample is (``flowsearch.space.sample``): its base
+    directory, the deltas written on it since (in order), and its size.
+
+    Attributes:
+        rows: entries of the sample (the rows new rows are judged against).
+        probes: its probes (the rows the reference was measured on).
+        deltas: the changes since the base, in order (absent from the JSON when none).
+    """
+
+    rows: int | None = Field(default=None, ge=0)
+    probes: int | None = Field(default=None, ge=0)
+    deltas: tuple[SamplePiece, ...] = ()
+
+    @property
+    def pieces(self) -> tuple[SamplePiece, ...]:
+        """The directories to read, in order: the base, then its deltas."""
+        return (self, *self.deltas)
+
+    @model_serializer(mode="wrap")
+    def _as_stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        if isinstance(self, SampleRecord) and not self.deltas:  # a base alone: no key
+            out.pop("deltas", None)
+        return out
+
+
+class ReferenceRecord(BaseModel):
+    """The manifest's reference: the corpus's own rows' best scores to another row, what
+    queries and new rows are judged against; ``flowsearch.space.reference.Reference`` is this
+    record with its judging methods.
+
+    Attributes:
+        method: ``held-out`` (rows the calibrator was not fitted on) or ``leave-one-out``
+            (rows of the whole index, each against the others).
+        n_measured: how many rows were measured.
+        n_corpus: rows in the index when they were measured.
+        space: the space the scores were measured in (``calibrated`` or ``encoder``).
+        percents: ascending percentiles (0-100) that ``scores`` holds.
+        scores: the measured rows' best scores at ``percents``.
+        mean_cosine: the searched space's mean cosine between rows, when it is the encoder's
+            own space; None otherwise.
+        log_density_median: the measured rows' median log-density under the calibrator (a raw
+            figure); None without a reliable one.
+        sample: the version's reference sample; None for an index written before samples
+            existed (whose manifest then has no ``sample`` key, and keeps none when rewritten).
+    """
+
+    model_config = _FROZEN
+    method: ReferenceMethod
+    n_measured: int = Field(ge=0)
+    n_corpus: int = Field(ge=0)
+    space: str | None = None
+    percents: tuple[float, ...] = ()
+    scores: tuple[float, ...] = ()
+    mean_cosine: float | None = None
+    log_density_median: float | None = None
+    sample: SampleRecord | None = None
+    #: read from a manifest that had no ``sample`` key (a release before samples)
+    _stored_without_sample: bool = PrivateAttr(default=False)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_a_missing_sample(
+        cls, data: Any, handler: ModelWrapValidatorHandler[ReferenceRecord], info: ValidationInfo
+    ) -> ReferenceRecord:
+        record = handler(data)
+        stored = bool(info.context and info.context.get(STORED))
+        if stored and isinstance(data, Mapping) and "sample" not in data:
+            record._stored_without_sample = True
+        return record
+
+    @model_serializer(mode="wrap")
+    def _as_stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        absent = isinstance(self, ReferenceRecord) and self._stored_without_sample
+        if absent and self.sample is None:  # read without one: written back without one
+            out.pop("sample", None)
+        return out
 
 
 class LexicalSpec(BaseModel):
@@ -426,10 +544,10 @@ class Manifest(BaseModel):
     segments: tuple[SegmentRecord, ...] = ()
     density: DensityStats | None = None
     held_out: HeldOut | None = None
-    #: the JSON form of :class:`flowsearch.space.reference.Reference`: how close the corpus's
-    #: own rows sit to each other, what queries and new rows are judged against (the previous
-    #: release's ``held_out`` is read in its place; ``flowsearch.space.reference.reference_of``)
-    reference: dict[str, Any] | None = None
+    #: how close the corpus's own rows sit to each other, what queries and new rows are judged
+    #: against (an older release's ``held_out`` is read in its place;
+    #: ``flowsearch.space.reference.reference_of``)
+    reference: ReferenceRecord | None = None
     skipped: int = 0
     next_auto_id: int = 0
     next_segment: int = 1

@@ -16,7 +16,7 @@ from typing import Any
 
 from flowsearch.errors import IndexDamaged
 
-__all__ = ["inside", "reference_sample", "safe_relpath", "sample_pieces"]
+__all__ = ["inside", "safe_relpath"]
 
 
 def safe_relpath(value: Any, what: str = "path") -> str:
@@ -42,35 +42,3 @@ def inside(what: str) -> Any:
         return value if value is None else safe_relpath(value, what)
 
     return check
-
-
-def reference_sample(reference: Any) -> dict[str, Any] | None:
-    """The reference sample record a manifest's ``reference`` holds (``sample``: its base's
-    directory and files, written by ``Writer.set_reference_sample``, and ``deltas``: the
-    directories and files of the changes since, in order), its paths checked; None without one.
-
-    Raises:
-        IndexDamaged: a path that leaves the index directory, or a malformed record.
-    """
-    sample = reference.get("sample") if isinstance(reference, dict) else None
-    if sample is None:
-        return None
-    deltas = sample.get("deltas", []) if isinstance(sample, dict) else None
-    if not isinstance(deltas, list):
-        raise IndexDamaged("the manifest's reference sample record is malformed", "rebuild it")
-    for piece in (sample, *deltas):
-        files = piece.get("files") if isinstance(piece, dict) else None
-        if not isinstance(files, dict):
-            raise IndexDamaged("the manifest's reference sample record is malformed", "rebuild it")
-        safe_relpath(piece.get("path"), "reference sample")
-        for name in files:
-            safe_relpath(name, "reference sample file")
-    return dict(sample)
-
-
-def sample_pieces(record: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The directories (``path``, ``files``) a reference sample record names: its base, then
-    its deltas in order (see :func:`reference_sample`); none for None."""
-    if record is None:
-        return []
-    return [record, *record.get("deltas", [])]

@@ -26,7 +26,6 @@ from flowsearch.storage import history
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.keys import KeyIndex
 from flowsearch.storage.layout import KEY_IDS_FILE
-from flowsearch.storage.relpaths import reference_sample, sample_pieces
 
 __all__ = ["Verification", "size_on_disk", "verify", "verify_files"]
 
@@ -127,10 +126,10 @@ def verify(
         # a calibrator of its own directory (not an older format's files in the index's)
         if manifest.format_version >= 3 and folder.resolve() != index_dir.resolve():
             _extra_files(folder, manifest.calibration.files)
-    for piece in sample_pieces(reference_sample(manifest.reference)) if calibrator else []:
-        files = {k: mf.FileRecord.model_validate(v) for k, v in piece["files"].items()}
-        out += verify_files(index_dir / piece["path"], files, checksums)
-        _extra_files(index_dir / piece["path"], files)  # a base's or delta's directory is its own
+    sample = manifest.reference.sample if manifest.reference is not None else None
+    for piece in sample.pieces if calibrator and sample is not None else ():
+        out += verify_files(index_dir / piece.path, piece.files, checksums)
+        _extra_files(index_dir / piece.path, piece.files)  # a base or delta: its own directory
     for seg in manifest.segments:
         if wanted is not None and seg.name not in wanted:
             continue

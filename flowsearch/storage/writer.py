@@ -47,7 +47,7 @@ import numbers
 import os
 import secrets
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +71,6 @@ from flowsearch.storage.layout import (
     segment_dir,
     segment_name,
 )
-from flowsearch.storage.relpaths import reference_sample, sample_pieces
 from flowsearch.storage.verify import verify_files
 
 __all__ = ["Writer", "file_records", "open_writer", "referenced", "sample_record"]
@@ -94,23 +93,22 @@ def referenced(manifest: mf.Manifest | None) -> set[str]:
     if manifest is None:
         return set()
     out = {manifest.calibration.path}
-    for piece in sample_pieces(sample_record(manifest)):  # the sample's base and deltas
-        out.add(piece["path"])
-        out.update(f"{piece['path']}/{rel}" for rel in piece["files"])
+    sample = sample_record(manifest)
+    for piece in sample.pieces if sample is not None else ():  # the base and its deltas
+        out.add(piece.path)
+        out.update(f"{piece.path}/{rel}" for rel in piece.files)
     for seg in manifest.segments:
         out.add(seg.dir)
         out.update(f"{seg.dir}/{rel}" if seg.dir != "." else rel for rel in seg.files)
     return out
 
 
-def sample_record(manifest: mf.Manifest | None) -> dict[str, Any] | None:
-    """The reference sample a version records (``reference["sample"]``: its directory and
-    files, paths checked), or None.
-
-    Raises:
-        IndexDamaged: a path leaving the index directory (a crafted manifest).
-    """
-    return reference_sample(manifest.reference if manifest is not None else None)
+def sample_record(manifest: mf.Manifest | None) -> mf.SampleRecord | None:
+    """The reference sample a version records (``reference.sample``: its directory and files,
+    paths checked when the manifest was read), or None."""
+    if manifest is None or manifest.reference is None:
+        return None
+    return manifest.reference.sample
 
 
 class Writer:
@@ -220,14 +218,13 @@ class Writer:
         self._calibrator = (stage, spec)
         return spec
 
-    def set_reference_sample(self, stage: Path) -> dict[str, Any]:
+    def set_reference_sample(self, stage: Path) -> mf.SamplePiece:
         """Use the reference sample (a base, or a delta on the base version's) saved in
         ``stage`` (from :meth:`stage` with ``references``). Returns the directory's record
-        (``path`` and ``files``), for the manifest's ``reference["sample"]``."""
+        (``path`` and ``files``), for the manifest's ``reference.sample``."""
         path = reference_dir(self.number)
         self._sample = (stage, path)
-        files = file_records(stage)
-        return {"path": path, "files": {k: v.model_dump(mode="json") for k, v in files.items()}}
+        return mf.SamplePiece(path=path, files=file_records(stage))
 
     # -- publishing ------------------------------------------------------------------------
 
@@ -269,6 +266,9 @@ class Writer:
             **changes,
         }
         manifest = start.model_copy(update=update)
+        if isinstance(manifest.reference, Mapping):  # given in its JSON form: typed here
+            reference = mf.ReferenceRecord.model_validate(manifest.reference)
+            manifest = manifest.model_copy(update={"reference": reference})
         self._place_stages()
         text = json.dumps(_with_checksum(manifest), indent=1, ensure_ascii=False) + "\n"
         atomic_write_text(self.index_dir / MANIFEST_NAME, text)

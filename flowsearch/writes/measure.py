@@ -33,7 +33,6 @@ from flowsearch.storage import manifest as mf
 from flowsearch.storage.keys import KeyIndex
 from flowsearch.storage.layout import REFERENCES_DIR
 from flowsearch.storage.records import SegmentRecord
-from flowsearch.storage.relpaths import sample_pieces
 from flowsearch.storage.rows import RowReader
 from flowsearch.storage.verify import verify_files
 from flowsearch.storage.writer import Writer, sample_record
@@ -177,14 +176,13 @@ def draw_sample(
 def read_sample(writer: Writer, base: mf.Manifest) -> ReferenceSample | None:
     """The reference sample version ``base`` records (its base with its deltas applied, every
     file's size checked), or None when it has none (an index written before samples existed)."""
-    pieces = sample_pieces(sample_record(base))
-    if not pieces:
+    record = sample_record(base)
+    if record is None:
         return None
     folders = []
-    for piece in pieces:
-        folder = writer.index_dir / piece["path"]
-        files = {k: mf.FileRecord.model_validate(v) for k, v in piece["files"].items()}
-        verify_files(folder, files, small=False)
+    for piece in record.pieces:
+        folder = writer.index_dir / piece.path
+        verify_files(folder, piece.files, small=False)
         folders.append(folder)
     return ReferenceSample.load(folders[0], base.dim, deltas=folders[1:])
 
@@ -216,9 +214,9 @@ def stale_keys(writer: Writer, segments: Sequence[SegmentRecord], keys: np.ndarr
 
 def stage_sample(
     writer: Writer, sample: ReferenceSample, parent: ReferenceSample | None = None
-) -> dict[str, Any]:
+) -> mf.SampleRecord:
     """Write ``sample`` for the version being written; returns its record (the manifest's
-    ``reference["sample"]``).
+    ``reference.sample``).
 
     With ``parent`` (the base version's sample, as :func:`read_sample` read it, that
     ``sample`` was derived from), only what changed is written: a delta appended to the base
@@ -229,22 +227,22 @@ def stage_sample(
     before = sample_record(writer.base) if parent is not None else None
     delta = sample.delta_from(parent) if parent is not None and before is not None else None
     if before is not None and delta is not None:
-        chain = list(before.get("deltas", []))
-        base_bytes = sum(int(f["bytes"]) for f in before["files"].values())
-        chain_bytes = sum(int(f["bytes"]) for d in chain for f in d["files"].values())
+        chain = before.deltas
+        base_bytes = sum(f.bytes for f in before.files.values())
+        chain_bytes = sum(f.bytes for d in chain for f in d.files.values())
         fits = chain_bytes + delta.nbytes <= REFERENCE_DELTA_SHARE * base_bytes
         if fits and len(chain) < REFERENCE_DELTA_MAX:
             stage = writer.stage(REFERENCES_DIR)
             delta.save(stage)
-            record = {k: v for k, v in before.items() if k != "deltas"}
-            record.update(deltas=[*chain, writer.set_reference_sample(stage)])
-            record.update(rows=sample.n_sample, probes=sample.n_probes)
-            return record
+            deltas = (*chain, writer.set_reference_sample(stage))
+            update = {"deltas": deltas, "rows": sample.n_sample, "probes": sample.n_probes}
+            return before.model_copy(update=update)
     stage = writer.stage(REFERENCES_DIR)
     sample.save(stage)
-    record = writer.set_reference_sample(stage)
-    record.update(rows=sample.n_sample, probes=sample.n_probes)
-    return record
+    piece = writer.set_reference_sample(stage)
+    return mf.SampleRecord(
+        path=piece.path, files=piece.files, rows=sample.n_sample, probes=sample.n_probes
+    )
 
 
 def remeasure(writer: Writer, space: SearchSpace, lps: np.ndarray | None = None) -> Reference:
@@ -257,7 +255,9 @@ def remeasure(writer: Writer, space: SearchSpace, lps: np.ndarray | None = None)
     total = int(offsets[-1])
     rows, method = reference_rows(total, np.zeros(0, np.int64))
     if not len(rows):
-        return Reference(method=method, n_measured=0, n_corpus=total, space=space.spec.space)
+        return Reference(
+            method=method, n_measured=0, n_corpus=total, space=space.spec.space, sample=None
+        )
     seg_of = np.searchsorted(offsets, rows, side="right") - 1
     parts = []
     for i, seg in enumerate(segments):

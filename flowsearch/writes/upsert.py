@@ -217,7 +217,7 @@ def write(index_dir: str | os.PathLike[str], corpus: Corpus, request: WriteReque
         with st.timed("load model"):
             space = SearchSpace.open(target, base, request.encoder, model=model)
         with st.timed("cut"):  # as the build cut (the manifest's sizes): rows are passages
-            cuts = Cuts(space.text_encoder, plan, sizes_of(base.passages), CHUNK_ROWS)
+            cuts = Cuts(space.require_encoder(), plan, sizes_of(base.passages), CHUNK_ROWS)
         transient = merge_segments and merged_at_once(writer.segments, replaced, cuts.n_rows,
                                                        merge_policy, ann)  # fmt: skip
         record, scored = _write_segment(writer, base, cuts, space, request.batch_size, st,
@@ -256,7 +256,7 @@ def _changes(base: mf.Manifest, plan: CorpusPlan, space: SearchSpace, model: Any
         "schema_": schema,
     }
     if model is not None:  # the model moved: remember where it is now
-        source = str(space.text_encoder.model_id)
+        source = str(space.require_encoder().model_id)
         changes["encoder"] = base.encoder.model_copy(update={"source": source})
     return changes
 
@@ -324,7 +324,7 @@ def _write_segment(
     with st.task("writing rows", total=cuts.n_rows) as advance:
         for ids, texts, meta, spans in cuts.batches():
             with st.timed("encode"):
-                U = space.text_encoder.encode(texts, batch_size=batch_size, progress=False)
+                U = space.require_encoder().encode(texts, batch_size=batch_size, progress=False)
             with st.timed("write"):
                 Z, lp = space.project(U)
                 columns = None if spans is None else passage_columns(spans)

@@ -225,8 +225,8 @@ def _aims(windows: list[tuple], kind: str, slow: bool) -> list[tuple]:
 
 
 def _files(m: mf.Manifest) -> int:
-    sample = (m.reference or {}).get("sample") or {}  # the reference sample: base and deltas
-    pieces = sum(len(p.get("files", {})) for p in [sample, *sample.get("deltas", [])])
+    sample = m.reference.sample if m.reference is not None else None  # its base and deltas
+    pieces = sum(len(p.files) for p in sample.pieces) if sample is not None else 0
     return sum(len(s.files) for s in m.segments) + len(m.calibration.files) + pieces
 
 

@@ -311,7 +311,7 @@ def demo(pooling: str, sets: dict[str, Any], per_set: int = 200) -> dict[str, An
             out["flagged"][g] = round(float(np.mean(flagged)), 4) if flagged else None
         m = s.manifest
         out["space"] = m.calibration.space
-        out["reference_rows"] = (m.reference or {}).get("n_measured")
+        out["reference_rows"] = m.reference.n_measured if m.reference is not None else None
         out["examples"] = {q: s.query(q, k=1, mode="dense").report.to_words()
                            for q in (DEMO_QUESTIONS[0], "asdf qwerty zxcv",
                                      "A man is playing a guitar.")}  # fmt: skip
