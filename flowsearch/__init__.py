@@ -76,9 +76,11 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     if name == "Settings":  # the fourth release's process-wide settings
-        from flowsearch.settings import current
-
-        current()  # refuses, saying where the settings went
+        raise AttributeError(
+            "flowsearch.Settings was removed in the fifth release (nothing process-wide changes "
+            "at run time): pass flowsearch.AnnPolicy, MergePolicy or SearchOptions where the "
+            "setting is used; flowsearch.settings.moved_to(NAME) says where each went"
+        )
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'flowsearch' has no attribute {name!r}")

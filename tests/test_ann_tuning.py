@@ -475,3 +475,19 @@ def test_a_compact_whose_only_re_tune_fails_writes_no_version(tmp_path, monkeypa
     monkeypatch.setattr(compact_mod, "segment_tuning", broken)
     result = compact_mod.compact(root)
     assert result.n_retuned == 0 and result.version == version == mf.read(root).version
+
+
+def test_a_cap_below_the_first_knob_is_obeyed():
+    """``AnnPolicy.max_ef_search`` below the tuner's first efSearch (16) is the knob's cap."""
+    import faiss
+
+    from flowsearch.ann import tune as ann_tune
+    from flowsearch.ann.policy import AnnPolicy
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3000, 16)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    index = faiss.index_factory(16, "HNSW16", faiss.METRIC_INNER_PRODUCT)
+    index.add(x)
+    tuned = ann_tune.tune_segment(index, lambda: iter([x]), AnnPolicy(max_ef_search=4))
+    assert tuned.params == "efSearch=4"

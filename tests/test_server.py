@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import select
 import shlex
 import shutil
 import signal
@@ -835,7 +836,16 @@ def test_a_refused_chunked_body_leaves_no_traceback(reader: Server, bounds: int)
             "Transfer-Encoding: chunked\r\n\r\n".encode()
         )
         for _ in range(bounds * MAX_BODY_BYTES // len(mb) + 2):
-            sock.sendall(b"%x\r\n" % len(mb) + mb + b"\r\n")
+            # past twice the bound the server answers and closes at once: stop sending when the
+            # answer is there (a chunk written after its close is reset, on a loaded machine too)
+            if bounds == 2 and select.select([sock], [], [], 0)[0]:
+                break
+            try:
+                sock.sendall(b"%x\r\n" % len(mb) + mb + b"\r\n")
+            except (ConnectionResetError, BrokenPipeError):
+                if bounds == 1:
+                    raise
+                break
         sock.settimeout(30)
         if bounds == 2:  # answered already: read it before the rest arrives
             answer = sock.recv(65536)

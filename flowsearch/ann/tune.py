@@ -337,7 +337,7 @@ def tune(
     if name == "k_factor_rf":  # the re-rank depth is the only knob: tuned below
         tuned = tuning.recall(index)
     else:
-        first = 1 if name == "nprobe" else 16
+        first = min(1 if name == "nprobe" else 16, largest)  # never past the policy's cap
         # the larger of the knobs two independent sets of queries choose: near the target a
         # recall curve is flat, so one set's sampling error moves the knob a long way
         picks = [_smallest(index, name, first, largest, c, aim) for c in choosers]

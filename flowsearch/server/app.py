@@ -151,6 +151,10 @@ def create_app(
     shards: int | None = None,
     address: str | None = None,
     options: SearchOptions | None = None,
+    model: str | os.PathLike[str] | None = None,
+    verify: bool = False,
+    mmap: bool = False,
+    gpu: bool = True,
 ) -> FastAPI:
     """The FastAPI app serving one index (its Searcher is opened here, before any request).
 
@@ -160,13 +164,16 @@ def create_app(
             needs ``Authorization: Bearer KEY`` or ``X-API-Key: KEY``.
         engine, shards, address: how the index is searched (see :meth:`Searcher.open`).
         options: the served Searcher's knobs (:class:`SearchOptions`).
+        model, verify, mmap, gpu: as :meth:`Searcher.open` takes them (``model``: where the
+            index's model directory is now, if it has moved).
 
     Raises:
         FlowsearchError: no index there, a damaged one, or an empty ``api_key``.
     """
     guard = _auth(api_key)
     root = Path(index_dir).expanduser()
-    searcher = Searcher.open(root, engine=engine, shards=shards, address=address, options=options)
+    searcher = Searcher.open(root, verify=verify, engine=engine, shards=shards, address=address,
+                             options=options, model=model, mmap=mmap, gpu=gpu)  # fmt: skip
     service = Service(root, searcher)
 
     @contextlib.asynccontextmanager
