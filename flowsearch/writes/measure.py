@@ -216,7 +216,7 @@ def stale_keys(writer: Writer, segments: Sequence[SegmentRecord], keys: np.ndarr
 
 def stage_sample(
     writer: Writer, sample: ReferenceSample, parent: ReferenceSample | None = None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Write ``sample`` for the version being written; returns its record (the manifest's
     ``reference["sample"]``).
 
