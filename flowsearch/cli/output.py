@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowsearch.jsonable import to_json
+
+if TYPE_CHECKING:
+    from flowsearch.writes.results import WriteResult
 
 __all__ = [
     "counted",
@@ -94,7 +97,7 @@ def snippet(text: str, width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def print_summary(result: Any, verb: str) -> None:
+def print_summary(result: WriteResult, verb: str) -> None:
     """A write's result (documents written, live rows, version, space, timings, drift) on
     stderr (a document cut into passages is several rows)."""
     from rich.text import Text
