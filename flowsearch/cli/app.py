@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 
@@ -37,14 +37,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def user_errors(func: F) -> F:
+def user_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Run a command: a FlowsearchError becomes ``error: ...`` on stderr and its exit code."""
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return func(*args, **kwargs)
         except FlowsearchError as exc:
@@ -54,7 +55,7 @@ def user_errors(func: F) -> F:
             typer.echo("interrupted", err=True)
             raise typer.Exit(130) from None
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 @app.callback()

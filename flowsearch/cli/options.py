@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, TypedDict
 
 import typer
 
@@ -107,6 +107,12 @@ Wait = Annotated[
 ]
 
 
-def wait_kwargs(wait: float | None) -> dict[str, Any]:
+class WaitKwargs(TypedDict, total=False):
+    """A library write's ``wait=`` keyword, present only when ``--wait`` was given."""
+
+    wait: float
+
+
+def wait_kwargs(wait: float | None) -> WaitKwargs:
     """``{"wait": seconds}`` for a library write when ``--wait`` was given, else nothing."""
     return {} if wait is None else {"wait": float(wait)}

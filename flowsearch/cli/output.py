@@ -14,9 +14,16 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from flowsearch.jsonable import to_json
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
+
+    from flowsearch.space.reports import QueryReport
+    from flowsearch.writes.results import WriteResult
 
 __all__ = [
     "counted",
@@ -34,33 +41,33 @@ __all__ = [
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def print_json(doc: Any) -> None:
+def print_json(doc: object) -> None:
     """Print ``doc`` as one JSON document on stdout (NaN and infinities as null)."""
     sys.stdout.write(to_json(doc) + "\n")
 
 
-def stdout_console() -> Any:
+def stdout_console() -> Console:
     """A rich console on stdout that never wraps what it prints into the terminal's width."""
     from rich.console import Console
 
     return Console(soft_wrap=True)
 
 
-def stderr_console() -> Any:
+def stderr_console() -> Console:
     """A rich console on stderr without highlighting (summaries, reports)."""
     from rich.console import Console
 
     return Console(stderr=True, highlight=False)
 
 
-def visible(text: Any) -> str:
+def visible(text: object) -> str:
     """User-supplied text made safe for a terminal: control characters (ESC, ...) shown as
     escapes instead of acting; newlines and tabs as spaces. Print it as markup-free text."""
     text = str(text).replace("\n", " ").replace("\t", " ")
     return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
 
 
-def shown_id(value: Any) -> str:
+def shown_id(value: object) -> str:
     r"""An id as the command line prints it: as it is when that cannot be mistaken for another
     id, else quoted with escapes (Python's ``repr``), so ``'a '`` and ``a``, or an id carrying
     a bidirectional control (``'a\u202eb'``), print apart. Quotes at its ends are quoted too.
@@ -75,7 +82,7 @@ def shown_id(value: Any) -> str:
     return value if plain and not value.startswith(("'", '"')) else repr(value)
 
 
-def literal(text: Any) -> Any:
+def literal(text: object) -> Text:
     """A rich ``Text`` that prints ``text`` literally (no markup, control characters visible)."""
     from rich.text import Text
 
@@ -94,7 +101,7 @@ def snippet(text: str, width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def print_summary(result: Any, verb: str) -> None:
+def print_summary(result: WriteResult, verb: str) -> None:
     """A write's result (documents written, live rows, version, space, timings, drift) on
     stderr (a document cut into passages is several rows)."""
     from rich.text import Text
@@ -119,6 +126,6 @@ def print_summary(result: Any, verb: str) -> None:
         err.print(Text(drift.to_words(), style="bold yellow" if drift.warn else ""))
 
 
-def report_caption(report: Any) -> str:
+def report_caption(report: QueryReport | None) -> str:
     """The query report in words (the raw figures are in ``--json`` and ``--explain``)."""
     return str(report.to_words()) if report is not None else ""

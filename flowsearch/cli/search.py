@@ -7,7 +7,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -30,6 +31,11 @@ from flowsearch.cli.output import (
     snippet,
     stdout_console,
 )
+
+if TYPE_CHECKING:
+    from flowsearch.search.results import QueryResult
+    from flowsearch.search.version import IndexInfo
+    from flowsearch.storage.manifest import SegmentRecord, WriteRecord
 
 __all__ = ["info_cmd", "query_cmd"]
 
@@ -82,7 +88,7 @@ SCORE_LEGEND = (
 )
 
 
-def _print_hits(text: str, result: Any) -> None:
+def _print_hits(text: str, result: QueryResult) -> None:
     """The hit table, with the query report under it on a line of its own."""
     from rich.table import Table
     from rich.text import Text
@@ -155,13 +161,13 @@ def info_cmd(
     stdout_console().print(table)
 
 
-def _history_line(record: Any) -> str:
+def _history_line(record: WriteRecord) -> str:
     detail = ", ".join(f"{k} {v}" for k, v in record.detail.items() if k != "drift" and v)
     line = f"v{record.version} {record.time} {record.kind} {counted(record.n_rows, 'row')}"
     return f"{line} ({detail})" if detail else line
 
 
-def _documents_line(info: Any) -> str:
+def _documents_line(info: IndexInfo) -> str:
     """Live documents, the live rows they make (passages) and how texts are cut."""
     m = info.manifest
     docs = info.n_documents if info.n_documents is not None else m.n_live
@@ -175,7 +181,7 @@ def _documents_line(info: Any) -> str:
     return f"{docs:,} live in {counted(m.n_live, 'passage')} ({how})"
 
 
-def _tuned_recall(segments: Any, requested: str = "auto") -> str:
+def _tuned_recall(segments: Sequence[SegmentRecord], requested: str = "auto") -> str:
     """What ``auto``'s tuning measured, per segment with an approximate index it tuned; a
     segment ``compact`` would re-tune (an older rule's tuning, or none recorded) says so."""
     from flowsearch.writes.compact import tuned_by_older_rule
@@ -193,16 +199,16 @@ def _tuned_recall(segments: Any, requested: str = "auto") -> str:
     return "; ".join(shown)
 
 
-def _graph_builds(segments: Any) -> str | None:
+def _graph_builds(segments: Sequence[SegmentRecord]) -> str | None:
     """How ``auto`` built the segments whose graph was built over principal components (None:
     no segment was)."""
-    built = [s for s in segments if s.ann.projection is not None]
+    built = [(s, p) for s in segments if (p := s.ann.projection) is not None]
     if not built:
         return None
-    return "; ".join(f"{s.name} {s.ann.factory}: {s.ann.projection.to_words()}" for s in built)
+    return "; ".join(f"{s.name} {s.ann.factory}: {p.to_words()}" for s, p in built)
 
 
-def _info_rows(info: Any) -> list[tuple[str, str]]:
+def _info_rows(info: IndexInfo) -> list[tuple[str, str]]:
     """``info``'s table: (what, value) pairs read from the manifest and the verification."""
     from flowsearch.space.reference import reference_of
     from flowsearch.space.reports import describe_space

@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -48,6 +48,9 @@ from flowsearch.cli.output import (
     visible,
 )
 from flowsearch.errors import BadInput
+
+if TYPE_CHECKING:
+    from flowsearch.writes.results import WriteResult
 
 __all__: list[str] = []
 
@@ -126,7 +129,7 @@ def _seconds(wait: float | None) -> float | None:
     return None if wait is None else float(wait)
 
 
-def _done(result: Any, verb: str, as_json: bool) -> None:
+def _done(result: WriteResult, verb: str, as_json: bool) -> None:
     if as_json:
         print_json(result.to_dict())
     else:
@@ -240,7 +243,7 @@ def compact_cmd(
     stderr_console().print(literal(_compacted(index, result, result.version != before)))
 
 
-def _compacted(index: object, result: Any, published: bool = True) -> str:
+def _compacted(index: object, result: WriteResult, published: bool = True) -> str:
     """``compact``'s summary: what it merged or rewrote, what it dropped, what it freed
     (``published``: whether it wrote a version)."""
     where = f"{index} (version {result.version}): {counted(result.n_live, 'live row')} in "

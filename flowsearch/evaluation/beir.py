@@ -32,7 +32,6 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from flowsearch.errors import BadInput, NotFound
 
@@ -66,7 +65,7 @@ class BeirDataset:
     doc_ids: list[str]
     texts: list[str]
     titles: list[str]
-    metadata: list[dict[str, Any]]
+    metadata: list[dict[str, object]]
     queries: dict[str, str]
     qrels: Qrels
     missing_ids: tuple[str, ...] = ()
@@ -105,7 +104,7 @@ def find_qrels(root: str | os.PathLike[str], split: str = "test") -> Path:
     )
 
 
-def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
     """(line number, object) for every non-blank line; a bad line is named with its number."""
     if not path.is_file():
         raise NotFound(
@@ -129,7 +128,7 @@ def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield lineno, obj
 
 
-def _text_field(obj: dict[str, Any], key: str, path: Path, lineno: int) -> str:
+def _text_field(obj: dict[str, object], key: str, path: Path, lineno: int) -> str:
     value = obj.get(key)
     if value is None:
         return ""
@@ -140,11 +139,11 @@ def _text_field(obj: dict[str, Any], key: str, path: Path, lineno: int) -> str:
     return value
 
 
-def _read_corpus(path: Path) -> tuple[list[str], list[str], list[str], list[dict[str, Any]]]:
+def _read_corpus(path: Path) -> tuple[list[str], list[str], list[str], list[dict[str, object]]]:
     ids: list[str] = []
     texts: list[str] = []
     titles: list[str] = []
-    metadata: list[dict[str, Any]] = []
+    metadata: list[dict[str, object]] = []
     first_line: dict[str, int] = {}
     for lineno, obj in _json_lines(path):
         doc_id = str(obj["_id"])
@@ -268,7 +267,7 @@ def load_beir(root: str | os.PathLike[str], split: str = "test") -> BeirDataset:
 
 def write_beir(
     root: str | os.PathLike[str],
-    corpus: Sequence[Mapping[str, Any]],
+    corpus: Sequence[Mapping[str, object]],
     queries: Mapping[str, str],
     qrels: Mapping[str, Mapping[str, int]],
     split: str = "test",

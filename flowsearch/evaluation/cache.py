@@ -28,7 +28,7 @@ import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -40,7 +40,7 @@ LOG = logging.getLogger(__name__)
 class SupportsEncode(Protocol):
     """What the cache needs of an encoder: :class:`flowsearch.encode.encoder.Encoder` fits."""
 
-    def describe(self) -> dict[str, Any]: ...
+    def describe(self) -> dict[str, object]: ...
 
     def encode(
         self, texts: Sequence[str], batch_size: int = 64, progress: bool | None = None
@@ -85,7 +85,7 @@ class VectorCache:
         self.hits = 0
         self.misses = 0
 
-    def path_for(self, description: dict[str, Any], dataset: str, texts: Sequence[str]) -> Path:
+    def path_for(self, description: dict[str, object], dataset: str, texts: Sequence[str]) -> Path:
         """The ``.npy`` path for these texts under this encoder description and dataset name."""
         model = _slug(str(description.get("model", "model")))
         revision = _slug(str(description.get("revision", "unknown")))[:16]

@@ -20,11 +20,17 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from flowsearch.errors import BadInput
 from flowsearch.evaluation import ranking_metrics
 from flowsearch.evaluation.beir import BeirDataset, load_beir
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from flowsearch.search.modes import Mode
+    from flowsearch.search.searcher import Searcher
 from flowsearch.evaluation.ranking_metrics import retrieval_scores
 from flowsearch.search.modes import MODES, Mode
 
@@ -42,7 +48,7 @@ def __getattr__(name: str) -> Any:
 
 
 def search_run(
-    searcher: Any,
+    searcher: Searcher,
     queries: Mapping[str, str],
     *,
     k: int = 100,
@@ -65,13 +71,12 @@ def search_run(
     Returns:
         query id -> {doc id (as str): score}.
     """
-    extra = {"mode": mode}
     fetch = k + 1 if ignore_identical_ids else k
     ids = list(queries)
     run: dict[str, dict[str, float]] = {}
     for start in range(0, len(ids), batch_size):
         chunk = ids[start : start + batch_size]
-        results = searcher.search([queries[q] for q in chunk], k=fetch, **extra)
+        results = searcher.search([queries[q] for q in chunk], k=fetch, mode=cast("Mode", mode))
         for qid, hits in zip(chunk, results, strict=True):
             docs = [(str(h.id), float(h.score)) for h in hits]
             if ignore_identical_ids:
@@ -80,16 +85,16 @@ def search_run(
     return run
 
 
-def _metadata_columns(dataset: BeirDataset, reserved: Sequence[str]) -> dict[str, Any]:
+def _metadata_columns(dataset: BeirDataset, reserved: Sequence[str]) -> dict[str, pa.Array]:
     """pyarrow arrays of the corpus's metadata keys; nested or mixed values become JSON text."""
     import pyarrow as pa
 
     keys = list(dict.fromkeys(k for meta in dataset.metadata for k in meta))
     keys = (["title"] if any(dataset.titles) else []) + keys
-    columns: dict[str, Any] = {}
+    columns: dict[str, pa.Array] = {}
     for key in keys:
         if key == "title":
-            values: list[Any] = [t or None for t in dataset.titles]
+            values: list[object] = [t or None for t in dataset.titles]
         else:
             values = [meta.get(key) for meta in dataset.metadata]
         name = key
@@ -186,7 +191,7 @@ def _index_and_score(
 
 
 def _score_modes(
-    searcher: Any,
+    searcher: Searcher,
     dataset: BeirDataset,
     modes: list[str],
     *,
@@ -215,7 +220,9 @@ def _score_modes(
     return results
 
 
-def _describe(dataset: BeirDataset, searcher: Any, summary: dict[str, Any]) -> dict[str, Any]:
+def _describe(
+    dataset: BeirDataset, searcher: Searcher, summary: dict[str, object]
+) -> dict[str, object]:
     """What was evaluated: the set's sizes and the index's encoder and searched space."""
     encoder = searcher.manifest.encoder
     record = searcher.manifest.calibration

@@ -24,9 +24,10 @@ Calibration settings (Li et al. 2020, sections 4.1 and 4.3; Su et al. 2021):
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import SupportsInt, cast
 
 import numpy as np
 
@@ -175,7 +176,7 @@ class EvalSession:
         text: TextVariant = "raw",
         batch_size: int = 64,
         seed: int = 0,
-        flow_config: dict[str, Any] | None = None,
+        flow_config: Mapping[str, object] | None = None,
         nli_sentences: int | None = None,
     ) -> None:
         if text not in ("raw", "senteval"):
@@ -188,13 +189,13 @@ class EvalSession:
         self.seed = seed
         self.flow_config = dict(flow_config or {})
         self.nli_sentences = nli_sentences
-        self.dim = int(encoder.describe().get("dim") or 0)
+        self.dim = int(cast("SupportsInt", encoder.describe().get("dim") or 0))
         self._tasks: dict[str, TaskData] = {}
         self._vectors: dict[str, tuple[dict[str, int], np.ndarray]] = {}
         self._natsv_k: dict[str, int] = {}
         self._fitted: dict[tuple[str, str, str], Calibrator] = {}
         #: Every fitted calibrator's ``fit_stats``, by (setting, fit set), for reports.
-        self.fit_stats: dict[tuple[str, str], dict[str, Any]] = {}
+        self.fit_stats: dict[tuple[str, str], dict[str, object]] = {}
 
     # -- data and vectors --------------------------------------------------------------------
 
@@ -281,10 +282,10 @@ class EvalSession:
             return self._fit(setting, task, self._flow_kwargs())
         return self._fit(setting, task, {})
 
-    def _flow_kwargs(self) -> dict[str, Any]:
+    def _flow_kwargs(self) -> dict[str, object]:
         return {"seed": self.seed, **self.flow_config}
 
-    def _fit(self, name: str, fit_set: str, kwargs: dict[str, Any]) -> Calibrator:
+    def _fit(self, name: str, fit_set: str, kwargs: dict[str, object]) -> Calibrator:
         """Fits (once per session) calibrator ``name`` with ``kwargs`` on a set's sentences."""
         key = (name, fit_set, repr(sorted(kwargs.items())))
         if key not in self._fitted:

@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
@@ -91,12 +91,12 @@ class UpsertRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    records: Annotated[list[dict[str, Any]], Field(min_length=1, max_length=MAX_RECORDS)]
+    records: Annotated[list[dict[str, object]], Field(min_length=1, max_length=MAX_RECORDS)]
     wait: WaitSeconds = None
 
     @field_validator("records")
     @classmethod
-    def _json_numbers(cls, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _json_numbers(cls, records: list[dict[str, object]]) -> list[dict[str, object]]:
         """Refuse NaN and Infinity: JSON has neither (the parser takes them as literals)."""
         for i, record in enumerate(records):
             where = _non_finite(record, f"records[{i}]")
@@ -105,7 +105,7 @@ class UpsertRequest(BaseModel):
         return records
 
 
-def _non_finite(value: Any, path: str) -> str | None:
+def _non_finite(value: object, path: str) -> str | None:
     """Where in a parsed JSON value a NaN or infinity is (its path), or None."""
     keys = find_in_json(value, lambda v: isinstance(v, float) and not math.isfinite(v))
     return None if keys is None else path + "".join(f"[{k!r}]" for k in keys)

@@ -23,12 +23,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from flowsearch.ann.factory import check_factory
 from flowsearch.ann.policy import AnnPolicy, policy_or_default
+from flowsearch.calibration.base import Calibrator
 from flowsearch.encode.protocol import TextEncoder
 from flowsearch.errors import BadInput
 from flowsearch.ingest.corpus import Corpus, CorpusOptions, CorpusPlan
@@ -47,7 +47,13 @@ from flowsearch.storage.rows import rows_table
 from flowsearch.storage.writer import Writer, open_writer
 from flowsearch.writes import ENGINES
 from flowsearch.writes.corpus import read_for_build
-from flowsearch.writes.engine import CHUNK_ROWS, BuildOptions, finish_build, fit_space
+from flowsearch.writes.engine import (
+    CHUNK_ROWS,
+    BuildOptions,
+    EncoderRuntime,
+    finish_build,
+    fit_space,
+)
 from flowsearch.writes.results import WriteResult, result_of
 from flowsearch.writes.segments import SegmentBuilder
 
@@ -57,7 +63,7 @@ LOG = logging.getLogger(__name__)
 
 #: What builds an index's version under the writer lock, once the corpus is read and the
 #: encoder loaded (the local build, or the Ray engine's).
-Builder = Callable[[Writer, CorpusPlan, Any, Stages, BuildOptions], mf.Manifest]
+Builder = Callable[[Writer, CorpusPlan, TextEncoder, Stages, BuildOptions], mf.Manifest]
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,7 @@ class EncoderOptions:
     backend: str = "torch"
     quantize: str | None = None
 
-    def runtime(self) -> dict[str, Any]:
+    def runtime(self) -> EncoderRuntime:
         """The Encoder's runtime keywords, given only when asked for (not every encoder has
         them)."""
         if self.backend != "torch" or self.quantize is not None:
@@ -251,7 +257,7 @@ def _encode_pass(enc: TextEncoder, cuts: Cuts, raw_path: Path, batch_size: int, 
             advance(len(batch.texts))
 
 
-def _load(request: BuildRequest) -> tuple[Any, Any]:
+def _load(request: BuildRequest) -> tuple[TextEncoder, Calibrator | None]:
     """The encoder and a calibrator fitted elsewhere (or None); the factory checked against
     the searched dimension before any encoding."""
     from flowsearch.encode.encoder import Encoder
@@ -260,7 +266,7 @@ def _load(request: BuildRequest) -> tuple[Any, Any]:
     enc = Encoder(wanted.model, pooling=wanted.pooling, max_length=wanted.max_length,
                   **wanted.runtime())  # fmt: skip
     calibrator = request.calibrator
-    loaded = None
+    loaded: Calibrator | None = None
     if calibrator is not None:
         loaded = load_fitted(calibrator, request.calibration, enc.dim)
     check_factory(request.index_factory, (loaded.dim_out if loaded else None) or enc.dim)

@@ -162,7 +162,7 @@ def compact(
         dropped = base.n_deleted - sum(s.n_deleted for s in writer.segments)
         carried = {b.name for b in base.segments} | set(upgraded) | set(retuned)  # relinked
         written = sum(s.n_rows for s in writer.segments if s.name not in carried)
-        detail: dict[str, Any] = {"merged": merged, "dropped": dropped}
+        detail: dict[str, object] = {"merged": merged, "dropped": dropped}
         if upgraded:
             detail["key_ids"] = len(upgraded)
         if retuned:
@@ -281,7 +281,7 @@ def _rewrite(writer: Writer, base: mf.Manifest, space: SearchSpace, ann: AnnPoli
             ann=ann,
         )
     reference = remeasure(writer, space)  # the old one was measured in the old space
-    changes: dict[str, Any] = {
+    changes: dict[str, Any] = {  # manifest fields, each its own type
         "calibration": spec,
         "dim": space.dim,
         "density": density_stats(np.concatenate(lps)) if lps else None,

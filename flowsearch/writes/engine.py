@@ -10,15 +10,18 @@ Example:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
 from flowsearch.ann import build as ann_build
 from flowsearch.ann.policy import DEFAULT, AnnPolicy
+from flowsearch.calibration.base import Calibrator
 from flowsearch.encode.protocol import TextEncoder
 from flowsearch.ingest.corpus import CorpusPlan
+from flowsearch.ingest.passages import PassageSizes
 from flowsearch.progress import Stages
 from flowsearch.space.fitting import fit_for_index
 from flowsearch.space.reference import (
@@ -48,6 +51,14 @@ __all__ = [
 CHUNK_ROWS = 2048  # texts per encoder call: enough to batch by length, small enough for progress
 
 
+class EncoderRuntime(TypedDict, total=False):
+    """An encoder's runtime keywords (:class:`~flowsearch.encode.encoder.Encoder`'s), given
+    only when they differ from torch."""
+
+    backend: str
+    quantize: str | None
+
+
 @dataclass(frozen=True)
 class BuildOptions:
     """What a build was asked for, beyond the corpus and the encoder (both engines).
@@ -62,19 +73,19 @@ class BuildOptions:
         fit_sample: rows the calibrator is fitted on, at most.
         lexical: build BM25 postings.
         passages: how documents are cut (a
-            :class:`~flowsearch.encode.passages.PassageSizes`; None: not cut).
+            :class:`~flowsearch.ingest.passages.PassageSizes`; None: not cut).
         ann: what ``auto`` builds and tunes the segment for.
     """
 
     source: str | None
     calibration: str
-    loaded: Any
-    loaded_from: Any
+    loaded: Calibrator | None
+    loaded_from: str | os.PathLike[str] | None
     index_factory: str
     batch_size: int
     fit_sample: int
     lexical: bool
-    passages: Any = None
+    passages: PassageSizes | None = None
     ann: AnnPolicy = DEFAULT
 
 

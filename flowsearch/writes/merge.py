@@ -35,7 +35,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -51,6 +51,9 @@ from flowsearch.storage.rows import VECTOR_COLUMNS, RowReader, matrix, vector_co
 from flowsearch.storage.schema import type_of
 from flowsearch.storage.writer import Writer
 from flowsearch.writes.segments import SegmentBuilder
+
+if TYPE_CHECKING:
+    from flowsearch.lexical.postings import Postings
 
 __all__ = [
     "DEFAULT",
@@ -313,7 +316,7 @@ def _live_tables(folder: Path, seg: SegmentRecord, dead: np.ndarray | None) -> I
         reader.close()
 
 
-def _postings(folder: Path, seg: SegmentRecord) -> Any:
+def _postings(folder: Path, seg: SegmentRecord) -> Postings:
     from flowsearch.lexical.postings import Postings
 
     if seg.postings is None:

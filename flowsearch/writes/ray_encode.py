@@ -35,7 +35,7 @@ from flowsearch.ingest.corpus import CorpusPlan
 from flowsearch.ingest.passages import PassageSizes, passage_rows, split_texts
 from flowsearch.storage.passages import PASSAGE, PASSAGES, passage_columns
 from flowsearch.storage.rows import vector_column
-from flowsearch.writes.engine import CHUNK_ROWS
+from flowsearch.writes.engine import CHUNK_ROWS, EncoderRuntime
 
 __all__ = [
     "ROW",
@@ -91,7 +91,7 @@ class EncoderActor:
         model: str | None,
         pooling: str,
         max_length: int | None,
-        options: dict[str, Any],
+        options: EncoderRuntime,
         batch_size: int,
         threads: int,
         passages: dict[str, int] | None = None,
@@ -133,7 +133,7 @@ def cut_rows(encoder: TextEncoder, table: pa.Table, sizes: PassageSizes) -> pa.T
     return pa.table(out)
 
 
-def _actors(ray: Any, requested: int | None) -> tuple[int, dict[str, Any]]:
+def _actors(ray: Any, requested: int | None) -> tuple[int, dict[str, int]]:
     """How many encoder actors, and each one's resources: a GPU each when there are GPUs,
     else one CPU each, leaving one CPU for the read and write tasks."""
     resources = ray.cluster_resources()
@@ -230,8 +230,8 @@ def encode_on_ray(
     enc: TextEncoder,
     raw_dir: Path,
     *,
-    model: Any,
-    options: dict[str, Any],
+    model: str | os.PathLike[str] | None,
+    options: EncoderRuntime,
     batch_size: int,
     actors: int | None,
     fault_marker: str | None,

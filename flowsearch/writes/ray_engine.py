@@ -59,6 +59,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flowsearch.ann import ondisk
+from flowsearch.calibration.base import Calibrator
 from flowsearch.encode.protocol import TextEncoder
 from flowsearch.errors import BadInput, FlowsearchError, MissingExtra
 from flowsearch.ingest.corpus import CorpusPlan
@@ -71,7 +72,13 @@ from flowsearch.storage.passages import PASSAGE_COLUMNS
 from flowsearch.storage.rows import rows_table
 from flowsearch.storage.writer import Writer
 from flowsearch.writes import ray_encode
-from flowsearch.writes.engine import CHUNK_ROWS, BuildOptions, finish_build, fit_space
+from flowsearch.writes.engine import (
+    CHUNK_ROWS,
+    BuildOptions,
+    EncoderRuntime,
+    finish_build,
+    fit_space,
+)
 from flowsearch.writes.ray_encode import ROW
 from flowsearch.writes.segments import SegmentBuilder
 
@@ -143,7 +150,7 @@ def _data_context(ray: Any) -> Iterator[None]:
 def builder(
     address: str | None,
     model: str | os.PathLike[str] | None,
-    options: dict[str, Any],
+    options: EncoderRuntime,
     **extra: Any,
 ) -> Callable[..., mf.Manifest]:
     """The Ray engine's stand-in for the local build (same arguments).
@@ -206,7 +213,7 @@ def _project(
     return out.append_column(LOG_PROB, values)
 
 
-def _calibrator_bytes(cal: Any) -> dict[str, bytes]:
+def _calibrator_bytes(cal: Calibrator) -> dict[str, bytes]:
     with tempfile.TemporaryDirectory() as folder:
         cal.save(folder)
         return {p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file()}
@@ -306,7 +313,7 @@ def build_on_ray(
     options: BuildOptions,
     *,
     model: str | os.PathLike[str] | None,
-    encoder_options: dict[str, Any],
+    encoder_options: EncoderRuntime,
     actors: int | None = None,
     fault_marker: str | None = None,
 ) -> mf.Manifest:

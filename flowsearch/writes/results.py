@@ -90,7 +90,7 @@ class WriteResult(BaseModel):
     drift: DriftReport | None = None
     seconds: dict[str, float] = Field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """A JSON-able dict of the fields (the drift report as its own dict)."""
         out = self.model_dump(mode="json", exclude={"drift"})
         out["drift"] = None if self.drift is None else self.drift.to_dict()

@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,10 +34,13 @@ from flowsearch.ann.tune import TUNER_VERSION, tune_segment
 from flowsearch.errors import BadInput
 from flowsearch.storage.keys import KeyIndex
 from flowsearch.storage.layout import ANN_FILE, KEYS_FILE, POSTINGS_DIR
-from flowsearch.storage.manifest import AnnCurve, AnnRecord, AnnTuning, SegmentRecord
+from flowsearch.storage.manifest import AnnCurve, AnnRecord, AnnTuning, PartRecord, SegmentRecord
 from flowsearch.storage.records import encode_vector_sum
 from flowsearch.storage.rows import PartWriter, RowReader, matrix
 from flowsearch.storage.writer import Writer
+
+if TYPE_CHECKING:
+    from flowsearch.lexical.postings import Postings
 
 __all__ = ["SegmentBuilder", "resolve_factory", "segment_tuning"]
 
@@ -96,7 +99,7 @@ class SegmentBuilder:
         self._buffer: list[np.ndarray] = []
         self._buffered = 0
         self._want = min(max(n_rows, 1), TRAIN_ROWS)
-        self._parts: tuple[Any, ...] | None = None
+        self._parts: tuple[PartRecord, ...] | None = None
         self._data: str | None = None
         self.n_rows = 0
         #: float64 (dim,): the sum of the searched vectors added (recorded with the segment: the
@@ -123,7 +126,7 @@ class SegmentBuilder:
         self.n_rows += table.num_rows
         self.vector_sum += matrix(table.column("vector")).astype(np.float64).sum(axis=0)
 
-    def close_parts(self) -> tuple[Any, ...]:
+    def close_parts(self) -> tuple[PartRecord, ...]:
         """Finish the Parquet parts (before :meth:`finish`, to read them); returns them."""
         if self._parts is None:
             self._parts = self.parts.close()
@@ -150,7 +153,7 @@ class SegmentBuilder:
             ann_build.add(self.index, chunk, self.factory)
         self._buffer, self._buffered = [], 0
 
-    def finish(self, postings: Any = None, **fields: Any) -> SegmentRecord:
+    def finish(self, postings: Postings | None = None, **fields: object) -> SegmentRecord:
         """Close the parts, tune and save the vector index, build postings (or save the given
         ``postings``, e.g. merged ones) and keys, and hand the segment to the writer
         (``fields``: more :class:`SegmentRecord` fields)."""

@@ -186,7 +186,9 @@ def add_to_index(
     return write(index_dir, corpus, request)
 
 
-def _index_first(first: Any, second: Any) -> tuple[Any, Any]:
+def _index_first(
+    first: str | os.PathLike[str], second: Corpus
+) -> tuple[str | os.PathLike[str], Corpus]:
     if (
         not mf.is_index_dir(first)
         and isinstance(second, (str, os.PathLike))
@@ -247,10 +249,15 @@ def write(index_dir: str | os.PathLike[str], corpus: Corpus, request: WriteReque
                      factory=record.ann.factory)  # fmt: skip
 
 
-def _changes(base: mf.Manifest, plan: CorpusPlan, space: SearchSpace, model: Any,
-             schema: tuple[mf.SchemaColumn, ...]) -> dict[str, Any]:  # fmt: skip
+def _changes(
+    base: mf.Manifest,
+    plan: CorpusPlan,
+    space: SearchSpace,
+    model: str | os.PathLike[str] | None,
+    schema: tuple[mf.SchemaColumn, ...],
+) -> dict[str, Any]:
     """The manifest fields a write of new rows changes (besides its segments)."""
-    changes: dict[str, Any] = {
+    changes: dict[str, Any] = {  # manifest fields, each its own type
         "skipped": base.skipped + plan.n_skipped,
         "next_auto_id": plan.auto_id_start + plan.n_rows_in,
         "schema_": schema,
@@ -390,7 +397,7 @@ def _drift(
     replaced_keys: np.ndarray,
     pool: _Pool,
     n_rows: int,
-) -> tuple[DriftReport, dict[str, Any] | None]:
+) -> tuple[DriftReport, dict[str, object] | None]:
     """Where the new rows sit: their best scores against the reference sample of the rows the
     index held before the write (``before``: its segments, an older format's converted), minus
     those it replaces and those deleted since (:mod:`flowsearch.space.sample`), placed among the
