@@ -125,3 +125,24 @@ def test_close_shuts_the_helper_threads_down(index):
     assert pool is not None
     s.close()
     assert pool._shutdown
+
+
+def test_the_cache_budgets_reach_the_caches(index):
+    """``row_cache_bytes`` bounds the searcher's row cache and ``lexical_cache_bytes`` its BM25
+    block cache (each searcher its own, whatever the other's)."""
+    small = Searcher.open(index, options=SearchOptions(row_cache_bytes=12_345,
+                                                       lexical_cache_bytes=4_321))  # fmt: skip
+    default = Searcher.open(index)
+    try:
+        assert small._backend.opened.cache._cache.maxsize == 12_345  # type: ignore[attr-defined]
+        assert small.version.lexical is not None and small.version.lexical.cache_bytes == 4_321
+        defaults = SearchOptions()
+        assert default._backend.opened.cache._cache.maxsize == defaults.row_cache_bytes  # type: ignore[attr-defined]
+        assert default.version.lexical is not None
+        assert default.version.lexical.cache_bytes == defaults.lexical_cache_bytes
+        assert [h.id for h in small.search("river water", k=5)] == [
+            h.id for h in default.search("river water", k=5)
+        ]
+    finally:
+        small.close()
+        default.close()
