@@ -4,6 +4,7 @@ studies, every script registered in the entry point, and reports written beside 
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import subprocess
 import sys
@@ -183,3 +184,10 @@ def test_plots_are_drawn_from_the_recorded_reports(tmp_path):
         assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(SystemExit, match="unknown plot 'nope'"):
         figures.main(["--only", "nope"])
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_every_benchmark_module_imports(name: str) -> None:
+    """A module that names a package function or module that left (a moved or deleted name)
+    fails here, not on the next benchmark run."""
+    importlib.import_module(name)
