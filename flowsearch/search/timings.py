@@ -41,15 +41,23 @@ def collect() -> Iterator[dict[str, float]]:
         _ACTIVE.reset(token)
 
 
-@contextlib.contextmanager
-def stage(name: str) -> Iterator[None]:
-    """Mark a stage of a search (timed only when someone collects)."""
-    seconds = _ACTIVE.get()
-    if seconds is None:
-        yield
-        return
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+class stage:  # noqa: N801 - used as a function: ``with stage("encode"):``
+    """Mark a stage of a search (timed only when someone collects; a plain class, not a
+    generator, so that a search nobody times pays one lookup per stage)."""
+
+    __slots__ = ("_name", "_seconds", "_start")
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._seconds = _ACTIVE.get()
+        self._start = 0.0
+
+    def __enter__(self) -> None:
+        if self._seconds is not None:
+            self._start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        seconds = self._seconds
+        if seconds is not None:
+            took = time.perf_counter() - self._start
+            seconds[self._name] = seconds.get(self._name, 0.0) + took

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -116,6 +117,15 @@ class Metrics:
         self.refreshes = Counter("flowsearch_refreshes", "Moves to a newer published version.",
                                  ["index"], registry=r)  # fmt: skip
         r.register(_IndexGauges(indexes))
+        self._children: dict[tuple[object, ...], Any] = {}
+
+    def _child(self, metric: Counter | Histogram, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once (a dict hit after the first)."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     @contextlib.contextmanager
     def searching(self, index: str, mode: str) -> Iterator[None]:
@@ -129,11 +139,12 @@ class Metrics:
                 status = _status(exc)
                 raise
             finally:
-                self.searches.labels(index, mode, status).inc()
+                self._child(self.searches, index, mode, status).inc()
                 if status == "200":
-                    self.search_seconds.labels(index, mode).observe(time.perf_counter() - start)
+                    took = time.perf_counter() - start
+                    self._child(self.search_seconds, index, mode).observe(took)
                     for name, seconds in stages.items():
-                        self.stage_seconds.labels(index, name).observe(seconds)
+                        self._child(self.stage_seconds, index, name).observe(seconds)
 
     @contextlib.contextmanager
     def writing(self, index: str, kind: str) -> Iterator[None]:
@@ -146,13 +157,14 @@ class Metrics:
             status = _status(exc)
             raise
         finally:
-            self.writes.labels(index, kind, status).inc()
+            self._child(self.writes, index, kind, status).inc()
             if status == "200":
-                self.write_seconds.labels(index, kind).observe(time.perf_counter() - start)
+                took = time.perf_counter() - start
+                self._child(self.write_seconds, index, kind).observe(took)
 
     def refreshed(self, index: str) -> None:
         """Count a move to a newer version."""
-        self.refreshes.labels(index).inc()
+        self._child(self.refreshes, index).inc()
 
     def render(self) -> bytes:
         """Everything, in the Prometheus text format."""
