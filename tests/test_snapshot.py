@@ -101,10 +101,20 @@ def test_refusals(built: Path, index: Path, tmp_path: Path) -> None:
     (tmp_path / "junk.tar").write_bytes(b"not a tar")
     with pytest.raises(BadInput, match="not a readable snapshot archive"):
         flowsearch.restore(tmp_path / "junk.tar", tmp_path / "r")
+    with pytest.raises(BadInput, match="inside the index"):
+        flowsearch.snapshot(index, index / "backup")
     flowsearch.snapshot(built, tmp_path / "s")
     with pytest.raises(BadInput, match="already exists"):
         flowsearch.restore(tmp_path / "s", tmp_path / "there")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["idx", "junk.tar", "s", "there"]
+
+
+def test_a_lost_file_is_refused(index: Path, tmp_path: Path) -> None:
+    part = next((index / "segments").rglob("rows-*.parquet"))
+    part.unlink()
+    with pytest.raises(IndexDamaged, match=f"index file missing: {part}"):
+        flowsearch.snapshot(index, tmp_path / "s")
+    assert not (tmp_path / "s").exists()
 
 
 def test_damaged_index_is_refused_with_the_verify_error(index: Path, tmp_path: Path) -> None:

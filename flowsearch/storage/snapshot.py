@@ -175,10 +175,7 @@ def _copy_version(src: Path, dst: Path) -> tuple[mf.Manifest, int, int]:
             last = exc
             if mf.read(src).version == manifest.version:  # not a writer: the file is lost
                 raise IndexDamaged(
-                    f"index file missing: {src / Path(exc.filename).relative_to(dst)}"
-                    if exc.filename and str(exc.filename).startswith(str(dst))
-                    else f"index file missing under {src} ({exc})",
-                    "the index is damaged; rebuild it",
+                    f"index file missing: {exc.filename or src}", "the index is damaged; rebuild it"
                 ) from None
             continue
         kept = [r for r in history.read(src) if r.version <= manifest.version]
@@ -203,6 +200,8 @@ def snapshot(index_dir: str | os.PathLike[str], dest: str | os.PathLike[str]) ->
     target = Path(dest).expanduser()
     mf.read_raw(src)
     _check_dest(target)
+    if target.resolve().is_relative_to(src.resolve()):
+        raise BadInput(f"{target} is inside the index {src}", "write the snapshot elsewhere")
     as_tar = target.suffix == ".tar"
     with _aside(target) as stage:
         manifest, n_files, n_linked = _copy_version(src, stage)
