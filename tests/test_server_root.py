@@ -223,3 +223,16 @@ def test_cli_root_refusals(root: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert code == 2 and err.startswith("error: no directory at") and "Traceback" not in err
     code = main(["serve", "--root", str(root), "--index", str(root / "alpha")])
     assert code == 2 and "not both" in capsys.readouterr().err
+
+
+def test_serve_root_stops_in_one_line_on_a_port_in_use(root: Path) -> None:
+    import socket
+
+    from flowsearch.errors import BadInput
+    from flowsearch.server import serve
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(BadInput, match="cannot listen"):
+            serve(root=root, port=int(taken.getsockname()[1]))

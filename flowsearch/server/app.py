@@ -9,19 +9,27 @@ read as JSON, errors mapped once by class) and:
 - typed bodies (:mod:`flowsearch.server.models`): strict requests, and response models that
   document each answer's shape in ``/openapi.json``;
 - an optional API key (``Authorization: Bearer KEY`` or ``X-API-Key: KEY``) on ``/info``,
-  ``/history``, ``/space``, ``/search``, ``/upsert`` and ``/delete``; ``/health``, ``/docs``,
+  ``/history``, ``/space``, ``/search``, ``/upsert``, ``/delete``, ``/metrics`` and
+  ``/indexes...``; ``/health``, ``/docs``,
   ``/openapi.json`` and the search page's files (``/``, :mod:`flowsearch.server.page`) stay open
   (liveness, and pages that hold nothing of the index: their calls send the key);
-- one Searcher per process, searched concurrently from FastAPI's thread pool;
+- one Searcher per served index (:class:`~flowsearch.server.service.Service`), searched
+  concurrently from FastAPI's thread pool;
 - a queue for writes: the server's own writes run one at a time, in arrival order, each waiting
   its turn (no 409 between its own clients) without holding a worker thread while it waits;
   after each, the Searcher moves to the published version. Versions published by other
   processes are picked up at most :data:`REFRESH_SECONDS` later; a write while another process
-  holds the index's lock is a 409.
+  holds the index's lock is a 409;
+- one index's routes written once (:func:`_index_routes`): at the top with ``--index``, under
+  ``/indexes/{name}`` with ``--root`` (:mod:`flowsearch.server.indexes`: the listing, the
+  builds, the name checks);
+- ``GET /metrics`` on every server (:mod:`flowsearch.server.metrics`).
 
 Example:
     $ flowsearch serve --index idx --port 8000
     $ curl -s localhost:8000/search -d '{"query": "how does sourdough rise?", "k": 3}'
+    $ flowsearch serve --root indexes/ --port 8000
+    $ curl -s localhost:8000/indexes/news/search -d '{"query": "tides"}'
 """
 
 from __future__ import annotations
