@@ -515,6 +515,29 @@ def test_one_compact_gives_an_old_segment_its_key_ids_and_retunes_it(tmp_path, m
     assert not list(root.rglob(".stage*"))  # the key ids' stage, replaced, is gone too
 
 
+def test_a_re_tune_that_would_search_exactly_keeps_the_graph_s_knob(tmp_path, monkeypatch, caplog):
+    """``compact`` re-tunes in place (no rebuild): a tuning that finds the graph short of its
+    target leaves the segment as it was, with a warning naming why and what to do."""
+    from flowsearch.writes import compact as compact_mod
+
+    root = tmp_path / "idx"
+    m = _write(root, [1_200], "auto", ann=SMALL)
+    _make_stale(root, m.segments[0].name, "efSearch=16")
+    real = compact_mod.segment_tuning
+
+    def short(index, reader, policy):
+        params, tuning = real(index, reader, policy)
+        return "", tuning.model_copy(update={"exact": "graph reached recall@10 0.5", "recall": 1.0})
+
+    monkeypatch.setattr(compact_mod, "segment_tuning", short)
+    with caplog.at_level("WARNING", logger="flowsearch"):
+        result = compact_mod.compact(root)
+    assert result.n_retuned == 0
+    seg = mf.read(root).segments[0]
+    assert seg.ann.params == "efSearch=16" and seg.ann.factory == "HNSW32"
+    assert "graph reached recall@10 0.5" in caplog.text and "rebuild the index" in caplog.text
+
+
 def test_a_compact_whose_only_re_tune_fails_writes_no_version(tmp_path, monkeypatch):
     from flowsearch.writes import compact as compact_mod
 

@@ -75,6 +75,8 @@ def _ordered(
     scores, local = answer
     if scores.ndim != 2 or scores.shape != local.shape:
         return None
+    if len(scores) == 1:  # one query: its few values compared as Python numbers
+        return _ordered_one(scores[0].tolist(), local[0].tolist(), offset, k)
     valid = local >= 0
     width = int(min(k, valid.sum(axis=1).max(initial=0)))
     if width == 0:
@@ -87,6 +89,20 @@ def _ordered(
     rows = np.where(head_valid, local[:, :width].astype(np.int64, copy=False) + offset, -1)
     top = np.where(head_valid, head_scores, -np.inf).astype(np.float32)
     return top, rows
+
+
+def _ordered_one(
+    scores: list[float], local: list[int], offset: int, k: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_ordered` for one query's answer given as lists."""
+    n = next((i for i, row in enumerate(local) if row < 0), len(local))
+    if any(row >= 0 for row in local[n:]):
+        return None
+    if not all(a > b for a, b in zip(scores[:n], scores[1:n], strict=False)):
+        return None  # out of order, ties or NaN: the sort orders them
+    width = min(k, n)
+    return (np.array([scores[:width]], np.float32),
+            np.array([[row + offset for row in local[:width]]], np.int64))  # fmt: skip
 
 
 def _prefix(valid: np.ndarray) -> bool:
