@@ -144,23 +144,77 @@ def test_the_knob_is_the_larger_of_two_independent_picks_and_checked_on_a_third(
     assert any(a != b for a, b in picks)  # the thirds disagree, and the larger one wins
 
 
-def test_a_tuning_that_cannot_reach_the_target_says_so(caplog):
-    """The largest knob tried and the recall still short (as a graph of a hard large segment):
-    the tuning warns with what to do, records the recall it got, and keeps that knob."""
+def test_a_graph_no_search_worth_making_brings_to_the_target_is_searched_exactly(
+    caplog, monkeypatch
+):
+    """The cap reached and every deeper search too costly (as a graph of a hard large segment):
+    the tuning says the segment is to be searched exactly, why (the recall its graph got), and
+    warns with what would keep a graph; :func:`tune.exact_index` is its exact twin."""
     x = _clustered(4_000, 32, 40)
     index = af.new_index(32, "HNSW8")
     ab.add(index, x)
     pos = np.arange(0, len(x), 3)
     chunks = lambda: iter([x])  # noqa: E731
+    monkeypatch.setattr(tune, "GRAPH_MAX_SCAN_SHARE", 0.01)  # no deeper search pays
     with caplog.at_level("WARNING", logger="flowsearch"):
         t = tune.tune(index, x[pos], chunks, sample_rows=pos, target=0.999, noise=0.5,
                       policy=AnnPolicy(max_ef_search=16))  # fmt: skip
-    assert t.params == "efSearch=16" and t.tuned_recall < 0.999
-    assert "below the target 0.999" in caplog.text and "max_ef_search" in caplog.text
+    assert t.params == "" and t.recall == 1.0 and t.exact is not None
+    assert "at efSearch 16 (target 0.999)" in t.exact and "recall@10 0." in t.exact
+    assert "searched exactly" in caplog.text and "ef_construction" in caplog.text
+    flat = tune.exact_index(index)
+    assert isinstance(flat, faiss.IndexFlatIP) and flat.ntotal == len(x)
+    _, found = flat.search(x[:50], 10)
+    np.testing.assert_array_equal(found, _exact(x[:50], x, 10))
     caplog.clear()
     with caplog.at_level("WARNING", logger="flowsearch"):  # reachable: no warning
-        tune.tune(index, x[pos], chunks, sample_rows=pos, target=0.5, noise=0.5)
-    assert "below the target" not in caplog.text
+        kept = tune.tune(index, x[pos], chunks, sample_rows=pos, target=0.5, noise=0.5)
+    assert "exactly" not in caplog.text and kept.exact is None
+
+
+def test_a_graph_short_at_its_cap_is_searched_deeper_while_that_pays():
+    """Hard queries and a low ``max_ef_search``: the tuning goes past the cap (doubling, then
+    bisecting) and reaches the target, at an ``efSearch`` whose search computes distances to at
+    most ``GRAPH_MAX_SCAN_SHARE`` of the rows."""
+    x = _clustered(6_000, 32, 40)
+    index = af.new_index(32, "HNSW8")
+    ab.add(index, x)
+    pos = np.arange(0, len(x), 3)
+    chunks = lambda: iter([x])  # noqa: E731
+    policy = AnnPolicy(max_ef_search=16)
+    t = tune.tune(index, x[pos], chunks, sample_rows=pos, target=0.95, noise=0.8, policy=policy)
+    assert t.exact is None and t.tuned_recall >= 0.95
+    ef = int(t.params.removeprefix("efSearch="))
+    assert ef > 16 and faiss.downcast_index(index).hnsw.efSearch == ef
+    q, _ = tune.held_out_queries(x, 200, noise=0.8, seed=3)
+    faiss.cvar.hnsw_stats.reset()
+    index.search(q, 10)
+    assert faiss.cvar.hnsw_stats.ndis / len(q) <= tune.GRAPH_MAX_SCAN_SHARE * len(x) * 1.2
+
+
+def test_auto_writes_a_segment_its_graph_cannot_serve_as_flat_and_info_says_why(
+    tmp_path, monkeypatch
+):
+    """Through a write: the segment is stored as ``Flat`` (searched exactly, so every answer
+    is the exact one), its tuning records why, and ``info`` shows it."""
+    from flowsearch.ann import io as ann_io
+    from flowsearch.cli.search import _info_rows
+    from flowsearch.search.version import index_info
+
+    monkeypatch.setattr(tune, "GRAPH_MAX_SCAN_SHARE", 0.001)
+    root = tmp_path / "idx"
+    m = _write(root, [1_500], "auto", dim=16,
+               ann=AnnPolicy(flat_max_rows=600, max_ef_search=4, target_recall=0.999))  # fmt: skip
+    seg = m.segments[0]
+    assert seg.ann.factory == "Flat" and seg.ann.params == ""
+    assert seg.ann.tuning is not None and seg.ann.tuning.exact is not None
+    assert seg.ann.tuning.recall == 1.0
+    text = dict(_info_rows(index_info(root)))["vector index recall"]
+    assert "exact (Flat): its graph reached recall@10" in text and "target 0.999" in text
+    index = ann_io.read_index(root / seg.dir / seg.ann.path)
+    assert isinstance(faiss.downcast_index(index), faiss.IndexFlatIP) and index.ntotal == 1_500
+    x = index.reconstruct_n(0, index.ntotal)
+    np.testing.assert_array_equal(index.search(x[:20], 10)[1], _exact(x[:20], x, 10))
 
 
 def test_a_small_index_tunes_its_knob_on_harder_queries(monkeypatch):
@@ -461,6 +515,29 @@ def test_one_compact_gives_an_old_segment_its_key_ids_and_retunes_it(tmp_path, m
     assert not list(root.rglob(".stage*"))  # the key ids' stage, replaced, is gone too
 
 
+def test_a_re_tune_that_would_search_exactly_keeps_the_graph_s_knob(tmp_path, monkeypatch, caplog):
+    """``compact`` re-tunes in place (no rebuild): a tuning that finds the graph short of its
+    target leaves the segment as it was, with a warning naming why and what to do."""
+    from flowsearch.writes import compact as compact_mod
+
+    root = tmp_path / "idx"
+    m = _write(root, [1_200], "auto", ann=SMALL)
+    _make_stale(root, m.segments[0].name, "efSearch=16")
+    real = compact_mod.segment_tuning
+
+    def short(index, reader, policy):
+        params, tuning = real(index, reader, policy)
+        return "", tuning.model_copy(update={"exact": "graph reached recall@10 0.5", "recall": 1.0})
+
+    monkeypatch.setattr(compact_mod, "segment_tuning", short)
+    with caplog.at_level("WARNING", logger="flowsearch"):
+        result = compact_mod.compact(root)
+    assert result.n_retuned == 0
+    seg = mf.read(root).segments[0]
+    assert seg.ann.params == "efSearch=16" and seg.ann.factory == "HNSW32"
+    assert "graph reached recall@10 0.5" in caplog.text and "rebuild the index" in caplog.text
+
+
 def test_a_compact_whose_only_re_tune_fails_writes_no_version(tmp_path, monkeypatch):
     from flowsearch.writes import compact as compact_mod
 
@@ -477,8 +554,9 @@ def test_a_compact_whose_only_re_tune_fails_writes_no_version(tmp_path, monkeypa
     assert result.n_retuned == 0 and result.version == version == mf.read(root).version
 
 
-def test_a_cap_below_the_first_knob_is_obeyed():
-    """``AnnPolicy.max_ef_search`` below the tuner's first efSearch (16) is the knob's cap."""
+def test_a_cap_below_the_first_knob_is_where_the_tuning_starts_going_deeper():
+    """``AnnPolicy.max_ef_search`` below the tuner's first efSearch (16) is where the tuning
+    starts; short there, it goes on only as deep as a graph search pays."""
     import faiss
 
     from flowsearch.ann import tune as ann_tune
@@ -490,4 +568,4 @@ def test_a_cap_below_the_first_knob_is_obeyed():
     index = faiss.index_factory(16, "HNSW16", faiss.METRIC_INNER_PRODUCT)
     index.add(x)
     tuned = ann_tune.tune_segment(index, lambda: iter([x]), AnnPolicy(max_ef_search=4))
-    assert tuned.params == "efSearch=4"
+    assert tuned.params == "efSearch=4" or tuned.exact is not None or tuned.tuned_recall >= 0.95

@@ -333,3 +333,41 @@ def test_a_forked_child_starts_with_no_searches_and_its_own_pool():
     assert got == b"1"
     assert helpers.running == 1 and helpers.executor() is parent_pool  # the parent's own
     helpers.close()
+
+
+def _sorted_merge(answers, offsets, k):
+    """merge_top_k by its general path (the sort), for comparing with its one-answer path."""
+    n = len(answers[0][0])
+    pad = (np.full((n, 1), -np.inf, np.float32), np.full((n, 1), -1))
+    return merge_top_k([*answers, pad], np.append(offsets, offsets[-1]), k)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(1, 4),
+    st.integers(0, 12),
+    st.integers(1, 15),
+    st.integers(0, 3),
+    st.integers(0, 2**31 - 1),
+)
+def test_one_segments_answer_merges_as_the_sort_does(n_queries, width, k, levels, seed):
+    """The one-answer path (no sort when the scores strictly fall) gives the general path's
+    answer: ties (few distinct scores), unsorted answers and -1 padding included."""
+    rng = np.random.default_rng(seed)
+    values = rng.normal(size=(n_queries, width))
+    if levels:  # few distinct values: ties
+        values = np.round(values * levels) / levels
+    scores = np.sort(values, axis=1)[:, ::-1].astype(np.float32)
+    if seed % 5 == 0:
+        scores = values.astype(np.float32)  # not in order
+    rows = np.stack([rng.permutation(40)[:width] for _ in range(n_queries)]).astype(np.int64)
+    short = rng.integers(0, width + 1, size=n_queries)
+    for qi, n in enumerate(short):  # FAISS pads a short answer with -1 rows
+        rows[qi, n:] = -1
+        scores[qi, n:] = -np.inf if seed % 2 else -3.4e38
+    offsets = np.array([7, 47])
+    got = merge_top_k([(scores, rows)], offsets, k)
+    want = _sorted_merge([(scores, rows)], offsets, k)
+    assert got[0].dtype == want[0].dtype and got[1].dtype == want[1].dtype
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0], want[0])

@@ -362,3 +362,20 @@ def test_several_segments_answer_as_one_compacted_segment(tmp_path, model_dir):
     every = {h.id for h in split.search("the", k=1000, mode="dense")}
     assert len(every) == 58 and not {"d4", "a5", "n1", "d40"} & every
     assert split.search(texts[0], k=1, mode="dense")[0].id == "d1"  # its new text
+
+
+def test_a_hit_made_unchecked_is_the_validated_hit():
+    """``Hit.of`` (what a search builds its hits with) makes the model validation makes: equal,
+    the same JSON, the same fields set, still frozen."""
+    import pydantic
+
+    from flowsearch.search.results import Highlight, Hit
+
+    values = dict(id="a", score=0.5, rank=1, text="t", metadata={"y": 1}, dense_score=0.25,
+                  lexical_score=None, highlight=Highlight(start=0, end=1, text="t"))  # fmt: skip
+    fast, checked = Hit.of(**values), Hit(**values)
+    assert fast == checked and fast.to_dict() == checked.to_dict() and repr(fast) == repr(checked)
+    assert fast.model_fields_set == checked.model_fields_set
+    assert fast.model_copy(update={"rank": 2}).rank == 2
+    with pytest.raises(pydantic.ValidationError):
+        fast.rank = 3  # type: ignore[misc]

@@ -25,7 +25,7 @@ import numpy as np
 from flowsearch.ann.factory import auto_factory, new_index, reason
 from flowsearch.ann.io import as_f32
 from flowsearch.ann.policy import DEFAULT, AnnPolicy
-from flowsearch.ann.tune import tune_search
+from flowsearch.ann.tune import exact_index, tune
 from flowsearch.errors import BadInput
 
 __all__ = [
@@ -152,8 +152,9 @@ def build(
     ``policy``.
 
     Returns ``(index, resolved factory, params)``; ``params`` as
-    :func:`~flowsearch.ann.tune.tune_search` gives it (``""`` unless ``factory`` is ``auto`` and
-    approximate).
+    :func:`~flowsearch.ann.tune.tune` chose them (``""`` unless ``factory`` is ``auto`` and
+    approximate); a graph ``auto`` cannot tune to its target comes back as ``Flat``
+    (:attr:`~flowsearch.ann.tune.Tuning.exact`).
     """
     vectors = as_f32(vectors)
     index, resolved = segment_index(vectors.shape[1], factory, len(vectors), policy=policy)
@@ -163,7 +164,8 @@ def build(
     params = ""
     if factory == "auto":
         chunks = lambda: (vectors[i : i + chunk_rows] for i in range(0, len(vectors), chunk_rows))  # noqa: E731
-        params, _ = tune_search(
-            index, vectors, chunks, sample_rows=np.arange(len(vectors)), policy=policy
-        )
+        tuned = tune(index, vectors, chunks, sample_rows=np.arange(len(vectors)), policy=policy)
+        params = tuned.params
+        if tuned.exact is not None:  # no graph search worth making reaches the target
+            index, resolved = exact_index(index), "Flat"
     return index, resolved, params

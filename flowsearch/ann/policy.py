@@ -52,8 +52,13 @@ class AnnPolicy:
             target recall at a smaller (faster) search knob.
         target_recall: Recall@10 against exact search the search knob is tuned for; higher
             trades query speed for answers closer to exact.
-        max_ef_search: Largest HNSW ``efSearch`` the tuning tries; higher lets a hard segment
-            reach the target at the cost of slower queries there.
+        max_ef_search: Largest HNSW ``efSearch`` the tuning tries whatever it costs; past it
+            a segment still short of ``target_recall`` is searched deeper only while a query
+            computes distances to at most a tenth of its rows
+            (:data:`flowsearch.ann.tune.GRAPH_MAX_SCAN_SHARE`), and one that still misses the
+            target is searched exactly (``Flat``, its graph's own vectors): ``auto`` keeps its
+            recall promise at any size. Its build budget is the one graph per segment: it never
+            builds a second structure (an exact index is a copy of the vectors).
     """
 
     flat_max_rows: int = 10_000

@@ -41,8 +41,11 @@ __all__ = [
     "QUERY_NOISE_ROWS",
     "RERANK_MISS_SHARE",
     "SAMPLE_ROWS",
+    "BISECT_STEP",
+    "GRAPH_MAX_SCAN_SHARE",
     "TUNER_VERSION",
     "Tuning",
+    "exact_index",
     "exact_knn",
     "held_out_queries",
     "knob_ladder",
@@ -61,7 +64,9 @@ LOG = logging.getLogger(__name__)
 #: The version of :func:`tune`'s rule, recorded with every segment's tuning: raised whenever
 #: the rule changes what it picks, so ``compact`` re-tunes segments an older rule tuned.
 #: 2: the larger of two thirds' picks, and the noise raised per decade of fewer rows.
-TUNER_VERSION = 2
+#: 3: the last doubling bisected to a 32nd (not an 8th); a graph short at ``max_ef_search``
+#: searched deeper while it stays cheap (:data:`GRAPH_MAX_SCAN_SHARE`), else exactly.
+TUNER_VERSION = 3
 
 #: Norm of the noise that moves a probe query off its held-out row: the one whose recall stays
 #: at or below real queries' at every knob value (benchmarks/RESULTS.md, the tuner's study).
@@ -79,6 +84,13 @@ MAX_K_FACTOR = 64
 RERANK_MISS_SHARE = 0.4
 #: Rows of a segment (a seeded sample) :func:`tune_segment` draws its probe queries from.
 SAMPLE_ROWS = 4096
+#: The last doubling of a knob is bisected until its step is at most this share of the knob.
+BISECT_STEP = 1 / 32
+#: Past ``AnnPolicy.max_ef_search`` a graph's ``efSearch`` is raised only while one query
+#: computes distances to at most this share of the segment's rows: a graph search costs about
+#: as much per distance as an exact scan (one query at a time), so beyond it the graph is no
+#: longer 10x faster than searching the segment exactly, which then stands in for it.
+GRAPH_MAX_SCAN_SHARE = 0.1
 
 
 def recall_at_k(found: np.ndarray, truth: np.ndarray, k: int = 10) -> float:
@@ -162,8 +174,8 @@ def _smallest(
 ) -> tuple[int, float]:
     """The smallest value of knob ``name`` from ``first`` whose recall@k on ``queries``
     reaches ``target`` (``largest`` and its recall when none does), found by doubling and then
-    bisecting the last doubling to within an eighth of it (recall is monotone in these knobs up
-    to sampling noise); the knob is left set to it."""
+    bisecting the last doubling to within :data:`BISECT_STEP` of it (recall is monotone in these
+    knobs up to sampling noise); the knob is left set to it."""
     value, below = first, None
     while True:
         _set_knob(index, name, value)
@@ -174,7 +186,7 @@ def _smallest(
     if recall < target or below is None:
         return value, recall
     low, high, best = below, value, recall  # low misses, high reaches
-    while high - low > max(1, high // 8):
+    while high - low > max(1, int(high * BISECT_STEP)):
         mid = (low + high) // 2
         _set_knob(index, name, mid)
         got = queries.recall(index)
@@ -204,6 +216,10 @@ class Tuning:
             (:func:`recall_curve`): what a search over several segments chooses each one's
             knob from (:mod:`flowsearch.ann.merged`); None for an exact index or one with a
             re-rank (two knobs).
+        exact: why the segment is to be searched exactly instead (its graph short of the
+            target at the deepest search worth a graph, in words); then ``params`` is ``""``,
+            ``recall`` 1 and the index is to be replaced by :func:`exact_index` of it. None:
+            the index is kept.
     """
 
     params: str
@@ -214,6 +230,7 @@ class Tuning:
     queries: int
     noise: float
     curve: Curve | None = None
+    exact: str | None = None
 
 
 def held_out_queries(
@@ -341,8 +358,14 @@ def tune(
         # the larger of the knobs two independent sets of queries choose: near the target a
         # recall curve is flat, so one set's sampling error moves the knob a long way
         picks = [_smallest(index, name, first, largest, c, aim) for c in choosers]
-        value = max(v for v, _ in picks)
         short = any(v >= largest and r < aim for v, r in picks)
+        if short and name == "efSearch":  # deeper, while the graph stays worth searching
+            deepest = _deepest_worth(index, largest, choosers)
+            if deepest > largest:
+                picks = [_smallest(index, name, largest, deepest, c, aim) for c in choosers]
+                largest = deepest
+                short = any(v >= largest and r < aim for v, r in picks)
+        value = max(v for v, _ in picks)
         _set_knob(index, name, value)
         tuned = tuning.recall(index)
         params = f"{name}={value}"
@@ -353,8 +376,15 @@ def tune(
         tuned = tuning.recall(index)
         params = ",".join(p for p in (params, f"k_factor_rf={depth}") if p)
     checked = check.recall(index)
+    if short and name == "efSearch":  # no graph search worth making reaches the target
+        why = (f"graph reached recall@{k} {checked:.3f} at efSearch {value} (target "
+               f"{target:g}), the deepest search computing distances to at most "
+               f"{GRAPH_MAX_SCAN_SHARE:.0%} of its rows")  # fmt: skip
+        LOG.warning("this segment is searched exactly (Flat): its %s; a graph built with a "
+                    "higher AnnPolicy.ef_construction may reach it", why)  # fmt: skip
+        return Tuning("", 1.0, 1.0, target, k, len(check.queries), noise, exact=why)
     if short:  # the largest knob tried and still short on a choosing third
-        more = "raise AnnPolicy.max_ef_search" if name == "efSearch" else "use finer codes"
+        more = "use finer codes"
         LOG.warning(
             "this segment's vector index reached recall@%d %.3f on held-out rows at its largest "
             "%s (%d), below the target %g: %s, or index it exactly (index_factory='Flat')",
@@ -376,6 +406,39 @@ def tune(
         params, k, tuned, len(tuning.queries), checked, len(check.queries),
     )  # fmt: skip
     return Tuning(params, checked, tuned, target, k, len(check.queries), noise, curve)
+
+
+def _deepest_worth(index: faiss.Index, start: int, choosers: list[_Queries]) -> int:
+    """The largest ``efSearch`` (``start`` doubled) at which one query of ``choosers`` computes
+    distances to at most :data:`GRAPH_MAX_SCAN_SHARE` of the graph's rows on average, or
+    ``start`` when already the next doubling does not (counted by FAISS's HNSW statistics,
+    process-wide: a search on another thread meanwhile makes it smaller, never larger)."""
+    n_queries = sum(len(c.queries) for c in choosers)
+    budget = GRAPH_MAX_SCAN_SHARE * index.ntotal
+    value = start
+    while n_queries and value * 2 <= index.ntotal:
+        _set_knob(index, "efSearch", value * 2)
+        stats = faiss.cvar.hnsw_stats  # type: ignore[attr-defined]
+        stats.reset()
+        for c in choosers:
+            index.search(c.queries, c.k + (0 if c.source is None else 1))
+        if stats.ndis / n_queries > budget:
+            break
+        value *= 2
+    _set_knob(index, "efSearch", value)
+    return value
+
+
+def exact_index(index: faiss.Index) -> faiss.Index:
+    """An exact (``Flat``) inner-product index of the vectors ``index`` holds, in its row order:
+    what a segment whose graph cannot reach its target (:attr:`Tuning.exact`) is searched
+    with. A graph's own stored vectors are copied, so nothing is recomputed."""
+    inner = faiss.downcast_index(index)
+    vectors = (faiss.downcast_index(inner.storage) if isinstance(inner, faiss.IndexHNSW)
+               else inner).reconstruct_n(0, index.ntotal)  # fmt: skip
+    flat = faiss.IndexFlatIP(index.d)
+    flat.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    return flat
 
 
 def _probes(

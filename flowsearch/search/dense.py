@@ -45,6 +45,10 @@ def merge_top_k(
     """
     if not answers:
         return np.zeros((0, 0), np.float32), np.zeros((0, 0), np.int64)
+    if len(answers) == 1:
+        ordered = _ordered(answers[0], int(offsets[0]), k)
+        if ordered is not None:
+            return ordered
     scores = np.concatenate([a[0] for a in answers], axis=1).astype(np.float32, copy=False)
     local = np.concatenate([a[1] for a in answers], axis=1).astype(np.int64, copy=False)
     shift = np.repeat(np.asarray(offsets[: len(answers)], np.int64),
@@ -53,7 +57,7 @@ def merge_top_k(
     rows = np.where(valid, local + shift, -1)
     width = int(min(k, valid.sum(axis=1).max(initial=0)))
     if width == 0:
-        return np.zeros((len(rows), 0), np.float32), np.zeros((len(rows), 0), np.int64)
+        return _none(len(rows))
     key_score = np.where(valid, -scores.astype(np.float64), np.inf)
     key_row = np.where(valid, rows, np.iinfo(np.int64).max)
     order = np.lexsort((key_row, key_score), axis=-1)[:, :width]
@@ -61,6 +65,53 @@ def merge_top_k(
     top_scores = np.take_along_axis(scores, order, axis=1)
     top_scores = np.where(top_rows >= 0, top_scores, -np.inf).astype(np.float32)
     return top_scores, top_rows
+
+
+def _ordered(
+    answer: tuple[np.ndarray, np.ndarray], offset: int, k: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """One answer already in the merged order (its hits first, scores strictly falling, so no
+    tie to break): :func:`merge_top_k`'s result without the sort; None when it is not so."""
+    scores, local = answer
+    if scores.ndim != 2 or scores.shape != local.shape:
+        return None
+    if len(scores) == 1:  # one query: its few values compared as Python numbers
+        return _ordered_one(scores[0].tolist(), local[0].tolist(), offset, k)
+    valid = local >= 0
+    width = int(min(k, valid.sum(axis=1).max(initial=0)))
+    if width == 0:
+        return _none(len(local))
+    if not _prefix(valid):
+        return None
+    if not ((scores[:, :-1] > scores[:, 1:]) | ~valid[:, 1:]).all():
+        return None  # out of order, ties or NaN: the sort orders them
+    head_scores, head_valid = scores[:, :width], valid[:, :width]
+    rows = np.where(head_valid, local[:, :width].astype(np.int64, copy=False) + offset, -1)
+    top = np.where(head_valid, head_scores, -np.inf).astype(np.float32)
+    return top, rows
+
+
+def _ordered_one(
+    scores: list[float], local: list[int], offset: int, k: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_ordered` for one query's answer given as lists."""
+    n = next((i for i, row in enumerate(local) if row < 0), len(local))
+    if any(row >= 0 for row in local[n:]):
+        return None
+    if not all(a > b for a, b in zip(scores[:n], scores[1:n], strict=False)):
+        return None  # out of order, ties or NaN: the sort orders them
+    width = min(k, n)
+    return (np.array([scores[:width]], np.float32),
+            np.array([[row + offset for row in local[:width]]], np.int64))  # fmt: skip
+
+
+def _prefix(valid: np.ndarray) -> bool:
+    """Whether each row's True values all come before its False ones."""
+    return bool((valid[:, :-1] | ~valid[:, 1:]).all())
+
+
+def _none(n_queries: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros((n_queries, 0), np.float32), np.zeros((n_queries, 0), np.int64)
 
 
 def search_segments(

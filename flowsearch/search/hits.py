@@ -29,28 +29,29 @@ def build_hits(
     for a passage of several, ``passage``), with their scores and component scores (raw
     cosine, raw BM25; NaN: not scored)."""
     out = []
-    for qi in range(len(rows)):
+    as_lists = (np.asarray(a, np.float64).tolist() for a in (scores, parts[0], parts[1]))
+    for q_rows, q_scores, q_dense, q_lexical in zip(np.asarray(rows).tolist(), *as_lists,
+                                                    strict=True):  # fmt: skip
         hits: list[Hit] = []
-        for j, row in enumerate(rows[qi]):
+        for row, score, d, x in zip(q_rows, q_scores, q_dense, q_lexical, strict=False):
             if row < 0:
                 continue
-            rec = by_row[int(row)]
-            d, x = float(parts[0][qi, j]), float(parts[1][qi, j])
+            rec = by_row[row]
             meta = rec["metadata"]
             passage = rec.get("passage")
             highlight = None
             if passage is not None and passage[1] > 1:
                 highlight = _highlight(rec["text"], passage[2])
             hits.append(
-                Hit.model_construct(
-                    id=rec["id"],
-                    score=float(scores[qi, j]),
-                    rank=len(hits) + 1,
-                    text=rec["text"],
-                    metadata={c: meta.get(c) for c in columns} if columns else dict(meta),
-                    dense_score=None if np.isnan(d) else d,
-                    lexical_score=None if np.isnan(x) else x,
-                    highlight=highlight,
+                Hit.of(
+                    rec["id"],
+                    score,
+                    len(hits) + 1,
+                    rec["text"],
+                    {c: meta.get(c) for c in columns} if columns else dict(meta),
+                    None if d != d else d,  # NaN: not scored
+                    None if x != x else x,
+                    highlight,
                 )
             )
         out.append(hits)

@@ -63,10 +63,38 @@ class Hit(BaseModel):
     lexical_score: float | None = None
     highlight: Highlight | None = None
 
+    @classmethod
+    def of(
+        cls,
+        id: int | str,  # noqa: A002 (the field's name)
+        score: float,
+        rank: int,
+        text: str,
+        metadata: dict[str, Any],
+        dense_score: float | None,
+        lexical_score: float | None,
+        highlight: Highlight | None,
+    ) -> Hit:
+        """A hit from values already of the fields' types, unchecked: what
+        :meth:`model_construct` makes from every field, without its per-call bookkeeping (a
+        search builds ``k`` of them per query)."""
+        hit = object.__new__(cls)
+        values = {"id": id, "score": score, "rank": rank, "text": text, "metadata": metadata,
+                  "dense_score": dense_score, "lexical_score": lexical_score,
+                  "highlight": highlight}  # fmt: skip
+        object.__setattr__(hit, "__dict__", values)
+        object.__setattr__(hit, "__pydantic_fields_set__", set(_HIT_FIELDS))
+        object.__setattr__(hit, "__pydantic_extra__", None)
+        object.__setattr__(hit, "__pydantic_private__", None)
+        return hit
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: rank, id, score, text, metadata, dense_score, lexical_score,
         highlight."""
         return self.model_dump(mode="json")
+
+
+_HIT_FIELDS = frozenset(Hit.model_fields)
 
 
 class QueryResult(BaseModel):

@@ -224,6 +224,8 @@ class SegmentSet:
         self._filters = filters
         self._gpu_lock = gpu_lock
         self._helpers = helpers
+        #: its own rows are the global ones (it holds every segment, in order): no translating
+        self._same_rows = bool(np.array_equal(self.base, version.offsets[:-1]))
 
     @property
     def number(self) -> int:
@@ -243,6 +245,8 @@ class SegmentSet:
         """Its own rows -> global rows (-1 stays -1)."""
         rows = np.asarray(rows, np.int64)
         valid = rows >= 0
+        if self._same_rows:
+            return np.where(valid, rows, -1)
         seg, local = self.version.locate(np.where(valid, rows, 0))
         return np.where(valid, self.base[seg] + local, -1)
 
@@ -250,6 +254,10 @@ class SegmentSet:
         """Global rows it holds -> its own rows (-1 stays -1)."""
         rows = np.asarray(rows, np.int64)
         valid = rows >= 0
+        if self._same_rows:
+            if rows.size and int(rows.max()) >= int(self.version.offsets[-1]):
+                raise BadInput("a row this shard does not hold", "ask the shard that holds it")
+            return np.where(valid, rows, -1)
         order = np.argsort(self.base, kind="stable")
         at = np.searchsorted(self.base[order], np.where(valid, rows, 0), side="right") - 1
         seg = order[np.maximum(at, 0)]
@@ -315,6 +323,9 @@ class SegmentSet:
         own = self.to_local(rows)
         if not len(own):
             return []
+        segments = self.version.segments
+        if len(segments) == 1 and (own >= 0).all():
+            return segments[0].reader.records(own)
         seg_of, local = self.version.locate(own)
         out: list[dict[str, Any]] = [{} for _ in own]
         for s in np.unique(seg_of):
@@ -605,7 +616,9 @@ def records_of(shards: Shards, version: int, rows: np.ndarray) -> dict[int, dict
     them."""
     valid = np.unique(rows[rows >= 0])
     by_row: dict[int, dict[str, Any]] = {}
-    if valid.size:
+    if valid.size and len(shards) == 1:
+        by_row.update(zip(valid.tolist(), shards.records(version, [valid])[0], strict=True))
+    elif valid.size:
         owner = shards.owners(valid)
         asked = [valid[owner == i] for i in range(len(shards))]
         for wanted, found in zip(asked, shards.records(version, asked), strict=True):

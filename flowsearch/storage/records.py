@@ -386,9 +386,14 @@ class AnnTuning(BaseModel):
     #: the tuning rule's version (:data:`flowsearch.ann.tune.TUNER_VERSION`); None: a tuning
     #: recorded before versions were (``compact`` re-tunes such a segment)
     tuner: int | None = None
+    #: why ``auto`` searches the segment exactly (:attr:`flowsearch.ann.tune.Tuning.exact`:
+    #: the graph it built, short of the target), in words; None: its index is the one tuned
+    exact: str | None = None
 
     def to_words(self) -> str:
         """``"recall@10 0.962 on 256 held-out rows + noise 0.8 (target 0.95)"``."""
+        if self.exact is not None:
+            return f"exact (Flat): its {self.exact}"
         return (
             f"recall@{self.k} {self.recall:.3f} on {self.queries} held-out rows + noise "
             f"{self.noise:g} (target {self.target:g})"

@@ -275,6 +275,15 @@ class RowReader:
         """
         if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
             raise IndexError(f"row out of range 0..{len(self) - 1}")
+        if len(self._group_starts) == 1:  # one part: every group found at once
+            gstarts = self._group_starts[0]
+            group_of = np.searchsorted(gstarts, rows, side="right") - 1
+            groups, inverse = np.unique(group_of, return_inverse=True)
+            order = np.argsort(inverse, kind="stable")
+            cuts = np.cumsum(np.bincount(inverse, minlength=len(groups)))[:-1]
+            for group, pos in zip(groups.tolist(), np.split(order, cuts), strict=True):
+                yield 0, group, pos, rows[pos] - gstarts[group]
+            return
         part_of = np.searchsorted(self.starts, rows, side="right") - 1
         for part in np.unique(part_of):
             gstarts = self._group_starts[int(part)]

@@ -96,6 +96,10 @@ def _retune(writer: Writer, requested: str, policy: AnnPolicy) -> list[str]:
             LOG.warning("segment %s keeps its knob (%s): re-tuning failed: %s", seg.name,
                         seg.ann.params or "none", e)  # fmt: skip
             continue
+        if tuning.exact is not None:  # its file stays a graph: a rebuild searches it exactly
+            LOG.warning("segment %s keeps its knob (%s): its %s; rebuild the index to search "
+                        "it exactly", seg.name, seg.ann.params or "none", tuning.exact)  # fmt: skip
+            continue
         ann = seg.ann.model_copy(update={"params": params, "tuning": tuning})
         LOG.info("segment %s re-tuned: %s -> %s", seg.name, seg.ann.params, params)
         stage = linked_stage(writer, seg)

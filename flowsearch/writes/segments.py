@@ -30,7 +30,7 @@ from flowsearch.ann import build as ann_build
 from flowsearch.ann import io as ann_io
 from flowsearch.ann.factory import auto_factory, new_index
 from flowsearch.ann.policy import DEFAULT, AnnPolicy
-from flowsearch.ann.tune import TUNER_VERSION, tune_segment
+from flowsearch.ann.tune import TUNER_VERSION, exact_index, tune_segment
 from flowsearch.errors import BadInput
 from flowsearch.storage.keys import KeyIndex
 from flowsearch.storage.layout import ANN_FILE, KEYS_FILE, POSTINGS_DIR
@@ -165,6 +165,8 @@ class SegmentBuilder:
             params, tuning = "", None
             if self.requested == "auto" and self.factory != "Flat" and self.n_rows:
                 params, tuning = segment_tuning(self.index, reader, self.policy)
+                if tuning.exact is not None:  # no graph search worth making reaches the target
+                    self.index, self.factory = exact_index(self.index), "Flat"
             ann_io.write_index(self.index, self.stage / ANN_FILE)
             ids = pa.chunked_array([pa.array(c) for c in reader.column_chunks("id")])
             KeyIndex.build(ids).save(self.stage)
@@ -214,4 +216,5 @@ def segment_tuning(
             name=curve.name, values=curve.values, found=curve.found
         ),
         tuner=TUNER_VERSION,
+        exact=tuned.exact,
     )  # fmt: skip
