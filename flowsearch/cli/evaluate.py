@@ -169,8 +169,8 @@ def _print_table(task: Task, result: dict[str, Any], keep: bool) -> None:
 
 
 def _print_suite(result: dict[str, Any], keep: bool) -> None:
-    """Several collections as one table, as BEIR and MTEB print them: a row per collection,
-    nDCG@10 / recall@100 / MRR@10 per mode, then the mean."""
+    """Several collections as one table, as BEIR and MTEB report them: nDCG@10, recall@100
+    and MRR@10 of each collection and mode, then their mean over the collections."""
     from rich.table import Table
 
     from flowsearch.evaluation.retrieval import MEASURES
@@ -181,13 +181,14 @@ def _print_suite(result: dict[str, Any], keep: bool) -> None:
         title_justify="left",
     )  # fmt: skip
     table.add_column("collection")
-    columns = [(mode, m) for mode in result["modes"] for m in MEASURES]
-    for mode, m in columns:
-        table.add_column(f"{mode} {m}", justify="right")
-    for run in result["collections"]:
-        table.add_row(literal(run["dataset"]),
-                      *(f"{run['results'][mode][m]:.4f}" for mode, m in columns))  # fmt: skip
-    table.add_row("mean", *(f"{result['mean'][mode][m]:.4f}" for mode, m in columns))
+    table.add_column("mode")
+    for m in MEASURES:
+        table.add_column(m, justify="right")
+    named = [(run["dataset"], run["results"]) for run in result["collections"]]
+    for name, figures in [*named, ("mean", result["mean"])]:
+        for mode in result["modes"]:
+            table.add_row(literal(name) if mode == result["modes"][0] else "", mode,
+                          *(f"{figures[mode][m]:.4f}" for m in MEASURES))  # fmt: skip
     kept = [run["index_dir"] for run in result["collections"] if run.get("index_dir")]
     if keep and kept:
         table.caption = literal("indexes kept at " + ", ".join(kept))

@@ -416,7 +416,7 @@ def run_retrieval_suite(
     _check_k(int(options.get("k", 100)))
     dirs = beir_dirs(paths)
     t0 = time.perf_counter()
-    results = []
+    results: list[dict[str, Any]] = []
     for path in dirs:
         ignore = ignore_identical_ids or _says_ignore_identical_ids(path)
         LOG.info("retrieval suite: %s (%d of %d)", path.name, len(results) + 1, len(dirs))
