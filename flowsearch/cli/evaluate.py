@@ -63,6 +63,7 @@ def eval_cmd(
         typer.Argument(
             help="retrieval: BEIR-format directories, or folders of them (one table).",
             show_default=False,
+            metavar="BEIR_DIR",
         ),
     ] = None,
     data: Annotated[
