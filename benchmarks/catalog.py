@@ -56,6 +56,7 @@ def _study(name: str, module: str, *, smoke: bool = True) -> Benchmark:
 BENCHMARKS: tuple[Benchmark, ...] = (
     _suite("sts", "quality.run_sts"),
     _suite("retrieval_cli", "quality.bench_retrieval_cli"),
+    _suite("documents", "quality.bench_documents"),
     _suite("encoder", "encoding.bench_encoder"),
     _suite("calibration", "encoding.bench_calibration"),
     _suite("cold_query", "encoding.bench_cold_query"),

@@ -445,7 +445,8 @@ def test_help_at_80_columns_prints_every_choice(args, lists):
     from flowsearch.search.searcher import MODES
 
     text, words = _help_words(args)
-    assert "…" not in text and "..." not in text  # nothing cut
+    uncut = text.replace("[BEIR_DIR]...", "")  # click's mark of a variadic argument (eval)
+    assert "…" not in text and "..." not in uncut  # nothing cut
     for name in lists:
         missing = [c for c in getattr(options, name) if c not in words]
         assert not missing, (name, missing, text)

@@ -445,3 +445,88 @@ def test_run_retrieval_bundled_model_on_stsb_paraphrases(tmp_path, monkeypatch):
     for mode, (ndcg, mrr) in published.items():
         assert out["results"][mode]["ndcg@10"] == pytest.approx(ndcg, abs=0.005), mode
         assert out["results"][mode]["mrr@10"] == pytest.approx(mrr, abs=0.005), mode
+
+
+# ---------------------------------------------------------------------- several collections
+
+
+def test_beir_dirs_reads_folders_of_collections_and_refuses_bad_paths(tmp_path):
+    from flowsearch.errors import NotFound
+    from flowsearch.evaluation.retrieval import beir_dirs
+
+    a = _tiny_beir(tmp_path / "suite" / "b-set")
+    b = _tiny_beir(tmp_path / "suite" / "a-set")
+    (tmp_path / "suite" / "notes").mkdir()  # a folder that is no collection is passed over
+    assert beir_dirs(tmp_path / "suite") == [b, a]  # by name
+    assert beir_dirs([a, str(b)]) == [a, b]  # as given
+    with pytest.raises(BadInput, match="named twice"):
+        beir_dirs([tmp_path / "suite", a])
+    with pytest.raises(BadInput, match="holds none"):
+        beir_dirs(tmp_path / "suite" / "notes")
+    with pytest.raises(NotFound, match="does not exist"):
+        beir_dirs(tmp_path / "nowhere")
+    with pytest.raises(BadInput, match="no BEIR directory"):
+        beir_dirs([])
+
+
+def test_run_retrieval_suite_means_every_collection_at_a_weight(tmp_path, model_dir, monkeypatch):
+    from flowsearch.evaluation.retrieval import MEASURES, run_retrieval_suite
+    from flowsearch.search import fusion
+
+    weights = []
+    real_fuse = fusion.fuse
+
+    def spy(*args, **kwargs):
+        weights.append(kwargs["weight"])
+        return real_fuse(*args, **kwargs)
+
+    monkeypatch.setattr(fusion, "fuse", spy)
+
+    root = tmp_path / "suite"
+    _synthetic_beir(root / "one")
+    _synthetic_beir(root / "two", n_docs=24)
+    (root / "two" / "dataset.json").write_text(json.dumps({"ignore_identical_ids": True}))
+    out = run_retrieval_suite(root, ["lexical", "hybrid"], model=str(model_dir),
+                              calibration="none", k=10, weight=1.0)  # fmt: skip
+    json.dumps(out)
+    runs = out["collections"]
+    assert [r["dataset"] for r in runs] == ["one", "two"] and out["modes"] == ["lexical", "hybrid"]
+    assert [r["ignore_identical_ids"] for r in runs] == [False, True]  # as dataset.json says
+    assert all(r["weight"] == 1.0 for r in runs) and out["weight"] == 1.0
+    for mode in ("lexical", "hybrid"):
+        for m in MEASURES:
+            assert out["mean"][mode][m] == pytest.approx(
+                (runs[0]["results"][mode][m] + runs[1]["results"][mode][m]) / 2
+            )
+    assert weights and set(weights) == {1.0}  # the weight reaches the fusion of every search
+    with pytest.raises(BadInput, match="hybrid_weight"):
+        run_retrieval(root / "one", model=str(model_dir), weight=1.5)
+    with pytest.raises(BadInput, match="index_dir"):
+        run_retrieval_suite(root, model=str(model_dir), index_dir=tmp_path / "x")
+
+
+def test_cli_eval_retrieval_over_a_folder_prints_one_table(tmp_path, model_dir):
+    from typer.testing import CliRunner
+
+    from flowsearch.cli import app
+
+    root = tmp_path / "suite"
+    _synthetic_beir(root / "one")
+    _synthetic_beir(root / "two", n_docs=24)
+    args = ["eval", "retrieval", str(root), "--model", str(model_dir), "--calibration", "none",
+            "--mode", "lexical", "--passage-tokens", "0"]  # fmt: skip
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [r["dataset"] for r in doc["collections"]] == ["one", "two"]
+    assert set(doc["mean"]) == {"lexical"}
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    for word in ("one", "two", "mean", "ndcg@10", "recall@100", "mrr@10"):
+        assert word in result.stdout
+    # two paths are the same suite; a bad weight is one line, exit 2
+    both = CliRunner().invoke(app, [*args[:2], str(root / "one"), str(root / "two"), *args[3:],
+                                    "--json"])  # fmt: skip
+    assert both.exit_code == 0 and json.loads(both.stdout)["mean"] == doc["mean"]
+    bad = CliRunner().invoke(app, [*args, "--weight", "2"])
+    assert bad.exit_code == 2 and "hybrid_weight" in bad.output

@@ -6,6 +6,7 @@ prints the numbers it returns (``--json``: one JSON document on stdout).
 Example:
     $ flowsearch eval sts --data ../shared/data --pooling static --calibration flow --json
     $ flowsearch eval retrieval path/to/scifact --mode all --json
+    $ flowsearch eval retrieval ../shared/data/retrieval --passage-tokens 0   # every collection
 """
 
 from __future__ import annotations
@@ -58,7 +59,12 @@ Keep = Annotated[bool, flag("--keep", help="retrieval: keep the index built.")]
 def eval_cmd(
     task: Annotated[Task, typer.Argument(help="sts, qnli or retrieval.")],
     beir_dir: Annotated[
-        Path | None, typer.Argument(help="retrieval: a BEIR-format directory.", show_default=False)
+        list[Path] | None,
+        typer.Argument(
+            help="retrieval: BEIR-format directories, or folders of them (one table).",
+            show_default=False,
+            metavar="BEIR_DIR",
+        ),
     ] = None,
     data: Annotated[
         Path | None, typer.Option(help="sts/qnli: data folder (default $FLOWSEARCH_DATA).")
@@ -87,6 +93,20 @@ def eval_cmd(
         typer.Option(help=f"retrieval: {choices((*MODES, 'all'))}.", metavar="MODE"),
     ] = "all",
     ignore_identical_ids: IgnoreIdenticalIds = False,
+    passage_tokens: Annotated[
+        int | None,
+        typer.Option(help="retrieval: as `index` (0: documents not cut).", metavar="N"),
+    ] = None,
+    passage_overlap: Annotated[
+        int | None, typer.Option(help="retrieval: as `index`.", metavar="N")
+    ] = None,
+    weight: Annotated[
+        float | None,
+        typer.Option(
+            help="retrieval: the hybrid's dense weight in [0, 1] (default: the Searcher's).",
+            metavar="W",
+        ),
+    ] = None,
     keep: Keep = False,
     as_json: AsJson = False,
 ) -> None:
@@ -95,18 +115,27 @@ def eval_cmd(
     if backend != "torch" or quantize is not None:
         options.update(backend=backend, quantize=quantize)
     if task is Task.retrieval:
-        if beir_dir is None:
+        if not beir_dir:
             raise BadInput("eval retrieval needs a BEIR-format directory", "give its path")
-        result = _retrieval(beir_dir, calibration or "auto", mode, keep, ignore_identical_ids,
-                            options)  # fmt: skip
+        retrieval = dict(calibration=calibration or "auto", keep=keep, weight=weight,
+                         ignore_identical_ids=ignore_identical_ids, **options)  # fmt: skip
+        for key, value in (
+            ("passage_tokens", passage_tokens),
+            ("passage_overlap", passage_overlap),
+        ):
+            if value is not None:
+                retrieval[key] = value
+        result = _retrieval(beir_dir, mode, retrieval)
     else:
-        if beir_dir is not None:
+        if beir_dir:
             raise BadInput(
                 f"eval {task.value} takes no directory argument", "give the data folder with --data"
             )
         result = _pairs(task, data, calibration or "none", tasks, options)
     if as_json:
         print_json(result)
+    elif "collections" in result:
+        _print_suite(result, keep)
     else:
         _print_table(task, result, keep)
 
@@ -140,24 +169,51 @@ def _print_table(task: Task, result: dict[str, Any], keep: bool) -> None:
         ))  # fmt: skip
 
 
-def _retrieval(
-    beir_dir: Path,
-    calibration: str,
-    mode: str,
-    keep: bool,
-    ignore_identical_ids: bool,
-    options: dict[str, Any],
-) -> dict[str, Any]:
-    from flowsearch import evaluation
+def _print_suite(result: dict[str, Any], keep: bool) -> None:
+    """Several collections as one table, as BEIR and MTEB report them: nDCG@10, recall@100
+    and MRR@10 of each collection and mode, then their mean over the collections."""
+    from rich.table import Table
 
-    result: dict[str, Any] = evaluation.run_retrieval(
-        beir_dir,
-        modes=mode,
-        calibration=calibration,
-        keep=keep,
-        ignore_identical_ids=ignore_identical_ids,
-        **options,
-    )
+    from flowsearch.evaluation.retrieval import MEASURES
+
+    table = Table(
+        title=literal(f"retrieval: {result['model']} / {result['pooling']} / "
+                      f"{result['calibration']}"),
+        title_justify="left",
+    )  # fmt: skip
+    table.add_column("collection")
+    table.add_column("mode")
+    for m in MEASURES:
+        table.add_column(m, justify="right")
+    named = [(run["dataset"], run["results"]) for run in result["collections"]]
+    for name, figures in [*named, ("mean", result["mean"])]:
+        for mode in result["modes"]:
+            table.add_row(literal(name) if mode == result["modes"][0] else "", mode,
+                          *(f"{figures[mode][m]:.4f}" for m in MEASURES))  # fmt: skip
+    kept = [run["index_dir"] for run in result["collections"] if run.get("index_dir")]
+    if keep and kept:
+        table.caption = literal("indexes kept at " + ", ".join(kept))
+    stdout_console().print(table)
+    unreachable = sum(run.get("unreachable_judgements", 0) for run in result["collections"])
+    if unreachable:
+        stdout_console().print(literal(
+            f"note: {unreachable:,} judgement(s) of the qrels name passages the corpora lack; "
+            "scored as unreachable, as BEIR and MTEB score them"
+        ))  # fmt: skip
+
+
+def _retrieval(beir_dir: list[Path], mode: str, options: dict[str, Any]) -> dict[str, Any]:
+    """One BEIR directory: :func:`~flowsearch.evaluation.run_retrieval`'s result; several (or
+    a folder of them): :func:`~flowsearch.evaluation.run_retrieval_suite`'s."""
+    from flowsearch import evaluation
+    from flowsearch.evaluation.retrieval import beir_dirs
+
+    dirs = beir_dirs(beir_dir)
+    result: dict[str, Any]
+    if len(beir_dir) == 1 and dirs == [beir_dir[0].expanduser()]:
+        result = evaluation.run_retrieval(dirs[0], modes=mode, **options)
+    else:
+        result = evaluation.run_retrieval_suite(dirs, modes=mode, **options)
     return result
 
 

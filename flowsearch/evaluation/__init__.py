@@ -29,7 +29,7 @@ from flowsearch.evaluation.ranking_metrics import (
     recall_at_k,
     retrieval_scores,
 )
-from flowsearch.evaluation.retrieval import run_retrieval, search_run
+from flowsearch.evaluation.retrieval import run_retrieval, run_retrieval_suite, search_run
 from flowsearch.evaluation.runner import parse_tasks, run_qnli, run_sts
 from flowsearch.evaluation.session import CALIBRATIONS, STS_TASKS, EvalSession, load_task
 
@@ -58,6 +58,7 @@ __all__ = [
     "resolve_data_dir",
     "run_qnli",
     "run_retrieval",
+    "run_retrieval_suite",
     "run_sts",
     "search_run",
     "spearman100",

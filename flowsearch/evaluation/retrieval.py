@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from flowsearch.errors import BadInput
+from flowsearch.errors import BadInput, NotFound
 from flowsearch.evaluation import ranking_metrics
 from flowsearch.evaluation.beir import BeirDataset, load_beir
 
@@ -34,7 +34,19 @@ if TYPE_CHECKING:
 from flowsearch.evaluation.ranking_metrics import retrieval_scores
 from flowsearch.search.modes import MODES, Mode
 
-__all__ = ["MODES", "Mode", "run_retrieval", "search_run", "write_corpus_parquet"]
+__all__ = [
+    "MEASURES",
+    "MODES",
+    "Mode",
+    "beir_dirs",
+    "run_retrieval",
+    "run_retrieval_suite",
+    "search_run",
+    "write_corpus_parquet",
+]
+
+#: The figures of every mode, as BEIR and MTEB report them.
+MEASURES = ("ndcg@10", "recall@100", "mrr@10")
 
 LOG = logging.getLogger(__name__)
 
@@ -172,9 +184,12 @@ def _index_and_score(
     build: dict[str, Any],
     search: dict[str, Any],
     seconds: dict[str, Any],
+    weight: float | None = None,
 ) -> dict[str, Any]:
     """Writes the corpus to ``parquet``, indexes it at ``target`` with ``build`` options,
-    searches it per mode with ``search`` options; what was evaluated and its ``results``."""
+    searches it per mode with ``search`` options (the hybrid at ``weight``); what was
+    evaluated and its ``results``."""
+    from flowsearch.search.options import SearchOptions
     from flowsearch.search.searcher import Searcher
     from flowsearch.writes.build import build_index
 
@@ -182,7 +197,7 @@ def _index_and_score(
     write_corpus_parquet(dataset, parquet)
     summary = build_index(parquet, target, **build).to_dict()
     seconds["index"] = time.perf_counter() - start
-    searcher = Searcher.open(target)
+    searcher = Searcher.open(target, options=SearchOptions(hybrid_weight=weight))
     try:
         results = _score_modes(searcher, dataset, modes, seconds=seconds["search"], **search)
         return {**_describe(dataset, searcher, summary), "results": results}
@@ -253,6 +268,7 @@ def run_retrieval(
     k: int = 100,
     batch_size: int = 64,
     ignore_identical_ids: bool = False,
+    weight: float | None = None,
     **index_options: Any,
 ) -> dict[str, Any]:
     r"""Indexes a BEIR directory with the product and scores its search, per mode.
@@ -272,13 +288,14 @@ def run_retrieval(
         k: hits retrieved per query (recall@100 needs k >= 100).
         batch_size: texts per encoder batch, and queries per search call.
         ignore_identical_ids: drop a retrieved passage whose id is the query's id.
+        weight: the hybrid's dense weight in [0, 1]; None: the Searcher's default.
         \**index_options: passed on to :func:`flowsearch.build_index` (e.g. ``max_length``,
-            ``index_factory``, ``overwrite``).
+            ``passage_tokens``, ``passage_overlap``, ``index_factory``, ``overwrite``).
 
     Returns:
         ``{"dataset", "n_corpus", "n_indexed", "skipped", "queries",
         "missing_corpus_ids", "unreachable_judgements", "model", "pooling", "calibration",
-        "calibrator", "space", "k", "ignore_identical_ids", "index_dir", "results": {mode:
+        "calibrator", "space", "k", "ignore_identical_ids", "weight", "index_dir", "results": {mode:
         {"ndcg@10", "recall@100", "mrr@10"}}, "seconds": {"load", "index", "search": {mode},
         "total"}}``.
 
@@ -288,6 +305,10 @@ def run_retrieval(
     """
     wanted = _modes(modes)
     _check_k(k)
+    if weight is not None:
+        from flowsearch.search.options import SearchOptions
+
+        SearchOptions(hybrid_weight=weight)  # refused before anything is encoded
     t0 = time.perf_counter()
     dataset = load_beir(beir_dir)
     seconds: dict[str, Any] = {"load": time.perf_counter() - t0, "search": {}}
@@ -298,7 +319,7 @@ def run_retrieval(
     search = {"k": k, "batch_size": batch_size, "ignore_identical_ids": ignore_identical_ids}
     try:
         out = _index_and_score(
-            dataset, scratch / "corpus.parquet", target, wanted, build, search, seconds
+            dataset, scratch / "corpus.parquet", target, wanted, build, search, seconds, weight
         )
     finally:
         if keep and index_dir is None:
@@ -311,6 +332,107 @@ def run_retrieval(
         "calibration": calibration,
         "k": k,
         "ignore_identical_ids": ignore_identical_ids,
+        "weight": weight,
         "index_dir": str(target) if (keep or index_dir is not None) else None,
         "seconds": seconds,
+    }
+
+
+def _is_beir(path: Path) -> bool:
+    return (path / "corpus.jsonl").is_file()
+
+
+def beir_dirs(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """The BEIR directories named: each path is one (it holds ``corpus.jsonl``) or a folder
+    of them (its subfolders that hold one, by name).
+
+    Raises:
+        NotFound: a path that does not exist.
+        BadInput: no path, a folder holding no BEIR directory, or one named twice.
+    """
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not items:
+        raise BadInput("no BEIR directory given", fix="give one or more paths", param="beir_dir")
+    found: list[Path] = []
+    for item in items:
+        path = Path(item).expanduser()
+        if not path.is_dir():
+            raise NotFound(f"BEIR directory {path} does not exist")
+        inner = [path] if _is_beir(path) else sorted(p for p in path.iterdir() if _is_beir(p))
+        if not inner:
+            raise BadInput(
+                f"{path} is not a BEIR directory and holds none",
+                fix="give folders holding corpus.jsonl, queries.jsonl and qrels",
+                param="beir_dir",
+            )
+        found.extend(inner)
+    resolved = [p.resolve() for p in found]
+    twice = next((p for i, p in enumerate(resolved) if p in resolved[:i]), None)
+    if twice is not None:
+        raise BadInput(f"{twice} is named twice", fix="name each collection once",
+                       param="beir_dir")  # fmt: skip
+    return found
+
+
+def _says_ignore_identical_ids(path: Path) -> bool:
+    """Whether the folder's ``dataset.json`` (the project's dev sets) asks for
+    ``ignore_identical_ids`` (its symmetric sets: each query is a passage of the corpus)."""
+    try:
+        info = json.loads((path / "dataset.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and info.get("ignore_identical_ids") is True
+
+
+def run_retrieval_suite(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    modes: str | Sequence[str] = ("dense",),
+    *,
+    ignore_identical_ids: bool = False,
+    **options: Any,
+) -> dict[str, Any]:
+    r""":func:`run_retrieval` over several BEIR directories, with the mean of each figure, as
+    BEIR's and MTEB's tables give them.
+
+    Args:
+        paths: BEIR directories, or folders of them (see :func:`beir_dirs`).
+        modes: as for :func:`run_retrieval`.
+        ignore_identical_ids: for every collection; a collection whose ``dataset.json`` asks
+            for it (the project's symmetric dev sets) gets it anyway.
+        \**options: passed on to :func:`run_retrieval` (model, calibration, k, weight, passage
+            sizes, ...); ``index_dir`` is refused (each collection has its own index).
+
+    Returns:
+        ``{"collections": [each run_retrieval result], "mean": {mode: {measure: mean}},
+        "modes", "model", "pooling", "calibration", "weight", "seconds"}``.
+
+    Raises:
+        NotFound, BadInput: as :func:`beir_dirs` and :func:`run_retrieval`.
+    """
+    if options.get("index_dir") is not None:
+        raise BadInput("index_dir names one index; a suite builds one per collection",
+                       fix="omit it, or pass keep=True", param="index_dir")  # fmt: skip
+    wanted = _modes(modes)
+    _check_k(int(options.get("k", 100)))
+    dirs = beir_dirs(paths)
+    t0 = time.perf_counter()
+    results: list[dict[str, Any]] = []
+    for path in dirs:
+        ignore = ignore_identical_ids or _says_ignore_identical_ids(path)
+        LOG.info("retrieval suite: %s (%d of %d)", path.name, len(results) + 1, len(dirs))
+        results.append(run_retrieval(path, wanted, ignore_identical_ids=ignore, **options))
+    mean = {
+        mode: {m: sum(r["results"][mode][m] for r in results) / len(results) for m in MEASURES}
+        for mode in wanted
+    }
+    first = results[0]
+    return {
+        "collections": results,
+        "mean": mean,
+        "modes": wanted,
+        "model": first["model"],
+        "pooling": first["pooling"],
+        "calibration": first["calibration"],
+        "weight": first["weight"],
+        "seconds": {"total": time.perf_counter() - t0},
     }

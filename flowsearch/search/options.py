@@ -38,6 +38,10 @@ class SearchOptions:
     #: Candidates each side gives hybrid fusion (at least k): more finds rows one side ranks
     #: low, for more scoring per query.
     hybrid_candidates: int = 100
+    #: The hybrid's dense weight in [0, 1] (None: the default, which falls with an index's
+    #: passages per document: :func:`flowsearch.search.fusion.default_weight`): a corpus of
+    #: one's own can be measured at another weight (``flowsearch eval retrieval --weight``).
+    hybrid_weight: float | None = None
     #: Bytes of decoded row groups kept to join hits to their rows: more makes repeated joins
     #: cheaper, for memory.
     row_cache_bytes: int = 128 * 2**20
@@ -57,6 +61,7 @@ class SearchOptions:
     def __post_init__(self) -> None:
         _at_least("segment_threads", self.segment_threads, 0)
         _at_least("hybrid_candidates", self.hybrid_candidates, 1)
+        _weight_or_none(self.hybrid_weight)
         _at_least("row_cache_bytes", self.row_cache_bytes, 0)
         _at_least("lexical_cache_bytes", self.lexical_cache_bytes, 0)
         _at_least("filter_memory_bytes", self.filter_memory_bytes, 2**20)
@@ -69,6 +74,16 @@ def _at_least(name: str, value: object, low: int) -> None:
         raise BadInput(f"{name} must be an integer >= {low}, got {value!r}",
                        f"give SearchOptions({name}=...) a whole number from {low}",
                        param=name)  # fmt: skip
+
+
+def _weight_or_none(value: object) -> None:
+    if value is None:
+        return
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    if not ok or not 0.0 <= float(value) <= 1.0:  # type: ignore[arg-type]
+        raise BadInput(f"hybrid_weight must be a number in [0, 1] or None, got {value!r}",
+                       "give SearchOptions(hybrid_weight=...) e.g. 0.5, or leave it None",
+                       param="hybrid_weight")  # fmt: skip
 
 
 def _positive_seconds(name: str, value: object) -> None:

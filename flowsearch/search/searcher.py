@@ -348,7 +348,8 @@ class Searcher:
             ranked = sh.run(shards, version.manifest, self._statistics, queries, depth, where,
                             mode, vectors=vectors,
                             passages_per_document=version.passages_per_document,
-                            hybrid_candidates=self.options.hybrid_candidates)  # fmt: skip
+                            hybrid_candidates=self.options.hybrid_candidates,
+                            hybrid_weight=self.options.hybrid_weight)  # fmt: skip
             if ranked is None:
                 return [[] for _ in queries], None, None
             top = ranked.top if top is None else top

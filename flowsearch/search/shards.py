@@ -512,12 +512,14 @@ def run(
     vectors: np.ndarray | None = None,
     passages_per_document: float = 1.0,
     hybrid_candidates: int = SearchOptions.hybrid_candidates,
+    hybrid_weight: float | None = None,
 ) -> Ranked | None:
     """One search over every shard (two phases, see the module docstring): the ranked global
     rows with their scores, or None when ``where`` matched no row. ``mode`` is checked;
     ``vectors`` (searched space) stand in for ``embed``'s when given; the hybrid's weight
     falls with ``passages_per_document`` (:func:`flowsearch.search.fusion.default_weight`);
-    a hybrid fuses ``hybrid_candidates`` (at least k) of each side."""
+    a hybrid fuses ``hybrid_candidates`` (at least k) of each side, at ``hybrid_weight`` when
+    given."""
     from flowsearch.search.fusion import fuse
     from flowsearch.search.scores import normalise_dense, normalise_lexical
 
@@ -560,7 +562,7 @@ def run(
         )
         with stage("fuse"):
             fused = fuse((d[0], d[1]), (lx[0], lx[1]), reference, k, upper=upper, kind=kind,
-                         passages_per_document=passages_per_document,
+                         passages_per_document=passages_per_document, weight=hybrid_weight,
                          dense_of_lexical=lx[2], lexical_of_dense=d[2])  # fmt: skip
         parts = (fused.dense_scores, fused.lexical_scores)
         return Ranked(fused.scores, fused.rows, parts, lp, top)
