@@ -415,6 +415,12 @@ def open_encoder(
                 param="model",
             )
         loaded: TextEncoder = Encoder(place, **reopen_options(described))
+    elif not isinstance(encoder, TextEncoder):
+        raise BadInput(
+            f"encoder must be a loaded Encoder, got {type(encoder).__name__} {encoder!r:.60}",
+            "pass {encoder=Encoder(...)}, or leave it out to load the index's model",
+            param="encoder",
+        )
     else:
         loaded = encoder
     relocated = model is not None or loaded.model_id == source
