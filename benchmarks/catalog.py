@@ -69,6 +69,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     _suite("scale", "ann.bench_scale"),
     _suite("writes", "writes.bench_writes"),
     _suite("storage", "writes.bench_storage"),
+    _suite("write_check", "writes.bench_write_check"),
     _suite("serving", "serving.bench_serving"),
     _study("retrieval", "quality.bench_retrieval"),
     _study("retrieval_auto", "quality.bench_retrieval_auto"),

@@ -29,8 +29,8 @@ from flowsearch.cli.output import (
     report_caption,
     shown_id,
     snippet,
-    stderr_console,
     stdout_console,
+    visible,
 )
 
 if TYPE_CHECKING:
@@ -152,11 +152,12 @@ def info_cmd(
     strays = info.verified.strays
     if strays:  # not damage: never read, removed by the next write
         more = f" and {len(strays) - 3} more" if len(strays) > 3 else ""
-        stderr_console().print(
-            literal(
+        typer.echo(
+            visible(
                 f"warning: {counted(len(strays), 'stray file')} in the index, not part of it "
                 f"(ignored; the next write removes them): {', '.join(strays[:3])}{more}"
-            )
+            ),
+            err=True,
         )
     if as_json:
         print_json(info.to_dict())

@@ -374,17 +374,30 @@ def _os_error(exc: OSError, root: Path) -> FlowsearchError:
 
 @contextlib.contextmanager
 def _interrupts_deferred() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back (in the main thread, where Python handles them) until the
-    block is done: a writer's tidy-up interrupted half-way would leave a staged directory."""
+    """Hold SIGINT and SIGTERM back until the block is done (a writer's tidy-up interrupted
+    half-way would leave a staged directory), then act on one that came meanwhile as its
+    handler would have. Python runs signal handlers in the main thread only: elsewhere the
+    block runs as is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    pending: list[int] = []
+    previous: dict[int, Any] = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if handler is not None:  # None: set outside Python, which we could not put back
+            previous[signum] = signal.signal(signum, lambda n, _f: pending.append(n))
     try:
         yield
-    finally:  # a signal that came meanwhile is delivered now (KeyboardInterrupt for SIGINT)
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if pending:
+            handler = previous[pending[0]]
+            if callable(handler):
+                handler(pending[0], None)  # Ctrl-C: KeyboardInterrupt, raised now
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), pending[0])  # its default action (SIGTERM: exit)
 
 
 @contextlib.contextmanager
