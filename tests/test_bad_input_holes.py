@@ -487,6 +487,15 @@ def _api_cases(index: Path, model: str) -> dict[str, object]:
         "index_info(NUL)": lambda: fs.index_info("a\x00b"),
         "index_info(lone surrogate)": lambda: fs.index_info("a\ud800b"),
         "upsert(lone surrogate text)": lambda: fs.upsert(index, [{"id": "z", "text": "\ud800"}]),
+        "Encoder(trust_remote_code='yes')": lambda: fs.Encoder(
+            model, pooling="static", trust_remote_code="yes"
+        ),
+        "encode(batch_size='8')": lambda: fs.Encoder(model, pooling="static").encode(
+            ["a"], batch_size="8"
+        ),
+        "encode(progress='no')": lambda: fs.Encoder(model, pooling="static").encode(
+            ["a"], progress="no"
+        ),
     }
 
 
