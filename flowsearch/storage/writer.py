@@ -390,13 +390,13 @@ def _interrupts_deferred() -> Iterator[None]:
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for held, handler in previous.items():
+            signal.signal(held, handler)
         if pending:
-            handler = previous[pending[0]]
-            if callable(handler):
-                handler(pending[0], None)  # Ctrl-C: KeyboardInterrupt, raised now
-            elif handler == signal.SIG_DFL:
+            came = previous[pending[0]]
+            if callable(came):
+                came(pending[0], None)  # Ctrl-C: KeyboardInterrupt, raised now
+            elif came == signal.SIG_DFL:
                 os.kill(os.getpid(), pending[0])  # its default action (SIGTERM: exit)
 
 
