@@ -71,6 +71,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     _suite("scale", "ann.bench_scale"),
     _suite("writes", "writes.bench_writes"),
     _suite("storage", "writes.bench_storage"),
+    _suite("write_check", "writes.bench_write_check"),
     _suite("serving", "serving.bench_serving"),
     _suite("metrics", "serving.bench_metrics"),
     _study("retrieval", "quality.bench_retrieval"),

@@ -31,12 +31,24 @@ Example:
     'an index already exists at idx; pass --overwrite to replace it'
     >>> err.render("http")
     'an index already exists at idx; pass "overwrite": true to replace it'
+
+The public API checks its arguments' types with the helpers here (:func:`check_path`,
+:func:`check_bool`, :func:`check_int`, :func:`check_text`), so a wrong type is one
+:class:`BadInput` naming the parameter, never a ``TypeError`` from deep inside:
+
+    >>> try:
+    ...     check_bool("no", "overwrite")
+    ... except BadInput as exc:
+    ...     print(exc.render("cli"))
+    overwrite must be True or False, got 'no'; pass --overwrite or --no-overwrite
 """
 
 from __future__ import annotations
 
+import os
 import re
-from typing import ClassVar, Literal
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 __all__ = [
     "BadInput",
@@ -48,6 +60,10 @@ __all__ = [
     "Surface",
     "Unavailable",
     "WriteFailed",
+    "check_bool",
+    "check_int",
+    "check_path",
+    "check_text",
 ]
 
 #: Where an error is shown: Python (the library), the command line, or the HTTP API.
@@ -168,3 +184,86 @@ class Unavailable(FlowsearchError):
     or was lost, so no whole answer exists; retrying may succeed (exit 2, HTTP 503)."""
 
     http_status = 503
+
+
+# --- argument checks of the public API -----------------------------------------------------
+
+
+def check_path(value: Any, param: str = "index_dir", what: str = "a directory") -> Path:
+    """``value`` as a :class:`~pathlib.Path` (``~`` expanded), when it is a ``str`` or an
+    ``os.PathLike`` of one that the file system can take (no NUL, no lone surrogate).
+
+    Raises:
+        BadInput: anything else (None, a number, bytes, a list, ...), naming ``param``.
+    """
+    fix = f"pass {what} as a str or pathlib.Path"
+    if isinstance(value, os.PathLike) and not isinstance(value, Path):
+        value = os.fspath(value)
+    if not isinstance(value, (str, Path)) or value == "":
+        shown = "an empty string" if value == "" else f"{type(value).__name__} {value!r:.60}"
+        raise BadInput(f"{param} must be a path, got {shown}", fix, param=param)
+    text = str(value)
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        raise BadInput(f"{param} {text!a} holds a character no file name can", fix) from None
+    if "\0" in text:
+        raise BadInput(f"{param} {text!a} holds a NUL character", fix, param=param)
+    return Path(text).expanduser()
+
+
+def check_bool(value: Any, param: str) -> bool:
+    """``value`` when it is a ``bool`` (NumPy's too); a string such as ``"no"`` is refused
+    rather than taken as true.
+
+    Raises:
+        BadInput: anything else, naming ``param``.
+    """
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+    if isinstance(value, bool) or numpy_bool:
+        return bool(value)
+    raise BadInput(
+        f"{param} must be True or False, got {value!r:.60}",
+        f"pass {{{param}=True}} or {{{param}=False}}",
+        param=param,
+    )
+
+
+def check_int(value: Any, param: str, minimum: int) -> int:
+    """``value`` when it is an integer (not a bool, not a string) >= ``minimum``.
+
+    Raises:
+        BadInput: anything else, naming ``param``.
+    """
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        got = f"{type(value).__name__} {value!r:.60}"
+    elif int(value.__index__()) < minimum:
+        got = repr(int(value.__index__()))
+    else:
+        return int(value.__index__())
+    raise BadInput(
+        f"{param} must be an integer >= {minimum}, got {got}",
+        f"pass {{{param}=N}} with N >= {minimum}",
+        param=param,
+    )
+
+
+def check_text(value: Any, what: str, param: str | None = None) -> str:
+    """``value`` when it is a ``str`` that UTF-8 can store (no lone surrogate such as
+    ``"\\ud800"``, which no file, index or JSON body can hold).
+
+    Raises:
+        BadInput: anything else, saying ``what`` it is.
+    """
+    if not isinstance(value, str):
+        raise BadInput(f"{what} must be a string, got {type(value).__name__}", param=param)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadInput(
+            f"{what} {value[:40]!a} holds a lone surrogate at character {exc.start} "
+            "(not valid Unicode; no index can store it)",
+            "decode the text with errors='replace', or remove the character",
+            param=param,
+        ) from None
+    return value

@@ -338,7 +338,7 @@ def test_calibrated_space_is_searched_and_verified(whitened, model_dir):
                                               "--json"]).stdout)["verified"]  # fmt: skip
     n_files = len(segment.files) + len(m.calibration.files) + len(m.reference.sample.files)
     assert verified == {"n_files": n_files, "n_hashed": n_files, "not_hashed": [],
-                        "history_records": 1}  # fmt: skip
+                        "history_records": 1, "strays": []}  # fmt: skip
     # a corrupted file is caught by --verify
     faiss_file = whitened / segment.dir / segment.ann.path
     original = faiss_file.read_bytes()

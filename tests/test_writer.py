@@ -291,7 +291,6 @@ DAMAGE = {
     ),
     "ann truncated": (lambda i: os.truncate(_seg(i, 1) / "ann.faiss", 10), "2/ann.faiss has 10 b"),
     "ann missing": (lambda i: (_seg(i) / "ann.faiss").unlink(), "missing.*s000001/ann.faiss"),
-    "extra file": (lambda i: (_seg(i) / "x.parquet").write_bytes(b"x"), "unexpected file.*x.parq"),
     "postings": (lambda i: (_seg(i) / "postings/vocab.json").write_text("[]"), "vocab.json"),
     "keys flipped": (lambda i: _flip(_seg(i) / "keys.npy"), "checksum mismatch.*keys.npy"),
     "deletions flipped": (

@@ -86,10 +86,12 @@ def save(cal: Any, directory: str | os.PathLike[str]) -> None:
     )
 
 
-def require_files(path: Path, cfg_path: Path, weights_path: Path) -> None:
+def require_files(path: Path, cfg_path: Path, weights_path: Path, *, stored: bool = False) -> None:
     """Both files there, nothing else: anything beside them (a pickle, a torch.save file) is
     refused rather than ignored, so that no one is led to think it was used (and none of it is
-    ever unpickled)."""
+    ever unpickled). ``stored``: a calibrator an index holds, whose files its manifest names:
+    anything else there is a stray (``info --verify`` lists it, the next write removes it),
+    ignored here."""
     for required, what in ((path, "no such directory"), (cfg_path, f"{CONFIG_FILE} missing"),
                            (weights_path, f"{WEIGHTS_FILE} missing")):  # fmt: skip
         if not (required.is_dir() if required is path else required.is_file()):
@@ -100,7 +102,7 @@ def require_files(path: Path, cfg_path: Path, weights_path: Path) -> None:
                 param="calibrator",
                 cli=_FIX_CLI,
             )
-    for item in sorted(path.iterdir()):
+    for item in sorted(path.iterdir()) if not stored else ():
         if item.name in (CONFIG_FILE, WEIGHTS_FILE) or item.name.startswith("."):
             continue  # .NAME.tmp-*: an interrupted atomic save
         raise BadInput(

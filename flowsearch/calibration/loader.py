@@ -28,12 +28,18 @@ from flowsearch.calibration.files import (
     require_files,
 )
 from flowsearch.calibration.state import BadState
-from flowsearch.errors import FlowsearchError
+from flowsearch.errors import FlowsearchError, check_path
 
-__all__ = ["load"]
+__all__ = ["load", "load_stored"]
 
 
-def load(directory: str | os.PathLike[str]) -> Calibrator:
+def load_stored(directory: str | os.PathLike[str]) -> Calibrator:
+    """:func:`load` for the calibrator an index holds: a file beside its two is a stray of the
+    index (reported by ``info --verify``, removed by the next write), not read and not refused."""
+    return load(directory, stored=True)
+
+
+def load(directory: str | os.PathLike[str], *, stored: bool = False) -> Calibrator:
     """Loads a calibrator written by ``Calibrator.save`` (:mod:`~flowsearch.calibration.files`).
 
     Raises:
@@ -43,9 +49,9 @@ def load(directory: str | os.PathLike[str]) -> Calibrator:
             unreadable weights file, a missing, extra, ill-shaped, wrong-dtype or non-finite
             array, arrays that disagree with the config.
     """
-    path = Path(directory)
+    path = check_path(directory, "directory", "a calibrator directory")
     cfg_path, weights_path = path / CONFIG_FILE, path / WEIGHTS_FILE
-    require_files(path, cfg_path, weights_path)
+    require_files(path, cfg_path, weights_path, stored=stored)
     meta = read_config(cfg_path)
     cal = _make(cfg_path, meta)
     tensors = read_weights(weights_path)

@@ -30,6 +30,7 @@ from flowsearch.cli.output import (
     shown_id,
     snippet,
     stdout_console,
+    visible,
 )
 
 if TYPE_CHECKING:
@@ -148,6 +149,16 @@ def info_cmd(
             stdout_console().print(literal(_history_line(record)))
         return
     info = index_info(index, verify=verify)
+    strays = info.verified.strays
+    if strays:  # not damage: never read, removed by the next write
+        more = f" and {len(strays) - 3} more" if len(strays) > 3 else ""
+        typer.echo(
+            visible(
+                f"warning: {counted(len(strays), 'stray file')} in the index, not part of it "
+                f"(ignored; the next write removes them): {', '.join(strays[:3])}{more}"
+            ),
+            err=True,
+        )
     if as_json:
         print_json(info.to_dict())
         return

@@ -183,15 +183,27 @@ def upsert_cmd(
     typer.echo(f"{summary.n_inserted:,} inserted, {summary.n_replaced:,} replaced", err=True)
 
 
+#: The most an ``--ids-file`` may hold (read no further: ``/dev/zero`` never ends).
+MAX_IDS_FILE_BYTES = 64 << 20
+
+
 def _read_ids(ids: list[str] | None, ids_file: Path | None) -> list[str]:
     wanted = list(ids or [])
     if ids_file is not None:
         try:
-            lines = ids_file.read_text(encoding="utf-8").splitlines()
+            with open(ids_file, "rb") as handle:
+                data = handle.read(MAX_IDS_FILE_BYTES + 1)
+            lines = data.decode("utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             raise BadInput(
                 f"cannot read the ids file {ids_file} ({exc})", param="ids_file"
             ) from None
+        if len(data) > MAX_IDS_FILE_BYTES:
+            raise BadInput(
+                f"the ids file {ids_file} holds more than {MAX_IDS_FILE_BYTES >> 20} MiB",
+                "split it and delete in several runs",
+                param="ids_file",
+            )
         wanted += [line.strip() for line in lines if line.strip()]
     if not wanted:
         raise BadInput("no ids to delete", "give ids, or --ids-file with one id per line")
@@ -203,7 +215,8 @@ def _read_ids(ids: list[str] | None, ids_file: Path | None) -> list[str]:
 def delete_cmd(
     ids: Annotated[list[str] | None, typer.Argument(help="Ids to delete.")] = None,
     ids_file: Annotated[
-        Path | None, typer.Option("--ids-file", help="A file of ids, one per line.")
+        Path | None,
+        typer.Option("--ids-file", help="A file of ids, one per line (at most 64 MiB)."),
     ] = None,
     index: IndexDir = DEFAULT_INDEX,
     wait: Wait = None,

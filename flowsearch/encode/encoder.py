@@ -47,7 +47,7 @@ from flowsearch.encode.pooling import LAYERS_READ, padded, pool_numpy
 from flowsearch.encode.protocol import TextEncoder
 from flowsearch.encode.static import StaticTable
 from flowsearch.encode.torch_runner import TorchRunner, default_device
-from flowsearch.errors import BadInput, NotFound
+from flowsearch.errors import BadInput, NotFound, check_bool, check_int
 from flowsearch.progress import Stages
 
 __all__ = [
@@ -124,6 +124,7 @@ class Encoder:
         trust_remote_code: bool = False,
     ) -> None:
         check_options(pooling, max_length, backend, quantize, static_variant)
+        check_bool(trust_remote_code, "trust_remote_code")
         if backend == "onnx" and device is not None and not device.startswith("cpu"):
             raise BadInput(
                 "backend='onnx' runs on the CPU", "pass {device='cpu'} or omit it", param="device"
@@ -313,8 +314,9 @@ class Encoder:
                 f"{self.model_id!r} is a Model2Vec static model; it has only pooling 'static'",
                 param="poolings",
             )
-        if batch_size < 1:
-            raise BadInput(f"batch_size must be >= 1, got {batch_size}", param="batch_size")
+        check_int(batch_size, "batch_size", 1)
+        if progress is not None:
+            check_bool(progress, "progress")
         out = {p: np.empty((len(texts), self.dim), dtype=np.float32) for p in poolings}
         if not texts:
             return out
@@ -415,6 +417,12 @@ def open_encoder(
                 param="model",
             )
         loaded: TextEncoder = Encoder(place, **reopen_options(described))
+    elif not isinstance(encoder, TextEncoder):
+        raise BadInput(
+            f"encoder must be a loaded Encoder, got {type(encoder).__name__} {encoder!r:.60}",
+            "pass {encoder=Encoder(...)}, or leave it out to load the index's model",
+            param="encoder",
+        )
     else:
         loaded = encoder
     relocated = model is not None or loaded.model_id == source

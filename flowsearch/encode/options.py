@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import Literal, get_args
 
 from flowsearch.encode.static import STATIC_VARIANTS
-from flowsearch.errors import BadInput
+from flowsearch.errors import BadInput, check_text
 
 __all__ = [
     "BACKENDS",
@@ -132,4 +132,5 @@ def checked_texts(texts: Sequence[str] | str) -> list[str]:
                 "drop or convert non-text entries first",
                 param="texts",
             )
+        check_text(text, f"texts[{i}]", "texts")
     return items

@@ -112,7 +112,7 @@ def normal_ids(array: pa.Array, source: Source, name: str, first_row: int) -> pa
     if pa.types.is_dictionary(type_):
         array, type_ = array.cast(type_.value_type), type_.value_type
     if pa.types.is_integer(type_):
-        return array.cast(pa.int64())
+        return _int64_ids(array, source, name)
     if pa.types.is_null(type_):  # all missing: refused as null ids by the caller
         return array.cast(pa.string())
     if (
@@ -130,11 +130,24 @@ def normal_ids(array: pa.Array, source: Source, name: str, first_row: int) -> pa
                 f"({row_label(source, first_row + at)}) is not a whole number; use integer or "
                 "string ids"
             )
-        return array.cast(pa.int64())
+        return _int64_ids(array, source, name)
     raise BadInput(
         f"id column {name!r} in {source.name} holds {type_} values; ids must be integers or "
         "strings (pass id_column=None to number the rows)"
     )
+
+
+def _int64_ids(array: pa.Array, source: Source, name: str) -> pa.Array:
+    """Integer (or whole float) ids as int64, refusing one beyond its range in one line."""
+    try:
+        return array.cast(pa.int64())
+    except (pa.ArrowInvalid, OverflowError):
+        big = max((v for v in array.to_pylist() if v is not None), key=abs)  # the error path
+        raise BadInput(
+            f"id column {name!r} in {source.name} holds {big!r}, beyond the 64-bit integers "
+            "ids are stored as",
+            "use smaller integer ids, or string ids",
+        ) from None
 
 
 def checked_columns(

@@ -48,7 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from flowsearch.errors import BadInput
+from flowsearch.errors import BadInput, check_bool
 from flowsearch.ingest import files
 from flowsearch.ingest.columns import (
     checked_columns,
@@ -87,6 +87,7 @@ class CorpusOptions:
     strict: bool = False
 
     def __post_init__(self) -> None:
+        check_bool(self.strict, "strict")
         if not isinstance(self.text_column, str):
             raise BadInput(
                 f"text_column must be a column name, got {self.text_column!r}",

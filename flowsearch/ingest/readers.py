@@ -38,6 +38,7 @@ from flowsearch.jsonable import find_in_json
 __all__ = [
     "FORMATS",
     "MAX_BLOCK",
+    "MAX_NESTING",
     "BlockTooSmall",
     "Source",
     "format_of",
@@ -62,6 +63,9 @@ FORMATS: dict[str, str] = {
 FIRST_BLOCK = 16 << 20
 #: The largest block tried before a file is refused.
 MAX_BLOCK = 256 << 20
+#: The deepest a column's values may nest (lists, objects and maps inside each other): Parquet
+#: cannot read back much deeper (its schema holds up to 100 levels, a list takes two).
+MAX_NESTING = 32
 
 
 class BlockTooSmall(Exception):
@@ -101,15 +105,22 @@ class Source:
     numbers_checked: bool = field(default=False, repr=False)
 
     def schema(self) -> pa.Schema:
-        """The source's columns (for JSON/CSV, as inferred from the first block)."""
+        """The source's columns (for JSON/CSV, as inferred from the first block), checked:
+        each name once, no value nested deeper than :data:`MAX_NESTING`.
+
+        Raises:
+            BadInput: a name twice, a column nested too deep, or the file cannot be read.
+        """
         if self.table is not None:
-            return self.table.schema
-        try:
-            if self.format == "parquet":
-                return pq.read_schema(self._path)
-            return self._open().schema
-        except Exception as exc:  # noqa: BLE001 - mapped to one line here, the boundary
-            raise self._mapped(exc) from None
+            schema = self.table.schema
+        else:
+            try:
+                schema = pq.read_schema(self._path) if self.format == "parquet" else None
+                schema = schema or self._open().schema
+            except Exception as exc:  # noqa: BLE001 - mapped to one line here, the boundary
+                raise self._mapped(exc) from None
+        check_schema(schema, self.name)
+        return schema
 
     def batches(
         self, batch_rows: int, columns: Sequence[str] | None = None
@@ -173,6 +184,55 @@ class Source:
             # an empty field is a missing value (as pandas reads it), not an empty string
             convert_options=pcsv.ConvertOptions(strings_can_be_null=True),
         )
+
+
+def check_schema(schema: pa.Schema, where: str) -> None:
+    """Refuse a column name given twice, and a column nested deeper than :data:`MAX_NESTING`.
+
+    Raises:
+        BadInput: naming the column and the fix.
+    """
+    seen: set[str] = set()
+    for name in schema.names:
+        if name in seen:
+            raise BadInput(
+                f"{where} has two columns named {name!r}",
+                "give every column its own name (rename or drop one)",
+            )
+        seen.add(name)
+    for item in schema:
+        depth = _type_depth(item.type)
+        if depth > MAX_NESTING:
+            raise BadInput(
+                f"{where}: column {item.name!r} nests {depth} levels deep, more than the "
+                f"{MAX_NESTING} an index stores",
+                "flatten it, or store it as a JSON string",
+            )
+
+
+def _type_depth(type_: pa.DataType) -> int:
+    """How many lists, structs and maps an Arrow type nests (0 for a plain value)."""
+    deepest, todo = 0, [(type_, 0)]
+    while todo:
+        current, depth = todo.pop()
+        deepest = max(deepest, depth)
+        todo.extend((current.field(i).type, depth + 1) for i in range(current.num_fields))
+    return deepest
+
+
+def _value_depth(value: Any, limit: int) -> int:
+    """How deep a Python value nests (lists, tuples, dicts), counted up to ``limit`` + 1."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        current, depth = todo.pop()
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            break
+        if isinstance(current, Mapping):
+            todo.extend((v, depth + 1) for v in current.values())
+        elif isinstance(current, (list, tuple)):
+            todo.extend((v, depth + 1) for v in current)
+    return deepest
 
 
 def with_growing_blocks(source: Source, read: Callable[[Source], _T]) -> _T:
@@ -289,16 +349,37 @@ def _kind(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
+def _lines(handle: Any, path: Path) -> Iterator[bytes]:
+    """A text file's lines, each at most :data:`MAX_BLOCK` bytes (a longer one, or a file
+    without line breaks such as ``/dev/zero``, is refused instead of read whole)."""
+    while True:
+        raw = handle.readline(MAX_BLOCK + 1)
+        if not raw:
+            return
+        if len(raw) > MAX_BLOCK:
+            raise BadInput(
+                f"{path} has a line longer than {MAX_BLOCK >> 20} MiB, the most a corpus line "
+                "may hold",
+                "split the record, or check that the file is text with one record per line",
+            )
+        yield raw
+
+
 def _json_problem(path: Path) -> str | None:
     """The first line of a JSON Lines file that pyarrow refuses, said plainly (error path only)."""
     opener: Any = gzip.open if path.suffix.lower() == ".gz" else open
     first: dict[str, tuple[str, int]] = {}
     with opener(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
+        for number, raw in enumerate(_lines(handle, path), start=1):
             if not raw.strip():
                 continue
             try:
                 record = json.loads(raw.decode("utf-8"))
+            except RecursionError:
+                return (
+                    f"line {number} nests deeper than a JSON reader goes (an index stores at "
+                    f"most {MAX_NESTING} levels); flatten it, or store it as a JSON string"
+                )
             except UnicodeDecodeError as exc:
                 return f"line {number} is not valid UTF-8 (byte {exc.start}); re-encode the file"
             except json.JSONDecodeError as exc:
@@ -422,7 +503,7 @@ def _refuse_json_numbers(path: Path, where: str) -> None:
     """
     opener: Any = gzip.open if path.suffix.lower() == ".gz" else open
     with opener(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
+        for number, raw in enumerate(_lines(handle, path), start=1):
             if not raw.strip():
                 continue
             try:
@@ -433,9 +514,12 @@ def _refuse_json_numbers(path: Path, where: str) -> None:
                     "infinity)",
                     "write null for a missing number",
                 ) from None
-            except (ValueError, UnicodeDecodeError):
+            except (ValueError, UnicodeDecodeError, RecursionError):
                 continue  # pyarrow read it; its other problems are reported elsewhere
-            key = _big_int(record)
+            try:
+                key = _big_int(record)
+            except RecursionError:  # nested too deep: the schema check says so
+                continue
             if key is not None:
                 known = isinstance(record, dict) and key != "id" and "id" in record
                 who = f" (id {_shown_id(record['id'])})" if known else ""
@@ -483,6 +567,14 @@ def records_table(records: Sequence[Any]) -> pa.Table:
             value = record[key]
             if value is None:
                 continue
+            if isinstance(value, (Mapping, list, tuple)):
+                depth = _value_depth(value, MAX_NESTING)
+                if depth > MAX_NESTING:
+                    raise BadInput(
+                        f"records[{i}][{key!r}] nests more than the {MAX_NESTING} levels an "
+                        "index stores",
+                        "flatten it, or store it as a JSON string",
+                    )
             if _big_int(value) is not None:
                 raise BadInput(
                     f"records[{i}][{key!r}] holds an integer beyond 64 bits, which a column "
@@ -498,6 +590,12 @@ def records_table(records: Sequence[Any]) -> pa.Table:
                 )
     try:
         return pa.Table.from_pylist(list(records))
+    except UnicodeEncodeError as exc:
+        raise BadInput(
+            f"records hold a string with a lone surrogate ({exc.object[:40]!a}), which is not "
+            "valid Unicode and no index can store",
+            "decode the text with errors='replace', or remove the character",
+        ) from None
     except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
         key = _failing_key(records, keys or [])
         raise BadInput(

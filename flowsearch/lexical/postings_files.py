@@ -71,8 +71,8 @@ def read(directory: Path, mmap: bool) -> tuple[list[str], dict[str, Any]]:
 
     Raises:
         NotFound: no directory there.
-        IndexDamaged: a missing, unexpected or unreadable file, another format, or arrays that
-            do not fit together.
+        IndexDamaged: a missing or unreadable file, another format, or arrays that do not fit
+            together (a file beside them is a stray of the index: ignored).
     """
     if not directory.is_dir():
         raise NotFound(f"no postings at {directory}", "rebuild the index")
@@ -81,13 +81,12 @@ def read(directory: Path, mmap: bool) -> tuple[list[str], dict[str, Any]]:
     if not isinstance(config, dict) or config.get("format") != FORMAT or version not in (1, 2):
         raise IndexDamaged(f"{directory} is not a {FORMAT} directory", "rebuild the index")
     expected = FILES if version == 2 else LEGACY_FILES
-    present = {p.name for p in directory.iterdir()}
-    odd = sorted(present - set(expected)) + [f"no {f}" for f in expected if f not in present]
-    if odd:
-        raise IndexDamaged(
-            f"postings {directory} hold unexpected files ({', '.join(odd[:5])})",
-            "rebuild the index",
-        )
+    # a file beside them is a stray of the index (info --verify lists it, the next write
+    # removes it): not read, not refused
+    missing = [f for f in expected if not (directory / f).is_file()]
+    if missing:
+        shown = ", ".join(f"no {f}" for f in missing[:5])
+        raise IndexDamaged(f"postings {directory} are incomplete ({shown})", "rebuild the index")
     vocab = _read_json(directory / "vocab.json")
     arrays = {name: _read_array(directory / file, mmap) for name, file in ARRAYS.items()}
     problem = _problem(vocab, arrays, full=not mmap)

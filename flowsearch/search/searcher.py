@@ -24,7 +24,7 @@ from typing import Any, overload
 import numpy as np
 
 from flowsearch.encode.protocol import TextEncoder
-from flowsearch.errors import BadInput
+from flowsearch.errors import BadInput, check_bool, check_path
 from flowsearch.search import arguments as args
 from flowsearch.search import shards as sh
 from flowsearch.search.backend import LocalBackend, ShardBackend
@@ -77,6 +77,7 @@ class Searcher:
         self._stat = _stat(self.root)
         self._refresh_lock = threading.Lock()
         self._statistics = sh.StatisticsCache()
+        self._closed = False
 
     @classmethod
     def open(
@@ -120,6 +121,9 @@ class Searcher:
                 an unreachable ``address``, ``options`` that are not SearchOptions.
             MissingExtra: ``engine="ray"`` without the ``ray`` extra.
         """
+        index_dir = check_path(index_dir, "index_dir", "an index directory")
+        verify, gpu, mmap = (check_bool(v, n) for v, n in ((verify, "verify"), (gpu, "gpu"),
+                                                           (mmap, "mmap")))  # fmt: skip
         if options is not None and not isinstance(options, SearchOptions):
             raise BadInput(f"options must be SearchOptions, got {type(options).__name__}",
                            "pass options=SearchOptions(...)", param="options")  # fmt: skip
@@ -184,7 +188,9 @@ class Searcher:
 
     def close(self) -> None:
         """Release the pinned version's files, the filter database and the helper threads
-        (with ``engine="ray"``: stop the shards, and Ray when the searcher started it)."""
+        (with ``engine="ray"``: stop the shards, and Ray when the searcher started it). A
+        search after it raises BadInput."""
+        self._closed = True
         self._backend.close()
 
     def __len__(self) -> int:
@@ -334,6 +340,8 @@ class Searcher:
         (:func:`flowsearch.search.fusion.fuse`, each candidate scored by both sides). Asked of
         the version's shards with the version's statistics (:func:`flowsearch.search.shards.run`);
         with passages, deeper until the rows hold ``k`` documents."""
+        if self._closed:
+            raise BadInput(f"this Searcher of {self.root} was closed", "open it again")
         mode = args.checked_mode(version, mode)
         shards = self._shards(version)
         lp = None
@@ -382,7 +390,10 @@ class Searcher:
             BadInput: another dimension, or values that are not finite.
         """
         version = self._version
-        Z = np.atleast_2d(np.asarray(Z, dtype=np.float32))
+        try:
+            Z = np.atleast_2d(np.asarray(Z, dtype=np.float32))
+        except (TypeError, ValueError) as exc:
+            raise BadInput(f"vectors must be an array of numbers ({exc})", param="Z") from None
         if Z.ndim != 2 or Z.shape[1] != version.manifest.dim:
             raise BadInput(
                 f"vectors have shape {Z.shape}, the index searches dim {version.manifest.dim}"

@@ -27,7 +27,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 
 from flowsearch.encode.protocol import TextEncoder
-from flowsearch.errors import IndexDamaged
+from flowsearch.errors import IndexDamaged, check_bool, check_path
 from flowsearch.lexical.bm25 import CACHE_BYTES, Bm25
 from flowsearch.search.segment import SegmentReader, read_deleted
 from flowsearch.space.search_space import SearchSpace
@@ -147,9 +147,10 @@ def index_info(index_dir: str | os.PathLike[str], verify: bool = False) -> Index
 
     Raises:
         NotFound: no index there.
-        IndexDamaged: a file that is missing, extra or differs.
+        IndexDamaged: a file that is missing or differs.
     """
-    root = Path(index_dir).expanduser()
+    root = check_path(index_dir, "index_dir", "an index directory")
+    check_bool(verify, "verify")
 
     def describe(manifest: mf.Manifest) -> IndexInfo:
         from flowsearch.storage.verify import verify as check
@@ -174,7 +175,7 @@ def index_history(index_dir: str | os.PathLike[str]) -> list[mf.WriteRecord]:
     """
     from flowsearch.storage import history
 
-    root = Path(index_dir).expanduser()
+    root = check_path(index_dir, "index_dir", "an index directory")
     mf.read(root)
     return history.read(root)
 

@@ -151,10 +151,10 @@ def load_index_calibrator(folder: str | Path) -> Any:
     (:class:`~flowsearch.errors.IndexDamaged`), not the user's input to fix; a missing one raises
     FileNotFoundError, which :func:`~flowsearch.search.version.open_current` retries with the
     current version before calling it damage."""
-    from flowsearch.calibration import load_calibrator
+    from flowsearch.calibration.loader import load_stored
 
     try:
-        return load_calibrator(folder)
+        return load_stored(folder)
     except NotFound as exc:  # removed by a cleanup meanwhile: open_current reads again
         raise FileNotFoundError(exc.problem) from exc
     except BadInput as exc:

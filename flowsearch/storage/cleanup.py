@@ -3,9 +3,10 @@ r"""Housekeeping of an index directory: what a build may write over, what the wr
 :func:`check_target` refuses to build over a file, a foreign directory, or an index without
 ``overwrite``. :func:`clean` removes what no version in a given set references (staging
 directories, unreferenced segments and calibrators, superseded deletion files, converted
-old-format files, temporary manifests); the version writer calls it, with the lock held, when
-it starts (the leftovers of a dead writer) and after it publishes (what the version before the
-previous one used).
+old-format files, temporary manifests, and stray files: anything else in the index directory
+or inside one of its parts, see :mod:`flowsearch.storage.verify`); the version writer calls it,
+with the lock held, when it starts (the leftovers of a dead writer) and after it publishes
+(what the version before the previous one used).
 
 Example:
     >>> check_target(Path("/nonexistent/index"), overwrite=False)
@@ -28,6 +29,7 @@ from flowsearch.storage.layout import (
     SEGMENTS_DIR,
     STAGE_PREFIX,
 )
+from flowsearch.storage.verify import root_strays
 
 __all__ = ["LEGACY_ENTRIES", "check_target", "clean", "remove_failed_first_build"]
 
@@ -83,13 +85,13 @@ def clean(root: Path, keep: set[str]) -> None:
             if path.name.startswith(STAGE_PREFIX) or rel not in keep:
                 LOG.info("removing %s", path)
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
-            elif kind == SEGMENTS_DIR:
-                for file in path.glob("deleted-v*.npy"):
-                    if f"{rel}/{file.name}" not in keep:
-                        file.unlink(missing_ok=True)
-                for file in path.glob(".*.tmp-*"):  # a writer killed inside an atomic write
-                    file.unlink(missing_ok=True)
+            elif path.is_dir():
+                _tidy(path, rel, keep)
     legacy_kept = any(k == "." or k.startswith("versions/") or k in LEGACY_ENTRIES for k in keep)
+    if not legacy_kept and mf.is_index_dir(root):  # a format-3 index: strays at the top too
+        for path in root_strays(root):
+            LOG.info("removing stray %s", path)
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
     versions = root / "versions"
     if versions.is_dir():
         for path in versions.iterdir():
@@ -104,6 +106,20 @@ def clean(root: Path, keep: set[str]) -> None:
                 shutil.rmtree(path, ignore_errors=True)
             elif path.is_file():
                 path.unlink()
+
+
+def _tidy(folder: Path, rel: str, keep: set[str]) -> None:
+    """Remove the files inside a kept part (``folder``, at ``rel``) that no kept version names
+    (superseded deletion files, a killed atomic write's temporary files, strays), then the
+    directories that left empty."""
+    files = [p for p in folder.rglob("*") if not p.is_dir()]
+    for path in files:
+        if f"{rel}/{path.relative_to(folder).as_posix()}" not in keep:
+            LOG.info("removing %s", path)
+            path.unlink(missing_ok=True)
+    for path in sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True):
+        with contextlib.suppress(OSError):
+            path.rmdir()  # only when empty
 
 
 def remove_failed_first_build(root: Path, keep_root: bool = False) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from flowsearch.errors import BadInput
+from flowsearch.errors import BadInput, check_text
 from flowsearch.storage import deletions, keys
 from flowsearch.storage.keys import KeyIndex
 from flowsearch.storage.layout import KEY_IDS_FILE
@@ -55,6 +55,8 @@ def typed_ids(ids: Sequence[Any], id_type: str, param: str = "ids") -> pa.Array:
                 f"id {given!r} is a {type(given).__name__}; ids are integers or strings",
                 param=param,
             )
+        if isinstance(given, str):
+            check_text(given, "id", param)
         if id_type == "string":
             out.append(str(given))
             continue

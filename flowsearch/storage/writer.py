@@ -47,6 +47,8 @@ import numbers
 import os
 import secrets
 import shutil
+import signal
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -71,7 +73,7 @@ from flowsearch.storage.layout import (
     segment_dir,
     segment_name,
 )
-from flowsearch.storage.verify import verify_files
+from flowsearch.storage.verify import verify
 
 __all__ = ["Writer", "file_records", "open_writer", "referenced", "sample_record"]
 
@@ -89,10 +91,11 @@ def file_records(directory: Path) -> dict[str, mf.FileRecord]:
 
 def referenced(manifest: mf.Manifest | None) -> set[str]:
     """Every path (relative to the index directory) a version needs: segment directories,
-    their files, the calibrator directory."""
+    their files, the calibrator directory and its files, the reference sample's."""
     if manifest is None:
         return set()
-    out = {manifest.calibration.path}
+    cal = manifest.calibration
+    out = {cal.path, *(f"{cal.path}/{rel}" for rel in cal.files)}
     sample = sample_record(manifest)
     for piece in sample.pieces if sample is not None else ():  # the base and its deltas
         out.add(piece.path)
@@ -143,8 +146,8 @@ class Writer:
         folder = self.index_dir / kind
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{STAGE_PREFIX}{secrets.token_hex(6)}"
+        self._stages.append(path)  # before it exists: an interrupt between leaves nothing
         path.mkdir()
-        self._stages.append(path)
         return path
 
     def add_segment(self, stage: Path, **fields: Any) -> mf.SegmentRecord:
@@ -276,13 +279,14 @@ class Writer:
         history.append(self.index_dir, record)
         return manifest
 
-    def _check_carried(self) -> None:
-        """Refuse to write over a damaged index: every file of the segments the new version
-        starts from is present with its recorded size (a stat per file, before the write
-        stages anything; checksums are ``info --verify``'s)."""
-        for seg in self.segments:
-            if seg.name not in self._staged:
-                verify_files(self.index_dir / seg.dir, seg.files, small=False)
+    def _check_base(self) -> None:
+        """Refuse to write over a damaged index, before the write stages anything: every file
+        of the version it starts from (segments, calibrator, reference sample) is there with
+        its recorded size, and the small ones (what an open hashes) with their checksum; so
+        no write publishes a version that an open would refuse. Large files' checksums are
+        ``info --verify``'s."""
+        if self.base is not None:
+            verify(self.index_dir, self.base)
 
     def _place_stages(self) -> None:
         """Flush the staged directories and rename them to their final names."""
@@ -326,7 +330,10 @@ def _check_wait(wait: Any) -> None:
 @contextlib.contextmanager
 def _lock(index_dir: Path, wait: float | None) -> Iterator[None]:
     """Hold ``index_dir/.lock``; wait up to ``wait`` seconds for another writer (0: refuse)."""
-    index_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        index_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # e.g. /proc/nope: a place no directory can be made
+        raise _os_error(exc, index_dir) from None
     lock = filelock.FileLock(str(index_dir / LOCK_NAME), timeout=max(0.0, float(wait or 0)))
     try:
         lock.acquire()
@@ -357,7 +364,40 @@ def _os_error(exc: OSError, root: Path) -> FlowsearchError:
         return WriteFailed(
             f"not allowed to write ({detail}); {root} is unchanged", "fix permissions"
         )
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return WriteFailed(
+            f"cannot make the index directory {root} ({detail})",
+            "choose an index directory in a folder you can write to",
+        )
     return WriteFailed(f"the write to {root} failed ({detail}); it is unchanged", "retry")
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back until the block is done (a writer's tidy-up interrupted
+    half-way would leave a staged directory), then act on one that came meanwhile as its
+    handler would have. Python runs signal handlers in the main thread only: elsewhere the
+    block runs as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous: dict[int, Any] = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if handler is not None:  # None: set outside Python, which we could not put back
+            previous[signum] = signal.signal(signum, lambda n, _f: pending.append(n))
+    try:
+        yield
+    finally:
+        for held, handler in previous.items():
+            signal.signal(held, handler)
+        if pending:
+            came = previous[pending[0]]
+            if callable(came):
+                came(pending[0], None)  # Ctrl-C: KeyboardInterrupt, raised now
+            elif came == signal.SIG_DFL:
+                os.kill(os.getpid(), pending[0])  # its default action (SIGTERM: exit)
 
 
 @contextlib.contextmanager
@@ -399,13 +439,14 @@ def open_writer(
         except OSError as exc:
             raise _os_error(exc, root) from None
         finally:
-            if writer is not None:
-                for stage in writer._stages:
-                    shutil.rmtree(stage, ignore_errors=True)
-                if writer.published is not None:
-                    clean(root, referenced(writer.published) | referenced(writer.base))
-            if created and not mf.is_index_dir(root):
-                remove_failed_first_build(root, keep_root=existed)
+            with _interrupts_deferred():  # a Ctrl-C now waits for the tidy-up to finish
+                if writer is not None:
+                    for stage in writer._stages:
+                        shutil.rmtree(stage, ignore_errors=True)
+                    if writer.published is not None:
+                        clean(root, referenced(writer.published) | referenced(writer.base))
+                if created and not mf.is_index_dir(root):
+                    remove_failed_first_build(root, keep_root=existed)
 
 
 def _start(root: Path, new: bool, overwrite: bool) -> Writer:
@@ -418,7 +459,7 @@ def _start(root: Path, new: bool, overwrite: bool) -> Writer:
     clean(root, referenced(base))
     writer = Writer(root, base, new)
     if not new and base is not None and base.format_version == mf.FORMAT_VERSION:
-        writer._check_carried()
+        writer._check_base()
     if not new and base is not None and base.format_version < mf.FORMAT_VERSION:
         from flowsearch.storage.legacy import convert
 

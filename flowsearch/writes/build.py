@@ -30,7 +30,7 @@ from flowsearch.ann.factory import check_factory
 from flowsearch.ann.policy import AnnPolicy, policy_or_default
 from flowsearch.calibration.base import Calibrator
 from flowsearch.encode.protocol import TextEncoder
-from flowsearch.errors import BadInput
+from flowsearch.errors import BadInput, check_bool, check_int, check_path
 from flowsearch.ingest.corpus import Corpus, CorpusOptions, CorpusPlan
 from flowsearch.ingest.passages import Cuts, requested_sizes
 from flowsearch.progress import Stages
@@ -99,8 +99,8 @@ class BuildRequest:
     made, before any work (see :func:`build_index` for each field's meaning).
 
     Raises:
-        BadInput: a batch size below 1, a fit sample below 2, an unknown engine, or an unknown
-            calibration name.
+        BadInput: a batch size below 1, a fit sample below 2 (or either not an integer), a
+            flag that is not a bool, an unknown engine, or an unknown calibration name.
     """
 
     corpus: CorpusOptions = field(default_factory=CorpusOptions)
@@ -121,10 +121,10 @@ class BuildRequest:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ann", policy_or_default(self.ann))
-        if self.batch_size < 1:
-            raise BadInput(f"batch_size must be >= 1, got {self.batch_size}", param="batch_size")
-        if self.fit_sample < 2:
-            raise BadInput(f"fit_sample must be >= 2, got {self.fit_sample}", param="fit_sample")
+        check_int(self.batch_size, "batch_size", 1)
+        check_int(self.fit_sample, "fit_sample", 2)
+        check_bool(self.overwrite, "overwrite")
+        check_bool(self.lexical, "lexical")
         if self.engine not in ENGINES:
             raise BadInput(
                 f"unknown engine {self.engine!r}",
@@ -212,7 +212,7 @@ def build_index(
 
 def build(corpus: Corpus, index_dir: str | os.PathLike[str], request: BuildRequest) -> WriteResult:
     """:func:`build_index` with its request made (what the command line calls)."""
-    target = Path(index_dir).expanduser()
+    target = check_path(index_dir, "index_dir", "an index directory")
     check_target(target, request.overwrite)
     st = Stages()
     with st.timed("scan"):

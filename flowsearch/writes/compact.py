@@ -31,7 +31,7 @@ import numpy as np
 from flowsearch.ann.policy import AnnPolicy
 from flowsearch.ann.policy import policy_or_default as ann_or_default
 from flowsearch.ann.tune import TUNER_VERSION
-from flowsearch.errors import BadInput
+from flowsearch.errors import BadInput, check_bool, check_int, check_path
 from flowsearch.progress import Stages
 from flowsearch.search.version import sizes
 from flowsearch.space.fitting import checked_calibration, fit_for_index, load_fitted
@@ -136,7 +136,8 @@ def compact(
     """
     policy, ann = merging.policy_or_default(merge), ann_or_default(ann)
     st = Stages()
-    root = Path(index_dir).expanduser()
+    root = check_path(index_dir, "index_dir", "an index directory")
+    check_bool(full, "full")
     with open_writer(root, wait=wait) as writer, st.live():
         base = writer.base
         assert base is not None
@@ -244,10 +245,9 @@ def recalibrate(
     policy = ann_or_default(ann)
     if calibrator is None:
         checked_calibration(calibration)  # an unknown name fails here, before any work
-    if fit_sample < 2:
-        raise BadInput(f"fit_sample must be >= 2, got {fit_sample}", param="fit_sample")
+    check_int(fit_sample, "fit_sample", 2)
     st = Stages()
-    root = Path(index_dir).expanduser()
+    root = check_path(index_dir, "index_dir", "an index directory")
     with open_writer(root, wait=wait) as writer, st.live():
         base = writer.base
         assert base is not None

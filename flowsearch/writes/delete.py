@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from flowsearch.errors import BadInput
+from flowsearch.errors import BadInput, check_path
 from flowsearch.progress import Stages
 from flowsearch.storage.lookup import find_live, typed_ids
 from flowsearch.storage.writer import open_writer
@@ -57,7 +56,7 @@ def delete(
         )
     if not ids:
         raise BadInput("no ids to delete", "pass at least one", param="ids")
-    target = Path(index_dir).expanduser()
+    target = check_path(index_dir, "index_dir", "an index directory")
     st = Stages()
     with open_writer(target, wait=wait) as writer:
         base = writer.base

@@ -31,7 +31,6 @@ import logging
 import os
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -39,7 +38,7 @@ import pyarrow as pa
 
 from flowsearch.ann.policy import AnnPolicy, policy_or_default
 from flowsearch.encode.protocol import TextEncoder
-from flowsearch.errors import BadInput
+from flowsearch.errors import BadInput, check_bool, check_int, check_path
 from flowsearch.ingest.corpus import Corpus, CorpusOptions, CorpusPlan
 from flowsearch.ingest.passages import Cuts
 from flowsearch.progress import Stages
@@ -81,7 +80,7 @@ class WriteRequest:
     :func:`upsert` for each field's meaning).
 
     Raises:
-        BadInput: a batch size that is not an integer >= 1.
+        BadInput: a batch size that is not an integer >= 1, a flag that is not a bool.
     """
 
     kind: Literal["add", "upsert"]
@@ -99,9 +98,9 @@ class WriteRequest:
     def __post_init__(self) -> None:
         object.__setattr__(self, "ann", policy_or_default(self.ann))
         object.__setattr__(self, "merge", merge_policy_or_default(self.merge))
-        size = self.batch_size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise BadInput(f"batch_size must be an integer >= 1, got {size!r}", param="batch_size")
+        check_int(self.batch_size, "batch_size", 1)
+        check_bool(self.strict, "strict")
+        check_bool(self.merge_segments, "merge_segments")
 
     def corpus_options(self, columns: mf.Columns) -> CorpusOptions:
         """The columns to read: those asked for, else the index's."""
@@ -180,6 +179,7 @@ def add_to_index(
     The second release took ``add_to_index(corpus, index_dir)``: that order still works (the
     argument that is an index directory is taken as the index) with a DeprecationWarning.
     """
+    index_dir = check_path(index_dir, "index_dir", "an index directory")
     index_dir, corpus = _index_first(index_dir, corpus)
     request = WriteRequest("add", text_column, id_column, batch_size, strict, model, encoder,
                            wait, merge_segments, ann, merge)  # fmt: skip
@@ -208,7 +208,7 @@ def write(index_dir: str | os.PathLike[str], corpus: Corpus, request: WriteReque
     the command line calls)."""
     kind, model, merge_segments = request.kind, request.model, request.merge_segments
     ann, merge_policy = policy_or_default(request.ann), merge_policy_or_default(request.merge)
-    target = Path(index_dir).expanduser()
+    target = check_path(index_dir, "index_dir", "an index directory")
     st = Stages()
     with open_writer(target, wait=request.wait) as writer, st.live():
         base = writer.base

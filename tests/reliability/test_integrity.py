@@ -125,8 +125,6 @@ DAMAGE = {
     "flipped byte in a deletion file": (_flip_deletions, True),
     "truncated rows part": (_truncate_part, False),
     "missing file": (_missing, False),
-    "extra file": (_extra, False),
-    "pickle in the postings dir": (_extra_pickle_in_postings, False),
     "manifest edited by hand": (_hand_edit, False),
     "a line of the history that is not a record": (_garbled_history, True),
     "a history ahead of the manifest": (_history_ahead, True),
@@ -151,6 +149,21 @@ def test_damage_is_one_line_naming_the_file(kind, cli, index, encoder):
     if path.name == "history.jsonl":  # the log is never parsed on open: search goes on
         Searcher.open(index, encoder=encoder).close()
         assert cli.run("info", "--index", index).code == 0
+
+
+@pytest.mark.parametrize("stray", [_extra, _extra_pickle_in_postings])
+def test_a_stray_is_no_damage_search_ignores_it_the_next_write_removes_it(
+    stray, cli, index, encoder
+):
+    """A file no version names (a copied part, a pickle) is never read (nor unpickled):
+    `info --verify` warns of it, search answers, the next write removes it."""
+    path = stray(index)
+    Searcher.open(index, verify=True, encoder=encoder).close()
+    result = cli.run("info", "--verify", "--index", index)
+    assert result.code == 0 and "stray file" in result.err and path.name in result.err
+    assert cli.run("delete", "d1", "--index", index).code == 0
+    assert not path.exists()
+    Searcher.open(index, verify=True, encoder=encoder).close()
 
 
 def _leave(raw: dict, field: str) -> None:
