@@ -182,6 +182,18 @@ def checked_columns(
                 "the rows)",
                 param="id_column",
             )
+        other_id = [n for n in names if n.lower() == "id" and n != id_column]
+        if id_column is not None and id_column != "id" and other_id:
+            # it would be metadata, and "id" is the index's own name: say which column it is
+            raise BadInput(
+                f"{source.name} has a column {other_id[0]!r}, but the ids are read from "
+                f"{id_column!r}, so {other_id[0]!r} would be kept as metadata, and that name is "
+                "the index's own",
+                f"pass id_column={other_id[0]!r} to read the ids from it, or rename or drop it",
+                cli=f"pass --id-column {other_id[0]} to read the ids from it, or rename or drop "
+                "it",
+                param="id_column",
+            )
         check_text_type(schema.field(text_column).type, source, text_column)
     if id_column == "id":  # the default: use it when there, row numbers when not
         has_id = ["id" in schema.names for schema in schemas]
