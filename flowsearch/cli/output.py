@@ -108,8 +108,8 @@ def snippet(hit: Hit, width: int = 90) -> str:
 
 
 def print_summary(result: WriteResult, verb: str) -> None:
-    """A write's result (documents written, live rows, version, space, timings, drift) on
-    stderr (a document cut into passages is several rows)."""
+    """A write's result (documents written, live passages, version, space, timings, drift) on
+    stderr (a document cut into passages is several; ``info --history`` counts passages)."""
     from rich.text import Text
 
     err = stderr_console()
@@ -118,7 +118,7 @@ def print_summary(result: WriteResult, verb: str) -> None:
     line.append(verb, style="bold")
     line.append(
         f" {counted(result.n_written, 'document')} -> {visible(result.index)} "
-        f"(version {result.version}, {counted(result.n_live, 'live row')} in "
+        f"(version {result.version}, {counted(result.n_live, 'live passage')} in "
         f"{counted(result.n_segments, 'segment')}, dim {result.dim}, "
         f"{result.bytes / 2**20:.1f} MiB) in {result.seconds.get('total', 0.0):.1f}s [{secs}]"
     )
