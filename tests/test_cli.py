@@ -785,10 +785,9 @@ def test_ids_longer_than_the_limit_are_refused_by_every_write(built, tmp_path, m
     too_long = "x" * (MAX_ID_CHARS + 1)
     corpus = tmp_path / "long_id.parquet"
     pq.write_table(pa.table({"id": [too_long], "text": ["the cat"]}), corpus)
-    for verb in ("index", "upsert"):
-        index = tmp_path / "new" if verb == "index" else built[0]
-        result = runner.invoke(app, [verb, str(corpus), "--index", str(index),
-                                     "--model", str(model_dir)][: 4 if verb == "upsert" else 6])  # fmt: skip
+    model = ["--model", str(model_dir)]
+    for verb, index, extra in (("index", tmp_path / "new", model), ("upsert", built[0], [])):
+        result = runner.invoke(app, [verb, str(corpus), "--index", str(index), *extra])
         assert result.exit_code == 2 and f"at most {MAX_ID_CHARS:,}" in result.stderr, verb
     deleted = runner.invoke(app, ["delete", too_long, "--index", str(built[0])])
     assert deleted.exit_code == 2 and f"at most {MAX_ID_CHARS:,}" in deleted.stderr

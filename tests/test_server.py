@@ -1119,9 +1119,10 @@ def test_the_docs_examples_answer_and_errors_are_documented(built: Path) -> None
             assert detail.endswith("/ErrorDetail")
         assert "401" in paths["/info"]["get"]["responses"]
     with TestClient(create_app(built), raise_server_exceptions=False) as open_app:
-        assert "401" not in open_app.get("/openapi.json").json()["paths"]["/search"]["post"][
-            "responses"
-        ]
+        assert (
+            "401"
+            not in open_app.get("/openapi.json").json()["paths"]["/search"]["post"]["responses"]
+        )
 
 
 def test_serve_counts_documents_and_passages(tmp_path: Path, model_dir: Path) -> None:

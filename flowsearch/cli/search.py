@@ -165,7 +165,8 @@ def _history_line(record: WriteRecord) -> str:
     detail = ", ".join(f"{k} {v}" for k, v in record.detail.items() if k != "drift" and v)
     # a history record counts rows: passages (a document read whole is one passage)
     done = "deleted" if record.kind == "delete" else "written"
-    line = f"v{record.version} {record.time} {record.kind}: {counted(record.n_rows, 'passage')} {done}"
+    rows = counted(record.n_rows, "passage")
+    line = f"v{record.version} {record.time} {record.kind}: {rows} {done}"
     return f"{line} ({detail})" if detail else line
 
 

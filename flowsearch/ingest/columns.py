@@ -190,8 +190,7 @@ def checked_columns(
                 f"{id_column!r}, so {other_id[0]!r} would be kept as metadata, and that name is "
                 "the index's own",
                 f"pass id_column={other_id[0]!r} to read the ids from it, or rename or drop it",
-                cli=f"pass --id-column {other_id[0]} to read the ids from it, or rename or drop "
-                "it",
+                cli=f"pass --id-column {other_id[0]} to read the ids from it, or rename or drop it",
                 param="id_column",
             )
         check_text_type(schema.field(text_column).type, source, text_column)
