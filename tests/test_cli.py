@@ -610,7 +610,9 @@ def test_compact_full_and_the_history(built, tmp_path):
     assert records[3]["detail"] == {"merged": 2, "dropped": 2}
     text = CliRunner(env={"COLUMNS": "60"}).invoke(app, ["info", "--history", "--index", str(out)])
     lines = text.stdout.splitlines()  # one line per write, whatever the width
-    assert len(lines) == 4 and lines[1].startswith("v2 ") and " add 10 rows " in lines[1]
+    assert (
+        len(lines) == 4 and lines[1].startswith("v2 ") and " add: 10 passages written " in lines[1]
+    )
     assert "merged 2" in lines[3] and "dropped 2" in lines[3]
 
 
