@@ -33,6 +33,7 @@ STOPWORDS_EN = (
 )
 
 _WORD = re.compile(r"[^\W_]+")
+_ASCII_WORD = re.compile(r"[a-z0-9]+")  # _WORD on lower-cased ASCII text, faster
 _STOPWORDS = frozenset(STOPWORDS_EN)
 # A Stemmer object is not thread-safe; the server answers queries from several threads.
 _LOCAL = threading.local()
@@ -90,6 +91,12 @@ def term_spans(text: str, terms: Collection[str]) -> list[tuple[int, int]]:
     wanted = frozenset(terms)
     if not wanted:
         return []
+    if text.isascii():  # NFKC changes nothing and case folding is lower(): one pass, same offsets
+        found = list(_ASCII_WORD.finditer(text.lower()))
+        words = [m.group() for m in found]
+        distinct = list(set(words) - _STOPWORDS)
+        hits = {w for w, t in zip(distinct, _stemmer().stemWords(distinct)) if t in wanted}
+        return [m.span() for m, w in zip(found, words) if w in hits]
     found = list(_WORD.finditer(text))
     # a word may become several terms (NFKC splits some characters) or none (a stopword)
     pieces = [_WORD.findall(unicodedata.normalize("NFKC", m.group()).casefold()) for m in found]
