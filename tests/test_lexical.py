@@ -295,7 +295,8 @@ def test_the_cache_stays_within_its_budget():
 
 
 _WORDS_FOR_MARKS = st.sampled_from(
-    ["cut", "cuts", "cutting", "Cutting", "the", "ﬁsh", "fishes", "Ｔｉｄｅｓ", "tide", "naïve", "x1"]
+    ["cut", "cuts", "cutting", "Cutting", "the", "ﬁsh", "fishes", "Ｔｉｄｅｓ", "tide", "naïve"]
+    + ["x1"]
 )
 
 
