@@ -70,6 +70,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     _suite("writes", "writes.bench_writes"),
     _suite("storage", "writes.bench_storage"),
     _suite("serving", "serving.bench_serving"),
+    _suite("metrics", "serving.bench_metrics"),
     _study("retrieval", "quality.bench_retrieval"),
     _study("retrieval_auto", "quality.bench_retrieval_auto"),
     _study("passages", "quality.bench_passages"),

@@ -32,6 +32,8 @@ __all__ = [
     "load_calibrator",
     "make_calibrator",
     "recalibrate",
+    "restore",
+    "snapshot",
     "upsert",
 ]
 
@@ -54,6 +56,8 @@ _LAZY = {
     "load_calibrator": "flowsearch.calibration",
     "make_calibrator": "flowsearch.calibration",
     "recalibrate": "flowsearch.writes.compact",
+    "restore": "flowsearch.storage.snapshot",
+    "snapshot": "flowsearch.storage.snapshot",
     "upsert": "flowsearch.writes.upsert",
 }
 
@@ -66,6 +70,7 @@ if TYPE_CHECKING:
     from flowsearch.search.results import Hit, QueryResult
     from flowsearch.search.searcher import Searcher
     from flowsearch.search.version import index_history, index_info
+    from flowsearch.storage.snapshot import restore, snapshot
     from flowsearch.writes.build import build_index
     from flowsearch.writes.compact import compact, recalibrate
     from flowsearch.writes.delete import delete

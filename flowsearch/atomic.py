@@ -69,8 +69,8 @@ def fsync_tree(root: Path) -> None:
 
 def fsync_paths(paths: Iterable[Path]) -> None:
     """Flush files and directories to disk, several at once (threads): a journaling file
-    system commits concurrent flushes together, so 9 files take about the time of 2, not 9
-    (12 ms against 52 on the machine of ``benchmarks/RESULTS.md``)."""
+    system commits concurrent flushes together, so many files take about the time of a few
+    (benchmarks/RESULTS.md, "Figures behind the defaults")."""
     todo = list(dict.fromkeys(Path(p) for p in paths))
     if len(todo) <= 1:
         for path in todo:

@@ -191,3 +191,21 @@ def test_every_benchmark_module_imports(name: str) -> None:
     """A module that names a package function or module that left (a moved or deleted name)
     fails here, not on the next benchmark run."""
     importlib.import_module(name)
+
+
+def test_published_fusion_rules_rank_as_published() -> None:
+    """The studies' min-max and RRF baselines (benchmarks/common/published_fusion.py)."""
+    import numpy as np
+
+    from benchmarks.common.published_fusion import minmax_fusion, rrf_fusion
+
+    dense = (np.array([[0.9, 0.5, 0.1]]), np.array([[1, 2, 3]]))
+    lexical = (np.array([[8.0, 4.0, -1.0]]), np.array([[3, 2, -1]]))
+    # min-max: dense 1 -> 1.0, 2 -> 0.5, 3 -> 0.0; lexical 3 -> 1.0, 2 -> 0.0
+    out = minmax_fusion(dense, lexical, 3, weight=0.5)
+    assert out.rows.tolist() == [[1, 3, 2]]
+    assert np.allclose(out.scores, [[0.5, 0.5, 0.25]])
+    rrf = rrf_fusion(dense, lexical, 3)
+    # 3: 1/63 + 1/61 (third and first) just above 2: 1/62 + 1/62, then 1: 1/61
+    assert rrf.rows.tolist() == [[3, 2, 1]]
+    assert np.allclose(rrf.scores, [[1 / 63 + 1 / 61, 2 / 62, 1 / 61]])

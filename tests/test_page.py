@@ -10,6 +10,7 @@ installs Chromium).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import threading
@@ -85,13 +86,22 @@ def long_server(long_index: Path) -> Iterator[str]:
     yield from _serving(long_index)
 
 
-def _serving(index_dir: Path) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def root_server(index_dir: Path, long_index: Path) -> Iterator[str]:
+    """A server of a root holding copies of both indexes (``main`` and ``long``)."""
+    root = index_dir.parent / "root"
+    shutil.copytree(index_dir, root / "main")
+    shutil.copytree(long_index, root / "long")
+    yield from _serving(None, root=root)
+
+
+def _serving(index_dir: Path | None, root: Path | None = None) -> Iterator[str]:
     import uvicorn
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
-    app = create_app(index_dir, api_key=KEY)
+    app = create_app(index_dir, api_key=KEY, root=root)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     instance = uvicorn.Server(config)
     thread = threading.Thread(target=instance.run, daemon=True)
@@ -330,6 +340,44 @@ def test_a_phone_width_page_fits_and_works(browser: Any, server: str, tmp_path: 
         tab.screenshot(path=str(tmp_path / "phone-index.png"), full_page=True)
     finally:
         context.close()
+
+
+def test_the_index_picker_of_a_root(browser: Any, root_server: str, tmp_path: Path) -> None:
+    context = browser.new_context(viewport={"width": 1100, "height": 900})
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        _open(page, root_server, "?index=main")
+        picker = page.locator("#index")
+        expect(page.locator("#index-picker")).to_be_visible()
+        expect(picker.locator("option")).to_have_count(2)
+        names = picker.locator("option").all_inner_texts()
+        assert names == [f"long ({len(LONG_DOCUMENTS)} documents)", f"main ({N_ROWS} documents)"]
+        expect(picker).to_have_value("main")  # the URL's choice
+        _search(page, TEXTS[17])
+        expect(page.locator("#hits > li").first.locator(".hit-id")).to_have_text("d17")
+        picker.select_option("long")
+        first = page.locator("#hits > li").first.locator(".hit-id")
+        expect(first).to_have_text(re.compile("^L"))
+        assert parse_qs(urlsplit(page.url).query)["index"] == ["long"]
+        page.click("#tab-index")
+        expect(page.locator("#index-view")).to_be_visible()
+        expect(page.locator("#summary")).to_contain_text("root/long")
+        page.screenshot(path=str(tmp_path / "picker.png"))
+        page.go_back()  # the search of "long"
+        page.go_back()  # the search of "main"
+        expect(picker).to_have_value("main")
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+def test_one_index_has_no_picker(page: Any, server: str) -> None:
+    _open(page, server)
+    expect(page.locator("#q")).to_be_focused()
+    expect(page.locator("#index-picker")).to_be_hidden()
 
 
 def test_words_are_marked_as_bm25_counts_them(page: Any, server: str, tmp_path: Path) -> None:

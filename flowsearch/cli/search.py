@@ -235,6 +235,11 @@ def _info_rows(info: IndexInfo) -> list[tuple[str, str]]:
             f"live rows; vector index {', '.join(factories)})",
         ),
         ("created / updated", f"{m.created} / {m.updated or '-'}"),
+        *[
+            ("restored from", f"{o.snapshot} (version {o.source_version} of {o.source})")
+            for o in [m.restored_from]
+            if o is not None
+        ],  # fmt: skip
         ("model", f"{enc.model} (revision {enc.revision})"),
         ("pooling / max_length / dim", f"{enc.pooling} / {enc.max_length} / {enc.dim}"),
         ("searches", describe_space(cal, enc.pooling)),

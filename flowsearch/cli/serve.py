@@ -1,19 +1,22 @@
-r"""``flowsearch serve``: the HTTP API over one index (FastAPI + uvicorn; extra ``server``).
+r"""``flowsearch serve``: the HTTP API over one index, or every index under ``--root`` (FastAPI +
+uvicorn; extra ``server``).
 
 Example:
     $ flowsearch serve --index idx --port 8000 --api-key KEY
+    $ flowsearch serve --root indexes/ --api-key KEY
 """
 
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from flowsearch.cli.app import app, user_errors
 from flowsearch.cli.options import DEFAULT_INDEX, IndexDir
-from flowsearch.errors import MissingExtra
+from flowsearch.errors import BadInput, MissingExtra
 
 __all__ = ["serve_cmd"]
 
@@ -22,6 +25,13 @@ __all__ = ["serve_cmd"]
 @user_errors
 def serve_cmd(
     index: IndexDir = DEFAULT_INDEX,
+    root: Annotated[
+        Path | None,
+        typer.Option(
+            help="Serve every index directory under this one instead (/indexes/NAME/...).",
+            show_default=False,
+        ),
+    ] = None,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     api_key: Annotated[
@@ -62,8 +72,10 @@ def serve_cmd(
             f"the server needs its extra ({exc.name} is missing)",
             "install it: pip install 'flowsearch[server]'",
         ) from None
-    serve(index, host=host, port=port, api_key=api_key, engine=engine, shards=shards,
-          address=address)  # fmt: skip
+    if root is not None and index != DEFAULT_INDEX:
+        raise BadInput("pass --index (one index) or --root (every index under it), not both")
+    serve(None if root is not None else index, host=host, port=port, api_key=api_key,
+          engine=engine, shards=shards, address=address, root=root)  # fmt: skip
     # The server has stopped and released the index; the process ends now. Without this, the
     # interpreter's last garbage collection walks the whole heap (the model, the index's
     # caches) and SIGTERM took seconds to end the process; exit handlers still run.

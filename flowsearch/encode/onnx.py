@@ -6,8 +6,8 @@ hash (:func:`~flowsearch.encode.model_files.revision`), the outputs the poolings
 and the export recipe. An ``int8`` graph is cached under its own key and built from the fp32 one
 only when it is missing. Each cache file is written atomically beside a JSON record of its
 SHA-256, size and modification time: a file whose size and time match its record is used as is
-(re-hashing a 90 MB graph at every open would cost a cold query ~0.2 s); any other is hashed, and
-one that fails the check is exported again.
+(re-hashing the whole graph at every open would be a large share of a cold query); any other is
+hashed, and one that fails the check is exported again.
 
 On a cache hit nothing here imports ``torch`` or ``transformers``: a cold query through the ONNX
 backend loads the tokenizer, the session and nothing else.

@@ -251,8 +251,8 @@ def _embedding_tensors(
     """The word-embedding (and LayerNorm) tensors from a single safetensors file, if found.
 
     A float32 word table is memory-mapped, not read: a query touches a few of its rows, and
-    reading all of them (47 MB for a BERT-base vocabulary at dim 384) was most of a cold static
-    query's encoder time. Other dtypes are read and converted to float32.
+    reading all of them (tens of MB for a BERT-base vocabulary) was most of a cold static query's
+    encoder time. Other dtypes are read and converted to float32.
     """
     path = model_dir / "model.safetensors"
     if not path.is_file():

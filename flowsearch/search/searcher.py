@@ -33,6 +33,7 @@ from flowsearch.search.hits import above, with_marks
 from flowsearch.search.modes import MODES, Mode
 from flowsearch.search.options import SearchOptions
 from flowsearch.search.results import Hit, QueryResult
+from flowsearch.search.timings import stage
 from flowsearch.search.version import IndexInfo, Version, sizes
 from flowsearch.space.reports import QueryReport
 from flowsearch.space.search_space import SearchSpace
@@ -337,7 +338,8 @@ class Searcher:
         shards = self._shards(version)
         lp = None
         if vectors is None and mode != "lexical":  # embedded once, however deep the search goes
-            vectors, lp = version.space.embed(queries)
+            with stage("encode"):
+                vectors, lp = version.space.embed(queries)
         n_live = max(version.manifest.n_live, 1)
         k = min(k, n_live)
         depth = k  # rows searched: deeper until they hold k documents (k counts documents)
@@ -350,7 +352,8 @@ class Searcher:
             if ranked is None:
                 return [[] for _ in queries], None, None
             top = ranked.top if top is None else top
-            hits, done = document_hits(shards, version.manifest, ranked, k)
+            with stage("rows"):
+                hits, done = document_hits(shards, version.manifest, ranked, k)
             if done or depth >= n_live:
                 return with_marks(hits, queries), lp, top
             depth = min(depth * 4, n_live)

@@ -51,6 +51,7 @@ from flowsearch.search.modes import Mode
 from flowsearch.search.options import SearchOptions
 from flowsearch.search.results import Hit
 from flowsearch.search.scores import FusionReference, build_reference
+from flowsearch.search.timings import stage
 from flowsearch.search.version import Version
 from flowsearch.storage import manifest as mf
 
@@ -525,7 +526,8 @@ def run(
             assert embed is not None
             Z, lp = embed(queries)
     request = Request(version, mode, tuple(queries), Z, candidates, where, stats)
-    answers = shards.answer(request)
+    with stage("search"):
+        answers = shards.answer(request)
     if where is not None and not any(a.matched for a in answers):
         return None
     reference = stats.fusion()
@@ -545,9 +547,10 @@ def run(
         kind: Literal["transformer", "static"] = (
             "static" if manifest.encoder.pooling == "static" else "transformer"
         )
-        fused = fuse((d[0], d[1]), (lx[0], lx[1]), reference, k, upper=upper, kind=kind,
-                     passages_per_document=passages_per_document,
-                     dense_of_lexical=lx[2], lexical_of_dense=d[2])  # fmt: skip
+        with stage("fuse"):
+            fused = fuse((d[0], d[1]), (lx[0], lx[1]), reference, k, upper=upper, kind=kind,
+                         passages_per_document=passages_per_document,
+                         dense_of_lexical=lx[2], lexical_of_dense=d[2])  # fmt: skip
         parts = (fused.dense_scores, fused.lexical_scores)
         return Ranked(fused.scores, fused.rows, parts, lp, top)
     if d is not None:

@@ -1,7 +1,9 @@
 """The HTTP API (``flowsearch serve``): thin FastAPI routes over one Searcher and the writes.
 
 ``models`` holds the request and response bodies, ``boundary`` the body bound and the error
-mapping, ``docs`` the offline API page, ``app`` the routes, ``run`` the uvicorn loop. May import
+mapping, ``docs`` the offline API page, ``app`` the routes, ``service`` one served index,
+``indexes`` a root of them (``serve --root``), ``metrics`` ``GET /metrics``, ``run`` the uvicorn
+loop. May import
 the library's layers below (``search``, ``writes``); holds no search or storage logic of its own.
 """
 

@@ -9,37 +9,43 @@ read as JSON, errors mapped once by class) and:
 - typed bodies (:mod:`flowsearch.server.models`): strict requests, and response models that
   document each answer's shape in ``/openapi.json``;
 - an optional API key (``Authorization: Bearer KEY`` or ``X-API-Key: KEY``) on ``/info``,
-  ``/history``, ``/space``, ``/search``, ``/upsert`` and ``/delete``; ``/health``, ``/docs``,
+  ``/history``, ``/space``, ``/search``, ``/upsert``, ``/delete``, ``/metrics`` and
+  ``/indexes...``; ``/health``, ``/docs``,
   ``/openapi.json`` and the search page's files (``/``, :mod:`flowsearch.server.page`) stay open
   (liveness, and pages that hold nothing of the index: their calls send the key);
-- one Searcher per process, searched concurrently from FastAPI's thread pool;
+- one Searcher per served index (:class:`~flowsearch.server.service.Service`), searched
+  concurrently from FastAPI's thread pool;
 - a queue for writes: the server's own writes run one at a time, in arrival order, each waiting
   its turn (no 409 between its own clients) without holding a worker thread while it waits;
   after each, the Searcher moves to the published version. Versions published by other
   processes are picked up at most :data:`REFRESH_SECONDS` later; a write while another process
-  holds the index's lock is a 409.
+  holds the index's lock is a 409;
+- one index's routes written once (:func:`_index_routes`): at the top with ``--index``, under
+  ``/indexes/{name}`` with ``--root`` (:mod:`flowsearch.server.indexes`: the listing, the
+  builds, the name checks);
+- ``GET /metrics`` on every server (:mod:`flowsearch.server.metrics`).
 
 Example:
     $ flowsearch serve --index idx --port 8000
     $ curl -s localhost:8000/search -d '{"query": "how does sourdough rise?", "k": 3}'
+    $ flowsearch serve --root indexes/ --port 8000
+    $ curl -s localhost:8000/indexes/news/search -d '{"query": "tides"}'
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import os
-import threading
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated
 
-from fastapi import Depends, FastAPI, HTTPException
-from fastapi.concurrency import run_in_threadpool
+from fastapi import APIRouter, Depends, FastAPI, HTTPException
 from fastapi.params import Depends as DependsParam
+from fastapi.responses import PlainTextResponse, Response
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from flowsearch.errors import BadInput
@@ -47,6 +53,8 @@ from flowsearch.search.options import SearchOptions
 from flowsearch.search.searcher import Searcher
 from flowsearch.server.boundary import BodyGuard, SafeJSONResponse, install_error_handlers
 from flowsearch.server.docs import add_docs
+from flowsearch.server.indexes import IndexRoot, add_index_routes
+from flowsearch.server.metrics import CONTENT_TYPE, Metrics
 from flowsearch.server.models import (
     BatchResult,
     DeleteRequest,
@@ -59,55 +67,13 @@ from flowsearch.server.models import (
     error_responses,
 )
 from flowsearch.server.page import add_page
+from flowsearch.server.service import REFRESH_SECONDS, Service
 
 __all__ = ["REFRESH_SECONDS", "Service", "create_app"]
 
 LOG = logging.getLogger(__name__)
 
-#: How stale the served version may be after another process (e.g. ``flowsearch upsert``)
-#: published a new one; the server's own writes are served at once.
-REFRESH_SECONDS = 1.0
 OPENAPI_URL = "/openapi.json"
-
-T = TypeVar("T")
-
-
-class Service:
-    """The process's Searcher and its write queue (what the routes share)."""
-
-    def __init__(self, index_dir: Path, searcher: Searcher) -> None:
-        self.index_dir = index_dir
-        self.searcher = searcher
-        self._queue = asyncio.Lock()  # FIFO: writers are served in the order they came
-        self._write_lock = threading.Lock()
-        self._checked = time.monotonic()
-
-    def reader(self) -> Searcher:
-        """The Searcher, moved to a version another process published if it is time to look."""
-        now = time.monotonic()
-        if now - self._checked >= REFRESH_SECONDS:
-            self._checked = now
-            self.refresh()
-        return self.searcher
-
-    def refresh(self) -> None:
-        try:
-            self.searcher.refresh()
-        except Exception:  # keep serving the pinned version; the next look may succeed
-            LOG.warning("could not move to the newest version of %s", self.index_dir, exc_info=True)
-
-    async def write(self, func: Callable[[], T]) -> T:
-        """Run one write after the ones queued before it; serve its version from then on."""
-        async with self._queue:
-            return await run_in_threadpool(self._write_now, func)
-
-    def _write_now(self, func: Callable[[], T]) -> T:
-        with self._write_lock:  # also one at a time for writes from other threads
-            result = func()
-            self.refresh()
-            self._checked = time.monotonic()
-            return result
-
 
 # module-level, so the route signature's annotations resolve (postponed evaluation)
 _BEARER = HTTPBearer(auto_error=False, description="Authorization: Bearer KEY")
@@ -146,9 +112,10 @@ def _auth(api_key: str | None) -> Sequence[DependsParam]:
 
 
 def create_app(
-    index_dir: str | os.PathLike[str],
+    index_dir: str | os.PathLike[str] | None = None,
     api_key: str | None = None,
     *,
+    root: str | os.PathLike[str] | None = None,
     engine: str = "local",
     shards: int | None = None,
     address: str | None = None,
@@ -158,10 +125,13 @@ def create_app(
     mmap: bool = False,
     gpu: bool = True,
 ) -> FastAPI:
-    """The FastAPI app serving one index (its Searcher is opened here, before any request).
+    """The FastAPI app serving one index (its Searcher is opened here, before any request),
+    or every index under ``root`` (:mod:`flowsearch.server.indexes`: each opened on first use).
 
     Args:
-        index_dir: the index directory.
+        index_dir: the index directory (routes ``/search``, ``/info``, ...).
+        root: instead of ``index_dir``, a directory of index directories (routes
+            ``/indexes``, ``/indexes/{name}/search``, ...).
         api_key: when set, every route except ``/health``, ``/docs`` and ``/openapi.json``
             needs ``Authorization: Bearer KEY`` or ``X-API-Key: KEY``.
         engine, shards, address: how the index is searched (see :meth:`Searcher.open`).
@@ -173,15 +143,30 @@ def create_app(
         FlowsearchError: no index there, a damaged one, or an empty ``api_key``.
     """
     guard = _auth(api_key)
-    root = Path(index_dir).expanduser()
-    searcher = Searcher.open(root, verify=verify, engine=engine, shards=shards, address=address,
-                             options=options, model=model, mmap=mmap, gpu=gpu)  # fmt: skip
-    service = Service(root, searcher)
+    if (index_dir is None) == (root is None):
+        raise BadInput("serve one index or a root of indexes", "pass {index_dir} or {root}")
+    services: list[Service] = []
+    metrics = Metrics(lambda: [(s.name, s.searcher) for s in services])
+    catalog = None
+    if root is not None:
+        if engine != "local":
+            raise BadInput("a root of indexes is served locally", "leave {engine} out")
+        opener = functools.partial(Searcher.open, verify=verify, options=options, mmap=mmap,
+                                   gpu=gpu)  # fmt: skip
+        catalog = IndexRoot(Path(root).expanduser(), opener, metrics, services)
+    else:
+        assert index_dir is not None
+        path = Path(index_dir).expanduser()
+        searcher = Searcher.open(path, verify=verify, engine=engine, shards=shards,
+                                 address=address, options=options, model=model, mmap=mmap,
+                                 gpu=gpu)  # fmt: skip
+        services.append(Service(path, searcher, metrics))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        service.searcher.close()  # release the index's files on shutdown
+        for service in list(services):
+            service.searcher.close()  # release the indexes' files on shutdown
 
     from flowsearch._version import __version__
 
@@ -195,40 +180,65 @@ def create_app(
         redoc_url=None,
         openapi_url=OPENAPI_URL,
     )
-    app.state.service = service
+    app.state.metrics = metrics
+    app.state.services = services  # every open index (closed on shutdown)
     app.add_middleware(BodyGuard)
     install_error_handlers(app)
     add_docs(app, OPENAPI_URL)
     add_page(app)
-    _add_routes(app, service, guard)
+    _add_metrics(app, metrics, guard)
+    if catalog is not None:
+        app.state.indexes = catalog
+        add_index_routes(app, catalog, guard)
+        app.include_router(_index_routes(catalog.service, guard), prefix="/indexes/{name}")
+    else:
+        app.state.service = services[0]
+        _add_routes(app, services[0], guard)
     return app
 
 
-def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -> None:
-    key = (401,) if guard else ()  # the error statuses each route documents in /openapi.json
-    read, body, write = error_responses(*key), (400, *key, 413, 422), (409,)
+def _add_metrics(app: FastAPI, metrics: Metrics, guard: Sequence[DependsParam]) -> None:
+    @app.get("/metrics", dependencies=guard, response_class=PlainTextResponse,
+             responses={200: {"content": {"text/plain": {}}}})  # fmt: skip
+    def scrape() -> Response:
+        """What the server did (searches, writes, latencies, refreshes) and what it serves
+        (rows, segments per index), in the Prometheus text format."""
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+
+def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -> None:
     @app.get("/health")
     @app.head("/health", include_in_schema=False)  # what uptime probes send
     def health() -> dict[str, str | int]:
         """Liveness and the number of live rows (open even with an API key)."""
         return {"status": "ok", "rows": len(service.reader())}
 
-    @app.get("/info", dependencies=guard, responses=read)
-    def info() -> SafeJSONResponse:
+    app.include_router(_index_routes(lambda: service, guard))
+
+
+def _index_routes(resolve: Callable[..., Service], guard: Sequence[DependsParam]) -> APIRouter:
+    """The routes of one index, which ``resolve`` (a dependency) names: the one served, or the
+    one the path's ``{name}`` names under a root."""
+    router = APIRouter()
+    served = Depends(resolve)  # each route's Service
+    key = (401,) if guard else ()  # the error statuses each route documents in /openapi.json
+    read, body, write = error_responses(*key), (400, *key, 413, 422), (409,)
+
+    @router.get("/info", dependencies=guard, responses=read)
+    def info(service: Service = served) -> SafeJSONResponse:
         """What the served index version holds: the ``flowsearch info --json`` document."""
         return SafeJSONResponse(service.reader().info().to_dict())
 
-    @app.get("/history", dependencies=guard, response_model=list[WriteRecord], responses=read)
-    def history() -> SafeJSONResponse:
+    @router.get("/history", dependencies=guard, response_model=list[WriteRecord], responses=read)
+    def history(service: Service = served) -> SafeJSONResponse:
         """The writes the index has seen, oldest first (``flowsearch info --history --json``)."""
         from flowsearch.search.version import index_history
 
         records = index_history(service.index_dir)
         return SafeJSONResponse([r.model_dump(mode="json") for r in records])
 
-    @app.get("/space", dependencies=guard, response_model=SpacePictures, responses=read)
-    def space() -> SafeJSONResponse:
+    @router.get("/space", dependencies=guard, response_model=SpacePictures, responses=read)
+    def space(service: Service = served) -> SafeJSONResponse:
         """What calibration did to the space, for the search page's pictures: the eigenvalue
         spectrum of a sample of raw and searched vectors, and the reference's histogram
         (:func:`flowsearch.search.pictures.space_pictures`; cached per version)."""
@@ -236,43 +246,51 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
 
         return SafeJSONResponse(space_pictures(service.reader().version).to_dict())
 
-    @app.post("/search", dependencies=guard, response_model=QueryResult | BatchResult,
-              responses=error_responses(*body))  # fmt: skip
-    def search(body: SearchRequest) -> SafeJSONResponse:
+    @router.post("/search", dependencies=guard, response_model=QueryResult | BatchResult,
+                 responses=error_responses(*body))  # fmt: skip
+    def search(body: SearchRequest, service: Service = served) -> SafeJSONResponse:
         """One query -> its hits and report (as ``flowsearch query --json``); a list of
         queries -> ``{"results": [...]}``, each query's answer in that same shape."""
         queries = [body.query] if isinstance(body.query, str) else body.query
+        searcher = service.reader()
         # one call: every query of a batch is answered from the same version
-        results = service.reader().query_batch(
-            queries, k=body.k, where=body.where, mode=body.mode, min_score=body.min_score
-        )
+        with service.metrics.searching(service.name, body.mode or searcher.default_mode):
+            results = searcher.query_batch(
+                queries, k=body.k, where=body.where, mode=body.mode, min_score=body.min_score
+            )
         answers = [result.to_dict() for result in results]
         if isinstance(body.query, str):
             return SafeJSONResponse(answers[0])
         return SafeJSONResponse({"results": answers})
 
-    @app.post("/upsert", dependencies=guard, response_model=WriteResult,
-              responses=error_responses(*body, *write))  # fmt: skip
-    async def upsert(body: UpsertRequest) -> SafeJSONResponse:
+    @router.post("/upsert", dependencies=guard, response_model=WriteResult,
+                 responses=error_responses(*body, *write))  # fmt: skip
+    async def upsert(body: UpsertRequest, service: Service = served) -> SafeJSONResponse:
         """Insert or replace records by id -> the write's :class:`WriteResult` (``n_written``,
         ``n_inserted``, ``n_replaced``, ``drift``, ...), as ``flowsearch upsert --json``."""
         from flowsearch.writes.upsert import upsert as upsert_records
 
         # the server's own encoder: a write never loads a second copy of the model
         encoder = service.searcher.encoder
-        result = await service.write(
-            lambda: upsert_records(service.index_dir, body.records, encoder=encoder, wait=body.wait)
-        )
+        with service.metrics.writing(service.name, "upsert"):
+            result = await service.write(
+                lambda: upsert_records(
+                    service.index_dir, body.records, encoder=encoder, wait=body.wait
+                )
+            )
         return SafeJSONResponse(result.to_dict())
 
-    @app.post("/delete", dependencies=guard, response_model=WriteResult,
-              responses=error_responses(*body, *write))  # fmt: skip
-    async def delete(body: DeleteRequest) -> SafeJSONResponse:
+    @router.post("/delete", dependencies=guard, response_model=WriteResult,
+                 responses=error_responses(*body, *write))  # fmt: skip
+    async def delete(body: DeleteRequest, service: Service = served) -> SafeJSONResponse:
         """Delete records by id -> the write's :class:`WriteResult` (``n_deleted``, ``missing``:
         the ids not found, ``version``), as ``flowsearch delete --json``."""
         from flowsearch.writes.delete import delete as delete_ids
 
-        result = await service.write(
-            lambda: delete_ids(service.index_dir, list(body.ids), wait=body.wait)
-        )
+        with service.metrics.writing(service.name, "delete"):
+            result = await service.write(
+                lambda: delete_ids(service.index_dir, list(body.ids), wait=body.wait)
+            )
         return SafeJSONResponse(result.to_dict())
+
+    return router

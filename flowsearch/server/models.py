@@ -37,7 +37,9 @@ __all__ = [
     "MAX_RECORDS",
     "MAX_WAIT_SECONDS",
     "MAX_WHERE_CHARS",
+    "MAX_NAME_CHARS",
     "BatchResult",
+    "CreateRequest",
     "DeleteRequest",
     "ErrorDetail",
     "Hit",
@@ -57,6 +59,8 @@ MAX_QUERY_CHARS = 10_000
 MAX_WHERE_CHARS = 10_000
 MAX_RECORDS = 10_000
 MAX_IDS = 100_000
+#: Longest index or column name a body may give.
+MAX_NAME_CHARS = 100
 #: Longest a write may wait for another process's write (it holds the server's write queue).
 MAX_WAIT_SECONDS = 600.0
 #: Largest request body, counted as it arrives (a Content-Length above it, or a chunked body
@@ -124,6 +128,19 @@ def _non_finite(value: object, path: str) -> str | None:
     """Where in a parsed JSON value a NaN or infinity is (its path), or None."""
     keys = find_in_json(value, lambda v: isinstance(v, float) and not math.isfinite(v))
     return None if keys is None else path + "".join(f"[{k!r}]" for k in keys)
+
+
+class CreateRequest(UpsertRequest):
+    """Body of ``POST /indexes/{name}`` (serving a root): the new index's records, as
+    ``/upsert`` takes them, and how to encode them."""
+
+    #: encode as this served index does (its model, pooling and window); absent: the bundled
+    #: default model
+    like: Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS)] | None = None
+    #: ``auto``, a calibrator name (``flow``, ``whitening``, ...) or ``none``
+    calibration: Annotated[str, StringConstraints(min_length=1, max_length=32)] = "auto"
+    text_column: Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS)] = "text"
+    id_column: Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS)] = "id"
 
 
 class DeleteRequest(BaseModel):

@@ -87,7 +87,7 @@ def _holding(searcher: Searcher) -> str:
 
 
 def serve(
-    index_dir: str | os.PathLike[str],
+    index_dir: str | os.PathLike[str] | None = None,
     host: str = "127.0.0.1",
     port: int = 8000,
     api_key: str | None = None,
@@ -97,14 +97,18 @@ def serve(
     shards: int | None = None,
     address: str | None = None,
     options: SearchOptions | None = None,
+    root: str | os.PathLike[str] | None = None,
 ) -> None:
-    """Serve an index over HTTP until SIGTERM or Ctrl-C (what ``flowsearch serve`` runs).
+    """Serve an index (or every index under ``root``) over HTTP until SIGTERM or Ctrl-C (what
+    ``flowsearch serve`` runs).
 
     SIGTERM shuts down gracefully (requests in flight finish, files are released) and returns
     normally, so the process exits 0.
 
     Args:
         index_dir: the index directory.
+        root: instead of ``index_dir``, a directory of indexes (each opened on first use;
+            :mod:`flowsearch.server.indexes`).
         host: the address to bind (loopback by default: reachable from this machine only).
         port: the TCP port.
         api_key: required on every route but ``/health`` and the docs; None reads
@@ -128,14 +132,20 @@ def serve(
     if api_key is None:
         api_key = os.environ.get("FLOWSEARCH_API_KEY")
     app = create_app(index_dir, api_key=api_key, engine=engine, shards=shards, address=address,
-                     options=options)  # fmt: skip
-    searcher = app.state.service.searcher
+                     options=options, root=root)  # fmt: skip
     url = _url(host, port)
     key = "API key required" if api_key else "no API key"
+    if root is not None:
+        indexes = app.state.indexes
+        what = f"{len(indexes.entries())} indexes under {indexes.root.resolve()}"
+        served = indexes.root.resolve()
+    else:
+        searcher = app.state.service.searcher
+        what = f"{searcher.root.resolve()} ({_holding(searcher)}, version "
+        what += f"{searcher.manifest.version})"
+        served = searcher.root.resolve()
     started = (
-        f"serving {searcher.root.resolve()} ({_holding(searcher)}, version "
-        f"{searcher.manifest.version}) at {url} ({key}; search page at {url}/, docs at "
-        f"{url}/docs); Ctrl-C stops"
+        f"serving {what} at {url} ({key}; search page at {url}/, docs at {url}/docs); Ctrl-C stops"
     )
 
     server = _uvicorn(app, host, port, log_level, started)
@@ -161,5 +171,6 @@ def serve(
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
-        searcher.close()
-    _say(f"stopped serving {searcher.root.resolve()}")
+        for service in list(app.state.services):
+            service.searcher.close()
+    _say(f"stopped serving {served}")

@@ -19,8 +19,8 @@ is judged with the uncertainty a handful allows:
   reaches both "apart" and the middle.
 
 The flow's log-density, which the previous release judged drift by, tracks text length more
-than topic (``benchmarks/bench_density.py``: Spearman +0.76 with token count): a passage with one
-word prepended sat 235 corpus standard deviations "below". It stays a raw figure here.
+than topic (the study ``density``; benchmarks/RESULTS.md, "Figures behind the defaults"): a
+passage with one word prepended sat far "below" the corpus. It stays a raw figure here.
 
 Example:
     >>> from flowsearch.space.reference import Reference

@@ -13,25 +13,25 @@ the drift and query reports. A named calibration is fitted and always searched; 
 calibrator fitted elsewhere (the paper's "flow (NLI)" setting) is loaded and checked against the
 encoder.
 
-Why partial whitening (issue 16, ``benchmarks/bench_retrieval.md``): ``auto`` was set on STS,
-where both sides of a pair come from one distribution. For query -> passage search, full
-whitening (and ``whitening-flow``, which matches it) equalises every direction, including ones
-that carry little meaning, and on the dev sets it cost up to 0.01 nDCG@10 against raw static
-vectors on one set, while partial whitening (eigenvalues ``^-0.25``) was above raw on every
-set and above full whitening on average. Its density is the corpus's full-covariance Gaussian
+Why partial whitening (issue 16, the study ``retrieval``): ``auto`` was set on STS, where both
+sides of a pair come from one distribution. For query -> passage search, full whitening (and
+``whitening-flow``, which matches it) equalises every direction, including ones that carry
+little meaning, and on one dev set it lost to raw static vectors, while partial whitening
+(eigenvalues to the power -1/4) was above raw on every set and above full whitening on average.
+Its density is the corpus's full-covariance Gaussian
 (:class:`~flowsearch.calibration.linear.Gaussian`) instead of the flow (issue 16 found the
 Gaussian's density at least as good a signal as the flow's).
 
-Why non-contextual poolings by their kind (issue 16, ``benchmarks/bench_retrieval_auto.md``): a
-Model2Vec model's vectors have a mean cosine of 0.15-0.28 on the dev sets (it is PCA-reduced and
-unit-normalised), under the 0.33 threshold, yet partial whitening was never worse than raw on a
-dev set and gained on average, as for the transformer's own token table. ``embedding_layer``
-sits on the threshold on STS-B's sentences (0.329 on the test fit, 0.327 on the stsb-para dev
-set), where the statistic kept it raw though partial whitening gained on both. A
-lower threshold would also separate Model2Vec from the contrastive ``mean`` (0.02-0.06; which
-calibration costs up to 0.05 nDCG@10 even partially), but the STS study that set 0.33 has a
-contextual pooling at 0.29 that calibration hurts (MiniLM ``first_last_avg``); the kind of
-encoder separates them without that conflict. Contextual poolings keep the statistic's rule.
+Why non-contextual poolings by their kind (issue 16, the study ``retrieval_auto``): a Model2Vec
+model's vectors (PCA-reduced and unit-normalised) have a mean cosine under the anisotropy
+threshold, yet partial whitening was never worse than raw on a dev set and gained on average, as
+for the transformer's own token table; ``embedding_layer`` sits on the threshold, where the
+statistic kept it raw though partial whitening gained. A lower threshold would also separate
+Model2Vec from the contrastive ``mean`` (which calibration hurts even partially), but the STS
+study that set the threshold has a contextual pooling just under it that calibration hurts
+(MiniLM ``first_last_avg``); the kind of encoder separates them without that conflict.
+Contextual poolings keep the statistic's rule. The figures: benchmarks/RESULTS.md, "Figures
+behind the defaults".
 
 Example:
     >>> U = np.random.default_rng(0).normal(size=(200, 4))

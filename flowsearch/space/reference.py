@@ -11,12 +11,12 @@ the manifest).
 Which rows are measured (:func:`reference_rows`): the rows the build held out of the
 calibrator's fit (:func:`split_fit_rows`) when there are enough of them, as new rows are unseen
 by the calibrator too; otherwise, on a small corpus that holds none out, a sample of all rows,
-each against the others (*leave-one-out*). ``benchmarks/bench_drift.py`` compares the two on
-the dev sets. Why the best score and not the flow's log-density: ``benchmarks/bench_density.py``
-found the log-density mostly measures text length (Spearman +0.76 with token count, bundled
-model ``mean``), so short in-domain questions sat far below passages; the best score separated
-in-domain from foreign queries with AUROC 0.99 against the density's 0.81. The log-density is
-still carried as a raw figure (:attr:`Reference.log_density_median`), never judged.
+each against the others (*leave-one-out*); the study ``drift`` compares the two on the dev
+sets. Why the best score and not the flow's log-density: the study ``density`` found the
+log-density mostly measures text length, so short in-domain questions sat far below passages,
+while the best score separated in-domain from foreign queries far better (benchmarks/RESULTS.md,
+"Figures behind the defaults"). The log-density is still carried as a raw figure
+(:attr:`Reference.log_density_median`), never judged.
 
 How the figures become verdicts and words: :mod:`flowsearch.space.reports` (queries) and
 :mod:`flowsearch.space.drift` (new rows).
@@ -56,10 +56,8 @@ __all__ = [
 ]
 
 #: ``auto`` searches a calibrated space only with at least this many rows per dimension, and
-#: log-densities are shown only then. On STS-B, all-MiniLM-L6-v2 first-release ``static`` (384-d),
-#: whitening fitted on 300 rows (0.8 x dim) scores 39.4 against 55.6 raw, on 1,000 rows
-#: (2.6 x dim) 55.1, on 5,385 rows (14 x dim) 70.4: below about 3 rows per dimension a
-#: calibrator overfits and costs more than the anisotropy does.
+#: log-densities are shown only then: below about 3 rows per dimension a calibrator overfits and
+#: costs more than the anisotropy does (benchmarks/RESULTS.md, "Figures behind the defaults").
 MIN_ROWS_PER_DIM = 3
 
 #: The percentiles a :class:`Reference` stores (every whole percent: the words say "97%").

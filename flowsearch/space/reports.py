@@ -127,7 +127,7 @@ def query_report(
         The report; ``not judged`` (with a reason in words) when there is no usable reference
         or score, or when the index searches an anisotropic encoder space (there every passage
         is close to every other, and a short query's best score says more about its length
-        than its topic: ``benchmarks/bench_drift.py``).
+        than its topic: the study ``drift``).
     """
     top = _finite(top_score)
     raw: dict[str, Any] = {"top_score": top}

@@ -58,6 +58,7 @@ __all__ = [
     "PassageSpec",
     "ReferenceMethod",
     "ReferenceRecord",
+    "RestoreOrigin",
     "SamplePiece",
     "SampleRecord",
     "SchemaColumn",
@@ -512,6 +513,17 @@ class WriteRecord(BaseModel):
     detail: dict[str, Any] = Field(default_factory=dict)
 
 
+class RestoreOrigin(BaseModel):
+    """Where a restored index came from (``flowsearch restore``): the snapshot, the index it
+    was taken of, that index's version, and when the snapshot was taken."""
+
+    model_config = _FROZEN
+    snapshot: str
+    source: str
+    source_version: int
+    snapshot_time: str = ""
+
+
 class Manifest(BaseModel):
     """Everything an index version holds. Change a field with ``model_copy(update=...)``; only
     the version writer publishes one.
@@ -526,6 +538,7 @@ class Manifest(BaseModel):
         next_auto_id: the next row-number id for corpora without an id column.
         next_segment: the number the next segment gets.
         last_write: the write that published this version (the full log is ``history.jsonl``).
+        restored_from: the snapshot this index was restored from (kept by later writes).
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
@@ -555,6 +568,7 @@ class Manifest(BaseModel):
     updated: str | None = None
     flowsearch_version: str = ""
     last_write: WriteRecord | None = None
+    restored_from: RestoreOrigin | None = None
 
     @property
     def n_rows(self) -> int:

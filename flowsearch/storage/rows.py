@@ -300,8 +300,8 @@ class RowReader:
     def values_at(self, rows: Sequence[int] | np.ndarray, name: str = "id") -> list[Any]:
         """A scalar column at local ``rows`` (in that order), as Python values: reads only that
         column of the row groups holding them, in one read per part (not cached). What an id
-        lookup confirms its candidates with: reading the rows' other columns (the text) cost
-        2.2 s for 500 ids spread over 1M rows."""
+        lookup confirms its candidates with: reading the rows' other columns (the text) would
+        cost seconds at 1M rows (benchmarks/RESULTS.md, "Figures behind the defaults")."""
         rows = np.asarray(rows, dtype=np.int64)
         out: list[Any] = [None] * len(rows)
         touched: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}

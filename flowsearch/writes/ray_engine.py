@@ -50,6 +50,8 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -175,17 +177,31 @@ def builder(
 
 # --- stage 2: project ------------------------------------------------------------------------
 
-_SPACES: dict[str, SearchSpace] = {}  # per worker process: the calibrator, loaded once
+#: Calibrators a worker process keeps loaded (one per index build it serves; the oldest goes).
+WORKER_SPACES = 4
+_SPACES: OrderedDict[str, SearchSpace] = OrderedDict()
+_SPACES_LOCK = threading.Lock()
 
 
 def _worker_space(files: dict[str, bytes], spec: mf.CalibrationSpec) -> SearchSpace:
-    key = hashlib.sha256(b"".join(files[k] for k in sorted(files))).hexdigest()
-    if key not in _SPACES:
+    """The calibrator these files hold, loaded once per worker process (a small LRU under a
+    lock: a worker may run tasks on several threads and serve several builds in turn)."""
+    digest = hashlib.sha256(spec.model_dump_json().encode())
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0" + files[name])
+    key = digest.hexdigest()
+    with _SPACES_LOCK:
+        if key in _SPACES:
+            _SPACES.move_to_end(key)
+            return _SPACES[key]
         with tempfile.TemporaryDirectory() as folder:
             for name, data in files.items():
                 (Path(folder) / name).write_bytes(data)
-            _SPACES[key] = SearchSpace(load_index_calibrator(folder), spec)
-    return _SPACES[key]
+            space = SearchSpace(load_index_calibrator(folder), spec)
+        _SPACES[key] = space
+        while len(_SPACES) > WORKER_SPACES:
+            _SPACES.popitem(last=False)
+        return space
 
 
 def _project(

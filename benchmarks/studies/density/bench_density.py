@@ -25,7 +25,7 @@ STS-B, SICK and SNLI sentences.
    passages; "snippets" (a 4-12 word window of each held-out passage: a query-side reference the
    corpus itself provides).
 4. **Density-aware fusion** - on the four dev sets, convex fusion
-(the second release's min-max rule, ``_convex`` here)
+(the second release's min-max rule, ``minmax_fusion`` (benchmarks/common/published_fusion.py) here)
    with a per-query dense weight that leans lexical for unfamiliar queries, against fixed weights;
    parameters chosen on even-numbered queries, scored (nDCG@10) on odd-numbered ones.
 """
@@ -43,6 +43,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from benchmarks.common import dev_sets, harness
+from benchmarks.common.published_fusion import minmax_fusion
 from benchmarks.studies.density.density_data import Texts, VectorStore, load_texts, token_counts
 from flowsearch.calibration import make_calibrator
 from flowsearch.evaluation.metrics import auc100
@@ -290,7 +291,7 @@ def fusion(pooling: str, texts: Texts, store: VectorStore) -> dict[str, Any]:
 
     def ndcg_all(entry: dict, w: float) -> np.ndarray:
         """Per-query nDCG@10 of every query at one fixed dense weight."""
-        fused = _convex(entry["dense"], entry["lexical"], 11, w)
+        fused = minmax_fusion(entry["dense"], entry["lexical"], 11, w)
         run = {}
         for qid, frow, fsc in zip(entry["qids"], fused.rows, fused.scores, strict=True):
             run[qid] = {entry["doc_ids"][r]: float(x) for r, x in zip(frow, fsc) if r >= 0}
@@ -526,32 +527,3 @@ def run(args: argparse.Namespace, texts: Texts) -> dict[str, Any]:
 
 if __name__ == "__main__":
     harness.script(main)
-
-
-def _convex(dense, lexical, k, weight):
-    """Per-query min-max fusion (the second release's rule, now only here): each side's scores
-    mapped to [0, 1] over its own candidates (a flat side: 1; a row it lacks: 0), fused
-    ``weight * dense + (1 - weight) * lexical``; ties to the heavier side, then the other, then
-    the lower row. Returns ``.scores`` (q, k) float64 and ``.rows`` (q, k) int64, -1 pads."""
-    from types import SimpleNamespace
-
-    q = len(dense[1])
-    out = SimpleNamespace(scores=np.full((q, k), -np.inf), rows=np.full((q, k), -1, np.int64))
-    for i in range(q):
-        norm = []
-        for scores, rows in ((dense[0][i], dense[1][i]), (lexical[0][i], lexical[1][i])):
-            rows = np.asarray(rows, np.int64)
-            keep = np.flatnonzero(rows >= 0)
-            found, first = np.unique(rows[keep], return_index=True)
-            s = np.asarray(scores, np.float64)[keep[first]]
-            span = s.max() - s.min() if len(s) else 0.0
-            scaled = (s - s.min()) / span if span > 0 else np.ones(len(s))
-            norm.append(dict(zip(found.tolist(), scaled.tolist())))
-        union = np.array(sorted(norm[0].keys() | norm[1].keys()), np.int64)
-        nd, nl = (np.array([side.get(r, np.nan) for r in union.tolist()]) for side in norm)
-        fused = weight * np.nan_to_num(nd) + (1 - weight) * np.nan_to_num(nl)
-        heavy, light = (nd, nl) if weight >= 0.5 else (nl, nd)
-        keys = (union, -np.nan_to_num(light, nan=-1.0), -np.nan_to_num(heavy, nan=-1.0), -fused)
-        order = np.lexsort(keys)[:k]
-        out.rows[i, : len(order)], out.scores[i, : len(order)] = union[order], fused[order]
-    return out

@@ -38,6 +38,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 
 from benchmarks.common.harness import publish  # noqa: E402
+from benchmarks.common.published_fusion import minmax_fusion  # noqa: E402
 from benchmarks.studies.fusion import fusion_rules as fr  # noqa: E402
 from benchmarks.studies.fusion.fusion_dump import ALL_SETS, OUT, WORK  # noqa: E402
 from benchmarks.studies.fusion.fusion_report import render  # noqa: E402
@@ -158,7 +159,7 @@ def cost(st: fr.Study, weight: float, kind: str, queries: int = 200) -> dict[str
              dense_of_lexical=a["dense_of_lex"][q : q + 1, :C],
              lexical_of_dense=a["lex_of_dense"][q : q + 1, :C])  # fmt: skip
         t1 = time.perf_counter()
-        _convex(dense, lexical, 10, weight)
+        minmax_fusion(dense, lexical, 10, weight)
         t2 = time.perf_counter()
         if i >= 20:  # warm-up
             times["fuse"].append(t1 - t0)
@@ -274,7 +275,8 @@ def old_top(dense: np.ndarray, lex: np.ndarray, weight: float) -> np.ndarray:
     order_l = np.argsort(-lex, axis=1, kind="stable")[:, :C]
     lex_s = np.take_along_axis(lex, order_l, 1)
     lex_rows = np.where(lex_s > 0, order_l, -1)  # BM25 returns rows sharing a term only
-    out = _convex((np.take_along_axis(dense, order_d, 1), order_d), (lex_s, lex_rows), 1, weight)
+    ranked_dense = (np.take_along_axis(dense, order_d, 1), order_d)
+    out = minmax_fusion(ranked_dense, (lex_s, lex_rows), 1, weight)
     return out.scores[:, 0]
 
 
@@ -348,32 +350,3 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(message)s")  # fmt: skip
     sys.exit(main())
-
-
-def _convex(dense, lexical, k, weight):
-    """Per-query min-max fusion (the second release's rule, now only here): each side's scores
-    mapped to [0, 1] over its own candidates (a flat side: 1; a row it lacks: 0), fused
-    ``weight * dense + (1 - weight) * lexical``; ties to the heavier side, then the other, then
-    the lower row. Returns ``.scores`` (q, k) float64 and ``.rows`` (q, k) int64, -1 pads."""
-    from types import SimpleNamespace
-
-    q = len(dense[1])
-    out = SimpleNamespace(scores=np.full((q, k), -np.inf), rows=np.full((q, k), -1, np.int64))
-    for i in range(q):
-        norm = []
-        for scores, rows in ((dense[0][i], dense[1][i]), (lexical[0][i], lexical[1][i])):
-            rows = np.asarray(rows, np.int64)
-            keep = np.flatnonzero(rows >= 0)
-            found, first = np.unique(rows[keep], return_index=True)
-            s = np.asarray(scores, np.float64)[keep[first]]
-            span = s.max() - s.min() if len(s) else 0.0
-            scaled = (s - s.min()) / span if span > 0 else np.ones(len(s))
-            norm.append(dict(zip(found.tolist(), scaled.tolist())))
-        union = np.array(sorted(norm[0].keys() | norm[1].keys()), np.int64)
-        nd, nl = (np.array([side.get(r, np.nan) for r in union.tolist()]) for side in norm)
-        fused = weight * np.nan_to_num(nd) + (1 - weight) * np.nan_to_num(nl)
-        heavy, light = (nd, nl) if weight >= 0.5 else (nl, nd)
-        keys = (union, -np.nan_to_num(light, nan=-1.0), -np.nan_to_num(heavy, nan=-1.0), -fused)
-        order = np.lexsort(keys)[:k]
-        out.rows[i, : len(order)], out.scores[i, : len(order)] = union[order], fused[order]
-    return out

@@ -41,6 +41,7 @@ import numpy as np
 from benchmarks.common import harness
 from benchmarks.common.dev_sets import dev_sets
 from benchmarks.common.harness import WORK, command_line, data_dir, load_average, markdown
+from benchmarks.common.published_fusion import minmax_fusion
 from benchmarks.studies.quality.bench_retrieval import (
     SETS,
     DevSet,
@@ -141,7 +142,7 @@ def part_b(ds: DevSet, label: str, U: np.ndarray, lexical: Any) -> dict[str, Any
                 continue
             cal, spec = fit_named(name, cfg, fit)
             dense = dense_top(project(cal, spec, Uq_test), project(cal, spec, Uc), 101)
-            fused = _convex(dense, lex, 101, weight=weight)
+            fused = minmax_fusion(dense, lex, 101, weight=weight)
             for mode, hits in (("dense", dense), ("hybrid", (fused.scores, fused.rows))):
                 key = f"{mode}: {cal_label} / {fit_label}" if name != "none" else f"{mode}: none"
                 per[key] = per_query(test, hits)
@@ -352,32 +353,3 @@ def render(report: dict[str, Any]) -> str:
 
 if __name__ == "__main__":
     harness.script(main)
-
-
-def _convex(dense, lexical, k, weight):
-    """Per-query min-max fusion (the second release's rule, now only here): each side's scores
-    mapped to [0, 1] over its own candidates (a flat side: 1; a row it lacks: 0), fused
-    ``weight * dense + (1 - weight) * lexical``; ties to the heavier side, then the other, then
-    the lower row. Returns ``.scores`` (q, k) float64 and ``.rows`` (q, k) int64, -1 pads."""
-    from types import SimpleNamespace
-
-    q = len(dense[1])
-    out = SimpleNamespace(scores=np.full((q, k), -np.inf), rows=np.full((q, k), -1, np.int64))
-    for i in range(q):
-        norm = []
-        for scores, rows in ((dense[0][i], dense[1][i]), (lexical[0][i], lexical[1][i])):
-            rows = np.asarray(rows, np.int64)
-            keep = np.flatnonzero(rows >= 0)
-            found, first = np.unique(rows[keep], return_index=True)
-            s = np.asarray(scores, np.float64)[keep[first]]
-            span = s.max() - s.min() if len(s) else 0.0
-            scaled = (s - s.min()) / span if span > 0 else np.ones(len(s))
-            norm.append(dict(zip(found.tolist(), scaled.tolist())))
-        union = np.array(sorted(norm[0].keys() | norm[1].keys()), np.int64)
-        nd, nl = (np.array([side.get(r, np.nan) for r in union.tolist()]) for side in norm)
-        fused = weight * np.nan_to_num(nd) + (1 - weight) * np.nan_to_num(nl)
-        heavy, light = (nd, nl) if weight >= 0.5 else (nl, nd)
-        keys = (union, -np.nan_to_num(light, nan=-1.0), -np.nan_to_num(heavy, nan=-1.0), -fused)
-        order = np.lexsort(keys)[:k]
-        out.rows[i, : len(order)], out.scores[i, : len(order)] = union[order], fused[order]
-    return out

@@ -15,6 +15,30 @@
   let pending = null; // the search in flight (aborted when a newer one starts)
   let timer = null;
   let seq = 0;
+  let served = null; // serving a root of indexes: the names GET /indexes gave; null: one index
+
+  // -- which index (a server of many: the picker, ?index=NAME) -------------------------------
+
+  function indexPath(route) {
+    if (served === null) return route;
+    const name = $("index").value;
+    return "/indexes/" + encodeURIComponent(name) + route;
+  }
+
+  // Ask /health (open) whether this server serves many indexes; if so, list them (the key is
+  // needed) into the picker and keep the one the URL names, else the first.
+  async function loadIndexes() {
+    const health = await call("/health").catch(() => null);
+    if (!health || health.indexes === undefined) return;
+    $("index-picker").hidden = false;
+    const wanted = new URLSearchParams(location.search).get("index") || $("index").value;
+    const listed = await call("/indexes");
+    served = listed.map((entry) => entry.name);
+    $("index").replaceChildren(...listed.map((entry) => el("option", { value: entry.name },
+      entry.name + " (" + (entry.documents ?? entry.rows).toLocaleString() + " documents)")));
+    if (served.includes(wanted)) $("index").value = wanted;
+    if (!served.length) throw new Error("no index is served here yet: POST /indexes/NAME builds one");
+  }
 
   // -- the API key and calls ----------------------------------------------------------------
 
@@ -87,6 +111,7 @@
       if (value.trim() !== "" && !(name === "k" && value === "10")) params.set(name, value);
     }
     if (view === "index") params.set("view", "index");
+    if (served !== null && $("index").value) params.set("index", $("index").value);
     const url = location.pathname + (params.toString() ? "?" + params : "");
     if (url !== location.pathname + location.search) {
       (push ? history.pushState : history.replaceState).call(history, null, "", url);
@@ -131,7 +156,7 @@
     const mine = ++seq;
     $("status").textContent = "Searching\u2026";
     try {
-      const result = await call("/search", body, pending.signal);
+      const result = await call(indexPath("/search"), body, pending.signal);
       if (mine !== seq) return;
       showError(null);
       lastQuery = result;
@@ -289,7 +314,7 @@
   // -- the index view ---------------------------------------------------------------------
 
   function loadSpace() {
-    if (!space) space = call("/space").catch((e) => { space = null; throw e; });
+    if (!space) space = call(indexPath("/space")).catch((e) => { space = null; throw e; });
     return space;
   }
 
@@ -308,8 +333,8 @@
     showError(null);
     space = null; // the server may be on a newer version: measure again (it caches per version)
     try {
-      const [info, history, pictures] = await Promise.all([call("/info"), call("/history"),
-        loadSpace()]);
+      const [info, history, pictures] = await Promise.all([call(indexPath("/info")),
+        call(indexPath("/history")), loadSpace()]);
       renderInfo(info);
       renderHistory(history);
       $("space-words").textContent = "This index " + pictures.space_words + ".";
@@ -529,16 +554,31 @@
     if (view === "index") showIndex();
   }
 
-  function start() {
+  function again() {
+    space = null;
+    if (!$("index-view").hidden) showIndex(); else search();
+  }
+
+  async function start() {
     takeKeyFromFragment();
     const stored = sessionStorage.getItem(KEY_ITEM);
     if (stored) $("key").value = stored;
-    $("key-form").addEventListener("submit", (event) => {
+    $("key-form").addEventListener("submit", async (event) => {
       event.preventDefault();
       sessionStorage.setItem(KEY_ITEM, $("key").value);
-      space = null;
       $("key-box").open = false;
-      if (!$("index-view").hidden) showIndex(); else search();
+      try {
+        await loadIndexes();
+      } catch (error) {
+        showError(error);
+        return;
+      }
+      again();
+    });
+    $("index").addEventListener("change", () => {
+      lastQuery = null;
+      writeUrl($("index-view").hidden ? "search" : "index", true);
+      again();
     });
     $("search-form").addEventListener("submit", (event) => {
       event.preventDefault();
@@ -562,10 +602,20 @@
       });
     }
     window.addEventListener("popstate", () => {
+      const named = new URLSearchParams(location.search).get("index");
+      if (served !== null && served.includes(named) && named !== $("index").value) {
+        $("index").value = named;
+        space = null;
+      }
       const view = readUrl();
       show(view, false);
       if (view === "search") search();
     });
+    try {
+      await loadIndexes();
+    } catch (error) {
+      showError(error); // a key is needed to list them: typed, the picker fills
+    }
     const view = readUrl();
     show(view, false);
     if (view === "search" && $("q").value.trim()) search();
