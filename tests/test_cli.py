@@ -23,7 +23,7 @@ from flowsearch.storage import manifest as mf
 runner = CliRunner()
 #: What every hit holds, in every mode (a side that did not score a hit gives null).
 HIT_FIELDS = {"rank", "id", "score", "text", "metadata", "dense_score", "lexical_score",
-              "highlight"}  # fmt: skip
+              "highlight", "marks"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -611,7 +611,9 @@ def test_compact_full_and_the_history(built, tmp_path):
     assert records[3]["detail"] == {"merged": 2, "dropped": 2}
     text = CliRunner(env={"COLUMNS": "60"}).invoke(app, ["info", "--history", "--index", str(out)])
     lines = text.stdout.splitlines()  # one line per write, whatever the width
-    assert len(lines) == 4 and lines[1].startswith("v2 ") and " add 10 rows " in lines[1]
+    assert (
+        len(lines) == 4 and lines[1].startswith("v2 ") and " add: 10 passages written " in lines[1]
+    )
     assert "merged 2" in lines[3] and "dropped 2" in lines[3]
 
 
@@ -693,15 +695,17 @@ def test_summaries_count_in_words(built, tmp_path):
     compacted = wide.invoke(app, ["compact", "--index", str(out)])
     assert compacted.exit_code == 0, compacted.output
     said = " ".join(compacted.stderr.split())
-    assert said.startswith(f"compacted {out} (version 3): 79 live rows in 1 segment; ")
-    assert "rewrote 1 segment, dropped 1 deleted row, freed " in said
+    assert said.startswith(f"compacted {out} (version 3): 79 live passages in 1 segment; ")
+    assert "rewrote 1 segment (79 passages written), dropped 1 deleted passage, freed " in said
     assert all(len(line) <= 80 for line in compacted.stderr.splitlines())
     again = wide.invoke(app, ["compact", "--index", str(out)])
     assert " ".join(again.stderr.split()) == (
-        f"nothing to compact in {out} (version 3): 79 live rows in 1 segment"
+        f"nothing to compact in {out} (version 3): 79 live passages in 1 segment"
     )
     history = wide.invoke(app, ["info", "--history", "--index", str(out)]).stdout.splitlines()
-    assert history[1].endswith(" delete 1 row") and " compact 79 rows " in history[2]
+    # the history counts what the summaries count, in the same words
+    assert history[1].endswith(" delete: 1 passage deleted"), history
+    assert " compact: 79 passages written (" in history[2], history
     query = wide.invoke(app, ["query", "the cat", "--index", str(out), "-k", "1"])
     assert query.stdout.splitlines()[0] == "'the cat': 1 hit"
 
@@ -719,3 +723,84 @@ def test_serve_checks_engine_and_shards(built, extra, says):
     result = runner.invoke(app, ["serve", "--index", str(built[0]), "--port", "8765", *extra])
     assert result.exit_code == 2 and says in result.stderr, result.output
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def _cli_index(tmp_path, model_dir, records, *extra):
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.Table.from_pylist(records), corpus)
+    out = tmp_path / "idx"
+    args = ["index", str(corpus), "--index", str(out), "--model", str(model_dir), *extra]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_the_table_shows_a_long_text_where_the_query_words_are(tmp_path, model_dir):
+    """A long text is cut around the words that matched (Hit.window), not from its start."""
+    long = "the " + "cat dog " * 40 + "piano guitar"
+    records = [{"id": "long", "text": long}] + [
+        {"id": f"s{i}", "text": t} for i, t in enumerate(sentences(6, seed=9))
+    ]
+    out = _cli_index(tmp_path, model_dir, records)
+    args = ["query", "guitar", "--index", str(out), "-k", "1", "--mode", "lexical"]
+    table = CliRunner(env={"COLUMNS": "160"}).invoke(app, args)
+    assert table.exit_code == 0, table.output
+    row = next(line for line in table.stdout.splitlines() if "long" in line)
+    assert "piano guitar" in row and "…" in row, table.stdout
+    hit = json.loads(runner.invoke(app, [*args, "--json"]).stdout)["hits"][0]
+    assert [long[a:b] for a, b in hit["marks"]] == ["guitar"]
+
+
+def test_explain_says_not_judged_once(built):
+    args = ["query", "the cat", "--index", str(built[0]), "-k", "2", "--mode", "lexical"]
+    explained = CliRunner(env={"COLUMNS": "200"}).invoke(app, [*args, "--explain"])
+    assert explained.exit_code == 0, explained.output
+    assert explained.stdout.count("not judged") == 1, explained.stdout
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_a_corpus_that_is_not_a_regular_file_says_so(tmp_path, model_dir, kind):
+    path = "/dev/null"
+    if kind == "fifo":
+        path = str(tmp_path / "pipe")
+        os.mkfifo(path)
+    result = runner.invoke(app, ["index", path, "--index", str(tmp_path / "idx")])
+    assert result.exit_code == 2, result.output
+    assert f"error: {path} is not a regular file" in result.stderr
+    assert "not found" not in result.stderr
+
+
+def test_an_id_column_beside_the_corpus_id_names_both(built, tmp_path, model_dir):
+    corpus = write_corpus(tmp_path / "c.parquet", n=5, seed=3)  # has id and text
+    args = ["index", str(corpus), "--index", str(tmp_path / "idx"), "--id-column", "text"]
+    result = runner.invoke(app, [*args, "--model", str(model_dir)])
+    assert result.exit_code == 2, result.output
+    said = result.stderr
+    assert "has a column 'id', but the ids are read from 'text'" in said
+    assert "pass --id-column id" in said and "clashes" not in said
+
+
+def test_ids_longer_than_the_limit_are_refused_by_every_write(built, tmp_path, model_dir):
+    from flowsearch.ingest.columns import MAX_ID_CHARS
+    from flowsearch.writes.delete import delete
+    from flowsearch.writes.upsert import upsert
+
+    too_long = "x" * (MAX_ID_CHARS + 1)
+    corpus = tmp_path / "long_id.parquet"
+    pq.write_table(pa.table({"id": [too_long], "text": ["the cat"]}), corpus)
+    model = ["--model", str(model_dir)]
+    for verb, index, extra in (("index", tmp_path / "new", model), ("upsert", built[0], [])):
+        result = runner.invoke(app, [verb, str(corpus), "--index", str(index), *extra])
+        assert result.exit_code == 2 and f"at most {MAX_ID_CHARS:,}" in result.stderr, verb
+    deleted = runner.invoke(app, ["delete", too_long, "--index", str(built[0])])
+    assert deleted.exit_code == 2 and f"at most {MAX_ID_CHARS:,}" in deleted.stderr
+    with pytest.raises(BadInput, match="at most"):
+        upsert(built[0], [{"id": too_long, "text": "the cat"}])
+    with pytest.raises(BadInput, match="at most"):
+        delete(built[0], [too_long])
+    assert mf.read(built[0]).version == 1  # nothing written
+
+
+def test_serve_help_prefers_the_environment_for_the_key():
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["serve", "--help"])
+    assert "Prefer setting FLOWSEARCH_API_KEY" in " ".join(result.stdout.split())

@@ -8,6 +8,8 @@ import tracemalloc
 import bm25s
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lexical_helpers import QUERIES, WORDS, all_scores, bits, corpus
 
 from flowsearch.errors import BadInput
@@ -290,3 +292,38 @@ def test_the_cache_stays_within_its_budget():
         assert small._cache.n_bytes <= budget
     assert small._cache.n_bytes > 0  # zebra and crossing are kept
     assert bm25._cache.n_bytes > 20 * budget  # the default keeps them all
+
+
+_WORDS_FOR_MARKS = st.sampled_from(
+    ["cut", "cuts", "cutting", "Cutting", "the", "ﬁsh", "fishes", "Ｔｉｄｅｓ", "tide", "naïve"]
+    + ["x1"]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    words=st.lists(_WORDS_FOR_MARKS, max_size=12),
+    glue=st.sampled_from([" ", ", ", "-", "\n", " _ "]),
+    query=st.lists(_WORDS_FOR_MARKS, min_size=1, max_size=3),
+)
+def test_term_spans_are_the_words_whose_term_is_the_querys(words, glue, query):
+    """term_spans marks exactly the words whose index term is one of the query's terms (ASCII
+    text and not: the same rule), with offsets into the text as written."""
+    from flowsearch.lexical.tokens import _WORD, term_spans
+
+    text = glue.join(words)
+    terms = set(tokenize(" ".join(query)))
+    expected = [m.span() for m in _WORD.finditer(text) if set(tokenize(m.group())) & terms]
+    assert term_spans(text, terms) == expected
+
+
+def test_term_spans_find_stemmed_forms():
+    from flowsearch.lexical.tokens import term_spans
+
+    text = "Cuts heal; cutting winds; the cut."
+    assert [text[a:b] for a, b in term_spans(text, tokenize("cutting"))] == [
+        "Cuts",
+        "cutting",
+        "cut",
+    ]
+    assert term_spans(text, []) == [] and term_spans("", {"cut"}) == []

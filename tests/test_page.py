@@ -378,3 +378,21 @@ def test_one_index_has_no_picker(page: Any, server: str) -> None:
     _open(page, server)
     expect(page.locator("#q")).to_be_focused()
     expect(page.locator("#index-picker")).to_be_hidden()
+
+
+def test_words_are_marked_as_bm25_counts_them(page: Any, server: str, tmp_path: Path) -> None:
+    """The page paints the server's marks: ``run`` in the text for the query ``runs`` (one
+    stem), which the page's own word matching missed."""
+    assert "runs" not in TEXTS[7].split() and "run" in TEXTS[7].split()
+    _open(page, server, "?" + urlencode({"q": "runs door room milk", "mode": "lexical"}))
+    hit = page.locator("#hits > li", has=page.locator(".hit-id", has_text="d7")).first
+    expect(hit).to_be_visible()
+    assert "run" in hit.locator("mark").all_inner_texts()
+    page.screenshot(path=str(tmp_path / "stemmed.png"), full_page=True)
+
+
+def test_sizes_are_in_binary_units(page: Any, server: str) -> None:
+    _open(page, server, "?view=index")
+    expect(page.locator("#summary")).to_contain_text("iB")
+    shown = page.locator("#summary").inner_text() + page.locator("#segments").inner_text()
+    assert " MB" not in shown and " KB" not in shown, shown

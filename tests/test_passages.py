@@ -394,7 +394,7 @@ def test_cli_and_http_show_the_highlight(long_index):
 
 
 def test_write_summaries_count_documents(capsys):
-    """A write's summary counts the documents it wrote, beside the live rows (passages)."""
+    """A write's summary counts the documents it wrote, beside the live passages."""
     from flowsearch.cli.output import print_summary
     from flowsearch.writes.results import WriteResult
 
@@ -402,7 +402,7 @@ def test_write_summaries_count_documents(capsys):
                          n_segments=1, dim=32)  # fmt: skip
     print_summary(result, "indexed")
     said = " ".join(capsys.readouterr().err.split())
-    assert said.startswith("indexed 12 documents -> idx (version 1, 40 live rows in 1 segment")
+    assert said.startswith("indexed 12 documents -> idx (version 1, 40 live passages in 1 segment")
 
 
 def test_the_reference_skips_a_passage_s_own_document():

@@ -785,7 +785,7 @@ def test_serve_says_where_what_and_whether_a_key_is_needed(
                                    (writer, write_index, "no API key")):  # fmt: skip
         first = server.output().splitlines()[0]
         assert first == (
-            f"flowsearch: serving {index_dir.resolve()} (80 rows, version 1) at {server.url} "
+            f"flowsearch: serving {index_dir.resolve()} (80 documents, version 1) at {server.url} "
             f"({key}; search page at {server.url}/, docs at {server.url}/docs); Ctrl-C stops"
         )
 
@@ -1024,3 +1024,152 @@ def test_a_refused_body_names_the_fields_the_client_sent(
     the field as the client wrote it, once, with what it may be."""
     r = _post(client, path, body)
     assert r.status_code == 422 and r.json() == {"detail": detail}
+
+
+# --- edges: id limit, key bytes, HEAD, host, docs examples, what serve says, SIGTERM --------
+
+
+@pytest.fixture
+def write_app(built: Path, tmp_path: Path) -> Iterator[Any]:
+    """The app in-process over a copy of the index (writes allowed)."""
+    from fastapi.testclient import TestClient
+
+    copy = tmp_path / "idx"
+    shutil.copytree(built, copy)
+    with TestClient(create_app(copy), raise_server_exceptions=False) as c:
+        yield c
+
+
+def test_one_id_limit_for_upsert_and_delete(write_app: Any) -> None:
+    from flowsearch.ingest.columns import MAX_ID_CHARS
+
+    for n, accepted in ((MAX_ID_CHARS + 1, False), (MAX_ID_CHARS, True)):
+        record = {"id": "i" * n, "text": "the cat and the dog"}
+        up = write_app.post("/upsert", json={"records": [record]})
+        gone = write_app.post("/delete", json={"ids": [record["id"]]})
+        if accepted:
+            assert up.status_code == gone.status_code == 200, (up.text, gone.text)
+            assert gone.json()["n_deleted"] == 1
+        else:
+            assert 400 <= up.status_code < 500 and 400 <= gone.status_code < 500, up.text
+            assert f"{MAX_ID_CHARS:,}" in up.json()["detail"], up.text
+
+
+def _in_thread(app: Any) -> Iterator[str]:
+    """A real uvicorn (its HTTP parser) serving ``app`` on a free port, in a thread."""
+    import threading
+
+    import uvicorn
+
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+@pytest.mark.parametrize("key", ["ключ-🔑-secret", "café-key"])
+def test_a_key_beyond_latin1_matches_in_either_header(built: Path, key: str) -> None:
+    raw = key.encode("utf-8")  # what curl -H and every client send: the key's UTF-8 bytes
+    for url in _in_thread(create_app(built, api_key=key)):
+        for header in ({"X-API-Key": raw}, {"Authorization": b"Bearer " + raw}):
+            assert httpx.get(url + "/info", headers=header).status_code == 200, header
+        wrong = "ключ-🔑-secreT".encode()
+        for header in ({"X-API-Key": wrong}, {"Authorization": b"Bearer " + wrong}):
+            assert httpx.get(url + "/info", headers=header).status_code == 401, header
+
+
+def test_head_health_is_200(client: httpx.Client, app_client: Any) -> None:
+    for c in (client, app_client):
+        r = c.head("/health")
+        assert r.status_code == 200 and r.content == b"", r
+
+
+def test_an_unresolvable_host_says_so(built: Path) -> None:
+    with pytest.raises(FlowsearchError) as info:
+        serve(built, host="no.such.host.invalid", port=_free_port())
+    said = str(info.value)
+    assert "cannot resolve host 'no.such.host.invalid'" in said and "port" not in said
+
+
+def test_the_docs_examples_answer_and_errors_are_documented(built: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(built, api_key=KEY), raise_server_exceptions=False) as c:
+        doc = c.get("/openapi.json").json()
+        schemas = doc["components"]["schemas"]
+        (example,) = schemas["SearchRequest"]["examples"]
+        assert c.post("/search", json=example, headers=AUTH).status_code == 200
+        for name in ("UpsertRequest", "DeleteRequest"):
+            for body in schemas[name]["examples"]:  # valid bodies (the index may lack the id)
+                (UpsertRequest if name == "UpsertRequest" else DeleteRequest).model_validate(body)
+        paths = doc["paths"]
+        for path, statuses in (("/search", {"400", "401", "413", "422"}),
+                               ("/upsert", {"400", "401", "409", "413", "422"}),
+                               ("/delete", {"400", "401", "409", "413", "422"})):  # fmt: skip
+            responses = paths[path]["post"]["responses"]
+            assert statuses <= set(responses), (path, sorted(responses))
+            detail = responses["400"]["content"]["application/json"]["schema"]["$ref"]
+            assert detail.endswith("/ErrorDetail")
+        assert "401" in paths["/info"]["get"]["responses"]
+    with TestClient(create_app(built), raise_server_exceptions=False) as open_app:
+        assert (
+            "401"
+            not in open_app.get("/openapi.json").json()["paths"]["/search"]["post"]["responses"]
+        )
+
+
+def test_serve_counts_documents_and_passages(tmp_path: Path, model_dir: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from flowsearch.server.run import _holding
+
+    texts = [" ".join(sentences(5, seed=40 + i)) for i in range(4)] + sentences(3, seed=7)
+    pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), tmp_path / "c.pq")
+    build_index(tmp_path / "c.pq", tmp_path / "idx", model=str(model_dir), max_length=16)
+    s = Searcher.open(tmp_path / "idx")
+    try:
+        rows = len(s)
+        assert rows > len(texts)
+        assert _holding(s) == f"{len(texts)} documents ({rows} passages)"
+    finally:
+        s.close()
+
+
+def test_the_command_stops_within_a_second_or_two_of_sigterm(built: Path, tmp_path: Path) -> None:
+    """The real ``flowsearch serve`` process, stopped by SIGTERM to its pid (killed if it
+    overstays: the time box)."""
+    port = _free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    code = "import sys; from flowsearch.cli import main; sys.exit(main())"
+    args = [sys.executable, "-c", code, "serve", "--index", str(built), "--port", str(port)]
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=err, stderr=err)
+    try:
+        deadline = time.monotonic() + START_SECONDS
+        while time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.2)
+        assert httpx.post(f"http://127.0.0.1:{port}/search", json={"query": "the cat"}).is_success
+        os.kill(proc.pid, signal.SIGTERM)
+        sent = time.monotonic()
+        code_ = proc.wait(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    out = log.read_text()
+    assert code_ == 0 and "stopped serving" in out, out
+    # before: 3-9 s on a loaded 2-core machine (the interpreter's last collection of the heap)
+    assert took < 2.5, f"{took:.1f} s from SIGTERM to exit"

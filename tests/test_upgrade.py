@@ -88,7 +88,7 @@ def test_the_compact_command_says_it_gave_older_segments_their_ids(older):
     done = wide.invoke(app, ["compact", "--index", str(older)])
     assert done.exit_code == 0, done.output
     assert " ".join(done.stderr.split()) == (
-        f"compacted {older} (version 3): 70 live rows in 2 segments; "
+        f"compacted {older} (version 3): 70 live passages in 2 segments; "
         "gave 2 older segments key_ids.arrow"
     )
     again = wide.invoke(app, ["compact", "--index", str(older)])

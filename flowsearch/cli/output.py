@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.text import Text
 
+    from flowsearch.search.results import Hit
     from flowsearch.space.reports import QueryReport
     from flowsearch.writes.results import WriteResult
 
@@ -95,15 +96,20 @@ def counted(n: int, noun: str) -> str:
     return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
-def snippet(text: str, width: int = 90) -> str:
-    """``text`` on one line, cut to ``width`` characters with an ellipsis."""
-    text = " ".join(visible(text).split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+def snippet(hit: Hit, width: int = 90) -> str:
+    """A hit's text on one line in about ``width`` characters: the window
+    :meth:`~flowsearch.search.results.Hit.window` chooses (in its best passage, around the
+    query's words), an ellipsis where text is cut off."""
+    h = hit.highlight
+    lo, hi = (h.start, h.end) if h is not None else (0, len(hit.text))
+    start, end = hit.window(width - 2)  # room for the ellipses
+    shown = " ".join(visible(hit.text[start:end]).split())
+    return ("…" if start > lo else "") + shown + ("…" if end < hi else "")
 
 
 def print_summary(result: WriteResult, verb: str) -> None:
-    """A write's result (documents written, live rows, version, space, timings, drift) on
-    stderr (a document cut into passages is several rows)."""
+    """A write's result (documents written, live passages, version, space, timings, drift) on
+    stderr (a document cut into passages is several; ``info --history`` counts passages)."""
     from rich.text import Text
 
     err = stderr_console()
@@ -112,7 +118,7 @@ def print_summary(result: WriteResult, verb: str) -> None:
     line.append(verb, style="bold")
     line.append(
         f" {counted(result.n_written, 'document')} -> {visible(result.index)} "
-        f"(version {result.version}, {counted(result.n_live, 'live row')} in "
+        f"(version {result.version}, {counted(result.n_live, 'live passage')} in "
         f"{counted(result.n_segments, 'segment')}, dim {result.dim}, "
         f"{result.bytes / 2**20:.1f} MiB) in {result.seconds.get('total', 0.0):.1f}s [{secs}]"
     )

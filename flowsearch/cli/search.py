@@ -78,8 +78,9 @@ def query_cmd(
         print_json(result.to_dict())
         return
     _print_hits(text, result)
-    if explain and result.report is not None:
-        stdout_console().print(literal(result.report.to_explain()))
+    explained = result.report.to_explain() if explain and result.report is not None else ""
+    if explained and explained != report_caption(result.report):  # the caption said it
+        stdout_console().print(literal(explained))
 
 
 #: The hit table's legend: what each figure means (README "Scores").
@@ -109,11 +110,10 @@ def _print_hits(text: str, result: QueryResult) -> None:
     table.add_column("id", overflow="fold")
     table.add_column("text", overflow="ellipsis")
     for hit in result.hits:
-        # a long document: the passage that matched, where it sits in the document
-        shown = snippet(hit.text)
-        if hit.highlight is not None:
-            where = f"[{hit.highlight.start}:{hit.highlight.end}] "
-            shown = where + snippet(hit.highlight.text, 90 - len(where))
+        # a long document: where the passage that matched sits in it; the query's words shown
+        h = hit.highlight
+        where = f"[{h.start}:{h.end}] " if h is not None else ""
+        shown = where + snippet(hit, 90 - len(where))
         parts = [f"{v:.2f}" if v is not None else "-" for v in (hit.dense_score, hit.lexical_score)]
         table.add_row(
             str(hit.rank),
@@ -174,7 +174,10 @@ def info_cmd(
 
 def _history_line(record: WriteRecord) -> str:
     detail = ", ".join(f"{k} {v}" for k, v in record.detail.items() if k != "drift" and v)
-    line = f"v{record.version} {record.time} {record.kind} {counted(record.n_rows, 'row')}"
+    # a history record counts rows: passages (a document read whole is one passage)
+    done = "deleted" if record.kind == "delete" else "written"
+    rows = counted(record.n_rows, "passage")
+    line = f"v{record.version} {record.time} {record.kind}: {rows} {done}"
     return f"{line} ({detail})" if detail else line
 
 

@@ -259,7 +259,7 @@ def compact_cmd(
 def _compacted(index: object, result: WriteResult, published: bool = True) -> str:
     """``compact``'s summary: what it merged or rewrote, what it dropped, what it freed
     (``published``: whether it wrote a version)."""
-    where = f"{index} (version {result.version}): {counted(result.n_live, 'live row')} in "
+    where = f"{index} (version {result.version}): {counted(result.n_live, 'live passage')} in "
     where += counted(result.n_segments, "segment")
     retuned = (
         f"re-tuned {counted(result.n_retuned, 'segment')} an older rule had tuned"
@@ -276,8 +276,10 @@ def _compacted(index: object, result: WriteResult, published: bool = True) -> st
         if result.n_merged > 1
         else "rewrote 1 segment"
     )
+    # n_written: the passages the history's line for this write counts
+    merged += f" ({counted(result.n_written, 'passage')} written)"
     return (
-        f"compacted {where}; {merged}, dropped {counted(result.n_dropped, 'deleted row')}, "
+        f"compacted {where}; {merged}, dropped {counted(result.n_dropped, 'deleted passage')}, "
         f"freed {result.bytes_freed / 2**20:.2f} MiB" + (f"; {retuned}" if retuned else "")
     )
 
@@ -329,7 +331,7 @@ def recalibrate_cmd(
     stderr_console().print(
         literal(
             f"recalibrated {index} (version {result.version}, "
-            f"{counted(result.n_live, 'live row')}): {result.calibration}, searches the "
+            f"{counted(result.n_live, 'live passage')}): {result.calibration}, searches the "
             f"{result.space} space ({result.decision})"
         )
     )

@@ -19,6 +19,8 @@ from flowsearch.errors import BadInput
 from flowsearch.ingest.readers import Source
 
 __all__ = [
+    "MAX_ID_CHARS",
+    "check_id_length",
     "check_text_type",
     "checked_columns",
     "metadata_schema",
@@ -27,6 +29,21 @@ __all__ = [
     "text_strings",
     "valid_text_mask",
 ]
+
+
+#: Longest a string id may be, in characters: one limit for every write and lookup (building,
+#: ``upsert``, ``delete``, the command line and the HTTP API).
+MAX_ID_CHARS = 1_000
+
+
+def check_id_length(value: str, where: str, param: str = "ids") -> None:
+    """Refuse a string id longer than :data:`MAX_ID_CHARS` (``where``: which id, in words)."""
+    if len(value) > MAX_ID_CHARS:
+        raise BadInput(
+            f"{where} is {len(value):,} characters long; ids may have at most {MAX_ID_CHARS:,}",
+            "use shorter ids (a hash of a long key, for instance)",
+            param=param,
+        )
 
 
 def row_label(source: Source, index: int) -> str:
@@ -120,7 +137,13 @@ def normal_ids(array: pa.Array, source: Source, name: str, first_row: int) -> pa
         or pa.types.is_large_string(type_)
         or pa.types.is_string_view(type_)
     ):
-        return array.cast(pa.string())
+        strings = array.cast(pa.string())
+        long = pc.greater(pc.utf8_length(strings), MAX_ID_CHARS)
+        if pc.any(long).as_py():
+            at = pc.index(long, True).as_py()
+            where = f"an id in {name!r} of {source.name} ({row_label(source, first_row + at)})"
+            check_id_length(strings[at].as_py(), where, param="id_column")
+        return strings
     if pa.types.is_floating(type_):
         whole = pc.and_(pc.is_finite(array), pc.equal(pc.floor(array), array))
         if not pc.all(pc.fill_null(whole, True)).as_py():
@@ -170,6 +193,17 @@ def checked_columns(
                 "name the id column with {id_column=...} (id_column=None numbers the rows)",
                 cli="name the id column with --id-column (leave out an `id` column to number "
                 "the rows)",
+                param="id_column",
+            )
+        other_id = [n for n in names if n.lower() == "id" and n != id_column]
+        if id_column is not None and id_column != "id" and other_id:
+            # it would be metadata, and "id" is the index's own name: say which column it is
+            raise BadInput(
+                f"{source.name} has a column {other_id[0]!r}, but the ids are read from "
+                f"{id_column!r}, so {other_id[0]!r} would be kept as metadata, and that name is "
+                "the index's own",
+                f"pass id_column={other_id[0]!r} to read the ids from it, or rename or drop it",
+                cli=f"pass --id-column {other_id[0]} to read the ids from it, or rename or drop it",
                 param="id_column",
             )
         check_text_type(schema.field(text_column).type, source, text_column)

@@ -68,6 +68,11 @@ def resolve_files(corpus: _PathLike | Sequence[_PathLike]) -> list[Path]:
             if not found:
                 raise BadInput(f"no {_SUPPORTED} files match {item!s}; check the pattern")
             files.extend(found)
+        elif path.exists():  # a device, a FIFO, a socket: nothing to read a corpus from
+            raise BadInput(
+                f"{path} is not a regular file (a device, pipe or socket); give a "
+                f"{_SUPPORTED} file, a directory or a glob"
+            )
         else:
             raise BadInput(
                 f"corpus not found: {path}; give a {_SUPPORTED} file, a directory or a glob"

@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from flowsearch.lexical.tokens import term_spans, tokenize
 from flowsearch.search.results import Highlight, Hit
 
-__all__ = ["above", "build_hits"]
+__all__ = ["above", "build_hits", "with_marks"]
 
 
 def build_hits(
@@ -63,6 +64,16 @@ def _highlight(text: str, start: int) -> Highlight:
     body = text.strip()
     at = start + (text.find(body) if body else 0)
     return Highlight(start=at, end=at + len(body), text=body)
+
+
+def with_marks(hits: list[list[Hit]], queries: list[str]) -> list[list[Hit]]:
+    """Each query's hits with their :attr:`Hit.marks`: the words of the text whose index term
+    (the lexical side's tokeniser) is one of the query's."""
+    out = []
+    for query, per_query in zip(queries, hits, strict=True):
+        terms = set(tokenize(query))
+        out.append([h.model_copy(update={"marks": term_spans(h.text, terms)}) for h in per_query])
+    return out
 
 
 def above(hits: list[list[Hit]], min_score: float | None) -> list[list[Hit]]:

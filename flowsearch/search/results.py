@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flowsearch.space.reports import QueryReport
 
-__all__ = ["Highlight", "Hit", "QueryResult"]
+__all__ = ["Highlight", "Hit", "QueryResult", "snippet_window"]
 
 
 class Highlight(BaseModel):
@@ -51,6 +51,10 @@ class Hit(BaseModel):
         highlight: for a document cut into passages (longer than the encoder's window), the
             passage that scored best (the hit's scores are that passage's); None for a
             document read whole.
+        marks: where the query's words are in ``text``: (start, end) character offsets of each
+            word whose index term is one of the query's (stemmed, as BM25 counts them:
+            ``cuts`` for ``cutting``), in order; what the search page marks and
+            :meth:`window` centres on.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -62,6 +66,7 @@ class Hit(BaseModel):
     dense_score: float | None = None
     lexical_score: float | None = None
     highlight: Highlight | None = None
+    marks: list[tuple[int, int]] = Field(default_factory=list)
 
     @classmethod
     def of(
@@ -90,8 +95,48 @@ class Hit(BaseModel):
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: rank, id, score, text, metadata, dense_score, lexical_score,
-        highlight."""
+        highlight, marks."""
         return self.model_dump(mode="json")
+
+    def window(self, width: int) -> tuple[int, int]:
+        """The ``width`` characters of ``text`` to show of this hit: within its best passage
+        (``highlight``) when it has one, where the most of its :attr:`marks` fall (the first
+        such place), else the start.
+
+        Example:
+            >>> hit = Hit(id=1, score=1.0, rank=1, text="x" * 50 + " tide", marks=[(51, 55)])
+            >>> hit.window(10)
+            (45, 55)
+        """
+        return snippet_window(len(self.text), self.marks, width, self.highlight)
+
+
+def snippet_window(
+    length: int, marks: list[tuple[int, int]], width: int, within: Highlight | None = None
+) -> tuple[int, int]:
+    """The (start, end) of the ``width`` characters of a text of ``length`` to show: inside
+    ``within`` (a passage) when given, placed to hold the most ``marks`` (the earliest such
+    place, the words a little in from its start), else from its start.
+
+    The one rule for cutting a hit's text (the command line's table, anything that shows a
+    snippet).
+    """
+    lo, hi = (within.start, within.end) if within is not None else (0, length)
+    width = max(width, 1)
+    if hi - lo <= width:
+        return lo, hi
+    inside = [(a, b) for a, b in marks if lo <= a and b <= hi]
+    best, start, j = 0, lo, 0
+    for i, (a, _) in enumerate(inside):  # a window starting at each mark; words do not overlap
+        j = max(j, i)
+        while j < len(inside) and inside[j][1] <= a + width:
+            j += 1
+        if j - i > best:
+            best, start = j - i, a
+    if best:
+        start -= min(width // 10, start - lo)  # a little of what leads up to the first word
+    start = min(start, hi - width)
+    return start, start + width
 
 
 _HIT_FIELDS = frozenset(Hit.model_fields)

@@ -29,7 +29,7 @@ from flowsearch.search import arguments as args
 from flowsearch.search import shards as sh
 from flowsearch.search.backend import LocalBackend, ShardBackend
 from flowsearch.search.documents import document_hits
-from flowsearch.search.hits import above
+from flowsearch.search.hits import above, with_marks
 from flowsearch.search.modes import MODES, Mode
 from flowsearch.search.options import SearchOptions
 from flowsearch.search.results import Hit, QueryResult
@@ -364,7 +364,7 @@ class Searcher:
             with stage("rows"):
                 hits, done = document_hits(shards, version.manifest, ranked, k)
             if done or depth >= n_live:
-                return hits, lp, top
+                return with_marks(hits, queries), lp, top
             depth = min(depth * 4, n_live)
 
     def query_report(

@@ -64,6 +64,7 @@ from flowsearch.server.models import (
     UpsertRequest,
     WriteRecord,
     WriteResult,
+    error_responses,
 )
 from flowsearch.server.page import add_page
 from flowsearch.server.service import REFRESH_SECONDS, Service
@@ -90,15 +91,16 @@ def _auth(api_key: str | None) -> Sequence[DependsParam]:
             cli="pass a key to --api-key, or leave FLOWSEARCH_API_KEY unset",
             param="api_key",
         )
-    expected = api_key.encode("utf-8")
+    expected = api_key.encode("utf-8", "surrogateescape")  # an environment's bytes as they were
 
     def check(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
         x_api_key: Annotated[str | None, Depends(_X_API_KEY)],
     ) -> None:
         given = [credentials.credentials if credentials else None, x_api_key]
-        # compare every candidate (no early exit) in constant time, as bytes (any characters)
-        ok = [hmac.compare_digest(g.encode("utf-8"), expected) for g in given if g is not None]
+        # compare every candidate (no early exit) in constant time, as bytes: the header's own
+        # bytes (Starlette decodes them as Latin-1, which gives them back) against the key's UTF-8
+        ok = [hmac.compare_digest(g.encode("latin-1"), expected) for g in given if g is not None]
         if not any(ok):
             raise HTTPException(
                 401,
@@ -206,6 +208,7 @@ def _add_metrics(app: FastAPI, metrics: Metrics, guard: Sequence[DependsParam]) 
 
 def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -> None:
     @app.get("/health")
+    @app.head("/health", include_in_schema=False)  # what uptime probes send
     def health() -> dict[str, str | int]:
         """Liveness and the number of live rows (open even with an API key)."""
         return {"status": "ok", "rows": len(service.reader())}
@@ -218,13 +221,15 @@ def _index_routes(resolve: Callable[..., Service], guard: Sequence[DependsParam]
     one the path's ``{name}`` names under a root."""
     router = APIRouter()
     served = Depends(resolve)  # each route's Service
+    key = (401,) if guard else ()  # the error statuses each route documents in /openapi.json
+    read, body, write = error_responses(*key), (400, *key, 413, 422), (409,)
 
-    @router.get("/info", dependencies=guard)
+    @router.get("/info", dependencies=guard, responses=read)
     def info(service: Service = served) -> SafeJSONResponse:
         """What the served index version holds: the ``flowsearch info --json`` document."""
         return SafeJSONResponse(service.reader().info().to_dict())
 
-    @router.get("/history", dependencies=guard, response_model=list[WriteRecord])
+    @router.get("/history", dependencies=guard, response_model=list[WriteRecord], responses=read)
     def history(service: Service = served) -> SafeJSONResponse:
         """The writes the index has seen, oldest first (``flowsearch info --history --json``)."""
         from flowsearch.search.version import index_history
@@ -232,7 +237,7 @@ def _index_routes(resolve: Callable[..., Service], guard: Sequence[DependsParam]
         records = index_history(service.index_dir)
         return SafeJSONResponse([r.model_dump(mode="json") for r in records])
 
-    @router.get("/space", dependencies=guard, response_model=SpacePictures)
+    @router.get("/space", dependencies=guard, response_model=SpacePictures, responses=read)
     def space(service: Service = served) -> SafeJSONResponse:
         """What calibration did to the space, for the search page's pictures: the eigenvalue
         spectrum of a sample of raw and searched vectors, and the reference's histogram
@@ -241,7 +246,8 @@ def _index_routes(resolve: Callable[..., Service], guard: Sequence[DependsParam]
 
         return SafeJSONResponse(space_pictures(service.reader().version).to_dict())
 
-    @router.post("/search", dependencies=guard, response_model=QueryResult | BatchResult)
+    @router.post("/search", dependencies=guard, response_model=QueryResult | BatchResult,
+                 responses=error_responses(*body))  # fmt: skip
     def search(body: SearchRequest, service: Service = served) -> SafeJSONResponse:
         """One query -> its hits and report (as ``flowsearch query --json``); a list of
         queries -> ``{"results": [...]}``, each query's answer in that same shape."""
@@ -257,7 +263,8 @@ def _index_routes(resolve: Callable[..., Service], guard: Sequence[DependsParam]
             return SafeJSONResponse(answers[0])
         return SafeJSONResponse({"results": answers})
 
-    @router.post("/upsert", dependencies=guard, response_model=WriteResult)
+    @router.post("/upsert", dependencies=guard, response_model=WriteResult,
+                 responses=error_responses(*body, *write))  # fmt: skip
     async def upsert(body: UpsertRequest, service: Service = served) -> SafeJSONResponse:
         """Insert or replace records by id -> the write's :class:`WriteResult` (``n_written``,
         ``n_inserted``, ``n_replaced``, ``drift``, ...), as ``flowsearch upsert --json``."""
@@ -273,7 +280,8 @@ def _index_routes(resolve: Callable[..., Service], guard: Sequence[DependsParam]
             )
         return SafeJSONResponse(result.to_dict())
 
-    @router.post("/delete", dependencies=guard, response_model=WriteResult)
+    @router.post("/delete", dependencies=guard, response_model=WriteResult,
+                 responses=error_responses(*body, *write))  # fmt: skip
     async def delete(body: DeleteRequest, service: Service = served) -> SafeJSONResponse:
         """Delete records by id -> the write's :class:`WriteResult` (``n_deleted``, ``missing``:
         the ids not found, ``version``), as ``flowsearch delete --json``."""

@@ -15,10 +15,11 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from flowsearch.ingest.columns import MAX_ID_CHARS
 from flowsearch.jsonable import find_in_json
 from flowsearch.search.modes import Mode
 from flowsearch.search.pictures import SpacePictures
@@ -40,6 +41,7 @@ __all__ = [
     "BatchResult",
     "CreateRequest",
     "DeleteRequest",
+    "ErrorDetail",
     "Hit",
     "QueryResult",
     "SearchRequest",
@@ -47,6 +49,7 @@ __all__ = [
     "UpsertRequest",
     "WriteRecord",
     "WriteResult",
+    "error_responses",
 ]
 
 #: Bounds of a request (a body outside them is a 422 before the library sees it).
@@ -56,7 +59,6 @@ MAX_QUERY_CHARS = 10_000
 MAX_WHERE_CHARS = 10_000
 MAX_RECORDS = 10_000
 MAX_IDS = 100_000
-MAX_ID_CHARS = 1_000
 #: Longest index or column name a body may give.
 MAX_NAME_CHARS = 100
 #: Longest a write may wait for another process's write (it holds the server's write queue).
@@ -80,7 +82,12 @@ RecordId = (
 class SearchRequest(BaseModel):
     """Body of ``POST /search``: one query, or a list of them (each answered the same way)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        # what /docs fills its "Try it out" body with: a body any index answers
+        json_schema_extra={"examples": [{"query": "how does sourdough rise?", "k": 5}]},
+    )
 
     query: QueryText | Annotated[list[QueryText], Field(min_length=1, max_length=MAX_QUERIES)]
     k: Annotated[int, Field(ge=1, le=MAX_K)] = 10
@@ -93,7 +100,15 @@ class SearchRequest(BaseModel):
 class UpsertRequest(BaseModel):
     """Body of ``POST /upsert``: records with the index's id and text columns (and metadata)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {"records": [{"id": "doc-1", "text": "Sourdough rises as its yeasts make gas."}]}
+            ]
+        },
+    )
 
     records: Annotated[list[dict[str, object]], Field(min_length=1, max_length=MAX_RECORDS)]
     wait: WaitSeconds = None
@@ -131,7 +146,9 @@ class CreateRequest(UpsertRequest):
 class DeleteRequest(BaseModel):
     """Body of ``POST /delete``: the ids to remove (strings or 64-bit integers)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, json_schema_extra={"examples": [{"ids": ["doc-1"]}]}
+    )
 
     ids: Annotated[list[RecordId], Field(min_length=1, max_length=MAX_IDS)]
     wait: WaitSeconds = None
@@ -147,3 +164,25 @@ class BatchResult(BaseModel):
     """A list of queries' answers, in the order asked, each as a single query's."""
 
     results: list[QueryResult]
+
+
+class ErrorDetail(BaseModel):
+    """Every error's body: one line saying what is wrong and how to fix it."""
+
+    detail: str
+
+
+#: What each error status of the API means, for ``/openapi.json``.
+_ERRORS = {
+    400: "Bad input the library refused: a where filter, a mode the index cannot serve, a "
+    "record without the index's columns, ...",
+    401: "Missing or wrong API key (the server was started with one)",
+    409: "Another process holds the index's write lock (send wait to queue behind it)",
+    413: f"The request body is larger than {MAX_BODY_BYTES} bytes",
+    422: "The body is not JSON, or a field is missing, mistyped or out of bounds",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses=`` of a route that may answer these error statuses."""
+    return {s: {"model": ErrorDetail, "description": _ERRORS[s]} for s in statuses}

@@ -7,7 +7,7 @@ bound is one error line.
 
 Example:
     $ flowsearch serve --index idx
-    flowsearch: serving /home/me/idx (300 rows, version 1) at http://127.0.0.1:8000 (no API
+    flowsearch: serving /home/me/idx (300 documents, version 1) at http://127.0.0.1:8000 (no API
     key; search page at http://127.0.0.1:8000/, docs at http://127.0.0.1:8000/docs); Ctrl-C
     stops
 """
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from flowsearch.search.options import SearchOptions
+    from flowsearch.search.searcher import Searcher
 
 __all__ = ["serve"]
 
@@ -57,6 +58,32 @@ def _uvicorn(app: FastAPI, host: str, port: int, log_level: str, started: str) -
         app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30
     )
     return Server(config)
+
+
+def _check_host(host: str, port: int) -> None:
+    """Refuse a host this machine cannot resolve (uvicorn would only say it cannot bind)."""
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        why = exc.strerror if isinstance(exc, socket.gaierror) else "not a valid host name"
+        raise BadInput(
+            f"cannot resolve host {host!r} ({why})",
+            "give {host} an address such as 127.0.0.1 (this machine only) or 0.0.0.0 (every "
+            "interface), or a name this machine resolves",
+            cli="give --host an address such as 127.0.0.1 (this machine only) or 0.0.0.0 "
+            "(every interface), or a name this machine resolves",
+            param="host",
+        ) from None
+
+
+def _holding(searcher: Searcher) -> str:
+    """What the served version holds: "100 documents (472 passages)", or "80 documents" when
+    no document was cut into passages."""
+    rows = len(searcher)
+    docs = searcher.version.n_documents
+    docs = rows if docs is None else docs
+    said = f"{docs:,} document" + ("" if docs == 1 else "s")
+    return said if docs == rows else f"{said} ({rows:,} passage{'' if rows == 1 else 's'})"
 
 
 def serve(
@@ -101,6 +128,7 @@ def serve(
             "choose a port such as {port=8000}",
             param="port",
         )
+    _check_host(host, port)
     if api_key is None:
         api_key = os.environ.get("FLOWSEARCH_API_KEY")
     app = create_app(index_dir, api_key=api_key, engine=engine, shards=shards, address=address,
@@ -113,7 +141,7 @@ def serve(
         served = indexes.root.resolve()
     else:
         searcher = app.state.service.searcher
-        what = f"{searcher.root.resolve()} ({len(searcher):,} rows, version "
+        what = f"{searcher.root.resolve()} ({_holding(searcher)}, version "
         what += f"{searcher.manifest.version})"
         served = searcher.root.resolve()
     started = (

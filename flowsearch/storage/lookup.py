@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from flowsearch.errors import BadInput, check_text
+from flowsearch.ingest.columns import check_id_length
 from flowsearch.storage import deletions, keys
 from flowsearch.storage.keys import KeyIndex
 from flowsearch.storage.layout import KEY_IDS_FILE
@@ -58,7 +59,9 @@ def typed_ids(ids: Sequence[Any], id_type: str, param: str = "ids") -> pa.Array:
         if isinstance(given, str):
             check_text(given, "id", param)
         if id_type == "string":
-            out.append(str(given))
+            text = str(given)
+            check_id_length(text, f"id {text[:20]!r}...", param=param)
+            out.append(text)
             continue
         if isinstance(given, str):
             text = given.strip()

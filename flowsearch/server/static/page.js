@@ -9,8 +9,6 @@
   const SVG = "http://www.w3.org/2000/svg";
   const KEY_ITEM = "flowsearch.apiKey";
   const DEBOUNCE_MS = 300;
-  const STOPWORDS = new Set(("a an and are as at be but by for if in into is it no not of on or " +
-    "such that the their then there these they this to was will with what which who how").split(" "));
 
   let lastQuery = null; // the last answered query's result (the reference marks its place)
   let space = null; // GET /space, fetched once per page view of the index
@@ -177,50 +175,35 @@
     timer = setTimeout(search, DEBOUNCE_MS);
   }
 
-  function words(text) {
-    return (text.toLowerCase().match(/[\p{L}\p{N}]+/gu) || []).filter((w) => !STOPWORDS.has(w));
-  }
-
-  // A word of the passage matches a query word when equal, or when one starts the other and
-  // shares at least 4 letters (a stand-in for the server's stemmer: "tides" ~ "tide").
-  function matcher(query) {
-    const terms = words(query);
-    return (word) => {
-      const w = word.toLowerCase();
-      return terms.some((t) => t === w || (Math.min(t.length, w.length) >= 4 &&
-        (w.startsWith(t.slice(0, Math.max(4, t.length - 2))) ||
-         t.startsWith(w.slice(0, Math.max(4, w.length - 2))))));
-    };
-  }
-
-  function highlighted(text, query) {
-    const matches = matcher(query);
+  // The words to mark are the server's (hit.marks: code-point offsets of the words whose index
+  // term, stemmed as BM25 counts it, is one of the query's): the page only paints them.
+  function painted(chars, from, to, marks) {
     const out = document.createDocumentFragment();
-    const re = /[\p{L}\p{N}]+/gu;
-    let at = 0;
-    let m;
-    while ((m = re.exec(text)) !== null) {
-      if (!matches(m[0])) continue;
-      if (m.index > at) out.append(text.slice(at, m.index));
+    let at = from;
+    for (const [a, b] of marks) {
+      if (b <= from || a >= to) continue;
+      const s = Math.max(a, from);
+      const e = Math.min(b, to);
+      if (s > at) out.append(chars.slice(at, s).join(""));
       const mark = document.createElement("mark");
-      mark.textContent = m[0];
+      mark.textContent = chars.slice(s, e).join("");
       out.append(mark);
-      at = m.index + m[0].length;
+      at = e;
     }
-    if (at < text.length) out.append(text.slice(at));
+    if (at < to) out.append(chars.slice(at, to).join(""));
     return out;
   }
 
-  function hitText(hit, mark, query) {
+  function hitText(hit, mark) {
     // the document's text, its best passage (hit.highlight: code-point offsets) set apart
-    const piece = (part) => (mark ? highlighted(part, query) : part);
-    const h = hit.highlight;
-    if (!h) return [piece(hit.text)];
     const chars = Array.from(hit.text);
+    const marks = mark ? hit.marks || [] : [];
+    const piece = (from, to) => painted(chars, from, to, marks);
+    const h = hit.highlight;
+    if (!h) return [piece(0, chars.length)];
     const passage = el("span", { className: "passage", title: "the best-matching passage" },
-      piece(chars.slice(h.start, h.end).join("")));
-    return [piece(chars.slice(0, h.start).join("")), passage,
-      piece(chars.slice(h.end).join(""))];
+      piece(h.start, h.end));
+    return [piece(0, h.start), passage, piece(h.end, chars.length)];
   }
 
   function el(tag, props, ...children) {
@@ -252,7 +235,7 @@
     const mark = mode !== "dense" && hits.some((h) => h.lexical_score !== null);
     list.replaceChildren(...hits.map((hit) => {
       const text = el("p", { className: "text" });
-      text.append(...hitText(hit, mark, result.query));
+      text.append(...hitText(hit, mark));
       const meta = Object.entries(hit.metadata || {});
       const metadata = meta.length ? el("dl", { className: "metadata" },
         ...meta.flatMap(([k, v]) => [el("dt", {}, k),
@@ -336,7 +319,7 @@
   }
 
   function fmtBytes(n) {
-    const units = ["B", "KB", "MB", "GB", "TB"];
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"]; // powers of 1024: binary units
     let i = 0;
     while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
     return (i ? n.toFixed(1) : String(n)) + " " + units[i];
