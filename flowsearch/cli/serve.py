@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from flowsearch.cli.app import app, user_errors
-from flowsearch.cli.options import DEFAULT_INDEX, IndexDir
+from flowsearch.cli.options import DEFAULT_INDEX, IndexDir, RerankModel
 from flowsearch.errors import MissingExtra
 
 __all__ = ["serve_cmd"]
@@ -51,6 +51,7 @@ def serve_cmd(
             show_default=False,
         ),
     ] = None,
+    rerank: RerankModel = None,
 ) -> None:
     """Serve the index over HTTP until Ctrl-C or SIGTERM (prints where, and what it serves)."""
     try:
@@ -61,4 +62,4 @@ def serve_cmd(
             "install it: pip install 'flowsearch[server]'",
         ) from None
     serve(index, host=host, port=port, api_key=api_key, engine=engine, shards=shards,
-          address=address)  # fmt: skip
+          address=address, reranker=rerank)  # fmt: skip

@@ -155,6 +155,7 @@ def create_app(
     verify: bool = False,
     mmap: bool = False,
     gpu: bool = True,
+    reranker: str | os.PathLike[str] | None = None,
 ) -> FastAPI:
     """The FastAPI app serving one index (its Searcher is opened here, before any request).
 
@@ -166,6 +167,8 @@ def create_app(
         options: the served Searcher's knobs (:class:`SearchOptions`).
         model, verify, mmap, gpu: as :meth:`Searcher.open` takes them (``model``: where the
             index's model directory is now, if it has moved).
+        reranker: a cross-encoder (id or directory) reranking every search unless its body
+            says ``"rerank": false``.
 
     Raises:
         FlowsearchError: no index there, a damaged one, or an empty ``api_key``.
@@ -173,7 +176,8 @@ def create_app(
     guard = _auth(api_key)
     root = Path(index_dir).expanduser()
     searcher = Searcher.open(root, verify=verify, engine=engine, shards=shards, address=address,
-                             options=options, model=model, mmap=mmap, gpu=gpu)  # fmt: skip
+                             options=options, model=model, mmap=mmap, gpu=gpu,
+                             reranker=reranker)  # fmt: skip
     service = Service(root, searcher)
 
     @contextlib.asynccontextmanager
@@ -233,12 +237,15 @@ def _add_routes(app: FastAPI, service: Service, guard: Sequence[DependsParam]) -
     @app.post("/search", dependencies=guard, response_model=QueryResult | BatchResult)
     def search(body: SearchRequest) -> SafeJSONResponse:
         """One query -> its hits and report (as ``flowsearch query --json``); a list of
-        queries -> ``{"results": [...]}``, each query's answer in that same shape."""
+        queries -> ``{"results": [...]}``, each query's answer in that same shape. With
+        ``serve --rerank MODEL`` the hits are reranked (``rerank_score``) unless
+        ``"rerank": false``; ``"rerank": true`` without one is a 400."""
         queries = [body.query] if isinstance(body.query, str) else body.query
         # one call: every query of a batch is answered from the same version
         results = service.reader().query_batch(
-            queries, k=body.k, where=body.where, mode=body.mode, min_score=body.min_score
-        )
+            queries, k=body.k, where=body.where, mode=body.mode, min_score=body.min_score,
+            rerank=body.rerank,
+        )  # fmt: skip
         answers = [result.to_dict() for result in results]
         if isinstance(body.query, str):
             return SafeJSONResponse(answers[0])
