@@ -73,8 +73,7 @@ def query_cmd(
     from flowsearch.search.searcher import Searcher
 
     searcher = Searcher.open(index, model=model, reranker=rerank)
-    options = {} if min_score is None else {"min_score": min_score}
-    result = searcher.query(text, k=k, where=where, mode=as_mode(mode), **options)
+    result = searcher.query(text, k=k, where=where, mode=as_mode(mode), min_score=min_score)
     if as_json:
         print_json(result.to_dict())
         return

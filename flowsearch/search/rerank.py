@@ -91,10 +91,13 @@ class Reranker:
         try:
             from sentence_transformers import CrossEncoder
         except ImportError as exc:
-            raise MissingExtra(f"reranking needs sentence-transformers ({exc.name} is missing)",
-                               "install it: pip install sentence-transformers") from None  # fmt: skip
+            raise MissingExtra(
+                f"reranking needs sentence-transformers ({exc.name} is missing)",
+                "install it: pip install sentence-transformers",
+            ) from None
         path = Path(name).expanduser()
-        local = path.exists() or name.startswith((".", "/", "~")) or os.sep + os.sep in name
+        # a Hugging Face id is "name" or "owner/name"; anything else is meant as a directory
+        local = path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
         if local and not path.is_dir():
             raise NotFound(f"no cross-encoder directory at {name}",
                            "name a directory saved by CrossEncoder.save, or a Hugging Face id",

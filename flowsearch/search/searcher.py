@@ -136,7 +136,6 @@ class Searcher:
         rerank_depth = checked_depth(rerank_depth)
         if reranker is not None and not isinstance(reranker, Reranker):
             reranker = Reranker.load(reranker)
-        rerank = {"reranker": reranker, "rerank_depth": rerank_depth}
         if options is not None and not isinstance(options, SearchOptions):
             raise BadInput(f"options must be SearchOptions, got {type(options).__name__}",
                            "pass options=SearchOptions(...)", param="options")  # fmt: skip
@@ -148,7 +147,7 @@ class Searcher:
             backend, version = RayBackend.start(index_dir, verify, encoder=encoder, model=model,
                                                 shards=shards, address=address,
                                                 options=options)  # fmt: skip
-            return cls(version.root, version, backend, options, **rerank)
+            return cls(version.root, version, backend, options, reranker, rerank_depth)
         if engine != "local":
             raise BadInput(f"unknown engine {engine!r}", "use {engine='local'} or 'ray'",
                            param="engine")  # fmt: skip
@@ -157,7 +156,7 @@ class Searcher:
                            param="engine")  # fmt: skip
         backend, version = LocalBackend.open(index_dir, verify, encoder=encoder, model=model,
                                              gpu=gpu, mmap=mmap, options=options)  # fmt: skip
-        return cls(version.root, version, backend, options, **rerank)
+        return cls(version.root, version, backend, options, reranker, rerank_depth)
 
     # -- the pinned version ----------------------------------------------------------------
 
