@@ -93,7 +93,7 @@ class Reranker:
         except ImportError as exc:
             raise MissingExtra(
                 f"reranking needs sentence-transformers ({exc.name} is missing)",
-                "install it: pip install sentence-transformers",
+                "install it: pip install 'flowsearch[rerank]'",
             ) from None
         path = Path(name).expanduser()
         # a Hugging Face id is "name" or "owner/name"; anything else is meant as a directory
