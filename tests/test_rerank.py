@@ -158,3 +158,10 @@ def test_server_rerank_field(index_dir, tiny_cross_encoder_dir):
         assert refused.status_code == 400
         assert "--rerank MODEL" in refused.json()["detail"]
         assert c.post("/search", json={"query": "the cat", "rerank": "yes"}).status_code == 422
+
+
+def test_serve_with_a_bad_reranker_is_one_line(index_dir, tmp_path):
+    out = CliRunner().invoke(app, ["serve", "--index", str(index_dir), "--port", "8765",
+                                   "--rerank", str(tmp_path / "nope")])  # fmt: skip
+    assert out.exit_code == 2 and "Traceback" not in out.output
+    assert "no cross-encoder directory" in out.stderr and out.stderr.strip().count("\n") == 0

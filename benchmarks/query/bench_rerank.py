@@ -25,6 +25,7 @@ Usage (about 5 minutes on 2 loaded cores)::
     python -m benchmarks run rerank [--data ../shared/data] [--rows 4297] [--queries 43]
         [--repeats 3] [--warmup 3] [--depths 20 50 100]
     python -m benchmarks run rerank --smoke     # 300 rows, 5 queries, depth 20 only
+    python -m benchmarks run rerank --cross-encoder-only   # the cross-encoder alone, no index
 """
 
 from __future__ import annotations
@@ -81,6 +82,46 @@ def _corpus(data: Path, rows: int) -> tuple[list[dict[str, Any]], list[str]]:
     return [{"id": d["_id"], "text": d["text"]} for d in docs], queries
 
 
+def measure_scores(args: argparse.Namespace) -> dict[str, Any]:
+    """``--cross-encoder-only``: the cross-encoder's own time for one query's ``depth`` pairs
+    (the query and real passages; no index, so no first stage): what a rerank adds, less the
+    first stage's deeper search."""
+    from flowsearch.search.rerank import Reranker
+
+    data = Path(args.data) if args.data else harness.data_dir()
+    records, queries = _corpus(data, args.rows)
+    queries = queries[: args.queries]
+    texts = [r["text"] for r in records]
+    work = Path(tempfile.mkdtemp(prefix="bench_rerank-", dir=harness.WORK))
+    try:
+        models = {name: Reranker.load(random_cross_encoder(work / name, shape))
+                  for name, shape in SHAPES.items()}  # fmt: skip
+        calls = {f"{name} @{d}": (model, d) for name, model in models.items() for d in args.depths}
+        rng = np.random.default_rng(0)
+        times: dict[str, list[float]] = {label: [] for label in calls}
+        for round_ in range(args.repeats + 1):  # the first round is the warm-up
+            for q in queries:
+                picked = [texts[i] for i in rng.choice(len(texts), max(args.depths), False)]
+                for label, (model, depth) in calls.items():
+                    t = time.perf_counter()
+                    model.scores([(q, p) for p in picked[:depth]])
+                    if round_:
+                        times[label].append(time.perf_counter() - t)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    p50 = {label: float(np.median(ts)) * 1000 for label, ts in times.items()}
+    return {
+        "command": harness.command_line(),
+        "cross_encoder_only": True,
+        "rows": len(records),
+        "queries": len(queries),
+        "repeats": args.repeats,
+        "p50_ms": p50,
+        "p95_ms": {label: float(np.percentile(ts, 95)) * 1000 for label, ts in times.items()},
+        "machine": harness.machine(),
+    }
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from flowsearch.search.rerank import Reranker
     from flowsearch.search.searcher import Searcher
@@ -132,7 +173,24 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def render_scores(report: dict[str, Any]) -> str:
+    lines = [
+        f"The cross-encoder alone: one query's `depth` (query, passage) pairs of TREC DL 2019 "
+        f"passages, {report['queries']} queries x {report['repeats']} rounds after a warm-up "
+        f"round; randomly initialised cross-encoders; load {report['machine']['load']}.",
+        "",
+        "| cross-encoder @ depth | p50 per query | p95 |",
+        "|---|---:|---:|",
+    ]
+    for label, p50 in report["p50_ms"].items():
+        lines.append(f"| {label} | {p50:.1f} ms | {report['p95_ms'][label]:.1f} ms |")
+    default = "python -m benchmarks run rerank --cross-encoder-only"
+    return harness.markdown("Rerank latency (cross-encoder only)", lines, report, default)
+
+
 def render(report: dict[str, Any]) -> str:
+    if report.get("cross_encoder_only"):
+        return render_scores(report)
     base = report["p50_ms"]["first stage"]
     lines = [
         f"{report['rows']:,} TREC DL 2019 passages, {report['queries']} queries x "
@@ -157,11 +215,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="rounds over the queries")
     parser.add_argument("--warmup", type=int, default=3, help="queries run once untimed")
     parser.add_argument("--depths", type=int, nargs="+", default=list(DEPTHS))
+    parser.add_argument(
+        "--cross-encoder-only", action="store_true",
+        help="time the cross-encoder alone (no index; report: bench_rerank_scores)",
+    )  # fmt: skip
     args = harness.parse(parser, rows=300, queries=5, repeats=1, warmup=1, depths=[20])
+    if args.cross_encoder_only and args.out.endswith("bench_rerank"):
+        args.out += "_scores"
     if harness.rendered(args, render):
         return
     harness.WORK.mkdir(parents=True, exist_ok=True)
-    harness.finish(args, render, measure(args))
+    harness.finish(args, render, (measure_scores if args.cross_encoder_only else measure)(args))
 
 
 if __name__ == "__main__":
