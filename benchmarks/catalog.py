@@ -66,6 +66,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     _suite("filter_segments", "query.bench_filter_segments"),
     _suite("lexical", "query.bench_lexical"),
     _suite("searcher_cost", "query.bench_searcher_cost"),
+    _suite("rerank", "query.bench_rerank"),
     _suite("ann_study", "ann.bench_ann_study"),
     _suite("segments", "ann.bench_segments"),
     _suite("scale", "ann.bench_scale"),

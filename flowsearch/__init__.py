@@ -27,6 +27,7 @@ __all__ = [
     "build_index",
     "compact",
     "delete",
+    "export_index",
     "index_history",
     "index_info",
     "load_calibrator",
@@ -51,6 +52,7 @@ _LAZY = {
     "build_index": "flowsearch.writes.build",
     "compact": "flowsearch.writes.compact",
     "delete": "flowsearch.writes.delete",
+    "export_index": "flowsearch.writes.export",
     "index_history": "flowsearch.search.version",
     "index_info": "flowsearch.search.version",
     "load_calibrator": "flowsearch.calibration",
@@ -74,6 +76,7 @@ if TYPE_CHECKING:
     from flowsearch.writes.build import build_index
     from flowsearch.writes.compact import compact, recalibrate
     from flowsearch.writes.delete import delete
+    from flowsearch.writes.export import export_index
     from flowsearch.writes.merge import MergePolicy
     from flowsearch.writes.results import WriteResult
     from flowsearch.writes.upsert import add_to_index, upsert

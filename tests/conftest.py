@@ -35,3 +35,22 @@ def model_dir(tiny_model_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny randomly initialised cross-encoder (a one-label BERT classifier over the tiny
+    BERT's vocabulary), saved as ``CrossEncoder`` loads any model: the same code path as a real
+    one, without weights from the hub."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    out = tmp_path_factory.mktemp("tiny-cross-encoder") / "ce"
+    tokenizer = AutoTokenizer.from_pretrained(TINY_BERT)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=37, max_position_embeddings=128,
+                        num_labels=1)  # fmt: skip
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -23,7 +23,7 @@ from flowsearch.storage import manifest as mf
 runner = CliRunner()
 #: What every hit holds, in every mode (a side that did not score a hit gives null).
 HIT_FIELDS = {"rank", "id", "score", "text", "metadata", "dense_score", "lexical_score",
-              "highlight", "marks"}  # fmt: skip
+              "rerank_score", "highlight", "marks"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

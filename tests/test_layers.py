@@ -34,6 +34,7 @@ LAYERS = {
     "writes": 5,
     "evaluation": 6,
     "server": 6,
+    "integrations": 6,
     "cli": 7,
 }
 

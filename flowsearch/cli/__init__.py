@@ -3,11 +3,11 @@
 ``app`` holds the command group, the error mapping and :func:`main`; ``options`` the options the
 commands share and every choice list (each read from the module that owns it); ``output`` what is
 printed and how. The commands: ``search`` (query, info), ``writes`` (index, add, upsert, delete,
-compact, recalibrate), ``snapshots`` (snapshot, restore), ``serve``, ``evaluate`` (eval). May
-import every layer below; holds no logic of its own.
+compact, recalibrate), ``snapshots`` (snapshot, restore), ``export``, ``serve``, ``evaluate``
+(eval). May import every layer below; holds no logic of its own.
 """
 
-from flowsearch.cli import evaluate, search, serve, snapshots, writes  # noqa: F401 - register
+from flowsearch.cli import evaluate, export, search, serve, snapshots, writes  # noqa: F401 - register
 from flowsearch.cli.app import app, main
 
 __all__ = ["app", "main"]

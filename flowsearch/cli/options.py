@@ -41,6 +41,7 @@ __all__ = [
     "IdColumnOr",
     "IndexDir",
     "ModelMoved",
+    "RerankModel",
     "Strict",
     "TextColumnOr",
     "Wait",
@@ -87,6 +88,16 @@ IdColumnOr = Annotated[
 ]
 ModelMoved = Annotated[
     str | None, typer.Option("--model", help="Where the index's model directory is now.")
+]
+RerankModel = Annotated[
+    str | None,
+    typer.Option(
+        "--rerank",
+        help="Rerank the top hits with this cross-encoder (a sentence-transformers "
+        "CrossEncoder id or directory).",
+        metavar="MODEL",
+        show_default=False,
+    ),
 ]
 Calibration = Annotated[
     str,

@@ -19,6 +19,7 @@ from flowsearch.cli.options import (
     AsJson,
     IndexDir,
     ModelMoved,
+    RerankModel,
     choices,
     flag,
 )
@@ -65,15 +66,15 @@ def query_cmd(
         bool, flag("--explain", help="Also print the raw figures behind the report.")
     ] = False,
     model: ModelMoved = None,
+    rerank: RerankModel = None,
     as_json: AsJson = False,
 ) -> None:
     """Search an index."""
     from flowsearch.search.modes import as_mode
     from flowsearch.search.searcher import Searcher
 
-    searcher = Searcher.open(index, model=model)
-    options = {} if min_score is None else {"min_score": min_score}
-    result = searcher.query(text, k=k, where=where, mode=as_mode(mode), **options)
+    searcher = Searcher.open(index, model=model, reranker=rerank)
+    result = searcher.query(text, k=k, where=where, mode=as_mode(mode), min_score=min_score)
     if as_json:
         print_json(result.to_dict())
         return
@@ -88,6 +89,8 @@ SCORE_LEGEND = (
     "score: 0-1, comparable across queries (0: no closer than an average passage, or no query "
     "term); dense: raw cosine; BM25: raw, grows with the query's terms"
 )
+#: The legend's line for a reranked table.
+RERANK_LEGEND = "rerank: the cross-encoder's score, by which the hits are ordered"
 
 
 def _print_hits(text: str, result: QueryResult) -> None:
@@ -107,6 +110,9 @@ def _print_hits(text: str, result: QueryResult) -> None:
     table.add_column("rank", justify="right")
     table.add_column("score", justify="right")
     table.add_column("dense / BM25", justify="right")
+    reranked = any(hit.rerank_score is not None for hit in result.hits)
+    if reranked:
+        table.add_column("rerank", justify="right")
     table.add_column("id", overflow="fold")
     table.add_column("text", overflow="ellipsis")
     for hit in result.hits:
@@ -115,15 +121,18 @@ def _print_hits(text: str, result: QueryResult) -> None:
         where = f"[{h.start}:{h.end}] " if h is not None else ""
         shown = where + snippet(hit, 90 - len(where))
         parts = [f"{v:.2f}" if v is not None else "-" for v in (hit.dense_score, hit.lexical_score)]
+        rerank = [f"{hit.rerank_score:.3f}" if hit.rerank_score is not None else "-"]
         table.add_row(
             str(hit.rank),
             f"{hit.score:.3f}",
             " / ".join(parts),
+            *(rerank if reranked else []),
             literal(shown_id(hit.id)),
             literal(shown),
         )
     # each line its own literal: literal() shows a newline inside a text as an escape
-    table.caption = Text("\n").join(literal(line) for line in (SCORE_LEGEND, caption) if line)
+    legend = (SCORE_LEGEND, RERANK_LEGEND if reranked else "", caption)
+    table.caption = Text("\n").join(literal(line) for line in legend if line)
     console.print(table)
 
 

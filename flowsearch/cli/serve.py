@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from flowsearch.cli.app import app, user_errors
-from flowsearch.cli.options import DEFAULT_INDEX, IndexDir
+from flowsearch.cli.options import DEFAULT_INDEX, IndexDir, RerankModel
 from flowsearch.errors import BadInput, MissingExtra
 
 __all__ = ["serve_cmd"]
@@ -63,6 +63,7 @@ def serve_cmd(
             show_default=False,
         ),
     ] = None,
+    rerank: RerankModel = None,
 ) -> None:
     """Serve the index over HTTP until Ctrl-C or SIGTERM (prints where, and what it serves)."""
     try:
@@ -75,7 +76,8 @@ def serve_cmd(
     if root is not None and index != DEFAULT_INDEX:
         raise BadInput("pass --index (one index) or --root (every index under it), not both")
     serve(None if root is not None else index, host=host, port=port, api_key=api_key,
-          engine=engine, shards=shards, address=address, root=root)  # fmt: skip
+          engine=engine, shards=shards, address=address, root=root,
+          reranker=rerank)  # fmt: skip
     # The server has stopped and released the index; the process ends now. Without this, the
     # interpreter's last garbage collection walks the whole heap (the model, the index's
     # caches) and SIGTERM took seconds to end the process; exit handlers still run.

@@ -48,6 +48,9 @@ class Hit(BaseModel):
         dense_score: the raw cosine between the query and the row in the searched space (None
             when the dense side did not score the row).
         lexical_score: the raw BM25 score (None when the lexical side did not score the row).
+        rerank_score: with a reranker, the cross-encoder's score of (query, the hit's best
+            passage), by which the hits are ordered (None: not reranked); ``score`` stays the
+            first stage's.
         highlight: for a document cut into passages (longer than the encoder's window), the
             passage that scored best (the hit's scores are that passage's); None for a
             document read whole.
@@ -65,6 +68,7 @@ class Hit(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     dense_score: float | None = None
     lexical_score: float | None = None
+    rerank_score: float | None = None
     highlight: Highlight | None = None
     marks: list[tuple[int, int]] = Field(default_factory=list)
 
@@ -95,7 +99,7 @@ class Hit(BaseModel):
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: rank, id, score, text, metadata, dense_score, lexical_score,
-        highlight, marks."""
+        rerank_score, highlight, marks."""
         return self.model_dump(mode="json")
 
     def window(self, width: int) -> tuple[int, int]:

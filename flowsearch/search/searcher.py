@@ -32,6 +32,7 @@ from flowsearch.search.documents import document_hits
 from flowsearch.search.hits import above, with_marks
 from flowsearch.search.modes import MODES, Mode
 from flowsearch.search.options import SearchOptions
+from flowsearch.search.rerank import DEFAULT_RERANK_DEPTH, Reranker, checked_depth
 from flowsearch.search.results import Hit, QueryResult
 from flowsearch.search.timings import stage
 from flowsearch.search.version import IndexInfo, Version, sizes
@@ -69,8 +70,12 @@ class Searcher:
         version: Version,
         backend: ShardBackend,
         options: SearchOptions | None = None,
+        reranker: Reranker | None = None,
+        rerank_depth: int = DEFAULT_RERANK_DEPTH,
     ) -> None:
         self.root = Path(index_dir)
+        self.reranker = reranker
+        self.rerank_depth = checked_depth(rerank_depth)
         self._backend = backend
         self._version = version
         self.options = options or SearchOptions()
@@ -93,6 +98,8 @@ class Searcher:
         shards: int | None = None,
         address: str | None = None,
         options: SearchOptions | None = None,
+        reranker: str | os.PathLike[str] | Reranker | None = None,
+        rerank_depth: int = DEFAULT_RERANK_DEPTH,
     ) -> Searcher:
         """Open an index directory at its current version.
 
@@ -113,6 +120,12 @@ class Searcher:
                 else the Ray this process initialised, else a local one).
             options: the searcher's knobs (threads, caches, filter and shard bounds;
                 :class:`~flowsearch.search.options.SearchOptions`), held for its lifetime.
+            reranker: a sentence-transformers ``CrossEncoder`` (Hugging Face id or local
+                directory) or a loaded :class:`~flowsearch.search.rerank.Reranker`: every
+                search is then reranked by it unless asked ``rerank=False``.
+            rerank_depth: first-stage documents the cross-encoder reads per query (at least
+                ``k``): deeper finds what the first stage ranked low, for one cross-encoder
+                pass per extra document.
 
         Raises:
             NotFound: no index there.
@@ -120,10 +133,14 @@ class Searcher:
             BadInput: a mismatched encoder or calibrator, an unknown engine, ``shards`` < 1,
                 an unreachable ``address``, ``options`` that are not SearchOptions.
             MissingExtra: ``engine="ray"`` without the ``ray`` extra.
+            NotFound: no cross-encoder where ``reranker`` names one.
         """
         index_dir = check_path(index_dir, "index_dir", "an index directory")
         verify, gpu, mmap = (check_bool(v, n) for v, n in ((verify, "verify"), (gpu, "gpu"),
                                                            (mmap, "mmap")))  # fmt: skip
+        rerank_depth = checked_depth(rerank_depth)
+        if reranker is not None and not isinstance(reranker, Reranker):
+            reranker = Reranker.load(reranker)
         if options is not None and not isinstance(options, SearchOptions):
             raise BadInput(f"options must be SearchOptions, got {type(options).__name__}",
                            "pass options=SearchOptions(...)", param="options")  # fmt: skip
@@ -135,7 +152,7 @@ class Searcher:
             backend, version = RayBackend.start(index_dir, verify, encoder=encoder, model=model,
                                                 shards=shards, address=address,
                                                 options=options)  # fmt: skip
-            return cls(version.root, version, backend, options)
+            return cls(version.root, version, backend, options, reranker, rerank_depth)
         if engine != "local":
             raise BadInput(f"unknown engine {engine!r}", "use {engine='local'} or 'ray'",
                            param="engine")  # fmt: skip
@@ -144,7 +161,7 @@ class Searcher:
                            param="engine")  # fmt: skip
         backend, version = LocalBackend.open(index_dir, verify, encoder=encoder, model=model,
                                              gpu=gpu, mmap=mmap, options=options)  # fmt: skip
-        return cls(version.root, version, backend, options)
+        return cls(version.root, version, backend, options, reranker, rerank_depth)
 
     # -- the pinned version ----------------------------------------------------------------
 
@@ -235,6 +252,7 @@ class Searcher:
         where: str | None = None,
         mode: Mode | None = None,
         min_score: float | None = None,
+        rerank: bool | None = None,
     ) -> list[Hit]: ...
 
     @overload
@@ -245,6 +263,7 @@ class Searcher:
         where: str | None = None,
         mode: Mode | None = None,
         min_score: float | None = None,
+        rerank: bool | None = None,
     ) -> list[list[Hit]]: ...
 
     def search(
@@ -254,6 +273,7 @@ class Searcher:
         where: str | None = None,
         mode: Mode | None = None,
         min_score: float | None = None,
+        rerank: bool | None = None,
     ) -> list[Hit] | list[list[Hit]]:
         """Top-``k`` hits for one query (a list of :class:`Hit`) or a list of queries (one list
         each), best first. Deleted rows are never returned; ``k`` above the number of rows is
@@ -266,11 +286,16 @@ class Searcher:
                 ``"year >= 2020 AND lang = 'en'"``: a pre-filter, the top-k among matching rows.
             mode: ``dense`` (the encoder), ``lexical`` (BM25) or ``hybrid`` (both, fused);
                 None: :attr:`default_mode`.
-            min_score: drop hits whose ``score`` is below this (in [0, 1]).
+            min_score: drop hits whose ``score`` is below this (in [0, 1]; the first stage's
+                score, before a rerank).
+            rerank: reorder the first stage's top :attr:`rerank_depth` documents by the
+                searcher's cross-encoder (each hit's ``rerank_score``); None: when the searcher
+                has one.
 
         Raises:
             BadInput: a query that is not a non-blank string, k < 1, a bad ``where``, an unknown
-                mode or one the index cannot serve, a ``min_score`` outside [0, 1].
+                mode or one the index cannot serve, a ``min_score`` outside [0, 1],
+                ``rerank=True`` on a searcher without a reranker.
         """
         single = isinstance(query, str)
         queries = args.checked_queries(query)
@@ -278,8 +303,7 @@ class Searcher:
         min_score = args.checked_min_score(min_score)
         if not queries:
             return []
-        hits = self._run(self._version, queries, k, where, mode)[0]
-        hits = above(hits, min_score)
+        hits = self._ranked(self._version, queries, k, where, mode, min_score, rerank)[0]
         return hits[0] if single else hits
 
     def query(
@@ -289,11 +313,12 @@ class Searcher:
         where: str | None = None,
         mode: Mode | None = None,
         min_score: float | None = None,
+        rerank: bool | None = None,
     ) -> QueryResult:
         """One query's hits with its report (what ``flowsearch query`` prints)."""
         if not isinstance(query, str):
             raise BadInput(f"query must be a string, got {type(query).__name__}", param="query")
-        return self.query_batch([query], k, where, mode, min_score)[0]
+        return self.query_batch([query], k, where, mode, min_score, rerank)[0]
 
     def query_batch(
         self,
@@ -302,14 +327,14 @@ class Searcher:
         where: str | None = None,
         mode: Mode | None = None,
         min_score: float | None = None,
+        rerank: bool | None = None,
     ) -> list[QueryResult]:
         """Several queries' results, each with its report, from one version (one encoder call
-        for all)."""
+        for all, and one cross-encoder call when reranked)."""
         version = self._version
         queries = args.checked_queries(queries)
         k, min_score = args.checked_k(k), args.checked_min_score(min_score)
-        hits, lp, top = self._run(version, queries, k, where, mode)
-        hits = above(hits, min_score)
+        hits, lp, top = self._ranked(version, queries, k, where, mode, min_score, rerank)
         out = []
         for i, text in enumerate(queries):
             report = self._report(
@@ -317,6 +342,40 @@ class Searcher:
             )
             out.append(QueryResult(query=text, hits=hits[i], report=report))
         return out
+
+    def _reranker(self, rerank: bool | None) -> Reranker | None:
+        """The reranker a search asked for (``rerank``) uses, or None."""
+        if rerank is None or rerank is False:
+            return self.reranker if rerank is None else None
+        if rerank is not True:
+            raise BadInput(f"rerank must be true or false, got {rerank!r}", param="rerank")
+        if self.reranker is None:
+            raise BadInput("this searcher has no reranker",
+                           "open it with {reranker='MODEL'} (a CrossEncoder id or directory)",
+                           cli="pass --rerank MODEL",
+                           http="start the server with --rerank MODEL, or leave out "
+                                '"rerank"')  # fmt: skip
+        return self.reranker
+
+    def _ranked(
+        self,
+        version: Version,
+        queries: list[str],
+        k: int,
+        where: str | None,
+        mode: Mode | None,
+        min_score: float | None,
+        rerank: bool | None,
+    ) -> tuple[list[list[Hit]], np.ndarray | None, np.ndarray | None]:
+        """:meth:`_run`, ``min_score`` applied, then reranked when asked: the first stage finds
+        ``max(k, rerank_depth)`` documents, the cross-encoder orders them, the top ``k`` stay."""
+        reranker = self._reranker(rerank)
+        depth = k if reranker is None else max(k, self.rerank_depth)
+        hits, lp, top = self._run(version, queries, depth, where, mode)
+        hits = above(hits, min_score)
+        if reranker is not None:
+            hits = reranker.rerank(queries, hits, k)
+        return hits, lp, top
 
     def _shards(self, version: Version) -> sh.Shards:
         """Who answers for ``version`` (locally one shard holding every segment; the Ray

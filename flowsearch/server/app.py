@@ -50,6 +50,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 
 from flowsearch.errors import BadInput
 from flowsearch.search.options import SearchOptions
+from flowsearch.search.rerank import Reranker
 from flowsearch.search.searcher import Searcher
 from flowsearch.server.boundary import BodyGuard, SafeJSONResponse, install_error_handlers
 from flowsearch.server.docs import add_docs
@@ -124,6 +125,7 @@ def create_app(
     verify: bool = False,
     mmap: bool = False,
     gpu: bool = True,
+    reranker: str | os.PathLike[str] | None = None,
 ) -> FastAPI:
     """The FastAPI app serving one index (its Searcher is opened here, before any request),
     or every index under ``root`` (:mod:`flowsearch.server.indexes`: each opened on first use).
@@ -138,6 +140,8 @@ def create_app(
         options: the served Searcher's knobs (:class:`SearchOptions`).
         model, verify, mmap, gpu: as :meth:`Searcher.open` takes them (``model``: where the
             index's model directory is now, if it has moved).
+        reranker: a cross-encoder (id or directory) reranking every search unless its body
+            says ``"rerank": false``.
 
     Raises:
         FlowsearchError: no index there, a damaged one, or an empty ``api_key``.
@@ -148,18 +152,21 @@ def create_app(
     services: list[Service] = []
     metrics = Metrics(lambda: [(s.name, s.searcher) for s in services])
     catalog = None
+    loaded = None
+    if reranker is not None:  # loaded once, shared by every index served
+        loaded = Reranker.load(reranker)
     if root is not None:
         if engine != "local":
             raise BadInput("a root of indexes is served locally", "leave {engine} out")
         opener = functools.partial(Searcher.open, verify=verify, options=options, mmap=mmap,
-                                   gpu=gpu)  # fmt: skip
+                                   gpu=gpu, reranker=loaded)  # fmt: skip
         catalog = IndexRoot(Path(root).expanduser(), opener, metrics, services)
     else:
         assert index_dir is not None
         path = Path(index_dir).expanduser()
         searcher = Searcher.open(path, verify=verify, engine=engine, shards=shards,
                                  address=address, options=options, model=model, mmap=mmap,
-                                 gpu=gpu)  # fmt: skip
+                                 gpu=gpu, reranker=loaded)  # fmt: skip
         services.append(Service(path, searcher, metrics))
 
     @contextlib.asynccontextmanager
@@ -250,14 +257,17 @@ def _index_routes(resolve: Callable[..., Service], guard: Sequence[DependsParam]
                  responses=error_responses(*body))  # fmt: skip
     def search(body: SearchRequest, service: Service = served) -> SafeJSONResponse:
         """One query -> its hits and report (as ``flowsearch query --json``); a list of
-        queries -> ``{"results": [...]}``, each query's answer in that same shape."""
+        queries -> ``{"results": [...]}``, each query's answer in that same shape. With
+        ``serve --rerank MODEL`` the hits are reranked (``rerank_score``) unless
+        ``"rerank": false``; ``"rerank": true`` without one is a 400."""
         queries = [body.query] if isinstance(body.query, str) else body.query
         searcher = service.reader()
         # one call: every query of a batch is answered from the same version
         with service.metrics.searching(service.name, body.mode or searcher.default_mode):
             results = searcher.query_batch(
-                queries, k=body.k, where=body.where, mode=body.mode, min_score=body.min_score
-            )
+                queries, k=body.k, where=body.where, mode=body.mode, min_score=body.min_score,
+                rerank=body.rerank,
+            )  # fmt: skip
         answers = [result.to_dict() for result in results]
         if isinstance(body.query, str):
             return SafeJSONResponse(answers[0])

@@ -95,6 +95,11 @@ class SearchRequest(BaseModel):
     mode: Mode | None = None
     #: Drop hits whose score (in [0, 1], comparable across queries) is below this.
     min_score: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    rerank: Annotated[
+        bool | None,
+        Field(description="Rerank the top hits by the server's cross-encoder (serve --rerank "
+              "MODEL); null: when it has one; true on a server without one is a 400."),
+    ] = None  # fmt: skip
 
 
 class UpsertRequest(BaseModel):

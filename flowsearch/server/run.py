@@ -98,6 +98,7 @@ def serve(
     address: str | None = None,
     options: SearchOptions | None = None,
     root: str | os.PathLike[str] | None = None,
+    reranker: str | os.PathLike[str] | None = None,
 ) -> None:
     """Serve an index (or every index under ``root``) over HTTP until SIGTERM or Ctrl-C (what
     ``flowsearch serve`` runs).
@@ -117,6 +118,8 @@ def serve(
         engine, shards, address: how the index is searched (``engine="ray"``: its segments on
             ``shards`` Ray actors of the cluster at ``address``; see :meth:`Searcher.open`).
         options: the served Searcher's knobs (:class:`~flowsearch.search.options.SearchOptions`).
+        reranker: a cross-encoder (id or directory) that reranks every search unless its body
+            says ``"rerank": false`` (see :meth:`Searcher.open`).
 
     Raises:
         FlowsearchError: a port out of range (1 to 65535), no index, a damaged one, an empty
@@ -132,7 +135,7 @@ def serve(
     if api_key is None:
         api_key = os.environ.get("FLOWSEARCH_API_KEY")
     app = create_app(index_dir, api_key=api_key, engine=engine, shards=shards, address=address,
-                     options=options, root=root)  # fmt: skip
+                     options=options, root=root, reranker=reranker)  # fmt: skip
     url = _url(host, port)
     key = "API key required" if api_key else "no API key"
     if root is not None:
