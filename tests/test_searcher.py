@@ -375,6 +375,11 @@ def test_a_hit_made_unchecked_is_the_validated_hit():
     fast, checked = Hit.of(**values), Hit(**values)
     assert fast == checked and fast.to_dict() == checked.to_dict() and repr(fast) == repr(checked)
     assert fast.model_fields_set == checked.model_fields_set
+    # every field is there, the ones not given at their defaults (a new field must not be missed)
+    assert set(vars(fast)) == set(Hit.model_fields) and list(vars(fast)) == list(Hit.model_fields)
+    assert (
+        fast.rerank_score is None and fast.marks == [] and fast.marks is not Hit.of(**values).marks
+    )
     assert fast.model_copy(update={"rank": 2}).rank == 2
     with pytest.raises(pydantic.ValidationError):
         fast.rank = 3  # type: ignore[misc]

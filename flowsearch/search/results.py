@@ -88,9 +88,10 @@ class Hit(BaseModel):
         :meth:`model_construct` makes from every field, without its per-call bookkeeping (a
         search builds ``k`` of them per query)."""
         hit = object.__new__(cls)
+        # every field, in the model's order (what model_dump walks); the rest at their defaults
         values = {"id": id, "score": score, "rank": rank, "text": text, "metadata": metadata,
                   "dense_score": dense_score, "lexical_score": lexical_score,
-                  "highlight": highlight}  # fmt: skip
+                  "rerank_score": None, "highlight": highlight, "marks": []}  # fmt: skip
         object.__setattr__(hit, "__dict__", values)
         object.__setattr__(hit, "__pydantic_fields_set__", set(_HIT_FIELDS))
         object.__setattr__(hit, "__pydantic_extra__", None)
@@ -143,7 +144,10 @@ def snippet_window(
     return start, start + width
 
 
-_HIT_FIELDS = frozenset(Hit.model_fields)
+#: The fields :meth:`Hit.of` is given (its ``model_fields_set``, as validation would record).
+_HIT_FIELDS = frozenset(
+    ("id", "score", "rank", "text", "metadata", "dense_score", "lexical_score", "highlight")
+)
 
 
 class QueryResult(BaseModel):
