@@ -16,7 +16,7 @@ __all__ = ["AREAS", "BENCHMARKS", "Benchmark", "find"]
 HERE = Path(__file__).resolve().parent
 
 #: The suite's areas, in the order a release reads them.
-AREAS = ("quality", "encoding", "ingest", "query", "ann", "writes", "serving")
+AREAS = ("quality", "encoding", "ingest", "query", "ann", "writes", "serving", "gpu")
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     _suite("writes", "writes.bench_writes"),
     _suite("storage", "writes.bench_storage"),
     _suite("serving", "serving.bench_serving"),
+    _suite("gpu", "gpu.bench_gpu"),
     _study("retrieval", "quality.bench_retrieval"),
     _study("retrieval_auto", "quality.bench_retrieval_auto"),
     _study("passages", "quality.bench_passages"),
