@@ -91,7 +91,7 @@ def test_missing_onnxruntime_says_how_to_install(tiny_model_dir, cache, monkeypa
     import sys
 
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
-    with pytest.raises(FlowsearchError, match=r"pip install 'flowsearch\[onnx\]'"):
+    with pytest.raises(FlowsearchError, match=r"pip install onnxruntime"):
         Encoder(str(tiny_model_dir), backend="onnx")
 
 

@@ -150,7 +150,10 @@ def max_unit_difference(a: Any, b: Any) -> float:
 def model_flops(config: dict[str, Any], lengths: list[int]) -> float:
     """Useful flops of one transformer pass over texts of these token lengths (see the module
     docstring): 2 x the projections', feed-forward's and attention's multiply-adds."""
-    h, f = int(config["hidden_size"]), int(config.get("intermediate_size") or 4 * config["hidden_size"])
+    h, f = (
+        int(config["hidden_size"]),
+        int(config.get("intermediate_size") or 4 * config["hidden_size"]),
+    )
     layers = int(config["num_hidden_layers"])
     macs = sum(layers * (n * (4 * h * h + 2 * h * f) + 2 * n * n * h) for n in lengths)
     return 2.0 * macs
@@ -159,10 +162,16 @@ def model_flops(config: dict[str, Any], lengths: list[int]) -> float:
 def fp32_peak() -> dict[str, Any]:
     """The cores' fp32 peak, estimated from ``/proc/cpuinfo`` (see the module docstring)."""
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
-    mhz = next((float(ln.split(":", 1)[1]) for ln in info.splitlines() if ln.startswith("cpu MHz")), 0.0)
+    flags = next(
+        (ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []
+    )
+    mhz = next(
+        (float(ln.split(":", 1)[1]) for ln in info.splitlines() if ln.startswith("cpu MHz")), 0.0
+    )
     lanes = 16 if "avx512f" in flags else 8 if "avx2" in flags else 4
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
     fma_units = 2
     return {
         "cores": cores,

@@ -39,12 +39,12 @@ import os
 import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tomllib
 
 from benchmarks.common import harness
 
@@ -304,7 +304,9 @@ def render(report: dict[str, Any]) -> str:
     ]
     if ann["gpu_flat"]:
         g = ann["gpu_flat"]
-        lines.append(f"GPU Flat: {g['qps']:,.0f} q/s ({g['vs_cpu']:.1f}x), recall {g['recall']:.4f}.")
+        lines.append(
+            f"GPU Flat: {g['qps']:,.0f} q/s ({g['vs_cpu']:.1f}x), recall {g['recall']:.4f}."
+        )
     else:
         lines.append(f"GPU Flat: {SKIP}.")
     c, h = ann["cagra_hnsw"], ann["cpu_hnsw"]

@@ -88,7 +88,7 @@ def _import_onnxruntime() -> Any:
     except ImportError as exc:
         raise MissingExtra(
             "backend='onnx' needs onnxruntime",
-            "install it with `pip install 'flowsearch[onnx]'`",
+            "install it with `pip install onnxruntime` (a dependency of flowsearch)",
             param="backend",
         ) from exc
     return onnxruntime
