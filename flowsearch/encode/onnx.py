@@ -181,11 +181,11 @@ class OnnxEncoder:
             path, record = place / f"{name}.onnx", place / f"{name}.json"
             if path.is_file() and record.is_file() and _intact(path, record):
                 return path
-        place = next((p for p in self._places if _writable(p)), None)
-        if place is None:
+        target = next((p for p in self._places if _writable(p)), None)
+        if target is None:
             raise OSError(f"no writable place for the ONNX graph among {self._places}")
-        path, record = place / f"{name}.onnx", place / f"{name}.json"
-        LOG.info("writing the ONNX graph once, in %s", place)
+        path, record = target / f"{name}.onnx", target / f"{name}.json"
+        LOG.info("writing the ONNX graph once, in %s", target)
         atomic_write(path, lambda tmp: build(Path(tmp)))
         atomic_write_text(record, json.dumps({**settings, **_stamp(path)}, indent=1))
         self.exported = True
