@@ -326,13 +326,14 @@ def render(report: dict[str, Any]) -> str:
                 f"| {name}{extra} | {rate:,.{1 if rate < 100 else 0}f} | {row['vs_peer']:.2f}x | "
                 f"{share} | {target_cell} | {met} |"
             )
-    lines += [
-        "",
-        "**STS-B test, Spearman x 100, `mean`, bundled model**",
-        "",
-        "| backend | Spearman | vs torch | within 0.5 |",
-        "|---|---:|---:|---|",
-    ]
+    if report.get("quality"):
+        lines += [
+            "",
+            "**STS-B test, Spearman x 100, `mean`, bundled model**",
+            "",
+            "| backend | Spearman | vs torch | within 0.5 |",
+            "|---|---:|---:|---|",
+        ]
     for name, row in (report.get("quality") or {}).items():
         ok = "yes" if abs(row["delta"]) <= STS_BOUND else "no: not offered"
         lines.append(f"| {name} | {row['spearman']:.2f} | {row['delta']:+.2f} | {ok} |")
