@@ -16,7 +16,7 @@ __all__ = ["AREAS", "BENCHMARKS", "Benchmark", "find"]
 HERE = Path(__file__).resolve().parent
 
 #: The suite's areas, in the order a release reads them.
-AREAS = ("quality", "encoding", "ingest", "query", "ann", "writes", "serving")
+AREAS = ("quality", "encoding", "ingest", "query", "ann", "writes", "serving", "gpu")
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     _suite("write_check", "writes.bench_write_check"),
     _suite("serving", "serving.bench_serving"),
     _suite("metrics", "serving.bench_metrics"),
+    _suite("gpu", "gpu.bench_gpu"),
     _study("retrieval", "quality.bench_retrieval"),
     _study("retrieval_auto", "quality.bench_retrieval_auto"),
     _study("passages", "quality.bench_passages"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,21 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     touches the committed asset. Tests that move or change the model copy it again themselves.
     """
     return Path(shutil.copytree(TINY_BERT, tmp_path_factory.mktemp("tiny-bert") / "tiny_bert"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One ``$FLOWSEARCH_CACHE`` for the session: the default encoder's ONNX graphs are
+    exported once per layout for every test (and never into the user's ``~/.cache`` or beside
+    the committed model); a test that wants its own sets the variable again."""
+    before = os.environ.get("FLOWSEARCH_CACHE")
+    folder = tmp_path_factory.mktemp("flowsearch-cache")
+    os.environ["FLOWSEARCH_CACHE"] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop("FLOWSEARCH_CACHE", None)
+    else:
+        os.environ["FLOWSEARCH_CACHE"] = before
 
 
 @pytest.fixture(scope="session")

@@ -80,3 +80,18 @@ def test_a_cached_onnx_query_loads_neither_torch_nor_transformers(tiny_model_dir
     assert first["torch"] and first["onnxruntime"]
     again = _modules_after(make, env)  # from the cache
     assert again["onnxruntime"] and not again["torch"] and not again["transformers"], again
+
+
+def test_the_default_encoder_queries_without_torch_once_exported(tiny_model_dir, tmp_path):
+    """``Encoder()`` on a CPU runs ONNX Runtime: the first one exports (torch), every later
+    process reads the cached graph and the tokenizer, nothing else (issue 44)."""
+    pytest.importorskip("onnxruntime")
+    make = (
+        "from flowsearch.encode.encoder import Encoder\n"
+        f"enc = Encoder({str(tiny_model_dir)!r})\n"
+        "assert enc.backend == 'onnx' and enc.encode(['the cat sat']).shape == (1, 32)"
+    )
+    env = {"FLOWSEARCH_CACHE": str(tmp_path)}
+    assert _modules_after(make, env)["torch"]  # the export
+    again = _modules_after(make, env)
+    assert again["onnxruntime"] and not again["torch"] and not again["transformers"], again

@@ -108,7 +108,7 @@ def test_default_max_length_is_model_limit(tiny_model_dir):
         "max_length": 128,
         "dim": 32,
         "variant": None,
-        "backend": "torch",
+        "backend": "onnx",  # the default on a CPU: ONNX Runtime fp32
         "quantize": None,
     }
     assert len(enc.revision) == 16
@@ -196,11 +196,13 @@ def test_tiny_fixture_tokenises_real_words(tiny_model_dir, hf_model):
 
 
 def test_encode_poolings_equals_one_encoder_per_pooling(tiny_model_dir):
-    enc = Encoder(str(tiny_model_dir))
+    enc = Encoder(str(tiny_model_dir), backend="torch")  # as the static encoder's model runs
     together = enc.encode_poolings(TEXTS, POOLINGS, batch_size=2)
     assert set(together) == set(POOLINGS)
     for pooling in POOLINGS:
-        alone = Encoder(str(tiny_model_dir), pooling=pooling).encode(TEXTS, batch_size=2)
+        alone = Encoder(str(tiny_model_dir), pooling=pooling, backend="torch").encode(
+            TEXTS, batch_size=2
+        )
         np.testing.assert_array_equal(together[pooling], alone)
     # a static encoder computes the contextual poolings too (the model loads on demand)
     static = Encoder(str(tiny_model_dir), pooling="static")
@@ -265,14 +267,14 @@ def _first_release_encode(hf_model, texts, pooling, batch_size):
 def test_outputs_equal_the_first_release(tiny_model_dir, hf_model, old, new):
     """Encoding only what a pooling needs changes no bit; old ``static`` is ``embedding_layer``."""
     expected = _first_release_encode(hf_model, TEXTS, old, batch_size=2)
-    got = Encoder(str(tiny_model_dir), pooling=new).encode(TEXTS, batch_size=2)
+    got = Encoder(str(tiny_model_dir), pooling=new, backend="torch").encode(TEXTS, batch_size=2)
     np.testing.assert_array_equal(got, expected)
 
 
 def test_each_pooling_runs_only_what_it_reads(tiny_model_dir, monkeypatch):
     """static runs no model; embedding_layer only the embeddings; cls/mean no hidden states."""
     calls = []
-    enc = Encoder(str(tiny_model_dir), pooling="mean")
+    enc = Encoder(str(tiny_model_dir), pooling="mean", backend="torch")
     model = enc._torch().model()
     real_forward = type(model).forward
 
@@ -303,7 +305,9 @@ def test_describe_names_backend_and_variant(tiny_model_dir):
     with pytest.raises(FlowsearchError, match="backend 'onnx' has nothing to run"):
         Encoder(str(tiny_model_dir), pooling="static", backend="onnx")
     with pytest.raises(FlowsearchError, match="needs backend='onnx'"):
-        Encoder(str(tiny_model_dir), quantize="int8")
+        Encoder(str(tiny_model_dir), backend="torch", quantize="int8")
+    with pytest.raises(FlowsearchError, match="pooling 'static' runs none"):
+        Encoder(str(tiny_model_dir), pooling="static", quantize="int8")
     with pytest.raises(FlowsearchError, match="unknown backend"):
         Encoder(str(tiny_model_dir), backend="tensorrt")
     with pytest.raises(FlowsearchError, match="unknown static variant"):
@@ -326,7 +330,7 @@ def test_torch_vectors_equal_the_recorded_ones(tiny_model_dir, recorded, pooling
     """Bit for bit within one build of torch and transformers; across builds (transformers 5.24
     and numpy 2.4 here) a few elements differ in their last float32 bit (6e-8): within 2 ulps."""
     texts = [str(t) for t in recorded["texts"]]
-    got = Encoder(str(tiny_model_dir), pooling=pooling).encode(texts, batch_size=3)
+    got = Encoder(str(tiny_model_dir), pooling=pooling, backend="torch").encode(texts, batch_size=3)
     want = recorded[f"tiny__{pooling}__torch"]
     np.testing.assert_array_max_ulp(got, want, maxulp=2)
 
@@ -344,7 +348,7 @@ def test_static_vectors_equal_the_recorded_ones_bit_for_bit(tiny_model_dir, reco
 def test_bundled_vectors_equal_the_recorded_ones(recorded):
     texts = [str(t) for t in recorded["texts"]]
     np.testing.assert_array_equal(
-        Encoder().encode(texts, batch_size=3), recorded["mini__mean__torch"]
+        Encoder(backend="torch").encode(texts, batch_size=3), recorded["mini__mean__torch"]
     )
     static = Encoder(pooling="static").encode(texts, batch_size=3)
     np.testing.assert_array_equal(static, recorded["mini__static__raw"])

@@ -94,8 +94,13 @@ def index_cmd(
         bool, flag("--lexical/--no-lexical", help="Also build a BM25 index (hybrid search).")
     ] = True,
     backend: Annotated[
-        str, typer.Option(help=f"Encoder runtime: {choices(BACKENDS)}.", metavar="NAME")
-    ] = "torch",
+        str,
+        typer.Option(
+            help=f"Encoder runtime: {choices(BACKENDS)} (auto: ONNX Runtime fp32 on the CPU, "
+            "torch on CUDA).",
+            metavar="NAME",
+        ),
+    ] = "auto",
     quantize: Annotated[
         str | None,
         typer.Option(help=f"{choices(QUANTIZATIONS)} (onnx backend only).", metavar="NAME"),

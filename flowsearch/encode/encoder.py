@@ -10,9 +10,12 @@ of the last two layers); ``first_last_avg`` (of the first transformer layer and 
 
 Texts are tokenised once, sorted by length and batched so that padding is minimal; a pooling runs
 only as much of the model as it reads, on torch (:mod:`~flowsearch.encode.torch_runner`, fp16 on
-a GPU) or ONNX Runtime (:mod:`~flowsearch.encode.onnx`, optionally int8). ``torch`` and
-``transformers`` are imported only when a model runs in torch or is exported: a static or cached
-ONNX encoder of a local model never imports them.
+a GPU) or ONNX Runtime (:mod:`~flowsearch.encode.onnx`, optionally int8). The default,
+``backend="auto"``, is the fastest exact runtime: ONNX Runtime in fp32 on the CPU (the same
+vectors as torch's fp32 to float rounding; the graph exported once and cached), torch on CUDA;
+an export that fails falls back to torch with one warning. ``torch`` and ``transformers`` are
+imported only when a model runs in torch or is exported: a static or cached ONNX encoder of a
+local model never imports them.
 
 References:
     Li et al., "On the Sentence Embeddings from Pre-trained Language Models", EMNLP 2020.
@@ -20,6 +23,7 @@ References:
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -46,7 +50,7 @@ from flowsearch.encode.options import (
 from flowsearch.encode.pooling import LAYERS_READ, padded, pool_numpy
 from flowsearch.encode.protocol import TextEncoder
 from flowsearch.encode.static import StaticTable
-from flowsearch.encode.torch_runner import TorchRunner, default_device
+from flowsearch.encode.torch_runner import TorchRunner, cuda_visible, default_device
 from flowsearch.errors import BadInput, NotFound, check_bool, check_int
 from flowsearch.progress import Stages
 
@@ -61,6 +65,8 @@ __all__ = [
     "Quantize",
     "open_encoder",
 ]
+
+LOG = logging.getLogger(__name__)
 
 Vectors = npt.NDArray[np.float32]
 Ids = npt.NDArray[np.int64]
@@ -85,9 +91,10 @@ class Encoder:
             limit (a sentence-transformers directory's ``max_seq_length``, else the tokenizer's
             or the position embeddings'), capped at 512. The paper uses 64 for STS.
         device: ``"cpu"``, ``"cuda"``, ... ``None`` picks CUDA when present (torch backend).
-        backend: ``"torch"`` or ``"onnx"`` (ONNX Runtime on the CPU, extra ``flowsearch[onnx]``;
-            not for ``static``, which runs no model).
-        quantize: ``None`` or ``"int8"`` (dynamic int8 quantisation; ``backend="onnx"`` only).
+        backend: ``"auto"`` (ONNX Runtime fp32 on the CPU, torch on CUDA; torch when the ONNX
+            export fails, with a warning), ``"torch"`` or ``"onnx"`` (ONNX Runtime on the CPU;
+            not for ``static``, which runs no model: its encoders record ``"torch"``).
+        quantize: ``None`` or ``"int8"`` (dynamic int8 quantisation, on ONNX Runtime).
         static_variant: How ``static`` reads a transformer's table: ``"raw"`` word embeddings
             without [CLS]/[SEP] (default), ``"raw+special"``, ``"layernorm"`` (each word
             embedding through the embedding LayerNorm) or ``"layernorm+special"``.
@@ -118,21 +125,24 @@ class Encoder:
         max_length: int | None = None,
         device: str | None = None,
         *,
-        backend: str = "torch",
+        backend: str = "auto",
         quantize: str | None = None,
         static_variant: str = "raw",
         trust_remote_code: bool = False,
     ) -> None:
         check_options(pooling, max_length, backend, quantize, static_variant)
         check_bool(trust_remote_code, "trust_remote_code")
-        if backend == "onnx" and device is not None and not device.startswith("cpu"):
+        if (backend == "onnx" or quantize is not None) and not (device or "cpu").startswith("cpu"):
+            what = f"quantize={quantize!r}" if quantize is not None else "backend='onnx'"
             raise BadInput(
-                "backend='onnx' runs on the CPU", "pass {device='cpu'} or omit it", param="device"
+                f"{what} runs on the CPU (on ONNX Runtime)",
+                "pass {device='cpu'} or omit it",
+                param="device",
             )
         self.pooling = pooling
-        self.backend = backend
+        self.backend = _runtime(backend, pooling, quantize, device)
         self.quantize = quantize
-        self._device = "cpu" if backend == "onnx" else device
+        self._device = "cpu" if self.backend == "onnx" else device
         self._static_variant = static_variant
         self._static: StaticTable | None = None
         self._onnx: dict[tuple[str, ...], OnnxEncoder] = {}
@@ -152,10 +162,29 @@ class Encoder:
         with loading_errors(self.model_id):  # load what the pooling runs: fail now, not later
             if pooling == "static":
                 self._static_table()
-            elif backend == "onnx":
+            elif self.backend == "onnx" and backend == "auto":
+                self._onnx_or_torch(LAYERS_READ[pooling])
+            elif self.backend == "onnx":
                 self._onnx_encoder(LAYERS_READ[pooling])
             else:
                 self._torch().model()
+
+    def _onnx_or_torch(self, outputs: Sequence[str]) -> None:
+        """Loads the ONNX graph, or on any failure to export or open it, torch instead (one
+        warning line: the vectors are the same, only slower to compute)."""
+        try:
+            self._onnx_encoder(outputs)
+        except Exception as exc:  # noqa: BLE001 - whatever the export hit, torch still runs
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            LOG.warning(
+                "the ONNX export of %s failed (%s: %s); encoding with torch instead",
+                self.model_id,
+                type(exc).__name__,
+                first[:200],
+            )
+            self.backend = "torch"
+            self._onnx.clear()
+            self._torch().model()
 
     @property
     def device(self) -> str:
@@ -194,6 +223,7 @@ class Encoder:
                 config=self._parts.config,
                 quantize=self.quantize,
                 threads=session_threads(),
+                model_dir=self._parts.source.root,
             )
         return self._onnx[key]
 
@@ -234,7 +264,9 @@ class Encoder:
             "quantize"}``: ``variant`` is the static table's reading (``"raw"``,
             ``"raw+special"``, ``"layernorm"``, ``"layernorm+special"``, ``"model2vec"``,
             ``"model2vec+normalize"``) for ``static`` and ``None`` otherwise; ``backend`` is
-            ``"torch"`` or ``"onnx"``; ``quantize`` is ``None`` or ``"int8"``.
+            the runtime that ran, ``"torch"`` or ``"onnx"`` (fp32 on either gives the same
+            vectors: :func:`~flowsearch.encode.identity.first_difference` does not tell them
+            apart); ``quantize`` is ``None`` or ``"int8"``.
         """
         return {
             "model": self.model_id,
@@ -376,6 +408,20 @@ class Encoder:
             for pooling, vectors in run(input_ids, mask).items():
                 out[pooling][rows] = vectors
             advance(len(rows))
+
+
+def _runtime(backend: str, pooling: str, quantize: str | None, device: str | None) -> str:
+    """The runtime ``backend`` names: ``auto`` is ONNX Runtime on the CPU (and for ``int8``),
+    torch on CUDA and for ``static`` (which runs no model)."""
+    if backend != "auto":
+        return backend
+    if pooling == "static":
+        return "torch"
+    if quantize is not None:
+        return "onnx"
+    if device is not None:
+        return "onnx" if device.startswith("cpu") else "torch"
+    return "torch" if cuda_visible() else "onnx"
 
 
 def open_encoder(

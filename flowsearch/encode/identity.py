@@ -7,13 +7,23 @@ encoder that describes itself the same way, except that a model directory may mo
 content hash (``revision``) still has to match. Plain mappings only: nothing here knows how an
 index stores the record.
 
+The runtime (``backend``) names how the vectors were computed, not what they are: torch and ONNX
+Runtime in fp32 run the same graph and agree to float rounding (``tests/test_onnx_backend.py``
+checks 1e-4 on every pooling), so an fp32 record reopens on the fastest exact runtime here
+(``auto``: ONNX Runtime on the CPU) whichever built it, and is not compared on it. Only
+``int8`` changes the vectors: a quantised record reopens as recorded and must match.
+
 Example:
-    >>> recorded = {"model": "m", "revision": "abc", "pooling": "static", "max_length": 64,
-    ...             "dim": 8, "variant": "raw", "backend": "torch", "quantize": None}
+    >>> recorded = {"model": "m", "revision": "abc", "pooling": "mean", "max_length": 64,
+    ...             "dim": 8, "variant": None, "backend": "torch", "quantize": None}
     >>> reopen_options(recorded)
-    {'pooling': 'static', 'max_length': 64, 'backend': 'torch', 'static_variant': 'raw'}
-    >>> first_difference(dict(recorded, pooling="mean"), recorded, relocated=False)
-    ('pooling', 'mean', 'static')
+    {'pooling': 'mean', 'max_length': 64}
+    >>> first_difference(dict(recorded, backend="onnx"), recorded, relocated=False) is None
+    True
+    >>> first_difference(dict(recorded, pooling="cls"), recorded, relocated=False)
+    ('pooling', 'cls', 'mean')
+    >>> first_difference(dict(recorded, quantize="int8"), recorded, relocated=False)
+    ('quantize', 'int8', None)
 """
 
 from __future__ import annotations
@@ -39,7 +49,8 @@ def reopen_options(described: Mapping[str, Any]) -> dict[str, Any]:
         described: the recorded fields (see the module docstring).
 
     Returns:
-        ``pooling`` and ``max_length``, ``backend``/``quantize`` when recorded, and
+        ``pooling`` and ``max_length``, ``backend``/``quantize`` when the record is quantised
+        (an fp32 record takes the default runtime, ``auto``), and
         ``static_variant`` for a transformer's static table (a Model2Vec directory's variant
         comes from the directory itself).
     """
@@ -47,9 +58,10 @@ def reopen_options(described: Mapping[str, Any]) -> dict[str, Any]:
         "pooling": str(described["pooling"]),
         "max_length": int(described["max_length"]),
     }
-    for key in _REOPEN_OPTIONS:
-        if described.get(key) is not None:
-            options[key] = described[key]
+    if described.get("quantize") is not None:
+        for key in _REOPEN_OPTIONS:
+            if described.get(key) is not None:
+                options[key] = described[key]
     variant = described.get("variant")
     if options["pooling"] == "static" and variant in STATIC_VARIANTS:
         options["static_variant"] = variant
@@ -67,9 +79,12 @@ def first_difference(
         want: the recorded fields; a field absent from the record is not compared.
         relocated: the model was named by another place than the record's (a moved
             directory): its name is not compared, its ``revision`` still is.
+
+    ``backend`` is compared only when either side is quantised (see the module docstring).
     """
+    exact = got.get("quantize") is None and want.get("quantize") is None
     for key, wanted in want.items():
-        if key == "model" and relocated:
+        if (key == "model" and relocated) or (key == "backend" and exact):
             continue
         if got.get(key) != wanted:
             return key, got.get(key), wanted

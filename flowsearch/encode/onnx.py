@@ -1,13 +1,17 @@
 r"""The ONNX Runtime backend: a cached graph of the transformer and its session.
 
-A graph is exported once per model and layout (:mod:`flowsearch.encode.onnx_export`) and cached
-under ``$FLOWSEARCH_CACHE/onnx`` (else ``~/.cache/flowsearch/onnx``), keyed by the model's content
-hash (:func:`~flowsearch.encode.model_files.revision`), the outputs the poolings read, the opset
-and the export recipe. An ``int8`` graph is cached under its own key and built from the fp32 one
-only when it is missing. Each cache file is written atomically beside a JSON record of its
-SHA-256, size and modification time: a file whose size and time match its record is used as is
-(re-hashing the whole graph at every open would be a large share of a cold query); any other is
-hashed, and one that fails the check is exported again.
+A graph is exported once per model and layout (:mod:`flowsearch.encode.onnx_export`), keyed by
+the model's content hash (:func:`~flowsearch.encode.model_files.revision`), the outputs the
+poolings read, the opset and the export recipe, and looked for in these places, in order
+(:func:`cache_places`): ``$FLOWSEARCH_CACHE/onnx`` when that is set; beside a local model, in
+its ``.flowsearch/onnx`` folder (the graph travels with the model); the user cache
+``~/.cache/flowsearch/onnx``. A missing graph is written to the first of them that can be
+written: a read-only model directory falls back to the user cache. An ``int8`` graph is cached
+under its own key and built from the fp32 one only when it is missing. Each cache file is
+written atomically beside a JSON record of its SHA-256, size and modification time: a file whose
+size and time match its record is used as is (re-hashing the whole graph at every open would be
+a large share of a cold query); any other is hashed, and one that fails the check is exported
+again.
 
 On a cache hit nothing here imports ``torch`` or ``transformers``: a cold query through the ONNX
 backend loads the tokenizer, the session and nothing else.
@@ -15,6 +19,7 @@ backend loads the tokenizer, the session and nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -32,7 +37,7 @@ from flowsearch.encode.model_files import read_json_object
 from flowsearch.encode.onnx_export import HIDDEN_OUTPUTS, OPSET
 from flowsearch.errors import MissingExtra
 
-__all__ = ["HIDDEN_OUTPUTS", "OnnxEncoder", "onnx_cache_dir", "session_threads"]
+__all__ = ["HIDDEN_OUTPUTS", "OnnxEncoder", "cache_places", "onnx_cache_dir", "session_threads"]
 
 LOG = logging.getLogger(__name__)
 
@@ -40,11 +45,34 @@ LOG = logging.getLogger(__name__)
 _RECIPE = 1
 
 
+#: The folder of a local model that holds its graphs.
+BESIDE_MODEL = Path(".flowsearch") / "onnx"
+
+
 def onnx_cache_dir() -> Path:
-    """``$FLOWSEARCH_CACHE/onnx`` if set, else ``~/.cache/flowsearch/onnx``."""
+    """``$FLOWSEARCH_CACHE/onnx`` if set, else the user cache ``~/.cache/flowsearch/onnx``."""
     env = os.environ.get("FLOWSEARCH_CACHE")
     root = Path(env).expanduser() if env else Path.home() / ".cache" / "flowsearch"
     return root / "onnx"
+
+
+def cache_places(model_dir: Path | None) -> list[Path]:
+    """Where a model's graphs are looked for and written, in order: ``$FLOWSEARCH_CACHE/onnx``
+    when set, beside a local model (``model_dir/.flowsearch/onnx``), the user cache."""
+    places = [onnx_cache_dir()] if os.environ.get("FLOWSEARCH_CACHE") else []
+    if model_dir is not None:
+        places.append(model_dir / BESIDE_MODEL)
+    places.append(Path.home() / ".cache" / "flowsearch" / "onnx")
+    return list(dict.fromkeys(places))
+
+
+def _writable(folder: Path) -> bool:
+    """Whether a graph can be written in ``folder`` (created if missing)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK)
 
 
 def session_threads() -> int:
@@ -61,7 +89,7 @@ def _import_onnxruntime() -> Any:
     except ImportError as exc:
         raise MissingExtra(
             "backend='onnx' needs onnxruntime",
-            "install it with `pip install 'flowsearch[onnx]'`",
+            "install it with `pip install onnxruntime` (a dependency of flowsearch)",
             param="backend",
         ) from exc
     return onnxruntime
@@ -78,7 +106,8 @@ class OnnxEncoder:
         config: the model's config (``model_type``, heads and hidden size, for the CPU fusion).
         quantize: ``None`` (fp32) or ``"int8"``.
         threads: intra-op threads of the session (0: onnxruntime's default).
-        cache_dir: where graphs live; ``None`` is :func:`onnx_cache_dir`.
+        model_dir: the local model's directory (a graph may live beside it), or ``None``.
+        cache_dir: the one place graphs live; ``None`` is :func:`cache_places`.
 
     Attributes:
         path: the ``.onnx`` file the session runs.
@@ -96,12 +125,13 @@ class OnnxEncoder:
         config: Mapping[str, Any],
         quantize: str | None = None,
         threads: int = 0,
+        model_dir: Path | None = None,
         cache_dir: Path | None = None,
     ) -> None:
         ort = _import_onnxruntime()
         self.outputs = tuple(sorted(outputs, key=list(HIDDEN_OUTPUTS).index))
         self.quantize = quantize
-        self._cache = cache_dir or onnx_cache_dir()
+        self._places = [cache_dir] if cache_dir is not None else cache_places(model_dir)
         self.exported = False
         key = {"identity": identity, "outputs": list(self.outputs), "opset": OPSET}
         key["recipe"] = _RECIPE
@@ -145,13 +175,18 @@ class OnnxEncoder:
         }
 
     def _cached(self, settings: dict[str, Any], build: Callable[[Path], None]) -> Path:
-        """The cache file for ``settings``, built by ``build(tmp_path)`` when absent or corrupt."""
+        """The cache file for ``settings`` in the first place that holds it intact, else built
+        by ``build(tmp_path)`` in the first place that can be written."""
         name = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:20]
-        path = self._cache / f"{name}.onnx"
-        record = self._cache / f"{name}.json"
-        if path.is_file() and record.is_file() and _intact(path, record):
-            return path
-        self._cache.mkdir(parents=True, exist_ok=True)
+        for place in self._places:
+            path, record = place / f"{name}.onnx", place / f"{name}.json"
+            if path.is_file() and record.is_file() and _intact(path, record):
+                return path
+        target = next((p for p in self._places if _writable(p)), None)
+        if target is None:
+            raise OSError(f"no writable place for the ONNX graph among {self._places}")
+        path, record = target / f"{name}.onnx", target / f"{name}.json"
+        LOG.info("writing the ONNX graph once, in %s", target)
         atomic_write(path, lambda tmp: build(Path(tmp)))
         atomic_write_text(record, json.dumps({**settings, **_stamp(path)}, indent=1))
         self.exported = True
@@ -160,7 +195,6 @@ class OnnxEncoder:
     def _export(self, load_model: Callable[[], Any], config: Mapping[str, Any], dst: Path) -> None:
         from flowsearch.encode.onnx_export import export_graph
 
-        LOG.info("exporting the ONNX graph once (cached in %s)", self._cache)
         export_graph(load_model(), self.outputs, config, dst)
 
 
@@ -189,7 +223,8 @@ def _intact(path: Path, record: Path) -> bool:
     if recorded.get("sha256") != _sha256(path):
         LOG.warning("ONNX cache file %s is corrupt; exporting it again", path)
         return False
-    atomic_write_text(record, json.dumps({**recorded, **_stamp(path)}, indent=1))
+    with contextlib.suppress(OSError):  # a read-only place keeps its old record
+        atomic_write_text(record, json.dumps({**recorded, **_stamp(path)}, indent=1))
     return True
 
 

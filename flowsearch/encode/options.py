@@ -5,6 +5,7 @@ any file is read or model loaded.
 
 Example:
     >>> check_options("mean", 64, "onnx", "int8", "raw")
+    >>> check_options("mean", 64, "auto", "int8", "raw")
     >>> check_options("mean", None, "torch", "int8", "raw")
     Traceback (most recent call last):
     ...
@@ -24,6 +25,7 @@ from flowsearch.errors import BadInput, check_text
 __all__ = [
     "BACKENDS",
     "POOLINGS",
+    "RUNTIMES",
     "QUANTIZATIONS",
     "Backend",
     "Pooling",
@@ -36,9 +38,12 @@ __all__ = [
 Pooling = Literal["cls", "mean", "last2avg", "first_last_avg", "static", "embedding_layer"]
 #: The pooling names, in the order tables list them.
 POOLINGS: tuple[str, ...] = get_args(Pooling)
-Backend = Literal["torch", "onnx"]
-#: The runtimes a transformer runs on.
+Backend = Literal["auto", "torch", "onnx"]
+#: What ``backend`` accepts: ``auto`` (the default: ONNX Runtime fp32 on the CPU, torch on
+#: CUDA) or a runtime by name.
 BACKENDS: tuple[str, ...] = get_args(Backend)
+#: The runtimes a transformer runs on (what ``auto`` resolves to and an index records).
+RUNTIMES: tuple[str, ...] = ("torch", "onnx")
 Quantize = Literal["int8"]
 #: The quantisations the ONNX backend offers.
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantize)
@@ -79,9 +84,15 @@ def check_options(
             f"choose one of {_one_of(QUANTIZATIONS)} or none",
             param="quantize",
         )
-    if quantize is not None and backend != "onnx":
+    if quantize is not None and backend == "torch":
         raise BadInput(
             f"quantize={quantize!r} needs backend='onnx'", "pass {backend='onnx'}", param="backend"
+        )
+    if quantize is not None and pooling == "static":
+        raise BadInput(
+            f"quantize={quantize!r} quantises a transformer, and pooling 'static' runs none",
+            "drop {quantize}",
+            param="quantize",
         )
     if backend == "onnx" and pooling == "static":
         raise BadInput(

@@ -11,6 +11,8 @@ Example:
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,12 @@ import numpy.typing as npt
 from flowsearch.encode.model_files import has_safetensors
 from flowsearch.encode.pooling import pool_torch
 
-__all__ = ["TorchRunner", "default_device"]
+__all__ = ["TorchRunner", "cuda_visible", "default_device"]
+
+# Files a GPU driver creates (NVIDIA's, AMD's ROCm, WSL's): without one, torch sees no CUDA
+# device, and asking it would cost a cold query the import of torch.
+_GPU_DRIVER_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia/version", "/dev/kfd",
+                     "/dev/dxg")  # fmt: skip
 
 
 def default_device() -> str:
@@ -29,6 +36,16 @@ def default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def cuda_visible() -> bool:
+    """Whether torch would run on CUDA here, asked without importing torch when no GPU driver
+    is installed (the CPU machine's cold query never pays for torch) or none is visible."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "unset").strip() in ("", "-1"):
+        return False
+    if "torch" not in sys.modules and not any(os.path.exists(p) for p in _GPU_DRIVER_FILES):
+        return False
+    return default_device() == "cuda"
 
 
 class TorchRunner:

@@ -75,20 +75,21 @@ class EncoderOptions:
         pooling: ``mean``, ``cls``, ``last2avg``, ``first_last_avg``, ``static``,
             ``embedding_layer``.
         max_length: tokens the encoder reads of a text (its window); None takes the model's.
-        backend: the runtime, ``torch`` or ``onnx`` (extra ``onnx``).
+        backend: the runtime: ``auto`` (ONNX Runtime fp32 on the CPU, torch on CUDA),
+            ``torch`` or ``onnx``.
         quantize: ``int8`` (ONNX dynamic quantisation), or None.
     """
 
     model: str | os.PathLike[str] | None = None
     pooling: str = "mean"
     max_length: int | None = None
-    backend: str = "torch"
+    backend: str = "auto"
     quantize: str | None = None
 
     def runtime(self) -> EncoderRuntime:
         """The Encoder's runtime keywords, given only when asked for (not every encoder has
         them)."""
-        if self.backend != "torch" or self.quantize is not None:
+        if self.backend != "auto" or self.quantize is not None:
             return {"backend": self.backend, "quantize": self.quantize}
         return {}
 
@@ -151,7 +152,7 @@ def build_index(
     fit_sample: int = 200_000,
     strict: bool = False,
     lexical: bool = True,
-    backend: str = "torch",
+    backend: str = "auto",
     quantize: str | None = None,
     engine: str = "local",
     address: str | None = None,
@@ -179,7 +180,8 @@ def build_index(
         fit_sample: fit the calibrator on a uniform sample of at most this many rows.
         strict: refuse null or blank texts instead of skipping them.
         lexical: also build BM25 postings, for ``mode="lexical"`` and ``"hybrid"``.
-        backend: the encoder's runtime, ``torch`` or ``onnx`` (extra ``onnx``).
+        backend: the encoder's runtime: ``auto`` (ONNX Runtime fp32 on the CPU, torch on
+            CUDA), ``torch`` or ``onnx``.
         quantize: ``int8`` (ONNX dynamic quantisation), or None.
         engine: ``local`` (this process) or ``ray`` (extra ``ray``).
         address: the Ray cluster to join (``engine="ray"``); None starts a local one.

@@ -53,7 +53,7 @@ CHUNK_ROWS = 2048  # texts per encoder call: enough to batch by length, small en
 
 class EncoderRuntime(TypedDict, total=False):
     """An encoder's runtime keywords (:class:`~flowsearch.encode.encoder.Encoder`'s), given
-    only when they differ from torch."""
+    only when they differ from the default (``auto``)."""
 
     backend: str
     quantize: str | None
