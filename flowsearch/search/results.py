@@ -89,7 +89,7 @@ class Hit(BaseModel):
         search builds ``k`` of them per query)."""
         hit = object.__new__(cls)
         # every field, in the model's order (what model_dump walks); the rest at their defaults
-        values = {"id": id, "score": score, "rank": rank, "text": text, "metadata": metadata,
+        values: dict[str, object] = {"id": id, "score": score, "rank": rank, "text": text, "metadata": metadata,
                   "dense_score": dense_score, "lexical_score": lexical_score,
                   "rerank_score": None, "highlight": highlight, "marks": []}  # fmt: skip
         object.__setattr__(hit, "__dict__", values)
