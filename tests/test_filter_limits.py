@@ -233,3 +233,13 @@ def test_a_hostile_then_an_ordinary_filter_on_one_searcher_and_one_server(
         assert first.status_code < 500, first.text
         r = c.post("/search", json={"query": "tide", "k": 3, "where": "year >= 2002"})
         assert r.status_code == 200 and r.json()["hits"], r.text
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["length(regexp_extract(text, text)) > 0", "regexp_matches(id, text)",
+     "regexp_replace(id, text, 'x') = ''", "len(regexp_split_to_array(id, text)) > 1"],
+)  # fmt: skip
+def test_a_computed_regular_expression_is_refused(small: dict, where: str) -> None:
+    # found by the fuzz suite: a pattern from a column is compiled on every row (9 s per vector)
+    _refused_fast(small["filter"], where, "takes a computed pattern")

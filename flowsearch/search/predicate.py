@@ -47,6 +47,7 @@ from flowsearch.search.predicate_sizes import (
     FUNCTIONS,
     MAX_GROWTH,
     PAIRWISE,
+    PATTERNS,
     REFUSED,
     REWRITES,
     Size,
@@ -354,6 +355,14 @@ class PredicateCheck:
                 where,
                 f"function {name}() is not allowed in a filter (it makes values of any size)",
                 "compare the values as they are",
+            )
+        at = PATTERNS.get(name)
+        arguments = item.get("arguments") or []
+        if at is not None and len(arguments) > at and _constant_text(arguments[at]) is None:
+            raise refused(
+                where,
+                f"{name}() takes a computed pattern (compiled again on every row)",
+                "use a constant pattern",
             )
         if qualified or aggregate or name not in self.functions:
             raise refused(

@@ -14,7 +14,9 @@ else is callable:
   a list entry per character);
 - rewrites (``replace``, ``regexp_replace``): the constant replacement's length times the input;
 - pairwise similarities (``levenshtein``, ...): a fixed result, but work of the product of the
-  two lengths, so one side must be a constant of at most :data:`MAX_GROWTH` characters.
+  two lengths, so one side must be a constant of at most :data:`MAX_GROWTH` characters;
+- regular expressions (``regexp_matches``, ...): their pattern must be a constant (a computed
+  one is compiled on every row).
 
 Refused whatever their arguments: functions whose output a count or a width sizes (``repeat``,
 ``lpad``, ``bitstring``, ``range``, ``printf``, ``list_resize``, ``string_agg``, ...) and
@@ -42,6 +44,7 @@ __all__ = [
     "FUNCTIONS",
     "MAX_GROWTH",
     "PAIRWISE",
+    "PATTERNS",
     "REFUSED",
     "REWRITES",
     "VECTOR_ROWS",
@@ -179,6 +182,17 @@ _TIMES = {
 }
 #: String rewrites: (index of the replacement argument, growth added by empty matches).
 REWRITES = {"replace": (2, 0), "regexp_replace": (2, 1)}
+#: Regular-expression functions: the index of their pattern, which must be a constant (a
+#: computed one is compiled again on every row, a vector of them without interruption).
+PATTERNS = {
+    "regexp_matches": 1,
+    "regexp_full_match": 1,
+    "regexp_extract": 1,
+    "regexp_replace": 1,
+    "regexp_split_to_array": 1,
+    "string_split_regex": 1,
+    "str_split_regex": 1,
+}
 #: Similarities whose work is the product of their two arguments' lengths.
 PAIRWISE = _names(
     "levenshtein editdist3 damerau_levenshtein jaro_similarity jaro_winkler_similarity"
