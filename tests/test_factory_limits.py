@@ -92,6 +92,9 @@ def test_check_factory_and_new_index_refuse_them_before_faiss_sees_them() -> Non
         ("Refine(Flat", 16, None, "parentheses"),
         ("HNSW" + "9" * 5000, 16, None, "is too large"),
         (" Flat", 16, None, "unknown part ' Flat'"),
+        # found by the fuzz suite: more stages than dimensions hung FAISS's training (> 30 s)
+        ("PCA8,RQ32x3,Refine(PQ8)", 16, None, "sub-quantizers must be 1 to 8, got 32"),
+        ("RR1,RQ32x8,Refine(Flat)", 16, None, "sub-quantizers must be 1 to 1, got 32"),
     ],
 )
 def test_parameters_out_of_range_are_refused(

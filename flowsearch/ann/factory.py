@@ -191,7 +191,8 @@ def validate_factory(factory: str, dim: int | None = None, n_rows: int | None = 
     ``HNSW{M}[_Flat|_SQ8|_PQ{m}[x{bits}]]``, ``PQ{m}[x{bits}][np|fs|fsr]``, ``SQ4/6/8/fp16/bf16``,
     ``RaBitQ[fs]``, ``RQ{m}x{bits}``, ``LSQ{m}x{bits}``) and a re-rank (``RFlat``,
     ``Refine({factory})``). Ranges: HNSW ``2 <= M <= 256``, ``1 <= nlist <= 2**20`` (and at most
-    ``n_rows`` when given), PQ ``m`` dividing the dimension, code bits 1 to 16 (``fs``: 4),
+    ``n_rows`` when given), PQ ``m`` dividing the dimension, RQ/LSQ at most 64 stages and at most
+    the dimension, code bits 1 to 16 (``fs``: 4; RQ/LSQ: 12),
     transforms to ``1 <= d`` (PCA: at most the dimension).
 
     Args:
@@ -321,7 +322,8 @@ def _encoding(
         _in_range(whole, "the code bits", bits, 1, MAX_CODE_BITS)
     if groups[5] is not None and groups[5].startswith("fs") and pq_bits not in (None, 4):
         _bad(whole, f"fast-scan PQ codes are 4 bits, got {pq_bits}")
-    _in_range(whole, "RQ/LSQ's sub-quantizers", rq, 1, 64)
+    # more additive stages than dimensions quantize zero residuals: FAISS's training hangs
+    _in_range(whole, "RQ/LSQ's sub-quantizers", rq, 1, min(64, dim or 64))
     if rq_bits is not None:
         _in_range(whole, "RQ/LSQ's code bits", rq_bits, 1, 12)
 
