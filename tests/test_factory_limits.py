@@ -32,7 +32,7 @@ CRASHERS = [
     ("IVF4,PQ4x0", "the code bits"),
     ("RR0,Flat", "RR's output dimension must be 1"),
     ("PCAR0,Flat", "PCA's output dimension must be 1"),
-    ("RQ0x8", "sub-quantizers must be 1 to 64, got 0"),
+    ("RQ0x8", "sub-quantizers must be 1 to 16, got 0"),
     ("LSQ4x0", "code bits must be 1 to"),
     ("RQ2x30", "code bits must be 1 to"),
     ("NSG32", "unknown part 'NSG32'"),
