@@ -5,8 +5,8 @@
   run until fixed), no example deadline (the machine is shared; time is bounded per test by
   ``max_examples``), no database of examples, and no health check for slow data. Use it as
   ``@settings(parent=settings.get_profile("fuzz"), max_examples=N)``;
-- :data:`FILTER_MEMORY` / :data:`FILTER_TIMEOUT`: the filter limits the fuzz tests run their
-  filters under (small, so a hole shows without exhausting the machine);
+- ``fuzz_limits.FILTER_MEMORY`` / ``FILTER_TIMEOUT``: the filter limits the fuzz tests run
+  their filters under (small, so a hole shows without exhausting the machine);
 - the autouse fixture ``memory_bound``: the test fails if its process grew by more than
   :data:`MAX_GROWTH_MB` MB of resident memory at any moment (sampled every 20 ms).
 """
@@ -20,10 +20,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-#: Bytes a fuzzed filter's DuckDB database may hold.
-FILTER_MEMORY = 64 * 2**20
-#: Seconds a fuzzed filter may run.
-FILTER_TIMEOUT = 1.0
 #: Resident memory (MB) a fuzz test may add to its process at any moment.
 MAX_GROWTH_MB = 1024
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import FILTER_MEMORY, FILTER_TIMEOUT
+from fuzz_limits import FILTER_MEMORY, FILTER_TIMEOUT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

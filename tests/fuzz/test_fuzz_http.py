@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FILTER_MEMORY, FILTER_TIMEOUT
 from corpus_helpers import write_corpus
+from fuzz_limits import FILTER_MEMORY, FILTER_TIMEOUT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_fuzz_filters import WHERES
