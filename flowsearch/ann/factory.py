@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import NoReturn
 
 import faiss
 
@@ -34,6 +35,7 @@ __all__ = [
     "new_index",
     "reason",
     "refined",
+    "validate_factory",
 ]
 
 
@@ -44,6 +46,7 @@ def reason(exc: BaseException) -> str:
 
 
 def _make(dim: int, factory: str) -> faiss.Index:
+    validate_factory(factory, dim)
     try:
         return faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as exc:
@@ -133,7 +136,7 @@ def check_factory(factory: str, dim: int) -> None:
     """
     if factory == "auto":
         return
-    index = _make(dim, factory)
+    index = _make(dim, factory)  # validated first (validate_factory)
     if isinstance(index, (faiss.IndexIDMap, faiss.IndexIDMap2)):
         raise BadInput(
             f"index factory {factory!r}: IDMap is not supported (flowsearch assigns the ids); "
@@ -154,3 +157,182 @@ def new_index(dim: int, factory: str, policy: AnnPolicy = DEFAULT) -> faiss.Inde
     if isinstance(graph, faiss.IndexHNSW):
         graph.hnsw.efConstruction = policy.ef_construction
     return index
+
+
+# -- what FAISS is handed: the factory grammar, each parameter range-checked ------------------
+
+#: Largest parameters a factory may name (beyond them FAISS allocates without bound).
+MAX_HNSW_M = 256
+MAX_NLIST = 2**20
+MAX_CODE_BITS = 16
+_FACTORY_EXAMPLE = "e.g. 'Flat', 'HNSW32', 'IVF1024,PQ48,RFlat' or 'auto'"
+_PARTS = {
+    "transform": re.compile(r"L2norm|PCAW?R?(\d+)|OPQ(\d+)(?:_(\d+))?|RR(\d+)"),
+    "idmap": re.compile(r"IDMap2?"),
+    "coarse": re.compile(r"IVF(\d+)(?:_HNSW(\d+))?|IMI2x(\d+)"),
+    "encoding": re.compile(
+        r"Flat|HNSW(\d+)(?:_(?:Flat|SQ(?:4|6|8|fp16|bf16)|PQ(\d+)(?:x(\d+))?))?"
+        r"|PQ(\d+)(?:x(\d+))?(np|fs|fsr)?|SQ(?:4|6|8|fp16|bf16)(?:_direct)?|RaBitQ(?:fs)?"
+        r"|(?:RQ|LSQ)(\d+)x(\d+)"
+    ),
+    "refine": re.compile(r"RFlat|Refine\((.+)\)"),
+}
+_ORDER = ("transform", "idmap", "coarse", "encoding", "refine")
+
+
+def validate_factory(factory: str, dim: int | None = None, n_rows: int | None = None) -> None:
+    """Refuse a factory string outside the grammar flowsearch hands FAISS, or with a parameter
+    out of range, before FAISS sees it (FAISS aborts or crashes the process on some: ``HNSW1``
+    segfaults, ``HNSW0`` aborts, ``PQ4x0`` divides by zero).
+
+    The grammar, in order: transforms (``L2norm``, ``PCA{d}``/``PCAR``/``PCAW``/``PCAWR``,
+    ``OPQ{m}[_{d}]``, ``RR{d}``), ``IDMap`` (refused later, with its own reason), a coarse
+    quantizer (``IVF{nlist}[_HNSW{M}]``, ``IMI2x{bits}``), one encoding (``Flat``,
+    ``HNSW{M}[_Flat|_SQ8|_PQ{m}[x{bits}]]``, ``PQ{m}[x{bits}][np|fs|fsr]``, ``SQ4/6/8/fp16/bf16``,
+    ``RaBitQ[fs]``, ``RQ{m}x{bits}``, ``LSQ{m}x{bits}``) and a re-rank (``RFlat``,
+    ``Refine({factory})``). Ranges: HNSW ``2 <= M <= 256``, ``1 <= nlist <= 2**20`` (and at most
+    ``n_rows`` when given), PQ ``m`` dividing the dimension, RQ/LSQ at most 64 stages and at most
+    the dimension, code bits 1 to 16 (``fs``: 4; RQ/LSQ: 12),
+    transforms to ``1 <= d`` (PCA: at most the dimension).
+
+    Args:
+        factory: the factory string (``"auto"`` passes).
+        dim: the dimension it is built at (None: checks that need it are left out).
+        n_rows: the rows it is trained on (None: unknown).
+
+    Raises:
+        BadInput: one line naming the part and the range.
+
+    Example:
+        >>> validate_factory("IVF64,PQ8x8,RFlat", 384)
+        >>> validate_factory("HNSW1", 384)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        flowsearch.errors.BadInput: flowsearch rejects index factory 'HNSW1': HNSW's M must be...
+    """
+    if not isinstance(factory, str):
+        raise BadInput(
+            f"index factory must be a string, got {type(factory).__name__}",
+            f"pass a FAISS factory string, {_FACTORY_EXAMPLE}",
+            param="index_factory",
+        )
+    if factory == "auto":
+        return
+    _validate(factory, factory, dim, n_rows)
+
+
+def _validate(whole: str, factory: str, dim: int | None, n_rows: int | None) -> None:
+    at = 0
+    parts = _split(whole, factory)
+    if not parts:
+        _bad(whole, "it is empty")
+    encodings = 0
+    for part in parts:
+        kind = next((k for k in _ORDER[at:] if _PARTS[k].fullmatch(part)), None)
+        if kind is None:
+            known = next((k for k in _ORDER if _PARTS[k].fullmatch(part)), None)
+            problem = f"{part!r} is out of place" if known else f"unknown part {part!r}"
+            _bad(whole, problem)
+        at = _ORDER.index(kind) + (0 if kind == "transform" else 1)
+        match = _PARTS[kind].fullmatch(part)
+        assert match is not None
+        numbers = [_number(whole, g) if g and g.isdigit() else None for g in match.groups()]
+        if kind == "transform":
+            dim = _transform(whole, part, numbers, dim)
+        elif kind == "coarse":
+            _coarse(whole, part, numbers, n_rows)
+        elif kind == "encoding":
+            encodings += 1
+            _encoding(whole, part, match.groups(), numbers, dim)
+        elif kind == "refine" and match.group(1) is not None:
+            _validate(whole, match.group(1), dim, n_rows)
+    if encodings != 1:
+        _bad(whole, "it names no encoding (Flat, HNSW, PQ, SQ, ...)")
+
+
+def _split(whole: str, factory: str) -> list[str]:
+    """The comma-separated parts of ``factory``, commas inside ``(...)`` kept."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(factory):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth < 0:
+                _bad(whole, "its parentheses do not match")
+        elif char == "," and depth == 0:
+            parts.append(factory[start:i])
+            start = i + 1
+    if depth:
+        _bad(whole, "its parentheses do not match")
+    parts.append(factory[start:])
+    return [] if parts == [""] else parts
+
+
+def _number(whole: str, digits: str) -> int:
+    if len(digits) > 9:
+        _bad(whole, f"{digits[:12]}... is too large")
+    return int(digits)
+
+
+def _in_range(whole: str, what: str, value: int | None, low: int, high: int) -> None:
+    if value is not None and not low <= value <= high:
+        _bad(whole, f"{what} must be {low} to {high}, got {value}")
+
+
+def _transform(whole: str, part: str, numbers: list[int | None], dim: int | None) -> int | None:
+    if part == "L2norm":
+        return dim
+    pca, opq_m, opq_d, rr = numbers
+    if pca is not None:
+        _in_range(whole, "PCA's output dimension", pca, 1, dim or 65536)
+        return pca
+    if rr is not None:
+        _in_range(whole, "RR's output dimension", rr, 1, 65536)
+        return rr
+    _in_range(whole, "OPQ's sub-quantizers", opq_m, 1, 65536)
+    out = opq_d if opq_d is not None else dim
+    if out is not None:
+        _in_range(whole, "OPQ's output dimension", out, 1, 65536)
+        if opq_m and out % opq_m:
+            _bad(whole, f"OPQ's output dimension {out} is not a multiple of its {opq_m}")
+    return out
+
+
+def _coarse(whole: str, part: str, numbers: list[int | None], n_rows: int | None) -> None:
+    nlist, graph_m, imi_bits = numbers
+    _in_range(whole, "IVF's nlist", nlist, 1, MAX_NLIST)
+    if nlist is not None and n_rows is not None and nlist > n_rows:
+        _bad(whole, f"IVF's nlist ({nlist}) is more than the {n_rows} rows it is trained on")
+    _in_range(whole, "HNSW's M", graph_m, 2, MAX_HNSW_M)
+    _in_range(whole, "IMI's bits", imi_bits, 1, 12)
+
+
+def _encoding(
+    whole: str, part: str, groups: tuple[str | None, ...], numbers: list[int | None],
+    dim: int | None,
+) -> None:  # fmt: skip
+    hnsw, hnsw_pq, hnsw_bits, pq, pq_bits, pq_kind, rq, rq_bits = numbers
+    _in_range(whole, "HNSW's M", hnsw, 2, MAX_HNSW_M)
+    for m in (hnsw_pq, pq):
+        _in_range(whole, "PQ's sub-quantizers", m, 1, dim or 65536)
+        if m and dim is not None and dim % m:
+            _bad(whole, f"the dimension {dim} is not a multiple of PQ's {m} sub-quantizers")
+    for bits in (hnsw_bits, pq_bits, rq_bits):
+        _in_range(whole, "the code bits", bits, 1, MAX_CODE_BITS)
+    if groups[5] is not None and groups[5].startswith("fs") and pq_bits not in (None, 4):
+        _bad(whole, f"fast-scan PQ codes are 4 bits, got {pq_bits}")
+    # more additive stages than dimensions quantize zero residuals: FAISS's training hangs
+    _in_range(whole, "RQ/LSQ's sub-quantizers", rq, 1, min(64, dim or 64))
+    if rq_bits is not None:
+        _in_range(whole, "RQ/LSQ's code bits", rq_bits, 1, 12)
+
+
+def _bad(factory: str, problem: str) -> NoReturn:
+    shown = factory if len(factory) <= 60 else factory[:57] + "..."
+    shown = "".join(c if c.isprintable() else " " for c in shown)
+    raise BadInput(
+        f"flowsearch rejects index factory {shown!r}: {problem}",
+        f"pass a FAISS factory string, {_FACTORY_EXAMPLE}",
+        param="index_factory",
+    )

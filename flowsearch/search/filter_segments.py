@@ -35,6 +35,7 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from flowsearch.errors import FlowsearchError, IndexDamaged
 from flowsearch.ingest.passages import joined
@@ -52,6 +53,7 @@ __all__ = [
     "filterable",
     "load_segment",
     "quote",
+    "row_bytes",
 ]
 
 #: The column of a segment's table holding each document's first local row.
@@ -109,6 +111,7 @@ class Segment:
     ref: SegmentRef
     users: int = 0
     types: dict[str, pa.DataType] | None = None  # set once the table exists
+    sizes: dict[str, float] | None = None  # its columns' bytes per row (:func:`row_bytes`)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -184,6 +187,34 @@ def documents_of(table: pa.Table, name: str = "") -> tuple[pa.Table, np.ndarray,
         at = docs.column_names.index("text")
         docs = docs.set_column(at, docs.field(at), pa.array(texts, docs.field(at).type))
     return docs, first.astype(np.int64), span
+
+
+def row_bytes(table: pa.Table, vector: int = 2048) -> dict[str, float]:
+    """Bytes per row a vector of ``vector`` rows of each column can take at most, in the
+    DuckDB table made of ``table``: a string's longest value (and its 16-byte header), or the
+    whole column spread over one vector, whichever is less; nested values count the whole column.
+
+    Example:
+        >>> row_bytes(pa.table({"t": ["a" * 100] * 4096, "n": [1] * 4096}))
+        {'t': 116.0, 'n': 9.0}
+    """
+    sizes: dict[str, float] = {}
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        spread = column.nbytes / vector
+        kind = column.type
+        if (
+            pa.types.is_string(kind)
+            or pa.types.is_large_string(kind)
+            or pa.types.is_binary(kind)
+            or pa.types.is_large_binary(kind)
+        ):
+            longest = pc.max(pc.binary_length(column)).as_py() if len(column) else 0
+            sizes[name] = min(spread, float(longest or 0) + 16.0) if len(column) else 0.0
+        elif kind.num_fields == 0 and kind.bit_width > 0:
+            sizes[name] = min(spread, kind.bit_width / 8 + 1)
+        else:
+            sizes[name] = spread  # nested: a vector may hold the whole column
+    return sizes
 
 
 def create_table(cursor: Any, key: str, table: pa.Table, memory_limit: int) -> None:

@@ -19,8 +19,13 @@ document's passages are one row, its whole text, and match together
 :mod:`flowsearch.search.predicate`) into the sorted global rows it matches;
 :func:`flowsearch.ann.prefilter.filtered_search` then searches only those rows, so the answer is
 the true top-k among matching rows. A predicate runs at most ``timeout`` seconds (interrupted
-between DuckDB's vectors), and DuckDB returns the memory it used to the system within about a
-second (its allocator's background threads).
+between DuckDB's vectors, by the filter's own watchdog thread), builds at most a quarter of
+``memory_limit`` per vector of rows (what its functions may build is bounded by their output size,
+:mod:`flowsearch.search.predicate_sizes`, and refused above that before it runs), and DuckDB
+returns the memory it used to the system within about a second (its allocator's background
+threads). A query that leaves DuckDB's database invalidated (a FATAL or INTERNAL error) is
+answered with its error and the filter opens a fresh database: the next filter answers (its
+segments' tables are made again on first use).
 
 Example:
     >>> import pyarrow as pa
@@ -47,7 +52,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from flowsearch.errors import BadInput, FlowsearchError
+from flowsearch.errors import BadInput
 from flowsearch.search.filter_segments import (
     LOCAL,
     SPAN,
@@ -57,6 +62,7 @@ from flowsearch.search.filter_segments import (
     filterable,
     load_segment,
     quote,
+    row_bytes,
 )
 from flowsearch.search.options import SearchOptions
 from flowsearch.search.predicate import (
@@ -69,6 +75,7 @@ from flowsearch.search.predicate import (
     first_line,
     refused,
 )
+from flowsearch.search.predicate_sizes import VECTOR_ROWS
 from flowsearch.search.watchdog import Watchdog
 
 __all__ = ["MAX_WHERE_CHARS", "MetadataFilter", "SegmentRef", "VersionFilter"]
@@ -80,10 +87,10 @@ THREADS = 1
 #: Bytes of matched row numbers a version's filter keeps, most recently used first (a tenant
 #: filter repeats on every query).
 ROWS_CACHE_BYTES = 64 * 2**20
+#: The share of ``memory_limit`` a predicate may build per vector of rows (the rest holds the
+#: segments' tables, and concurrent filters).
+WORK_SHARE = 4
 _DEFAULTS = SearchOptions()
-
-
-_WATCHDOG = Watchdog()
 
 
 class MetadataFilter:
@@ -108,25 +115,52 @@ class MetadataFilter:
         self.timeout = float(_DEFAULTS.filter_timeout if timeout is None else timeout)
         limit = int(_DEFAULTS.filter_memory_bytes if memory_limit is None else memory_limit)
         self.memory_limit = limit
+        self.threads = int(THREADS if threads is None else threads)
+        self._lock = threading.Lock()
+        self._segments: dict[str, Segment] = {}
+        self._idle: list[Any] = []  # cursors between queries (of the current database)
+        self._ids = itertools.count()
+        self._closed = False
+        #: Interrupts this filter's late queries (its own: one Searcher's filters never wait
+        #: on another's, and closing it stops the thread).
+        self.watchdog = Watchdog()
+        #: Counts the databases opened (a fresh one after DuckDB invalidated the last).
+        self.generation = 0
+        self._con = self._connect()
+        self.functions = allowed_functions(self._con)
+
+    def _connect(self) -> Any:
+        """A new locked in-memory database."""
         config: dict[str, str | bool | int | float | list[str]] = {
-            "threads": int(THREADS if threads is None else threads),
-            "memory_limit": f"{max(1, limit // 2**20)}MB",
+            "threads": self.threads,
+            "memory_limit": f"{max(1, self.memory_limit // 2**20)}MB",
             "temp_directory": "",  # never spill to disk: a filter's memory is its bound
+            "max_temp_directory_size": "0KiB",
             # return freed memory to the system (without: a 1 GB filter's pages stay resident)
             "allocator_background_threads": True,
         }
-        self._con = duckdb.connect(":memory:", config=config)
-        self._con.execute("SET TimeZone = 'UTC'")
-        self._con.execute("SET autoinstall_known_extensions = false")
-        self._con.execute("SET autoload_known_extensions = false")
-        self._con.execute("SET enable_external_access = false")
-        self._con.execute("SET lock_configuration = true")
-        self.functions = allowed_functions(self._con)
-        self._lock = threading.Lock()
-        self._segments: dict[str, Segment] = {}
-        self._idle: list[Any] = []  # cursors between queries
-        self._ids = itertools.count()
-        self._closed = False
+        con = duckdb.connect(":memory:", config=config)
+        con.execute("SET TimeZone = 'UTC'")
+        con.execute("SET autoinstall_known_extensions = false")
+        con.execute("SET autoload_known_extensions = false")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+        return con
+
+    def _reopen(self, generation: int) -> None:
+        """DuckDB invalidated database ``generation``: open a fresh one (once, whoever sees it
+        first); every segment's table is made again on its next use."""
+        with self._lock:
+            if self._closed or generation != self.generation:
+                return
+            LOG.warning("the filter database was invalidated by a failed query; opening a new one")
+            old, self._idle = self._con, []
+            for seg in self._segments.values():
+                seg.types = None
+            self._con = self._connect()
+            self.generation += 1
+        with contextlib.suppress(duckdb.Error):
+            old.close()
 
     def version(
         self, segments: Sequence[SegmentRef], schema: Sequence[tuple[str, pa.DataType]]
@@ -172,6 +206,7 @@ class MetadataFilter:
                     cursor.close()
             self._idle.clear()
             self._segments.clear()
+        self.watchdog.close()
         self._con.close()
 
     def __enter__(self) -> MetadataFilter:
@@ -197,8 +232,11 @@ class MetadataFilter:
         try:
             for sql in drop:
                 cursor.execute(sql)
+        except duckdb.Error:  # an invalidated database: its next query opens a fresh one
+            pass
         finally:
-            cursor.close()
+            with contextlib.suppress(duckdb.Error):
+                cursor.close()
 
     def _load(self, seg: Segment) -> dict[str, pa.DataType]:
         """The segment's table, made on first use (once, whoever asks first): its types."""
@@ -208,29 +246,45 @@ class MetadataFilter:
                 with self._cursor() as cursor:
                     create_table(cursor, seg.key, table, self.memory_limit)
                 seg.types = {f.name: f.type for f in table.schema}
+                seg.sizes = row_bytes(table)
             return seg.types
 
     @contextlib.contextmanager
     def _cursor(self) -> Iterator[Any]:
-        """A cursor for one query, back to the pool after it (closed if the query broke it)."""
+        """A cursor for one query, back to the pool after it; after an error, kept only if it
+        still answers (a database DuckDB invalidated is replaced, :meth:`_reopen`)."""
         with self._lock:
             if self._closed:
                 raise BadInput("this Searcher is closed", "open the index again")
+            generation = self.generation
             cursor = self._idle.pop() if self._idle else self._con.cursor()
         ok = False
         try:
             yield cursor
             ok = True
-        except FlowsearchError:
-            ok = True  # the caller's problem, not the cursor's: keep it
+        except BaseException:
+            ok = self._answers(cursor, generation)
             raise
         finally:
             with self._lock:
-                if ok and not self._closed:
+                if ok and not self._closed and generation == self.generation:
                     self._idle.append(cursor)
                 else:
                     with contextlib.suppress(duckdb.Error):
                         cursor.close()
+
+    def _answers(self, cursor: Any, generation: int) -> bool:
+        """Whether ``cursor`` still runs a query (after one failed on it); when its database
+        is invalidated, a fresh one is opened."""
+        try:
+            cursor.execute("SELECT 1").fetchall()
+            return True
+        except duckdb.Error as exc:
+            if isinstance(exc, (duckdb.FatalException, duckdb.InternalException)) or (
+                "invalidated" in str(exc)
+            ):
+                self._reopen(generation)
+            return False
 
 
 class VersionFilter:
@@ -262,6 +316,8 @@ class VersionFilter:
         self._cache_lock = threading.Lock()
         self._view_lock = threading.Lock()
         self._types: dict[str, str] | None = None  # the schema's DuckDB types, once made
+        self._generation = -1  # the owner's database its view and typed table are made in
+        self._column_bytes: dict[str, float] = {}  # bytes of a vector of each column, at most
         self._viewed = False
         self._spans = False  # whether a segment has a document of several rows (its view)
         self._closed = False
@@ -308,7 +364,7 @@ class VersionFilter:
             found = self._rows.get(predicate.sql)
         if found is not None:
             return found
-        found = self._run(predicate.sql)
+        found = self._run(predicate)
         # a version is a snapshot, so a predicate's rows never change (unless it reads the clock)
         if not predicate.volatile:
             found.setflags(write=False)
@@ -334,6 +390,9 @@ class VersionFilter:
         """An empty table of the version's schema (to type predicates on), made once."""
         name = f"e{self._key}"
         with self._view_lock:
+            if self._generation != self._owner.generation:  # a fresh database: make again
+                self._types, self._viewed = None, False
+                self._generation = self._owner.generation
             if self._types is None:
                 create_table(cursor, name, self._schema.empty_table(), self._owner.memory_limit)
                 described = cursor.execute(f"DESCRIBE {name}").fetchall()
@@ -343,15 +402,18 @@ class VersionFilter:
     def _view(self, cursor: Any) -> str:
         """The version's rows: its segments' tables, UNION ALL, ``__row`` global; made once,
         on the first filtered query (which makes the segments' tables it lacks)."""
+        self._typed(cursor)
         with self._view_lock:
             if self._viewed:
                 return self._key
-        self._typed(cursor)
         assert self._types is not None
         parts = []
         spans = False
+        sizes: dict[str, float] = {}
         for seg, ref in self._used:
             have = self._owner._load(seg)
+            for name, nbytes in (seg.sizes or {}).items():
+                sizes[name] = max(sizes.get(name, 0.0), nbytes)
             spans = spans or SPAN in have
             span = SPAN if SPAN in have else f"CAST(1 AS BIGINT) AS {SPAN}"  # one row each
             columns = [f"CAST({ref.offset} AS BIGINT) + {LOCAL} AS {ROW}", span]
@@ -371,34 +433,58 @@ class VersionFilter:
             if not self._viewed:
                 cursor.execute(f"CREATE VIEW {self._key} AS {' UNION ALL '.join(parts)}")
                 self._spans = spans
+                self._column_bytes = sizes
                 self._viewed = True
         return self._key
 
-    def _run(self, predicate: str) -> np.ndarray:
+    def _run(self, checked: Predicate) -> np.ndarray:
         """Execute a checked predicate on documents: the sorted rows of those it matches (a
         document cut into passages matches as a whole, with every row it spans)."""
         if self._closed:
             raise BadInput("this version's filter is closed", "search a version that is open")
-        with self._owner._cursor() as cursor:
+        predicate = checked.sql
+        owner = self._owner
+        with owner._cursor() as cursor:
             view = self._view(cursor)
+            self._check_work(checked)
             spans = self._spans  # else every document is one row: its first row is all
             wanted = f"{ROW}, {SPAN}" if spans else ROW
             sql = f"SELECT {wanted} FROM {view} AS {TABLE} WHERE (\n{predicate}\n)"
-            token = _WATCHDOG.watch(cursor, self._owner.timeout)
+            token = owner.watchdog.watch(cursor, owner.timeout)
             try:
                 found = cursor.execute(sql).fetchnumpy()
             except duckdb.InterruptException:
                 raise refused(
-                    predicate, f"ran longer than {self._owner.timeout:g} s", "simplify it"
+                    predicate, f"ran longer than {owner.timeout:g} s", "simplify it"
+                ) from None
+            except duckdb.OutOfMemoryException:
+                raise refused(
+                    predicate,
+                    f"needs more than the filter's {owner.memory_limit // 2**20} MiB",
+                    "simplify it, or raise SearchOptions(filter_memory_bytes=...)",
                 ) from None
             except duckdb.Error as exc:
                 raise refused(predicate, first_line(exc), "fix the condition") from None
             finally:
-                _WATCHDOG.forget(token)
+                owner.watchdog.forget(token)
         first = np.asarray(found[ROW], np.int64)
         if not spans:
             return np.sort(first)
         return _spanned(first, np.asarray(found[SPAN], np.int64))
+
+    def _check_work(self, checked: Predicate) -> None:
+        """Refuse a predicate that could build more than its share of the filter's memory per
+        vector of rows (its work, at the version's largest values)."""
+        budget = self._owner.memory_limit / WORK_SHARE
+        work = checked.work.bytes(self._column_bytes) * VECTOR_ROWS
+        if work > budget:
+            raise refused(
+                checked.sql,
+                f"could build {work / 2**20:,.0f} MiB per {VECTOR_ROWS} rows of this index, "
+                f"more than the filter's {budget / 2**20:,.0f} MiB",
+                "use fewer growing functions on long columns, or raise "
+                "SearchOptions(filter_memory_bytes=...)",
+            )
 
 
 def _spanned(first: np.ndarray, span: np.ndarray) -> np.ndarray:

@@ -12,15 +12,13 @@ Two things are read from the tree rather than the text:
 - whether the predicate reads the clock (``now()``, ``today ()``, and the SQL keywords
   ``current_date``, ``current_timestamp``, ..., which DuckDB parses as column references and binds
   to the time functions when no column has that name): such a predicate's rows are not cached;
-- how large it can make a value. DuckDB bounds a query's buffer-managed memory (``memory_limit``)
-  but not the strings a scalar function returns, and it checks for interruption only between
-  vectors of 2,048 rows, so one vector of ``repeat(text, 100000)`` runs for a long time and
-  takes gigabytes whatever the limit. Functions that build values from a count or a
-  width (``repeat``, ``lpad``, ``range``, ...) are refused, and the constant replacements of
-  ``replace``/``regexp_replace`` may grow a value at most :data:`MAX_GROWTH`-fold together,
-  and a predicate names columns at most :data:`MAX_COLUMN_REFS` times. What stays unbounded:
-  one vector's work of functions whose cost grows faster than their input (``levenshtein`` of
-  two long texts), so a filter stops within its timeout plus one vector's work.
+- how large it can make a value. Functions are allowed by the size of what they return
+  (:mod:`flowsearch.search.predicate_sizes`: an allow-list; ``repeat``, ``lpad``,
+  ``bitstring``, ``range``, ... are refused, ``hex`` counts twice its input), a predicate's
+  largest value may be at most :data:`MAX_GROWTH` times the columns it reads, and it names
+  columns at most :data:`MAX_COLUMN_REFS` times. The checked :class:`Predicate` carries its
+  *work* (the sizes of every value it builds, summed), which the filter turns into bytes per
+  vector of rows once it knows the columns' sizes, and refuses above its memory bound.
 
 Example:
     >>> import duckdb
@@ -37,12 +35,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
 
 from flowsearch.errors import BadInput
+from flowsearch.search.predicate_sizes import (
+    CAST_GROWTH,
+    FIXED_BYTES,
+    FUNCTIONS,
+    MAX_GROWTH,
+    PAIRWISE,
+    PATTERNS,
+    REFUSED,
+    REWRITES,
+    Size,
+    sized,
+)
 
 __all__ = [
     "MAX_COLUMN_REFS",
@@ -61,8 +71,6 @@ __all__ = [
 
 #: Longest predicate accepted (a filter, not a program).
 MAX_WHERE_CHARS = 8192
-#: How many times longer than its input the string rewrites of a predicate may make a value.
-MAX_GROWTH = 64
 #: How many column references a predicate may hold: ``text || text || ...`` costs the square
 #: of its length per row, within one vector of rows, which no timeout interrupts.
 MAX_COLUMN_REFS = 32
@@ -81,31 +89,27 @@ _TIME_FUNCTIONS = frozenset(
 _TIME_KEYWORDS = frozenset(
     {"current_date", "current_time", "current_timestamp", "localtime", "localtimestamp"}
 )
-# Built-in scalar macros that only compute on their arguments (others read the catalogue).
-_PURE_MACROS = frozenset(
-    {"if", "nullif", "split_part", "date_add", "fdiv", "fmod", "days_in_month", "array_to_string"}
-)
-# Functions that make a value of any size from a count or a width.
-_UNBOUNDED = frozenset(
-    {"repeat", "lpad", "rpad", "bar", "range", "generate_series", "list_resize", "array_resize"}
-    | {"printf", "format", "to_base"}
-)
-# String rewrites: (index of the replacement argument, growth added by empty matches).
-_REWRITES = {"replace": (2, 0), "regexp_replace": (2, 1)}
 # Expression node classes a predicate may contain (DuckDB's json_serialize_sql names).
 _NODE_CLASSES = frozenset(
     {"COLUMN_REF", "CONSTANT", "COMPARISON", "CONJUNCTION", "OPERATOR", "FUNCTION", "CAST"}
     | {"CASE", "BETWEEN", "COLLATE", "TYPE"}
+)
+# Expression nodes whose value is a boolean (or another fixed-size value).
+_FIXED_NODES = frozenset({"COMPARISON", "CONJUNCTION", "BETWEEN"})
+_FIXED_OPERATORS = frozenset(
+    {"OPERATOR_NOT", "OPERATOR_IS_NULL", "OPERATOR_IS_NOT_NULL", "COMPARE_IN", "COMPARE_NOT_IN"}
 )
 _EXAMPLE = "write one SQL condition, e.g. {where=\"year >= 2020 AND lang = 'en'\"}"
 
 
 @dataclass(frozen=True)
 class Predicate:
-    """A checked predicate: its SQL, and whether it reads the clock (its rows change)."""
+    """A checked predicate: its SQL, whether it reads the clock (its rows change), and its work
+    (bytes per row of every value it builds, summed: :mod:`flowsearch.search.predicate_sizes`)."""
 
     sql: str
     volatile: bool
+    work: Size = field(default=Size(), repr=False, compare=False)
 
 
 def refused(where: str, problem: str, fix: str) -> BadInput:
@@ -126,12 +130,12 @@ def first_line(exc: BaseException) -> str:
 
 
 def allowed_functions(con: Any) -> frozenset[str]:
-    """Deterministic built-in scalar functions and operators, plus the time functions."""
+    """The functions a predicate may call: the allow-list by output size
+    (:data:`~flowsearch.search.predicate_sizes.FUNCTIONS`) that ``con``'s DuckDB knows."""
     found = con.execute(
-        "SELECT DISTINCT function_name FROM duckdb_functions() WHERE internal AND "
-        "function_type = 'scalar' AND stability = 'CONSISTENT' AND NOT has_side_effects"
+        "SELECT DISTINCT lower(function_name) FROM duckdb_functions() WHERE internal"
     ).fetchall()
-    return (frozenset(r[0].lower() for r in found) | _TIME_FUNCTIONS | _PURE_MACROS) - _UNBOUNDED
+    return frozenset(FUNCTIONS) & frozenset(r[0] for r in found)
 
 
 class PredicateCheck:
@@ -170,9 +174,9 @@ class PredicateCheck:
             raise refused(where, "contains a NUL character", "remove it")
         tree = self._parse(con, where)
         self._check_shape(where, tree)
-        volatile = self._check_expression(where, tree["where_clause"])
+        volatile, work = self._check_expression(where, tree["where_clause"])
         self._check_boolean(con, where, table)
-        return Predicate(where, volatile)
+        return Predicate(where, volatile, work)
 
     # -- parsing --------------------------------------------------------------------------------
 
@@ -236,49 +240,90 @@ class PredicateCheck:
 
     # -- the expression -------------------------------------------------------------------------
 
-    def _check_expression(self, where: str, root: dict[str, Any]) -> bool:
-        """Walk the predicate's syntax tree (iteratively: trees may be deep); True when it reads
-        the clock."""
+    def _check_expression(self, where: str, root: dict[str, Any]) -> tuple[bool, Size]:
+        """Walk the predicate's syntax tree (iteratively: trees may be deep), checking each node
+        and sizing it from its children: whether it reads the clock, and its work."""
         volatile = False
-        growth = references = 1
-        stack: list[Any] = [root]
+        references = 0
+        largest = work = Size()
+        sizes: dict[int, Size] = {}
+        stack: list[tuple[dict[str, Any], bool]] = [(root, False)]
         while stack:
-            item = stack.pop()
-            if isinstance(item, list):
-                stack.extend(item)
+            item, done = stack.pop()
+            kind = str(item.get("class"))
+            if not done:
+                if kind == "SUBQUERY":
+                    raise refused(
+                        where, "contains a subquery", "filter on the index's columns only"
+                    )
+                if kind not in _NODE_CLASSES:
+                    raise refused(where, f"uses {kind.lower()} expressions", "use plain conditions")
+                if kind == "COLUMN_REF":
+                    volatile |= self._check_column(where, item.get("column_names") or [])
+                    references += 1
+                elif kind == "TYPE" and (item.get("catalog") or item.get("schema")):
+                    raise refused(where, "names a type in a schema", "use built-in types only")
+                stack.append((item, True))
+                stack.extend((child, False) for child in _children(item))
                 continue
-            if not isinstance(item, dict):
-                continue
-            kind = item.get("class")
-            if kind is None:
-                stack.extend(v for v in item.values() if isinstance(v, (dict, list)))
-                continue
-            if kind == "SUBQUERY":
-                raise refused(where, "contains a subquery", "filter on the index's columns only")
-            if kind not in _NODE_CLASSES:
-                raise refused(where, f"uses {kind.lower()} expressions", "use plain conditions")
-            if kind == "COLUMN_REF":
-                volatile |= self._check_column(where, item.get("column_names") or [])
-                references += 1
-            elif kind == "FUNCTION":
+            if kind == "FUNCTION":  # after its arguments: a lambda is named as such
                 volatile |= self._check_function(where, item)
-                growth *= _growth(where, item)
-            elif kind == "TYPE" and (item.get("catalog") or item.get("schema")):
-                raise refused(where, "names a type in a schema", "use built-in types only")
-            stack.extend(v for v in item.values() if isinstance(v, (dict, list)))
-        if references - 1 > MAX_COLUMN_REFS:
+            size, extra = self._size(where, item, [sizes.pop(id(c)) for c in _children(item)])
+            sizes[id(item)] = size
+            if kind not in ("COLUMN_REF", "CONSTANT", "TYPE"):
+                work = work + size + extra
+            largest = largest.most(size)
+            if largest.growth() > MAX_GROWTH:
+                raise refused(
+                    where,
+                    f"can make a value {largest.growth():g} times longer than the columns it reads",
+                    f"use fewer growing functions (hex, replace, ...: at most {MAX_GROWTH}-fold)",
+                )
+        if references > MAX_COLUMN_REFS:
             raise refused(
                 where,
-                f"names columns {references - 1} times",
+                f"names columns {references} times",
                 f"name at most {MAX_COLUMN_REFS} (a filter, not a program)",
             )
-        if growth > MAX_GROWTH:
-            raise refused(
-                where,
-                f"its replacements can make a value {growth} times longer",
-                f"replace with shorter constants (at most {MAX_GROWTH}-fold together)",
-            )
-        return volatile
+        return volatile, work
+
+    def _size(self, where: str, item: dict[str, Any], children: list[Size]) -> tuple[Size, Size]:
+        """A node's bytes per row, from its children's (in :func:`_children`'s order), and the
+        work it does beyond building its value (bytes it reads again and again)."""
+        return self._value_size(where, item, children), _work(where, item, children)
+
+    def _value_size(self, where: str, item: dict[str, Any], children: list[Size]) -> Size:
+        kind = item.get("class")
+        if kind == "COLUMN_REF":
+            parts = item.get("column_names") or []
+            name = self._column_of(parts)
+            return Size.constant(FIXED_BYTES) if name is None else Size.column(name)
+        if kind == "CONSTANT":
+            literal = item.get("value") or item.get("literal") or {}
+            return Size.constant(len(json.dumps(literal)))
+        if kind == "TYPE":
+            return Size()
+        total = Size()
+        for child in children:
+            total = total + child
+        if kind in _FIXED_NODES or (kind == "OPERATOR" and item.get("type") in _FIXED_OPERATORS):
+            return Size.constant(FIXED_BYTES)
+        if kind == "CAST":
+            return total.times(CAST_GROWTH) + Size.constant(FIXED_BYTES)
+        if kind != "FUNCTION":  # CASE, COLLATE, COALESCE, list and struct access: the parts
+            return total
+        name = str(item.get("function_name", "")).lower()
+        if name in REWRITES:
+            return _rewritten(where, name, item, children)
+        return sized(name, children)
+
+    def _column_of(self, parts: list[str]) -> str | None:
+        """The column a (checked) reference reads; None for a time keyword."""
+        if len(parts) >= 2 and parts[0].lower() == TABLE and parts[1].lower() in self._lower:
+            return self._lower[parts[1].lower()]
+        if parts and parts[0].lower() in self._lower:
+            return self._lower[parts[0].lower()]
+        return None
 
     def _check_column(self, where: str, parts: list[str]) -> bool:
         """Refuse an unknown column; True for a time keyword (``current_date``, ...)."""
@@ -305,11 +350,19 @@ class PredicateCheck:
             or item.get("export_state")
             or (item.get("order_bys") or {}).get("orders")
         )
-        if name in _UNBOUNDED:
+        if name in REFUSED:
             raise refused(
                 where,
                 f"function {name}() is not allowed in a filter (it makes values of any size)",
                 "compare the values as they are",
+            )
+        at = PATTERNS.get(name)
+        arguments = item.get("arguments") or []
+        if at is not None and len(arguments) > at and _constant_text(arguments[at]) is None:
+            raise refused(
+                where,
+                f"{name}() takes a computed pattern (compiled again on every row)",
+                "use a constant pattern",
             )
         if qualified or aggregate or name not in self.functions:
             raise refused(
@@ -334,21 +387,58 @@ class PredicateCheck:
             )
 
 
-def _growth(where: str, item: dict[str, Any]) -> int:
-    """How many times longer a string rewrite can make its input (1 for other functions)."""
-    name = str(item.get("function_name", "")).lower()
-    if name not in _REWRITES:
-        return 1
-    at, empty_matches = _REWRITES[name]
+def _children(item: dict[str, Any]) -> list[dict[str, Any]]:
+    """The expression nodes directly under ``item``, in order (through argument wrappers and
+    lists, e.g. a function's ``{name, expression}`` arguments or CASE's checks)."""
+    found: list[dict[str, Any]] = []
+    stack: list[Any] = [v for v in reversed(list(item.values())) if isinstance(v, (dict, list))]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, list):
+            stack.extend(reversed(value))
+        elif isinstance(value, dict):
+            if "class" in value:
+                found.append(value)
+            else:
+                stack.extend(
+                    v for v in reversed(list(value.values())) if isinstance(v, (dict, list))
+                )
+    return found
+
+
+def _rewritten(where: str, name: str, item: dict[str, Any], children: list[Size]) -> Size:
+    """A string rewrite's size: its input times its constant replacement's length (+1 for a
+    regular expression's empty matches)."""
+    at, empty_matches = REWRITES[name]
     arguments = item.get("arguments") or []
     value = _constant_text(arguments[at]) if len(arguments) > at else None
-    if value is None:
+    if value is None or not children:
         raise refused(
             where,
             f"{name}() replaces with a computed value",
             "replace with a constant string",
         )
-    return max(1, len(value)) + empty_matches
+    return children[0].times(max(1, len(value)) + empty_matches)
+
+
+def _work(where: str, item: dict[str, Any], children: list[Size]) -> Size:
+    """The work of a similarity of two values (none for other nodes): one must be a constant of
+    at most ``MAX_GROWTH`` characters, its work the product of the two lengths."""
+    name = str(item.get("function_name", "")).lower()
+    if item.get("class") != "FUNCTION" or name not in PAIRWISE:
+        return Size()
+    constants = [_constant_text(a) for a in item.get("arguments") or []]
+    short = [len(c) for c in constants if c is not None and len(c) <= MAX_GROWTH]
+    if len(children) != 2 or not short:
+        raise refused(
+            where,
+            f"{name}() compares two values of any length (its work is their product)",
+            f"compare with a constant string of at most {MAX_GROWTH} characters",
+        )
+    other = (
+        children[1] if constants[0] is not None and len(constants[0]) <= MAX_GROWTH else children[0]
+    )
+    return other.times(max(1, min(short)))
 
 
 def _constant_text(node: Any) -> str | None:

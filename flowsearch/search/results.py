@@ -89,9 +89,11 @@ class Hit(BaseModel):
         search builds ``k`` of them per query)."""
         hit = object.__new__(cls)
         # every field, in the model's order (what model_dump walks); the rest at their defaults
-        values: dict[str, object] = {"id": id, "score": score, "rank": rank, "text": text, "metadata": metadata,
-                  "dense_score": dense_score, "lexical_score": lexical_score,
-                  "rerank_score": None, "highlight": highlight, "marks": []}  # fmt: skip
+        values: dict[str, object] = {
+            "id": id, "score": score, "rank": rank, "text": text, "metadata": metadata,
+            "dense_score": dense_score, "lexical_score": lexical_score, "rerank_score": None,
+            "highlight": highlight, "marks": [],
+        }  # fmt: skip
         object.__setattr__(hit, "__dict__", values)
         object.__setattr__(hit, "__pydantic_fields_set__", set(_HIT_FIELDS))
         object.__setattr__(hit, "__pydantic_extra__", None)

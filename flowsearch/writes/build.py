@@ -271,7 +271,10 @@ def _load(request: BuildRequest) -> tuple[TextEncoder, Calibrator | None]:
     loaded: Calibrator | None = None
     if calibrator is not None:
         loaded = load_fitted(calibrator, request.calibration, enc.dim)
-    check_factory(request.index_factory, (loaded.dim_out if loaded else None) or enc.dim)
+    dim = (loaded.dim_out if loaded else None) or enc.dim
+    check_factory(request.index_factory, dim)
+    if request.index_factory == "auto":  # the graph auto may build, checked before it is needed
+        check_factory(policy_or_default(request.ann).graph_factory, dim)
     return enc, loaded
 
 
