@@ -5,7 +5,7 @@
   run until fixed), no example deadline (the machine is shared; time is bounded per test by
   ``max_examples``), no database of examples, and no health check for slow data. Use it as
   ``@settings(parent=settings.get_profile("fuzz"), max_examples=N)``;
-- ``fuzz_limits.FILTER_MEMORY`` / ``FILTER_TIMEOUT``: the filter limits the fuzz tests run
+- ``fuzz.fuzz_limits.FILTER_MEMORY`` / ``FILTER_TIMEOUT``: the filter limits the fuzz tests run
   their filters under (small, so a hole shows without exhausting the machine);
 - the autouse fixture ``memory_bound``: the test fails if its process grew by more than
   :data:`MAX_GROWTH_MB` MB of resident memory at any moment (sampled every 20 ms).

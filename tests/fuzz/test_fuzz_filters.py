@@ -10,13 +10,13 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 import pytest
-from fuzz_limits import FILTER_MEMORY, FILTER_TIMEOUT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flowsearch.errors import FlowsearchError
 from flowsearch.search.filters import MetadataFilter, SegmentRef, VersionFilter
 from flowsearch.search.predicate_sizes import FUNCTIONS, REFUSED
+from fuzz.fuzz_limits import FILTER_MEMORY, FILTER_TIMEOUT
 
 ROWS = 2400
 #: Seconds past the filter's timeout a refused or interrupted filter may take (a vector's work,

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 from corpus_helpers import write_corpus
-from fuzz_limits import FILTER_MEMORY, FILTER_TIMEOUT
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_fuzz_filters import WHERES
 
 from flowsearch.search.options import SearchOptions
 from flowsearch.server import create_app
 from flowsearch.writes.build import build_index
+from fuzz.fuzz_limits import FILTER_MEMORY, FILTER_TIMEOUT
+from fuzz.test_fuzz_filters import WHERES
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=20),
