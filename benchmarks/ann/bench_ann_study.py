@@ -226,7 +226,7 @@ def _reduced_graph(
 ) -> tuple[Any, float, int]:
     """An ``HNSW<M>[@efC<n>]`` graph built as ``auto`` builds a large segment's
     (:class:`flowsearch.ann.build.ProjectedGraph`): over the rows' first ``dims`` principal
-    components (PCA fitted on ``Settings.projected_graph_sample_rows`` seeded rows, timed with
+    components (PCA fitted on ``fourth-release projected_graph_sample_rows`` seeded rows, timed with
     the build), then an ``IndexHNSWFlat`` of the full rows (searches read them). Inner product
     only. ``(index, seconds, rows added)`` as :func:`_build_within`."""
     raise SystemExit(  # the product's ProjectedGraph left the package (flowsearch/ann/build.py
@@ -917,7 +917,7 @@ def _scale_tune_section(runs: list[dict[str, Any]]) -> list[str]:
         "`auto`'s index for the 1M rows made as a segment's is "
         "(`flowsearch.ann.build.segment_index`, trained, chunked adds, finished), tuned by its "
         "own tuner (`flowsearch.ann.build.tune`: 4,096 rows sampled, held-out rows + noise, half "
-        "to choose the knob, half to check it, the knob capped at `Settings.max_ef_search`), "
+        "to choose the knob, half to check it, the knob capped at `AnnPolicy.max_ef_search`), "
         "then the 2,000 real queries at the knob it chose. Encoding 1M rows with `static` before "
         "and after the build, on the same threads; build / encode is against their mean.",
         "",
@@ -1334,7 +1334,7 @@ def render(out: dict[str, Any]) -> str:
             "",
             "`auto`'s factory over the searched vectors (by default: HNSW32 built at "
             "`efConstruction` 80; as before this change: 40; with the scan tier on: "
-            "`Settings.scan_max_rows`), built and tuned by `flowsearch.ann.build.tune` "
+            "`fourth-release scan_max_rows`), built and tuned by `flowsearch.ann.build.tune` "
             f"(held-out rows + noise {t['noise']:g}, each left out of its own answer; half to "
             "choose the knob, half to check it), then the real queries at the knob it chose.",
             "",
@@ -1386,7 +1386,7 @@ def render(out: dict[str, Any]) -> str:
             "all rows, real queries. The encoder, the join and the lexical side are the same "
             "work for both layouts and are not in these figures. `auto` by default (HNSW32 at "
             "`efConstruction` 80), as before (40), then with its scan tier on "
-            "(`Settings.scan_max_rows` = 200k). Load at the end: "
+            "(`fourth-release scan_max_rows` = 200k). Load at the end: "
             + ", ".join(str(x["load"]) for x in layouts)
             + ".",
             "",

@@ -14,7 +14,7 @@ Stages (each cached in ``benchmarks/_work/scale``; ``build`` and ``serve`` run i
 processes so their RSS is theirs alone):
 
 - ``prepare``: encode, calibrate, jitter, project; exact truth (timed: Flat's batch QPS).
-- ``build``: what ingest does with ``index_factory="auto"`` past ``Settings.graph_max_rows``, at
+- ``build``: what ingest does with ``index_factory="auto"`` past ``AnnPolicy.graph_max_rows``, at
   1M (:mod:`flowsearch.ann.build`: train on a bounded sample, add in chunks, tune ``nprobe``
   and ``k_factor`` on probe queries, write): seconds per step, peak RSS, bytes on disk.
 - ``serve``: open the index memory-mapped as ``Searcher.open(mmap=True)`` does, RSS after open
@@ -186,7 +186,7 @@ def build() -> dict[str, Any]:
     chunks = lambda: (np.asarray(Z[i : i + CHUNK]) for i in range(0, len(Z), CHUNK))  # noqa: E731
     seconds: dict[str, float] = {}
     with _PeakAnon() as peak:
-        # what auto builds past Settings.graph_max_rows (2M), measured at 1M
+        # what auto builds past AnnPolicy.graph_max_rows (2M), measured at 1M
         # (Flat up to the default 100k rows; a --smoke run is below that too, so its limit is
         # lowered as well and the smoke run takes the same path)
         lowered = AnnPolicy(flat_max_rows=min(len(Z) - 1, 100_000), graph_max_rows=len(Z) - 1)

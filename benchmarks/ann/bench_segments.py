@@ -432,10 +432,10 @@ def latency_stage(one: Path, many: Path, queries: list[str], n_latency: int, rou
     query's top-10 ids and scores saved under ``work`` and compared with the other labels'.
     ``also``: more indexes measured beside them (name: directory), e.g. what bench_storage's
     policy stage left. ``threads``: the segmented index also searched with
-    ``Settings.segment_threads`` at each of these (as ``ten xN``; ``ten``: the default); CPU
+    ``SearchOptions.segment_threads`` at each of these (as ``ten xN``; ``ten``: the default); CPU
     time is then the whole process's (every thread's), and the QPS of 4 concurrent clients is
     measured per index. ``skews``: the segmented index also opened with its knobs chosen at
-    each ``Settings.merged_skew`` (as ``ten skew S``: higher knobs, higher recall), so the one
+    each ``ann.merged.MERGED_SKEW`` (as ``ten skew S``: higher knobs, higher recall), so the one
     and the segmented index are compared at equal recall too; each index's dense recall@10
     (against exact search over every row) is recorded."""
     from unittest.mock import patch
@@ -776,7 +776,7 @@ def latency_runs_part(report: dict[str, Any]) -> list[str]:
         "compare ratios (each run's own one-segment p50 is its base); `policy-*`: the indexes "
         "bench_storage.py's policy stage left (100 upserts of 1,000 rows into a copy of the one "
         "segment; `before`: the tiers alone, ten to a tier; `now`: the default policy); "
-        "`ten` is searched with the default `Settings.segment_threads`, which was 1 (in turn) "
+        "`ten` is searched with the default `SearchOptions.segment_threads`, which was 1 (in turn) "
         "before the segment-threads run and is every core since (2 here, both cores allowed), "
         "`ten x1` in turn; `ten skew S`: knobs chosen at `merged_skew` S (equal recall). Same "
         "answers: share of "
@@ -846,7 +846,7 @@ def render(report: dict[str, Any]) -> str:
         "sentences). recall@10: dense answer against exact search over all rows; hybrid: share "
         "of the one segment's hybrid top 10. p50: one query at a time, interleaved. Load "
         f"(1-minute) during the run: {[x[0] for x in m['load']]}; run on cores "
-        f"{report.get('cores', '?')} of 2 (`x2 threads`: `Settings.segment_threads=2`). "
+        f"{report.get('cores', '?')} of 2 (`x2 threads`: `SearchOptions.segment_threads=2`). "
         f"{report['machine']}",
         "",
         "| index | dense recall@10 (questions / partial) | hybrid = one | knobs (chosen; tuned) |",

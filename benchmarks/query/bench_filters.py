@@ -15,7 +15,7 @@ The rows are written as Parquet files of 50,000 rows, each one segment of the fi
 (the third release's filter: one DuckDB table per segment, a UNION ALL view per version).
 
 Also measured: IDSelectorBatch against IDSelectorBitmap, the brute-force/selector switch
-(``Settings.exact_below``), and the memory the filter tables take with and without ``text``.
+(``ann.prefilter.EXACT_BELOW``), and the memory the filter tables take with and without ``text``.
 
 Run from the repository root (about 3 minutes on 2 cores)::
 

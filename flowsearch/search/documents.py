@@ -12,7 +12,7 @@ through the shards (:func:`flowsearch.search.shards.records_of`), so the same gr
 one process and Ray shards alike.
 
 Best passage (the maximum) rather than a sum or mean of passage scores: measured on
-long-document dev sets in ``benchmarks/bench_passages.py`` (RESULTS.md, "Passages").
+long-document dev sets by the study ``passages`` (RESULTS.md, "Passages").
 
 Example:
     >>> hits, done = document_hits(shards, manifest, ranked, k)  # doctest: +SKIP

@@ -4,7 +4,7 @@ A segment's filterable columns are read once, on the first filtered query that n
 (:func:`load_segment` calls the caller's ``load``), copied into a DuckDB table of the shared
 catalog (:func:`create_table`; every cursor sees it), and dropped when no live version uses the
 segment. Native tables, not registered Arrow tables: a registered table is scanned through
-pyarrow with a fixed cost per table and query (``benchmarks/bench_filter_segments.py``,
+pyarrow with a fixed cost per table and query (the benchmark ``filter_segments``,
 benchmarks/RESULTS.md), and native ones count against
 DuckDB's ``memory_limit``, which so bounds the data and the queries' working memory together.
 

@@ -8,7 +8,7 @@ once scores 0.7; both in [0, 1]). Given each side's score of the
 other side's candidates ("complete" scores), a hit's score depends only on its own cosine, its
 own BM25, the query's upper bound and the index's reference: it is comparable across queries,
 does not move when other rows join the candidates, and a nonsense query scores low instead of
-the 1.0 a per-query min-max gives its best row. ``benchmarks/bench_fusion.py`` compares it
+the 1.0 a per-query min-max gives its best row. The study ``fusion`` compares it
 with the published rules (per-query min-max, reciprocal-rank fusion) on the dev sets
 (benchmarks/RESULTS.md, "Hybrid fusion").
 

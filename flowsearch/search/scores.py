@@ -21,7 +21,7 @@ never on which other rows were candidates. A query with nothing like it in the c
 (``"asdf qwerty zxcv"``) gets low figures on both sides; the per-query min-max of the second
 release gave its best row 1.0 whatever it was.
 
-Compared on five dev sets (``benchmarks/bench_fusion.py``, benchmarks/RESULTS.md "Hybrid
+Compared on five dev sets (the study ``fusion``, benchmarks/RESULTS.md "Hybrid
 fusion"), fused by :func:`flowsearch.search.fusion.fuse`: for the bundled ``mean`` they rank
 above per-query min-max, theoretical-min-max, z-score, DBSF and RRF; for ``static`` about level
 with the min-max rules, the price of a score that depends on the hit alone. Percentiles against
@@ -172,7 +172,7 @@ def normalise_dense(scores: np.ndarray, reference: FusionReference | None) -> np
 ONE_OCCURRENCE = 1.0 / (1.0 + 1.5)
 #: What :func:`normalise_lexical` maps :data:`ONE_OCCURRENCE` to by default: the highest of
 #: 0.5-0.9 whose hybrid nDCG@10 on the dev sets (weight re-chosen leave-one-set-out) is not
-#: significantly below the plain share's for either encoder (``bench_fusion_query.py``).
+#: significantly below the plain share's for either encoder (the study ``fusion_query``).
 LEXICAL_MATCH = 0.7
 
 

@@ -1,6 +1,6 @@
 r"""How stable is ``auto``'s choice of ``efSearch``, and what do more tuning queries buy (issue 30)?
 
-One ``auto`` index (HNSW32 at ``Settings.hnsw_ef_construction``) over ``bench_ann_study``'s
+One ``auto`` index (HNSW32 at ``AnnPolicy.ef_construction``) over ``bench_ann_study``'s
 200,000 ``static`` rows in the space ``auto`` searches (its ``prepare`` stage, cached), built
 once. Then :func:`flowsearch.ann.build.tune` is run again and again on it, as a segment's write
 runs it, with a different seed each time (the 4,096 sampled rows and the held-out queries drawn
