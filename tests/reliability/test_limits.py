@@ -157,7 +157,7 @@ def test_manifest_stays_small_and_the_log_lists_every_write(
     assert main(["info", "--history", "--index", str(index)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == n_writes + 2 and lines[-1].startswith(f"v{n_writes + 2} ")
-    assert lines[-1].endswith(" delete 1 row")
+    assert lines[-1].endswith(" delete: 1 passage deleted")
 
 
 def test_info_history_lists_every_write_kind(cli, index, corpora):
@@ -179,7 +179,7 @@ def test_info_history_lists_every_write_kind(cli, index, corpora):
     assert by_kind["add"]["n_rows"] == 20 and by_kind["delete"]["n_rows"] == 2
     assert by_kind["upsert"]["detail"]["replaced"] == 10
     text = cli.run("info", "--history", "--index", index).out.splitlines()
-    assert [line.split()[2] for line in text] == [r["kind"] for r in records]
+    assert [line.split()[2].rstrip(":") for line in text] == [r["kind"] for r in records]
 
 
 # -- a huge k --------------------------------------------------------------------------------
