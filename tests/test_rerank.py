@@ -165,3 +165,15 @@ def test_serve_with_a_bad_reranker_is_one_line(index_dir, tmp_path):
                                    "--rerank", str(tmp_path / "nope")])  # fmt: skip
     assert out.exit_code == 2 and "Traceback" not in out.output
     assert "no cross-encoder directory" in out.stderr and out.stderr.strip().count("\n") == 0
+
+
+def test_the_rerank_stage_is_timed_for_whoever_collects(searcher):
+    """The server's ``flowsearch_stage_seconds{stage="rerank"}`` is fed by the library's stage."""
+    from flowsearch.search.timings import collect
+
+    with collect() as seconds:
+        searcher.search("the cat", k=3)
+    assert seconds.get("rerank", 0.0) > 0.0 and "encode" in seconds
+    with collect() as seconds:
+        searcher.search("the cat", k=3, rerank=False)
+    assert "rerank" not in seconds

@@ -374,7 +374,8 @@ class Searcher:
         hits, lp, top = self._run(version, queries, depth, where, mode)
         hits = above(hits, min_score)
         if reranker is not None:
-            hits = reranker.rerank(queries, hits, k)
+            with stage("rerank"):
+                hits = reranker.rerank(queries, hits, k)
         return hits, lp, top
 
     def _shards(self, version: Version) -> sh.Shards:
