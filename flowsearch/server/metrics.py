@@ -128,27 +128,8 @@ class Metrics:
         return child
 
     @contextlib.contextmanager
-    def searching(self, index: str, mode: str) -> Iterator[None]:
-        """Count and time the search requests run inside (their stages too)."""
-        start = time.perf_counter()
-        status = "200"
-        with collect() as stages:
-            try:
-                yield
-            except BaseException as exc:
-                status = _status(exc)
-                raise
-            finally:
-                self._child(self.searches, index, mode, status).inc()
-                if status == "200":
-                    took = time.perf_counter() - start
-                    self._child(self.search_seconds, index, mode).observe(took)
-                    for name, seconds in stages.items():
-                        self._child(self.stage_seconds, index, name).observe(seconds)
-
-    @contextlib.contextmanager
-    def writing(self, index: str, kind: str) -> Iterator[None]:
-        """Count and time a write request."""
+    def _timed(self, count: Counter, seconds: Histogram, index: str, what: str) -> Iterator[None]:
+        """Count the request run inside by its status; time it when it succeeded."""
         start = time.perf_counter()
         status = "200"
         try:
@@ -157,10 +138,21 @@ class Metrics:
             status = _status(exc)
             raise
         finally:
-            self._child(self.writes, index, kind, status).inc()
+            self._child(count, index, what, status).inc()
             if status == "200":
-                took = time.perf_counter() - start
-                self._child(self.write_seconds, index, kind).observe(took)
+                self._child(seconds, index, what).observe(time.perf_counter() - start)
+
+    @contextlib.contextmanager
+    def searching(self, index: str, mode: str) -> Iterator[None]:
+        """Count and time the search requests run inside (their stages too, when answered)."""
+        with collect() as stages, self._timed(self.searches, self.search_seconds, index, mode):
+            yield
+        for name, took in stages.items():  # reached only when the search answered
+            self._child(self.stage_seconds, index, name).observe(took)
+
+    def writing(self, index: str, kind: str) -> contextlib.AbstractContextManager[None]:
+        """Count and time a write request."""
+        return self._timed(self.writes, self.write_seconds, index, kind)
 
     def refreshed(self, index: str) -> None:
         """Count a move to a newer version."""
