@@ -569,3 +569,15 @@ def test_a_cap_below_the_first_knob_is_where_the_tuning_starts_going_deeper():
     index.add(x)
     tuned = ann_tune.tune_segment(index, lambda: iter([x]), AnnPolicy(max_ef_search=4))
     assert tuned.params == "efSearch=4" or tuned.exact is not None or tuned.tuned_recall >= 0.95
+
+
+def test_recall_of_a_segment_smaller_than_k_counts_the_rows_it_has():
+    """Truth padded with -1 (fewer than k other rows): finding them all is recall 1 (it read
+    0.6 for a 6-row segment, which then looked short of any target), a miss still counts."""
+    from flowsearch.ann.tune import recall_at_k
+
+    truth = np.array([[3, 1, 4, 2, 5, -1, -1, -1, -1, -1]])
+    assert recall_at_k(np.array([[1, 2, 3, 4, 5, -1, -1, -1, -1, -1]]), truth) == 1.0
+    assert recall_at_k(np.array([[1, 2, 3, 4, 0, -1, -1, -1, -1, -1]]), truth) == 0.8
+    full = np.arange(10)[None, :]
+    assert recall_at_k(full[:, ::-1], full) == 1.0 and recall_at_k(full + 5, full) == 0.5

@@ -94,11 +94,16 @@ GRAPH_MAX_SCAN_SHARE = 0.1
 
 
 def recall_at_k(found: np.ndarray, truth: np.ndarray, k: int = 10) -> float:
-    """Mean share of each row of ``truth[:, :k]`` found in ``found[:, :k]`` (int64 (q, >=k))."""
-    hits = [
-        len(set(f[:k].tolist()) & set(t[:k].tolist())) for f, t in zip(found, truth, strict=True)
-    ]
-    return float(np.mean(hits) / k) if hits else 1.0
+    """Mean share of each row of ``truth[:, :k]`` found in ``found[:, :k]`` (int64 (q, >=k)).
+
+    A truth row padded with -1 (a segment of fewer than ``k`` other rows) is judged on the rows
+    it has: finding all of them is recall 1, and a -1 in both is no hit."""
+    shares = []
+    for f, t in zip(found, truth, strict=True):
+        true = {int(r) for r in t[:k] if r >= 0}
+        if true:
+            shares.append(len(true.intersection(f[:k].tolist())) / len(true))
+    return float(np.mean(shares)) if shares else 1.0
 
 
 def exact_knn(
