@@ -76,7 +76,8 @@ def _small(png: Path) -> None:
     except ImportError:
         return
     with Image.open(png) as image:
-        image.convert("RGB").quantize(256, method=Image.Quantize.FASTOCTREE).save(png, optimize=True)
+        small = image.convert("RGB").quantize(256, method=Image.Quantize.FASTOCTREE)
+    small.save(png, optimize=True)
 
 
 if __name__ == "__main__":
