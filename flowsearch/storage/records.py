@@ -32,6 +32,7 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+from typing_extensions import Self  # typing.Self is 3.11+
 
 from flowsearch.atomic import sha256_file
 from flowsearch.errors import IndexDamaged
@@ -296,8 +297,8 @@ class ReferenceRecord(BaseModel):
     @model_validator(mode="wrap")
     @classmethod
     def _remember_a_missing_sample(
-        cls, data: Any, handler: ModelWrapValidatorHandler[ReferenceRecord], info: ValidationInfo
-    ) -> ReferenceRecord:
+        cls, data: Any, handler: ModelWrapValidatorHandler[Self], info: ValidationInfo
+    ) -> Self:
         record = handler(data)
         stored = bool(info.context and info.context.get(STORED))
         if stored and isinstance(data, Mapping) and "sample" not in data:
