@@ -18,6 +18,11 @@ query term counts each time, as in bm25s and Lucene), rounded to float32.
 Rows in answers are *global*: the segment's offset (the rows of the segments before it, in
 version order) plus the local row.
 
+A long document (several passage rows) is scored whole: its terms and length are on its first
+passage's row, N counts documents, and any of its rows scores what that row scores
+(:class:`~flowsearch.lexical.postings.Postings`' ``leads``). So BM25 over a corpus cut into
+passages equals BM25 over the same corpus of whole documents, hit for hit.
+
 Example:
     >>> from flowsearch.lexical.postings import Postings
     >>> a = Postings.build(["tides rise twice a day", "heat pumps move heat"])
@@ -176,7 +181,15 @@ class Bm25:
         #: int64 (segments + 1,): each segment's first global row, then n_rows.
         self.offsets: Int64 = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         stats = [p.live_stats(deleted) for p, deleted in self.segments]
-        #: Live rows of every segment: BM25's N.
+        #: int64 (n_rows,) or None: rows back from each global row to its document's lead
+        #: (None when every row is its own document).
+        self.leads: Int64 | None = None
+        if any(p.leads is not None for p, _ in self.segments):
+            self.leads = np.concatenate([
+                np.zeros(p.n_rows, np.int64) if p.leads is None else p.leads.astype(np.int64)
+                for p, _ in self.segments
+            ])  # fmt: skip
+        #: Live documents of every segment: BM25's N.
         self.n_live = sum(n for n, _ in stats)
         live_length = sum(total for _, total in stats)
         #: The live rows' summed lengths.
@@ -276,7 +289,7 @@ class Bm25:
             found, total = self._scores(terms, None, statistics)
             valid = rows[qi] >= 0
             if valid.any():
-                scored[qi, valid] = self._score_of(found, total, rows[qi, valid])
+                scored[qi, valid] = self._score_of(found, total, self._leads_of(rows[qi, valid]))
             if allowed is not None:
                 keep = allowed[found]
                 found, total = found[keep], total[keep]
@@ -287,7 +300,7 @@ class Bm25:
         self, query: str, rows: npt.ArrayLike, statistics: Statistics | None = None
     ) -> Float32:
         """BM25 of ``query`` for each of ``rows`` (global), as :meth:`search` scores them
-        (with ``statistics`` as there).
+        (with ``statistics`` as there): a passage of a long document scores its document.
 
         Returns:
             float32 (m,): 0 for a row that holds no query term or is deleted.
@@ -304,7 +317,11 @@ class Bm25:
                 param="rows",
             )
         found, total = self._scores(tokenize_batch([query])[0], None, statistics)
-        return self._score_of(found, total, wanted)
+        return self._score_of(found, total, self._leads_of(wanted))
+
+    def _leads_of(self, rows: Int64) -> Int64:
+        """The global row holding each of ``rows``' document terms (valid rows only)."""
+        return rows if self.leads is None else rows - self.leads[rows]
 
     @staticmethod
     def _score_of(found: Int64, total: Float32, wanted: Int64) -> Float32:

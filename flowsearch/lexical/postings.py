@@ -10,14 +10,22 @@ Rows are *local*: 0 .. n_rows-1 within the segment, in the order the texts came.
 not part of the postings: wherever postings are read (:class:`~flowsearch.lexical.bm25.Bm25`,
 :meth:`Postings.merge`), the segment's deletion mask is given beside them.
 
+A long document is several rows, one per passage (:mod:`flowsearch.storage.passages`), but
+BM25 scores it whole: its first passage's row (its *lead*) holds the terms of the document's
+whole text with its whole length, and its other passages' rows hold nothing. ``leads`` says
+where each row's document is held (0 for a lead, ``p`` for passage ``p``), so a row's BM25 is
+its lead's, and BM25's N counts leads: a document counts once, with its own length, as in a
+corpus of whole documents. Postings without ``leads`` (every row its own document) hold one
+row per document already.
+
 Terms are the vocabulary of :func:`flowsearch.lexical.tokens.tokenize_batch`; postings this
 module writes keep the vocabulary sorted (so equal texts give equal arrays, whether built at
 once or merged), postings of format 1 keep theirs in first-seen order, and nothing depends on
 the order.
 
 On disk (:meth:`Postings.save`, :mod:`~flowsearch.lexical.postings_files`): JSON and plain
-``.npy`` arrays, never a pickle; format 2 is written, and format 1 (the second release's
-``LexicalIndex.save``) is read too.
+``.npy`` arrays, never a pickle; format 3 (with ``leads``) or 2 (without) is written, and
+format 1 (the second release's ``LexicalIndex.save``) is read too.
 
 Example:
     >>> p = Postings.build(["tides rise twice a day", "heat pumps move heat"])
@@ -44,6 +52,7 @@ import numpy as np
 import numpy.typing as npt
 
 from flowsearch.errors import BadInput, IndexDamaged
+from flowsearch.ingest.passages import joined
 from flowsearch.lexical import postings_files as files
 from flowsearch.lexical.tokens import tokenize_batch
 
@@ -73,6 +82,9 @@ class Postings:
         rows: int32 (nnz,): the local row of each posting, ascending within a term.
         tf: int32 (nnz,): how often the term occurs in that row (>= 1).
         lengths: int32 (n_rows,): each row's length in terms (after tokenisation).
+        leads: int32 (n_rows,) or None: rows back from each row to the row holding its
+            document's terms (0: the row holds its own; see the module docstring). None: every
+            row holds its own.
 
     The constructor checks shapes and dtypes only (O(n_terms)); :meth:`load` also checks ranges.
     The arrays become read-only: the postings own them.
@@ -85,12 +97,14 @@ class Postings:
         rows: npt.ArrayLike,
         tf: npt.ArrayLike,
         lengths: npt.ArrayLike,
+        leads: npt.ArrayLike | None = None,
     ) -> None:
         self.vocab: list[str] = list(vocab)
         self.indptr: Int64 = _frozen(indptr, np.int64)
         self.rows: Int32 = _frozen(rows, np.int32)
         self.tf: Int32 = _frozen(tf, np.int32)
         self.lengths: Int32 = _frozen(lengths, np.int32)
+        self.leads: Int32 | None = None if leads is None else _frozen(leads, np.int32)
         problem = _shape_problem(self)
         if problem:
             raise BadInput(f"inconsistent postings: {problem}", "build them with Postings.build")
@@ -111,6 +125,18 @@ class Postings:
     def n_terms(self) -> int:
         """Distinct terms."""
         return len(self.vocab)
+
+    @property
+    def n_documents(self) -> int:
+        """Documents: rows that hold their document's terms (deleted ones included)."""
+        return self.n_rows if self.leads is None else int(np.count_nonzero(self.leads == 0))
+
+    def lead_rows(self, rows: Int64) -> Int64:
+        """The row holding each of local ``rows``' document terms (the rows themselves when
+        every row holds its own)."""
+        if self.leads is None:
+            return rows
+        return rows - self.leads[rows]
 
     @property
     def nnz(self) -> int:
@@ -164,7 +190,8 @@ class Postings:
         return self._total_length
 
     def live_stats(self, deleted: Mask | None) -> tuple[int, int]:
-        """(live rows, sum of the live rows' lengths) given the segment's deletion mask.
+        """(live documents, sum of their lengths) given the segment's deletion mask: live rows
+        that hold their document's terms (every live row, without ``leads``).
 
         ``deleted`` is bool (n_rows,), True for a deleted row, or None. The answer is kept per
         mask object for as long as the mask lives, so a version that reuses a segment and its
@@ -172,14 +199,15 @@ class Postings:
         deletions, never change one in place).
         """
         if deleted is None:
-            return self.n_rows, self.total_length
+            return self.n_documents, self.total_length
         key = id(deleted)
         cached = self._live_stats.get(key)
         if cached is not None and cached[0]() is deleted:
             return cached[1]
         check_mask(deleted, self.n_rows, "deleted")
         live = ~deleted
-        stats = int(np.count_nonzero(live)), int(self.lengths.sum(where=live, dtype=np.int64))
+        counted = live if self.leads is None else live & (self.leads == 0)
+        stats = int(np.count_nonzero(counted)), int(self.lengths.sum(where=live, dtype=np.int64))
         drop = self._live_stats.pop
         self._live_stats[key] = (weakref.ref(deleted, lambda _: drop(key, None)), stats)
         return stats
@@ -187,8 +215,12 @@ class Postings:
     # -- building ----------------------------------------------------------------------------
 
     @classmethod
-    def build(cls, texts: Iterable[str]) -> Postings:
+    def build(cls, texts: Iterable[str], leads: npt.ArrayLike | None = None) -> Postings:
         """Postings of ``texts``; text ``i`` (in iteration order) is local row ``i``.
+
+        ``leads`` (see the class): when given, the text of a row with a lead above 0 must be
+        empty (its document's terms are on its lead's row); use :meth:`of_documents` to build
+        them from passages.
 
         ``texts`` is consumed once, :data:`BUILD_CHUNK` texts at a time
         (a generator over Parquet row groups is fine): beyond one chunk's tokens, only integer
@@ -227,13 +259,50 @@ class Postings:
         all_terms = rank[np.concatenate(terms)] if terms else np.zeros(0, np.int64)
         # stable: postings arrive in row order, so rows stay ascending within each term
         order = np.argsort(all_terms, kind="stable")
-        return cls(
+        built = cls(
             words,
             _offsets(np.bincount(all_terms, minlength=len(words))),
             np.concatenate(rows)[order] if rows else np.zeros(0, np.int32),
             np.concatenate(tfs)[order] if tfs else np.zeros(0, np.int32),
             np.concatenate(lengths),
+            leads,
         )
+        if built.leads is not None and np.any(built.lengths[built.leads != 0]):
+            raise BadInput(
+                "a row that is not its document's lead holds terms",
+                "give the document's whole text on its lead row, '' on the others",
+            )
+        return built
+
+    @classmethod
+    def of_documents(
+        cls, texts: Iterable[str], passages: Iterable[tuple[int, int, int, int]]
+    ) -> Postings:
+        """Postings of passage rows whose documents BM25 scores whole: ``texts`` are the rows'
+        passage texts and ``passages`` their ``(passage, passages, start, end)`` (the
+        :mod:`~flowsearch.storage.passages` columns), in row order; a document's passages are
+        consecutive rows. A document of one passage is its row, as :meth:`build` makes it."""
+        whole: list[str] = []
+        leads: list[int] = []
+        pending: list[tuple[str, int, int]] = []
+
+        def close() -> None:
+            whole.append(joined([t for t, _, _ in pending], [a for _, a, _ in pending],
+                                [b for _, _, b in pending]))  # fmt: skip
+            whole.extend("" for _ in pending[1:])
+
+        for text, (number, count, start, end) in zip(texts, passages, strict=True):
+            if number == 0 and pending:
+                raise BadInput("a document's passages are not consecutive rows",
+                               "write a document's passages together, in order")  # fmt: skip
+            pending.append((text, int(start), int(end)))
+            leads.append(int(number))
+            if number == count - 1:
+                close()
+                pending = []
+        if pending:
+            raise BadInput("the rows end inside a document", "give every passage of a document")
+        return cls.build(whole, np.asarray(leads, np.int32))
 
     @classmethod
     def merge(cls, segments: Sequence[tuple[Postings, Mask | None]]) -> Postings:
@@ -276,12 +345,19 @@ class Postings:
             filled[ids] += kept
             offset += int(np.count_nonzero(keep))
         lengths = [p.lengths[k] for (p, _), k in zip(segments, keeps)]
+        leads = None
+        if any(p.leads is not None for p, _ in segments):  # a document is kept or dropped whole
+            leads = np.concatenate([np.zeros(0, np.int32)] + [
+                (np.zeros(p.n_rows, np.int32) if p.leads is None else p.leads)[k]
+                for (p, _), k in zip(segments, keeps)
+            ])  # fmt: skip
         return cls(
             [w for w, u in zip(words, used) if u],
             indptr,
             out_rows,
             out_tf,
             np.concatenate(lengths) if lengths else np.zeros(0, np.int32),
+            leads,
         )
 
     # -- files -------------------------------------------------------------------------------
@@ -294,6 +370,8 @@ class Postings:
             BadInput: when ``directory`` holds any other file.
         """
         arrays = {name: getattr(self, name) for name in files.ARRAYS}
+        if self.leads is not None:
+            arrays["leads"] = self.leads
         counts = {"n_rows": self.n_rows, "n_terms": self.n_terms, "nnz": self.nnz}
         files.write(
             Path(directory), self.vocab, arrays, {**counts, "total_length": self.total_length}
@@ -386,4 +464,6 @@ def _shape_problem(p: Postings) -> str | None:
         return "indptr does not span the postings"
     if p.rows.shape != p.tf.shape:
         return "rows and tf differ in length"
+    if p.leads is not None and p.leads.shape != p.lengths.shape:
+        return "leads and lengths differ in length"
     return None

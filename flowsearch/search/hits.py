@@ -28,7 +28,8 @@ def build_hits(
 ) -> list[list[Hit]]:
     """Hits for global ``rows`` (q, k) from their records (``by_row``: id, text, metadata and,
     for a passage of several, ``passage``), with their scores and component scores (raw
-    cosine, raw BM25; NaN: not scored)."""
+    cosine, raw BM25; NaN: not scored). A hit has a highlight when the dense side scored one
+    of a document's passages; the lexical side scores the whole document."""
     out = []
     as_lists = (np.asarray(a, np.float64).tolist() for a in (scores, parts[0], parts[1]))
     for q_rows, q_scores, q_dense, q_lexical in zip(np.asarray(rows).tolist(), *as_lists,
@@ -41,7 +42,11 @@ def build_hits(
             meta = rec["metadata"]
             passage = rec.get("passage")
             highlight = None
-            if passage is not None and passage[1] > 1:
+            # a passage of several, unless the lexical side alone scored it on the document's
+            # first passage: BM25 scores a document whole there (flowsearch.lexical.postings),
+            # so no passage is its best (an index written before scores passages: any row)
+            whole = d != d and passage is not None and passage[0] == 0
+            if passage is not None and passage[1] > 1 and not whole:
                 highlight = _highlight(rec["text"], passage[2])
             hits.append(
                 Hit.of(

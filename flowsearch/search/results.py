@@ -52,8 +52,9 @@ class Hit(BaseModel):
             passage), by which the hits are ordered (None: not reranked); ``score`` stays the
             first stage's.
         highlight: for a document cut into passages (longer than the encoder's window), the
-            passage that scored best (the hit's scores are that passage's); None for a
-            document read whole.
+            passage that scored best on the dense side (``dense_score`` is that passage's;
+            BM25 scores the whole document); None for a document read whole, and in
+            ``lexical`` mode.
         marks: where the query's words are in ``text``: (start, end) character offsets of each
             word whose index term is one of the query's (stemmed, as BM25 counts them:
             ``cuts`` for ``cutting``), in order; what the search page marks and

@@ -46,7 +46,12 @@ from flowsearch.ann.policy import AnnPolicy
 from flowsearch.errors import BadInput, IndexDamaged
 from flowsearch.storage import deletions
 from flowsearch.storage.manifest import AnnRecord, SchemaColumn, SegmentRecord
-from flowsearch.storage.passages import PASSAGE_COLUMNS, has_passages, whole_documents
+from flowsearch.storage.passages import (
+    PASSAGE_COLUMNS,
+    count_documents,
+    has_passages,
+    whole_documents,
+)
 from flowsearch.storage.rows import VECTOR_COLUMNS, RowReader, matrix, vector_column
 from flowsearch.storage.schema import type_of
 from flowsearch.storage.writer import Writer
@@ -292,12 +297,22 @@ def merge(
         if lexical:
             parts.append((_postings(folder, seg), None if dead is None else ~dead))
     postings = None
-    if lexical:
+    older = [p.leads is None for p, _ in parts]
+    if lexical and any(old and cut for old, cut in zip(older, _cut(writer, records), strict=True)):
+        # a release before whole-document BM25 scored a long document's passages: build the
+        # merged segment's postings from its texts, so its documents are scored whole
+        builder.lexical = True
+    elif lexical:
         from flowsearch.lexical.postings import Postings
 
         postings = Postings.merge(parts)
     LOG.info("merged %d segments (%d live rows) into one", len(records), n_live)
     return builder.finish(postings=postings)
+
+
+def _cut(writer: Writer, records: Sequence[SegmentRecord]) -> list[bool]:
+    """Per segment, whether it holds a document of several passages."""
+    return [count_documents(writer.segment_path(s), s) < s.n_live for s in records]
 
 
 def _live_tables(folder: Path, seg: SegmentRecord, dead: np.ndarray | None) -> Iterator[pa.Table]:

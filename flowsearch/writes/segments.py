@@ -171,10 +171,7 @@ class SegmentBuilder:
             ids = pa.chunked_array([pa.array(c) for c in reader.column_chunks("id")])
             KeyIndex.build(ids).save(self.stage)
             if postings is None and self.lexical:
-                from flowsearch.lexical.postings import Postings
-
-                texts = (t for chunk in reader.column_chunks("text") for t in chunk)
-                postings = Postings.build(texts)
+                postings = _postings(reader)
             if postings is not None:
                 postings.save(self.stage / POSTINGS_DIR)
         finally:
@@ -195,6 +192,21 @@ class SegmentBuilder:
             vector_sum=encode_vector_sum(self.vector_sum),
             **fields,
         )
+
+
+def _postings(reader: RowReader) -> Postings:
+    """The BM25 postings of a segment's rows: a long document's (several passages) whole, on
+    its first passage's row (:meth:`~flowsearch.lexical.postings.Postings.of_documents`)."""
+    from flowsearch.lexical.postings import Postings
+
+    texts = (t for chunk in reader.column_chunks("text") for t in chunk)
+    if not reader.passage_columns:
+        return Postings.build(texts)
+    columns = [[v for chunk in reader.column_chunks(name) for v in chunk]
+               for name in reader.passage_columns]  # fmt: skip
+    if not any(int(n) > 1 for n in columns[1]):
+        return Postings.build(texts)
+    return Postings.of_documents(texts, zip(*columns, strict=True))
 
 
 def segment_tuning(
