@@ -209,3 +209,56 @@ def test_compacting_an_older_index_scores_its_documents_whole(tmp_path):
         np.testing.assert_allclose([h.lexical_score for h in hits], scores[0][: len(hits)],
                                    rtol=1e-6)  # fmt: skip
     s.close()
+
+
+# --- the dense side: best passage and centroid ----------------------------------------------
+
+
+def _expected_dense(index: Path, query: str) -> dict[str, float]:
+    """Every document's dense score from its stored vectors: a long document's mean of its
+    best passage's cosine and its centroid's, a whole document's cosine."""
+    s = Searcher.open(index)
+    try:
+        Z = s.embed([query])[0][0].astype(np.float64)
+        V = s.vectors().astype(np.float64)
+    finally:
+        s.close()
+    (seg,) = read_manifest(index).segments
+    table = pq.read_table(index / "segments" / seg.name / seg.parts[0].path)
+    by_doc: dict[str, list[int]] = {}
+    for row, doc in enumerate(table.column("id").to_pylist()):
+        by_doc.setdefault(doc, []).append(row)
+    out = {}
+    for doc, rows in by_doc.items():
+        cos = V[rows] @ Z
+        if len(rows) == 1:
+            out[doc] = float(cos[0])
+            continue
+        centroid = V[rows].sum(axis=0)
+        out[doc] = float((cos.max() + centroid @ Z / np.linalg.norm(centroid)) / 2)
+    return out
+
+
+def test_a_long_document_scores_its_best_passage_and_centroid(pair):
+    cut, _ = pair
+    s = Searcher.open(cut)
+    queries = _queries()
+    try:
+        hits = s.search(queries, k=14, mode="dense")
+        hybrid = s.search(queries, k=14, mode="hybrid")
+    finally:
+        s.close()
+    for query, per in zip(queries, hits, strict=True):
+        want = _expected_dense(cut, query)
+        got = {h.id: h.dense_score for h in per}
+        assert len(got) == 14  # every document, each once
+        np.testing.assert_allclose([got[d] for d in want], list(want.values()), atol=1e-5)
+        order = sorted(want, key=lambda d: -want[d])
+        assert [h.id for h in per][:5] == order[:5]
+        long_ones = [h for h in per if h.highlight is not None]
+        assert long_ones  # a long document's hit still shows its best passage
+    for query, per in zip(queries, hybrid, strict=True):
+        want = _expected_dense(cut, query)
+        assert {h.id for h in per} == set(want)
+        for h in per:  # a row's dense part: its document's at most (its best row's)
+            assert h.dense_score <= want[h.id] + 1e-5

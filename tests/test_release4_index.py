@@ -30,8 +30,31 @@ def _answers(searcher: Searcher, key: str) -> list[list[object]]:
 
 
 @pytest.fixture()
-def index(tmp_path: Path) -> Path:
+def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the asset, searched with the fourth release's dense rule for long documents
+    (a document scored by its best passage): the fifth release scores a long document by the
+    mean of its best passage and its centroid (flowsearch.search.document_scores), which moves
+    the recorded rankings by design; reading the files is what these tests check."""
+    from flowsearch.search import document_scores
+
+    monkeypatch.setattr(document_scores, "rescored_segment", lambda seg, Z, s, r: (s, r))
+    monkeypatch.setattr(document_scores, "document_cosines", lambda segs, o, Z, r, cos: cos)
     return Path(shutil.copytree(ASSETS / "index_r4", tmp_path / "r4"))
+
+
+def test_the_fifth_release_rule_moves_only_long_documents(tmp_path: Path) -> None:
+    """Without the patch: every hit still comes from the index, a whole document keeps its
+    recorded cosine, and a long document's dense score lies between its centroid's and its
+    best passage's (so at most its recorded best passage's cosine)."""
+    index = Path(shutil.copytree(ASSETS / "index_r4", tmp_path / "r4"))
+    searcher = Searcher.open(index, model=MODEL, verify=True)
+    for key in (k for k in RECORDED if k.startswith("dense|")):
+        recorded = {h[0]: h for h in RECORDED[key]}
+        for h in _answers(searcher, key):
+            if h[0] in recorded and h[4] is None:
+                assert h[2] == pytest.approx(recorded[h[0]][2], abs=1e-5)
+            elif h[0] in recorded:
+                assert h[2] <= recorded[h[0]][2] + 1e-5
 
 
 def test_recorded_answers_cover_passages_and_both_segments() -> None:

@@ -182,6 +182,10 @@ def sides(c: Collection) -> Sides:
     dense_doc = q @ c.doc_vectors.T
     dense_passage = q @ c.passage_vectors.T
     best = _per_document(dense_passage, c.owner, "max")
+    # a document's centroid: the mean of its passages' unit vectors (nothing more to encode)
+    starts = np.flatnonzero(np.r_[True, c.owner[1:] != c.owner[:-1]])
+    centroid = _unit(np.add.reduceat(c.passage_vectors, starts, axis=0))
+    dense_centroid = q @ centroid.T
     first = dense_passage[:, np.flatnonzero(np.r_[True, c.owner[1:] != c.owner[:-1]])]
     lex_doc, up_doc = bm25_matrix(c.doc_texts, c.query_texts)
     lex_passage, up_passage = bm25_matrix(c.passage_texts, c.query_texts)
@@ -191,6 +195,9 @@ def sides(c: Collection) -> Sides:
         dense={"whole": dense_doc, "best passage": best, "first passage": first,
                "max(whole, best)": np.maximum(dense_doc, best),
                "mean(whole, best)": (dense_doc + best) / 2,
+               "centroid": dense_centroid,
+               "max(centroid, best)": np.maximum(dense_centroid, best),
+               "mean(centroid, best)": (dense_centroid + best) / 2,
                "best + 0.25 mean passage": best + 0.25 * _per_document(dense_passage, c.owner,
                                                                        "mean")},
         lexical={"whole": lex_doc, "best passage": _per_document(lex_passage, c.owner, "max"),
@@ -198,6 +205,8 @@ def sides(c: Collection) -> Sides:
         upper={"whole": up_doc, "best passage": up_passage, "sum of passages": up_passage},
         background={"whole": bg_doc, "best passage": bg_passage, "first passage": bg_passage,
                     "max(whole, best)": bg_passage, "mean(whole, best)": bg_passage,
+                    "centroid": bg_passage, "max(centroid, best)": bg_passage,
+                    "mean(centroid, best)": bg_passage,
                     "best + 0.25 mean passage": bg_passage},
         lengths=np.array([len(t.split()) for t in c.doc_texts]),
     )  # fmt: skip
@@ -297,22 +306,41 @@ def paired(
 
 WEIGHTS = (0.3, 0.4, 0.5, 0.6, 0.65, 0.7, 0.8)
 RULES = ("product", "share", "minmax", "rrf")
-HYBRID_DENSE = ("whole", "best passage", "max(whole, best)", "mean(whole, best)")
+HYBRID_DENSE = (
+    "whole",
+    "best passage",
+    "max(whole, best)",
+    "mean(whole, best)",
+    "mean(centroid, best)",
+)
 HYBRID_LEXICAL = ("whole", "best passage")
 #: words below which a row is "short" (the issue's fragment "The Super Bowl 50" has 4)
 SHORT_WORDS = 8
 PRIORS = (0.0, 0.05, 0.1, 0.2, 0.4)
 
 
-def rows_hybrid(c: Collection, s: Sides, weight: float) -> np.ndarray:
-    """What the fifth release ships: each passage row fused (product rule), a document scored
-    by its best fused row."""
+def rows_hybrid(
+    c: Collection, s: Sides, weight: float, lexical: str = "best passage", dense: str = "row"
+) -> np.ndarray:
+    """What the product does: each passage row fused (product rule), a document scored by its
+    best fused row. ``lexical``: a row's BM25 is its own passage's (``best passage``, the
+    fifth release as it shipped) or its document's (``whole``: whole-document BM25, every row
+    of a document carrying it). ``dense``: a row's cosine (``row``), or the mean of it and its
+    document's whole-text (``whole``) or centroid (``centroid``) cosine."""
     from flowsearch.search.scores import FusionReference, normalise_dense, normalise_lexical
 
     ref = FusionReference(0, len(c.passage_vectors), s.background["best passage"])
-    nd = normalise_dense(c.query_vectors @ c.passage_vectors.T, ref)
-    lex, _ = bm25_matrix(c.passage_texts, c.query_texts)
-    nl = normalise_lexical(lex, s.upper["best passage"])
+    cos = c.query_vectors @ c.passage_vectors.T
+    if dense == "whole":
+        cos = (cos + s.dense["whole"][:, c.owner]) / 2
+    elif dense == "centroid":
+        cos = (cos + s.dense["centroid"][:, c.owner]) / 2
+    nd = normalise_dense(cos, ref)
+    if lexical == "whole":
+        nl = normalise_lexical(s.lexical["whole"][:, c.owner], s.upper["whole"])
+    else:
+        lex, _ = bm25_matrix(c.passage_texts, c.query_texts)
+        nl = normalise_lexical(lex, s.upper["best passage"])
     return _per_document(weight * nd + (1 - weight) * nl, c.owner, "max")
 
 
@@ -398,6 +426,9 @@ def study_collection(c: Collection) -> dict[str, Any]:
     shipped_w = default_weight("transformer", ppd)
     per["hybrid: fifth release (rows fused, best row)"] = measures(
         rows_hybrid(c, s, shipped_w), c)  # fmt: skip
+    for dn in ("row", "centroid", "whole"):
+        per[f"hybrid: rows fused, whole-document BM25, dense {dn}"] = measures(
+            rows_hybrid(c, s, shipped_w, "whole", dn), c)  # fmt: skip
     for windows in CUT_FROM:
         for side, scores in cut_from(c, s, windows).items():
             per[f"{side}: cut beyond {windows} windows"] = measures(scores, c)
@@ -471,6 +502,12 @@ def _comparisons(studies: Mapping[str, Any], best: str) -> dict[str, Any]:
         "dense: max(whole, best) - whole": ("dense: max(whole, best)", "dense: whole"),
         "dense: max(whole, best) - best passage": ("dense: max(whole, best)",
                                                    "dense: best passage"),
+        "dense: mean(whole, best) - whole": ("dense: mean(whole, best)", "dense: whole"),
+        "dense: mean(whole, best) - best passage": ("dense: mean(whole, best)",
+                                                    "dense: best passage"),
+        "dense: mean(centroid, best) - whole": ("dense: mean(centroid, best)", "dense: whole"),
+        "dense: mean(centroid, best) - best passage": ("dense: mean(centroid, best)",
+                                                       "dense: best passage"),
         "hybrid: tuned - whole (product w=0.65)": (best,
             "hybrid: product w=0.65 dense=whole lexical=whole"),
         "hybrid: tuned - passages (product w=0.65)": (best,
@@ -483,6 +520,13 @@ def _comparisons(studies: Mapping[str, Any], best: str) -> dict[str, Any]:
         items = {**pairs, "hybrid: tuned - fifth release": (best, fifth),
                  "hybrid: fifth release - whole (product w=0.65)": (
                      fifth, "hybrid: product w=0.65 dense=whole lexical=whole")}  # fmt: skip
+        for dn in ("row", "centroid", "whole"):
+            rows = f"hybrid: rows fused, whole-document BM25, dense {dn}"
+            items[f"{rows} - whole (product w=0.65)"] = (
+                rows,
+                "hybrid: product w=0.65 dense=whole lexical=whole",
+            )
+            items[f"{rows} - fifth release"] = (rows, fifth)
         for side in ("dense", "lexical", "hybrid"):
             base = (
                 "hybrid: product w=0.65 dense=whole lexical=whole"

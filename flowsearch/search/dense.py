@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -26,6 +26,9 @@ from flowsearch.ann import io as ann_io
 from flowsearch.errors import BadInput
 
 __all__ = ["SegmentHelpers", "cosines", "merge_top_k", "search_segments", "segment_threads"]
+
+#: A segment's answer re-scored: (segment, queries, scores, local rows) -> (scores, rows).
+Rescore = Callable[[Any, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 def merge_top_k(
@@ -123,6 +126,7 @@ def search_segments(
     rows: Sequence[np.ndarray | None],
     knobs: Sequence[int | None] | None = None,
     helpers: SegmentHelpers | None = None,
+    rescore: Rescore | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-k over every segment (see the module docstring).
 
@@ -137,6 +141,9 @@ def search_segments(
             (:func:`flowsearch.ann.merged.choose_knobs`), None for its own; None: all its own.
         helpers: search the segments concurrently, the calling thread with idle helpers (each
             on one FAISS thread); None: in turn.
+        rescore: applied to each segment's answer before the merge (``rescore(segment,
+            queries, scores, local rows)``: new scores and rows, best first), so the merged
+            top-k does not depend on which segments are searched together (a shard's).
     """
     knobs = [None] * len(segments) if knobs is None else knobs
     work = [
@@ -151,6 +158,8 @@ def search_segments(
     if not answers:
         empty = np.zeros((len(queries), 0))
         return empty.astype(np.float32), empty.astype(np.int64)
+    if rescore is not None:
+        answers = [rescore(w[0], queries, *a) for w, a in zip(work, answers, strict=True)]
     kept = [i for i, keep in enumerate(rows) if keep is None or len(keep)]
     return merge_top_k(answers, offsets[kept], k)
 

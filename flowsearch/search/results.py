@@ -46,7 +46,9 @@ class Hit(BaseModel):
         text: the document's text.
         metadata: the corpus's other columns for this document (None where it lacks one).
         dense_score: the raw cosine between the query and the row in the searched space (None
-            when the dense side did not score the row).
+            when the dense side did not score the row); for a passage of a longer document,
+            the mean of its cosine and its document's centroid's
+            (:mod:`flowsearch.search.document_scores`).
         lexical_score: the raw BM25 score (None when the lexical side did not score the row).
         rerank_score: with a reranker, the cross-encoder's score of (query, the hit's best
             passage), by which the hits are ordered (None: not reranked); ``score`` stays the

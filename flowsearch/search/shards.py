@@ -46,7 +46,7 @@ from flowsearch.ann import io as ann_io
 from flowsearch.errors import BadInput
 from flowsearch.lexical.bm25 import Statistics as Bm25Statistics
 from flowsearch.lexical.bm25 import query_terms, upper_bound
-from flowsearch.search import dense
+from flowsearch.search import dense, document_scores
 from flowsearch.search.modes import Mode
 from flowsearch.search.options import SearchOptions
 from flowsearch.search.results import Hit
@@ -309,7 +309,9 @@ class SegmentSet:
                 )
         if d is not None and lx is not None:
             assert request.vectors is not None
-            of_lexical = dense.cosines(v.segments, v.offsets, request.vectors, lx[1])
+            own = dense.cosines(v.segments, v.offsets, request.vectors, lx[1])
+            of_lexical = document_scores.document_cosines(v.segments, v.offsets,
+                                                          request.vectors, lx[1], own)  # fmt: skip
         return Answer(
             matched,
             None if d is None else (d[0], self.to_global(d[1])),
@@ -353,9 +355,9 @@ class SegmentSet:
         knobs = v.knobs()
 
         def search(helpers: dense.SegmentHelpers | None = None) -> Side:
-            return dense.search_segments(
-                v.segments, v.deleted, v.offsets, Z, k, v.split(rows), knobs, helpers
-            )
+            rescore = document_scores.rescored_segment
+            return dense.search_segments(v.segments, v.deleted, v.offsets, Z, k, v.split(rows),
+                                         knobs, helpers, rescore)  # fmt: skip
 
         if self._gpu_lock is not None:
             with self._gpu_lock:
