@@ -357,7 +357,8 @@ def test_long_documents_answer_on_ray_as_locally(built_long: dict[str, Any], mod
                                        atol=1e-5)  # fmt: skip
             shown = [(h.text, h.highlight) for h in hits_a]
             assert [(h.text, h.highlight) for h in hits_b] == shown
-    assert any(h.highlight is not None for hits in got for h in hits)
+    # BM25 scores a long document whole (no passage is its best): highlights on the dense side
+    assert any(h.highlight is not None for hits in got for h in hits) == (mode != "lexical")
 
 
 #: A policy no default matches, so a build that dropped it would show.

@@ -16,7 +16,7 @@ are merged (so shards holding some of the segments give the same documents as on
 when any of a document's passages is among its segment's candidates its best one is too (it
 scores at least as high), so its score is exact; one with no passage among them is not seen,
 as before. Measured against whole-document and best-passage scoring on the public test
-collections (benchmarks/RESULTS.md, "Long documents").
+collections (benchmarks/RESULTS.md, "Retrieval on public test collections").
 
 Example:
     >>> scores, rows = rescored(segments, offsets, Z, scores, rows)  # doctest: +SKIP

@@ -12,7 +12,10 @@ through the shards (:func:`flowsearch.search.shards.records_of`), so the same gr
 one process and Ray shards alike.
 
 Best passage (the maximum) rather than a sum or mean of passage scores: measured on
-long-document dev sets by the study ``passages`` (RESULTS.md, "Passages").
+long-document dev sets by the study ``passages`` (RESULTS.md, "Passages"). The rows' scores
+already speak for their documents: BM25 scores a long document whole on each of its rows
+(:mod:`flowsearch.lexical.postings`), and the dense side adds its centroid to each passage's
+cosine (:mod:`flowsearch.search.document_scores`), so the best row is the document's score.
 
 Example:
     >>> hits, done = document_hits(shards, manifest, ranked, k)  # doctest: +SKIP
