@@ -455,7 +455,7 @@ def test_run_sts_every_calibration(
         tasks=["STSB", "STS13"], cache_dir=cache,
     )  # fmt: skip
     assert out["calibration"] == calibration and list(out["results"]) == ["STS13", "STSB"]
-    encoder = Encoder(str(tiny_bert), pooling="cls", backend="torch")  # run_sts runs torch
+    encoder = Encoder(str(tiny_bert), pooling="cls")  # the backend run_sts runs (auto)
     snli = None  # flow-nli's fit set: every SNLI sentence, as the session encodes it
     if calibration == "flow-nli":
         snli = encoder.encode(load_snli_sentences(data_dir), batch_size=64, progress=False)

@@ -83,7 +83,7 @@ def eval_cmd(
     ] = None,
     max_length: Annotated[int | None, typer.Option(help="Tokens per text.")] = None,
     batch_size: Annotated[int, typer.Option(help="Texts per encoder pass.")] = 64,
-    backend: Backend = "torch",
+    backend: Backend = "auto",
     quantize: Quantize = None,
     tasks: Annotated[
         str | None, typer.Option(help="sts only: comma list, e.g. STSB,SICKR (default all).")
@@ -112,8 +112,7 @@ def eval_cmd(
 ) -> None:
     """Evaluate an encoder + calibration: STS (Spearman), QNLI (AUC), retrieval (nDCG@10)."""
     options = dict(model=model, pooling=pooling, max_length=max_length, batch_size=batch_size)
-    if backend != "torch" or quantize is not None:
-        options.update(backend=backend, quantize=quantize)
+    options.update(backend=backend, quantize=quantize)
     if task is Task.retrieval:
         if not beir_dir:
             raise BadInput("eval retrieval needs a BEIR-format directory", "give its path")

@@ -57,7 +57,7 @@ def _session(
     cache_dir: str | Path | None,
     encoder: SupportsEncode | None,
     seed: int,
-    backend: str = "torch",
+    backend: str = "auto",
     quantize: str | None = None,
 ) -> EvalSession:
     if calibration not in CALIBRATIONS:
@@ -89,7 +89,7 @@ def run_sts(
     cache_dir: str | Path | None = None,
     encoder: SupportsEncode | None = None,
     seed: int = 0,
-    backend: str = "torch",
+    backend: str = "auto",
     quantize: str | None = None,
 ) -> dict[str, Any]:
     r"""Spearman x 100 of cosine similarity against gold on the STS tasks.
@@ -107,7 +107,8 @@ def run_sts(
         encoder: an already built encoder (then ``model``/``pooling``/``max_length`` are
             taken from it).
         seed: flow seed.
-        backend: encoder backend, ``"torch"`` or ``"onnx"``.
+        backend: encoder backend: ``"auto"`` (ONNX Runtime on a CPU, torch on CUDA, as
+            :class:`~flowsearch.encode.encoder.Encoder`), ``"torch"`` or ``"onnx"``.
         quantize: ``None`` or ``"int8"`` (``backend="onnx"`` only).
 
     Returns:
@@ -154,7 +155,7 @@ def run_qnli(
     cache_dir: str | Path | None = None,
     encoder: SupportsEncode | None = None,
     seed: int = 0,
-    backend: str = "torch",
+    backend: str = "auto",
     quantize: str | None = None,
 ) -> dict[str, Any]:
     r"""AUC x 100 of cosine(question, sentence) for entailment on QNLI dev.
