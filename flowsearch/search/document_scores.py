@@ -54,19 +54,25 @@ class _Documents:
         docs, first = np.unique(keys[cut], return_index=True)
         self.doc_of = np.full(len(rows), -1, np.int64)
         self.doc_of[cut] = np.searchsorted(docs, keys[cut])
-        #: per document, its passages' unit vectors (n_passages, dim)
-        self.passages: list[np.ndarray] = []
         doc_seg, doc_lead, doc_count = seg[cut][first], lead[cut][first], count[cut][first]
-        for s, a, n in zip(doc_seg.tolist(), doc_lead.tolist(), doc_count.tolist(), strict=True):
-            self.passages.append(np.asarray(segments[s].vectors(np.arange(a, a + n)), np.float64))
-        dim = self.passages[0].shape[1] if self.passages else 0
-        sums = np.array([p.sum(axis=0) for p in self.passages]).reshape(len(docs), dim)
+        #: the documents' passages' unit vectors, document after document (n_passages, dim),
+        #: and where each document's start
+        self.starts = (np.cumsum(doc_count) - doc_count).astype(np.int64)
+        within = np.arange(int(doc_count.sum())) - np.repeat(self.starts, doc_count)
+        rows_of = np.repeat(doc_lead, doc_count) + within  # local rows of every passage
+        seg_of = np.repeat(doc_seg, doc_count)
+        dim = int(segments[0].ann.d) if segments else 0
+        self.passages = np.zeros((len(rows_of), dim), np.float64)
+        for s in np.unique(seg_of).tolist():  # one read per segment
+            pick = seg_of == s
+            self.passages[pick] = segments[s].vectors(rows_of[pick])
+        sums = np.add.reduceat(self.passages, self.starts, axis=0) if len(docs) else self.passages
         norms = np.linalg.norm(sums, axis=1, keepdims=True)
         self.centroids = sums / np.where(norms > 0, norms, 1.0)
 
     @property
     def any_cut(self) -> bool:
-        return bool(len(self.passages))
+        return bool(len(self.starts))
 
     def index(self, rows: np.ndarray) -> np.ndarray:
         """Each of ``rows``' (valid ones) position in :attr:`rows`."""
@@ -145,9 +151,11 @@ def document_cosines(
         return cosines
     out = np.asarray(cosines, np.float64).copy()
     Z = np.asarray(queries, np.float64)
-    for qi, j in zip(*np.nonzero(rows >= 0), strict=True):
-        d = int(docs.doc_of[docs.index(rows[qi, j : j + 1])[0]])
-        if d >= 0:
-            best = float((docs.passages[d] @ Z[qi]).max())
-            out[qi, j] = (best + float(docs.centroids[d] @ Z[qi])) / 2
+    best = np.maximum.reduceat(Z @ docs.passages.T, docs.starts, axis=1)  # (q, documents)
+    score = (best + Z @ docs.centroids.T) / 2
+    valid = rows >= 0
+    doc = np.full(rows.shape, -1, np.int64)
+    doc[valid] = docs.doc_of[docs.index(rows[valid])]
+    qi, j = np.nonzero(doc >= 0)
+    out[qi, j] = score[qi, doc[qi, j]]
     return out
