@@ -257,8 +257,29 @@ def test_a_long_document_scores_its_best_passage_and_centroid(pair):
         assert [h.id for h in per][:5] == order[:5]
         long_ones = [h for h in per if h.highlight is not None]
         assert long_ones  # a long document's hit still shows its best passage
-    for query, per in zip(queries, hybrid, strict=True):
+    for query, per, dense_hits in zip(queries, hybrid, hits, strict=True):
         want = _expected_dense(cut, query)
         assert {h.id for h in per} == set(want)
+        best = {h.id: h.highlight for h in dense_hits}
         for h in per:  # a row's dense part: its document's at most (its best row's)
             assert h.dense_score <= want[h.id] + 1e-5
+            if h.highlight is not None and h.lexical_score:  # the best passage, as dense shows
+                assert h.highlight == best[h.id]
+                assert h.dense_score == pytest.approx(want[h.id], abs=1e-5)
+
+
+def test_the_query_report_reads_the_best_row_s_own_cosine(pair):
+    """The verdict's reference was measured on nearest-row cosines: the report reads the best
+    row's own cosine, not the document score a long document's rows are re-scored to."""
+    cut, _ = pair
+    s = Searcher.open(cut)
+    try:
+        for query in _queries():
+            Z = s.embed([query])[0][0].astype(np.float64)
+            best = float((s.vectors().astype(np.float64) @ Z).max())
+            report = s.query(query, k=3, mode="dense").report
+            assert report is not None and report.top_score == pytest.approx(best, abs=1e-5)
+            hybrid = s.query(query, k=3, mode="hybrid").report
+            assert hybrid is not None and hybrid.top_score == pytest.approx(best, abs=1e-5)
+    finally:
+        s.close()

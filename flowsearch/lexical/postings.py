@@ -282,27 +282,25 @@ class Postings:
         passage texts and ``passages`` their ``(passage, passages, start, end)`` (the
         :mod:`~flowsearch.storage.passages` columns), in row order; a document's passages are
         consecutive rows. A document of one passage is its row, as :meth:`build` makes it."""
-        whole: list[str] = []
-        leads: list[int] = []
-        pending: list[tuple[str, int, int]] = []
+        leads: list[int] = []  # filled as build reads the texts, read by it at the end
 
-        def close() -> None:
-            whole.append(joined([t for t, _, _ in pending], [a for _, a, _ in pending],
-                                [b for _, _, b in pending]))  # fmt: skip
-            whole.extend("" for _ in pending[1:])
+        def whole() -> Iterator[str]:
+            pending: list[tuple[str, int, int]] = []
+            for text, (number, count, start, end) in zip(texts, passages, strict=True):
+                if number == 0 and pending:
+                    raise BadInput("a document's passages are not consecutive rows",
+                                   "write a document's passages together, in order")  # fmt: skip
+                pending.append((text, int(start), int(end)))
+                leads.append(int(number))
+                if number == count - 1:
+                    yield joined([t for t, _, _ in pending], [a for _, a, _ in pending],
+                                 [b for _, _, b in pending])  # fmt: skip
+                    yield from ("" for _ in pending[1:])
+                    pending = []
+            if pending:
+                raise BadInput("the rows end inside a document", "give every passage of a document")
 
-        for text, (number, count, start, end) in zip(texts, passages, strict=True):
-            if number == 0 and pending:
-                raise BadInput("a document's passages are not consecutive rows",
-                               "write a document's passages together, in order")  # fmt: skip
-            pending.append((text, int(start), int(end)))
-            leads.append(int(number))
-            if number == count - 1:
-                close()
-                pending = []
-        if pending:
-            raise BadInput("the rows end inside a document", "give every passage of a document")
-        return cls.build(whole, np.asarray(leads, np.int32))
+        return cls.build(whole(), leads)
 
     @classmethod
     def merge(cls, segments: Sequence[tuple[Postings, Mask | None]]) -> Postings:

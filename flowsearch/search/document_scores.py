@@ -143,19 +143,20 @@ def document_cosines(
     segments: Sequence[Any], offsets: np.ndarray, queries: np.ndarray, rows: np.ndarray,
     cosines: np.ndarray,
 ) -> np.ndarray:  # fmt: skip
-    """The dense score of each of ``rows``' documents (float64 (q, c), NaN for -1): for a
-    passage of a longer document, the mean of its best passage's cosine and its centroid's;
-    for a whole document, its ``cosines`` (float64 (q, c), the rows' own, as given)."""
+    """The dense score of each of ``rows`` as the dense side gives it (float64 (q, c), NaN for
+    -1): for a passage of a longer document, the mean of its ``cosines`` (float64 (q, c), the
+    rows' own) and its document's centroid's; for a whole document, its cosine. (The lexical
+    side's candidates are first passages: scored as their own row, a document whose best
+    passage is a dense candidate keeps that passage as its best row.)"""
     docs = _of(segments, offsets, rows)
     if docs is None:
         return cosines
     out = np.asarray(cosines, np.float64).copy()
-    Z = np.asarray(queries, np.float64)
-    best = np.maximum.reduceat(Z @ docs.passages.T, docs.starts, axis=1)  # (q, documents)
-    score = (best + Z @ docs.centroids.T) / 2
     valid = rows >= 0
     doc = np.full(rows.shape, -1, np.int64)
     doc[valid] = docs.doc_of[docs.index(rows[valid])]
     qi, j = np.nonzero(doc >= 0)
-    out[qi, j] = score[qi, doc[qi, j]]
+    Z = np.asarray(queries, np.float64)
+    centroid = np.einsum("ij,ij->i", Z[qi], docs.centroids[doc[qi, j]])
+    out[qi, j] = (out[qi, j] + centroid) / 2
     return out

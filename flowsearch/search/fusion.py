@@ -130,7 +130,8 @@ def fuse(
     for the bundled ``mean`` (benchmarks/RESULTS.md, "Hybrid fusion").
 
     The fused score is in [0, 1] and non-decreasing in each side's raw score (strictly above
-    the side's floor: the dense background, BM25 0). Equal scores go to the lower row.
+    the side's floor: the dense background, BM25 0). Equal scores go to the higher cosine,
+    then the lower row.
 
     Args:
         dense: the dense candidates, ``(cosines (q, kd), rows (q, kd))``.
@@ -220,8 +221,8 @@ def _fuse(dense: Hits, lexical: Hits, k: int, rule: Rule) -> FusedHits:
     """Per query: the union of both sides' candidates, scored by ``rule``, top ``k``.
 
     ``rule(d, l, i)`` gets, for query ``i``'s union rows (ascending), each side's raw score,
-    NaN where the side did not return the row, and returns the fused scores; the lower row
-    breaks ties.
+    NaN where the side did not return the row, and returns the fused scores; the higher raw
+    dense score, then the lower row, breaks ties.
     """
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise BadInput(f"k must be >= 1, got {k!r}", param="k")
@@ -245,7 +246,9 @@ def _fuse(dense: Hits, lexical: Hits, k: int, rule: Rule) -> FusedHits:
             continue
         raw_d, raw_l = _align(union, d), _align(union, lx)
         fused = rule(raw_d, raw_l, i)
-        order = np.lexsort((union, -fused))[:k]
+        # equal fused scores: the higher cosine first (a long document's best passage before
+        # its first, which the lexical side found), then the lower row
+        order = np.lexsort((union, -np.nan_to_num(raw_d, nan=-np.inf), -fused))[:k]
         n = len(order)
         out.rows[i, :n] = union[order]
         out.scores[i, :n] = fused[order]

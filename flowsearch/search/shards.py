@@ -153,6 +153,9 @@ class Answer:
         lexical: ``(BM25 float32 (q, c), rows)``, the same for BM25.
         lexical_of_dense: float64 (q, c): BM25 of each dense candidate (hybrid only).
         dense_of_lexical: float64 (q, c): cosine of each lexical candidate (hybrid only).
+        dense_top: float64 (q,): the best cosine of any one of its searchable rows (-inf:
+            none), before a long document's rows are re-scored by their document
+            (:mod:`~flowsearch.search.document_scores`): what the query verdict reads.
     """
 
     matched: int | None
@@ -160,6 +163,7 @@ class Answer:
     lexical: Side | None
     lexical_of_dense: np.ndarray | None = None
     dense_of_lexical: np.ndarray | None = None
+    dense_top: np.ndarray | None = None
 
 
 class Shard(Protocol):
@@ -290,10 +294,10 @@ class SegmentSet:
             return Answer(matched, none if want_dense else None, none if want_lexical else None,
                           empty if hybrid else None, empty if hybrid else None)  # fmt: skip
         stats = request.statistics.lexical
-        d = lx = of_dense = of_lexical = None
+        d = lx = of_dense = of_lexical = top = None
         if want_dense:
             assert request.vectors is not None
-            d = self.dense(request.vectors, request.k, rows)
+            d, top = self.dense(request.vectors, request.k, rows)
         if want_lexical:
             assert v.lexical is not None  # the mode was checked against the manifest
             allowed = None
@@ -318,6 +322,7 @@ class SegmentSet:
             None if lx is None else (lx[0], self.to_global(lx[1])),
             of_dense,
             of_lexical,
+            top,
         )
 
     def records(self, version: int, rows: np.ndarray) -> list[dict[str, Any]]:
@@ -348,25 +353,31 @@ class SegmentSet:
         found: np.ndarray = self.version.metadata_filter(self._filters()).rows(where)
         return found
 
-    def dense(self, Z: np.ndarray, k: int, rows: np.ndarray | None) -> Side:
+    def dense(self, Z: np.ndarray, k: int, rows: np.ndarray | None) -> tuple[Side, np.ndarray]:
         """Top-k of its own searchable rows (``rows`` a filter kept, minus deleted): (cosines,
-        its own rows)."""
+        its own rows), and each query's best cosine of one row (:attr:`Answer.dense_top`)."""
         v = self.version
         knobs = v.knobs()
+        tops = [np.full(len(Z), -np.inf)]
+
+        def rescore(seg: Any, Z: np.ndarray, scores: np.ndarray, found: np.ndarray) -> Side:
+            if scores.shape[1]:  # a segment's answer is best first: its first is its best row
+                tops.append(np.where(found[:, 0] >= 0, scores[:, 0], -np.inf))
+            return document_scores.rescored_segment(seg, Z, scores, found)
 
         def search(helpers: dense.SegmentHelpers | None = None) -> Side:
-            rescore = document_scores.rescored_segment
             return dense.search_segments(v.segments, v.deleted, v.offsets, Z, k, v.split(rows),
                                          knobs, helpers, rescore)  # fmt: skip
 
         if self._gpu_lock is not None:
             with self._gpu_lock:
-                return search()
-        if len(Z) <= ONE_THREAD_MAX_QUERIES:  # each search on one FAISS thread
+                found = search()
+        elif len(Z) <= ONE_THREAD_MAX_QUERIES:  # each search on one FAISS thread
             helpers = self._helpers if len(v.segments) > 1 else None
-            found: Side = ann_io.single_threaded(lambda: search(helpers))
-            return found
-        return search()
+            found = ann_io.single_threaded(lambda: search(helpers))
+        else:
+            found = search()
+        return found, np.max(np.stack(tops), axis=0).astype(np.float64)
 
 
 class InProcess:
@@ -550,7 +561,12 @@ def run(
     lx = _merged([(a.lexical, a.dense_of_lexical) for a in answers], candidates)
     top = None
     if d is not None and where is None and d[0].shape[1]:
-        top = np.where(d[1][:, 0] >= 0, d[0][:, 0], np.nan)
+        tops = [a.dense_top for a in answers if a.dense is not None]
+        if tops and all(t is not None for t in tops):  # the best row's own cosine
+            best = np.max(np.stack([np.asarray(t, np.float64) for t in tops]), axis=0)
+            top = np.where(np.isfinite(best), best, np.nan)
+        else:
+            top = np.where(d[1][:, 0] >= 0, d[0][:, 0], np.nan)
     upper = None
     if lx is not None:
         assert stats.lexical is not None and manifest.lexical is not None

@@ -202,11 +202,11 @@ def _postings(reader: RowReader) -> Postings:
     texts = (t for chunk in reader.column_chunks("text") for t in chunk)
     if not reader.passage_columns:
         return Postings.build(texts)
-    columns = [[v for chunk in reader.column_chunks(name) for v in chunk]
-               for name in reader.passage_columns]  # fmt: skip
-    if not any(int(n) > 1 for n in columns[1]):
+    table = reader.table(list(reader.passage_columns))
+    columns = [np.asarray(table.column(i).to_numpy()) for i in range(table.num_columns)]
+    if not np.any(columns[1] > 1):
         return Postings.build(texts)
-    return Postings.of_documents(texts, zip(*columns, strict=True))
+    return Postings.of_documents(texts, zip(*(c.tolist() for c in columns), strict=True))
 
 
 def segment_tuning(
