@@ -148,7 +148,7 @@ def _dense_recall(root, queries, helpers=None):
     from flowsearch.search.shards import SegmentSet
 
     v = vmod.load(root, mf.read(root), vmod.Opened(), with_encoder=False)
-    found = SegmentSet(v, helpers=helpers).dense(queries, 10, None)[1]
+    found = SegmentSet(v, helpers=helpers).dense(queries, 10, None)[0][1]  # (cosines, rows), tops
     vectors = np.concatenate([seg.vectors(np.arange(seg.n_rows)) for seg in v.segments])
     return at.recall_at_k(found, _exact(queries, vectors, 10)), v.knobs(), found
 
