@@ -157,6 +157,8 @@ def test_a_struct_value_is_cast_losslessly_or_refused_in_one_line():
         (pa.dictionary(pa.int32(), pa.string()), "m"),
         (pa.list_(pa.map_(pa.string(), pa.int64())), "m"),  # inside a list
         (pa.struct([("inner", pa.map_(pa.string(), pa.int64()))]), "m.inner"),  # in a struct
+        (pa.struct([]), "m"),  # an empty object ({}): Parquet cannot write it (fuzz found it)
+        (pa.list_(pa.struct([])), "m"),
     ],
 )
 def test_maps_unions_and_dictionaries_are_refused_in_one_line(type_, name):

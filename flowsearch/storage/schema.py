@@ -138,6 +138,8 @@ def _check_storable(name: str, type_: pa.DataType) -> None:
         if pa.types.is_null(item):
             return
         return _check_storable(name, item)
+    elif pa.types.is_struct(type_) and type_.num_fields == 0:
+        bad = "struct<> (an empty object: Parquet stores no struct without a field)"
     elif pa.types.is_struct(type_):
         for child in type_:
             _check_storable(f"{name}.{child.name}", child.type)
