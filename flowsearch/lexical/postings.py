@@ -131,13 +131,6 @@ class Postings:
         """Documents: rows that hold their document's terms (deleted ones included)."""
         return self.n_rows if self.leads is None else int(np.count_nonzero(self.leads == 0))
 
-    def lead_rows(self, rows: Int64) -> Int64:
-        """The row holding each of local ``rows``' document terms (the rows themselves when
-        every row holds its own)."""
-        if self.leads is None:
-            return rows
-        return rows - self.leads[rows]
-
     @property
     def nnz(self) -> int:
         """Postings: distinct (term, row) pairs."""

@@ -33,8 +33,8 @@ __all__ = ["document_cosines", "rescored", "rescored_segment"]
 
 
 class _Documents:
-    """The documents of some version rows: for each row its document's centroid (row index
-    into ``centroids``; -1 for a whole document) and, per document, its passages' vectors."""
+    """The documents of some version rows: for each row its document (an index into
+    ``centroids``; -1 for a whole document), and each document's centroid."""
 
     def __init__(self, segments: Sequence[Any], offsets: np.ndarray, rows: np.ndarray) -> None:
         self.rows = rows  # unique, valid, ascending
@@ -55,28 +55,30 @@ class _Documents:
         self.doc_of = np.full(len(rows), -1, np.int64)
         self.doc_of[cut] = np.searchsorted(docs, keys[cut])
         doc_seg, doc_lead, doc_count = seg[cut][first], lead[cut][first], count[cut][first]
-        #: the documents' passages' unit vectors, document after document (n_passages, dim),
-        #: and where each document's start
-        self.starts = (np.cumsum(doc_count) - doc_count).astype(np.int64)
-        within = np.arange(int(doc_count.sum())) - np.repeat(self.starts, doc_count)
-        rows_of = np.repeat(doc_lead, doc_count) + within  # local rows of every passage
+        # every passage of those documents, document after document: one read per segment
+        starts = np.cumsum(doc_count) - doc_count
+        within = np.arange(int(doc_count.sum())) - np.repeat(starts, doc_count)
+        rows_of = np.repeat(doc_lead, doc_count) + within
         seg_of = np.repeat(doc_seg, doc_count)
-        dim = int(segments[0].ann.d) if segments else 0
-        self.passages = np.zeros((len(rows_of), dim), np.float64)
-        for s in np.unique(seg_of).tolist():  # one read per segment
+        passages = np.zeros((len(rows_of), int(segments[0].ann.d)), np.float64)
+        for s in np.unique(seg_of).tolist():
             pick = seg_of == s
-            self.passages[pick] = segments[s].vectors(rows_of[pick])
-        sums = np.add.reduceat(self.passages, self.starts, axis=0) if len(docs) else self.passages
+            passages[pick] = segments[s].vectors(rows_of[pick])
+        sums = np.add.reduceat(passages, starts, axis=0) if len(docs) else passages
         norms = np.linalg.norm(sums, axis=1, keepdims=True)
         self.centroids = sums / np.where(norms > 0, norms, 1.0)
 
-    @property
-    def any_cut(self) -> bool:
-        return bool(len(self.starts))
-
-    def index(self, rows: np.ndarray) -> np.ndarray:
-        """Each of ``rows``' (valid ones) position in :attr:`rows`."""
-        return np.searchsorted(self.rows, rows)
+    def with_centroids(self, queries: np.ndarray, cosines: np.ndarray, rows: np.ndarray) -> Any:
+        """``cosines`` (q, c) of ``rows`` (-1 padding) as float64, each passage of a longer
+        document's the mean of its own and its document's centroid's."""
+        out = np.asarray(cosines, np.float64).copy()
+        valid = rows >= 0
+        doc = np.full(rows.shape, -1, np.int64)
+        doc[valid] = self.doc_of[np.searchsorted(self.rows, rows[valid])]
+        qi, j = np.nonzero(doc >= 0)
+        Z = np.asarray(queries, np.float64)
+        out[qi, j] = (out[qi, j] + np.einsum("ij,ij->i", Z[qi], self.centroids[doc[qi, j]])) / 2
+        return out
 
 
 def _of(segments: Sequence[Any], offsets: np.ndarray, rows: np.ndarray) -> _Documents | None:
@@ -84,7 +86,7 @@ def _of(segments: Sequence[Any], offsets: np.ndarray, rows: np.ndarray) -> _Docu
     if not valid.size or all(s.passages() is None for s in segments):
         return None
     found = _Documents(segments, np.asarray(offsets, np.int64), valid)
-    return found if found.any_cut else None
+    return found if len(found.centroids) else None
 
 
 def rescored(
@@ -111,15 +113,7 @@ def rescored(
     if docs is None:
         return scores, rows
     valid = rows >= 0
-    doc = np.full(rows.shape, -1, np.int64)
-    doc[valid] = docs.doc_of[docs.index(rows[valid])]
-    cut = doc >= 0
-    q_of = np.broadcast_to(np.arange(len(rows))[:, None], rows.shape)
-    centroid = np.einsum("ij,ij->i", np.asarray(queries, np.float64)[q_of[cut]],
-                         docs.centroids[doc[cut]])  # fmt: skip
-    new = np.asarray(scores, np.float64).copy()
-    new[cut] = (new[cut] + centroid) / 2
-    new = np.where(valid, new, -np.inf)
+    new = np.where(valid, docs.with_centroids(queries, scores, rows), -np.inf)
     order = np.lexsort((np.where(valid, rows, np.iinfo(np.int64).max), -new), axis=1)
     out_rows = np.take_along_axis(rows, order, axis=1)
     out_scores = np.take_along_axis(new, order, axis=1)
@@ -149,14 +143,4 @@ def document_cosines(
     side's candidates are first passages: scored as their own row, a document whose best
     passage is a dense candidate keeps that passage as its best row.)"""
     docs = _of(segments, offsets, rows)
-    if docs is None:
-        return cosines
-    out = np.asarray(cosines, np.float64).copy()
-    valid = rows >= 0
-    doc = np.full(rows.shape, -1, np.int64)
-    doc[valid] = docs.doc_of[docs.index(rows[valid])]
-    qi, j = np.nonzero(doc >= 0)
-    Z = np.asarray(queries, np.float64)
-    centroid = np.einsum("ij,ij->i", Z[qi], docs.centroids[doc[qi, j]])
-    out[qi, j] = (out[qi, j] + centroid) / 2
-    return out
+    return cosines if docs is None else docs.with_centroids(queries, cosines, rows)

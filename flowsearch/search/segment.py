@@ -53,21 +53,20 @@ class SegmentReader:
         self.ann = ann
         self.postings = postings
         self._table: pa.Table | None = None
-        self._passages: tuple[np.ndarray, np.ndarray] | None | bool = False
+        self._passages: tuple[np.ndarray, np.ndarray] | None = None
+        self._passages_read = False
 
     def passages(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Each local row's passage number and its document's passage count (int32 arrays,
         read once), or None when every row is a whole document."""
-        if self._passages is False:
-            found = None
+        if not self._passages_read:
             r = self.reader
             if r.passage_columns:
                 table = r.table(list(r.passage_columns[:2]))
                 number, count = (np.asarray(table.column(i).to_numpy(), np.int32) for i in (0, 1))
                 if np.any(count > 1):
-                    found = (number, count)
-            self._passages = found
-        assert self._passages is not True
+                    self._passages = (number, count)
+            self._passages_read = True
         return self._passages
 
     def vectors(self, rows: np.ndarray) -> np.ndarray:

@@ -297,8 +297,8 @@ def merge(
         if lexical:
             parts.append((_postings(folder, seg), None if dead is None else ~dead))
     postings = None
-    older = [p.leads is None for p, _ in parts]
-    if lexical and any(old and cut for old, cut in zip(older, _cut(writer, records), strict=True)):
+    older = [seg for seg, (p, _) in zip(records, parts, strict=False) if p.leads is None]
+    if lexical and any(count_documents(writer.segment_path(s), s) < s.n_live for s in older):
         # a release before whole-document BM25 scored a long document's passages: build the
         # merged segment's postings from its texts, so its documents are scored whole
         builder.lexical = True
@@ -308,11 +308,6 @@ def merge(
         postings = Postings.merge(parts)
     LOG.info("merged %d segments (%d live rows) into one", len(records), n_live)
     return builder.finish(postings=postings)
-
-
-def _cut(writer: Writer, records: Sequence[SegmentRecord]) -> list[bool]:
-    """Per segment, whether it holds a document of several passages."""
-    return [count_documents(writer.segment_path(s), s) < s.n_live for s in records]
 
 
 def _live_tables(folder: Path, seg: SegmentRecord, dead: np.ndarray | None) -> Iterator[pa.Table]:
