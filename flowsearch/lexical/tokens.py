@@ -23,7 +23,7 @@ import Stemmer
 
 from flowsearch.errors import BadInput
 
-__all__ = ["STOPWORDS_EN", "term_spans", "tokenize", "tokenize_batch"]
+__all__ = ["STOPWORDS_EN", "term_spans", "term_spans_batch", "tokenize", "tokenize_batch"]
 
 #: Lucene's English stopwords (``EnglishAnalyzer.ENGLISH_STOP_WORDS_SET``; bm25s's list too).
 STOPWORDS_EN = (
@@ -88,22 +88,39 @@ def term_spans(text: str, terms: Collection[str]) -> list[tuple[int, int]]:
         >>> [text[a:b] for a, b in term_spans(text, tokenize("cutting"))]
         ['Cuts', 'cutting']
     """
+    return term_spans_batch([text], terms)[0]
+
+
+def term_spans_batch(texts: Sequence[str], terms: Collection[str]) -> list[list[tuple[int, int]]]:
+    """:func:`term_spans` of each text against the same ``terms``, the distinct words of all
+    the texts stemmed in one call (a search marks its ``k`` hits at once)."""
     wanted = frozenset(terms)
     if not wanted:
-        return []
-    if text.isascii():  # NFKC changes nothing and case folding is lower(): one pass, same offsets
-        found = list(_ASCII_WORD.finditer(text.lower()))
-        words = [m.group() for m in found]
-        distinct = list(set(words) - _STOPWORDS)
-        hits = {w for w, t in zip(distinct, _stemmer().stemWords(distinct)) if t in wanted}
-        return [m.span() for m, w in zip(found, words) if w in hits]
-    found = list(_WORD.finditer(text))
-    # a word may become several terms (NFKC splits some characters) or none (a stopword)
-    pieces = [_WORD.findall(unicodedata.normalize("NFKC", m.group()).casefold()) for m in found]
-    distinct = list({w: None for words in pieces for w in words if w not in _STOPWORDS})
-    stem = dict(zip(distinct, _stemmer().stemWords(distinct)))
-    return [
-        m.span()
-        for m, words in zip(found, pieces)
-        if any(w in stem and stem[w] in wanted for w in words)
-    ]
+        return [[] for _ in texts]
+    # per text: its words' matches, and each match's words (a word may fold to several, or
+    # none: NFKC splits some characters); ASCII text folds each match to itself, same offsets
+    found: list[tuple[list[re.Match[str]], list[str] | None, list[list[str]] | None]] = []
+    distinct: set[str] = set()
+    for text in texts:
+        if text.isascii():
+            matches = list(_ASCII_WORD.finditer(text.lower()))
+            words = [m.group() for m in matches]
+            distinct.update(words)
+            found.append((matches, words, None))
+        else:
+            matches = list(_WORD.finditer(text))
+            folded = [_WORD.findall(unicodedata.normalize("NFKC", m.group()).casefold())
+                      for m in matches]  # fmt: skip
+            distinct.update(w for ws in folded for w in ws)
+            found.append((matches, None, folded))
+    stems = list(distinct - _STOPWORDS)
+    hits = {w for w, t in zip(stems, _stemmer().stemWords(stems), strict=True) if t in wanted}
+    out = []
+    for matches, words, folded in found:
+        if words is not None:
+            out.append([m.span() for m, w in zip(matches, words, strict=True) if w in hits])
+        else:
+            assert folded is not None
+            out.append([m.span() for m, ws in zip(matches, folded, strict=True)
+                        if any(w in hits for w in ws)])  # fmt: skip
+    return out

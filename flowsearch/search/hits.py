@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from flowsearch.lexical.tokens import term_spans, tokenize
+from flowsearch.lexical.tokens import term_spans_batch, tokenize
 from flowsearch.search.results import Highlight, Hit
 
 __all__ = ["above", "build_hits", "with_marks"]
@@ -76,8 +76,8 @@ def with_marks(hits: list[list[Hit]], queries: list[str]) -> list[list[Hit]]:
     (the lexical side's tokeniser) is one of the query's."""
     out = []
     for query, per_query in zip(queries, hits, strict=True):
-        terms = set(tokenize(query))
-        out.append([h.model_copy(update={"marks": term_spans(h.text, terms)}) for h in per_query])
+        spans = term_spans_batch([h.text for h in per_query], tokenize(query))
+        out.append([h.marked(s) for h, s in zip(per_query, spans, strict=True)])
     return out
 
 

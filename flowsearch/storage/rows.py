@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import copy
 import threading
@@ -220,6 +221,9 @@ class RowReader:
             ) from None
         counts = [p.n_rows for p in self.parts]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        # the same bounds as Python ints: a search's few rows are placed with bisect
+        self._starts_list: list[int] = self.starts.tolist()
+        self._group_starts_lists: list[list[int]] = [g.tolist() for g in self._group_starts]
         self.schema = self._files[0].schema_arrow if self._files else pa.schema([])
         own = ("id", "text", *VECTOR_COLUMNS, *PASSAGE_COLUMNS)
         self.metadata_columns = tuple(n for n in self.schema.names if n not in own)
@@ -252,19 +256,40 @@ class RowReader:
         """Rows at local positions ``rows`` as ``{"id", "text", "metadata"}``, in that order
         (and ``"passage"``: (number, count, start, end) when the segment has passages)."""
         rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) <= _FEW_ROWS:  # a search's hits: placed one by one, no array work
+            return [self._record(*self._place(row)) for row in rows.tolist()]
         out: list[dict[str, Any] | None] = [None] * len(rows)
         for part, group, positions, offsets in self._row_groups_of(rows):
-            columns = self._group(part, group)
-            for i, at in zip(positions, offsets, strict=True):
-                out[i] = {
-                    "id": columns["id"][at],
-                    "text": columns["text"][at],
-                    # the caller owns what it gets: list/struct values are copied
-                    "metadata": {n: _own(columns[n][at]) for n in self.metadata_columns},
-                }
-                if self.passage_columns:
-                    out[i]["passage"] = tuple(columns[n][at] for n in PASSAGE_COLUMNS)
+            for i, at in zip(positions.tolist(), offsets.tolist(), strict=True):
+                out[i] = self._record(part, group, at)
         return out  # type: ignore[return-value]
+
+    def _place(self, row: int) -> tuple[int, int, int]:
+        """Local ``row``'s (part, row group, offset in the group).
+
+        Raises:
+            IndexError: a row outside the segment.
+        """
+        if not 0 <= row < self._starts_list[-1]:
+            raise IndexError(f"row out of range 0..{len(self) - 1}")
+        part = bisect.bisect_right(self._starts_list, row) - 1
+        local = row - self._starts_list[part]
+        starts = self._group_starts_lists[part]
+        group = bisect.bisect_right(starts, local) - 1
+        return part, group, local - starts[group]
+
+    def _record(self, part: int, group: int, at: int) -> dict[str, Any]:
+        """The record at offset ``at`` of a row group (see :meth:`records`)."""
+        columns = self._group(part, group)
+        record = {
+            "id": columns["id"][at],
+            "text": columns["text"][at],
+            # the caller owns what it gets: list/struct values are copied
+            "metadata": {n: _own(columns[n][at]) for n in self.metadata_columns},
+        }
+        if self.passage_columns:
+            record["passage"] = tuple(columns[n][at] for n in PASSAGE_COLUMNS)
+        return record
 
     def _row_groups_of(self, rows: np.ndarray) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
         """``rows`` (local, any order) grouped by the Parquet row group holding them:
@@ -359,6 +384,11 @@ class RowReader:
             with self._read_lock:
                 part = handle.read(columns=list(columns) if columns is not None else None)
             yield part
+
+
+#: Up to this many rows, :meth:`RowReader.records` places each row with ``bisect`` (a
+#: search's hits); past it, the rows are grouped by row group with numpy.
+_FEW_ROWS = 64
 
 
 def _own(value: Any) -> Any:
