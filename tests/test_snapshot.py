@@ -6,6 +6,7 @@ versions while a writer thread upserts and compacts the index.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tarfile
 import threading
@@ -99,7 +100,7 @@ def test_refusals(built: Path, index: Path, tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="not a flowsearch snapshot"):
         flowsearch.restore(built, tmp_path / "r")  # an index, not a snapshot
     (tmp_path / "junk.tar").write_bytes(b"not a tar")
-    with pytest.raises(BadInput, match="not a readable snapshot archive"):
+    with pytest.raises(BadInput, match=r"not a readable snapshot archive \(not a tar archive\)"):
         flowsearch.restore(tmp_path / "junk.tar", tmp_path / "r")
     with pytest.raises(BadInput, match="inside the index"):
         flowsearch.snapshot(index, index / "backup")
@@ -204,6 +205,10 @@ def test_cli(built: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert main(["restore", str(tmp_path / "s.tar"), "--index", str(tmp_path / "r")]) == 0
     assert main(["info", "--index", str(tmp_path / "r")]) == 0
     assert "restored from" in capsys.readouterr().out
+    assert main(["info", "--index", str(tmp_path / "r"), "--json"]) == 0
+    origin = json.loads(capsys.readouterr().out)["restored_from"]  # the version it came from
+    assert origin["source_version"] == mf.read(built).version
+    assert origin["source"] == str(built.resolve())
     assert main(["snapshot", str(tmp_path / "s.tar"), "--index", str(built)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "already exists" in err and "Traceback" not in err
