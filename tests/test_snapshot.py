@@ -87,6 +87,27 @@ def test_snapshot_tar_and_restore(built: Path, tmp_path: Path) -> None:
     assert mf.read(tmp_path / "new").restored_from is not None
 
 
+def test_copies_where_links_are_refused(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Across file systems (os.link raises EXDEV) every file is copied: a snapshot that shares
+    no inode with the index, whole and verified."""
+    import errno
+    import os
+
+    def cross_device(src: object, dst: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", cross_device)
+    taken = flowsearch.snapshot(built, tmp_path / "snap")
+    assert taken.n_files > 0 and taken.n_linked == 0
+    copied = [p for p in (tmp_path / "snap" / "segments").rglob("*") if p.is_file()]
+    assert copied and all(p.stat().st_nlink == 1 for p in copied)
+    index_info(tmp_path / "snap", verify=True)
+    flowsearch.restore(tmp_path / "snap", tmp_path / "new")
+    assert _answers(tmp_path / "new") == _answers(built)
+
+
 def test_refusals(built: Path, index: Path, tmp_path: Path) -> None:
     (tmp_path / "there").mkdir()
     with pytest.raises(BadInput, match="already exists"):
