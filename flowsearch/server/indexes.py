@@ -26,6 +26,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, HTTPException
 from fastapi.concurrency import run_in_threadpool
@@ -220,7 +221,9 @@ def add_index_routes(app: FastAPI, indexes: IndexRoot, guard: Sequence[DependsPa
         return {"status": "ok", "indexes": len(entries), "rows": sum(e.rows for e in entries)}
 
     key = (401,) if guard else ()  # the error statuses each route documents in /openapi.json
-    taken = {409: {"model": ErrorDetail, "description": "An index of that name exists already"}}
+    taken: dict[int | str, dict[str, Any]] = {
+        409: {"model": ErrorDetail, "description": "An index of that name exists already"}
+    }
 
     @app.get("/indexes", dependencies=guard, response_model=list[IndexEntry],
              responses=error_responses(*key))  # fmt: skip
