@@ -98,6 +98,12 @@ def test_long_documents_come_back_whole_with_their_passage_vectors(tmp_path, mod
     assert schema.field("raw").type.value_type.field("vector").type == pa.list_(
         pa.float32(), expected.shape[1]
     )
+    # the command line's --vectors writes the same column
+    out = runner.invoke(app, ["export", str(tmp_path / "cli.parquet"), "--index",
+                              str(tmp_path / "idx"), "--vectors", "--json"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["vectors"] and json.loads(out.stdout)["columns"][-1] == "raw"
+    assert pq.read_table(tmp_path / "cli.parquet").to_pylist() == rows
     # the index reserves `raw`: re-indexing such an export is refused in one line
     refused = runner.invoke(app, ["index", str(tmp_path / "v.parquet"), "--index",
                                   str(tmp_path / "again"), "--model", str(model_dir)])  # fmt: skip

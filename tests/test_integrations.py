@@ -8,20 +8,18 @@ import subprocess
 import sys
 
 import pytest
-from corpus_helpers import write_corpus
+from corpus_helpers import sentences, write_corpus
 
+# imported, not skipped when missing: the `dev` extra installs the `langchain` and `llamaindex`
+# extras, so CI tests the retrievers against the real classes or fails saying what is missing
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever as LangChainRetriever
+from llama_index.core.retrievers import BaseRetriever as LlamaRetriever
+from llama_index.core.schema import MetadataMode, NodeWithScore, TextNode
+
+from flowsearch.integrations import langchain, llamaindex
 from flowsearch.search.searcher import Searcher
 from flowsearch.writes.build import build_index
-
-pytest.importorskip("langchain_core")
-pytest.importorskip("llama_index.core")
-
-from langchain_core.documents import Document  # noqa: E402
-from langchain_core.retrievers import BaseRetriever as LangChainRetriever  # noqa: E402
-from llama_index.core.retrievers import BaseRetriever as LlamaRetriever  # noqa: E402
-from llama_index.core.schema import MetadataMode, NodeWithScore, TextNode  # noqa: E402
-
-from flowsearch.integrations import langchain, llamaindex  # noqa: E402
 
 QUERY = "the red cat runs"
 
@@ -130,3 +128,28 @@ def test_a_retriever_with_a_reranker(index_dir, tiny_cross_encoder_dir):
     assert len(docs) == 3 and all(d.metadata["rerank_score"] is not None for d in docs)
     scores = [d.metadata["rerank_score"] for d in docs]
     assert scores == sorted(scores, reverse=True)
+
+
+def test_a_long_documents_best_passage_is_carried(tmp_path, model_dir):
+    """A document cut into passages: LangChain's metadata holds its best passage (the
+    highlight), LlamaIndex's node marks it with ``start_char_idx``/``end_char_idx``."""
+    texts = [" ".join(s + "." for s in sentences(6, seed=90 + i, length=(3, 7))) for i in range(4)]
+    records = [{"id": f"L{i}", "text": t, "part": i} for i, t in enumerate(texts)]
+    build_index(records, tmp_path / "idx", model=str(model_dir), max_length=16,
+                calibration="none")  # fmt: skip
+    query = texts[1].split(".")[3].strip()
+    with_passages = Searcher.open(tmp_path / "idx")
+    try:
+        hits = with_passages.search(query, k=2, mode="dense")
+        docs = langchain.FlowsearchRetriever(index=with_passages, k=2, mode="dense").invoke(query)
+        nodes = llamaindex.FlowsearchRetriever(with_passages, k=2, mode="dense").retrieve(query)
+    finally:
+        with_passages.close()
+    assert all(h.highlight is not None and h.highlight.text != h.text for h in hits)
+    for hit, doc, node in zip(hits, docs, nodes, strict=True):
+        passage = hit.highlight
+        assert doc.page_content == hit.text and doc.metadata["part"] == hit.metadata["part"]
+        assert doc.metadata["highlight"] == {"start": passage.start, "end": passage.end,
+                                             "text": passage.text}  # fmt: skip
+        assert (node.node.start_char_idx, node.node.end_char_idx) == (passage.start, passage.end)
+        assert node.node.get_content()[passage.start : passage.end] == passage.text

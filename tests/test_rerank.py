@@ -101,7 +101,7 @@ def test_query_report_and_modes(searcher):
     assert json.loads(json.dumps(result.to_dict()))["hits"][0]["rerank_score"] is not None
 
 
-def test_refusals_are_one_line(index_dir, tmp_path):
+def test_refusals_are_one_line(index_dir, tmp_path, model_dir):
     plain = Searcher.open(index_dir)
     try:
         with pytest.raises(BadInput, match="no reranker"):
@@ -114,6 +114,10 @@ def test_refusals_are_one_line(index_dir, tmp_path):
     assert "\n" not in str(err.value)
     with pytest.raises(BadInput, match="not a cross-encoder"):
         Reranker.load(tmp_path)  # a directory without a model
+    # an embedding model (the index's own): CrossEncoder would add a random head
+    with pytest.raises(BadInput, match="not a cross-encoder .a BertModel without a") as err:
+        Reranker.load(model_dir)
+    assert "\n" not in str(err.value)
     with pytest.raises(BadInput, match="rerank_depth"):
         Searcher.open(index_dir, rerank_depth=0)
 
@@ -123,6 +127,29 @@ def test_a_long_document_is_read_as_its_best_passage():
               highlight=Highlight(start=4, end=13, text="two three"))  # fmt: skip
     assert passage_of(hit) == "two three"
     assert passage_of(hit.model_copy(update={"highlight": None})) == "one two three four"
+
+
+def test_a_long_document_is_reranked_on_its_best_passage(tmp_path, model_dir, reranker):
+    """The cross-encoder reads each first-stage hit's best passage (its highlight), not the
+    whole document; the reranked hits keep their highlight and first-stage score."""
+    texts = [" ".join(s + "." for s in sentences(6, seed=70 + i, length=(3, 7))) for i in range(6)]
+    records = [{"id": f"L{i}", "text": t} for i, t in enumerate(texts)]
+    build_index(records, tmp_path / "idx", model=str(model_dir), max_length=16,
+                calibration="none")  # fmt: skip
+    counting = Counting(reranker.model)
+    s = Searcher.open(tmp_path / "idx", reranker=Reranker(counting, "counting"), rerank_depth=4)
+    try:
+        query = texts[2].split(".")[2].strip()
+        first = s.search(query, k=4, mode="dense", rerank=False)
+        assert all(h.highlight is not None and h.highlight.text != h.text for h in first)
+        hits = s.search(query, k=4, mode="dense")
+        assert counting.pairs == [(query, h.highlight.text) for h in first]
+        by_id = {h.id: h for h in first}
+        assert {h.id for h in hits} == set(by_id)
+        assert all(h.highlight == by_id[h.id].highlight for h in hits)
+        assert all(h.score == by_id[h.id].score for h in hits)
+    finally:
+        s.close()
 
 
 def test_cli_query_rerank(index_dir, tiny_cross_encoder_dir, tmp_path):
@@ -151,6 +178,13 @@ def test_server_rerank_field(index_dir, tiny_cross_encoder_dir):
         assert len(hits) == 3 and all(h["rerank_score"] is not None for h in hits)
         off = c.post("/search", json={"query": "the cat", "k": 3, "rerank": False}).json()
         assert all(h["rerank_score"] is None for h in off["hits"])
+        on = c.post("/search", json={"query": "the cat", "k": 3, "rerank": True}).json()
+        assert [h["rerank_score"] for h in on["hits"]] == [h["rerank_score"] for h in hits]
+        assert all(h["score"] is not None for h in on["hits"])  # the first stage's, beside it
+        # the server's stage histogram has a rerank series for the two reranked searches only
+        scraped = c.get("/metrics").text
+        assert 'flowsearch_stage_seconds_count{index="idx",stage="rerank"} 2.0' in scraped
+        assert 'flowsearch_stage_seconds_count{index="idx",stage="encode"} 3.0' in scraped
         schema = c.get("/openapi.json").json()["components"]["schemas"]["SearchRequest"]
         assert "rerank" in schema["properties"]
     with TestClient(create_app(index_dir), raise_server_exceptions=False) as c:

@@ -139,8 +139,23 @@ def test_check_name() -> None:
 
 
 def test_openapi_and_single_index_routes(root: Path) -> None:
-    with TestClient(create_app(root=root)) as c:
-        paths = set(c.get("/openapi.json").json()["paths"])
+    with TestClient(create_app(root=root, api_key=KEY)) as c:
+        documented = c.get("/openapi.json").json()["paths"]
+    paths = set(documented)
+    # each route's error statuses are documented, as the single index's routes have theirs
+    for path, method, statuses in (
+        ("/indexes", "get", {"401"}),
+        ("/indexes/{name}", "post", {"400", "401", "404", "409", "413", "422"}),
+        ("/indexes/{name}/search", "post", {"400", "401", "404", "413", "422"}),
+        ("/indexes/{name}/upsert", "post", {"400", "401", "404", "409", "413", "422"}),
+        ("/indexes/{name}/info", "get", {"400", "401", "404"}),
+    ):
+        responses = documented[path][method]["responses"]
+        assert statuses <= set(responses), (path, sorted(responses))
+        assert responses["401"]["content"]["application/json"]["schema"]["$ref"].endswith(
+            "/ErrorDetail"
+        )
+    assert "name exists" in documented["/indexes/{name}"]["post"]["responses"]["409"]["description"]
     assert {"/indexes", "/indexes/{name}", "/indexes/{name}/search", "/indexes/{name}/upsert",
             "/indexes/{name}/delete", "/indexes/{name}/info", "/metrics"} <= paths  # fmt: skip
     assert "/search" not in paths

@@ -6,6 +6,7 @@ versions while a writer thread upserts and compacts the index.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tarfile
 import threading
@@ -86,6 +87,27 @@ def test_snapshot_tar_and_restore(built: Path, tmp_path: Path) -> None:
     assert mf.read(tmp_path / "new").restored_from is not None
 
 
+def test_copies_where_links_are_refused(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Across file systems (os.link raises EXDEV) every file is copied: a snapshot that shares
+    no inode with the index, whole and verified."""
+    import errno
+    import os
+
+    def cross_device(src: object, dst: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", cross_device)
+    taken = flowsearch.snapshot(built, tmp_path / "snap")
+    assert taken.n_files > 0 and taken.n_linked == 0
+    copied = [p for p in (tmp_path / "snap" / "segments").rglob("*") if p.is_file()]
+    assert copied and all(p.stat().st_nlink == 1 for p in copied)
+    index_info(tmp_path / "snap", verify=True)
+    flowsearch.restore(tmp_path / "snap", tmp_path / "new")
+    assert _answers(tmp_path / "new") == _answers(built)
+
+
 def test_refusals(built: Path, index: Path, tmp_path: Path) -> None:
     (tmp_path / "there").mkdir()
     with pytest.raises(BadInput, match="already exists"):
@@ -99,7 +121,7 @@ def test_refusals(built: Path, index: Path, tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="not a flowsearch snapshot"):
         flowsearch.restore(built, tmp_path / "r")  # an index, not a snapshot
     (tmp_path / "junk.tar").write_bytes(b"not a tar")
-    with pytest.raises(BadInput, match="not a readable snapshot archive"):
+    with pytest.raises(BadInput, match=r"not a readable snapshot archive \(not a tar archive\)"):
         flowsearch.restore(tmp_path / "junk.tar", tmp_path / "r")
     with pytest.raises(BadInput, match="inside the index"):
         flowsearch.snapshot(index, index / "backup")
@@ -204,6 +226,10 @@ def test_cli(built: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert main(["restore", str(tmp_path / "s.tar"), "--index", str(tmp_path / "r")]) == 0
     assert main(["info", "--index", str(tmp_path / "r")]) == 0
     assert "restored from" in capsys.readouterr().out
+    assert main(["info", "--index", str(tmp_path / "r"), "--json"]) == 0
+    origin = json.loads(capsys.readouterr().out)["restored_from"]  # the version it came from
+    assert origin["source_version"] == mf.read(built).version
+    assert origin["source"] == str(built.resolve())
     assert main(["snapshot", str(tmp_path / "s.tar"), "--index", str(built)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "already exists" in err and "Traceback" not in err

@@ -5,7 +5,9 @@ The first stage (dense, lexical or hybrid, with its filter) finds the top
 document) pair together and scores it, and the hits come back in the cross-encoder's order, each
 with that score as ``rerank_score`` beside its first-stage ``score``. A document cut into
 passages is read as its best passage (the hit's ``highlight``: what the first stage matched and
-what fits the cross-encoder's window), a document read whole as its text.
+what fits the cross-encoder's window), a document read whole as its text. A long document's hit
+without a best passage (``lexical`` mode, or a ``hybrid`` hit only BM25 found: BM25 scores a
+document whole) is read as its text, as far as the cross-encoder's window goes.
 
 The cross-encoder is any sentence-transformers ``CrossEncoder`` (a Hugging Face id or a local
 directory); its score is what the model's ``predict`` gives (a sigmoid for a one-label model),
@@ -112,6 +114,14 @@ class Reranker:
             raise BadInput(f"{name!r} is not a cross-encoder ({_first_line(exc)})",
                            "name a sentence-transformers CrossEncoder id or directory",
                            param="reranker") from None  # fmt: skip
+        heads = _architectures(loaded)
+        if heads and not any("For" in head for head in heads):
+            # an encoder without a task head (e.g. the index's own embedding model):
+            # CrossEncoder would add a randomly initialised classifier and rank at random
+            raise BadInput(f"{name!r} is not a cross-encoder (a {heads[0]} without a "
+                           "classification head: its scores would be random)",
+                           "name a sentence-transformers CrossEncoder id or directory, e.g. "
+                           "an MS MARCO one, not an embedding model", param="reranker")  # fmt: skip
         labels = getattr(loaded, "num_labels", 1)
         if labels != 1:
             raise BadInput(f"{name!r} scores {labels} labels, not one relevance score",
@@ -151,6 +161,12 @@ class Reranker:
 
     def __repr__(self) -> str:
         return f"Reranker({self.name!r})"
+
+
+def _architectures(loaded: Any) -> list[str]:
+    """The model classes a loaded CrossEncoder's saved config names (empty: it names none)."""
+    names = getattr(getattr(loaded, "config", None), "architectures", None)
+    return [str(n) for n in names] if isinstance(names, (list, tuple)) else []
 
 
 def _first_line(exc: BaseException) -> str:

@@ -197,7 +197,9 @@ def create_app(
     if catalog is not None:
         app.state.indexes = catalog
         add_index_routes(app, catalog, guard)
-        app.include_router(_index_routes(catalog.service, guard), prefix="/indexes/{name}")
+        # a bad name is a 400, a name with no index a 404, on every route of an index
+        app.include_router(_index_routes(catalog.service, guard), prefix="/indexes/{name}",
+                           responses=error_responses(400, 404))  # fmt: skip
     else:
         app.state.service = services[0]
         _add_routes(app, services[0], guard)

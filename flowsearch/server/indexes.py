@@ -26,6 +26,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, HTTPException
 from fastapi.concurrency import run_in_threadpool
@@ -37,7 +38,13 @@ from flowsearch.search.searcher import Searcher
 from flowsearch.search.version import live_documents
 from flowsearch.server.boundary import SafeJSONResponse
 from flowsearch.server.metrics import Metrics
-from flowsearch.server.models import MAX_NAME_CHARS, CreateRequest, WriteResult
+from flowsearch.server.models import (
+    MAX_NAME_CHARS,
+    CreateRequest,
+    ErrorDetail,
+    WriteResult,
+    error_responses,
+)
 from flowsearch.server.service import Service
 from flowsearch.storage import manifest as mf
 
@@ -213,12 +220,19 @@ def add_index_routes(app: FastAPI, indexes: IndexRoot, guard: Sequence[DependsPa
         entries = indexes.entries()
         return {"status": "ok", "indexes": len(entries), "rows": sum(e.rows for e in entries)}
 
-    @app.get("/indexes", dependencies=guard, response_model=list[IndexEntry])
+    key = (401,) if guard else ()  # the error statuses each route documents in /openapi.json
+    taken: dict[int | str, dict[str, Any]] = {
+        409: {"model": ErrorDetail, "description": "An index of that name exists already"}
+    }
+
+    @app.get("/indexes", dependencies=guard, response_model=list[IndexEntry],
+             responses=error_responses(*key))  # fmt: skip
     def list_indexes() -> SafeJSONResponse:
         """The indexes served (every index directory under the root), by name."""
         return SafeJSONResponse([e.model_dump(mode="json") for e in indexes.entries()])
 
-    @app.post("/indexes/{name}", dependencies=guard, response_model=WriteResult, status_code=201)
+    @app.post("/indexes/{name}", dependencies=guard, response_model=WriteResult, status_code=201,
+              responses={**error_responses(400, *key, 404, 413, 422), **taken})  # fmt: skip
     async def create(name: str, body: CreateRequest) -> SafeJSONResponse:
         """Build a new index ``name`` from records (as ``/upsert`` takes them), encoded as the
         index ``like`` is (default: the bundled model) -> the build's :class:`WriteResult`;

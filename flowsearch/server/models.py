@@ -182,6 +182,7 @@ _ERRORS = {
     400: "Bad input the library refused: a where filter, a mode the index cannot serve, a "
     "record without the index's columns, ...",
     401: "Missing or wrong API key (the server was started with one)",
+    404: "No index of that name is served (serving a root: GET /indexes lists them)",
     409: "Another process holds the index's write lock (send wait to queue behind it)",
     413: f"The request body is larger than {MAX_BODY_BYTES} bytes",
     422: "The body is not JSON, or a field is missing, mistyped or out of bounds",

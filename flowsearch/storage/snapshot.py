@@ -240,8 +240,10 @@ def _unpack(snap: Path, stage: Path) -> None:
             with tarfile.open(snap) as tar:
                 tar.extractall(stage, filter="data")
         except (tarfile.TarError, OSError) as exc:
+            # ReadError lists every compression tried: one line says what it is not
+            why = "not a tar archive" if isinstance(exc, tarfile.ReadError) else str(exc)
             raise BadInput(
-                f"{snap} is not a readable snapshot archive ({exc})",
+                f"{snap} is not a readable snapshot archive ({why})",
                 "pass a directory or .tar that `flowsearch snapshot` wrote",
             ) from None
         return
