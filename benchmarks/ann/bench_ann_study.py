@@ -585,24 +585,65 @@ def _settings_used() -> dict[str, Any]:
             "query_noise": ann_tune.QUERY_NOISE}  # fmt: skip
 
 
-def scale_tune(data: Path, rows: int) -> dict[str, Any]:
-    """What ``auto`` does with one segment of the 1M rows (:func:`scale_prepare`), on
+def _distinct_rows(
+    data: Path, rows: int, n_queries: int
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_scale_rows` for ``rows`` distinct texts (:func:`prepare`'s corpus, every row a
+    text of its own) instead of the jittered copies: the record, vectors, queries, truth."""
+    prep = prepare(data, rows, n_queries)
+    work = workdir(rows)
+    _threads(THREADS)
+    Z = np.ascontiguousarray(np.load(work / "z.npy", mmap_mode="r"))
+    Zq = np.load(work / "z_q.npy")
+    truth_path = work / "truth.npy"
+    if not truth_path.exists():
+        np.save(truth_path, harness.exact_top(Zq, Z, 10, chunk_rows=65_536)[1])
+    return prep, Z, Zq, np.load(truth_path)
+
+
+def distinct_encode_s(rows: int) -> float:
+    """Seconds to encode :func:`prepare`'s ``rows`` distinct texts with ``static`` here, on the
+    threads torch has (after a warm-up)."""
+    import pyarrow.parquet as pq
+
+    from flowsearch.encode.encoder import Encoder
+
+    texts = pq.read_table(workdir(rows) / f"corpus_{rows}.parquet", columns=["text"])
+    texts = texts.column("text").to_pylist()
+    enc = Encoder(None, pooling="static")
+    enc.encode(texts[:512], batch_size=256, progress=False)
+    t = time.perf_counter()
+    enc.encode(texts, batch_size=256, progress=False)
+    return time.perf_counter() - t
+
+
+def scale_tune(
+    data: Path, rows: int, distinct: bool = False, n_queries: int = 2_000
+) -> dict[str, Any]:
+    """What ``auto`` does with one segment of the 1M rows (:func:`scale_prepare`'s jittered
+    copies, or with ``distinct`` :func:`prepare`'s ``rows`` distinct texts), on
     :data:`THREADS` threads: its index made as a segment's is
-    (:func:`flowsearch.ann.build.segment_index`: the projected graph at 1M with the default
-    settings; trained, chunked adds, finished), then tuned as a segment is (4,096 rows
-    sampled, held-out queries); then real queries at the knob chosen (searches on one
-    thread). Encoding 1M rows with ``static`` and ``Flat``'s p50 are measured in the same run
-    (encoding before and after)."""
+    (:func:`flowsearch.ann.build.segment_index` under the run's policy; trained, chunked adds),
+    then tuned as a segment is (4,096 rows sampled, held-out queries; a graph short of its
+    target searched exactly, as the product stores it); then real queries at the knob chosen
+    (searches on one thread). Encoding the rows with ``static`` and ``Flat``'s p50 are
+    measured in the same run (encoding before and after)."""
     import faiss
 
     from flowsearch.ann import build as ann_build
     from flowsearch.ann import tune as ann_tune
 
-    prep, Z, Zq, truth = _scale_rows(data, rows)
+    if distinct:
+        prep, Z, Zq, truth = _distinct_rows(data, rows, n_queries)
+        encode_s = lambda: distinct_encode_s(rows)  # noqa: E731
+    else:
+        prep, Z, Zq, truth = _scale_rows(data, rows)
+        encode_s = lambda: scale_encode_s(data, rows)  # noqa: E731
     lat = np.arange(len(Zq))[:: max(1, len(Zq) // LATENCY_QUERIES)]
     out: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                           "threads": THREADS, "settings": _settings_used()}  # fmt: skip
-    out["encode_s"] = [scale_encode_s(data, rows)]
+                           "threads": THREADS, "settings": _settings_used(),
+                           "rows": "distinct texts" if distinct else "jittered copies"}  # fmt: skip
+    out["encode_s"] = [encode_s()]
     _threads(1)
     flat = faiss.IndexFlatIP(Z.shape[1])
     flat.add(Z)
@@ -623,13 +664,16 @@ def scale_tune(data: Path, rows: int) -> dict[str, Any]:
     pos = np.sort(rng.choice(len(Z), size=4096, replace=False))
     chunks = lambda: (Z[i : i + 65_536] for i in range(0, len(Z), 65_536))  # noqa: E731
     t = time.perf_counter()
-    tuned = ann_tune.tune(index, Z[pos], chunks, sample_rows=pos)
+    tuned = ann_tune.tune(index, Z[pos], chunks, sample_rows=pos, policy=POLICY)
+    graph = faiss.downcast_index(index)
+    if tuned.exact:  # the product stores such a segment exactly (its graph's own vectors)
+        index = ann_tune.exact_index(index)
     out["tune_s"] = time.perf_counter() - t
+    out["exact"] = tuned.exact
     _threads(1)
     found = index.search(Zq, 10)[1]
     half = len(Zq) // 2
     ms = _p50_ms(index, Zq[lat])
-    graph = faiss.downcast_index(index)
     out.update({
         "factory": factory, "params": tuned.params,
         "ef_construction": int(graph.hnsw.efConstruction) if hasattr(graph, "hnsw") else None,
@@ -643,9 +687,9 @@ def scale_tune(data: Path, rows: int) -> dict[str, Any]:
         "real_recall_partial": harness.recall(found[half:], truth[half:]),
         "p50_ms": ms, "speedup": out["flat_p50_ms"] / ms,
     })  # fmt: skip
-    del index
+    del index, graph
     _threads(THREADS)
-    out["encode_s"].append(scale_encode_s(data, rows))
+    out["encode_s"].append(encode_s())
     mean_encode = float(np.mean(out["encode_s"]))
     out["build_x_encode"] = out["build_s"] / mean_encode
     out["build_tune_x_encode"] = (out["build_s"] + out["tune_s"]) / mean_encode
@@ -929,6 +973,10 @@ def _scale_tune_section(runs: list[dict[str, Any]]) -> list[str]:
     for t in runs:
         pr = t.get("projection")
         graph = f"`{t['factory']}`, efConstruction {t['ef_construction']}"
+        if t.get("rows") == "distinct texts":
+            graph += ", distinct texts"
+        if t.get("exact"):
+            graph += " (short of the target: searched exactly)"
         if pr:
             graph = (
                 f"`{t['factory']}` over {pr['dims']} principal components, efConstruction "
@@ -1465,6 +1513,11 @@ def main() -> int:
              "ef_construction=40 (repeatable)",
     )  # fmt: skip
     parser.add_argument(
+        "--distinct", action="store_true",
+        help="scale-tune: the rows are --rows distinct texts (prepare's corpus), not jittered "
+             "copies of 200k",
+    )  # fmt: skip
+    parser.add_argument(
         "--no-curves", dest="curves", action="store_false",
         help="keep the saved noise curves of the tune stage (they do not depend on the tuner)",
     )  # fmt: skip
@@ -1499,7 +1552,7 @@ def _run(args: Any, data: Path) -> int:
     out["command"] = this
     prep = prepare(data, args.rows, args.queries, args.pooling)
     other = (
-        args.stage == "tune-projected"
+        args.stage in ("tune-projected", "scale-tune")
         and out.get("prepare", {}).get("rows", args.rows) != args.rows
     )
     if args.pooling == "static" and not other:  # the study's corpus (another size: kept apart)
@@ -1541,7 +1594,8 @@ def _run(args: Any, data: Path) -> int:
             data, args.rows, args.only, out.get("scale_graph"), save, args.build_limit, args.tag
         )
     if args.stage == "scale-tune":
-        out["scale_tunes"] = [*_scale_tunes(out), scale_tune(data, args.rows)]
+        run = scale_tune(data, args.rows, distinct=args.distinct, n_queries=args.queries)
+        out["scale_tunes"] = [*_scale_tunes(out), run]
         out.pop("scale_tune", None)  # the first run's key, now the list's first
     if args.stage in ("study", "all"):
         key, prep_key = _study_keys(out, args.pooling, args.rows)

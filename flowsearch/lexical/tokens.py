@@ -116,11 +116,11 @@ def term_spans_batch(texts: Sequence[str], terms: Collection[str]) -> list[list[
     stems = list(distinct - _STOPWORDS)
     hits = {w for w, t in zip(stems, _stemmer().stemWords(stems), strict=True) if t in wanted}
     out = []
-    for matches, words, folded in found:
-        if words is not None:
-            out.append([m.span() for m, w in zip(matches, words, strict=True) if w in hits])
+    for spans, plain, several in found:
+        if plain is not None:
+            out.append([m.span() for m, w in zip(spans, plain, strict=True) if w in hits])
         else:
-            assert folded is not None
-            out.append([m.span() for m, ws in zip(matches, folded, strict=True)
+            assert several is not None
+            out.append([m.span() for m, ws in zip(spans, several, strict=True)
                         if any(w in hits for w in ws)])  # fmt: skip
     return out
