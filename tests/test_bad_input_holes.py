@@ -463,6 +463,12 @@ def _api_cases(index: Path, model: str) -> dict[str, object]:
             f"index_info({label})": lambda b=bad: fs.index_info(b),
             f"index_history({label})": lambda b=bad: fs.index_history(b),
             f"load_calibrator({label})": lambda b=bad: fs.load_calibrator(b),
+            f"snapshot({label})": lambda b=bad: fs.snapshot(b, index.parent / "new"),
+            f"snapshot(dest={label})": lambda b=bad: fs.snapshot(index, b),
+            f"restore({label})": lambda b=bad: fs.restore(b, index.parent / "new"),
+            f"restore(index_dir={label})": lambda b=bad: fs.restore(index, b),
+            f"export_index({label})": lambda b=bad: fs.export_index(b, index.parent / "x.parquet"),
+            f"export_index(dest={label})": lambda b=bad: fs.export_index(index, b),
         }
     new = str(index.parent / "new")
     return out | {
@@ -477,6 +483,12 @@ def _api_cases(index: Path, model: str) -> dict[str, object]:
         "search after close()": lambda: _closed(fs.Searcher.open(index)).search("sea"),
         "build_index(overwrite='no')": lambda: fs.build_index(one, index, overwrite="no"),
         "build_index(lexical=1)": lambda: fs.build_index(one, new, lexical=1),
+        "export_index(overwrite='no')": lambda: fs.export_index(
+            index, index.parent / "x.parquet", overwrite="no"
+        ),
+        "export_index(vectors='yes')": lambda: fs.export_index(
+            index, index.parent / "x.parquet", vectors="yes"
+        ),
         "build_index(strict='yes')": lambda: fs.build_index(one, new, strict="yes"),
         "upsert(merge_segments='no')": lambda: fs.upsert(index, one, merge_segments="no"),
         "upsert(strict=0)": lambda: fs.upsert(index, one, strict=0),
@@ -518,4 +530,4 @@ def test_the_python_api_refuses_wrong_argument_types_in_one_line(index, model_di
             raw[name] = "accepted"
     assert raw == {}
     assert _tree(index) == before  # overwrite="no" replaced nothing
-    assert not (index.parent / "new").exists()
+    assert not (index.parent / "new").exists() and not (index.parent / "x.parquet").exists()

@@ -741,7 +741,7 @@ def test_a_searchers_options_bound_its_filter() -> None:
     with backend.filter_database() as db:
         assert db.timeout == 3.5 and db is backend.filter_database()
         limit = db._con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
-        assert limit.startswith("61") or limit.startswith("64"), limit  # 64 MB (MiB shown)
+        assert limit == "64.0 MiB", limit  # the bytes asked for ("64MB" was 61 MiB: 10**6)
         assert db._con.execute("SELECT current_setting('temp_directory')").fetchone()[0] == ""
     with MetadataFilter() as db:  # a filter of its own: the options' defaults
         assert db.timeout == SearchOptions().filter_timeout

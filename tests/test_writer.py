@@ -138,6 +138,37 @@ def test_a_failed_write_publishes_nothing_and_leaves_no_stage(tmp_path):
     assert "segments/s000001/deleted-v000002.npy" not in _tree(root)
 
 
+def test_a_ctrl_c_as_the_tidy_up_begins_leaves_no_stage(tmp_path, monkeypatch):
+    """The window behind the flaky ``test_sigint_during_index`` (issue 41): a write has
+    published, its scratch stage (a build's raw vectors) is not yet removed, and one SIGINT
+    arrives before the tidy-up holds Ctrl-C back. The stage is gone all the same."""
+    import signal
+
+    from flowsearch.storage import writer as writer_module
+
+    root = tmp_path / "idx"
+    build(root, [["a", "b"]])
+    real = writer_module._interrupts_deferred
+    sent: list[int] = []
+
+    def signal_first():  # a Ctrl-C arriving as the tidy-up begins (os.kill raises it here)
+        if not sent:
+            sent.append(signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real()
+
+    monkeypatch.setattr(writer_module, "_interrupts_deferred", signal_first)
+    with pytest.raises(KeyboardInterrupt), open_writer(root) as writer:
+        scratch = writer.stage()  # never renamed into place: only the tidy-up removes it
+        (scratch / "raw.f32").write_bytes(bytes(16))
+        add_segment(writer, ["c"])
+        writer.publish(kind="add", n_rows=1)
+    assert sent == [signal.SIGINT]
+    assert siblings(root) == [] and not scratch.exists()
+    assert mf.read(root).version == 2  # published before the signal came
+    index_info(root, verify=True)
+
+
 def test_a_failed_first_build_leaves_nothing(tmp_path, model_dir):
     root = tmp_path / "new" / "idx"
     with pytest.raises(RuntimeError), open_writer(root, new=True) as writer:

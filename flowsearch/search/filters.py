@@ -133,7 +133,7 @@ class MetadataFilter:
         """A new locked in-memory database."""
         config: dict[str, str | bool | int | float | list[str]] = {
             "threads": self.threads,
-            "memory_limit": f"{max(1, self.memory_limit // 2**20)}MB",
+            "memory_limit": f"{max(1, self.memory_limit // 2**20)}MiB",  # DuckDB's MB is 10**6
             "temp_directory": "",  # never spill to disk: a filter's memory is its bound
             "max_temp_directory_size": "0KiB",
             # return freed memory to the system (without: a 1 GB filter's pages stay resident)

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict
 
 from flowsearch._version import __version__
 from flowsearch.atomic import fsync_dir, fsync_tree
-from flowsearch.errors import BadInput, FlowsearchError, IndexDamaged, NotFound
+from flowsearch.errors import BadInput, FlowsearchError, IndexDamaged, NotFound, check_path
 from flowsearch.storage import history
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.layout import HISTORY_NAME, MANIFEST_NAME
@@ -196,8 +196,8 @@ def snapshot(index_dir: str | os.PathLike[str], dest: str | os.PathLike[str]) ->
         BadInput: ``dest`` exists, or the index is of an earlier format.
         IndexDamaged: a file of the version is missing, changed or corrupt (nothing written).
     """
-    src = Path(index_dir).expanduser()
-    target = Path(dest).expanduser()
+    src = check_path(index_dir, "index_dir", "an index directory")
+    target = check_path(dest, "dest", "the snapshot's path")
     mf.read_raw(src)
     _check_dest(target)
     if target.resolve().is_relative_to(src.resolve()):
@@ -277,8 +277,8 @@ def restore(
         BadInput: not a snapshot, or ``index_dir`` exists.
         IndexDamaged: a file of the snapshot is missing, changed or corrupt (nothing written).
     """
-    snap = Path(snapshot_path).expanduser()
-    target = Path(index_dir).expanduser()
+    snap = check_path(snapshot_path, "snapshot_path", "a snapshot's path")
+    target = check_path(index_dir, "index_dir", "a new index directory")
     if not snap.exists():
         raise NotFound(f"no snapshot at {snap}", "pass the path `flowsearch snapshot` wrote")
     _check_dest(target)

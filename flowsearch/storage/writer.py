@@ -137,6 +137,7 @@ class Writer:
         self._calibrator: tuple[Path, mf.CalibrationSpec] | None = None
         self._sample: tuple[Path, str] | None = None
         self._stages: list[Path] = []
+        self._tidied = False
         self.published: mf.Manifest | None = None
 
     # -- staging ---------------------------------------------------------------------------
@@ -277,7 +278,24 @@ class Writer:
         atomic_write_text(self.index_dir / MANIFEST_NAME, text)
         self.published = manifest
         history.append(self.index_dir, record)
+        self._tidy()
         return manifest
+
+    def _tidy(self) -> None:
+        """Remove the write's staged directories (those placed are gone already: a build's
+        scratch is not) and, once published, what neither this version nor the one before
+        references; a Ctrl-C waits for it. Run by :meth:`publish` itself, so that a Ctrl-C
+        after it finds nothing to tidy (one landing between the write's end and the way out
+        of :func:`open_writer`, before the tidy-up there held it back, left a staged
+        directory), and again on the way out, for a write that failed before publishing."""
+        with _interrupts_deferred():
+            if self._tidied:
+                return
+            for stage in self._stages:
+                shutil.rmtree(stage, ignore_errors=True)
+            if self.published is not None:
+                clean(self.index_dir, referenced(self.published) | referenced(self.base))
+                self._tidied = True
 
     def _check_base(self) -> None:
         """Refuse to write over a damaged index, before the write stages anything: every file
@@ -441,10 +459,7 @@ def open_writer(
         finally:
             with _interrupts_deferred():  # a Ctrl-C now waits for the tidy-up to finish
                 if writer is not None:
-                    for stage in writer._stages:
-                        shutil.rmtree(stage, ignore_errors=True)
-                    if writer.published is not None:
-                        clean(root, referenced(writer.published) | referenced(writer.base))
+                    writer._tidy()  # done already if it published
                 if created and not mf.is_index_dir(root):
                     remove_failed_first_build(root, keep_root=existed)
 

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flowsearch.atomic import atomic_write
-from flowsearch.errors import BadInput, IndexDamaged
+from flowsearch.errors import BadInput, IndexDamaged, check_bool, check_path
 from flowsearch.ingest.passages import joined
 from flowsearch.search.version import open_current
 from flowsearch.storage import deletions
@@ -76,7 +76,7 @@ class Exported:
 
 
 def _checked_dest(dest: str | os.PathLike[str], root: Path, overwrite: bool) -> Path:
-    path = Path(dest).expanduser()
+    path = check_path(dest, "dest", "a file name DEST.parquet")
     if path.suffix.lower() != ".parquet":
         raise BadInput(f"the export is Parquet, but {str(dest)!r} does not end in .parquet",
                        "name the file DEST.parquet", param="dest")  # fmt: skip
@@ -117,7 +117,8 @@ def export_index(
         IndexDamaged: a segment file missing or unreadable.
         WriteFailed: the disk refused the write.
     """
-    root = Path(index_dir).expanduser()
+    root = check_path(index_dir, "index_dir", "an index directory")
+    vectors, overwrite = check_bool(vectors, "vectors"), check_bool(overwrite, "overwrite")
     mf.read(root)  # NotFound before anything else is judged
     path = _checked_dest(dest, root, overwrite)
     manifest, readers = open_current(root, lambda m: (m, _open_readers(root, m)))
