@@ -92,8 +92,8 @@ __all__ = [
 LOG = logging.getLogger(__name__)
 
 #: What ``auto`` fits when it searches the encoder's space: a density model for the drift and
-#: query reports. Starting the flow from whitened vectors matches whitening, where the reference
-#: flow trails it by up to 5 STS points when fitted on few rows (benchmarks/RESULTS.md).
+#: query reports. Starting the flow from whitened vectors matches whitening, which the reference
+#: flow trails when fitted on few rows (benchmarks/RESULTS.md, "Figures behind the defaults").
 AUTO_FITS = "whitening-flow"
 #: What ``auto`` fits and searches on an anisotropic corpus with enough rows: (name, config).
 #: Partial whitening, chosen on the retrieval dev sets (module docstring).
@@ -112,9 +112,9 @@ _SEEDED = ("flow", "whitening-flow")
 #: Calibrators whose fit inverts the corpus's covariance. Fitted on fewer rows than
 #: ``MIN_ROWS_PER_DIM`` per dimension they overfit it: with fewer rows than dimensions every
 #: corpus row comes out equidistant from every other (their best scores all -1/(n-1)), so the
-#: reference, the verdict and drift say nothing; on the 300-row sample corpus (384-d), forced
-#: whitening, gaussian and whitening-flow found 8 of 12 written questions' passages at rank 1
-#: where the encoder's own space, flow, sn and natsv found all 12.
+#: reference, the verdict and drift say nothing, and on the sample corpus they rank written
+#: questions' passages below the encoder's own space, flow, sn and natsv (benchmarks/RESULTS.md,
+#: "Figures behind the defaults").
 COVARIANCE_FITS: frozenset[str] = frozenset({"whitening", "gaussian", "whitening-flow"})
 
 

@@ -310,7 +310,7 @@ class RowReader:
         """A scalar column at local ``rows`` (in that order), as Python values: reads only that
         column of the row groups holding them, in one read per part (not cached). What an id
         lookup confirms its candidates with: reading the rows' other columns (the text) would
-        cost seconds at 1M rows (benchmarks/RESULTS.md, "Figures behind the defaults")."""
+        cost far more on a large segment (benchmarks/RESULTS.md, "Figures behind the defaults")."""
         rows = np.asarray(rows, dtype=np.int64)
         out: list[Any] = [None] * len(rows)
         touched: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}
