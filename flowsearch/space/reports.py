@@ -192,7 +192,7 @@ def _calibrator_words(calibrator: str, config: Mapping[str, Any]) -> str:
     }.get(calibrator, f"a {calibrator}")
 
 
-def describe_space(calibration: Any, pooling: str | None = None) -> str:
+def describe_space(calibration: object, pooling: str | None = None) -> str:
     """What an index searches, in one line, from its calibration record.
 
     Args:
