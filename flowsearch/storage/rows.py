@@ -25,12 +25,13 @@ import copy
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import cachetools
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from typing_extensions import NotRequired  # typing.NotRequired is 3.11+
 
 from flowsearch.errors import IndexDamaged
 from flowsearch.storage.layout import part_file
@@ -38,6 +39,7 @@ from flowsearch.storage.passages import PASSAGE_COLUMNS, has_passages
 from flowsearch.storage.records import PartRecord
 
 __all__ = [
+    "RowRecord",
     "RESERVED_COLUMNS",
     "VECTOR_COLUMNS",
     "PartWriter",
@@ -47,6 +49,20 @@ __all__ = [
     "rows_table",
     "vector_column",
 ]
+
+
+class RowRecord(TypedDict):
+    """A row as the search reads it (:meth:`RowReader.records`)."""
+
+    #: The document's id (one type per index).
+    id: int | str
+    #: The row's text (a passage's own text when the document is cut).
+    text: str
+    #: The metadata columns' values, as Arrow gives them to Python.
+    metadata: dict[str, object]
+    #: A passage of a segment with passages: (number, count, start, end).
+    passage: NotRequired[tuple[int, ...]]
+
 
 #: Columns every part has; a corpus's metadata columns may not take these names.
 RESERVED_COLUMNS = ("id", "text", "vector", "raw")
@@ -248,22 +264,23 @@ class RowReader:
         self._cache.put(key, table.nbytes, columns)
         return columns
 
-    def records(self, rows: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
+    def records(self, rows: Sequence[int] | np.ndarray) -> list[RowRecord]:
         """Rows at local positions ``rows`` as ``{"id", "text", "metadata"}``, in that order
         (and ``"passage"``: (number, count, start, end) when the segment has passages)."""
         rows = np.asarray(rows, dtype=np.int64)
-        out: list[dict[str, Any] | None] = [None] * len(rows)
+        out: list[RowRecord | None] = [None] * len(rows)
         for part, group, positions, offsets in self._row_groups_of(rows):
             columns = self._group(part, group)
             for i, at in zip(positions, offsets, strict=True):
-                out[i] = {
+                rec: RowRecord = {
                     "id": columns["id"][at],
                     "text": columns["text"][at],
                     # the caller owns what it gets: list/struct values are copied
                     "metadata": {n: _own(columns[n][at]) for n in self.metadata_columns},
                 }
                 if self.passage_columns:
-                    out[i]["passage"] = tuple(columns[n][at] for n in PASSAGE_COLUMNS)
+                    rec["passage"] = tuple(columns[n][at] for n in PASSAGE_COLUMNS)
+                out[i] = rec
         return out  # type: ignore[return-value]
 
     def _row_groups_of(self, rows: np.ndarray) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
