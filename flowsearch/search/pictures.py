@@ -31,7 +31,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -138,7 +138,7 @@ class SpacePictures(BaseModel):
     n_sampled: int
     n_live: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The JSON form (``GET /space``)."""
         return self.model_dump(mode="json")
 

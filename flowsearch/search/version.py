@@ -69,7 +69,7 @@ class IndexInfo(BaseModel):
     #: live documents (a document cut into passages is several live rows; None: not counted)
     n_documents: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The ``info --json`` document: the manifest's fields, ``path``, ``n_rows``,
         ``n_live`` (live rows: passages), ``n_deleted``, ``n_documents`` (live documents),
         ``bytes``, ``verified``."""

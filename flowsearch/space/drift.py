@@ -145,7 +145,7 @@ class DriftReport(BaseModel):
     log_density_median: float | None = None
     reference_log_density: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The JSON form (``add --json``, the history)."""
         return self.model_dump(mode="json")
 

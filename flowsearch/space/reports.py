@@ -71,7 +71,7 @@ class QueryReport(BaseModel):
     log_density: float | None = None
     reference_log_density: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The JSON form (``--json``, the HTTP API)."""
         return self.model_dump(mode="json")
 

@@ -25,7 +25,7 @@ import copy
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 import cachetools
 import numpy as np
@@ -49,6 +49,8 @@ __all__ = [
     "rows_table",
     "vector_column",
 ]
+
+_T = TypeVar("_T")
 
 
 class RowRecord(TypedDict):
@@ -378,6 +380,6 @@ class RowReader:
             yield part
 
 
-def _own(value: Any) -> Any:
+def _own(value: _T) -> _T:
     """``value``, copied when mutable (a list or struct metadata value the cache shares)."""
     return copy.deepcopy(value) if isinstance(value, (list, dict)) else value
