@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 import numpy as np
 
@@ -51,6 +51,7 @@ from flowsearch.search.modes import Mode
 from flowsearch.search.options import SearchOptions
 from flowsearch.search.results import Hit
 from flowsearch.search.scores import FusionReference, build_reference
+from flowsearch.search.segment import SegmentReader
 from flowsearch.search.timings import stage
 from flowsearch.search.version import Version
 from flowsearch.storage import manifest as mf
@@ -362,7 +363,9 @@ class SegmentSet:
         knobs = v.knobs()
         tops = [np.full(len(Z), -np.inf)]
 
-        def rescore(seg: Any, Z: np.ndarray, scores: np.ndarray, found: np.ndarray) -> Side:
+        def rescore(
+            seg: SegmentReader, Z: np.ndarray, scores: np.ndarray, found: np.ndarray
+        ) -> Side:
             if scores.shape[1]:  # a segment's answer is best first: its first is its best row
                 tops.append(np.where(found[:, 0] >= 0, scores[:, 0], -np.inf))
             return document_scores.rescored_segment(seg, Z, scores, found)
