@@ -150,7 +150,7 @@ class DriftReport(BaseModel):
         return self.model_dump(mode="json")
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any] | None) -> DriftReport | None:
+    def from_record(cls, record: Mapping[str, object] | None) -> DriftReport | None:
         """The report a write's history record holds, or None: no report, or the previous
         release's log-density figures (``gap_std``, ...), which are not comparable."""
         if not record or "verdict" not in record:
