@@ -189,7 +189,7 @@ class Unavailable(FlowsearchError):
 # --- argument checks of the public API -----------------------------------------------------
 
 
-def check_path(value: Any, param: str = "index_dir", what: str = "a directory") -> Path:
+def check_path(value: object, param: str = "index_dir", what: str = "a directory") -> Path:
     """``value`` as a :class:`~pathlib.Path` (``~`` expanded), when it is a ``str`` or an
     ``os.PathLike`` of one that the file system can take (no NUL, no lone surrogate).
 
@@ -212,7 +212,7 @@ def check_path(value: Any, param: str = "index_dir", what: str = "a directory") 
     return Path(text).expanduser()
 
 
-def check_bool(value: Any, param: str) -> bool:
+def check_bool(value: object, param: str) -> bool:
     """``value`` when it is a ``bool`` (NumPy's too); a string such as ``"no"`` is refused
     rather than taken as true.
 
@@ -248,7 +248,7 @@ def check_int(value: Any, param: str, minimum: int) -> int:
     )
 
 
-def check_text(value: Any, what: str, param: str | None = None) -> str:
+def check_text(value: object, what: str, param: str | None = None) -> str:
     """``value`` when it is a ``str`` that UTF-8 can store (no lone surrogate such as
     ``"\\ud800"``, which no file, index or JSON body can hold).
 

@@ -15,15 +15,20 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeAlias
 
 import numpy as np
 
-__all__ = ["find_in_json", "json_safe", "to_json"]
+__all__ = ["JSONObject", "JSONValue", "find_in_json", "json_safe", "to_json"]
+
+#: A parsed JSON value: what :func:`json.loads` returns.
+JSONValue: TypeAlias = "None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]"
+#: A parsed JSON object.
+JSONObject: TypeAlias = dict[str, JSONValue]
 
 
-def json_safe(value: Any) -> Any:
+def json_safe(value: object) -> Any:
     """``value`` with numpy scalars as Python numbers and non-finite floats as None."""
     if isinstance(value, dict):
         return {k: json_safe(v) for k, v in value.items()}
@@ -36,16 +41,16 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def to_json(value: Any) -> str:
+def to_json(value: object) -> str:
     """The JSON text of ``value`` (see :func:`json_safe`; anything else unknown as ``str``)."""
     return json.dumps(json_safe(value), ensure_ascii=False, default=str, allow_nan=False)
 
 
-def find_in_json(value: Any, bad: Callable[[Any], bool]) -> tuple[Any, ...] | None:
+def find_in_json(value: object, bad: Callable[[object], bool]) -> tuple[str | int, ...] | None:
     """The keys (dict keys, list positions) leading to the first leaf of a parsed JSON value
     that ``bad`` holds true of (``()``: the value itself), or None."""
     if isinstance(value, dict):
-        items: Any = value.items()
+        items: Iterable[tuple[str | int, object]] = value.items()
     elif isinstance(value, list):
         items = enumerate(value)
     else:

@@ -14,7 +14,7 @@ Example:
 from __future__ import annotations
 
 import warnings
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from flowsearch.errors import BadInput
 
@@ -43,7 +43,7 @@ def moved_to(name: str) -> str:
     return _HOMES.get(name, "a constant beside its one owner (no longer a setting)")
 
 
-def _refuse(changes: dict[str, Any]) -> NoReturn:
+def _refuse(changes: dict[str, object]) -> NoReturn:
     where = "; ".join(f"{name}: {moved_to(name)}" for name in sorted(changes)) or "see the docs"
     raise BadInput(
         "flowsearch.settings was removed in the fifth release: nothing process-wide changes "
@@ -52,7 +52,7 @@ def _refuse(changes: dict[str, Any]) -> NoReturn:
     )
 
 
-def override(**changes: Any) -> NoReturn:
+def override(**changes: object) -> NoReturn:
     """Refuses, naming each setting's new home (the fourth release changed them here)."""
     warnings.warn("flowsearch.settings.override is gone", DeprecationWarning, stacklevel=2)
     _refuse(changes)

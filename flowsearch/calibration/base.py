@@ -17,9 +17,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from flowsearch.calibration.state import Spec, check_state
 from flowsearch.errors import BadInput
+from flowsearch.jsonable import JSONObject
 
 __all__ = [
     "CALIBRATORS",
@@ -54,7 +56,7 @@ def register(name: str) -> Callable[[C], C]:
     return wrap
 
 
-def check_rows(U: Any, dim: int | None = None, what: str = "U") -> np.ndarray:
+def check_rows(U: npt.ArrayLike, dim: int | None = None, what: str = "U") -> np.ndarray:
     """``U`` as a finite float32 or float64 matrix ``(n, dim)`` (a copy only if it was neither).
 
     A single vector of ``dim`` values is taken as one row.
@@ -82,7 +84,7 @@ def check_rows(U: Any, dim: int | None = None, what: str = "U") -> np.ndarray:
     return arr
 
 
-def as_matrix(U: Any, dim: int | None = None, what: str = "U") -> np.ndarray:
+def as_matrix(U: npt.ArrayLike, dim: int | None = None, what: str = "U") -> np.ndarray:
     """``U`` as a finite float64 matrix ``(n, dim)``; see :func:`check_rows`."""
     return check_rows(U, dim, what).astype(np.float64, copy=False)
 
@@ -108,7 +110,7 @@ class Calibrator(ABC):
     def __init__(self, **config: Any) -> None:
         self.config: dict[str, Any] = dict(config)
         self.dim_in: int | None = None
-        self.fit_stats: dict[str, Any] = {}
+        self.fit_stats: JSONObject = {}
 
     @property
     def invertible(self) -> bool:
@@ -132,7 +134,7 @@ class Calibrator(ABC):
 
     # -- public protocol -------------------------------------------------------------------
 
-    def fit(self, U: Any) -> Calibrator:
+    def fit(self, U: npt.ArrayLike) -> Calibrator:
         """Fits on raw vectors ``U`` ``(n, d)``, ``n >= 2``, and returns ``self``.
 
         Raises:
@@ -145,7 +147,7 @@ class Calibrator(ABC):
         self._fit(arr)
         return self
 
-    def transform(self, U: Any) -> np.ndarray:
+    def transform(self, U: npt.ArrayLike) -> np.ndarray:
         """Maps raw vectors ``(n, dim_in)`` to the calibrated space: float32 ``(n, dim_out)``.
 
         Raises:
@@ -153,7 +155,7 @@ class Calibrator(ABC):
         """
         return self._transform(as_matrix(U, self._need_fitted())).astype(np.float32)
 
-    def inverse(self, Z: Any) -> np.ndarray:
+    def inverse(self, Z: npt.ArrayLike) -> np.ndarray:
         """Maps calibrated vectors ``(n, dim_out)`` back to raw ones: float32 ``(n, dim_in)``.
 
         Raises:
@@ -165,7 +167,7 @@ class Calibrator(ABC):
         self._need_fitted()
         return self._inverse(as_matrix(Z, self.dim_out, "Z")).astype(np.float32)
 
-    def log_prob(self, U: Any) -> np.ndarray:
+    def log_prob(self, U: npt.ArrayLike) -> np.ndarray:
         """Per-row log-density of ``U`` ``(n, dim_in)`` under the fitted model: float64 ``(n,)``.
 
         Raises:

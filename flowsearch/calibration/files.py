@@ -25,14 +25,34 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import ClassVar, Protocol, TypedDict, TypeGuard, cast
 
 import numpy as np
+from typing_extensions import NotRequired  # typing.NotRequired is 3.11+
 
 from flowsearch.atomic import atomic_write
 from flowsearch.errors import BadInput, NotFound
+from flowsearch.jsonable import JSONObject
+
+
+class Saveable(Protocol):
+    """What :func:`save` reads of a calibrator (:class:`~flowsearch.calibration.base.Calibrator`,
+    which imports this module, so it is not named here)."""
+
+    name: ClassVar[str]
+
+    @property
+    def config(self) -> Mapping[str, object]: ...
+
+    @property
+    def fit_stats(self) -> JSONObject: ...
+
+    def _need_fitted(self) -> int: ...
+
+    def state(self) -> dict[str, np.ndarray]: ...
+
 
 __all__ = [
     "CONFIG_FILE",
@@ -59,7 +79,7 @@ def malformed(file: Path, problem: str) -> BadInput:
     return BadInput(f"{file}: {problem}", fix=_FIX, param="calibrator", cli=_FIX_CLI)
 
 
-def save(cal: Any, directory: str | os.PathLike[str]) -> None:
+def save(cal: Saveable, directory: str | os.PathLike[str]) -> None:
     """Writes ``cal`` (a fitted :class:`~flowsearch.calibration.base.Calibrator`) into
     ``directory``: the weights first, then the config, each replaced atomically.
 
@@ -113,7 +133,17 @@ def require_files(path: Path, cfg_path: Path, weights_path: Path, *, stored: boo
         )
 
 
-def read_config(cfg_path: Path) -> dict[str, Any]:
+class SavedConfig(TypedDict):
+    """``config.json``'s checked content."""
+
+    format_version: int
+    name: str
+    dim_in: int
+    config: JSONObject
+    fit_stats: NotRequired[JSONObject]
+
+
+def read_config(cfg_path: Path) -> SavedConfig:
     """The checked content of ``config.json``."""
     try:
         meta = json.loads(cfg_path.read_text())
@@ -131,7 +161,7 @@ def read_config(cfg_path: Path) -> dict[str, Any]:
             fix="upgrade flowsearch",
             param="calibrator",
         )
-    checks: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
+    checks: tuple[tuple[str, str, Callable[[object], bool]], ...] = (
         ("name", "a string", lambda v: isinstance(v, str)),
         ("dim_in", "a positive integer", lambda v: _is_int(v) and v > 0),
         ("config", "a JSON object", lambda v: isinstance(v, dict)),
@@ -142,7 +172,7 @@ def read_config(cfg_path: Path) -> dict[str, Any]:
             raise malformed(cfg_path, f"key {key!r} is missing")
         if key in meta and not ok(meta[key]):
             raise malformed(cfg_path, f"{key!r} is {meta[key]!r}, not {kind}")
-    return meta
+    return cast(SavedConfig, meta)
 
 
 def read_weights(weights_path: Path) -> dict[str, np.ndarray]:
@@ -155,5 +185,5 @@ def read_weights(weights_path: Path) -> dict[str, np.ndarray]:
         raise malformed(weights_path, f"unreadable ({exc})") from None
 
 
-def _is_int(value: Any) -> TypeGuard[int]:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from flowsearch.calibration.base import Calibrator, check_rows, register
 from flowsearch.calibration.glowmath import frozen_flow, saved_spec
@@ -240,7 +241,7 @@ class FlowCalibrator(Calibrator):
             if lp_out is not None:
                 lp_out[start : start + len(x)] = log_normal(z) + ladj
 
-    def transform(self, U: Any) -> np.ndarray:
+    def transform(self, U: npt.ArrayLike) -> np.ndarray:
         """Maps raw vectors ``(n, dim_in)`` to ``z``: float32 ``(n, dim_in)``.
 
         Raises:
@@ -268,7 +269,7 @@ class FlowCalibrator(Calibrator):
         self._forward(U, None, lp)
         return lp
 
-    def log_prob(self, U: Any) -> np.ndarray:
+    def log_prob(self, U: npt.ArrayLike) -> np.ndarray:
         r"""Log-density of each row of ``U`` ``(n, dim_in)`` under the flow (nats): float64
         ``(n,)``.
 
@@ -277,7 +278,7 @@ class FlowCalibrator(Calibrator):
         """
         return self._log_prob(check_rows(U, self._need_fitted()))
 
-    def transform_and_log_prob(self, U: Any) -> tuple[np.ndarray, np.ndarray]:
+    def transform_and_log_prob(self, U: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         r"""``(transform(U), log_prob(U))`` in one pass: float32 ``(n, d)``, float64 ``(n,)``.
 
         The searcher needs both for every query (the vector to search with, the density to flag

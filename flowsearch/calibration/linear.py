@@ -30,9 +30,9 @@ References:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from flowsearch.calibration import maps
 from flowsearch.calibration.base import Calibrator, as_matrix, register
@@ -62,7 +62,7 @@ def _vector(d: int) -> Spec:
     return Spec((d,), "float64")
 
 
-def _check_k(k: Any, name: str, minimum: int) -> int | None:
+def _check_k(k: object, name: str, minimum: int) -> int | None:
     if k is None:
         return None
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < minimum:
@@ -70,7 +70,7 @@ def _check_k(k: Any, name: str, minimum: int) -> int | None:
     return int(k)
 
 
-def _check_strength(power: Any, shrinkage: Any) -> dict[str, float]:
+def _check_strength(power: float, shrinkage: float) -> dict[str, float]:
     """The non-default strength options, validated (defaults stay out of the config, so a
     calibrator saved before they existed loads with the same config as it was saved with)."""
     out: dict[str, float] = {}
@@ -367,13 +367,13 @@ class Gaussian(Whitening):
         out: np.ndarray = -0.5 * (maha + const)
         return out
 
-    def log_prob(self, U: Any) -> np.ndarray:
+    def log_prob(self, U: npt.ArrayLike) -> np.ndarray:
         """Per-row log-density of ``U`` ``(n, dim_in)`` under the fitted Gaussian: float64
         ``(n,)``."""
         X = (as_matrix(U, self._need_fitted()) - self.mu) @ self.rotation
         return self._log_prob_of_rotated(X)
 
-    def transform_and_log_prob(self, U: Any) -> tuple[np.ndarray, np.ndarray]:
+    def transform_and_log_prob(self, U: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         """``(transform(U), log_prob(U))`` from one rotation of ``U`` (what a query needs):
         float32 ``(n, dim_out)``, float64 ``(n,)``."""
         X = (as_matrix(U, self._need_fitted()) - self.mu) @ self.rotation

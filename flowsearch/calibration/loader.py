@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from flowsearch.calibration.base import Calibrator, make_calibrator, names
 from flowsearch.calibration.files import (
     CONFIG_FILE,
     WEIGHTS_FILE,
+    SavedConfig,
     malformed,
     read_config,
     read_weights,
@@ -63,7 +63,7 @@ def load(directory: str | os.PathLike[str], *, stored: bool = False) -> Calibrat
     return cal
 
 
-def _make(cfg_path: Path, meta: dict[str, Any]) -> Calibrator:
+def _make(cfg_path: Path, meta: SavedConfig) -> Calibrator:
     """The unfitted calibrator the config names, with its options."""
     if meta["name"] not in names():
         raise malformed(

@@ -27,7 +27,7 @@ __all__ = ["Corpus", "resolve_files", "sources"]
 
 _PathLike: TypeAlias = "str | os.PathLike[str]"
 #: What a corpus argument may be: path(s), or records in memory.
-Corpus: TypeAlias = "_PathLike | Sequence[_PathLike] | pa.Table | Sequence[Mapping[str, Any]]"
+Corpus: TypeAlias = "_PathLike | Sequence[_PathLike] | pa.Table | Sequence[Mapping[str, object]]"
 _SUPPORTED = "Parquet, JSON Lines or CSV"
 
 

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, NoReturn, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -220,7 +220,7 @@ def _type_depth(type_: pa.DataType) -> int:
     return deepest
 
 
-def _value_depth(value: Any, limit: int) -> int:
+def _value_depth(value: object, limit: int) -> int:
     """How deep a Python value nests (lists, tuples, dicts), counted up to ``limit`` + 1."""
     deepest, todo = 0, [(value, 0)]
     while todo:
@@ -330,7 +330,7 @@ def _csv_problem(where: str, text: str, source: Source) -> str:
     return f"cannot read {where} as CSV: {text}"
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     """A JSON value's kind, as error messages name it."""
     if value is None:
         return "null"
@@ -349,7 +349,7 @@ def _kind(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def _lines(handle: Any, path: Path) -> Iterator[bytes]:
+def _lines(handle: IO[bytes], path: Path) -> Iterator[bytes]:
     """A text file's lines, each at most :data:`MAX_BLOCK` bytes (a longer one, or a file
     without line breaks such as ``/dev/zero``, is refused instead of read whole)."""
     while True:
@@ -442,11 +442,11 @@ class _NotJson(ValueError):
     """A constant (NaN, Infinity) that JSON does not have."""
 
 
-def _constant(name: str) -> Any:
+def _constant(name: str) -> NoReturn:
     raise _NotJson(name)
 
 
-def _big_int(value: Any) -> str | None:
+def _big_int(value: object) -> str | None:
     """Where in a JSON value an integer lies beyond int64 (its key path), or None."""
     keys = find_in_json(
         value,
@@ -456,7 +456,7 @@ def _big_int(value: Any) -> str | None:
     return None if keys is None else ".".join(str(k) for k in keys)
 
 
-def _shown_id(value: Any) -> str:
+def _shown_id(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -530,7 +530,7 @@ def _refuse_json_numbers(path: Path, where: str) -> None:
                 )
 
 
-def records_table(records: Sequence[Any]) -> pa.Table:
+def records_table(records: Sequence[Mapping[str, object]]) -> pa.Table:
     """A list of dicts (what ``upsert`` and ``POST /upsert`` pass) as one Arrow table.
 
     Every record must have the same keys (a value may be None) and each key one kind of value
@@ -603,7 +603,7 @@ def records_table(records: Sequence[Any]) -> pa.Table:
         ) from None
 
 
-def _failing_key(records: Sequence[Mapping[str, Any]], keys: list[str]) -> str:
+def _failing_key(records: Sequence[Mapping[str, object]], keys: list[str]) -> str:
     for key in keys:
         try:
             pa.array([record[key] for record in records])

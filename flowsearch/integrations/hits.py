@@ -12,6 +12,7 @@ import os
 import threading
 from typing import Any
 
+from flowsearch.search.modes import Mode
 from flowsearch.search.results import Hit
 from flowsearch.search.searcher import Searcher
 
@@ -54,6 +55,6 @@ class OpenOnUse:
                     self._searcher = Searcher.open(self._index, reranker=self._reranker)
         return self._searcher
 
-    def search(self, query: str, k: int, where: str | None, mode: Any) -> list[Hit]:
+    def search(self, query: str, k: int, where: str | None, mode: Mode | None) -> list[Hit]:
         """The searcher's hits for one query."""
         return self.get().search(query, k=k, where=where, mode=mode)

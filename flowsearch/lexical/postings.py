@@ -394,7 +394,7 @@ def _bisect(vocab: list[str], term: str) -> int | None:
     return i if i < len(vocab) and vocab[i] == term else None
 
 
-def check_mask(mask: Any, n_rows: int, name: str) -> None:
+def check_mask(mask: object, n_rows: int, name: str) -> None:
     """Refuse anything but a bool (n_rows,) array (``name`` is the parameter at fault)."""
     if not isinstance(mask, np.ndarray) or mask.dtype != bool or mask.shape != (n_rows,):
         shown = f"{mask.dtype} {mask.shape}" if isinstance(mask, np.ndarray) else type(mask)
@@ -405,7 +405,7 @@ def check_mask(mask: Any, n_rows: int, name: str) -> None:
         )
 
 
-def _frozen(values: npt.ArrayLike, dtype: type[np.generic]) -> Any:
+def _frozen(values: npt.ArrayLike, dtype: type[np.generic]) -> np.ndarray:
     array = np.asarray(values)
     if array.dtype != dtype:
         array = array.astype(dtype)

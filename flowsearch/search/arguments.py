@@ -7,8 +7,6 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from flowsearch.errors import BadInput
@@ -31,7 +29,7 @@ def checked_mode(version: Version, mode: str | None) -> Mode:
     return checked
 
 
-def checked_queries(query: Any) -> list[str]:
+def checked_queries(query: object) -> list[str]:
     queries = [query] if isinstance(query, str) else query
     if not isinstance(queries, (list, tuple)):
         raise BadInput(
@@ -55,13 +53,13 @@ def checked_queries(query: Any) -> list[str]:
     return list(queries)
 
 
-def checked_k(k: Any) -> int:
+def checked_k(k: object) -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise BadInput(f"k must be a positive integer, got {k!r}", param="k")
     return int(k)
 
 
-def checked_min_score(min_score: Any) -> float | None:
+def checked_min_score(min_score: object) -> float | None:
     """``min_score`` as a float in [0, 1] (the range of ``Hit.score``), or None.
 
     A cut outside the scores' range is a mistake (above 1 drops every hit, below 0 none; a

@@ -18,17 +18,22 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from flowsearch.ann import io as ann_io
 from flowsearch.errors import BadInput
 
+if TYPE_CHECKING:
+    from flowsearch.search.segment import SegmentReader
+
 __all__ = ["SegmentHelpers", "cosines", "merge_top_k", "search_segments", "segment_threads"]
 
 #: A segment's answer re-scored: (segment, queries, scores, local rows) -> (scores, rows).
-Rescore = Callable[[Any, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+Rescore = Callable[
+    ["SegmentReader", np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]
+]
 
 
 def merge_top_k(
@@ -118,7 +123,7 @@ def _none(n_queries: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def search_segments(
-    segments: Sequence[Any],
+    segments: Sequence[SegmentReader],
     deleted: Sequence[np.ndarray | None],
     offsets: np.ndarray,
     queries: np.ndarray,
@@ -173,7 +178,8 @@ def segment_threads(setting: int = 0) -> int:
     return max(1, min(4, cores or 1))
 
 
-Work = tuple[Any, Any, Any, Any]  # (segment, deleted, rows kept, knob)
+#: One segment's search: (segment, its deleted rows, the rows kept, its knob).
+Work = tuple["SegmentReader", np.ndarray | None, np.ndarray | None, int | None]
 
 
 class SegmentHelpers:
@@ -282,7 +288,7 @@ class SegmentHelpers:
 
 
 def cosines(
-    segments: Sequence[Any], offsets: np.ndarray, queries: np.ndarray, rows: np.ndarray
+    segments: Sequence[SegmentReader], offsets: np.ndarray, queries: np.ndarray, rows: np.ndarray
 ) -> np.ndarray:
     """The cosine of each query (float32 (q, d), searched space) with each of its ``rows``
     (int64 (q, c) global rows, -1 for none): float64 (q, c), NaN for -1 (vectors read back by

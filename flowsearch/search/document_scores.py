@@ -25,9 +25,12 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from flowsearch.search.segment import SegmentReader
 
 __all__ = ["document_cosines", "rescored", "rescored_segment"]
 
@@ -36,7 +39,9 @@ class _Documents:
     """The documents of some version rows: for each row its document (an index into
     ``centroids``; -1 for a whole document), and each document's centroid."""
 
-    def __init__(self, segments: Sequence[Any], offsets: np.ndarray, rows: np.ndarray) -> None:
+    def __init__(
+        self, segments: Sequence[SegmentReader], offsets: np.ndarray, rows: np.ndarray
+    ) -> None:
         self.rows = rows  # unique, valid, ascending
         seg = np.searchsorted(offsets, rows, side="right") - 1
         local = rows - offsets[seg]
@@ -68,7 +73,9 @@ class _Documents:
         norms = np.linalg.norm(sums, axis=1, keepdims=True)
         self.centroids = sums / np.where(norms > 0, norms, 1.0)
 
-    def with_centroids(self, queries: np.ndarray, cosines: np.ndarray, rows: np.ndarray) -> Any:
+    def with_centroids(
+        self, queries: np.ndarray, cosines: np.ndarray, rows: np.ndarray
+    ) -> np.ndarray:
         """``cosines`` (q, c) of ``rows`` (-1 padding) as float64, each passage of a longer
         document's the mean of its own and its document's centroid's."""
         out = np.asarray(cosines, np.float64).copy()
@@ -81,7 +88,9 @@ class _Documents:
         return out
 
 
-def _of(segments: Sequence[Any], offsets: np.ndarray, rows: np.ndarray) -> _Documents | None:
+def _of(
+    segments: Sequence[SegmentReader], offsets: np.ndarray, rows: np.ndarray
+) -> _Documents | None:
     valid = np.unique(rows[rows >= 0])
     if not valid.size or all(s.passages() is None for s in segments):
         return None
@@ -90,7 +99,7 @@ def _of(segments: Sequence[Any], offsets: np.ndarray, rows: np.ndarray) -> _Docu
 
 
 def rescored(
-    segments: Sequence[Any],
+    segments: Sequence[SegmentReader],
     offsets: np.ndarray,
     queries: np.ndarray,
     scores: np.ndarray,
@@ -123,7 +132,7 @@ def rescored(
 
 
 def rescored_segment(
-    segment: Any, queries: np.ndarray, scores: np.ndarray, rows: np.ndarray
+    segment: SegmentReader, queries: np.ndarray, scores: np.ndarray, rows: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`rescored` for one segment's own answer (local rows): what the dense side does
     to each segment's candidates before they are merged, so that any set of segments (a
@@ -134,7 +143,7 @@ def rescored_segment(
 
 
 def document_cosines(
-    segments: Sequence[Any], offsets: np.ndarray, queries: np.ndarray, rows: np.ndarray,
+    segments: Sequence[SegmentReader], offsets: np.ndarray, queries: np.ndarray, rows: np.ndarray,
     cosines: np.ndarray,
 ) -> np.ndarray:  # fmt: skip
     """The dense score of each of ``rows`` as the dense side gives it (float64 (q, c), NaN for

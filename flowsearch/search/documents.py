@@ -23,8 +23,6 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from flowsearch.ingest.passages import joined
@@ -32,13 +30,14 @@ from flowsearch.search import shards as sh
 from flowsearch.search.hits import build_hits
 from flowsearch.search.results import Hit
 from flowsearch.storage import manifest as mf
+from flowsearch.storage.rows import RowRecord
 
 __all__ = ["best_passages", "document_hits", "document_texts"]
 
-Records = dict[int, dict[str, Any]]
+Records = dict[int, RowRecord]
 
 
-def _cut(record: dict[str, Any]) -> bool:
+def _cut(record: RowRecord) -> bool:
     """Whether a record is one passage of a document of several."""
     passage = record.get("passage")
     return passage is not None and int(passage[1]) > 1
@@ -68,7 +67,7 @@ def best_passages(
     out_parts = (np.full((n_q, k), np.nan), np.full((n_q, k), np.nan))
     done = np.zeros(n_q, dtype=bool)
     for qi in range(n_q):
-        seen: set[Any] = set()
+        seen: set[int | str] = set()
         n = 0
         for j in range(depth):
             row = int(rows[qi, j])

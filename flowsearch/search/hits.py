@@ -9,18 +9,17 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from flowsearch.lexical.tokens import term_spans_batch, tokenize
 from flowsearch.search.results import Highlight, Hit
+from flowsearch.storage.rows import RowRecord
 
 __all__ = ["above", "build_hits", "with_marks"]
 
 
 def build_hits(
-    by_row: dict[int, dict[str, Any]],
+    by_row: dict[int, RowRecord],
     columns: tuple[str, ...],
     scores: np.ndarray,
     rows: np.ndarray,

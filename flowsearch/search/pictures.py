@@ -31,7 +31,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -55,8 +55,8 @@ __all__ = [
     "spectrum",
 ]
 
-#: Rows sampled for the spectra: enough that the top eigenvalues are stable to about a percent
-#: for a 384-d encoder, few enough to read in well under a second.
+#: Rows sampled for the spectra: enough that the top eigenvalues of a 384-d encoder are stable,
+#: few enough that drawing the pictures does not wait on the read.
 SAMPLE_ROWS = 1000
 #: Neighbouring rows sampled together: a uniform sample of 1,000 rows of a large segment touches
 #: about one Parquet row group (1,024 rows) per row, runs of 50 at most 2 per run (40 in all).
@@ -138,7 +138,7 @@ class SpacePictures(BaseModel):
     n_sampled: int
     n_live: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The JSON form (``GET /space``)."""
         return self.model_dump(mode="json")
 

@@ -48,7 +48,7 @@ from flowsearch.search.options import SearchOptions
 from flowsearch.search.version import Opened, Version, live_documents, load, open_current
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
-from flowsearch.storage.rows import RowCache
+from flowsearch.storage.rows import RowCache, RowRecord
 from flowsearch.storage.verify import verify as check_files
 
 if TYPE_CHECKING:
@@ -324,11 +324,11 @@ class RayShards:
         ref = self.ray.put(request)
         return self._all("answer", [(ref,) for _ in self.actors])
 
-    def records(self, version: int, rows: Sequence[np.ndarray]) -> list[list[dict[str, Any]]]:
+    def records(self, version: int, rows: Sequence[np.ndarray]) -> list[list[RowRecord]]:
         self._check(version)
         asked = [i for i, r in enumerate(rows) if len(r)]
         found = self._all("records", [(rows[i],) for i in asked], asked)
-        out: list[list[dict[str, Any]]] = [[] for _ in rows]
+        out: list[list[RowRecord]] = [[] for _ in rows]
         for i, records in zip(asked, found, strict=True):
             out[i] = records
         return out

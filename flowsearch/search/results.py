@@ -82,7 +82,7 @@ class Hit(BaseModel):
         score: float,
         rank: int,
         text: str,
-        metadata: dict[str, Any],
+        metadata: dict[str, object],
         dense_score: float | None,
         lexical_score: float | None,
         highlight: Highlight | None,
@@ -114,7 +114,7 @@ class Hit(BaseModel):
         object.__setattr__(hit, "__pydantic_private__", None)
         return hit
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The JSON form: rank, id, score, text, metadata, dense_score, lexical_score,
         rerank_score, highlight, marks."""
         return self.model_dump(mode="json")
@@ -174,7 +174,7 @@ class QueryResult(BaseModel):
     hits: list[Hit]
     report: QueryReport | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """``{"query", "hits": [...], "report": {...}}`` (``query --json`` and the server)."""
         return {
             "query": self.query,

@@ -92,7 +92,7 @@ class FusionReference:
                 "rebuild the index",
             )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """A JSON-able dict (what the manifest stores)."""
         return {"n_measured": self.n_measured, "n_rows": self.n_rows,
                 "dense_background": self.dense_background}  # fmt: skip

@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any, overload
+from typing import overload
 
 import numpy as np
 
@@ -171,7 +171,7 @@ class Searcher:
         return self._version.manifest
 
     @property
-    def encoder(self) -> Any:
+    def encoder(self) -> TextEncoder | None:
         """The encoder queries go through."""
         return self._version.space.encoder
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +27,9 @@ from flowsearch.errors import IndexDamaged
 from flowsearch.storage import deletions
 from flowsearch.storage.manifest import SegmentRecord
 from flowsearch.storage.rows import RowCache, RowReader
+
+if TYPE_CHECKING:
+    from flowsearch.lexical.postings import Postings
 
 __all__ = ["SegmentReader", "read_deleted"]
 
@@ -45,7 +48,12 @@ class SegmentReader:
     """
 
     def __init__(
-        self, record: SegmentRecord, folder: Path, rows: RowReader, ann: Any, postings: Any
+        self,
+        record: SegmentRecord,
+        folder: Path,
+        rows: RowReader,
+        ann: Any,
+        postings: Postings | None,
     ) -> None:
         self.record = record
         self.folder = folder

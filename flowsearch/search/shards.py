@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 import numpy as np
 
@@ -51,11 +51,14 @@ from flowsearch.search.modes import Mode
 from flowsearch.search.options import SearchOptions
 from flowsearch.search.results import Hit
 from flowsearch.search.scores import FusionReference, build_reference
+from flowsearch.search.segment import SegmentReader
 from flowsearch.search.timings import stage
 from flowsearch.search.version import Version
 from flowsearch.storage import manifest as mf
+from flowsearch.storage.rows import RowRecord
 
 if TYPE_CHECKING:
+    from flowsearch.lexical.postings import Postings
     from flowsearch.search.filters import MetadataFilter
 
 __all__ = [
@@ -177,7 +180,7 @@ class Shard(Protocol):
         """Its own candidates for ``request`` (see :class:`Answer`)."""
         ...
 
-    def records(self, version: int, rows: np.ndarray) -> list[dict[str, Any]]:
+    def records(self, version: int, rows: np.ndarray) -> list[RowRecord]:
         """The records (id, text, metadata) of global ``rows`` it holds, in that order."""
         ...
 
@@ -189,7 +192,7 @@ class Shards(Protocol):
 
     def answer(self, request: Request) -> list[Answer]: ...
 
-    def records(self, version: int, rows: Sequence[np.ndarray]) -> list[list[dict[str, Any]]]:
+    def records(self, version: int, rows: Sequence[np.ndarray]) -> list[list[RowRecord]]:
         """Per shard, the records of the rows given to it (``rows[i]`` to shard ``i``)."""
         ...
 
@@ -325,7 +328,7 @@ class SegmentSet:
             top,
         )
 
-    def records(self, version: int, rows: np.ndarray) -> list[dict[str, Any]]:
+    def records(self, version: int, rows: np.ndarray) -> list[RowRecord]:
         self._check(version)
         own = self.to_local(rows)
         if not len(own):
@@ -334,7 +337,7 @@ class SegmentSet:
         if len(segments) == 1 and (own >= 0).all():
             return segments[0].reader.records(own)
         seg_of, local = self.version.locate(own)
-        out: list[dict[str, Any]] = [{} for _ in own]
+        out: list[RowRecord] = [cast(RowRecord, {}) for _ in own]
         for s in np.unique(seg_of):
             pick = np.flatnonzero(seg_of == s)
             fetched = self.version.segments[int(s)].reader.records(local[pick])
@@ -360,7 +363,9 @@ class SegmentSet:
         knobs = v.knobs()
         tops = [np.full(len(Z), -np.inf)]
 
-        def rescore(seg: Any, Z: np.ndarray, scores: np.ndarray, found: np.ndarray) -> Side:
+        def rescore(
+            seg: SegmentReader, Z: np.ndarray, scores: np.ndarray, found: np.ndarray
+        ) -> Side:
             if scores.shape[1]:  # a segment's answer is best first: its first is its best row
                 tops.append(np.where(found[:, 0] >= 0, scores[:, 0], -np.inf))
             return document_scores.rescored_segment(seg, Z, scores, found)
@@ -398,7 +403,7 @@ class InProcess:
     def answer(self, request: Request) -> list[Answer]:
         return [s.answer(request) for s in self.shards]
 
-    def records(self, version: int, rows: Sequence[np.ndarray]) -> list[list[dict[str, Any]]]:
+    def records(self, version: int, rows: Sequence[np.ndarray]) -> list[list[RowRecord]]:
         return [s.records(version, r) for s, r in zip(self.shards, rows, strict=True)]
 
     def owners(self, rows: np.ndarray) -> np.ndarray:
@@ -448,7 +453,8 @@ def subset(version: Version, segments: Sequence[int]) -> tuple[Version, np.ndarr
     lexical = None
     if version.lexical is not None:
         assert m.lexical is not None
-        lexical = Bm25([(r.postings, d) for r, d in zip(readers, masks)],
+        # a version with a lexical side has every segment's postings (open_version checks)
+        lexical = Bm25([(cast("Postings", r.postings), d) for r, d in zip(readers, masks)],
                        cache_bytes=version.lexical.cache_bytes,
                        **_bm25_params(m.lexical.params))  # fmt: skip
     sub = Version(version.root, manifest, version.space, readers, offsets, masks,
@@ -631,11 +637,11 @@ def _carried(rows: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.nda
     return flat.reshape(wanted.shape)
 
 
-def records_of(shards: Shards, version: int, rows: np.ndarray) -> dict[int, dict[str, Any]]:
+def records_of(shards: Shards, version: int, rows: np.ndarray) -> dict[int, RowRecord]:
     """The records of the valid (>= 0) global ``rows``, by row, asked of the shards holding
     them."""
     valid = np.unique(rows[rows >= 0])
-    by_row: dict[int, dict[str, Any]] = {}
+    by_row: dict[int, RowRecord] = {}
     if valid.size and len(shards) == 1:
         by_row.update(zip(valid.tolist(), shards.records(version, [valid])[0], strict=True))
     elif valid.size:

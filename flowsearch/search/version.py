@@ -17,10 +17,10 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -69,7 +69,7 @@ class IndexInfo(BaseModel):
     #: live documents (a document cut into passages is several live rows; None: not counted)
     n_documents: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The ``info --json`` document: the manifest's fields, ``path``, ``n_rows``,
         ``n_live`` (live rows: passages), ``n_deleted``, ``n_documents`` (live documents),
         ``bytes``, ``verified``."""
@@ -229,12 +229,13 @@ class Version:
     verified: Verification
     lexical: Bm25 | None = None
     n_documents: int | None = None
-    _reference: Any = None
-    _fusion: Any = None
-    _dense: Any = None
+    # each read once: None not yet, False measured as none
+    _reference: Reference | Literal[False] | None = None
+    _fusion: FusionReference | Literal[False] | None = None
+    _dense: tuple[np.ndarray | None, int] | None = None
     _filter: VersionFilter | None = None
     _filter_lock: threading.Lock = field(default_factory=threading.Lock)
-    _knobs: Any = None
+    _knobs: list[int | None] | Literal[False] | None = None
     #: the search page's pictures of this version, by sample size (kept by search.pictures)
     pictures: dict[int, object] = field(default_factory=dict)
 
@@ -315,8 +316,7 @@ class Version:
                 if dead is not None and dead.any():
                     total -= reader.vectors(np.flatnonzero(dead)).astype(np.float64).sum(axis=0)
             self._dense = (total if known else None, int(self.manifest.n_live))
-        dense: tuple[np.ndarray | None, int] = self._dense
-        return dense
+        return self._dense
 
     def reference(self) -> Reference | None:
         """The version's :class:`~flowsearch.space.reference.Reference` (read once), or None."""
@@ -373,7 +373,7 @@ def load(
     *,
     verify_all: bool = False,
     encoder: TextEncoder | None = None,
-    model: Any = None,
+    model: str | os.PathLike[str] | None = None,
     gpu: bool = False,
     mmap: bool = False,
     with_encoder: bool = True,
@@ -415,15 +415,16 @@ def load(
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     lexical = None
     if manifest.lexical is not None:
-        if any(r.postings is None for r in readers):
+        postings = [r.postings for r in readers]
+        if any(p is None for p in postings):
             raise IndexDamaged("a segment lacks its postings", "rebuild the index")
         lexical = Bm25(
-            [(r.postings, m) for r, m in zip(readers, masks)],
+            [(p, m) for p, m in zip(postings, masks) if p is not None],
             cache_bytes=opened.lexical_cache_bytes,
             **_bm25_params(manifest.lexical.params),
         )
     return Version(root, manifest, space, readers, offsets, masks, checked, lexical, n_documents)
 
 
-def _bm25_params(params: dict[str, Any]) -> dict[str, Any]:
+def _bm25_params(params: Mapping[str, Any]) -> dict[str, Any]:
     return {k: params[k] for k in ("k1", "b", "method") if k in params}

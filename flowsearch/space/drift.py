@@ -145,12 +145,12 @@ class DriftReport(BaseModel):
     log_density_median: float | None = None
     reference_log_density: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The JSON form (``add --json``, the history)."""
         return self.model_dump(mode="json")
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any] | None) -> DriftReport | None:
+    def from_record(cls, record: Mapping[str, object] | None) -> DriftReport | None:
         """The report a write's history record holds, or None: no report, or the previous
         release's log-density figures (``gap_std``, ...), which are not comparable."""
         if not record or "verdict" not in record:

@@ -48,13 +48,17 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from flowsearch.errors import BadInput
+from flowsearch.jsonable import JSONObject
 from flowsearch.space.reference import MIN_ROWS_PER_DIM
 from flowsearch.storage.manifest import AutoDecision, CalibrationSpec
+
+if TYPE_CHECKING:
+    from flowsearch.calibration.base import Calibrator
 
 #: The anisotropy statistic (:func:`~flowsearch.calibration.anisotropy.anisotropy_stats`)
 #: :func:`should_calibrate` thresholds.
@@ -92,12 +96,12 @@ __all__ = [
 LOG = logging.getLogger(__name__)
 
 #: What ``auto`` fits when it searches the encoder's space: a density model for the drift and
-#: query reports. Starting the flow from whitened vectors matches whitening, where the reference
-#: flow trails it by up to 5 STS points when fitted on few rows (benchmarks/RESULTS.md).
+#: query reports. Starting the flow from whitened vectors matches whitening, which the reference
+#: flow trails when fitted on few rows (benchmarks/RESULTS.md, "Figures behind the defaults").
 AUTO_FITS = "whitening-flow"
 #: What ``auto`` fits and searches on an anisotropic corpus with enough rows: (name, config).
 #: Partial whitening, chosen on the retrieval dev sets (module docstring).
-AUTO_SEARCHES: tuple[str, dict[str, Any]] = ("gaussian", {"power": 0.25})
+AUTO_SEARCHES: tuple[str, JSONObject] = ("gaussian", {"power": 0.25})
 #: Poolings ``auto`` calibrates whatever their anisotropy statistic: the non-contextual ones, means
 #: of token vectors that no attention layer has mixed (``static``: a transformer's token table or
 #: a Model2Vec model; ``embedding_layer``: the embedding layer's outputs). See the module
@@ -112,9 +116,9 @@ _SEEDED = ("flow", "whitening-flow")
 #: Calibrators whose fit inverts the corpus's covariance. Fitted on fewer rows than
 #: ``MIN_ROWS_PER_DIM`` per dimension they overfit it: with fewer rows than dimensions every
 #: corpus row comes out equidistant from every other (their best scores all -1/(n-1)), so the
-#: reference, the verdict and drift say nothing; on the 300-row sample corpus (384-d), forced
-#: whitening, gaussian and whitening-flow found 8 of 12 written questions' passages at rank 1
-#: where the encoder's own space, flow, sn and natsv found all 12.
+#: reference, the verdict and drift say nothing, and on the sample corpus they rank written
+#: questions' passages below the encoder's own space, flow, sn and natsv (benchmarks/RESULTS.md,
+#: "Figures behind the defaults").
 COVARIANCE_FITS: frozenset[str] = frozenset({"whitening", "gaussian", "whitening-flow"})
 
 
@@ -124,7 +128,7 @@ def too_few_rows(calibrator: str | None, fit_rows: int, dim: int) -> bool:
     return calibrator in COVARIANCE_FITS and 0 < fit_rows < MIN_ROWS_PER_DIM * dim
 
 
-def checked_calibration(calibration: Any) -> None:
+def checked_calibration(calibration: object) -> None:
     """Refuse, before any work, a ``calibration`` an index cannot be built or refitted with.
 
     ``auto`` is this module's policy, not a calibrator, so the calibrators' own registry does not
@@ -144,7 +148,7 @@ def checked_calibration(calibration: Any) -> None:
     )
 
 
-def load_fitted(calibrator: str | os.PathLike[str], calibration: str, dim: int) -> Any:
+def load_fitted(calibrator: str | os.PathLike[str], calibration: str, dim: int) -> Calibrator:
     """A calibrator fitted before, checked against the requested name and the encoder's dim.
 
     Raises:
@@ -174,7 +178,7 @@ class _Choice:
     """What to fit, and what ``auto`` measured to choose it."""
 
     name: str
-    config: dict[str, Any]
+    config: JSONObject
     searched: bool = False
     anisotropic: bool = False
     by_kind: bool = False
@@ -242,11 +246,11 @@ def _space(
 def fit_for_index(
     U: np.ndarray,
     calibration: str,
-    loaded: Any = None,
+    loaded: Calibrator | None = None,
     loaded_from: str | os.PathLike[str] | None = None,
-    status: Callable[[str], contextlib.AbstractContextManager[Any]] | None = None,
+    status: Callable[[str], contextlib.AbstractContextManager[object]] | None = None,
     pooling: str | None = None,
-) -> tuple[Any, CalibrationSpec]:
+) -> tuple[Calibrator, CalibrationSpec]:
     """Fit the calibrator on raw vectors ``U`` (float32 (n, dim)) and decide the searched space.
 
     Args:

@@ -32,12 +32,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from flowsearch.errors import IndexDamaged
 from flowsearch.storage.records import ReferenceMethod, ReferenceRecord
+
+if TYPE_CHECKING:
+    from flowsearch.storage.manifest import DensityStats
 
 __all__ = [
     "MIN_ROWS_PER_DIM",
@@ -156,7 +159,7 @@ def best_other_score(
     return np.where(other.any(axis=1), out, np.nan)
 
 
-def density_stats(lp: np.ndarray) -> Any:
+def density_stats(lp: np.ndarray) -> DensityStats:
     """The manifest's ``DensityStats`` of per-row log-densities (float (n,)): mean, std,
     1st/5th percentile, median (raw figures for ``info --json``; never judged)."""
     from flowsearch.storage.manifest import DensityStats
@@ -328,7 +331,7 @@ def _get(record: Any, name: str, default: Any = None) -> Any:
     return getattr(record, name, default)
 
 
-def reference_of(manifest: Any) -> Reference | None:
+def reference_of(manifest: object) -> Reference | None:
     """The reference an index's manifest records, or None.
 
     This release's indexes store it as ``manifest.reference`` (a

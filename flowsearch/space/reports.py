@@ -71,7 +71,7 @@ class QueryReport(BaseModel):
     log_density: float | None = None
     reference_log_density: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The JSON form (``--json``, the HTTP API)."""
         return self.model_dump(mode="json")
 
@@ -192,7 +192,7 @@ def _calibrator_words(calibrator: str, config: Mapping[str, Any]) -> str:
     }.get(calibrator, f"a {calibrator}")
 
 
-def describe_space(calibration: Any, pooling: str | None = None) -> str:
+def describe_space(calibration: object, pooling: str | None = None) -> str:
     """What an index searches, in one line, from its calibration record.
 
     Args:

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -120,7 +119,7 @@ def _damaged(path: Path, what: str) -> IndexDamaged:
     )
 
 
-def _read_npz(path: Path) -> dict[str, Any]:
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as data:
             return {name: data[name] for name in data.files}

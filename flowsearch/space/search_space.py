@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from flowsearch.errors import BadInput, FlowsearchError, IndexDamaged, NotFound
 from flowsearch.storage.manifest import CalibrationSpec, Manifest
 
 if TYPE_CHECKING:
-    pass
+    from flowsearch.calibration.base import Calibrator
 
 __all__ = ["SearchSpace", "normalise"]
 
@@ -54,7 +54,7 @@ class SearchSpace:
     """
 
     def __init__(
-        self, calibrator: Any, spec: CalibrationSpec, encoder: TextEncoder | None = None
+        self, calibrator: Calibrator, spec: CalibrationSpec, encoder: TextEncoder | None = None
     ) -> None:
         self.calibrator = calibrator
         self.spec = spec
@@ -98,9 +98,11 @@ class SearchSpace:
     @property
     def dim(self) -> int:
         """Dimension of the searched vectors."""
+        dim_in = self.calibrator.dim_in
+        assert dim_in is not None, "a search space's calibrator is fitted"
         if self.spec.calibrated:
-            return int(self.calibrator.dim_out or self.calibrator.dim_in)
-        return int(self.calibrator.dim_in)
+            return int(self.calibrator.dim_out or dim_in)
+        return int(dim_in)
 
     def project(
         self, raw: np.ndarray, want_density: bool = True
@@ -137,7 +139,7 @@ class SearchSpace:
         return self.project(raw)
 
 
-def _has_density(calibrator: Any) -> bool:
+def _has_density(calibrator: object) -> bool:
     """True when the calibrator has a log-density (the flow) — asked of its class, not by a
     trial call."""
     from flowsearch.calibration.base import Calibrator
@@ -146,7 +148,7 @@ def _has_density(calibrator: Any) -> bool:
     return method is not None and method is not Calibrator.log_prob
 
 
-def load_index_calibrator(folder: str | Path) -> Any:
+def load_index_calibrator(folder: str | Path) -> Calibrator:
     """The calibrator an index stores in ``folder``. A malformed one is damage to the index
     (:class:`~flowsearch.errors.IndexDamaged`), not the user's input to fix; a missing one raises
     FileNotFoundError, which :func:`~flowsearch.search.version.open_current` retries with the

@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -41,13 +40,13 @@ _DECIMAL = re.compile(r"[+-]?(0|[1-9][0-9]*)", re.ASCII)
 _INT64 = (-(2**63), 2**63 - 1)
 
 
-def typed_ids(ids: Sequence[Any], id_type: str, param: str = "ids") -> pa.Array:
+def typed_ids(ids: Sequence[object], id_type: str, param: str = "ids") -> pa.Array:
     """The ids as the index stores them (int64 or string).
 
     Raises:
         BadInput: an id that cannot be one of this index's ids (naming it).
     """
-    out: list[Any] = []
+    out: list[int | str] = []
     for given in ids:
         if isinstance(given, np.integer):
             given = int(given)

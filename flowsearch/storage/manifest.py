@@ -107,7 +107,7 @@ __all__ = [
 ]
 
 
-def checksum(raw: Mapping[str, Any]) -> str:
+def checksum(raw: Mapping[str, object]) -> str:
     """sha256 of a manifest's canonical JSON, without its own ``checksum`` field."""
     body = {k: v for k, v in raw.items() if k != "checksum"}
     canonical = json.dumps(body, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
@@ -160,7 +160,7 @@ def read_raw(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return raw
 
 
-def from_json(raw: Mapping[str, Any], where: str = MANIFEST_NAME) -> Manifest:
+def from_json(raw: Mapping[str, object], where: str = MANIFEST_NAME) -> Manifest:
     """A format-3 :class:`Manifest` from its JSON form.
 
     Raises:

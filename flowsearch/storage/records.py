@@ -600,6 +600,6 @@ class Manifest(BaseModel):
         """Absolute path of ``relpath`` (relative to the index directory)."""
         return Path(index_dir) / relpath if relpath else Path(index_dir)
 
-    def to_json_dict(self) -> dict[str, Any]:
+    def to_json_dict(self) -> dict[str, object]:
         """The JSON form (what ``manifest.json`` holds, without its checksum)."""
         return self.model_dump(mode="json", by_alias=True)

@@ -11,15 +11,15 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import PurePosixPath
-from typing import Any
 
 from flowsearch.errors import IndexDamaged
 
 __all__ = ["inside", "safe_relpath"]
 
 
-def safe_relpath(value: Any, what: str = "path") -> str:
+def safe_relpath(value: object, what: str = "path") -> str:
     """``value`` if it is a relative POSIX path that stays inside its directory.
 
     Raises:
@@ -33,10 +33,10 @@ def safe_relpath(value: Any, what: str = "path") -> str:
     return value
 
 
-def inside(what: str) -> Any:
+def inside(what: str) -> Callable[[object], object]:
     """A field validator: the value (a path, a dict of paths, or None) stays in its directory."""
 
-    def check(value: Any) -> Any:
+    def check(value: object) -> object:
         if isinstance(value, dict):
             return {safe_relpath(k, f"{what} file"): v for k, v in value.items()}
         return value if value is None else safe_relpath(value, what)

@@ -26,12 +26,13 @@ import copy
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 import cachetools
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from typing_extensions import NotRequired  # typing.NotRequired is 3.11+
 
 from flowsearch.errors import IndexDamaged
 from flowsearch.storage.layout import part_file
@@ -39,6 +40,7 @@ from flowsearch.storage.passages import PASSAGE_COLUMNS, has_passages
 from flowsearch.storage.records import PartRecord
 
 __all__ = [
+    "RowRecord",
     "RESERVED_COLUMNS",
     "VECTOR_COLUMNS",
     "PartWriter",
@@ -48,6 +50,22 @@ __all__ = [
     "rows_table",
     "vector_column",
 ]
+
+_T = TypeVar("_T")
+
+
+class RowRecord(TypedDict):
+    """A row as the search reads it (:meth:`RowReader.records`)."""
+
+    #: The document's id (one type per index).
+    id: int | str
+    #: The row's text (a passage's own text when the document is cut).
+    text: str
+    #: The metadata columns' values, as Arrow gives them to Python.
+    metadata: dict[str, object]
+    #: A passage of a segment with passages: (number, count, start, end).
+    passage: NotRequired[tuple[int, ...]]
+
 
 #: Columns every part has; a corpus's metadata columns may not take these names.
 RESERVED_COLUMNS = ("id", "text", "vector", "raw")
@@ -252,13 +270,13 @@ class RowReader:
         self._cache.put(key, table.nbytes, columns)
         return columns
 
-    def records(self, rows: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
+    def records(self, rows: Sequence[int] | np.ndarray) -> list[RowRecord]:
         """Rows at local positions ``rows`` as ``{"id", "text", "metadata"}``, in that order
         (and ``"passage"``: (number, count, start, end) when the segment has passages)."""
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) <= _FEW_ROWS:  # a search's hits: placed one by one, no array work
             return [self._record(*self._place(row)) for row in rows.tolist()]
-        out: list[dict[str, Any] | None] = [None] * len(rows)
+        out: list[RowRecord | None] = [None] * len(rows)
         for part, group, positions, offsets in self._row_groups_of(rows):
             for i, at in zip(positions.tolist(), offsets.tolist(), strict=True):
                 out[i] = self._record(part, group, at)
@@ -278,10 +296,10 @@ class RowReader:
         group = bisect.bisect_right(starts, local) - 1
         return part, group, local - starts[group]
 
-    def _record(self, part: int, group: int, at: int) -> dict[str, Any]:
+    def _record(self, part: int, group: int, at: int) -> RowRecord:
         """The record at offset ``at`` of a row group (see :meth:`records`)."""
         columns = self._group(part, group)
-        record = {
+        record: RowRecord = {
             "id": columns["id"][at],
             "text": columns["text"][at],
             # the caller owns what it gets: list/struct values are copied
@@ -335,7 +353,7 @@ class RowReader:
         """A scalar column at local ``rows`` (in that order), as Python values: reads only that
         column of the row groups holding them, in one read per part (not cached). What an id
         lookup confirms its candidates with: reading the rows' other columns (the text) would
-        cost seconds at 1M rows (benchmarks/RESULTS.md, "Figures behind the defaults")."""
+        cost far more on a large segment (benchmarks/RESULTS.md, "Figures behind the defaults")."""
         rows = np.asarray(rows, dtype=np.int64)
         out: list[Any] = [None] * len(rows)
         touched: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}
@@ -391,6 +409,6 @@ class RowReader:
 _FEW_ROWS = 64
 
 
-def _own(value: Any) -> Any:
+def _own(value: _T) -> _T:
     """``value``, copied when mutable (a list or struct metadata value the cache shares)."""
     return copy.deepcopy(value) if isinstance(value, (list, dict)) else value

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -253,6 +252,6 @@ def conform(table: pa.Table, columns: Sequence[SchemaColumn], ids: pa.Array) -> 
     return out
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."

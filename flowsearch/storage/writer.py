@@ -334,7 +334,7 @@ def _with_checksum(manifest: mf.Manifest) -> dict[str, Any]:
     return raw
 
 
-def _check_wait(wait: Any) -> None:
+def _check_wait(wait: float | None) -> None:
     """Refuse a ``wait`` that is not None or a finite number of seconds >= 0."""
     number = isinstance(wait, numbers.Real) and not isinstance(wait, bool)
     if wait is not None and (not number or not math.isfinite(wait) or wait < 0):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -28,7 +27,7 @@ __all__ = ["delete"]
 
 
 def delete(
-    index_dir: str | os.PathLike[str], ids: Sequence[Any], *, wait: float | None = None
+    index_dir: str | os.PathLike[str], ids: Sequence[object], *, wait: float | None = None
 ) -> WriteResult:
     """Delete documents by id (every row of one: all its passages): they are never returned
     again, by any search mode, filter or k.

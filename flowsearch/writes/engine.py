@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from flowsearch.storage.writer import Writer
 from flowsearch.writes.corpus import spec_of
 from flowsearch.writes.measure import draw_sample, stage_sample
 from flowsearch.writes.segments import SegmentBuilder
+
+if TYPE_CHECKING:
+    import faiss
 
 __all__ = [
     "CHUNK_ROWS",
@@ -91,7 +94,7 @@ class BuildOptions:
 
 def fit_space(
     U_fit: np.ndarray, enc: TextEncoder, n_rows: int, st: Stages, options: BuildOptions
-) -> tuple[SearchSpace, Any, str]:
+) -> tuple[SearchSpace, faiss.Index, str]:
     """Fit the calibrator on the raw fit rows, make the searched space and the empty vector
     index of the build's segment, trained on a projected sample (both engines):
     ``(space, index, resolved factory)``."""
@@ -185,7 +188,7 @@ def template(
 
 
 def _reference(
-    index: Any,
+    index: faiss.Index,
     space: SearchSpace,
     measured: tuple[np.ndarray, np.ndarray, Method],
     lp: np.ndarray | None,

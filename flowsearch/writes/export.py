@@ -27,7 +27,6 @@ import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -68,7 +67,7 @@ class Exported:
     vectors: bool
     columns: tuple[str, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The JSON form (``export --json``)."""
         out = asdict(self)
         out["columns"] = list(self.columns)

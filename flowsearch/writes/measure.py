@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from flowsearch.storage.records import SegmentRecord
 from flowsearch.storage.rows import RowReader
 from flowsearch.storage.verify import verify_files
 from flowsearch.storage.writer import Writer, sample_record
+
+if TYPE_CHECKING:
+    import faiss
 
 __all__ = [
     "best_scores",
@@ -68,7 +71,7 @@ def sample_positions(n: int, most: int | None = None, seed: int = 0) -> np.ndarr
     return np.sort(np.random.default_rng(seed).choice(n, most, replace=False)).astype(np.int64)
 
 
-def open_index(writer: Writer, seg: SegmentRecord) -> Any:
+def open_index(writer: Writer, seg: SegmentRecord) -> faiss.Index:
     """Segment ``seg``'s vector index as the writer sees it (staged or published), its recorded
     search parameters set."""
     folder = writer.segment_path(seg)

@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +40,8 @@ from flowsearch.storage.rows import PartWriter, RowReader, matrix
 from flowsearch.storage.writer import Writer
 
 if TYPE_CHECKING:
+    import faiss
+
     from flowsearch.lexical.postings import Postings
 
 __all__ = ["SegmentBuilder", "resolve_factory", "segment_tuning"]
@@ -80,7 +82,7 @@ class SegmentBuilder:
         requested: str = "auto",
         lexical: bool = True,
         strict_factory: bool = False,
-        index: Any = None,
+        index: faiss.Index | None = None,
         factory: str | None = None,
         ann: AnnPolicy | None = None,
     ) -> None:
@@ -132,7 +134,7 @@ class SegmentBuilder:
             self._parts = self.parts.close()
         return self._parts
 
-    def use_index(self, index: Any, *, data: str | None = None) -> None:
+    def use_index(self, index: faiss.Index, *, data: str | None = None) -> None:
         """Use ``index`` (filled elsewhere, e.g. IVF lists merged on disk into ``data``, a file
         in the stage) as the segment's vector index."""
         self.index = index
@@ -210,7 +212,7 @@ def _postings(reader: RowReader) -> Postings:
 
 
 def segment_tuning(
-    index: Any, reader: RowReader, policy: AnnPolicy = DEFAULT
+    index: faiss.Index, reader: RowReader, policy: AnnPolicy = DEFAULT
 ) -> tuple[str, AnnTuning]:
     """Tune ``auto``'s approximate ``index`` of a segment whose rows ``reader`` reads
     (:func:`flowsearch.ann.tune.tune_segment`, for ``policy``): the search parameters to record

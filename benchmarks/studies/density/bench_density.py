@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import spearmanr
 
-from benchmarks.common import dev_sets, harness
+from benchmarks.common import dev_sets, harness, tables
 from benchmarks.common.published_fusion import minmax_fusion
 from benchmarks.studies.density.density_data import Texts, VectorStore, load_texts, token_counts
 from flowsearch.calibration import make_calibrator
@@ -431,41 +431,38 @@ def markdown(res: dict[str, Any]) -> str:
         lines += [f"### `{pooling}` (auto searches the {s['space']} space; fit on "
                   f"{s['fit_rows']:,} passages, {s['held_out_rows']} held out)", "",
                   "AUROC (1.0 perfect, 0.5 chance, 0.0 inverted; in-domain positive):", "",
-                  "| signal | " + " | ".join(cases) + " |",
-                  "|---|" + "---:|" * len(cases)]  # fmt: skip
+                  *tables.head(["signal", *cases], "l" + "r" * len(cases))]  # fmt: skip
         for sig_name, row in s["auroc"].items():
-            lines.append(f"| {sig_name} | " + " | ".join(f"{row[c]:.2f}" for c in cases) + " |")
+            lines.append(tables.row([sig_name, *(f"{row[c]:.2f}" for c in cases)]))
         lines += ["", "Spearman of log-density with token count:", "",
-                  "| density | all texts pooled | held-out passages | QNLI questions |",
-                  "|---|---:|---:|---:|"]  # fmt: skip
+                  *tables.head(["density", "all texts pooled", "held-out passages",
+                                "QNLI questions"], "lrrr")]  # fmt: skip
         for name, row in s["length_spearman"].items():
-            lines.append(f"| {name} | " + " | ".join(f"{v:+.2f}" for v in row.values()) + " |")
+            lines.append(tables.row([name, *(f"{v:+.2f}" for v in row.values())]))
         lines += ["", "Medians per group:", "",
-                  "| group | n | tokens | " + " | ".join(DENSITIES) + " | max cosine |",
-                  "|---|---:|---:|" + "---:|" * (len(DENSITIES) + 1)]  # fmt: skip
+                  *tables.head(["group", "n", "tokens", *DENSITIES, "max cosine"],
+                               "lrr" + "r" * (len(DENSITIES) + 1))]  # fmt: skip
         for g, row in s["groups"].items():
-            vals = " | ".join(f"{row[d]:.1f}" for d in DENSITIES)
-            lines.append(f"| {g} | {row['n']} | {row['tokens (mean)']:.1f} | {vals} | "
-                         f"{row['max cosine']:.3f} |")  # fmt: skip
+            lines.append(tables.row([g, row["n"], f"{row['tokens (mean)']:.1f}",
+                                     *(f"{row[d]:.1f}" for d in DENSITIES),
+                                     f"{row['max cosine']:.3f}"]))  # fmt: skip
         cols = list(next(iter(s["rules"].values())))
-        lines += [
-            "",
-            "Verdict rules: share flagged out-of-distribution",
-            "",
-            "| rule | " + " | ".join(cols) + " |",
-            "|---|" + "---:|" * len(cols),
-        ]
+        lines += ["", "Verdict rules: share flagged out-of-distribution", "",
+                  *tables.head(["rule", *cols], "l" + "r" * len(cols))]  # fmt: skip
         for rule, row in s["rules"].items():
-            lines.append(f"| {rule} | " + " | ".join(f"{row[c]:.2f}" for c in cols) + " |")
+            lines.append(tables.row([rule, *(f"{row[c]:.2f}" for c in cols)]))
         if "fusion" in r:
             f = r["fusion"]
             sets = [k for k in next(iter(f["test_half_ndcg10"].values())) if k != "macro"]
-            lines += ["", "Density-aware fusion, nDCG@10 on the odd-numbered (test) queries:", "",
-                      "| policy | " + " | ".join(sets) + " | macro |",
-                      "|---|" + "---:|" * (len(sets) + 1)]  # fmt: skip
+            lines += [
+                "",
+                "Density-aware fusion, nDCG@10 on the odd-numbered (test) queries:",
+                "",
+                *tables.head(["policy", *sets, "macro"], "l" + "r" * (len(sets) + 1)),
+            ]
             for pol, row in f["test_half_ndcg10"].items():
-                lines.append(f"| {pol} | " + " | ".join(f"{row[x]:.4f}" for x in sets)
-                             + f" | {row['macro']:.4f} |")  # fmt: skip
+                lines.append(tables.row([pol, *(f"{row[x]:.4f}" for x in sets),
+                                         f"{row['macro']:.4f}"]))  # fmt: skip
         lines.append("")
     return "\n".join(lines) + "\n"
 

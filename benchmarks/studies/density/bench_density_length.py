@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import dev_sets, harness
+from benchmarks.common import dev_sets, harness, tables
 from benchmarks.studies.density.bench_density import DEV_CORPUS, auroc, snippets
 from benchmarks.studies.density.density_data import VectorStore, load_texts, token_counts
 from flowsearch.space.fitting import fit_for_index
@@ -203,29 +203,38 @@ def markdown(res: dict[str, Any]) -> str:
              "(`benchmarks/studies/density/bench_density_length.py`)", "", *findings(res), "",
              res["setup"], ""]  # fmt: skip
     for label, s in res["poolings"].items():
-        lines += [f"### `{label}` ({s['space']} space; {s['fit_rows']:,} fit rows, "
-                  f"{s['held_out_rows']} held out; AUROC of the best score, questions vs "
-                  f"off-domain: {s['auroc_questions_vs_off']:.2f}; Spearman of held-out rows' "
-                  f"best score with their tokens: {s['spearman_held_out_score_tokens']:+.2f})",
-                  "", f"Share flagged out-of-distribution: mean over {s['seeds']} held-out splits "
-                  "(seeds of `split_fit_rows`), range in brackets:", "",
-                  "| rule | questions (false alarms) | off-domain queries (caught) | "
-                  "held-out passages | foreign passages (caught) |",
-                  "|---|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [
+            f"### `{label}` ({s['space']} space; {s['fit_rows']:,} fit rows, "
+            f"{s['held_out_rows']} held out; AUROC of the best score, questions vs "
+            f"off-domain: {s['auroc_questions_vs_off']:.2f}; Spearman of held-out rows' "
+            f"best score with their tokens: {s['spearman_held_out_score_tokens']:+.2f})",
+            "",
+            f"Share flagged out-of-distribution: mean over {s['seeds']} held-out splits "
+            "(seeds of `split_fit_rows`), range in brackets:",
+            "",
+            *tables.head(
+                [
+                    "rule",
+                    "questions (false alarms)",
+                    "off-domain queries (caught)",
+                    "held-out passages",
+                    "foreign passages (caught)",
+                ],
+                "lrrrr",
+            ),
+        ]
         for rule, row in s["rules"].items():
             span = _seed_range(s["rules_by_seed"])[rule]
             cells = [f"{row[g]:.2f} ({span[g][0]:.2f}-{span[g][1]:.2f})"
                      for g in ("questions (QNLI)", "off-domain queries", "held-out passages",
                                "foreign passages")]  # fmt: skip
-            lines.append(f"| {rule} | " + " | ".join(cells) + " |")
-        lines += ["", "Median best score by token count (seed 0; rows in brackets):", "",
-                  "| group | " + " | ".join(r["tokens"] for r in s["score_by_length"]
-                                             ["held-out passages"]) + " |"]  # fmt: skip
+            lines.append(tables.row([rule, *cells]))
         cols = [r["tokens"] for r in s["score_by_length"]["held-out passages"]]
-        lines.append("|---|" + "---:|" * len(cols))
+        lines += ["", "Median best score by token count (seed 0; rows in brackets):", "",
+                  *tables.head(["group", *cols], "l" + "r" * len(cols))]  # fmt: skip
         for g, rows in s["score_by_length"].items():
             got = {r["tokens"]: f"{r['median']:.3f} ({r['n']})" for r in rows}
-            lines.append(f"| {g} | " + " | ".join(got.get(c, "") for c in cols) + " |")
+            lines.append(tables.row([g, *(got.get(c, "") for c in cols)]))
         lines.append("")
     return "\n".join(lines) + "\n"
 

@@ -81,7 +81,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 
-from benchmarks.common import harness  # noqa: E402
+from benchmarks.common import harness, tables  # noqa: E402
 from benchmarks.common.harness import publish  # noqa: E402
 from benchmarks.studies.fusion import fusion_rules as fr  # noqa: E402
 from benchmarks.studies.fusion.bench_fusion import GRID, RULES  # noqa: E402
@@ -389,21 +389,32 @@ def render(report: dict[str, Any]) -> str:
             + ", ".join(f"{SHORT[n]} {v[1]}/{v[0]}" for n, v in res["queries"].items())
             + ".",
             "",
-            "| rule | params (pooled tune) | "
-            + " | ".join(SHORT[s] for s in sets)
-            + " | mean | LOSO mean | minus shipped re-tuned | "
-            + " | ".join(f"{k.split(' ')[0]}: minus best published" for k in kinds)
-            + " |",
-            "|---|---|" + "---:|" * (len(sets) + 2) + "---|" * (1 + len(kinds)),
+            *tables.head(
+                [
+                    "rule",
+                    "params (pooled tune)",
+                    *(SHORT[s] for s in sets),
+                    "mean",
+                    "LOSO mean",
+                    "minus shipped re-tuned",
+                    *(f"{k.split(' ')[0]}: minus best published" for k in kinds),
+                ],
+                "ll" + "r" * (len(sets) + 2) + "l" * (1 + len(kinds)),
+            ),
         ]
         for label, r in res["rules"].items():
             lines.append(
-                f"| {label} | {json.dumps(r['params'])} | "
-                + " | ".join(f"{r['test'][s]:.4f}" for s in sets)
-                + f" | {r['test_mean']:.4f} | {r['loso_mean']:.4f} "
-                f"| {_ci(r['minus_tuned_shipped'])} | "
-                + " | ".join(_ci(r["kinds"][k]["minus_best_published"]) for k in kinds)
-                + " |"
+                tables.row(
+                    [
+                        label,
+                        json.dumps(r["params"]),
+                        *(f"{r['test'][s]:.4f}" for s in sets),
+                        f"{r['test_mean']:.4f}",
+                        f"{r['loso_mean']:.4f}",
+                        _ci(r["minus_tuned_shipped"]),
+                        *(_ci(r["kinds"][k]["minus_best_published"]) for k in kinds),
+                    ]
+                )
             )
         lines.append("")
         lines.append(

@@ -52,7 +52,7 @@ import scipy.sparse as sp
 
 HERE = Path(__file__).resolve().parent
 
-from benchmarks.common import harness  # noqa: E402
+from benchmarks.common import harness, tables  # noqa: E402
 from benchmarks.common.harness import publish  # noqa: E402
 from benchmarks.studies.fusion import fusion_rules as fr  # noqa: E402
 from benchmarks.studies.fusion.bench_fusion import (  # noqa: E402
@@ -590,10 +590,10 @@ def render(report: dict[str, Any]) -> str:
             "paired):",
             "",
         ]
-        lines += [
-            "| rule | " + " | ".join(SHORT[s] for s in sets) + " | mean | minus third release |",
-            "|---|" + "---:|" * (len(sets) + 2),
-        ]
+        lines += tables.head(
+            ["rule", *(SHORT[s] for s in sets), "mean", "minus third release"],
+            "l" + "r" * (len(sets) + 2),
+        )
         rows = [
             ("third release: background + BM25 share", res["shipped"]),
             *res["variants"].items(),
@@ -606,9 +606,7 @@ def render(report: dict[str, Any]) -> str:
                 else f"{d[0]:+.4f} ({d[1]:+.4f} to {d[2]:+.4f})"
             )
             lines.append(
-                f"| {label} | "
-                + " | ".join(f"{v['ndcg'][s]:.4f}" for s in sets)
-                + f" | {v['mean']:.4f} | {gap} |"
+                tables.row([label, *(f"{v['ndcg'][s]:.4f}" for s in sets), f"{v['mean']:.4f}", gap])
             )
         lines.append("")
         lines += [

@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common import tables
+
 __all__ = ["render"]
 
 SHORT = {"qnli-dev": "qnli", "stsb-para": "stsb", "sick-para": "sick", "snli-entail": "snli",
@@ -165,43 +167,51 @@ def _cell(c: dict[str, float], weighted: bool) -> str:
 def rule_table(report: dict[str, Any], name: str) -> list[str]:
     enc, sets = report["encoders"][name], list(report["sets"])
     best = best_per_set(enc, sets)
-    head = " | ".join(SHORT.get(s, s) for s in sets)
-    lines = [f"`{name}` ({enc['kind']}), cells nDCG@10 / recall@100 (dense weight chosen on the "
-             "other sets):", "",
-             f"| rule | scores | {head} | mean nDCG@10 | worst-set loss to the best rule |",
-             "|---|---|" + "---|" * len(sets) + "---:|---:|"]  # fmt: skip
+    lines = [
+        f"`{name}` ({enc['kind']}), cells nDCG@10 / recall@100 (dense weight chosen on the "
+        "other sets):",
+        "",
+        *tables.head(
+            [
+                "rule",
+                "scores",
+                *(SHORT.get(s, s) for s in sets),
+                "mean nDCG@10",
+                "worst-set loss to the best rule",
+            ],
+            "ll" + "l" * len(sets) + "rr",
+        ),
+    ]
     for side, label in (("dense", "dense alone"), ("lex", "BM25 alone")):
         vals = [enc["alone"][s][side] for s in sets]
-        cells = " | ".join(f"{v['ndcg@10']:.3f} / {v['recall@100']:.3f}" for v in vals)
+        cells = [f"{v['ndcg@10']:.3f} / {v['recall@100']:.3f}" for v in vals]
         mean = np.mean([v["ndcg@10"] for v in vals])
         loss = max(best[s][1] - v["ndcg@10"] for s, v in zip(sets, vals, strict=True))
-        lines.append(f"| {label} | - | {cells} | {mean:.4f} | {loss:.4f} |")
+        lines.append(tables.row([label, "-", *cells, f"{mean:.4f}", f"{loss:.4f}"]))
     for key, per in enc["cells"].items():
         rule, scores = key.split("/")
         weighted = rule != "rrf"
-        cells = " | ".join(_cell(per[s], weighted) for s in sets)
+        cells = [_cell(per[s], weighted) for s in sets]
         loss = max(best[s][1] - per[s]["ndcg@10"] for s in sets)
         label = report["labels"][rule]
         if rule == report["shipped"] and scores == "complete":
             label = f"**{label}**"
-        lines.append(f"| {label} | {scores} | {cells} | {_mean(per):.4f} | {loss:.4f} |")
+        lines.append(tables.row([label, scores, *cells, f"{_mean(per):.4f}", f"{loss:.4f}"]))
     return lines
 
 
 def depth_table(report: dict[str, Any]) -> list[str]:
     sets = list(report["sets"])
-    head = " | ".join(SHORT.get(s, s) for s in sets)
     lines = ["The shipped rule (complete scores) with deeper candidate lists per side, nDCG@10 / "
-             "recall@100:", "", f"| encoder | candidates a side | {head} | mean nDCG@10 |",
-             "|---|---:|" + "---|" * len(sets) + "---:|"]  # fmt: skip
+             "recall@100:", "",
+             *tables.head(["encoder", "candidates a side", *(SHORT.get(s, s) for s in sets),
+                           "mean nDCG@10"], "lr" + "l" * len(sets) + "r")]  # fmt: skip
     for name, enc in report["encoders"].items():
         rows = {str(report["candidates"]): enc["cells"][f"{report['shipped']}/complete"]}
         rows.update(enc["depth"])
         for c, per in rows.items():
-            cells = " | ".join(
-                f"{per[s]['ndcg@10']:.4f} / {per[s]['recall@100']:.3f}" for s in sets
-            )
-            lines.append(f"| `{name}` | {c} | {cells} | {_mean(per):.4f} |")
+            cells = [f"{per[s]['ndcg@10']:.4f} / {per[s]['recall@100']:.3f}" for s in sets]
+            lines.append(tables.row([f"`{name}`", c, *cells, f"{_mean(per):.4f}"]))
     return lines
 
 
@@ -210,36 +220,39 @@ def meaning_table(report: dict[str, Any], name: str) -> list[str]:
     lines = [f"`{name}`: top-1 score (5th / 50th / 95th percentile) of the {m['queries']:,} dev "
              f"queries and of {m['nonsense_queries']:,} nonsense queries (200 per set: "
              "`asdf qwerty zxcv` and seeded strings of 1-4 made-up words):", "",
-             "| mode | dev queries | nonsense queries |", "|---|---|---|"]  # fmt: skip
+             *tables.head(["mode", "dev queries", "nonsense queries"], "lll")]  # fmt: skip
     for mode in ("dense", "lexical", "hybrid"):
         r, n = m["real"][mode], m["nonsense"][mode]
-        lines.append(f"| {mode} | {r[0]:.3f} / {r[1]:.3f} / {r[2]:.3f} | "
-                     f"{n[0]:.3f} / {n[1]:.3f} / {n[2]:.3f} |")  # fmt: skip
+        lines.append(tables.row([mode, f"{r[0]:.3f} / {r[1]:.3f} / {r[2]:.3f}",
+                                 f"{n[0]:.3f} / {n[1]:.3f} / {n[2]:.3f}"]))  # fmt: skip
     old = m["nonsense"]["hybrid (min-max, second release)"]
-    lines.append(f"| hybrid, second release (min-max) | | {old[0]:.3f} / {old[1]:.3f} / "
-                 f"{old[2]:.3f} |")  # fmt: skip
+    lines.append("| hybrid, second release (min-max) | | "
+                 f"{old[0]:.3f} / {old[1]:.3f} / {old[2]:.3f} |")  # fmt: skip
     lines += ["", f"`{name}`, what `min_score=t` keeps (top-1 hits; 'right' = the top-1 hit "
               "is relevant):", "",
-              "| mode | t | nonsense queries kept | dev queries kept | right top-1 kept "
-              "| precision of kept top-1 |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+              *tables.head(["mode", "t", "nonsense queries kept", "dev queries kept",
+                            "right top-1 kept", "precision of kept top-1"], "lrrrrr")]  # fmt: skip
     for mode, rows in m["thresholds"].items():
         for r in rows:
             prec = "-" if r["precision"] is None else f"{r['precision']:.3f}"
             kept = "-" if r["right_kept"] is None else f"{r['right_kept']:.3f}"
-            lines.append(f"| {mode} | {r['t']:.1f} | {r['nonsense_kept']:.3f} | "
-                         f"{r['queries_kept']:.3f} | {kept} | {prec} |")  # fmt: skip
+            lines.append(tables.row([mode, f"{r['t']:.1f}", f"{r['nonsense_kept']:.3f}",
+                                     f"{r['queries_kept']:.3f}", kept, prec]))  # fmt: skip
     bins, rel = m["reliability_bins"], m["reliability"]
     sets = list(rel)
-    lines += ["", f"`{name}`, hybrid: share of each set's queries whose top-1 hit is relevant, "
-              "by its score (queries in brackets):", "",
-              "| score | " + " | ".join(SHORT.get(s, s) for s in sets) + " |",
-              "|---|" + "---:|" * len(sets)]  # fmt: skip
+    lines += [
+        "",
+        f"`{name}`, hybrid: share of each set's queries whose top-1 hit is relevant, "
+        "by its score (queries in brackets):",
+        "",
+        *tables.head(["score", *(SHORT.get(s, s) for s in sets)], "l" + "r" * len(sets)),
+    ]
     for b in range(len(bins) - 1):
         cells = []
         for s in sets:
             n, share = rel[s][b]
             cells.append("-" if share is None else f"{share:.2f} ({n:,})")
-        lines.append(f"| [{bins[b]:.1f}, {bins[b + 1]:.1f}) | " + " | ".join(cells) + " |")
+        lines.append(tables.row([f"[{bins[b]:.1f}, {bins[b + 1]:.1f})", *cells]))
     return lines
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import harness
+from benchmarks.common import harness, tables
 from benchmarks.common.dev_sets import dev_sets
 from benchmarks.common.harness import WORK, command_line, data_dir, load_average, markdown
 from benchmarks.common.published_fusion import minmax_fusion
@@ -290,42 +290,44 @@ def render(report: dict[str, Any]) -> str:
         "",
         "### A. Raw vs partial vs full whitening, and what `auto` now searches",
         "",
-        "| encoder | set | mean cosine | top1 var | raw | partial (0.25) | whitening | auto "
-        "| auto - raw | auto searches |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
+        *tables.head(["encoder", "set", "mean cosine", "top1 var", "raw", "partial (0.25)",
+                      "whitening", "auto", "auto - raw", "auto searches"], "llrrrrrrrl"),
+    ]  # fmt: skip
     for r in rows:
-        lines.append(
-            f"| `{r['encoder']}` | {r['set']} | {r['stats']['mean_cosine']:.3f} | "
-            f"{r['stats']['top1_var']:.3f} | {_fmt(r['none'])} | {_fmt(r['partial (p=0.25)'])} | "
-            f"{_fmt(r['whitening'])} | {_fmt(r['auto'])} | {_delta(r['auto'] - r['none'])} | "
-            f"{r['auto_searches']} |"
-        )
+        lines.append(tables.row([
+            f"`{r['encoder']}`", r["set"], f"{r['stats']['mean_cosine']:.3f}",
+            f"{r['stats']['top1_var']:.3f}", _fmt(r["none"]), _fmt(r["partial (p=0.25)"]),
+            _fmt(r["whitening"]), _fmt(r["auto"]), _delta(r["auto"] - r["none"]),
+            r["auto_searches"],
+        ]))  # fmt: skip
     lines += ["", "Per encoder, worst and mean change against raw over the sets:", "",
-              "| encoder | partial: worst / mean | whitening: worst / mean | auto: worst / mean |",
-              "|---|---:|---:|---:|"]  # fmt: skip
+              *tables.head(["encoder", "partial: worst / mean", "whitening: worst / mean",
+                            "auto: worst / mean"], "lrrr")]  # fmt: skip
     for enc in dict.fromkeys(r["encoder"] for r in rows):
         mine = [r for r in rows if r["encoder"] == enc]
         cells = []
         for key in ("partial (p=0.25)", "whitening", "auto"):
             d = np.array([r[key] - r["none"] for r in mine])
             cells.append(f"{_delta(d.min())} / {_delta(d.mean())}")
-        lines.append(f"| `{enc}` | " + " | ".join(cells) + " |")
-    lines += ["", "Anisotropy statistics of the corpora (the candidates for a rule):", "",
-              "| encoder | set | " + " | ".join(STATISTICS) + " |",
-              "|---|---|" + "---:|" * len(STATISTICS)]  # fmt: skip
+        lines.append(tables.row([f"`{enc}`", *cells]))
+    lines += [
+        "",
+        "Anisotropy statistics of the corpora (the candidates for a rule):",
+        "",
+        *tables.head(["encoder", "set", *STATISTICS], "ll" + "r" * len(STATISTICS)),
+    ]
     for r in rows:
-        lines.append(f"| `{r['encoder']}` | {r['set']} | "
-                     + " | ".join(f"{r['stats'][s]:.3f}" for s in STATISTICS) + " |")  # fmt: skip
+        lines.append(tables.row([f"`{r['encoder']}`", r["set"],
+                                 *(f"{r['stats'][s]:.3f}" for s in STATISTICS)]))  # fmt: skip
     lines += ["", "### B. Fitting on passages vs passages + the set's queries", "",
               "Queries split by position: the even ones join the fit, the odd ones are scored "
               "(nDCG@10 on the odd half only). In the symmetric sets the queries are passages "
               "already (column 'new texts'), so only qnli-dev adds unseen text. Hybrid is the "
               "Searcher's convex fusion with BM25 at the static dense weight. Gains in brackets "
               "with a 95% paired bootstrap interval over the scored queries.", "",
-              "| encoder | set | fit queries (new texts) | mode | raw | partial: passages | "
-              "partial: + queries | whitening: passages | whitening: + queries |",
-              "|---|---|---:|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+              *tables.head(["encoder", "set", "fit queries (new texts)", "mode", "raw",
+                            "partial: passages", "partial: + queries", "whitening: passages",
+                            "whitening: + queries"], "llrlrrrrr")]  # fmt: skip
     for r in report["fit"]:
         for mode in ("dense", "hybrid"):
             cells = [_fmt(r[f"{mode}: none"])]
@@ -333,19 +335,27 @@ def render(report: dict[str, Any]) -> str:
                 p0, p1 = r[f"{mode}: {cal} / passages"], r[f"{mode}: {cal} / passages+queries"]
                 lo, hi = r[f"{mode}: {cal} / gain 95% CI"]
                 cells += [_fmt(p0), f"{_fmt(p1)} ({_delta(p1 - p0)}; {lo:+.3f} to {hi:+.3f})"]
-            lines.append(f"| `{r['encoder']}` | {r['set']} | {r['fit_queries']} "
-                         f"({r['fit_queries_not_in_corpus']}) | {mode} | " + " | ".join(cells)
-                         + " |")  # fmt: skip
+            lines.append(
+                tables.row(
+                    [
+                        f"`{r['encoder']}`",
+                        r["set"],
+                        f"{r['fit_queries']} ({r['fit_queries_not_in_corpus']})",
+                        mode,
+                        *cells,
+                    ]
+                )
+            )
     lines += [
         "",
         "### C. Can fitting on passages' sentences be measured here?",
         "",
-        "| set | passages | single-sentence share | mean sentences |",
-        "|---|---:|---:|---:|",
+        *tables.head(["set", "passages", "single-sentence share", "mean sentences"], "lrrr"),
     ]
     for r in report["sentences"]:
-        lines.append(f"| {r['set']} | {r['passages']:,} | {r['single_sentence_share']:.3f} | "
-                     f"{r['mean_sentences']:.2f} |")  # fmt: skip
+        lines.append(tables.row([r["set"], f"{r['passages']:,}",
+                                 f"{r['single_sentence_share']:.3f}",
+                                 f"{r['mean_sentences']:.2f}"]))  # fmt: skip
     title = "`auto` per encoder kind, and fitting on queries (`bench_retrieval_auto.py`)"
     default = f"python -m benchmarks run retrieval_auto --max-corpus {report['max_corpus']}"
     return markdown(title, lines, report, default) + "\n"

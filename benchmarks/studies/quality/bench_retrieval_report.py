@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from benchmarks.common import tables
 from benchmarks.common.harness import produced_by
 
 __all__ = ["best_weight", "render"]
@@ -40,12 +41,6 @@ def _mean(values: Iterable[float | None]) -> str:
     return f"{sum(vals) / len(vals):.3f}" if vals else "-"
 
 
-def _table(header: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in body]
-    return lines + [""]
-
-
 def _dense_table(rows: list[dict[str, Any]], pairs: Sequence[tuple[str, str]],
                  full: bool = True, delta: bool = False) -> list[str]:  # fmt: skip
     """One line per (encoder, calibration): the four sets, the mean nDCG@10, and with ``delta``
@@ -67,7 +62,7 @@ def _dense_table(rows: list[dict[str, Any]], pairs: Sequence[tuple[str, str]],
                     diffs.append(g["ndcg@10"] - raw["ndcg@10"])
             line.append(f"{min(diffs):+.3f} / {sum(diffs) / len(diffs):+.3f}" if diffs else "-")
         body.append(line)
-    return _table(header, body)
+    return tables.table(header, body)
 
 
 def hybrid_grid(rows: list[dict[str, Any]], enc: str, cal: str) -> dict[float, dict[str, float]]:
@@ -114,7 +109,7 @@ def _hybrid_table(rows: list[dict[str, Any]], enc: str, cal: str) -> list[str]:
     lex = [_find(rows, set=s, mode="lexical") for s in SETS]
     body.append(["BM25 alone", *(_cell(r, False) for r in lex),
                  _mean(r["ndcg@10"] if r else None for r in lex), ""])  # fmt: skip
-    return [f"`{enc}`, calibration `{cal}` (nDCG@10):", "", *_table(header, body)]
+    return [f"`{enc}`, calibration `{cal}` (nDCG@10):", "", *tables.table(header, body)]
 
 
 def render(report: dict[str, Any]) -> str:
@@ -166,7 +161,7 @@ def render(report: dict[str, Any]) -> str:
             body.append([f"`{enc}`", f"{min(cos):.2f}-{max(cos):.2f}", ", ".join(sorted(chosen)),
                          *cells, f"{min(diffs):+.3f}"])  # fmt: skip
     out += ["Raw -> auto nDCG@10 per set (auto as `build_index` decides it, fitted on the corpus):",
-            "", *_table(header, body)]  # fmt: skip
+            "", *tables.table(header, body)]  # fmt: skip
 
     out += ["### 4. Hybrid weight (convex fusion of min-max normalised scores)", ""]
     grids: dict[str, dict[float, dict[str, float]]] = {}
@@ -188,7 +183,7 @@ def render(report: dict[str, Any]) -> str:
         body = [[f"`{enc}`", f"{r['mean_cosine']:.3f}", *(f"{r[c]:.2f}" for c in cols),
                  r["auto_searches"]] for enc, r in sts.items()]  # fmt: skip
         title = "### STS-B under the new `auto` (test Spearman x 100, fitted on STS-B sentences)"
-        out += [title, "", *_table(["encoder", "mean cosine", "raw", "whitening",
+        out += [title, "", *tables.table(["encoder", "mean cosine", "raw", "whitening",
                                     "partial (p=0.25)", "whitening-flow (old auto)", "auto now",
                                     "auto searches"], body)]  # fmt: skip
 
@@ -204,7 +199,7 @@ def render(report: dict[str, Any]) -> str:
                    else "")
                 + ": static / mean = "
                 f"**{sp['static_over_mean_cpu']}x** per CPU second.", "",
-                *_table(["encoder", "rows / CPU s", "rows / wall s"], body)]  # fmt: skip
+                *tables.table(["encoder", "rows / CPU s", "rows / wall s"], body)]  # fmt: skip
     tier = [
         (default, "none"),
         (default, "auto"),
@@ -233,7 +228,7 @@ def render(report: dict[str, Any]) -> str:
         f"Hybrid (`convex`) at the Searcher's dense weights of the run, {transformer} for "
         f"transformer poolings and {static} for static ones:",
         "",
-        *_table(["search", "calibration", *(SHORT[s] for s in SETS), "mean nDCG@10"], body),
+        *tables.table(["search", "calibration", *(SHORT[s] for s in SETS), "mean nDCG@10"], body),
     ]
     check = report.get("product_check") or {}
     if check:
