@@ -19,11 +19,16 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeAlias
 
 import numpy as np
+from typing_extensions import TypeAliasType  # typing.TypeAliasType is 3.12+
 
 __all__ = ["JSONObject", "JSONValue", "find_in_json", "json_safe", "to_json"]
 
-#: A parsed JSON value: what :func:`json.loads` returns.
-JSONValue: TypeAlias = "None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]"
+#: A parsed JSON value: what :func:`json.loads` returns. A named alias (not a bare string), so
+#: that pydantic fields may hold it too (``dict[str, JSONValue]``: validated and written back as
+#: the same JSON).
+JSONValue = TypeAliasType(
+    "JSONValue", "None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]"
+)
 #: A parsed JSON object.
 JSONObject: TypeAlias = dict[str, JSONValue]
 

@@ -36,11 +36,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import duckdb
 
 from flowsearch.errors import BadInput
+from flowsearch.jsonable import JSONObject, JSONValue
 from flowsearch.search.predicate_sizes import (
     CAST_GROWTH,
     FIXED_BYTES,
@@ -129,7 +129,7 @@ def first_line(exc: BaseException) -> str:
     return line[:200]
 
 
-def allowed_functions(con: Any) -> frozenset[str]:
+def allowed_functions(con: duckdb.DuckDBPyConnection) -> frozenset[str]:
     """The functions a predicate may call: the allow-list by output size
     (:data:`~flowsearch.search.predicate_sizes.FUNCTIONS`) that ``con``'s DuckDB knows."""
     found = con.execute(
@@ -151,7 +151,7 @@ class PredicateCheck:
         self.functions = functions
         self._lower = {c.lower(): c for c in self.columns}
 
-    def __call__(self, con: Any, where: str, table: str) -> Predicate | None:
+    def __call__(self, con: duckdb.DuckDBPyConnection, where: str, table: str) -> Predicate | None:
         """The checked predicate (None when ``where`` is blank: no filter).
 
         Args:
@@ -174,13 +174,13 @@ class PredicateCheck:
             raise refused(where, "contains a NUL character", "remove it")
         tree = self._parse(con, where)
         self._check_shape(where, tree)
-        volatile, work = self._check_expression(where, tree["where_clause"])
+        volatile, work = self._check_expression(where, _object(tree["where_clause"]))
         self._check_boolean(con, where, table)
         return Predicate(where, volatile, work)
 
     # -- parsing --------------------------------------------------------------------------------
 
-    def _parse(self, con: Any, where: str) -> dict[str, Any]:
+    def _parse(self, con: duckdb.DuckDBPyConnection, where: str) -> JSONObject:
         sql = PREFIX + where + SUFFIX
         try:
             tokens = duckdb.tokenize(sql)
@@ -192,7 +192,7 @@ class PredicateCheck:
                 raise refused(where, f"comment at character {pos}", "remove SQL comments")
         try:
             answer = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()
-            parsed = json.loads(answer[0] if answer else "{}")
+            parsed = _object(json.loads(answer[0] if answer else "{}"))
         except (duckdb.Error, ValueError, RecursionError, TypeError) as exc:
             raise refused(where, f"cannot be read ({first_line(exc)})", "simplify it") from None
         message = str(parsed.get("error_message") or "syntax error")
@@ -214,25 +214,24 @@ class PredicateCheck:
                 f"holds more than one statement ({', '.join(kinds)} after ';')",
                 "write one SQL condition, without ';'",
             )
-        statements_json = parsed.get("statements") or []
+        statements_json = _list(parsed.get("statements"))
         if parsed.get("error") or len(statements_json) != 1:
             raise refused(where, f"cannot be read ({message})", "write one SQL condition")
-        node: dict[str, Any] = statements_json[0]["node"]
-        return node
+        return _object(_object(statements_json[0]).get("node"))
 
-    def _check_shape(self, where: str, node: dict[str, Any]) -> None:
+    def _check_shape(self, where: str, node: JSONObject) -> None:
         """The statement is still the one we wrote around the predicate, nothing added."""
-        source = node.get("from_table") or {}
-        select = node.get("select_list") or []
+        source = _object(node.get("from_table"))
+        select = _list(node.get("select_list"))
         extras = ("group_expressions", "group_sets", "modifiers", "having", "qualify", "sample")
         if (
             node.get("type") != "SELECT_NODE"
-            or (node.get("cte_map") or {}).get("map")
+            or _object(node.get("cte_map")).get("map")
             or source.get("type") != "BASE_TABLE"
             or source.get("table_name") != TABLE
             or source.get("schema_name")
             or len(select) != 1
-            or select[0].get("column_names") != [ROW]
+            or _object(select[0]).get("column_names") != [ROW]
             or any(node.get(key) for key in extras)
             or node.get("where_clause") is None
         ):
@@ -240,14 +239,14 @@ class PredicateCheck:
 
     # -- the expression -------------------------------------------------------------------------
 
-    def _check_expression(self, where: str, root: dict[str, Any]) -> tuple[bool, Size]:
+    def _check_expression(self, where: str, root: JSONObject) -> tuple[bool, Size]:
         """Walk the predicate's syntax tree (iteratively: trees may be deep), checking each node
         and sizing it from its children: whether it reads the clock, and its work."""
         volatile = False
         references = 0
         largest = work = Size()
         sizes: dict[int, Size] = {}
-        stack: list[tuple[dict[str, Any], bool]] = [(root, False)]
+        stack: list[tuple[JSONObject, bool]] = [(root, False)]
         while stack:
             item, done = stack.pop()
             kind = str(item.get("class"))
@@ -259,7 +258,7 @@ class PredicateCheck:
                 if kind not in _NODE_CLASSES:
                     raise refused(where, f"uses {kind.lower()} expressions", "use plain conditions")
                 if kind == "COLUMN_REF":
-                    volatile |= self._check_column(where, item.get("column_names") or [])
+                    volatile |= self._check_column(where, _names(item.get("column_names")))
                     references += 1
                 elif kind == "TYPE" and (item.get("catalog") or item.get("schema")):
                     raise refused(where, "names a type in a schema", "use built-in types only")
@@ -287,16 +286,15 @@ class PredicateCheck:
             )
         return volatile, work
 
-    def _size(self, where: str, item: dict[str, Any], children: list[Size]) -> tuple[Size, Size]:
+    def _size(self, where: str, item: JSONObject, children: list[Size]) -> tuple[Size, Size]:
         """A node's bytes per row, from its children's (in :func:`_children`'s order), and the
         work it does beyond building its value (bytes it reads again and again)."""
         return self._value_size(where, item, children), _work(where, item, children)
 
-    def _value_size(self, where: str, item: dict[str, Any], children: list[Size]) -> Size:
+    def _value_size(self, where: str, item: JSONObject, children: list[Size]) -> Size:
         kind = item.get("class")
         if kind == "COLUMN_REF":
-            parts = item.get("column_names") or []
-            name = self._column_of(parts)
+            name = self._column_of(_names(item.get("column_names")))
             return Size.constant(FIXED_BYTES) if name is None else Size.column(name)
         if kind == "CONSTANT":
             literal = item.get("value") or item.get("literal") or {}
@@ -340,7 +338,7 @@ class PredicateCheck:
             f"use one of {', '.join(self.columns)} (quote names with spaces in double quotes)",
         )
 
-    def _check_function(self, where: str, item: dict[str, Any]) -> bool:
+    def _check_function(self, where: str, item: JSONObject) -> bool:
         """Refuse a function that is not allowed; True for a time function."""
         name = str(item.get("function_name", "")).lower()
         qualified = item.get("schema") or item.get("catalog")
@@ -348,7 +346,7 @@ class PredicateCheck:
             item.get("filter")
             or item.get("distinct")
             or item.get("export_state")
-            or (item.get("order_bys") or {}).get("orders")
+            or _object(item.get("order_bys")).get("orders")
         )
         if name in REFUSED:
             raise refused(
@@ -357,7 +355,7 @@ class PredicateCheck:
                 "compare the values as they are",
             )
         at = PATTERNS.get(name)
-        arguments = item.get("arguments") or []
+        arguments = _list(item.get("arguments"))
         if at is not None and len(arguments) > at and _constant_text(arguments[at]) is None:
             raise refused(
                 where,
@@ -372,7 +370,7 @@ class PredicateCheck:
             )
         return name in _TIME_FUNCTIONS
 
-    def _check_boolean(self, con: Any, where: str, table: str) -> None:
+    def _check_boolean(self, con: duckdb.DuckDBPyConnection, where: str, table: str) -> None:
         sql = f"DESCRIBE SELECT (\n{where}\n) AS m FROM {table} AS {TABLE}"
         try:
             described = con.execute(sql).fetchall()
@@ -387,11 +385,28 @@ class PredicateCheck:
             )
 
 
-def _children(item: dict[str, Any]) -> list[dict[str, Any]]:
+def _object(value: JSONValue | None) -> JSONObject:
+    """``value`` when it is a JSON object (a node of the tree), else an empty one."""
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: JSONValue | None) -> list[JSONValue]:
+    """``value`` when it is a JSON list, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
+def _names(value: JSONValue | None) -> list[str]:
+    """A column reference's ``column_names`` (``[table, column, field...]``)."""
+    return [str(part) for part in _list(value)]
+
+
+def _children(item: JSONObject) -> list[JSONObject]:
     """The expression nodes directly under ``item``, in order (through argument wrappers and
     lists, e.g. a function's ``{name, expression}`` arguments or CASE's checks)."""
-    found: list[dict[str, Any]] = []
-    stack: list[Any] = [v for v in reversed(list(item.values())) if isinstance(v, (dict, list))]
+    found: list[JSONObject] = []
+    stack: list[JSONValue] = [
+        v for v in reversed(list(item.values())) if isinstance(v, (dict, list))
+    ]
     while stack:
         value = stack.pop()
         if isinstance(value, list):
@@ -406,11 +421,11 @@ def _children(item: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def _rewritten(where: str, name: str, item: dict[str, Any], children: list[Size]) -> Size:
+def _rewritten(where: str, name: str, item: JSONObject, children: list[Size]) -> Size:
     """A string rewrite's size: its input times its constant replacement's length (+1 for a
     regular expression's empty matches)."""
     at, empty_matches = REWRITES[name]
-    arguments = item.get("arguments") or []
+    arguments = _list(item.get("arguments"))
     value = _constant_text(arguments[at]) if len(arguments) > at else None
     if value is None or not children:
         raise refused(
@@ -421,13 +436,13 @@ def _rewritten(where: str, name: str, item: dict[str, Any], children: list[Size]
     return children[0].times(max(1, len(value)) + empty_matches)
 
 
-def _work(where: str, item: dict[str, Any], children: list[Size]) -> Size:
+def _work(where: str, item: JSONObject, children: list[Size]) -> Size:
     """The work of a similarity of two values (none for other nodes): one must be a constant of
     at most ``MAX_GROWTH`` characters, its work the product of the two lengths."""
     name = str(item.get("function_name", "")).lower()
     if item.get("class") != "FUNCTION" or name not in PAIRWISE:
         return Size()
-    constants = [_constant_text(a) for a in item.get("arguments") or []]
+    constants = [_constant_text(a) for a in _list(item.get("arguments"))]
     short = [len(c) for c in constants if c is not None and len(c) <= MAX_GROWTH]
     if len(children) != 2 or not short:
         raise refused(
@@ -441,7 +456,7 @@ def _work(where: str, item: dict[str, Any], children: list[Size]) -> Size:
     return other.times(max(1, min(short)))
 
 
-def _constant_text(node: Any) -> str | None:
+def _constant_text(node: JSONValue | None) -> str | None:
     """The text of a constant (or a cast of one), else None."""
     if isinstance(node, dict) and "class" not in node:  # a named argument: {name, expression}
         node = node.get("expression")
@@ -456,11 +471,12 @@ def _constant_text(node: Any) -> str | None:
     return str(literal)
 
 
-def _syntax_error(where: str, message: str, position: Any = None) -> BadInput:
+def _syntax_error(where: str, message: str, position: JSONValue = None) -> BadInput:
     message = message.splitlines()[0] if message else "syntax error"
     try:
-        pos = int(position) - len(PREFIX)
-    except (TypeError, ValueError):
+        number = position if isinstance(position, (int, float, str)) else None
+        pos = -1 if number is None else int(number) - len(PREFIX)
+    except ValueError:
         pos = -1
     if 0 <= pos <= len(where):
         near = " ".join(where[pos : pos + 20].split()) or "the end"
