@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -30,6 +30,14 @@ from flowsearch.cli.options import (
 )
 from flowsearch.cli.output import literal, print_json, stdout_console
 from flowsearch.errors import BadInput
+
+if TYPE_CHECKING:
+    from flowsearch.evaluation.reports import (
+        QnliReport,
+        RetrievalReport,
+        RetrievalSuiteReport,
+        StsReport,
+    )
 
 __all__ = ["Task"]
 
@@ -113,6 +121,7 @@ def eval_cmd(
     """Evaluate an encoder + calibration: STS (Spearman), QNLI (AUC), retrieval (nDCG@10)."""
     options = dict(model=model, pooling=pooling, max_length=max_length, batch_size=batch_size)
     options.update(backend=backend, quantize=quantize)
+    result: StsReport | QnliReport | RetrievalReport | RetrievalSuiteReport
     if task is Task.retrieval:
         if not beir_dir:
             raise BadInput("eval retrieval needs a BEIR-format directory", "give its path")
@@ -139,7 +148,7 @@ def eval_cmd(
         _print_table(task, result, keep)
 
 
-def _print_table(task: Task, result: dict[str, Any], keep: bool) -> None:
+def _print_table(task: Task, result: StsReport | QnliReport | RetrievalReport, keep: bool) -> None:
     """The evaluation's figures as a table (task, metric, value) on stdout."""
     from rich.table import Table
 
@@ -158,17 +167,17 @@ def _print_table(task: Task, result: dict[str, Any], keep: bool) -> None:
             table.add_row(literal(name), metric, shown)
     if "avg" in result:
         table.add_row("avg", "", f"{result['avg']:.4f}")
-    if result.get("index_dir") and keep:
+    if "index_dir" in result and result["index_dir"] and keep:
         table.caption = literal(f"index kept at {result['index_dir']}")
     stdout_console().print(table)
-    if result.get("unreachable_judgements"):
+    if "unreachable_judgements" in result and result["unreachable_judgements"]:
         stdout_console().print(literal(
             f"note: {result['unreachable_judgements']:,} judgement(s) of the qrels name passages "
             "the corpus lacks; scored as unreachable, as BEIR and MTEB score them"
         ))  # fmt: skip
 
 
-def _print_suite(result: dict[str, Any], keep: bool) -> None:
+def _print_suite(result: RetrievalSuiteReport, keep: bool) -> None:
     """Several collections as one table, as BEIR and MTEB report them: nDCG@10, recall@100
     and MRR@10 of each collection and mode, then their mean over the collections."""
     from rich.table import Table
@@ -189,7 +198,7 @@ def _print_suite(result: dict[str, Any], keep: bool) -> None:
         for mode in result["modes"]:
             table.add_row(literal(name) if mode == result["modes"][0] else "", mode,
                           *(f"{figures[mode][m]:.4f}" for m in MEASURES))  # fmt: skip
-    kept = [run["index_dir"] for run in result["collections"] if run.get("index_dir")]
+    kept = [path for run in result["collections"] if (path := run["index_dir"])]
     if keep and kept:
         table.caption = literal("indexes kept at " + ", ".join(kept))
     stdout_console().print(table)
@@ -201,14 +210,16 @@ def _print_suite(result: dict[str, Any], keep: bool) -> None:
         ))  # fmt: skip
 
 
-def _retrieval(beir_dir: list[Path], mode: str, options: dict[str, Any]) -> dict[str, Any]:
+def _retrieval(
+    beir_dir: list[Path], mode: str, options: dict[str, Any]
+) -> RetrievalReport | RetrievalSuiteReport:
     """One BEIR directory: :func:`~flowsearch.evaluation.run_retrieval`'s result; several (or
     a folder of them): :func:`~flowsearch.evaluation.run_retrieval_suite`'s."""
     from flowsearch import evaluation
     from flowsearch.evaluation.retrieval import beir_dirs
 
     dirs = beir_dirs(beir_dir)
-    result: dict[str, Any]
+    result: RetrievalReport | RetrievalSuiteReport
     if len(beir_dir) == 1 and dirs == [beir_dir[0].expanduser()]:
         result = evaluation.run_retrieval(dirs[0], modes=mode, **options)
     else:
@@ -218,12 +229,12 @@ def _retrieval(beir_dir: list[Path], mode: str, options: dict[str, Any]) -> dict
 
 def _pairs(
     task: Task, data: Path | None, calibration: str, tasks: str | None, options: dict[str, Any]
-) -> dict[str, Any]:
+) -> StsReport | QnliReport:
     """STS (Spearman) or QNLI (AUC) on the data folder."""
     from flowsearch import evaluation
 
     kwargs = {**options, "calibration": calibration, "data_dir": data}
-    result: dict[str, Any]
+    result: StsReport | QnliReport
     if task is Task.sts:
         names = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
         result = evaluation.run_sts(tasks=names, **kwargs)

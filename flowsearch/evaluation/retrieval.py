@@ -20,11 +20,17 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from flowsearch.errors import BadInput, NotFound
 from flowsearch.evaluation import ranking_metrics
 from flowsearch.evaluation.beir import BeirDataset, load_beir
+from flowsearch.evaluation.reports import (
+    RetrievalCorpus,
+    RetrievalReport,
+    RetrievalSeconds,
+    RetrievalSuiteReport,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -51,7 +57,7 @@ MEASURES = ("ndcg@10", "recall@100", "mrr@10")
 LOG = logging.getLogger(__name__)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     """The metrics (``ndcg_at_k``, ``retrieval_scores``, ...) lived here before
     :mod:`~flowsearch.evaluation.ranking_metrics`: imports of them from here keep working."""
     if name in ranking_metrics.__all__:
@@ -182,25 +188,25 @@ def _index_and_score(
     target: Path,
     modes: list[str],
     build: dict[str, Any],
-    search: dict[str, Any],
-    seconds: dict[str, Any],
+    search: _SearchOptions,
+    seconds: RetrievalSeconds,
     weight: float | None = None,
-) -> dict[str, Any]:
+) -> tuple[RetrievalCorpus, dict[str, dict[str, float]]]:
     """Writes the corpus to ``parquet``, indexes it at ``target`` with ``build`` options,
     searches it per mode with ``search`` options (the hybrid at ``weight``); what was
-    evaluated and its ``results``."""
+    evaluated, and its results per mode."""
     from flowsearch.search.options import SearchOptions
     from flowsearch.search.searcher import Searcher
     from flowsearch.writes.build import build_index
 
     start = time.perf_counter()
     write_corpus_parquet(dataset, parquet)
-    summary = build_index(parquet, target, **build).to_dict()
+    summary = build_index(parquet, target, **build)
     seconds["index"] = time.perf_counter() - start
     searcher = Searcher.open(target, options=SearchOptions(hybrid_weight=weight))
     try:
         results = _score_modes(searcher, dataset, modes, seconds=seconds["search"], **search)
-        return {**_describe(dataset, searcher, summary), "results": results}
+        return _describe(dataset, searcher, summary.n_skipped), results
     finally:
         searcher.close()
 
@@ -235,17 +241,24 @@ def _score_modes(
     return results
 
 
-def _describe(
-    dataset: BeirDataset, searcher: Searcher, summary: dict[str, object]
-) -> dict[str, object]:
-    """What was evaluated: the set's sizes and the index's encoder and searched space."""
+class _SearchOptions(TypedDict):
+    """How :func:`_score_modes` searches."""
+
+    k: int
+    batch_size: int
+    ignore_identical_ids: bool
+
+
+def _describe(dataset: BeirDataset, searcher: Searcher, skipped: int) -> RetrievalCorpus:
+    """What was evaluated: the set's sizes (``skipped``: the build's rows without text) and the
+    index's encoder and searched space."""
     encoder = searcher.manifest.encoder
     record = searcher.manifest.calibration
     return {
         "dataset": dataset.name,
         "n_corpus": len(dataset.doc_ids),
         "n_indexed": len(searcher),
-        "skipped": summary.get("n_skipped", 0),
+        "skipped": skipped,
         "queries": len(dataset.queries),
         "missing_corpus_ids": len(dataset.missing_ids),
         "unreachable_judgements": dataset.unreachable_judgements(),
@@ -270,7 +283,7 @@ def run_retrieval(
     ignore_identical_ids: bool = False,
     weight: float | None = None,
     **index_options: Any,
-) -> dict[str, Any]:
+) -> RetrievalReport:
     r"""Indexes a BEIR directory with the product and scores its search, per mode.
 
     Qrels naming passages the corpus lacks are scored as unreachable (see
@@ -311,14 +324,18 @@ def run_retrieval(
         SearchOptions(hybrid_weight=weight)  # refused before anything is encoded
     t0 = time.perf_counter()
     dataset = load_beir(beir_dir)
-    seconds: dict[str, Any] = {"load": time.perf_counter() - t0, "search": {}}
+    seconds: RetrievalSeconds = {"load": time.perf_counter() - t0, "search": {}}
     scratch = Path(tempfile.mkdtemp(prefix="flowsearch-retrieval-"))
     target = Path(index_dir).expanduser() if index_dir is not None else scratch / "index"
     build: dict[str, Any] = {"model": model, "pooling": pooling, "calibration": calibration}
     build.update(batch_size=batch_size, **index_options)
-    search = {"k": k, "batch_size": batch_size, "ignore_identical_ids": ignore_identical_ids}
+    search: _SearchOptions = {
+        "k": k,
+        "batch_size": batch_size,
+        "ignore_identical_ids": ignore_identical_ids,
+    }
     try:
-        out = _index_and_score(
+        described, results = _index_and_score(
             dataset, scratch / "corpus.parquet", target, wanted, build, search, seconds, weight
         )
     finally:
@@ -328,7 +345,8 @@ def run_retrieval(
             shutil.rmtree(scratch, ignore_errors=True)
     seconds["total"] = time.perf_counter() - t0
     return {
-        **out,
+        **described,
+        "results": results,
         "calibration": calibration,
         "k": k,
         "ignore_identical_ids": ignore_identical_ids,
@@ -390,7 +408,7 @@ def run_retrieval_suite(
     *,
     ignore_identical_ids: bool = False,
     **options: Any,
-) -> dict[str, Any]:
+) -> RetrievalSuiteReport:
     r""":func:`run_retrieval` over several BEIR directories, with the mean of each figure, as
     BEIR's and MTEB's tables give them.
 
@@ -416,7 +434,7 @@ def run_retrieval_suite(
     _check_k(int(options.get("k", 100)))
     dirs = beir_dirs(paths)
     t0 = time.perf_counter()
-    results: list[dict[str, Any]] = []
+    results: list[RetrievalReport] = []
     for path in dirs:
         ignore = ignore_identical_ids or _says_ignore_identical_ids(path)
         LOG.info("retrieval suite: %s (%d of %d)", path.name, len(results) + 1, len(dirs))

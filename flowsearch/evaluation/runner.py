@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from flowsearch.errors import BadInput
 from flowsearch.evaluation.cache import SupportsEncode, VectorCache
 from flowsearch.evaluation.datasets import TextVariant, resolve_data_dir
+from flowsearch.evaluation.reports import QnliReport, StsReport
 from flowsearch.evaluation.session import CALIBRATIONS, STS_TASKS, EvalSession
 
 __all__ = ["parse_tasks", "run_qnli", "run_sts"]
@@ -91,7 +91,7 @@ def run_sts(
     seed: int = 0,
     backend: str = "auto",
     quantize: str | None = None,
-) -> dict[str, Any]:
+) -> StsReport:
     r"""Spearman x 100 of cosine similarity against gold on the STS tasks.
 
     Arguments:
@@ -157,7 +157,7 @@ def run_qnli(
     seed: int = 0,
     backend: str = "auto",
     quantize: str | None = None,
-) -> dict[str, Any]:
+) -> QnliReport:
     r"""AUC x 100 of cosine(question, sentence) for entailment on QNLI dev.
 
     Arguments are those of :func:`run_sts`. The target flow (``flow``) is fitted on the QNLI dev
