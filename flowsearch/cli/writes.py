@@ -307,7 +307,8 @@ def _key_ids_given(index: object, version: int) -> int:
     last = mf.read(Path(str(index))).last_write
     if last is None or last.version != version or last.kind != "compact":
         return 0
-    return int(last.detail.get("key_ids", 0))
+    given = last.detail.get("key_ids", 0)
+    return int(given) if isinstance(given, (int, float, str)) else 0
 
 
 @app.command("recalibrate")

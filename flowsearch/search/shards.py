@@ -576,7 +576,9 @@ def run(
     upper = None
     if lx is not None:
         assert stats.lexical is not None and manifest.lexical is not None
-        params = manifest.lexical.params
+        from flowsearch.search.version import _bm25_params
+
+        params = _bm25_params(manifest.lexical.params)
         method, k1 = params.get("method", "lucene"), float(params.get("k1", 1.5))
         upper = np.array([upper_bound(q, stats.lexical, method, k1) for q in queries], np.float64)
     if d is not None and lx is not None:

@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypedDict, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +28,9 @@ from pydantic import BaseModel, ConfigDict
 
 from flowsearch.encode.protocol import TextEncoder
 from flowsearch.errors import IndexDamaged, check_bool, check_path
+from flowsearch.jsonable import JSONValue
 from flowsearch.lexical.bm25 import CACHE_BYTES, Bm25
+from flowsearch.lexical.weights import Method, check_method
 from flowsearch.search.segment import SegmentReader, read_deleted
 from flowsearch.space.search_space import SearchSpace
 from flowsearch.storage import manifest as mf
@@ -426,5 +428,35 @@ def load(
     return Version(root, manifest, space, readers, offsets, masks, checked, lexical, n_documents)
 
 
-def _bm25_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: params[k] for k in ("k1", "b", "method") if k in params}
+class _Bm25Params(TypedDict, total=False):
+    """What :class:`~flowsearch.lexical.bm25.Bm25` takes of the manifest's BM25 parameters."""
+
+    k1: float
+    b: float
+    method: Method
+
+
+def _bm25_params(params: Mapping[str, JSONValue]) -> _Bm25Params:
+    """The manifest's ``k1``, ``b`` and ``method`` (those it holds), as :class:`Bm25` takes them.
+
+    Raises:
+        IndexDamaged: ``k1`` or ``b`` is not a number.
+        BadInput: an unknown method (as :class:`Bm25` refuses it).
+    """
+    out: _Bm25Params = {}
+    if "k1" in params:
+        out["k1"] = _bm25_number(params, "k1")
+    if "b" in params:
+        out["b"] = _bm25_number(params, "b")
+    if "method" in params:
+        method = params["method"]
+        check_method(method if isinstance(method, str) else repr(method))
+        out["method"] = cast("Method", method)  # one of METHODS: checked
+    return out
+
+
+def _bm25_number(params: Mapping[str, JSONValue], key: str) -> float:
+    value = params[key]
+    if not isinstance(value, (int, float)):
+        raise IndexDamaged(f"the manifest's BM25 {key} is {value!r}", "rebuild the index")
+    return value

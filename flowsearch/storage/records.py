@@ -36,6 +36,7 @@ from typing_extensions import Self  # typing.Self is 3.11+
 
 from flowsearch.atomic import sha256_file
 from flowsearch.errors import IndexDamaged
+from flowsearch.jsonable import JSONValue
 from flowsearch.storage.relpaths import inside as _inside
 from flowsearch.storage.relpaths import safe_relpath
 
@@ -114,21 +115,23 @@ class EncoderSpec(BaseModel):
     max_length: int
     dim: int
     source: str | None = None
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: dict[str, JSONValue] = Field(default_factory=dict)
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> dict[str, object]:
         """The fields an encoder's ``describe()`` must reproduce."""
         core = self.model_dump(include={"model", "revision", "pooling", "max_length", "dim"})
         return {**core, **self.options}
 
     @classmethod
-    def from_description(cls, described: Mapping[str, Any], source: str | None) -> EncoderSpec:
+    def from_description(cls, described: Mapping[str, object], source: str | None) -> EncoderSpec:
         """The spec of an encoder from its ``describe()`` and how it was named."""
         core = {"model", "revision", "pooling", "max_length", "dim"}
-        return cls(
-            **{k: described[k] for k in core},
-            source=source,
-            options={k: v for k, v in described.items() if k not in core},
+        return cls.model_validate(
+            {
+                **{k: described[k] for k in core},
+                "source": source,
+                "options": {k: v for k, v in described.items() if k not in core},
+            }
         )
 
 
@@ -165,12 +168,12 @@ class CalibrationSpec(BaseModel):
     name: str
     calibrator: str
     space: Literal["calibrated", "encoder"]
-    config: dict[str, Any] = Field(default_factory=dict)
+    config: dict[str, JSONValue] = Field(default_factory=dict)
     decision: str = ""
     anisotropy: dict[str, float] = Field(default_factory=dict)
     fitted_on: str = "corpus"
     fit_rows: int = 0
-    fit_stats: dict[str, Any] = Field(default_factory=dict)
+    fit_stats: dict[str, JSONValue] = Field(default_factory=dict)
     dim_out: int | None = None
     auto: AutoDecision | None = None
     path: str = "calibrator"
@@ -314,11 +317,15 @@ class ReferenceRecord(BaseModel):
         return out
 
 
+def _bm25_defaults() -> dict[str, JSONValue]:
+    return {"k1": 1.5, "b": 0.75}
+
+
 class LexicalSpec(BaseModel):
     """BM25's parameters (every segment has postings when the index has a lexical side)."""
 
     model_config = _FROZEN
-    params: dict[str, Any] = Field(default_factory=lambda: {"k1": 1.5, "b": 0.75})
+    params: dict[str, JSONValue] = Field(default_factory=_bm25_defaults)
 
 
 class PassageSpec(BaseModel):
@@ -516,7 +523,7 @@ class WriteRecord(BaseModel):
     kind: str
     time: str
     n_rows: int = 0
-    detail: dict[str, Any] = Field(default_factory=dict)
+    detail: dict[str, JSONValue] = Field(default_factory=dict)
 
 
 class RestoreOrigin(BaseModel):
