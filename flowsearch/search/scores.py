@@ -51,8 +51,8 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -98,13 +98,15 @@ class FusionReference:
                 "dense_background": self.dense_background}  # fmt: skip
 
     @classmethod
-    def from_dict(cls, raw: Any) -> FusionReference:
+    def from_dict(cls, raw: object) -> FusionReference:
         """Read :meth:`to_dict`'s form back.
 
         Raises:
             IndexDamaged: a missing key or a value of the wrong kind.
         """
         try:
+            if not isinstance(raw, Mapping):
+                raise TypeError(f"a {type(raw).__name__}, not a mapping")
             return cls(int(raw["n_measured"]), int(raw["n_rows"]), float(raw["dense_background"]))
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, IndexDamaged):

@@ -74,7 +74,7 @@ class WriteResult(BaseModel):
     n_inserted: int = 0
     n_replaced: int = 0
     n_deleted: int = 0
-    missing: list[Any] = Field(default_factory=list)
+    missing: list[object] = Field(default_factory=list)
     n_dropped: int = 0
     n_skipped: int = 0
     n_segments: int = 0
@@ -96,7 +96,7 @@ class WriteResult(BaseModel):
         out["drift"] = None if self.drift is None else self.drift.to_dict()
         return out
 
-    def __getitem__(self, key: str) -> Any:
+    def __getitem__(self, key: str) -> object:
         """Read a field by name (or by the second release's dict key, e.g. ``"rows"``)."""
         name = _OLD_KEYS.get(key, key)
         if name not in type(self).model_fields:
@@ -104,7 +104,7 @@ class WriteResult(BaseModel):
         value = getattr(self, name)
         return value.to_dict() if hasattr(value, "to_dict") else value  # the dicts of old
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str, default: object = None) -> object:
         """:meth:`__getitem__` with a default."""
         try:
             return self[key]
