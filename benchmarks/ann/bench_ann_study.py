@@ -666,6 +666,7 @@ def scale_tune(
     t = time.perf_counter()
     tuned = ann_tune.tune(index, Z[pos], chunks, sample_rows=pos, policy=POLICY)
     graph = faiss.downcast_index(index)
+    built = index
     if tuned.exact:  # the product stores such a segment exactly (its graph's own vectors)
         index = ann_tune.exact_index(index)
     out["tune_s"] = time.perf_counter() - t
@@ -687,7 +688,9 @@ def scale_tune(
         "real_recall_partial": harness.recall(found[half:], truth[half:]),
         "p50_ms": ms, "speedup": out["flat_p50_ms"] / ms,
     })  # fmt: skip
-    del index, graph
+    if distinct and hasattr(graph, "hnsw"):  # the graph's curve, searched exactly or not
+        out["curve"] = _efsearch_curve(built, Z, Zq, truth, lat, pos, out["flat_p50_ms"])
+    del index, graph, built
     _threads(THREADS)
     out["encode_s"].append(encode_s())
     mean_encode = float(np.mean(out["encode_s"]))
@@ -696,6 +699,50 @@ def scale_tune(
     out["load_end"] = harness.load_average()
     print(json.dumps(out), flush=True)
     return out
+
+
+#: ``efSearch`` values and probe noises of :func:`_efsearch_curve`.
+EF_CURVE = (256, 512, 768, 1024, 1536, 2048, 3072, 4096)
+CURVE_NOISES = (0.8, 1.0, 1.2)
+
+
+def _efsearch_curve(
+    index: Any,
+    Z: np.ndarray,
+    Zq: np.ndarray,
+    truth: np.ndarray,
+    lat: np.ndarray,
+    pos: np.ndarray,
+    flat_ms: float,
+) -> list[dict[str, Any]]:
+    """Per ``efSearch`` of :data:`EF_CURVE`: real queries' recall@10, single-query p50 and its
+    speed-up on ``Flat``, beside the recall of the tuner's probes (512 held-out rows of the
+    tuning sample ``pos`` moved by each noise of :data:`CURVE_NOISES`): which noise makes the
+    probes as hard as real queries at this size. One thread."""
+    import faiss
+
+    from flowsearch.ann import tune as ann_tune
+
+    probes = {}
+    for noise in CURVE_NOISES:
+        q, pick = ann_tune.held_out_queries(Z[pos], 512, noise=noise, seed=1)
+        src = pos[pick]
+        tr = ann_tune._drop_source(harness.exact_top(q, Z, 11, chunk_rows=65_536)[1], src, 10)
+        probes[noise] = (q, src, tr)
+    inner = faiss.downcast_index(index)
+    rows = []
+    for ef in EF_CURVE:
+        inner.hnsw.efSearch = ef
+        row: dict[str, Any] = {"efSearch": ef,
+                               "real": harness.recall(index.search(Zq, 10)[1], truth)}  # fmt: skip
+        row["p50_ms"] = _p50_ms(index, Zq[lat], repeats=1)
+        row["speedup"] = flat_ms / row["p50_ms"]
+        for noise, (q, src, tr) in probes.items():
+            found = ann_tune._drop_source(index.search(q, 11)[1], src, 10)
+            row[f"noise {noise:g}"] = harness.recall(found, tr)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
 
 
 NOISES = (0.0, 0.5, 0.8, 1.0, 1.2)
