@@ -1040,6 +1040,31 @@ def _scale_tune_section(runs: list[dict[str, Any]]) -> list[str]:
             f"{t['real_recall_partial']:.3f}) | {t['p50_ms']:.2f} | {t['flat_p50_ms']:.1f} | "
             f"**{t['speedup']:.1f}x** |"
         )
+    body.append("")
+    for t in runs:
+        if t.get("curve"):
+            body += _curve_section(t)
+    return body
+
+
+def _curve_section(t: dict[str, Any]) -> list[str]:
+    """One :func:`scale_tune` run's efSearch curve (:func:`_efsearch_curve`)."""
+    noises = [k for k in t["curve"][0] if k.startswith("noise ")]
+    body = [
+        f"The graph of the {t['started']} run (efConstruction {t['ef_construction']}, "
+        f"{t.get('rows', 'jittered copies')}), knob by knob: real queries' recall@10, p50 and "
+        "speed-up on `Flat`, beside the recall of the tuner's probes (512 held-out rows moved "
+        "by noise of each norm):",
+        "",
+        "| efSearch | recall@10 real | p50 ms | x Flat | " + " | ".join(
+            f"probes, {n}" for n in noises) + " |",
+        "|---:|---:|---:|---:|" + "---:|" * len(noises),
+    ]  # fmt: skip
+    for row in t["curve"]:
+        body.append(
+            f"| {row['efSearch']} | {row['real']:.3f} | {row['p50_ms']:.2f} | "
+            f"{row['speedup']:.1f} | " + " | ".join(f"{row[n]:.3f}" for n in noises) + " |"
+        )
     return [*body, ""]
 
 

@@ -87,9 +87,10 @@ SAMPLE_ROWS = 4096
 #: The last doubling of a knob is bisected until its step is at most this share of the knob.
 BISECT_STEP = 1 / 32
 #: Past ``AnnPolicy.max_ef_search`` a graph's ``efSearch`` is raised only while one query
-#: computes distances to at most this share of the segment's rows: a graph search costs about
-#: as much per distance as an exact scan (one query at a time), so beyond it the graph is no
-#: longer 10x faster than searching the segment exactly, which then stands in for it.
+#: computes distances to at most this share of the segment's rows; past it the segment is
+#: searched exactly (``Flat``). A graph's distance costs more than an exact scan's (random
+#: reads, not a streamed matrix product), so at the cap the graph is only a few times faster
+#: than ``Flat``, not ten: benchmarks/RESULTS.md, "ANN", has the measured curve.
 GRAPH_MAX_SCAN_SHARE = 0.1
 
 
