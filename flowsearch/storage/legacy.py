@@ -17,7 +17,7 @@ removed once no version references them (two writes later).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,9 +37,6 @@ from flowsearch.storage.layout import (
     deletions_file,
     part_file,
 )
-
-if TYPE_CHECKING:
-    from flowsearch.storage.writer import Writer
 
 __all__ = ["LEGACY_SEGMENT", "convert", "from_legacy"]
 
@@ -188,13 +185,12 @@ def _link_tree(src: Path, dst: Path) -> None:
         link_or_copy(item, dst / item.relative_to(src))
 
 
-def convert(writer: Writer) -> None:
+def convert(writer: Any) -> None:
     """Turn the writer's legacy segment into segment ``s000001`` (see the module docstring)."""
     from flowsearch.storage import deletions
     from flowsearch.storage.rows import RowReader
 
-    base = writer.base
-    assert base is not None, "convert is called on a legacy base"  # (open_writer's condition)
+    base: mf.Manifest = writer.base
     old = base.segments[0]
     src = writer.index_dir / old.dir
     stage = writer.stage()
