@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import numpy as np
 from typing_extensions import TypeAliasType  # typing.TypeAliasType is 3.12+
@@ -33,8 +33,10 @@ JSONValue = TypeAliasType(
 JSONObject: TypeAlias = dict[str, JSONValue]
 
 
-def json_safe(value: object) -> Any:
-    """``value`` with numpy scalars as Python numbers and non-finite floats as None."""
+def json_safe(value: object) -> object:
+    """``value`` with numpy scalars as Python numbers and non-finite floats as None (dicts,
+    lists and tuples item by item). Anything else is given back as it is, for ``json.dumps``'s
+    ``default=`` to name: so not a :data:`JSONValue` (nor are a dict's keys made strings)."""
     if isinstance(value, dict):
         return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, Literal, TypedDict, TypeVar, Unpack, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -26,12 +26,61 @@ from flowsearch.jsonable import JSONObject
 __all__ = [
     "CALIBRATORS",
     "Calibrator",
+    "CalibratorConfig",
+    "FlowConfig",
+    "as_config",
     "as_matrix",
     "check_rows",
+    "json_config",
     "make_calibrator",
     "names",
     "register",
 ]
+
+
+class FlowConfig(TypedDict, total=False):
+    """The flows' hyper-parameters (``flow``, ``whitening-flow``); each is checked by
+    :class:`~flowsearch.calibration.flow.FlowCalibrator`, which documents them."""
+
+    levels: int
+    depth: int
+    width: int
+    epochs: float
+    lr: float
+    batch_size: int
+    seed: int
+    permutation: Literal["reverse", "random"]
+    init_rows: int
+    prewhiten: bool
+
+
+class CalibratorConfig(FlowConfig, total=False):
+    """Every hyper-parameter a calibrator of this release takes (each takes some of them, and
+    its constructor checks their values): the flows' (:class:`FlowConfig`), ``k`` (``natsv``,
+    ``sn-natsv``, ``whitening``, ``gaussian``; None: all dimensions), and the whitening
+    strengths ``power`` and ``shrinkage``. What :attr:`Calibrator.config` holds: JSON scalars."""
+
+    k: int | None
+    power: float
+    shrinkage: float
+
+
+def as_config(config: Mapping[str, object]) -> CalibratorConfig:
+    """``config`` (a saved ``config.json``'s, a caller's dict) as calibrator options, unchecked
+    here: each calibrator's constructor checks the values it takes (BadInput) and refuses
+    names it does not take (TypeError, BadInput from :func:`make_calibrator`)."""
+    return cast(CalibratorConfig, config)
+
+
+def json_config(config: CalibratorConfig) -> JSONObject:
+    """``config`` as the JSON object it is (a copy): every option is a JSON scalar."""
+    out: JSONObject = {}
+    for key, value in config.items():
+        if not (value is None or isinstance(value, (bool, int, float, str))):
+            raise TypeError(f"calibrator option {key}={value!r} is not a JSON scalar")
+        out[key] = value
+    return out
+
 
 #: name -> calibrator class; filled by :func:`register`.
 CALIBRATORS: dict[str, type[Calibrator]] = {}
@@ -107,8 +156,8 @@ class Calibrator(ABC):
     #: Whether :meth:`inverse` exists for this calibrator class (see :attr:`invertible`).
     _invertible: ClassVar[bool] = False
 
-    def __init__(self, **config: Any) -> None:
-        self.config: dict[str, Any] = dict(config)
+    def __init__(self, **config: Unpack[CalibratorConfig]) -> None:
+        self.config: CalibratorConfig = config.copy()
         self.dim_in: int | None = None
         self.fit_stats: JSONObject = {}
 
@@ -249,7 +298,7 @@ class Calibrator(ABC):
         return self.dim_in
 
 
-def make_calibrator(name: str, **config: Any) -> Calibrator:
+def make_calibrator(name: str, **config: Unpack[CalibratorConfig]) -> Calibrator:
     r"""Creates an unfitted calibrator by registry name.
 
     Arguments:

@@ -35,12 +35,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Literal, Unpack, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from flowsearch.calibration.base import Calibrator, check_rows, register
+from flowsearch.calibration.base import Calibrator, FlowConfig, check_rows, register
 from flowsearch.calibration.glowmath import frozen_flow, saved_spec
 from flowsearch.calibration.linear import Whitening
 from flowsearch.calibration.maps import LOG_2PI, log_normal
@@ -71,7 +71,7 @@ BLOCK_ROWS = 4096
 _INTEGERS = (("levels", 1), ("depth", 1), ("width", 1), ("batch_size", 1), ("init_rows", 2))
 
 
-def _check_config(config: dict[str, Any]) -> None:
+def _check_config(config: Mapping[str, object]) -> None:
     for key, minimum in _INTEGERS:
         value = config[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -134,12 +134,14 @@ class FlowCalibrator(Calibrator):
         init_rows: int = 1024,
         prewhiten: bool = False,
     ) -> None:
-        config = dict(levels=levels, depth=depth, width=width, epochs=epochs, lr=lr,
-                      batch_size=batch_size, seed=seed, permutation=permutation,
-                      init_rows=init_rows, prewhiten=prewhiten)  # fmt: skip
-        _check_config(config)
-        config.update(epochs=float(epochs), lr=float(lr), seed=int(seed), prewhiten=bool(prewhiten))
-        super().__init__(**config)
+        given: dict[str, object] = dict(levels=levels, depth=depth, width=width, epochs=epochs,
+                                        lr=lr, batch_size=batch_size, seed=seed,
+                                        permutation=permutation, init_rows=init_rows)  # fmt: skip
+        _check_config(given)  # the values as given (a caller's, a config.json's), then as kept:
+        super().__init__(levels=levels, depth=depth, width=width, epochs=float(epochs),
+                         lr=float(lr), batch_size=batch_size, seed=int(seed),
+                         permutation=permutation, init_rows=init_rows,
+                         prewhiten=bool(prewhiten))  # fmt: skip
         self.whitening: Whitening | None = None
         self.active = self.constant = np.empty(0, np.int64)
         self.constant_mu = self.constant_scale = np.empty(0)
@@ -382,6 +384,6 @@ class WhiteningFlowCalibrator(FlowCalibrator):
         config: As :class:`FlowCalibrator`'s (``prewhiten`` defaults to True).
     """
 
-    def __init__(self, **config: Any) -> None:
+    def __init__(self, **config: Unpack[FlowConfig]) -> None:
         config.setdefault("prewhiten", True)
         super().__init__(**config)

@@ -30,12 +30,13 @@ References:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypedDict, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from flowsearch.calibration import maps
-from flowsearch.calibration.base import Calibrator, as_matrix, register
+from flowsearch.calibration.base import Calibrator, CalibratorConfig, as_matrix, register
 from flowsearch.calibration.maps import LOG_2PI, standardise, unstandardise, unwhiten, whiten
 from flowsearch.calibration.state import BadState, Spec, require_positive
 from flowsearch.errors import BadInput
@@ -70,10 +71,21 @@ def _check_k(k: object, name: str, minimum: int) -> int | None:
     return int(k)
 
 
-def _check_strength(power: float, shrinkage: float) -> dict[str, float]:
+class _Strength(TypedDict, total=False):
+    power: float
+    shrinkage: float
+
+
+def _natsv_k(config: CalibratorConfig) -> int:
+    """NATSV's ``k``: an int, as its constructor's type says. (``k=None`` passes
+    :func:`_check_k`, as for whitening, and fails where it is used, as it always has.)"""
+    return cast(int, config["k"])
+
+
+def _check_strength(power: float, shrinkage: float) -> _Strength:
     """The non-default strength options, validated (defaults stay out of the config, so a
     calibrator saved before they existed loads with the same config as it was saved with)."""
-    out: dict[str, float] = {}
+    out = _Strength()
     for name, value, low, high in (("power", power, 0.0, FULL_POWER),
                                    ("shrinkage", shrinkage, 0.0, float("inf"))):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
@@ -170,7 +182,7 @@ class NullTopSingular(Calibrator):
         super().__init__(k=_check_k(k, "natsv", 1))
 
     def _fit(self, U: np.ndarray) -> None:
-        k = self.config["k"]
+        k = _natsv_k(self.config)
         if k >= U.shape[1]:
             raise BadInput(f"natsv: k={k} must be smaller than the dimension {U.shape[1]}")
         self.mu = U.mean(axis=0)
@@ -187,10 +199,10 @@ class NullTopSingular(Calibrator):
 
     def _state_spec(self, tensors: Mapping[str, np.ndarray]) -> dict[str, Spec]:
         d = self._need_fitted()
-        return {"mu": _vector(d), "directions": Spec((d, self.config["k"]), "float64")}
+        return {"mu": _vector(d), "directions": Spec((d, _natsv_k(self.config)), "float64")}
 
     def _check_values(self, tensors: Mapping[str, np.ndarray]) -> None:
-        if self.config["k"] >= self._need_fitted():
+        if _natsv_k(self.config) >= self._need_fitted():
             raise BadState(f"k={self.config['k']} is not below dim_in={self.dim_in}")
 
     def _load_state(self, tensors: Mapping[str, np.ndarray]) -> None:
@@ -210,7 +222,7 @@ class SNNullTop(Calibrator):
     def __init__(self, k: int = 6) -> None:
         super().__init__(k=_check_k(k, "sn-natsv", 1))
         self._sn = StandardNormalization()
-        self._natsv = NullTopSingular(k=self.config["k"])
+        self._natsv = NullTopSingular(k=_natsv_k(self.config))
 
     def _fit(self, U: np.ndarray) -> None:
         self._sn.fit(U)
@@ -227,7 +239,7 @@ class SNNullTop(Calibrator):
 
     def _state_spec(self, tensors: Mapping[str, np.ndarray]) -> dict[str, Spec]:
         d = self._need_fitted()
-        directions = Spec((d, self.config["k"]), "float64")
+        directions = Spec((d, _natsv_k(self.config)), "float64")
         return {"sn.mu": _vector(d), "sn.sigma": _vector(d), "natsv.mu": _vector(d),
                 "natsv.directions": directions}  # fmt: skip
 

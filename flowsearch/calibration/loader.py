@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from flowsearch.calibration.base import Calibrator, make_calibrator, names
+from flowsearch.calibration.base import Calibrator, as_config, make_calibrator, names
 from flowsearch.calibration.files import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -71,6 +71,6 @@ def _make(cfg_path: Path, meta: SavedConfig) -> Calibrator:
             f"unknown calibrator {meta['name']!r} (this flowsearch knows {', '.join(names())})",
         )
     try:
-        return make_calibrator(meta["name"], **meta["config"])
+        return make_calibrator(meta["name"], **as_config(meta["config"]))
     except FlowsearchError as exc:
         raise malformed(cfg_path, f"bad 'config': {exc.problem}") from None

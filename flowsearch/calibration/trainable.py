@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from flowsearch.calibration import maps
+from flowsearch.calibration.base import FlowConfig
 from flowsearch.calibration.glow import GlowFlow
 from flowsearch.calibration.steps import Compose, SetAside, Step, Whiten
 from flowsearch.calibration.training import Fit, maximise_likelihood, single_thread
@@ -42,7 +43,7 @@ class _Whitening(Protocol):
     def transform64(self, U: np.ndarray) -> np.ndarray: ...
 
 
-def build(config: Mapping[str, Any], dim: int) -> GlowFlow:
+def build(config: FlowConfig, dim: int) -> GlowFlow:
     """An unfitted float32 flow of ``dim`` channels from a flow calibrator's config (``levels``,
     ``depth``, ``width``, ``permutation``, ``seed``); the seed fixes its initial weights and
     permutations, without touching torch's global generator."""
@@ -70,7 +71,7 @@ def training_rows(U: np.ndarray, active: np.ndarray, whitening: _Whitening | Non
 
 
 def fit(
-    config: Mapping[str, Any],
+    config: FlowConfig,
     data: Tensor,
     bits: Callable[[float], float],
     callback: Callable[[int, int, float], None] | None = None,
@@ -98,7 +99,7 @@ def to_saved(
     }
 
 
-def from_saved(config: Mapping[str, Any], dim: int, saved: Mapping[str, np.ndarray]) -> GlowFlow:
+def from_saved(config: FlowConfig, dim: int, saved: Mapping[str, np.ndarray]) -> GlowFlow:
     """The trainable flow (float64, eval mode) holding the saved arrays (checked against
     :func:`~flowsearch.calibration.glowmath.saved_spec`)."""
     module = build(config, dim)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, TypedDict
 
 import typer
 
@@ -119,26 +119,26 @@ def eval_cmd(
     as_json: AsJson = False,
 ) -> None:
     """Evaluate an encoder + calibration: STS (Spearman), QNLI (AUC), retrieval (nDCG@10)."""
-    options = dict(model=model, pooling=pooling, max_length=max_length, batch_size=batch_size)
-    options.update(backend=backend, quantize=quantize)
     result: StsReport | QnliReport | RetrievalReport | RetrievalSuiteReport
     if task is Task.retrieval:
         if not beir_dir:
             raise BadInput("eval retrieval needs a BEIR-format directory", "give its path")
-        retrieval = dict(calibration=calibration or "auto", keep=keep, weight=weight,
-                         ignore_identical_ids=ignore_identical_ids, **options)  # fmt: skip
-        for key, value in (
-            ("passage_tokens", passage_tokens),
-            ("passage_overlap", passage_overlap),
-        ):
-            if value is not None:
-                retrieval[key] = value
+        retrieval = _Retrieval(calibration=calibration or "auto", keep=keep, weight=weight,
+                               ignore_identical_ids=ignore_identical_ids, model=model,
+                               pooling=pooling, max_length=max_length, batch_size=batch_size,
+                               backend=backend, quantize=quantize)  # fmt: skip
+        if passage_tokens is not None:
+            retrieval["passage_tokens"] = passage_tokens
+        if passage_overlap is not None:
+            retrieval["passage_overlap"] = passage_overlap
         result = _retrieval(beir_dir, mode, retrieval)
     else:
         if beir_dir:
             raise BadInput(
                 f"eval {task.value} takes no directory argument", "give the data folder with --data"
             )
+        options = _Encoding(model=model, pooling=pooling, max_length=max_length,
+                            batch_size=batch_size, backend=backend, quantize=quantize)  # fmt: skip
         result = _pairs(task, data, calibration or "none", tasks, options)
     if as_json:
         print_json(result)
@@ -210,8 +210,39 @@ def _print_suite(result: RetrievalSuiteReport, keep: bool) -> None:
         ))  # fmt: skip
 
 
+class _Encoding(TypedDict):
+    """The encoder options every task takes."""
+
+    model: str | None
+    pooling: str
+    max_length: int | None
+    batch_size: int
+    backend: str
+    quantize: str | None
+
+
+class _Retrieval(_Encoding, total=False):
+    """What ``eval retrieval`` passes to :func:`~flowsearch.evaluation.run_retrieval` (or
+    :func:`~flowsearch.evaluation.run_retrieval_suite`)."""
+
+    calibration: str
+    keep: bool
+    weight: float | None
+    ignore_identical_ids: bool
+    passage_tokens: int
+    passage_overlap: int
+
+
+class _Pairs(_Encoding):
+    """What ``eval sts`` / ``eval qnli`` pass to :func:`~flowsearch.evaluation.run_sts` /
+    :func:`~flowsearch.evaluation.run_qnli`."""
+
+    calibration: str
+    data_dir: Path | None
+
+
 def _retrieval(
-    beir_dir: list[Path], mode: str, options: dict[str, Any]
+    beir_dir: list[Path], mode: str, options: _Retrieval
 ) -> RetrievalReport | RetrievalSuiteReport:
     """One BEIR directory: :func:`~flowsearch.evaluation.run_retrieval`'s result; several (or
     a folder of them): :func:`~flowsearch.evaluation.run_retrieval_suite`'s."""
@@ -228,12 +259,12 @@ def _retrieval(
 
 
 def _pairs(
-    task: Task, data: Path | None, calibration: str, tasks: str | None, options: dict[str, Any]
+    task: Task, data: Path | None, calibration: str, tasks: str | None, options: _Encoding
 ) -> StsReport | QnliReport:
     """STS (Spearman) or QNLI (AUC) on the data folder."""
     from flowsearch import evaluation
 
-    kwargs = {**options, "calibration": calibration, "data_dir": data}
+    kwargs = _Pairs(calibration=calibration, data_dir=data, **options)
     result: StsReport | QnliReport
     if task is Task.sts:
         names = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None

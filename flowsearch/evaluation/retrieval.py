@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, TypedDict, Unpack, cast
 
 from flowsearch.errors import BadInput, NotFound
 from flowsearch.evaluation import ranking_metrics
@@ -35,6 +35,7 @@ from flowsearch.evaluation.reports import (
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from flowsearch.ann.policy import AnnPolicy
     from flowsearch.search.modes import Mode
     from flowsearch.search.searcher import Searcher
 from flowsearch.evaluation.ranking_metrics import retrieval_scores
@@ -182,12 +183,57 @@ def _check_k(k: int) -> None:
         LOG.warning("k=%d < 100: recall@100 counts only the top %d", k, k)
 
 
+class IndexOptions(TypedDict, total=False):
+    """:func:`flowsearch.build_index`'s options that :func:`run_retrieval` passes on as they are
+    (its own arguments give the model, pooling, calibration and batch size; the corpus's
+    columns are its own)."""
+
+    max_length: int | None
+    calibrator: str | os.PathLike[str] | None
+    index_factory: str
+    overwrite: bool
+    fit_sample: int
+    strict: bool
+    lexical: bool
+    backend: str
+    quantize: str | None
+    engine: str
+    address: str | None
+    wait: float | None
+    passage_tokens: int | None
+    passage_overlap: int | None
+    ann: AnnPolicy | None
+
+
+class _BuildOptions(IndexOptions, total=False):
+    """Everything :func:`run_retrieval` passes to :func:`flowsearch.build_index`."""
+
+    model: str | os.PathLike[str] | None
+    pooling: str
+    calibration: str
+    batch_size: int
+
+
+class RetrievalOptions(IndexOptions, total=False):
+    """:func:`run_retrieval`'s keyword arguments that :func:`run_retrieval_suite` passes on
+    (``index_dir`` is refused there)."""
+
+    model: str | os.PathLike[str] | None
+    pooling: str
+    calibration: str
+    index_dir: str | os.PathLike[str] | None
+    keep: bool
+    k: int
+    batch_size: int
+    weight: float | None
+
+
 def _index_and_score(
     dataset: BeirDataset,
     parquet: Path,
     target: Path,
     modes: list[str],
-    build: dict[str, Any],
+    build: _BuildOptions,
     search: _SearchOptions,
     seconds: RetrievalSeconds,
     weight: float | None = None,
@@ -282,7 +328,7 @@ def run_retrieval(
     batch_size: int = 64,
     ignore_identical_ids: bool = False,
     weight: float | None = None,
-    **index_options: Any,
+    **index_options: Unpack[IndexOptions],
 ) -> RetrievalReport:
     r"""Indexes a BEIR directory with the product and scores its search, per mode.
 
@@ -327,8 +373,8 @@ def run_retrieval(
     seconds: RetrievalSeconds = {"load": time.perf_counter() - t0, "search": {}}
     scratch = Path(tempfile.mkdtemp(prefix="flowsearch-retrieval-"))
     target = Path(index_dir).expanduser() if index_dir is not None else scratch / "index"
-    build: dict[str, Any] = {"model": model, "pooling": pooling, "calibration": calibration}
-    build.update(batch_size=batch_size, **index_options)
+    build = _BuildOptions(model=model, pooling=pooling, calibration=calibration,
+                          batch_size=batch_size, **index_options)  # fmt: skip
     search: _SearchOptions = {
         "k": k,
         "batch_size": batch_size,
@@ -407,7 +453,7 @@ def run_retrieval_suite(
     modes: str | Sequence[str] = ("dense",),
     *,
     ignore_identical_ids: bool = False,
-    **options: Any,
+    **options: Unpack[RetrievalOptions],
 ) -> RetrievalSuiteReport:
     r""":func:`run_retrieval` over several BEIR directories, with the mean of each figure, as
     BEIR's and MTEB's tables give them.

@@ -32,6 +32,7 @@ from typing import SupportsInt, cast
 import numpy as np
 
 from flowsearch.calibration import Calibrator, make_calibrator
+from flowsearch.calibration.base import as_config
 from flowsearch.errors import BadInput
 from flowsearch.evaluation.cache import SupportsEncode, VectorCache
 from flowsearch.evaluation.datasets import (
@@ -289,7 +290,7 @@ class EvalSession:
         """Fits (once per session) calibrator ``name`` with ``kwargs`` on a set's sentences."""
         key = (name, fit_set, repr(sorted(kwargs.items())))
         if key not in self._fitted:
-            cal = make_calibrator(name, **kwargs).fit(self.fit_vectors(fit_set))
+            cal = make_calibrator(name, **as_config(kwargs)).fit(self.fit_vectors(fit_set))
             self.fit_stats[(name, fit_set)] = dict(cal.fit_stats)
             self._fitted[key] = cal
         return self._fitted[key]

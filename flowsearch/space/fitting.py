@@ -53,12 +53,11 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from flowsearch.errors import BadInput
-from flowsearch.jsonable import JSONObject
 from flowsearch.space.reference import MIN_ROWS_PER_DIM
 from flowsearch.storage.manifest import AutoDecision, CalibrationSpec
 
 if TYPE_CHECKING:
-    from flowsearch.calibration.base import Calibrator
+    from flowsearch.calibration.base import Calibrator, CalibratorConfig
 
 #: The anisotropy statistic (:func:`~flowsearch.calibration.anisotropy.anisotropy_stats`)
 #: :func:`should_calibrate` thresholds.
@@ -101,7 +100,7 @@ LOG = logging.getLogger(__name__)
 AUTO_FITS = "whitening-flow"
 #: What ``auto`` fits and searches on an anisotropic corpus with enough rows: (name, config).
 #: Partial whitening, chosen on the retrieval dev sets (module docstring).
-AUTO_SEARCHES: tuple[str, JSONObject] = ("gaussian", {"power": 0.25})
+AUTO_SEARCHES: tuple[str, CalibratorConfig] = ("gaussian", {"power": 0.25})
 #: Poolings ``auto`` calibrates whatever their anisotropy statistic: the non-contextual ones, means
 #: of token vectors that no attention layer has mixed (``static``: a transformer's token table or
 #: a Model2Vec model; ``embedding_layer``: the embedding layer's outputs). See the module
@@ -178,7 +177,7 @@ class _Choice:
     """What to fit, and what ``auto`` measured to choose it."""
 
     name: str
-    config: JSONObject
+    config: CalibratorConfig
     searched: bool = False
     anisotropic: bool = False
     by_kind: bool = False
@@ -198,7 +197,7 @@ def _choose(U: np.ndarray, calibration: str, stats: dict[str, float], pooling: s
     searched = (anisotropic or by_kind) and enough
     if searched:
         name, config = AUTO_SEARCHES
-        return _Choice(name, dict(config), True, anisotropic, by_kind, enough), U
+        return _Choice(name, config.copy(), True, anisotropic, by_kind, enough), U
     most = DENSITY_FIT_ROWS
     if len(U) > most:  # a density only: a sample is enough
         U = U[np.sort(np.random.default_rng(0).choice(len(U), most, replace=False))]
@@ -267,6 +266,7 @@ def fit_for_index(
     """
     from flowsearch.calibration import make_calibrator
     from flowsearch.calibration.anisotropy import anisotropy_stats
+    from flowsearch.calibration.base import json_config
 
     # a statistic of pairs needs two rows at least (a one-row index is searched as it is)
     stats = {k: float(v) for k, v in anisotropy_stats(U).items()} if len(U) >= 2 else {}
@@ -296,7 +296,7 @@ def fit_for_index(
         name=calibration if loaded is None else cal.name,
         calibrator=cal.name,
         space=space,
-        config=dict(cal.config),
+        config=json_config(cal.config),
         decision=decision,
         anisotropy=stats,
         fitted_on=fitted_on,

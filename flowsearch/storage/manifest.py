@@ -31,11 +31,11 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
 from flowsearch.errors import BadInput, IndexDamaged, NotFound
+from flowsearch.jsonable import JSONObject
 from flowsearch.storage.layout import MANIFEST_NAME
 from flowsearch.storage.records import (
     FORMAT,
@@ -123,7 +123,7 @@ def is_index_dir(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def read_raw(index_dir: str | os.PathLike[str]) -> dict[str, Any]:
+def read_raw(index_dir: str | os.PathLike[str]) -> JSONObject:
     """``index_dir/manifest.json`` as checked JSON (any format version).
 
     Raises:

@@ -10,7 +10,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,7 +18,7 @@ from flowsearch.progress import Stages
 from flowsearch.space.drift import DriftReport
 from flowsearch.storage import manifest as mf
 
-__all__ = ["WriteResult", "result_of"]
+__all__ = ["WriteCounts", "WriteResult", "result_of"]
 
 # The second release returned dicts; their keys still read (``result["rows"]``).
 _OLD_KEYS = {
@@ -112,14 +112,34 @@ class WriteResult(BaseModel):
             return default
 
 
+class WriteCounts(TypedDict, total=False):
+    """What a write tells :func:`result_of` beyond the manifest: :class:`WriteResult`'s fields
+    of the same names (``factory``: the segment the write made; else the largest's)."""
+
+    n_written: int
+    n_inserted: int
+    n_replaced: int
+    n_deleted: int
+    missing: list[object]
+    n_dropped: int
+    n_skipped: int
+    n_merged: int
+    n_retuned: int
+    bytes_freed: int
+    drift: DriftReport | None
+    factory: str | None
+
+
 def result_of(
-    kind: str, target: Path, manifest: mf.Manifest, st: Stages, **fields: Any
+    kind: str, target: Path, manifest: mf.Manifest, st: Stages, **fields: Unpack[WriteCounts]
 ) -> WriteResult:
     """The :class:`WriteResult` of a published version."""
     from flowsearch.search.version import sizes
 
     total = sum(st.seconds.values())
     biggest = max(manifest.segments, key=lambda s: s.n_rows, default=None)
+    counts = WriteCounts(factory=biggest.ann.factory if biggest else None)
+    counts.update(fields)  # a factory given wins
     return WriteResult(
         kind=kind,
         index=str(target),
@@ -130,8 +150,7 @@ def result_of(
         calibration=manifest.calibration.name,
         space=manifest.calibration.space,
         decision=manifest.calibration.decision,
-        factory=fields.pop("factory", biggest.ann.factory if biggest else None),
         bytes=sizes(target, manifest)["total"],
         seconds={**{k: round(v, 3) for k, v in st.seconds.items()}, "total": round(total, 3)},
-        **fields,
+        **counts,
     )
