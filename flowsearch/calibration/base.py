@@ -14,10 +14,11 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import ClassVar, Literal, TypedDict, TypeVar, Unpack, cast
+from typing import ClassVar, Literal, TypedDict, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Unpack  # typing.Unpack is 3.11+
 
 from flowsearch.calibration.state import Spec, check_state
 from flowsearch.errors import BadInput

@@ -27,10 +27,12 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import ClassVar, Protocol, TypedDict, TypeGuard, cast
+from typing import ClassVar, Protocol, TypeGuard, cast
 
 import numpy as np
-from typing_extensions import NotRequired  # typing.NotRequired is 3.11+
+
+# typing.NotRequired is 3.11+, and typing.TypedDict of 3.10 ignores it
+from typing_extensions import NotRequired, TypedDict
 
 from flowsearch.atomic import atomic_write
 from flowsearch.errors import BadInput, NotFound

@@ -35,10 +35,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Literal, Unpack, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Unpack  # typing.Unpack is 3.11+
 
 from flowsearch.calibration.base import Calibrator, FlowConfig, check_rows, register
 from flowsearch.calibration.glowmath import frozen_flow, saved_spec

@@ -20,7 +20,9 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict, Unpack, cast
+from typing import TYPE_CHECKING, TypedDict, cast
+
+from typing_extensions import Unpack  # typing.Unpack is 3.11+
 
 from flowsearch.errors import BadInput, NotFound
 from flowsearch.evaluation import ranking_metrics

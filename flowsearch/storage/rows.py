@@ -26,13 +26,15 @@ import copy
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
 import cachetools
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from typing_extensions import NotRequired  # typing.NotRequired is 3.11+
+
+# typing.NotRequired is 3.11+, and typing.TypedDict of 3.10 ignores it
+from typing_extensions import NotRequired, TypedDict
 
 from flowsearch.errors import IndexDamaged
 from flowsearch.storage.layout import part_file

@@ -10,9 +10,10 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypedDict, Unpack
+from typing import TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import Unpack  # typing.Unpack is 3.11+
 
 from flowsearch.progress import Stages
 from flowsearch.space.drift import DriftReport
