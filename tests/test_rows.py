@@ -85,6 +85,23 @@ def test_rows_by_local_number_and_columns(tmp_path):
             reader.records(bad)
 
 
+@pytest.mark.parametrize("n_rows", [7, 150])  # a search's few rows (bisect), and many (numpy)
+def test_records_read_each_row_group_once_whatever_the_cache(tmp_path, n_rows):
+    parts, (ids, *_) = _segment(tmp_path, 200, 80, 16)
+    reader = store.RowReader(tmp_path, parts, store.RowCache(max_bytes=0))  # keeps nothing
+    reads: list[tuple[int, int]] = []
+    for p, handle in enumerate(reader._files):
+
+        def counted(group, *args, _read=handle.read_row_group, _p=p, **kwargs):
+            reads.append((_p, group))
+            return _read(group, *args, **kwargs)
+
+        handle.read_row_group = counted
+    want = np.random.default_rng(n_rows).integers(0, 200, size=n_rows)
+    assert [r["id"] for r in reader.records(want)] == [ids[i] for i in want]
+    assert len(reads) == len(set(reads))  # no row group read twice in one call
+
+
 def test_the_row_cache_keeps_to_its_byte_budget_and_is_shared(tmp_path):
     parts, (ids, *_) = _segment(tmp_path, 80, 40, 8)
     reader = store.RowReader(tmp_path, parts)  # a private cache, large enough for all groups

@@ -277,11 +277,15 @@ class RowReader:
         (and ``"passage"``: (number, count, start, end) when the segment has passages)."""
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) <= _FEW_ROWS:  # a search's hits: placed one by one, no array work
-            return [self._record(*self._place(row)) for row in rows.tolist()]
+            placed = [self._place(row) for row in rows.tolist()]
+            # each row group read once, even where the cache cannot keep it
+            groups = {key: self._group(*key) for key in {(p, g) for p, g, _ in placed}}
+            return [self._record(groups[p, g], at) for p, g, at in placed]
         out: list[RowRecord | None] = [None] * len(rows)
         for part, group, positions, offsets in self._row_groups_of(rows):
+            columns = self._group(part, group)
             for i, at in zip(positions.tolist(), offsets.tolist(), strict=True):
-                out[i] = self._record(part, group, at)
+                out[i] = self._record(columns, at)
         return out  # type: ignore[return-value]
 
     def _place(self, row: int) -> tuple[int, int, int]:
@@ -298,9 +302,8 @@ class RowReader:
         group = bisect.bisect_right(starts, local) - 1
         return part, group, local - starts[group]
 
-    def _record(self, part: int, group: int, at: int) -> RowRecord:
-        """The record at offset ``at`` of a row group (see :meth:`records`)."""
-        columns = self._group(part, group)
+    def _record(self, columns: dict[str, list[Any]], at: int) -> RowRecord:
+        """The record at offset ``at`` of a row group's ``columns`` (see :meth:`records`)."""
         record: RowRecord = {
             "id": columns["id"][at],
             "text": columns["text"][at],
