@@ -4,9 +4,11 @@ orders the first stage's top documents; k, filters and depth hold; the CLI and s
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
+import transformers
 from corpus_helpers import sentences, write_corpus
 from typer.testing import CliRunner
 
@@ -118,6 +120,13 @@ def test_refusals_are_one_line(index_dir, tmp_path, model_dir):
     with pytest.raises(BadInput, match="not a cross-encoder .a BertModel without a") as err:
         Reranker.load(model_dir)
     assert "\n" not in str(err.value)
+    masked = tmp_path / "masked_lm"  # a pretraining checkpoint: a head, but not a classifier
+    transformers.BertForMaskedLM.from_pretrained(model_dir).save_pretrained(masked)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (model_dir / name).exists():
+            shutil.copy(model_dir / name, masked / name)
+    with pytest.raises(BadInput, match="a BertForMaskedLM without a classification head"):
+        Reranker.load(masked)
     with pytest.raises(BadInput, match="rerank_depth"):
         Searcher.open(index_dir, rerank_depth=0)
 

@@ -123,6 +123,15 @@ def test_refusals(built: Path, index: Path, tmp_path: Path) -> None:
     (tmp_path / "junk.tar").write_bytes(b"not a tar")
     with pytest.raises(BadInput, match=r"not a readable snapshot archive \(not a tar archive\)"):
         flowsearch.restore(tmp_path / "junk.tar", tmp_path / "r")
+    flowsearch.snapshot(built, tmp_path / "whole.tar")
+    with tarfile.open(tmp_path / "whole.tar") as tar:  # an interrupted copy: cut in a file
+        big = max(tar.getmembers(), key=lambda m: m.size)
+    cut = (tmp_path / "whole.tar").read_bytes()[: big.offset_data + big.size // 2]
+    (tmp_path / "cut.tar").write_bytes(cut)
+    with pytest.raises(BadInput, match=r"not a readable snapshot archive \(unexpected end"):
+        flowsearch.restore(tmp_path / "cut.tar", tmp_path / "r")
+    for name in ("whole.tar", "cut.tar"):
+        (tmp_path / name).unlink()
     with pytest.raises(BadInput, match="inside the index"):
         flowsearch.snapshot(index, index / "backup")
     flowsearch.snapshot(built, tmp_path / "s")

@@ -115,9 +115,9 @@ class Reranker:
                            "name a sentence-transformers CrossEncoder id or directory",
                            param="reranker") from None  # fmt: skip
         heads = _architectures(loaded)
-        if heads and not any("For" in head for head in heads):
-            # an encoder without a task head (e.g. the index's own embedding model):
-            # CrossEncoder would add a randomly initialised classifier and rank at random
+        if heads and not any("ForSequenceClassification" in head for head in heads):
+            # an encoder without a classification head (the index's own embedding model, a
+            # masked-LM checkpoint): CrossEncoder would add a random one and rank at random
             raise BadInput(f"{name!r} is not a cross-encoder (a {heads[0]} without a "
                            "classification head: its scores would be random)",
                            "name a sentence-transformers CrossEncoder id or directory, e.g. "

@@ -237,11 +237,10 @@ def _unpack(snap: Path, stage: Path) -> None:
     ``data`` filter: no path leaves ``stage``, no links, devices or odd modes)."""
     if snap.is_file():
         try:
-            with tarfile.open(snap) as tar:
-                tar.extractall(stage, filter="data")
+            with _tar(snap) as tar:
+                tar.extractall(stage, filter="data")  # a cut archive says where it ends
         except (tarfile.TarError, OSError) as exc:
-            # ReadError lists every compression tried: one line says what it is not
-            why = "not a tar archive" if isinstance(exc, tarfile.ReadError) else str(exc)
+            why = " ".join(str(exc).split())
             raise BadInput(
                 f"{snap} is not a readable snapshot archive ({why})",
                 "pass a directory or .tar that `flowsearch snapshot` wrote",
@@ -250,6 +249,14 @@ def _unpack(snap: Path, stage: Path) -> None:
     stage.mkdir()
     for path in sorted(p for p in snap.rglob("*") if p.is_file()):
         _link_or_copy(path, stage / path.relative_to(snap))
+
+
+def _tar(snap: Path) -> tarfile.TarFile:
+    """``snap`` open as a tar archive; a file that is none is one short ``ReadError``."""
+    try:
+        return tarfile.open(snap)
+    except tarfile.ReadError:  # it lists every compression tried: say what it is not
+        raise tarfile.ReadError("not a tar archive") from None
 
 
 def _about(stage: Path, snap: Path) -> dict[str, object]:
