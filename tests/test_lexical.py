@@ -327,3 +327,17 @@ def test_term_spans_find_stemmed_forms():
         "cut",
     ]
     assert term_spans(text, []) == [] and term_spans("", {"cut"}) == []
+
+
+def test_term_spans_batch_marks_each_text_on_its_own():
+    """Texts marked together (a search's hits) get each its own words' offsets: ASCII and
+    not, stopwords never marked, a word NFKC splits ("ﬁnds") found by its parts."""
+    from flowsearch.lexical.tokens import term_spans_batch
+
+    texts = ["Cuts heal.", "the wind finds a cutting", "", "nothing to see", "Ｃｕｔ the ﬁnds"]
+    terms = tokenize("cutting finds the")  # "the" is a stopword: no term
+    got = term_spans_batch(texts, terms)
+    assert [[t[a:b] for a, b in spans] for t, spans in zip(texts, got, strict=True)] == [
+        ["Cuts"], ["finds", "cutting"], [], [], ["Ｃｕｔ", "ﬁnds"]
+    ]  # fmt: skip
+    assert term_spans_batch(texts, []) == [[], [], [], [], []]

@@ -57,6 +57,19 @@ def test_hits_are_ranked_joined_and_typed(searcher, index_dir):
     assert json.loads(json.dumps(top.to_dict()))["id"] == "d7"
 
 
+def test_every_hit_is_marked_where_its_own_text_holds_the_querys_words(searcher):
+    from flowsearch.lexical.tokens import term_spans, tokenize
+
+    queries = sentences(2, seed=5)
+    for query, hits in zip(queries, searcher.search(queries, k=6), strict=True):
+        terms = tokenize(query)
+        assert [h.marks for h in hits] == [term_spans(h.text, terms) for h in hits]
+        assert len({tuple(h.marks) for h in hits}) > 1  # hits differ: each its own marks
+        for h in hits:  # each mark a word whose term is the query's
+            assert all(tokenize(h.text[a:b]) and set(tokenize(h.text[a:b])) <= set(terms)
+                       for a, b in h.marks)  # fmt: skip
+
+
 def test_batch_equals_singles_and_k_is_clamped(searcher):
     queries = sentences(4, seed=11)
     batch = searcher.search(queries, k=3)
