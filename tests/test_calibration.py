@@ -113,6 +113,8 @@ def test_whitening_gives_identity_covariance_and_k_dims(U):
     [
         ("whitening", {"k": 0}, "k must be"),
         ("natsv", {"k": "6"}, "k must be"),
+        ("natsv", {"k": None}, "natsv: k must be an integer >= 1, got None"),
+        ("sn-natsv", {"k": None}, "sn-natsv: k must be an integer >= 1, got None"),
         ("flow", {"depth": 2.5}, "depth"),
         ("flow", {"colour": "red"}, "bad option"),
         ("pca", {}, "unknown calibration"),

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import harness
+from benchmarks.common import harness, tables
 from benchmarks.common.corpora import partial_sentence
 from flowsearch.ann.policy import AnnPolicy
 
@@ -1050,22 +1050,16 @@ def _scale_tune_section(runs: list[dict[str, Any]]) -> list[str]:
 def _curve_section(t: dict[str, Any]) -> list[str]:
     """One :func:`scale_tune` run's efSearch curve (:func:`_efsearch_curve`)."""
     noises = [k for k in t["curve"][0] if k.startswith("noise ")]
-    body = [
+    intro = (
         f"The graph of the {t['started']} run (efConstruction {t['ef_construction']}, "
         f"{t.get('rows', 'jittered copies')}), knob by knob: real queries' recall@10, p50 and "
         "speed-up on `Flat`, beside the recall of the tuner's probes (512 held-out rows moved "
-        "by noise of each norm):",
-        "",
-        "| efSearch | recall@10 real | p50 ms | x Flat | " + " | ".join(
-            f"probes, {n}" for n in noises) + " |",
-        "|---:|---:|---:|---:|" + "---:|" * len(noises),
-    ]  # fmt: skip
-    for row in t["curve"]:
-        body.append(
-            f"| {row['efSearch']} | {row['real']:.3f} | {row['p50_ms']:.2f} | "
-            f"{row['speedup']:.1f} | " + " | ".join(f"{row[n]:.3f}" for n in noises) + " |"
-        )
-    return [*body, ""]
+        "by noise of each norm):"
+    )
+    columns = ["efSearch", "recall@10 real", "p50 ms", "x Flat", *(f"probes, {n}" for n in noises)]
+    body = ([r["efSearch"], f"{r['real']:.3f}", f"{r['p50_ms']:.2f}", f"{r['speedup']:.1f}",
+             *(f"{r[n]:.3f}" for n in noises)] for r in t["curve"])  # fmt: skip
+    return [intro, "", *tables.table(columns, body, "r" * len(columns))]
 
 
 def _study_keys(out: dict[str, Any], pooling: str, rows: int) -> tuple[str, str]:

@@ -76,9 +76,17 @@ class _Strength(TypedDict, total=False):
     shrinkage: float
 
 
+def _natsv_check(k: object, name: str) -> int:
+    """:func:`_check_k` for the count of directions NATSV nulls, which None is not (whitening's
+    ``k=None`` keeps every dimension)."""
+    checked = _check_k(k, name, 1)
+    if checked is None:
+        raise BadInput(f"{name}: k must be an integer >= 1, got None", param="k")
+    return checked
+
+
 def _natsv_k(config: CalibratorConfig) -> int:
-    """NATSV's ``k``: an int, as its constructor's type says. (``k=None`` passes
-    :func:`_check_k`, as for whitening, and fails where it is used, as it always has.)"""
+    """NATSV's ``k``: an int (its constructor refuses None)."""
     return cast(int, config["k"])
 
 
@@ -179,7 +187,7 @@ class NullTopSingular(Calibrator):
     """
 
     def __init__(self, k: int = 6) -> None:
-        super().__init__(k=_check_k(k, "natsv", 1))
+        super().__init__(k=_natsv_check(k, "natsv"))
 
     def _fit(self, U: np.ndarray) -> None:
         k = _natsv_k(self.config)
@@ -220,7 +228,7 @@ class SNNullTop(Calibrator):
     _PARTS = ("sn.", "natsv.")
 
     def __init__(self, k: int = 6) -> None:
-        super().__init__(k=_check_k(k, "sn-natsv", 1))
+        super().__init__(k=_natsv_check(k, "sn-natsv"))
         self._sn = StandardNormalization()
         self._natsv = NullTopSingular(k=_natsv_k(self.config))
 

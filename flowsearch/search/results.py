@@ -90,26 +90,27 @@ class Hit(BaseModel):
         """A hit from values already of the fields' types, unchecked: what
         :meth:`model_construct` makes from every field, without its per-call bookkeeping (a
         search builds ``k`` of them per query)."""
-        hit = object.__new__(cls)
         # every field, in the model's order (what model_dump walks); the rest at their defaults
         values: dict[str, object] = {
             "id": id, "score": score, "rank": rank, "text": text, "metadata": metadata,
             "dense_score": dense_score, "lexical_score": lexical_score, "rerank_score": None,
             "highlight": highlight, "marks": [],
         }  # fmt: skip
-        object.__setattr__(hit, "__dict__", values)
-        object.__setattr__(hit, "__pydantic_fields_set__", set(_HIT_FIELDS))
-        object.__setattr__(hit, "__pydantic_extra__", None)
-        object.__setattr__(hit, "__pydantic_private__", None)
-        return hit
+        return cls._unchecked(values, set(_HIT_FIELDS))
 
     def marked(self, marks: list[tuple[int, int]]) -> Hit:
         """This hit with its :attr:`marks` (offsets already of the field's type), unchecked:
         what ``model_copy(update={"marks": marks})`` makes, without its per-call bookkeeping
         (a search marks ``k`` hits per query)."""
-        hit = object.__new__(type(self))
-        object.__setattr__(hit, "__dict__", {**self.__dict__, "marks": marks})
-        object.__setattr__(hit, "__pydantic_fields_set__", {*self.model_fields_set, "marks"})
+        return self._unchecked({**self.__dict__, "marks": marks}, {*self.model_fields_set, "marks"})
+
+    @classmethod
+    def _unchecked(cls, values: dict[str, object], fields_set: set[str]) -> Hit:
+        """A hit holding ``values`` (every field, in the model's order) as they are: what
+        pydantic's own unchecked construction leaves on an instance."""
+        hit = object.__new__(cls)
+        object.__setattr__(hit, "__dict__", values)
+        object.__setattr__(hit, "__pydantic_fields_set__", fields_set)
         object.__setattr__(hit, "__pydantic_extra__", None)
         object.__setattr__(hit, "__pydantic_private__", None)
         return hit

@@ -53,7 +53,7 @@ from flowsearch.search.results import Hit
 from flowsearch.search.scores import FusionReference, build_reference
 from flowsearch.search.segment import SegmentReader
 from flowsearch.search.timings import stage
-from flowsearch.search.version import Version
+from flowsearch.search.version import Version, bm25_params
 from flowsearch.storage import manifest as mf
 from flowsearch.storage.rows import RowRecord
 
@@ -441,7 +441,6 @@ def subset(version: Version, segments: Sequence[int]) -> tuple[Version, np.ndarr
     """A :class:`Version` over some of ``version``'s opened segments (rows renumbered
     contiguously) and each one's global first row."""
     from flowsearch.lexical.bm25 import Bm25
-    from flowsearch.search.version import _bm25_params
 
     picked = sorted(segments)
     m = version.manifest
@@ -456,7 +455,7 @@ def subset(version: Version, segments: Sequence[int]) -> tuple[Version, np.ndarr
         # a version with a lexical side has every segment's postings (open_version checks)
         lexical = Bm25([(cast("Postings", r.postings), d) for r, d in zip(readers, masks)],
                        cache_bytes=version.lexical.cache_bytes,
-                       **_bm25_params(m.lexical.params))  # fmt: skip
+                       **bm25_params(m.lexical.params))  # fmt: skip
     sub = Version(version.root, manifest, version.space, readers, offsets, masks,
                   version.verified, lexical)  # fmt: skip
     return sub, version.offsets[picked]
@@ -576,9 +575,8 @@ def run(
     upper = None
     if lx is not None:
         assert stats.lexical is not None and manifest.lexical is not None
-        from flowsearch.search.version import _bm25_params
 
-        params = _bm25_params(manifest.lexical.params)
+        params = bm25_params(manifest.lexical.params)
         method, k1 = params.get("method", "lucene"), float(params.get("k1", 1.5))
         upper = np.array([upper_bound(q, stats.lexical, method, k1) for q in queries], np.float64)
     if d is not None and lx is not None:

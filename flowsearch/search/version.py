@@ -38,6 +38,7 @@ from flowsearch.storage.rows import RowCache
 from flowsearch.storage.verify import Verification, size_on_disk, verify
 
 if TYPE_CHECKING:
+    from flowsearch.lexical.postings import Postings
     from flowsearch.search.filters import MetadataFilter, VersionFilter
     from flowsearch.search.scores import FusionReference
     from flowsearch.space.reference import Reference
@@ -47,6 +48,7 @@ __all__ = [
     "Opened",
     "Version",
     "index_history",
+    "bm25_params",
     "index_info",
     "live_documents",
     "load",
@@ -421,9 +423,9 @@ def load(
         if any(p is None for p in postings):
             raise IndexDamaged("a segment lacks its postings", "rebuild the index")
         lexical = Bm25(
-            [(p, m) for p, m in zip(postings, masks) if p is not None],
+            list(zip(cast("list[Postings]", postings), masks, strict=True)),  # none is None
             cache_bytes=opened.lexical_cache_bytes,
-            **_bm25_params(manifest.lexical.params),
+            **bm25_params(manifest.lexical.params),
         )
     return Version(root, manifest, space, readers, offsets, masks, checked, lexical, n_documents)
 
@@ -436,7 +438,7 @@ class _Bm25Params(TypedDict, total=False):
     method: Method
 
 
-def _bm25_params(params: Mapping[str, JSONValue]) -> _Bm25Params:
+def bm25_params(params: Mapping[str, JSONValue]) -> _Bm25Params:
     """The manifest's ``k1``, ``b`` and ``method`` (those it holds), as :class:`Bm25` takes them.
 
     Raises:

@@ -289,11 +289,9 @@ class Writer:
         of :func:`open_writer`, before the tidy-up there held it back, left a staged
         directory), and again on the way out, for a write that failed before publishing."""
         with _interrupts_deferred():
-            if self._tidied:
-                return
-            for stage in self._stages:
+            for stage in self._stages:  # every time: cheap once they are gone
                 shutil.rmtree(stage, ignore_errors=True)
-            if self.published is not None:
+            if self.published is not None and not self._tidied:
                 clean(self.index_dir, referenced(self.published) | referenced(self.base))
                 self._tidied = True
 
