@@ -78,21 +78,10 @@ class RetrievalCorpus(TypedDict):
 
 
 @final
-class RetrievalReport(TypedDict):
+class RetrievalReport(RetrievalCorpus):
     """:func:`~flowsearch.evaluation.run_retrieval`: :class:`RetrievalCorpus`'s keys, then
     ``results`` (``{mode: {"ndcg@10", "recall@100", "mrr@10"}}``) and how it was run."""
 
-    dataset: str
-    n_corpus: int
-    n_indexed: int
-    skipped: int
-    queries: int
-    missing_corpus_ids: int
-    unreachable_judgements: int
-    model: str
-    pooling: str
-    calibrator: str
-    space: str
     results: dict[str, dict[str, float]]
     calibration: str
     k: int
