@@ -703,7 +703,7 @@ def scale_tune(
 
 #: ``efSearch`` values and probe noises of :func:`_efsearch_curve`.
 EF_CURVE = (256, 512, 768, 1024, 1536, 2048, 3072, 4096)
-CURVE_NOISES = (0.8, 1.0, 1.2)
+CURVE_NOISES = (0.8, 1.0, 1.2, 2.0)
 
 
 def _efsearch_curve(
@@ -717,8 +717,9 @@ def _efsearch_curve(
 ) -> list[dict[str, Any]]:
     """Per ``efSearch`` of :data:`EF_CURVE`: real queries' recall@10, single-query p50 and its
     speed-up on ``Flat``, beside the recall of the tuner's probes (512 held-out rows of the
-    tuning sample ``pos`` moved by each noise of :data:`CURVE_NOISES`): which noise makes the
-    probes as hard as real queries at this size. One thread."""
+    tuning sample ``pos`` moved by each noise of :data:`CURVE_NOISES`, their own rows left out;
+    and at the tuner's noise with their own rows kept, its easier variant): which probes are as
+    hard as real queries at this size. One thread."""
     import faiss
 
     from flowsearch.ann import tune as ann_tune
@@ -729,6 +730,9 @@ def _efsearch_curve(
         src = pos[pick]
         tr = ann_tune._drop_source(harness.exact_top(q, Z, 11, chunk_rows=65_536)[1], src, 10)
         probes[noise] = (q, src, tr)
+    # the tuner's easier variant: each probe's own row kept in the index and the truth
+    kept_q, _ = ann_tune.held_out_queries(Z[pos], 512, noise=ann_tune.QUERY_NOISE, seed=1)
+    kept_truth = harness.exact_top(kept_q, Z, 10, chunk_rows=65_536)[1]
     inner = faiss.downcast_index(index)
     rows = []
     for ef in EF_CURVE:
@@ -740,6 +744,9 @@ def _efsearch_curve(
         for noise, (q, src, tr) in probes.items():
             found = ann_tune._drop_source(index.search(q, 11)[1], src, 10)
             row[f"noise {noise:g}"] = harness.recall(found, tr)
+        row[f"noise {ann_tune.QUERY_NOISE:g}, own row kept"] = harness.recall(
+            index.search(kept_q, 10)[1], kept_truth
+        )
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -1049,7 +1056,7 @@ def _scale_tune_section(runs: list[dict[str, Any]]) -> list[str]:
 
 def _curve_section(t: dict[str, Any]) -> list[str]:
     """One :func:`scale_tune` run's efSearch curve (:func:`_efsearch_curve`)."""
-    noises = [k for k in t["curve"][0] if k.startswith("noise ")]
+    noises = [k for k in t["curve"][0] if k.startswith("noise ")]  # probe columns
     intro = (
         f"The graph of the {t['started']} run (efConstruction {t['ef_construction']}, "
         f"{t.get('rows', 'jittered copies')}), knob by knob: real queries' recall@10, p50 and "
