@@ -601,6 +601,42 @@ def _distinct_rows(
     return prep, Z, Zq, np.load(truth_path)
 
 
+_MAKERS: dict[tuple[int, str], Any] = {}
+
+
+def text_queries(rows: int, pooling: str = "static") -> Any:
+    """The tuner study's text probes for :func:`prepare`'s ``rows`` rows: row positions (int64
+    (q,)) -> float32 (q, d) unit queries, each part of the row's text
+    (:func:`benchmarks.common.corpora.partial_text`, seeded per call) embedded as a query is,
+    with ``pooling``'s encoder and the calibrator :func:`prepare` fitted (fitted again on the
+    same raw rows: the same space). Kept per process."""
+    if (rows, pooling) in _MAKERS:
+        return _MAKERS[rows, pooling]
+    import pyarrow.parquet as pq
+
+    from benchmarks.common.corpora import partial_text
+    from flowsearch.encode.encoder import Encoder
+    from flowsearch.space.fitting import fit_for_index
+    from flowsearch.space.search_space import SearchSpace
+
+    work = workdir(rows, pooling)
+    texts = pq.read_table(work / f"corpus_{rows}.parquet", columns=["text"])
+    texts = texts.column("text").to_pylist()
+    raw = np.ascontiguousarray(np.load(work / "raw.npy", mmap_mode="r"))
+    cal, spec = fit_for_index(raw, "auto", pooling=pooling)
+    del raw
+    space = SearchSpace(cal, spec, Encoder(None, pooling=pooling))
+
+    def make(at: np.ndarray) -> np.ndarray:
+        rng = np.random.default_rng(0)
+        q = space.embed([partial_text(texts[int(i)] or "", rng) for i in at])[0]
+        q = np.asarray(q, dtype=np.float32)
+        return q / (np.linalg.norm(q, axis=1, keepdims=True) + 1e-12)
+
+    _MAKERS[rows, pooling] = make
+    return make
+
+
 def distinct_encode_s(rows: int) -> float:
     """Seconds to encode :func:`prepare`'s ``rows`` distinct texts with ``static`` here, on the
     threads torch has (after a warm-up)."""
@@ -689,7 +725,7 @@ def scale_tune(
         "p50_ms": ms, "speedup": out["flat_p50_ms"] / ms,
     })  # fmt: skip
     if distinct and hasattr(graph, "hnsw"):  # the graph's curve, searched exactly or not
-        out["curve"] = _efsearch_curve(built, Z, Zq, truth, lat, pos, out["flat_p50_ms"])
+        out["curve"] = _efsearch_curve(built, Z, Zq, truth, lat, pos, out["flat_p50_ms"], rows)
     del index, graph, built
     _threads(THREADS)
     out["encode_s"].append(encode_s())
@@ -714,12 +750,14 @@ def _efsearch_curve(
     lat: np.ndarray,
     pos: np.ndarray,
     flat_ms: float,
+    rows: int,
 ) -> list[dict[str, Any]]:
     """Per ``efSearch`` of :data:`EF_CURVE`: real queries' recall@10, single-query p50 and its
     speed-up on ``Flat``, beside the recall of the tuner's probes (512 held-out rows of the
     tuning sample ``pos`` moved by each noise of :data:`CURVE_NOISES`, their own rows left out;
-    and at the tuner's noise with their own rows kept, its easier variant): which probes are as
-    hard as real queries at this size. One thread."""
+    and at the tuner's noise with their own rows kept, its easier variant; and partial texts of
+    512 held-out rows, :func:`text_queries`): which probes are as hard as real queries at this
+    size. One thread."""
     import faiss
 
     from flowsearch.ann import tune as ann_tune
@@ -733,6 +771,11 @@ def _efsearch_curve(
     # the tuner's easier variant: each probe's own row kept in the index and the truth
     kept_q, _ = ann_tune.held_out_queries(Z[pos], 512, noise=ann_tune.QUERY_NOISE, seed=1)
     kept_truth = harness.exact_top(kept_q, Z, 10, chunk_rows=65_536)[1]
+    pick = np.random.default_rng(1).choice(len(pos), size=512, replace=False)
+    text_q = text_queries(rows)(pos[pick])
+    text_truth = ann_tune._drop_source(
+        harness.exact_top(text_q, Z, 11, chunk_rows=65_536)[1], pos[pick], 10
+    )
     inner = faiss.downcast_index(index)
     rows = []
     for ef in EF_CURVE:
@@ -747,6 +790,8 @@ def _efsearch_curve(
         row[f"noise {ann_tune.QUERY_NOISE:g}, own row kept"] = harness.recall(
             index.search(kept_q, 10)[1], kept_truth
         )
+        found = ann_tune._drop_source(index.search(text_q, 11)[1], pos[pick], 10)
+        row["partial texts"] = harness.recall(found, text_truth)
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -1056,12 +1101,18 @@ def _scale_tune_section(runs: list[dict[str, Any]]) -> list[str]:
 
 def _curve_section(t: dict[str, Any]) -> list[str]:
     """One :func:`scale_tune` run's efSearch curve (:func:`_efsearch_curve`)."""
-    noises = [k for k in t["curve"][0] if k.startswith("noise ")]  # probe columns
+    noises = [k for k in t["curve"][0] if k.startswith(("noise ", "partial texts"))]
     intro = (
         f"The graph of the {t['started']} run (efConstruction {t['ef_construction']}, "
         f"{t.get('rows', 'jittered copies')}), knob by knob: real queries' recall@10, p50 and "
         "speed-up on `Flat`, beside the recall of the tuner's probes (512 held-out rows moved "
-        "by noise of each norm):"
+        "by noise of each norm"
+        + (
+            "; and partial texts of 512 held-out rows"
+            if any(n.startswith("partial") for n in noises)
+            else ""
+        )  # fmt: skip
+        + "):"
     )
     columns = ["efSearch", "recall@10 real", "p50 ms", "x Flat", *(f"probes, {n}" for n in noises)]
     body = ([r["efSearch"], f"{r['real']:.3f}", f"{r['p50_ms']:.2f}", f"{r['speedup']:.1f}",

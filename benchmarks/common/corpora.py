@@ -31,6 +31,7 @@ from flowsearch.evaluation import datasets as ds
 __all__ = [
     "corpus_and_queries",
     "partial_sentence",
+    "partial_text",
     "real_corpus",
     "real_sentences",
     "sample_queries",
@@ -79,6 +80,15 @@ def partial_sentence(sentence: str, rng: np.random.Generator) -> str:
     keep = max(3, int(round(len(words) * rng.uniform(0.4, 0.7))))
     start = int(rng.integers(0, len(words) - keep + 1))
     return " ".join(words[start : start + keep])
+
+
+def partial_text(text: str, rng: np.random.Generator) -> str:
+    """:func:`partial_sentence` of one of ``text``'s sentences of four words or more (seeded;
+    the whole text when it has none): a query cut from a corpus row, as the tuner study's
+    text probes are (``benchmarks/studies/ann/bench_tuner.py --probes texts``)."""
+    sentences = [s for s in re.split(r"(?<=[.!?])\s+", text.strip()) if len(s.split()) > 3]
+    sentence = sentences[int(rng.integers(len(sentences)))] if sentences else text
+    return partial_sentence(sentence, rng)
 
 
 def _sample_sentences() -> list[str]:
