@@ -469,7 +469,7 @@ def test_a_segment_that_cannot_be_retuned_keeps_its_knob_and_compact_goes_on(
     m = _write(root, [1_200, 100, 100, 100, 100], "auto", ann=SMALL)  # four small ones merge
     _make_stale(root, m.segments[0].name, "efSearch=16")
 
-    def broken(index, reader, policy):
+    def broken(index, reader, policy, queries=None):
         raise RuntimeError("Error in faiss::read_index: bad magic")
 
     monkeypatch.setattr(compact_mod, "segment_tuning", broken)
@@ -525,8 +525,8 @@ def test_a_re_tune_that_would_search_exactly_keeps_the_graph_s_knob(tmp_path, mo
     _make_stale(root, m.segments[0].name, "efSearch=16")
     real = compact_mod.segment_tuning
 
-    def short(index, reader, policy):
-        params, tuning = real(index, reader, policy)
+    def short(index, reader, policy, queries=None):
+        params, tuning = real(index, reader, policy, queries)
         return "", tuning.model_copy(update={"exact": "graph reached recall@10 0.5", "recall": 1.0})
 
     monkeypatch.setattr(compact_mod, "segment_tuning", short)
@@ -546,7 +546,7 @@ def test_a_compact_whose_only_re_tune_fails_writes_no_version(tmp_path, monkeypa
     _make_stale(root, m.segments[0].name, "efSearch=16")
     version = mf.read(root).version
 
-    def broken(index, reader, policy):
+    def broken(index, reader, policy, queries=None):
         raise RuntimeError("Error in faiss::read_index: bad magic")
 
     monkeypatch.setattr(compact_mod, "segment_tuning", broken)

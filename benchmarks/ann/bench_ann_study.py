@@ -654,7 +654,7 @@ def distinct_encode_s(rows: int) -> float:
 
 
 def scale_tune(
-    data: Path, rows: int, distinct: bool = False, n_queries: int = 2_000
+    data: Path, rows: int, distinct: bool = False, n_queries: int = 2_000, user: bool = False
 ) -> dict[str, Any]:
     """What ``auto`` does with one segment of the 1M rows (:func:`scale_prepare`'s jittered
     copies, or with ``distinct`` :func:`prepare`'s ``rows`` distinct texts), on
@@ -663,7 +663,9 @@ def scale_tune(
     then tuned as a segment is (4,096 rows sampled, held-out queries; a graph short of its
     target searched exactly, as the product stores it); then real queries at the knob chosen
     (searches on one thread). Encoding the rows with ``static`` and ``Flat``'s p50 are
-    measured in the same run (encoding before and after)."""
+    measured in the same run (encoding before and after). With ``user``, the tuner is given a
+    seeded half of the real queries as the users' own (``compact(tune_queries=...)``) and the
+    recall and speed are measured on the other half only."""
     import faiss
 
     from flowsearch.ann import build as ann_build
@@ -675,10 +677,18 @@ def scale_tune(
     else:
         prep, Z, Zq, truth = _scale_rows(data, rows)
         encode_s = lambda: scale_encode_s(data, rows)  # noqa: E731
+    given, half = None, len(Zq) // 2  # the real queries: questions, then partial sentences
+    if user:  # a seeded half tunes (the users' log), the other half is measured
+        order = np.random.default_rng(11).permutation(len(Zq))
+        tuning_half, measured = order[: len(Zq) // 2], np.sort(order[len(Zq) // 2 :])
+        half = int((measured < half).sum())  # the measured questions, first
+        given, Zq, truth = Zq[tuning_half], Zq[measured], truth[measured]
     lat = np.arange(len(Zq))[:: max(1, len(Zq) // LATENCY_QUERIES)]
     out: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                            "threads": THREADS, "settings": _settings_used(),
-                           "rows": "distinct texts" if distinct else "jittered copies"}  # fmt: skip
+                           "rows": "distinct texts" if distinct else "jittered copies",
+                           "tuned_on": "real queries" if user else "held-out rows",
+                           "n_rows": len(Z)}  # fmt: skip
     out["encode_s"] = [encode_s()]
     _threads(1)
     flat = faiss.IndexFlatIP(Z.shape[1])
@@ -700,7 +710,8 @@ def scale_tune(
     pos = np.sort(rng.choice(len(Z), size=4096, replace=False))
     chunks = lambda: (Z[i : i + 65_536] for i in range(0, len(Z), 65_536))  # noqa: E731
     t = time.perf_counter()
-    tuned = ann_tune.tune(index, Z[pos], chunks, sample_rows=pos, policy=POLICY)
+    tuned = ann_tune.tune(index, Z[pos], chunks, sample_rows=pos, policy=POLICY,
+                          queries=given)  # fmt: skip
     graph = faiss.downcast_index(index)
     built = index
     if tuned.exact:  # the product stores such a segment exactly (its graph's own vectors)
@@ -709,7 +720,6 @@ def scale_tune(
     out["exact"] = tuned.exact
     _threads(1)
     found = index.search(Zq, 10)[1]
-    half = len(Zq) // 2
     ms = _p50_ms(index, Zq[lat])
     out.update({
         "factory": factory, "params": tuned.params,
@@ -724,7 +734,7 @@ def scale_tune(
         "real_recall_partial": harness.recall(found[half:], truth[half:]),
         "p50_ms": ms, "speedup": out["flat_p50_ms"] / ms,
     })  # fmt: skip
-    if distinct and hasattr(graph, "hnsw"):  # the graph's curve, searched exactly or not
+    if distinct and hasattr(graph, "hnsw") and not user:  # the graph's curve
         out["curve"] = _efsearch_curve(built, Z, Zq, truth, lat, pos, out["flat_p50_ms"], rows)
     del index, graph, built
     _threads(THREADS)
@@ -1074,8 +1084,14 @@ def _scale_tune_section(runs: list[dict[str, Any]]) -> list[str]:
         graph = f"`{t['factory']}`, efConstruction {t['ef_construction']}"
         if t.get("rows") == "distinct texts":
             graph += ", distinct texts"
+        if t.get("n_rows", 1_000_000) != 1_000_000:
+            graph += f" ({t['n_rows']:,} rows, not 1M)"
         if t.get("exact"):
             graph += " (short of the target: searched exactly)"
+        if t.get("tuned_on") == "real queries":
+            graph += "; tuned on half the real queries (`--user-queries`), measured on the rest"
+        if t.get("note"):
+            graph += f" ({t['note']})"
         if pr:
             graph = (
                 f"`{t['factory']}` over {pr['dims']} principal components, efConstruction "
@@ -1637,6 +1653,11 @@ def main() -> int:
              "ef_construction=40 (repeatable)",
     )  # fmt: skip
     parser.add_argument(
+        "--user-queries", action="store_true",
+        help="scale-tune: tune on a seeded half of the real queries (as `compact "
+             "--tune-queries` does), measure on the other half",
+    )  # fmt: skip
+    parser.add_argument(
         "--distinct", action="store_true",
         help="scale-tune: the rows are --rows distinct texts (prepare's corpus), not jittered "
              "copies of 200k",
@@ -1718,7 +1739,8 @@ def _run(args: Any, data: Path) -> int:
             data, args.rows, args.only, out.get("scale_graph"), save, args.build_limit, args.tag
         )
     if args.stage == "scale-tune":
-        run = scale_tune(data, args.rows, distinct=args.distinct, n_queries=args.queries)
+        run = scale_tune(data, args.rows, distinct=args.distinct, n_queries=args.queries,
+                         user=args.user_queries)  # fmt: skip
         out["scale_tunes"] = [*_scale_tunes(out), run]
         out.pop("scale_tune", None)  # the first run's key, now the list's first
     if args.stage in ("study", "all"):

@@ -4,8 +4,9 @@ r"""Tuning a vector index's search knob: probe queries, the noise by rows, recal
 ``efSearch``, IVF ``nprobe``, a re-rank's ``k_factor``) is raised until recall@10 against exact
 search reaches the policy's ``target_recall`` (:class:`~flowsearch.ann.policy.AnnPolicy`) on
 queries that look like queries: held-out rows (each left out of its own answer) moved by noise
-(:func:`held_out_queries`, :func:`noise_for_rows`); the recall is then checked on other such
-queries, not tuned on, and recorded (:func:`tune`, :class:`Tuning`) with the knob's recall
+(:func:`held_out_queries`, :func:`noise_for_rows`), or the user's own queries where they give
+them (``compact(tune_queries=...)``); the recall is then checked on other such queries, not
+tuned on, and recorded (:func:`tune`, :class:`Tuning`) with the knob's recall
 curve (:func:`recall_curve`), which a search over several segments chooses each one's knob from
 (:mod:`flowsearch.ann.merged`). :func:`tune_segment` is what every write runs on a segment.
 
@@ -36,10 +37,14 @@ from flowsearch.ann.policy import DEFAULT, AnnPolicy
 
 __all__ = [
     "MAX_K_FACTOR",
+    "MIN_USER_QUERIES",
+    "NOISE_PROBES",
+    "USER_QUERIES",
     "QUERY_NOISE",
     "QUERY_NOISE_PER_DECADE",
     "QUERY_NOISE_ROWS",
     "RERANK_MISS_SHARE",
+    "SAMPLING_Z",
     "SAMPLE_ROWS",
     "BISECT_STEP",
     "GRAPH_MAX_SCAN_SHARE",
@@ -67,6 +72,17 @@ LOG = logging.getLogger(__name__)
 #: 3: the last doubling bisected to a 32nd (not an 8th); a graph short at ``max_ef_search``
 #: searched deeper while it stays cheap (:data:`GRAPH_MAX_SCAN_SHARE`), else exactly.
 TUNER_VERSION = 3
+
+#: :attr:`Tuning.probes` of held-out rows moved by noise, and of the user's own queries.
+NOISE_PROBES, USER_QUERIES = "noise", "queries"
+#: Tuning on the user's queries, the knob is chosen for the target plus this many standard
+#: errors of the choosing queries' recall (their spread, at the knob the target alone gives):
+#: they are a sample of what users will ask, and without a margin the recall on the others
+#: falls under the target about half the time (a one-sided 95% lower bound).
+SAMPLING_Z = 1.645
+#: The fewest queries of the user's a tuning accepts: a third of them checks the knob, and the
+#: recall of fewer than about 30 is too coarse to tell 0.95 from 0.9.
+MIN_USER_QUERIES = 90
 
 #: Norm of the noise that moves a probe query off its held-out row: the one whose recall stays
 #: at or below real queries' at every knob value (benchmarks/RESULTS.md, the tuner's study).
@@ -226,6 +242,8 @@ class Tuning:
             target at the deepest search worth a graph, in words); then ``params`` is ``""``,
             ``recall`` 1 and the index is to be replaced by :func:`exact_index` of it. None:
             the index is kept.
+        probes: what the queries were: :data:`NOISE_PROBES` (held-out rows moved by noise)
+            or :data:`USER_QUERIES` (the user's own, embedded).
     """
 
     params: str
@@ -237,6 +255,7 @@ class Tuning:
     noise: float
     curve: Curve | None = None
     exact: str | None = None
+    probes: str = NOISE_PROBES
 
 
 def held_out_queries(
@@ -297,9 +316,11 @@ def tune(
     seed: int = 0,
     noise: float | None = None,
     policy: AnnPolicy = DEFAULT,
+    queries: np.ndarray | None = None,
 ) -> Tuning:
     """Set the ``nprobe`` (IVF) or ``efSearch`` (HNSW) that makes recall@k against exact search
-    reach ``target`` on :func:`held_out_queries`: the smallest value (from 16; doubled, then
+    reach ``target`` on :func:`held_out_queries` (or on the user's ``queries``): the smallest
+    value (from 16; doubled, then
     the last doubling bisected) that reaches it on the first third of them and the one for the
     second third are found apart and the larger is set (a margin as wide as their sampling
     error); then measure the recall it gives on the last third (rows it was not chosen on):
@@ -329,15 +350,28 @@ def tune(
             :func:`noise_for_rows` of the index's rows for the knob, :data:`QUERY_NOISE` for
             the recall curve).
         policy: the largest ``efSearch`` tried and the default target.
+        queries: float32 (q, d), the user's own queries in the searched space, at least
+            :data:`MIN_USER_QUERIES`, tuned on instead of held-out rows (so ``sample``,
+            ``sample_rows``, ``n_queries`` and ``noise`` are unused): a seeded order of them
+            split in thirds, the first two together choosing the smallest knob whose recall
+            on them is the target plus :data:`SAMPLING_Z` standard errors, the last third
+            checking it; the recall curve drawn on all. None: held-out rows.
     """
     knob = search_knob(index, policy)
     target = policy.target_recall if target is None else target
     curve_noise = QUERY_NOISE if noise is None else noise
     noise = noise_for_rows(index.ntotal) if noise is None else noise
+    kind = NOISE_PROBES if queries is None else USER_QUERIES
+    if queries is not None:
+        noise = curve_noise = 0.0
     if knob is None:
-        return Tuning("", 1.0, 1.0, target, k, 0, noise)
+        return Tuning("", 1.0, 1.0, target, k, 0, noise, probes=kind)
     name, largest = knob
-    queries, truth, source = _probes(sample, sample_rows, chunks, n_queries, noise, seed, k)
+    source: np.ndarray | None = None
+    if queries is None:
+        queries, truth, source = _probes(sample, sample_rows, chunks, n_queries, noise, seed, k)
+    else:
+        queries, truth = _user_queries(queries, chunks, seed, k)
     n = len(queries)
     halves: tuple[slice, ...]
     if n >= 3:  # two thirds choose (each third on its own), the last third checks
@@ -363,6 +397,12 @@ def tune(
         first = min(1 if name == "nprobe" else 16, largest)  # never past the policy's cap
         # the larger of the knobs two independent sets of queries choose: near the target a
         # recall curve is flat, so one set's sampling error moves the knob a long way
+        if kind == USER_QUERIES and not rerank:  # a sample of what users ask: the knob whose
+            # recall on the two choosing thirds together is the target at a one-sided 95%
+            # confidence (its lower bound), instead of the larger of two thirds' picks
+            choosers = [tuning]
+            _set_knob(index, name, _smallest(index, name, first, largest, tuning, aim)[0])
+            aim = min(1.0, aim + SAMPLING_Z * tuning.sampling_error(index))
         picks = [_smallest(index, name, first, largest, c, aim) for c in choosers]
         short = any(v >= largest and r < aim for v, r in picks)
         if short and name == "efSearch":  # deeper, while the graph stays worth searching
@@ -388,7 +428,7 @@ def tune(
                f"{GRAPH_MAX_SCAN_SHARE:.0%} of its rows")  # fmt: skip
         LOG.warning("this segment is searched exactly (Flat): its %s; a graph built with a "
                     "higher AnnPolicy.ef_construction may reach it", why)  # fmt: skip
-        return Tuning("", 1.0, 1.0, target, k, len(check.queries), noise, exact=why)
+        return Tuning("", 1.0, 1.0, target, k, len(check.queries), noise, exact=why, probes=kind)
     if short:  # the largest knob tried and still short on a choosing third
         more = "use finer codes"
         LOG.warning(
@@ -411,7 +451,7 @@ def tune(
         "%s gives recall@%d=%.3f on %d tuning queries, %.3f on %d check queries",
         params, k, tuned, len(tuning.queries), checked, len(check.queries),
     )  # fmt: skip
-    return Tuning(params, checked, tuned, target, k, len(check.queries), noise, curve)
+    return Tuning(params, checked, tuned, target, k, len(check.queries), noise, curve, probes=kind)
 
 
 def _deepest_worth(index: faiss.Index, start: int, choosers: list[_Queries]) -> int:
@@ -467,6 +507,21 @@ def _probes(
     return queries, truth, source
 
 
+def _user_queries(
+    queries: np.ndarray, chunks: Callable[[], Iterable[np.ndarray]], seed: int, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The user's ``queries`` (unit rows, float32 (q, d)) in a seeded order (a log's queries
+    come in time order; the thirds :func:`tune` splits them in should not) with their exact
+    top ``k``: ``(queries, truth)``."""
+    queries = as_f32(queries)
+    if queries.ndim != 2 or len(queries) < MIN_USER_QUERIES:
+        raise ValueError(f"tune: give at least {MIN_USER_QUERIES} queries as a (q, d) array, "
+                         f"got shape {queries.shape}")  # fmt: skip
+    queries = queries[np.random.default_rng(seed).permutation(len(queries))]
+    queries = queries / (np.linalg.norm(queries, axis=1, keepdims=True) + 1e-12)
+    return queries, exact_knn(queries, chunks(), k)[1]
+
+
 def knob_ladder(first: int, last: int) -> list[int]:
     """The knob values a recall curve is measured at: ``first``, then steps of about 1.5x and
     2x alternately (10, 15, 20, 30, 40, 60, ...), up to and including ``last``."""
@@ -512,6 +567,16 @@ class _Queries:
             found = _drop_source(found, self.source, self.k)
         return recall_at_k(found, self.truth, self.k)
 
+    def sampling_error(self, index: faiss.Index) -> float:
+        """The standard error of :meth:`recall` as the mean of the queries' own recalls."""
+        extra = 0 if self.source is None else 1
+        _, found = index.search(self.queries, self.k + extra)
+        if self.source is not None:
+            found = _drop_source(found, self.source, self.k)
+        pairs = zip(found, self.truth, strict=True)
+        per = [recall_at_k(f[None], t[None], self.k) for f, t in pairs]
+        return float(np.std(per) / math.sqrt(len(per))) if len(per) > 1 else 0.0
+
     def found_by_rank(self, index: faiss.Index) -> np.ndarray:
         """float64 (k,): the share of the queries whose true rank-r row the index finds."""
         extra = 0 if self.source is None else 1
@@ -551,10 +616,15 @@ def tune_segment(
     policy: AnnPolicy = DEFAULT,
     *,
     seed: int = 0,
+    queries: np.ndarray | None = None,
 ) -> Tuning:
     """Tune a segment's approximate ``index`` (filled with every vector ``chunks()`` yields, in
     order) as every write does: :func:`tune` on held-out rows of a seeded uniform sample of at
-    most :data:`SAMPLE_ROWS` of them, for ``policy``."""
+    most :data:`SAMPLE_ROWS` of them, for ``policy``; or, given them, on the user's own
+    ``queries`` (float32 (q, d) in the searched space)."""
+    if queries is not None:
+        return tune(index, np.zeros((0, index.d), np.float32), chunks, policy=policy,
+                    seed=seed, queries=queries)  # fmt: skip
     sample, positions = _sample(chunks(), int(index.ntotal), SAMPLE_ROWS, seed)
     return tune(index, sample, chunks, sample_rows=positions, policy=policy)
 

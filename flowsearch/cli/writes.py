@@ -188,28 +188,31 @@ def upsert_cmd(
     typer.echo(f"{summary.n_inserted:,} inserted, {summary.n_replaced:,} replaced", err=True)
 
 
-#: The most an ``--ids-file`` may hold (read no further: ``/dev/zero`` never ends).
+#: The most an ``--ids-file`` (or ``--tune-queries`` file) may hold (read no further:
+#: ``/dev/zero`` never ends).
 MAX_IDS_FILE_BYTES = 64 << 20
+
+
+def _read_lines(path: Path, what: str, param: str, split: str) -> list[str]:
+    """The non-blank lines of the UTF-8 file ``path`` (``what`` it is, for the message), at
+    most :data:`MAX_IDS_FILE_BYTES` of it (``split``: what to do with a larger one)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_IDS_FILE_BYTES + 1)
+        lines = data.decode("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"cannot read the {what} {path} ({exc})", param=param) from None
+    if len(data) > MAX_IDS_FILE_BYTES:
+        raise BadInput(f"the {what} {path} holds more than {MAX_IDS_FILE_BYTES >> 20} MiB",
+                       split, param=param)  # fmt: skip
+    return [line.strip() for line in lines if line.strip()]
 
 
 def _read_ids(ids: list[str] | None, ids_file: Path | None) -> list[str]:
     wanted = list(ids or [])
     if ids_file is not None:
-        try:
-            with open(ids_file, "rb") as handle:
-                data = handle.read(MAX_IDS_FILE_BYTES + 1)
-            lines = data.decode("utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise BadInput(
-                f"cannot read the ids file {ids_file} ({exc})", param="ids_file"
-            ) from None
-        if len(data) > MAX_IDS_FILE_BYTES:
-            raise BadInput(
-                f"the ids file {ids_file} holds more than {MAX_IDS_FILE_BYTES >> 20} MiB",
-                "split it and delete in several runs",
-                param="ids_file",
-            )
-        wanted += [line.strip() for line in lines if line.strip()]
+        split = "split it and delete in several runs"
+        wanted += _read_lines(ids_file, "ids file", "ids_file", split)
     if not wanted:
         raise BadInput("no ids to delete", "give ids, or --ids-file with one id per line")
     return wanted
@@ -246,31 +249,43 @@ def delete_cmd(
 def compact_cmd(
     index: IndexDir = DEFAULT_INDEX,
     full: Annotated[bool, flag("--full", help="Merge everything into one segment.")] = False,
+    tune_queries: Annotated[
+        Path | None,
+        typer.Option(
+            "--tune-queries",
+            help="A text file of your users' queries, one per line (at least 90): tune every "
+            "auto vector index on them instead of on held-out rows.",
+        ),
+    ] = None,
     wait: Wait = None,
     as_json: AsJson = False,
 ) -> None:
     """Merge small segments and drop deleted rows; re-tune segments an older release tuned
-    (their files kept); reports the space freed."""
+    (their files kept), or every one on your queries; reports the space freed."""
     from flowsearch.writes.compact import compact
 
+    queries = None
+    if tune_queries is not None:
+        queries = _read_lines(tune_queries, "queries file", "tune_queries",
+                              "keep the most recent queries")  # fmt: skip
     before = _version(index)
-    result = compact(index, full=full, **wait_kwargs(wait))
+    result = compact(index, full=full, tune_queries=queries, **wait_kwargs(wait))
     if as_json:
         print_json(result.to_dict())
         return
-    stderr_console().print(literal(_compacted(index, result, result.version != before)))
+    summary = _compacted(index, result, result.version != before, queries is not None)
+    stderr_console().print(literal(summary))
 
 
-def _compacted(index: object, result: WriteResult, published: bool = True) -> str:
+def _compacted(
+    index: object, result: WriteResult, published: bool = True, on_queries: bool = False
+) -> str:
     """``compact``'s summary: what it merged or rewrote, what it dropped, what it freed
-    (``published``: whether it wrote a version)."""
+    (``published``: whether it wrote a version; ``on_queries``: re-tuned on the user's)."""
     where = f"{index} (version {result.version}): {counted(result.n_live, 'live passage')} in "
     where += counted(result.n_segments, "segment")
-    retuned = (
-        f"re-tuned {counted(result.n_retuned, 'segment')} an older rule had tuned"
-        if result.n_retuned
-        else ""
-    )
+    why = "on your queries" if on_queries else "an older rule had tuned"
+    retuned = f"re-tuned {counted(result.n_retuned, 'segment')} {why}" if result.n_retuned else ""
     if not result.n_merged:
         upgraded = _key_ids_given(index, result.version) if published else 0
         given = f"gave {counted(upgraded, 'older segment')} key_ids.arrow" if upgraded else ""

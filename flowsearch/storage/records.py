@@ -380,7 +380,8 @@ class AnnCurve(BaseModel):
 class AnnTuning(BaseModel):
     """What ``auto``'s tuning of a segment's approximate index measured
     (:class:`flowsearch.ann.tune.Tuning`): recall@k against exact search on ``queries``
-    held-out rows moved by noise of norm ``noise``, which the search knob was *not* chosen on
+    held-out rows moved by noise of norm ``noise`` (or, ``probes`` ``"queries"``, the user's
+    own queries, ``compact(tune_queries=...)``), which the search knob was *not* chosen on
     (``tuned_recall``: on the ones it was chosen on), for a ``target``."""
 
     model_config = _FROZEN
@@ -397,15 +398,19 @@ class AnnTuning(BaseModel):
     #: why ``auto`` searches the segment exactly (:attr:`flowsearch.ann.tune.Tuning.exact`:
     #: the graph it built, short of the target), in words; None: its index is the one tuned
     exact: str | None = None
+    #: what the queries were (:attr:`flowsearch.ann.tune.Tuning.probes`): ``"noise"`` or
+    #: ``"queries"`` (the user's own); None: recorded before it was (noise)
+    probes: str | None = None
 
     def to_words(self) -> str:
-        """``"recall@10 0.962 on 256 held-out rows + noise 0.8 (target 0.95)"``."""
+        """``"recall@10 0.962 on 256 held-out rows + noise 0.8 (target 0.95)"``, or ``"...
+        on 100 of your queries ..."``."""
         if self.exact is not None:
             return f"exact (Flat): its {self.exact}"
-        return (
-            f"recall@{self.k} {self.recall:.3f} on {self.queries} held-out rows + noise "
-            f"{self.noise:g} (target {self.target:g})"
-        )
+        made = ("of your queries" if self.probes == "queries"
+                else f"held-out rows + noise {self.noise:g}")  # fmt: skip
+        recall = f"recall@{self.k} {self.recall:.3f}"
+        return f"{recall} on {self.queries} {made} (target {self.target:g})"
 
 
 class AnnProjection(BaseModel):

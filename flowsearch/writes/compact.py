@@ -10,6 +10,10 @@ r"""Compaction and recalibration: the writes that rewrite segments, never re-enc
   (:data:`flowsearch.ann.tune.TUNER_VERSION`): the search knob is chosen again on the
   segment's own rows and recorded, its files hard-linked into a new segment (nothing rebuilt),
   so an index built before a tuner fix keeps the recall promise without a ``--full`` rebuild.
+  Given ``tune_queries`` (the users' own queries, e.g. a log's), it re-tunes every ``auto``
+  approximate segment on them instead of held-out rows: the knob those queries need, which
+  held-out rows can only bound from the safe side (benchmarks/RESULTS.md, "ANN"); the tuning
+  stays until the segment is rewritten (a later merge tunes the new segment on held-out rows).
 - :func:`recalibrate` refits (or loads) the calibrator on the raw encoder vectors every segment
   keeps, and rewrites every segment's searched vectors and vector index from them: the searched
   space changes without touching the encoder, nearly all of an index's cost. Deleted rows
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +35,8 @@ import numpy as np
 
 from flowsearch.ann.policy import AnnPolicy
 from flowsearch.ann.policy import policy_or_default as ann_or_default
-from flowsearch.ann.tune import TUNER_VERSION
-from flowsearch.errors import BadInput, check_bool, check_int, check_path
+from flowsearch.ann.tune import MIN_USER_QUERIES, TUNER_VERSION
+from flowsearch.errors import BadInput, check_bool, check_int, check_path, check_text
 from flowsearch.progress import Stages
 from flowsearch.search.version import sizes
 from flowsearch.space.fitting import checked_calibration, fit_for_index, load_fitted
@@ -48,7 +53,7 @@ from flowsearch.writes.merge import MergePolicy, plan_merges
 from flowsearch.writes.results import WriteResult, result_of
 from flowsearch.writes.segments import segment_tuning
 
-__all__ = ["compact", "recalibrate", "tuned_by_older_rule"]
+__all__ = ["checked_queries", "compact", "recalibrate", "tuned_by_older_rule"]
 
 LOG = logging.getLogger(__name__)
 
@@ -78,18 +83,55 @@ def tuned_by_older_rule(seg: mf.SegmentRecord, requested: str = "auto") -> bool:
     )
 
 
-def _retune(writer: Writer, requested: str, policy: AnnPolicy) -> list[str]:
-    """Re-tune every segment :func:`tuned_by_older_rule` names and relink it with the new knob
-    and tuning (see the module docstring). A segment that cannot be re-tuned (its index
-    unreadable, the tuning failing) keeps its knob, with a warning: the rest of the compaction
-    goes on. Returns the new segments' names."""
+def _tuned_by_auto(seg: mf.SegmentRecord, requested: str) -> bool:
+    """Whether segment ``seg`` holds an approximate index ``auto`` built and tuned."""
+    return requested == "auto" and seg.ann.factory != "Flat" and seg.n_rows > 0
+
+
+def checked_queries(queries: object) -> list[str]:
+    """``compact``'s ``tune_queries``: a list (or tuple) of at least :data:`MIN_USER_QUERIES`
+    distinct, non-blank query texts; blank ones and repeats are dropped.
+
+    Raises:
+        BadInput: not a list of strings, or too few of them.
+    """
+    if isinstance(queries, (str, bytes)) or not isinstance(queries, (list, tuple)):
+        raise BadInput(f"tune_queries must be a list of query texts, got "
+                       f"{type(queries).__name__}", "pass {tune_queries=[...]}, one text each",
+                       param="tune_queries")  # fmt: skip
+    texts = [check_text(q, f"tune_queries[{i}]", "tune_queries") for i, q in enumerate(queries)]
+    kept = list(dict.fromkeys(t.strip() for t in texts if t.strip()))
+    if len(kept) < MIN_USER_QUERIES:
+        raise BadInput(
+            f"tune_queries holds {len(kept)} distinct queries, too few to measure a recall of "
+            "0.95 on",
+            f"give at least {MIN_USER_QUERIES} real queries (a log of what users searched)",
+            param="tune_queries",
+        )
+    return kept
+
+
+def _retune(
+    writer: Writer,
+    requested: str,
+    policy: AnnPolicy,
+    queries: np.ndarray | None = None,
+    done: frozenset[str] = frozenset(),
+) -> list[str]:
+    """Re-tune every segment :func:`tuned_by_older_rule` names (with the user's ``queries``,
+    float32 (q, dim) in the searched space: every ``auto`` approximate segment, on them) and
+    relink it with the new knob and tuning (see the module docstring). A segment that cannot
+    be re-tuned (its index unreadable, the tuning failing) keeps its knob, with a warning: the
+    rest of the compaction goes on. Segments named in ``done`` (tuned by this compaction's
+    merges) are left alone. Returns the new segments' names."""
     new: list[str] = []
-    for seg in [s for s in writer.segments if tuned_by_older_rule(s, requested)]:
+    wanted = tuned_by_older_rule if queries is None else _tuned_by_auto
+    for seg in [s for s in writer.segments if wanted(s, requested) and s.name not in done]:
         try:
             index = open_index(writer, seg)
             reader = RowReader(writer.segment_path(seg), seg.parts)
             try:
-                params, tuning = segment_tuning(index, reader, policy)
+                params, tuning = segment_tuning(index, reader, policy, queries)
             finally:
                 reader.close()
         except (OSError, RuntimeError, ValueError) as e:  # FAISS raises RuntimeError
@@ -114,6 +156,7 @@ def compact(
     wait: float | None = None,
     ann: AnnPolicy | None = None,
     merge: MergePolicy | None = None,
+    tune_queries: Sequence[str] | None = None,
 ) -> WriteResult:
     """Merge small segments and drop every deleted row (see the module docstring).
 
@@ -124,6 +167,10 @@ def compact(
         ann: what ``auto`` builds and tunes merged and re-tuned segments for (None: the
             defaults).
         merge: when segments merge (None: the defaults).
+        tune_queries: the users' own queries (at least ``MIN_USER_QUERIES`` distinct texts,
+            e.g. from a query log): every ``auto`` approximate segment, merged or not, is
+            tuned on them (embedded by the index's encoder and calibrator) instead of on
+            held-out rows, and ``info`` says so. None: held-out rows.
 
     Returns:
         A :class:`WriteResult`: ``merged`` segments, ``n_dropped`` deleted rows,
@@ -138,17 +185,24 @@ def compact(
     st = Stages()
     root = check_path(index_dir, "index_dir", "an index directory")
     check_bool(full, "full")
+    texts = None if tune_queries is None else checked_queries(tune_queries)
     with open_writer(root, wait=wait) as writer, st.live():
         base = writer.base
         assert base is not None
         before = sizes(root, base)["total"]
         groups = _merges(writer.base.segments if writer.base else (), full, policy, ann)
-        stale = any(tuned_by_older_rule(s, base.ann_requested) for s in base.segments)
+        again = tuned_by_older_rule if texts is None else _tuned_by_auto
+        stale = any(again(s, base.ann_requested) for s in base.segments)
         if not groups and not lacks_key_ids(writer) and not stale:
             return result_of("compact", root, base, st, bytes_freed=0)
+        queries = None
+        if texts is not None:
+            with st.timed("embed queries"):
+                queries = SearchSpace.open(root, base).embed(texts)[0]
+        merged_now: set[str] = set()
         with st.timed("merge"):
             for names in groups:
-                merging.merge(
+                record = merging.merge(
                     writer,
                     names,
                     dim=base.dim,
@@ -156,11 +210,14 @@ def compact(
                     lexical=base.lexical is not None,
                     schema=base.schema_,
                     ann=ann,
+                    tune_queries=queries,
                 )
+                if record is not None:
+                    merged_now.add(record.name)
         with st.timed("key ids"):
             upgraded = add_key_ids(writer)  # the segments no merge rewrote
         with st.timed("tuning"):
-            retuned = _retune(writer, base.ann_requested, ann)  # the merged ones are current
+            retuned = _retune(writer, base.ann_requested, ann, queries, frozenset(merged_now))
         if not groups and not upgraded and not retuned:  # every re-tune failed: no new version
             return result_of("compact", root, base, st, bytes_freed=0)
         merged = sum(len(g) for g in groups)

@@ -256,6 +256,7 @@ def merge(
     project: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]] | None = None,
     lps: list[np.ndarray] | None = None,
     ann: AnnPolicy | None = None,
+    tune_queries: np.ndarray | None = None,
 ) -> SegmentRecord | None:
     """Merge the named segments' live rows into one new segment (None when none is live: the
     segments are just dropped). Returns the new segment's record.
@@ -265,6 +266,8 @@ def merge(
             vectors and log-densities (the ``vector`` column is rewritten); None copies it.
         lps: where ``project``'s log-densities are appended (row order).
         ann: what ``auto`` builds and tunes the merged segment for (None: the defaults).
+        tune_queries: the user's queries in the searched space, to tune the merged segment's
+            ``auto`` index on (:class:`~flowsearch.writes.segments.SegmentBuilder`).
     """
     wanted = set(names)
     records = [s for s in writer.segments if s.name in wanted]
@@ -273,7 +276,7 @@ def merge(
     if n_live == 0:
         return None
     builder = SegmentBuilder(writer, dim=dim, n_rows=n_live, requested=requested, lexical=False,
-                             ann=ann)  # fmt: skip
+                             ann=ann, tune_queries=tune_queries)  # fmt: skip
     # one part schema per segment: passage columns for all rows when any segment has them
     passages = any(
         has_passages(pq.read_schema(writer.segment_path(s) / s.parts[0].path))

@@ -71,6 +71,8 @@ class SegmentBuilder:
         index: a trained, empty FAISS index to fill instead (the build trains on its sample).
         factory: ``index``'s factory string.
         ann: what ``auto`` builds and tunes for (None: the defaults).
+        tune_queries: float32 (q, dim), the user's queries in the searched space: ``auto``'s
+            tuning is made on them instead of held-out rows (``compact(tune_queries=...)``).
     """
 
     def __init__(
@@ -85,8 +87,10 @@ class SegmentBuilder:
         index: faiss.Index | None = None,
         factory: str | None = None,
         ann: AnnPolicy | None = None,
+        tune_queries: np.ndarray | None = None,
     ) -> None:
         self.writer = writer
+        self.tune_queries = tune_queries
         self.policy = ann or DEFAULT
         self.stage = writer.stage()
         self.dim = dim
@@ -166,7 +170,8 @@ class SegmentBuilder:
         try:
             params, tuning = "", None
             if self.requested == "auto" and self.factory != "Flat" and self.n_rows:
-                params, tuning = segment_tuning(self.index, reader, self.policy)
+                params, tuning = segment_tuning(self.index, reader, self.policy,
+                                                self.tune_queries)  # fmt: skip
                 if tuning.exact is not None:  # no graph search worth making reaches the target
                     self.index, self.factory = exact_index(self.index), "Flat"
             ann_io.write_index(self.index, self.stage / ANN_FILE)
@@ -212,12 +217,17 @@ def _postings(reader: RowReader) -> Postings:
 
 
 def segment_tuning(
-    index: faiss.Index, reader: RowReader, policy: AnnPolicy = DEFAULT
+    index: faiss.Index,
+    reader: RowReader,
+    policy: AnnPolicy = DEFAULT,
+    queries: np.ndarray | None = None,
 ) -> tuple[str, AnnTuning]:
     """Tune ``auto``'s approximate ``index`` of a segment whose rows ``reader`` reads
-    (:func:`flowsearch.ann.tune.tune_segment`, for ``policy``): the search parameters to record
-    and what the tuning measured, with the tuner's version."""
-    tuned = tune_segment(index, lambda: reader.column_chunks("vector"), policy)
+    (:func:`flowsearch.ann.tune.tune_segment`, for ``policy``; on the user's ``queries`` when
+    given): the search parameters to record and what the tuning measured, with the tuner's
+    version."""
+    chunks = lambda: reader.column_chunks("vector")  # noqa: E731
+    tuned = tune_segment(index, chunks, policy, queries=queries)
     curve = tuned.curve
     return tuned.params, AnnTuning(
         recall=tuned.recall,
@@ -231,4 +241,5 @@ def segment_tuning(
         ),
         tuner=TUNER_VERSION,
         exact=tuned.exact,
+        probes=tuned.probes,
     )  # fmt: skip
