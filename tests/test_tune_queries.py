@@ -48,8 +48,8 @@ def test_the_tuner_chooses_the_knob_the_user_s_queries_need():
 
 def test_the_user_s_queries_are_tuned_for_with_a_margin_for_their_sampling(monkeypatch):
     """Those queries are a sample of what users ask: the knob is set for the target plus
-    ``SAMPLING_Z`` standard errors of a choosing third's recall, never less deep than for the
-    target alone."""
+    ``SAMPLING_Z`` standard errors of the choosing queries' recall, never less deep than for
+    the target alone; and a graph that reaches only the target itself is kept, not made exact."""
     index, x = _graph()
     queries = np.random.default_rng(2).normal(size=(300, x.shape[1])).astype(np.float32)
 
@@ -58,8 +58,11 @@ def test_the_user_s_queries_are_tuned_for_with_a_margin_for_their_sampling(monke
         tuned = tune.tune(index, x[:0], lambda: [x], queries=queries)
         return int(tuned.params.split("=")[1]) if tuned.params else 10**9  # "": exact
 
-    plain, margin, wide = knob(0.0), knob(tune.SAMPLING_Z), knob(4.0)
-    assert plain <= margin <= wide and plain < wide
+    z = tune.SAMPLING_Z
+    plain, margin, wide = knob(0.0), knob(z), knob(3.0)
+    assert plain < margin < wide
+    huge = knob(1e6)  # an aim of 1.0 no graph search reaches: the target alone is kept
+    assert huge == plain
 
 
 @pytest.mark.parametrize("shape", [(10, 16), (400,)])
@@ -137,6 +140,38 @@ def test_bad_queries_are_refused_and_nothing_is_written(index_dir, queries, word
         compact(index_dir, tune_queries=queries)
     assert words in str(err.value) and "\n" not in str(err.value)
     assert mf.read(index_dir) == before
+
+
+def test_an_index_whose_factory_the_user_chose_or_whose_model_is_gone_refuses(tmp_path, model_dir):
+    import shutil
+
+    from flowsearch import build_index
+    from flowsearch.writes.compact import compact
+
+    flat = tmp_path / "flat"
+    build_index(write_corpus(tmp_path / "c.parquet", n=60), flat, model=str(model_dir),
+                calibration="none", lexical=False, index_factory="Flat")  # fmt: skip
+    with pytest.raises(BadInput, match="never tuned: tune_queries has nothing to tune"):
+        compact(flat, tune_queries=QUERIES)
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    moved = tmp_path / "moved"
+    build_index(write_corpus(tmp_path / "c.parquet", n=400), moved, model=str(model),
+                calibration="none", lexical=False, ann=SMALL)  # fmt: skip
+    shutil.rmtree(model)
+    before = mf.read(moved)
+    with pytest.raises(BadInput, match="needs the index's encoder") as err:
+        compact(moved, tune_queries=QUERIES)
+    assert "\n" not in str(err.value) and mf.read(moved) == before
+
+
+def test_a_long_log_is_sampled_to_the_most_a_tuning_embeds(monkeypatch):
+    from flowsearch.writes import compact as compact_mod
+
+    monkeypatch.setattr(compact_mod, "MAX_USER_QUERIES", 100)
+    kept = compact_mod.checked_queries(QUERIES + [f"more {i}" for i in range(500)])
+    assert len(kept) == 100 and len(set(kept)) == 100
+    assert kept == compact_mod.checked_queries(QUERIES + [f"more {i}" for i in range(500)])
 
 
 def test_the_command_line_reads_a_queries_file(index_dir, tmp_path):

@@ -354,8 +354,10 @@ def tune(
             :data:`MIN_USER_QUERIES`, tuned on instead of held-out rows (so ``sample``,
             ``sample_rows``, ``n_queries`` and ``noise`` are unused): a seeded order of them
             split in thirds, the first two together choosing the smallest knob whose recall
-            on them is the target plus :data:`SAMPLING_Z` standard errors, the last third
-            checking it; the recall curve drawn on all. None: held-out rows.
+            on them is the target plus :data:`SAMPLING_Z` standard errors (or, on a graph
+            that cannot reach that, the target itself), the last third checking it; the
+            recall curve drawn on all. An index with an exact re-rank is tuned as for
+            held-out rows (its raised target, no sampling margin). None: held-out rows.
     """
     knob = search_knob(index, policy)
     target = policy.target_recall if target is None else target
@@ -397,20 +399,27 @@ def tune(
         first = min(1 if name == "nprobe" else 16, largest)  # never past the policy's cap
         # the larger of the knobs two independent sets of queries choose: near the target a
         # recall curve is flat, so one set's sampling error moves the knob a long way
+        aims = [aim]
         if kind == USER_QUERIES and not rerank:  # a sample of what users ask: the knob whose
             # recall on the two choosing thirds together is the target at a one-sided 95%
-            # confidence (its lower bound), instead of the larger of two thirds' picks
+            # confidence (its lower bound), instead of the larger of two thirds' picks; a
+            # graph that reaches only the target itself keeps the knob that reaches it
             choosers = [tuning]
             _set_knob(index, name, _smallest(index, name, first, largest, tuning, aim)[0])
-            aim = min(1.0, aim + SAMPLING_Z * tuning.sampling_error(index))
-        picks = [_smallest(index, name, first, largest, c, aim) for c in choosers]
-        short = any(v >= largest and r < aim for v, r in picks)
-        if short and name == "efSearch":  # deeper, while the graph stays worth searching
-            deepest = _deepest_worth(index, largest, choosers)
-            if deepest > largest:
-                picks = [_smallest(index, name, largest, deepest, c, aim) for c in choosers]
-                largest = deepest
-                short = any(v >= largest and r < aim for v, r in picks)
+            aims = [min(1.0, aim + SAMPLING_Z * tuning.sampling_error(index)), aim]
+        cap = largest
+        for aim in aims:
+            largest = cap
+            picks = [_smallest(index, name, first, largest, c, aim) for c in choosers]
+            short = any(v >= largest and r < aim for v, r in picks)
+            if short and name == "efSearch":  # deeper, while the graph stays worth searching
+                deepest = _deepest_worth(index, largest, choosers)
+                if deepest > largest:
+                    picks = [_smallest(index, name, largest, deepest, c, aim) for c in choosers]
+                    largest = deepest
+                    short = any(v >= largest and r < aim for v, r in picks)
+            if not short:
+                break
         value = max(v for v, _ in picks)
         _set_knob(index, name, value)
         tuned = tuning.recall(index)
@@ -432,9 +441,10 @@ def tune(
     if short:  # the largest knob tried and still short on a choosing third
         more = "use finer codes"
         LOG.warning(
-            "this segment's vector index reached recall@%d %.3f on held-out rows at its largest "
-            "%s (%d), below the target %g: %s, or index it exactly (index_factory='Flat')",
-            k, tuned, name, value, target, more,
+            "this segment's vector index reached recall@%d %.3f on %s at its largest %s (%d), "
+            "below the target %g: %s, or index it exactly (index_factory='Flat')",
+            k, tuned, "your queries" if kind == USER_QUERIES else "held-out rows", name, value,
+            target, more,
         )  # fmt: skip
     curve = None
     if not rerank:  # what a search over several segments allocates knobs from: at the
@@ -574,8 +584,14 @@ class _Queries:
         if self.source is not None:
             found = _drop_source(found, self.source, self.k)
         pairs = zip(found, self.truth, strict=True)
-        per = [recall_at_k(f[None], t[None], self.k) for f, t in pairs]
-        return float(np.std(per) / math.sqrt(len(per))) if len(per) > 1 else 0.0
+        per = np.array([recall_at_k(f[None], t[None], self.k) for f, t in pairs])
+        if len(per) < 2:
+            return 0.0
+        # per-query recall is bounded and skewed: a sample missing the hard queries has a high
+        # mean and a small spread at once, so the spread is floored at a binomial one's
+        mean = float(per.mean())
+        var = max(float(per.var(ddof=1)), mean * (1.0 - mean) / self.k)
+        return math.sqrt(var / len(per))
 
     def found_by_rank(self, index: faiss.Index) -> np.ndarray:
         """float64 (k,): the share of the queries whose true rank-r row the index finds."""

@@ -36,7 +36,7 @@ import numpy as np
 from flowsearch.ann.policy import AnnPolicy
 from flowsearch.ann.policy import policy_or_default as ann_or_default
 from flowsearch.ann.tune import MIN_USER_QUERIES, TUNER_VERSION
-from flowsearch.errors import BadInput, check_bool, check_int, check_path, check_text
+from flowsearch.errors import BadInput, NotFound, check_bool, check_int, check_path, check_text
 from flowsearch.progress import Stages
 from flowsearch.search.version import sizes
 from flowsearch.space.fitting import checked_calibration, fit_for_index, load_fitted
@@ -88,9 +88,17 @@ def _tuned_by_auto(seg: mf.SegmentRecord, requested: str) -> bool:
     return requested == "auto" and seg.ann.factory != "Flat" and seg.n_rows > 0
 
 
+#: The most of the users' queries a tuning embeds and searches (a seeded sample of a longer
+#: log): enough for a recall's standard error well under 0.01, few enough to embed in seconds
+#: while the writer lock is held.
+MAX_USER_QUERIES = 10_000
+
+
 def checked_queries(queries: object) -> list[str]:
     """``compact``'s ``tune_queries``: a list (or tuple) of at least :data:`MIN_USER_QUERIES`
-    distinct, non-blank query texts; blank ones and repeats are dropped.
+    distinct, non-blank query texts; blank ones and repeats are dropped (the bound the tuning
+    gives is over distinct queries, not over traffic), and a seeded sample of at most
+    :data:`MAX_USER_QUERIES` is kept.
 
     Raises:
         BadInput: not a list of strings, or too few of them.
@@ -108,7 +116,24 @@ def checked_queries(queries: object) -> list[str]:
             f"give at least {MIN_USER_QUERIES} real queries (a log of what users searched)",
             param="tune_queries",
         )
+    if len(kept) > MAX_USER_QUERIES:
+        pick = np.random.default_rng(0).choice(len(kept), MAX_USER_QUERIES, replace=False)
+        kept = [kept[i] for i in np.sort(pick)]
     return kept
+
+
+def _embedded(root: Path, base: mf.Manifest, texts: list[str], st: Stages) -> np.ndarray:
+    """The users' queries in the index's searched space (its encoder and calibrator).
+
+    Raises:
+        BadInput: its model cannot be loaded here (nothing is written)."""
+    try:
+        with st.timed("embed queries"):
+            return SearchSpace.open(root, base).embed(texts)[0]
+    except NotFound as exc:  # the model moved: compact cannot be told where
+        raise BadInput(f"tune_queries needs the index's encoder: {exc.problem}",
+                       "put the model back where the index's build found it",
+                       param="tune_queries") from None  # fmt: skip
 
 
 def _retune(
@@ -189,6 +214,10 @@ def compact(
     with open_writer(root, wait=wait) as writer, st.live():
         base = writer.base
         assert base is not None
+        if texts is not None and base.ann_requested != "auto":
+            raise BadInput(f"this index's vector index is {base.ann_requested!r}, chosen at "
+                           "build, which is never tuned: tune_queries has nothing to tune",
+                           "leave out {tune_queries=...}", param="tune_queries")  # fmt: skip
         before = sizes(root, base)["total"]
         groups = _merges(writer.base.segments if writer.base else (), full, policy, ann)
         again = tuned_by_older_rule if texts is None else _tuned_by_auto
@@ -197,8 +226,7 @@ def compact(
             return result_of("compact", root, base, st, bytes_freed=0)
         queries = None
         if texts is not None:
-            with st.timed("embed queries"):
-                queries = SearchSpace.open(root, base).embed(texts)[0]
+            queries = _embedded(root, base, texts, st)
         merged_now: set[str] = set()
         with st.timed("merge"):
             for names in groups:
