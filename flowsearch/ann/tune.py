@@ -77,8 +77,8 @@ TUNER_VERSION = 3
 NOISE_PROBES, USER_QUERIES = "noise", "queries"
 #: Tuning on the user's queries, the knob is chosen for the target plus this many standard
 #: errors of the choosing queries' recall (their spread, at the knob the target alone gives):
-#: they are a sample of what users will ask, and without a margin the recall on the others
-#: falls under the target about half the time (a one-sided 95% lower bound).
+#: they are a sample of what users will ask, so the target is met at a one-sided 95% lower
+#: bound (benchmarks/RESULTS.md, "ANN", has what the knob did without it).
 SAMPLING_Z = 1.645
 #: The fewest queries of the user's a tuning accepts: a third of them checks the knob, and the
 #: recall of fewer than about 30 is too coarse to tell 0.95 from 0.9.
@@ -320,11 +320,10 @@ def tune(
 ) -> Tuning:
     """Set the ``nprobe`` (IVF) or ``efSearch`` (HNSW) that makes recall@k against exact search
     reach ``target`` on :func:`held_out_queries` (or on the user's ``queries``): the smallest
-    value (from 16; doubled, then
-    the last doubling bisected) that reaches it on the first third of them and the one for the
-    second third are found apart and the larger is set (a margin as wide as their sampling
-    error); then measure the recall it gives on the last third (rows it was not chosen on):
-    that is the recall recorded (:attr:`Tuning.recall`).
+    value (from 16; doubled, then the last doubling bisected) that reaches it on the first
+    third of them and the one for the second third are found apart and the larger is set (a
+    margin as wide as their sampling error); then measure the recall it gives on the last
+    third (rows it was not chosen on): that is the recall recorded (:attr:`Tuning.recall`).
 
     ``sample_rows`` are the positions in the index of ``sample``'s rows: with them each query's
     own row is left out of the answer and the truth (a held-out row); without them (None) it
@@ -570,20 +569,20 @@ class _Queries:
     source: np.ndarray | None
     k: int
 
-    def recall(self, index: faiss.Index) -> float:
+    def found(self, index: faiss.Index) -> np.ndarray:
+        """int64 (q, k): each query's answer from ``index``, without its own row."""
         extra = 0 if self.source is None else 1
         _, found = index.search(self.queries, self.k + extra)
         if self.source is not None:
             found = _drop_source(found, self.source, self.k)
-        return recall_at_k(found, self.truth, self.k)
+        return np.asarray(found)
+
+    def recall(self, index: faiss.Index) -> float:
+        return recall_at_k(self.found(index), self.truth, self.k)
 
     def sampling_error(self, index: faiss.Index) -> float:
         """The standard error of :meth:`recall` as the mean of the queries' own recalls."""
-        extra = 0 if self.source is None else 1
-        _, found = index.search(self.queries, self.k + extra)
-        if self.source is not None:
-            found = _drop_source(found, self.source, self.k)
-        pairs = zip(found, self.truth, strict=True)
+        pairs = zip(self.found(index), self.truth, strict=True)
         per = np.array([recall_at_k(f[None], t[None], self.k) for f, t in pairs])
         if len(per) < 2:
             return 0.0
@@ -595,10 +594,7 @@ class _Queries:
 
     def found_by_rank(self, index: faiss.Index) -> np.ndarray:
         """float64 (k,): the share of the queries whose true rank-r row the index finds."""
-        extra = 0 if self.source is None else 1
-        _, found = index.search(self.queries, self.k + extra)
-        if self.source is not None:
-            found = _drop_source(found, self.source, self.k)
+        found = self.found(index)
         truth = self.truth[:, : self.k]
         valid = truth >= 0  # a segment of fewer than k + 1 rows has no deeper ranks
         hit = (truth[:, :, None] == found[:, None, : self.k]).any(axis=2) & valid

@@ -75,22 +75,19 @@ def tuned_by_older_rule(seg: mf.SegmentRecord, requested: str = "auto") -> bool:
     an ``auto`` approximate index tuned by a rule older than :data:`TUNER_VERSION`, or before
     tunings were recorded (a newer release's tuning is left alone)."""
     tuning = seg.ann.tuning
-    return (
-        requested == "auto"
-        and seg.ann.factory != "Flat"
-        and seg.n_rows > 0
-        and (tuning is None or tuning.tuner is None or tuning.tuner < TUNER_VERSION)
+    return _tuned_by_auto(seg, requested) and (
+        tuning is None or tuning.tuner is None or tuning.tuner < TUNER_VERSION
     )
 
 
-def _tuned_by_auto(seg: mf.SegmentRecord, requested: str) -> bool:
+def _tuned_by_auto(seg: mf.SegmentRecord, requested: str = "auto") -> bool:
     """Whether segment ``seg`` holds an approximate index ``auto`` built and tuned."""
     return requested == "auto" and seg.ann.factory != "Flat" and seg.n_rows > 0
 
 
 #: The most of the users' queries a tuning embeds and searches (a seeded sample of a longer
-#: log): enough for a recall's standard error well under 0.01, few enough to embed in seconds
-#: while the writer lock is held.
+#: log): a recall's standard error is then at most sqrt(0.25 / 10,000) = 0.005, and the
+#: embedding, done while the writer lock is held, stays bounded.
 MAX_USER_QUERIES = 10_000
 
 
